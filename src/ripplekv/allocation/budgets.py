@@ -1,0 +1,384 @@
+"""Per-layer KV-cache budget allocation (the RippleKV rule).
+
+The RippleKV paper (2026) turns per-layer downstream-sensitivity scores into per-layer KV-cache budgets:
+
+1. min-max normalise the scores ``s`` to ``[0, 1]`` (all-equal scores normalise to 0, i.e. uniform);
+2. map each normalised score to a multiplier ``w_l = ratio ** s_l`` (``ratio`` sets the disparity between
+   the least and the most sensitive layer; ``ratio == 1`` is uniform);
+3. clip the multipliers to ``[1 / gamma, gamma]`` (``gamma >= 1``; ``gamma == 1`` is uniform);
+4. rescale so that the per-layer budgets sum to the global budget ``B = L * average``.
+
+:func:`allocate_budgets` does step 4 with integer budgets that sum exactly to ``B``, stay within
+``[floor, prompt_tokens]`` and are proportional to the weights among the layers that are not at a bound.
+All of step 4 is done in exact rational arithmetic, so the result is deterministic and platform-independent.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "DEFAULT_GAMMA",
+    "DEFAULT_RATIO",
+    "Allocation",
+    "AllocationConfig",
+    "allocate",
+    "allocate_budgets",
+    "layer_weights",
+    "normalize_scores",
+    "resolve_average_budget",
+]
+
+DEFAULT_RATIO: float = 4.0
+"""Default disparity ``r``: the most sensitive layer gets ``r`` times the least sensitive one's multiplier.
+
+Provisional: the README documents the measurement backing this value, and it may change with that measurement.
+"""
+
+DEFAULT_GAMMA: float = 3.0
+"""Default clip bound ``gamma``: multipliers are clipped to ``[1 / gamma, gamma]``.
+
+Provisional: the README documents the measurement backing this value, and it may change with that measurement.
+"""
+
+
+def _is_real(value: object) -> bool:
+    """True for real numbers (Python or NumPy), excluding ``bool``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_integer(value: object) -> bool:
+    """True for integers (Python or NumPy), excluding ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+@dataclass(frozen=True)
+class AllocationConfig:
+    """Hyper-parameters of the RippleKV allocation rule (RippleKV paper, 2026).
+
+    Attributes:
+        ratio: the base ``r`` of the multiplier ``w_l = r ** s_l`` applied to the min-max normalised
+            sensitivity ``s_l``. Must be finite and ``> 0``. ``r > 1`` gives more cache to more sensitive
+            layers, ``r == 1`` gives a uniform allocation and ``0 < r < 1`` inverts the ordering.
+        gamma: the clip bound; multipliers are clipped to ``[1 / gamma, gamma]`` before rescaling, which
+            bounds the ratio between any two real-valued (unrounded, not bound-limited) budgets by
+            ``gamma ** 2``. Must be finite and ``>= 1``; ``gamma == 1`` gives a uniform allocation.
+    """
+
+    ratio: float = DEFAULT_RATIO
+    gamma: float = DEFAULT_GAMMA
+
+    def __post_init__(self) -> None:
+        if not _is_real(self.ratio) or not math.isfinite(self.ratio) or self.ratio <= 0:
+            raise ValueError(f"AllocationConfig.ratio must be a finite number > 0, got {self.ratio!r}")
+        if not _is_real(self.gamma) or not math.isfinite(self.gamma) or self.gamma < 1:
+            raise ValueError(f"AllocationConfig.gamma must be a finite number >= 1, got {self.gamma!r}")
+
+
+DEFAULT_CONFIG = AllocationConfig()
+"""The allocation configuration used when none is given (``DEFAULT_RATIO``, ``DEFAULT_GAMMA``)."""
+
+
+def _validate_scores(scores: Sequence[float]) -> np.ndarray:
+    """Return ``scores`` as a 1-D float64 array, raising ``ValueError`` if empty, malformed or non-finite."""
+    try:
+        array = np.asarray(scores, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"sensitivity scores must be a sequence of real numbers: {error}") from error
+    if array.ndim != 1:
+        raise ValueError(f"sensitivity scores must be one-dimensional (one per layer), got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError("sensitivity scores are empty: need one score per layer (at least one layer)")
+    bad = np.flatnonzero(~np.isfinite(array))
+    if bad.size:
+        layer = int(bad[0])
+        value = array[layer]
+        kind = "NaN" if np.isnan(value) else f"{value} (infinite)"
+        raise ValueError(
+            f"sensitivity score for layer {layer} is {kind}; all scores must be finite "
+            f"(non-finite scores in layers {bad.tolist()})"
+        )
+    return array
+
+
+def normalize_scores(scores: Sequence[float]) -> np.ndarray:
+    """Min-max normalise per-layer sensitivity scores to ``[0, 1]`` (step 1 of the RippleKV rule, 2026).
+
+    Args:
+        scores: one finite sensitivity score per layer (higher = more sensitive to KV-cache compression).
+
+    Returns:
+        A float64 array ``(s - min) / (max - min)``; all zeros when every score is equal.
+
+    Raises:
+        ValueError: if ``scores`` is empty, not one-dimensional or contains NaN / infinite values.
+    """
+    array = _validate_scores(scores)
+    low = float(array.min())
+    high = float(array.max())
+    if high == low:
+        return np.zeros_like(array)
+    span = high - low
+    # The span of two huge finite floats can overflow to inf; halving everything first keeps it finite.
+    finite = math.isfinite(span)
+    normalized = (array - low) / span if finite else (array / 2 - low / 2) / (high / 2 - low / 2)
+    return np.clip(normalized, 0.0, 1.0)
+
+
+def _weights_from_normalized(normalized: np.ndarray, config: AllocationConfig) -> np.ndarray:
+    """Steps 2-3 of the RippleKV rule on already normalised scores."""
+    weights = np.power(float(config.ratio), normalized)
+    # ``pow`` is not guaranteed to be correctly rounded, so two nearly equal exponents could in principle give
+    # weights in the wrong order by one ulp; a running extremum over the sorted exponents rules that out.
+    order = np.argsort(normalized, kind="stable")
+    accumulate = np.maximum.accumulate if config.ratio >= 1 else np.minimum.accumulate
+    weights[order] = accumulate(weights[order])
+    return np.clip(weights, 1.0 / float(config.gamma), float(config.gamma))
+
+
+def layer_weights(scores: Sequence[float], config: AllocationConfig = DEFAULT_CONFIG) -> np.ndarray:
+    """Per-layer budget multipliers of the RippleKV rule (paper, 2026), before rescaling.
+
+    Args:
+        scores: one finite sensitivity score per layer (higher = more sensitive).
+        config: the disparity ``ratio`` and the clip bound ``gamma``.
+
+    Returns:
+        A float64 array ``clip(ratio ** normalize_scores(scores), 1 / gamma, gamma)``. Equal scores get equal
+        weights, and for ``ratio >= 1`` the weights are non-decreasing in the scores.
+
+    Raises:
+        ValueError: if ``scores`` is empty, not one-dimensional or contains NaN / infinite values.
+    """
+    return _weights_from_normalized(normalize_scores(scores), config)
+
+
+def resolve_average_budget(budget: float, prompt_tokens: int) -> int:
+    """Turn a user-facing budget into the average number of kept KV entries per layer.
+
+    Args:
+        budget: either a kept *fraction* of the prompt, ``0 < budget <= 1`` (``0.1`` is the 10% budget of the
+            RippleKV paper, 2026), or an *average number of tokens* per layer, an integer value ``> 1``
+            (``512`` or ``512.0``). Note that ``1`` / ``1.0`` is read as the fraction 100%, not as one token.
+        prompt_tokens: the number of prompt tokens whose KV entries are being compressed (``>= 1``).
+
+    Returns:
+        For a fraction, ``max(1, int(prompt_tokens * budget))``; this follows kvpress's
+        ``int(k_len * (1 - compression_ratio))`` with ``compression_ratio = 1 - budget``, except that the
+        float value of ``1 - (1 - budget)`` can differ from ``budget`` in the last bit. For a token count,
+        ``min(int(budget), prompt_tokens)``. The result is always in ``[1, prompt_tokens]``.
+
+    Raises:
+        ValueError: if ``budget`` is not a real number, is NaN, is ``<= 0``, or is ``> 1`` but not an integer
+            value; or if ``prompt_tokens`` is not an integer ``>= 1``.
+    """
+    if not _is_integer(prompt_tokens) or prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
+    if not _is_real(budget):
+        raise ValueError(f"budget must be a real number (a fraction in (0, 1] or a token count), got {budget!r}")
+    value = float(budget)
+    if math.isnan(value):
+        raise ValueError("budget is NaN; expected a fraction in (0, 1] or an integer token count > 1")
+    if value <= 0:
+        raise ValueError(f"budget must be > 0 (a fraction in (0, 1] or an integer token count > 1), got {budget!r}")
+    if value <= 1:
+        return max(1, int(prompt_tokens * value))
+    if not value.is_integer():
+        raise ValueError(
+            f"budget {budget!r} is > 1, so it is read as an average number of tokens per layer and must be "
+            "an integer value; use a value in (0, 1] for a fraction of the prompt"
+        )
+    return min(int(value), int(prompt_tokens))
+
+
+def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:
+    """Exact real shares ``x_l = clip(t * w_l, low, high)`` with ``sum(x) == total``.
+
+    Water-filling: layers whose proportional share crosses a bound are fixed at that bound and the rest of the
+    budget is shared among the remaining layers in proportion to their weights, until no bound is violated.
+    Each round fixes only the side (cap or floor) with the larger total violation, which is the side whose
+    violators stay violators at the final level ``t``; requires ``len(w) * low <= total <= len(w) * high``.
+    """
+    shares: list[Fraction | None] = [None] * len(weights)
+    free = list(range(len(weights)))
+    remaining = Fraction(total)
+    while free:
+        level = remaining / sum(weights[i] for i in free)
+        over = [i for i in free if level * weights[i] > high]
+        under = [i for i in free if level * weights[i] < low]
+        if not over and not under:
+            for i in free:
+                shares[i] = level * weights[i]
+            break
+        excess = sum((level * weights[i] - high for i in over), Fraction(0))
+        deficit = sum((low - level * weights[i] for i in under), Fraction(0))
+        fixed: list[tuple[int, int]] = []
+        if excess >= deficit:
+            fixed += [(i, high) for i in over]
+        if deficit >= excess:
+            fixed += [(i, low) for i in under]
+        for i, bound in fixed:
+            shares[i] = Fraction(bound)
+            remaining -= bound
+        fixed_ids = {i for i, _ in fixed}
+        free = [i for i in free if i not in fixed_ids]
+    return [share if share is not None else Fraction(0) for share in shares]
+
+
+def _largest_remainder(
+    shares: Sequence[Fraction], weights: Sequence[Fraction], preference: Sequence[float], total: int
+) -> list[int]:
+    """Round exact shares summing to ``total`` to integers summing to ``total``.
+
+    Every layer gets ``floor(x_l)``; the leftover units go to the largest fractional remainders, ties broken
+    by larger weight, then larger ``preference``, then lower layer index. A layer gets at most ``ceil(x_l)``,
+    so integer bounds that hold for the real shares also hold for the integers.
+    """
+    floors = [math.floor(share) for share in shares]
+    leftover = total - sum(floors)
+    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - floors[i]), -weights[i], -preference[i], i))
+    budgets = list(floors)
+    for i in order[:leftover]:
+        budgets[i] += 1
+    return budgets
+
+
+def _allocate(
+    weights: np.ndarray, preference: np.ndarray, budget: float, prompt_tokens: int, min_tokens: int
+) -> tuple[list[int], int]:
+    """Step 4 for given weights; returns ``(budgets, average)``.
+
+    ``preference`` breaks rounding ties between layers with equal weights (weights clipped to the same bound,
+    or equal up to float rounding): the scores when ``ratio >= 1``, their negation otherwise, so that a
+    strictly more (less, for ``ratio < 1``) sensitive layer never gets fewer tokens.
+    """
+    if not _is_integer(min_tokens) or min_tokens < 0:
+        raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+    average = resolve_average_budget(budget, prompt_tokens)
+    n_layers = len(weights)
+    total = n_layers * average
+    floor = min(int(min_tokens), int(prompt_tokens))
+    if n_layers * floor > total:
+        floor = total // n_layers
+    exact = [Fraction(float(w)) for w in weights]
+    shares = _water_fill(exact, total, floor, int(prompt_tokens))
+    return _largest_remainder(shares, exact, [float(p) for p in preference], total), average
+
+
+def allocate_budgets(
+    scores: Sequence[float],
+    budget: float,
+    prompt_tokens: int,
+    config: AllocationConfig = DEFAULT_CONFIG,
+    min_tokens: int = 1,
+) -> list[int]:
+    """Integer per-layer KV-cache budgets by the RippleKV rule (paper, 2026).
+
+    The global budget is ``B = L * resolve_average_budget(budget, prompt_tokens)`` for ``L = len(scores)``.
+    Each layer gets a real share ``x_l = clip(t * w_l, floor, prompt_tokens)`` of ``B`` with ``w`` from
+    :func:`layer_weights` and ``t`` chosen so that ``sum(x) == B`` (water-filling: layers at a bound are fixed
+    there and the excess or deficit is shared among the others in proportion to their weights). The shares are
+    rounded by largest remainder (ties: larger weight, then higher score -- lower when ``ratio < 1`` --, then
+    lower layer index), so the budgets
+
+    * sum exactly to ``B``;
+    * lie in ``[floor, prompt_tokens]`` with ``floor = min(min_tokens, prompt_tokens)``, lowered to ``B // L``
+      when ``L * floor > B`` (a floor above the average cannot be met by every layer; ``B // L`` is the
+      average, which is ``>= 1``, so no layer is ever left empty unless ``min_tokens == 0``);
+    * are non-decreasing in the scores for ``ratio >= 1`` (non-increasing for ``ratio < 1``), even where
+      clipping gives several layers the same weight; equal scores give budgets that differ by at most one;
+    * are all equal to the average for equal scores, ``ratio == 1`` or ``gamma == 1``.
+
+    Args:
+        scores: one finite sensitivity score per layer (higher = more sensitive).
+        budget: a kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``;
+            see :func:`resolve_average_budget`.
+        prompt_tokens: the number of prompt tokens (``>= 1``); also the per-layer cap.
+        config: the disparity ``ratio`` and the clip bound ``gamma``.
+        min_tokens: the requested minimum number of kept tokens per layer (``>= 0``), see ``floor`` above.
+
+    Returns:
+        ``L`` integer budgets, one per layer.
+
+    Raises:
+        ValueError: on invalid scores, budget, prompt_tokens or min_tokens.
+    """
+    return list(allocate(scores, budget, prompt_tokens, config, min_tokens).budgets)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A RippleKV allocation (paper, 2026) with its intermediate quantities, as reported by the CLI.
+
+    Attributes:
+        scores: the per-layer sensitivity scores, as given.
+        normalized: the min-max normalised scores in ``[0, 1]``.
+        weights: the clipped multipliers ``clip(ratio ** normalized, 1 / gamma, gamma)``.
+        budgets: the integer per-layer budgets (number of kept KV entries per layer).
+        prompt_tokens: the prompt length the budgets were computed for (also the per-layer cap).
+        average_budget: the average budget per layer, from :func:`resolve_average_budget`.
+        total: the global budget ``len(budgets) * average_budget`` (``== sum(budgets)``).
+    """
+
+    scores: tuple[float, ...]
+    normalized: tuple[float, ...]
+    weights: tuple[float, ...]
+    budgets: tuple[int, ...]
+    prompt_tokens: int
+    average_budget: int
+    total: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dictionary of all fields (tuples become lists)."""
+        return {
+            "scores": list(self.scores),
+            "normalized": list(self.normalized),
+            "weights": list(self.weights),
+            "budgets": list(self.budgets),
+            "prompt_tokens": self.prompt_tokens,
+            "average_budget": self.average_budget,
+            "total": self.total,
+        }
+
+
+def allocate(
+    scores: Sequence[float],
+    budget: float,
+    prompt_tokens: int,
+    config: AllocationConfig = DEFAULT_CONFIG,
+    min_tokens: int = 1,
+) -> Allocation:
+    """Like :func:`allocate_budgets`, but return the full :class:`Allocation` (RippleKV paper, 2026).
+
+    Args:
+        scores: one finite sensitivity score per layer (higher = more sensitive).
+        budget: a kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
+        prompt_tokens: the number of prompt tokens (``>= 1``); also the per-layer cap.
+        config: the disparity ``ratio`` and the clip bound ``gamma``.
+        min_tokens: the requested minimum number of kept tokens per layer (``>= 0``).
+
+    Raises:
+        ValueError: on invalid scores, budget, prompt_tokens or min_tokens.
+    """
+    array = _validate_scores(scores)
+    normalized = normalize_scores(array)
+    weights = _weights_from_normalized(normalized, config)
+    preference = array if config.ratio >= 1 else -array
+    budgets, average = _allocate(weights, preference, budget, prompt_tokens, min_tokens)
+    return Allocation(
+        scores=tuple(float(s) for s in array),
+        normalized=tuple(float(n) for n in normalized),
+        weights=tuple(float(w) for w in weights),
+        budgets=tuple(budgets),
+        prompt_tokens=int(prompt_tokens),
+        average_budget=average,
+        total=average * len(budgets),
+    )

@@ -1,0 +1,199 @@
+"""Compress a prompt's KV cache with a press, then decode greedily over it (batch size 1)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from kvpress.presses.base_press import BasePress
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.cache import cache_bytes, layer_lengths
+
+PROTOCOLS = ("question-aware", "query-agnostic")
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """A prompt prefilled (and compressed) into a cache."""
+
+    cache: DynamicCache
+    next_logits: torch.Tensor  # (vocab,) logits of the token after the prompt
+    prompt_tokens: int  # tokens of the prompt, i.e. the position of the next token
+    seconds: float
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """An answer and what its cache cost."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    layer_tokens: tuple[int, ...]  # tokens kept per layer after compression
+    kv_bytes: int  # bytes of the compressed cache (the part that was compressed)
+    full_kv_bytes: int  # bytes the same part takes uncompressed
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def kv_fraction(self) -> float:
+        return self.kv_bytes / self.full_kv_bytes if self.full_kv_bytes else 1.0
+
+
+def _check_single(input_ids: torch.Tensor) -> None:
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"expected one unpadded sequence of shape (1, n), got {tuple(input_ids.shape)}")
+    if input_ids.shape[1] < 1:
+        raise ValueError("the prompt is empty")
+
+
+@torch.no_grad()
+def prefill(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    press: BasePress | None = None,
+    cache: DynamicCache | None = None,
+) -> Prefill:
+    """Run ``input_ids`` (shape ``(1, n)``) into ``cache`` (a new one by default), compressing with ``press``.
+
+    When ``cache`` already holds tokens (a compressed context), the new tokens are placed after the
+    *original* length of that context: pass it as ``cache`` together with the :class:`Prefill` it came from
+    through :func:`extend`.
+    """
+    _check_single(input_ids)
+    cache = cache if cache is not None else DynamicCache()
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    with press(model) if press is not None else nullcontext():
+        logits = model(input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    return Prefill(cache, logits[0, -1], input_ids.shape[1], time.perf_counter() - start)
+
+
+@torch.no_grad()
+def extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
+    """Run more prompt tokens over a (possibly compressed) cache, at their true positions."""
+    _check_single(input_ids)
+    device = next(model.parameters()).device
+    positions = torch.arange(state.prompt_tokens, state.prompt_tokens + input_ids.shape[1], device=device)
+    start = time.perf_counter()
+    logits = model(
+        input_ids.to(device),
+        past_key_values=state.cache,
+        use_cache=True,
+        cache_position=positions,
+        position_ids=positions.unsqueeze(0),
+        logits_to_keep=1,
+    ).logits
+    return Prefill(
+        state.cache,
+        logits[0, -1],
+        state.prompt_tokens + input_ids.shape[1],
+        state.seconds + time.perf_counter() - start,
+    )
+
+
+def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    found = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        found.add(int(tokenizer.eos_token_id))
+    return found
+
+
+@torch.no_grad()
+def greedy_decode(model: PreTrainedModel, state: Prefill, max_new_tokens: int, stop_ids: set[int]) -> list[int]:
+    """Greedy tokens after a prefill; the cache grows in place. Stops after an id in ``stop_ids``."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = state.next_logits.device
+    tokens: list[int] = []
+    logits = state.next_logits
+    position = state.prompt_tokens
+    for _ in range(max_new_tokens):
+        token = int(logits.argmax())
+        tokens.append(token)
+        if token in stop_ids or len(tokens) == max_new_tokens:
+            break
+        pos = torch.tensor([position], device=device)
+        logits = model(
+            torch.tensor([[token]], device=device),
+            past_key_values=state.cache,
+            use_cache=True,
+            cache_position=pos,
+            position_ids=pos.unsqueeze(0),
+        ).logits[0, -1]
+        position += 1
+    return tokens
+
+
+def full_cache_bytes(model: PreTrainedModel, tokens: int) -> int:
+    """Bytes of an uncompressed KV cache of ``tokens`` tokens."""
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * element
+
+
+def chat_prompt_parts(tokenizer: PreTrainedTokenizerBase, context: str, question: str) -> tuple[str, str]:
+    """The chat prompt for ``context`` + ``question``, split where the question starts.
+
+    Without a chat template the prompt is the plain text ``context\\n\\nquestion\\nAnswer:``.
+    """
+    marker = "\n\n"
+    if getattr(tokenizer, "chat_template", None):
+        user = context + marker + question
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+        )
+        split = text.index(user) + len(context)
+        return text[:split], text[split:]
+    return context, marker + question + "\nAnswer:"
+
+
+def generate_answer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    context: str,
+    question: str,
+    press: BasePress | None = None,
+    max_new_tokens: int = 32,
+    protocol: str = "question-aware",
+) -> GenerationResult:
+    """Answer ``question`` about ``context`` with the cache compressed by ``press``.
+
+    Protocols:
+        ``question-aware`` (default; the paper's and KVCache-Factory's): the whole prompt, question
+        included, is prefilled and compressed, so SnapKV's observation window holds the question.
+        ``query-agnostic`` (kvpress's): only the context is compressed; the question is then run over the
+        compressed cache as a multi-token pass.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    enable_varlen_attention(model)
+    head, tail = chat_prompt_parts(tokenizer, context, question)
+    encode = lambda text: tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]  # noqa: E731
+    if protocol == "question-aware":
+        state = prefill(model, torch.cat([encode(head), encode(tail)], dim=1), press)
+    else:
+        state = prefill(model, encode(head), press)
+    compressed, kv, compressed_prompt = layer_lengths(state.cache), cache_bytes(state.cache), state.prompt_tokens
+    if protocol == "query-agnostic":
+        state = extend(model, state, encode(tail))
+    start = time.perf_counter()
+    tokens = greedy_decode(model, state, max_new_tokens, eos_ids(model, tokenizer))
+    decode_seconds = time.perf_counter() - start
+    return GenerationResult(
+        text=tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+        token_ids=tuple(tokens),
+        prompt_tokens=state.prompt_tokens,
+        layer_tokens=tuple(compressed),
+        kv_bytes=kv,
+        full_kv_bytes=full_cache_bytes(model, compressed_prompt),
+        prefill_seconds=state.seconds,
+        decode_seconds=decode_seconds,
+    )

@@ -1,0 +1,164 @@
+"""Attention over KV caches whose layers hold different numbers of tokens.
+
+After per-layer compression (RippleKV, PyramidKV, ...) layer ``l`` of the cache holds ``n_l`` tokens, but
+transformers builds one attention mask per forward pass, sized from layer 0 (``kv_len = n_0 + q_len``).
+Single-token decoding survives because sdpa needs no mask for one query, yet any multi-token pass over the
+compressed cache (a question appended after the context, a teacher-forced continuation) fails with a shape
+error, or, worse, silently uses ``is_causal=True`` with top-left alignment.
+
+The fix here lives at the one place that knows both lengths, the attention function: the mask built for
+layer 0 is *fitted* to each layer's own key length. The columns of the new tokens (the last ``q_len``) are
+kept as they are (causal among themselves); the cached prefix of the layer is fully visible, which is exact
+for batches without padding. A padded batch raises instead of attending to the wrong tokens.
+
+The functions are registered under new names through transformers' public ``AttentionInterface`` and
+``AttentionMaskInterface`` (nothing of the library is patched): ``ripplekv_sdpa`` and ``ripplekv_eager``.
+When every layer has the same length they compute exactly what ``sdpa`` and ``eager`` compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+VARLEN_PREFIX = "ripplekv_"
+
+
+class PaddedBatchError(ValueError):
+    """A padded batch was used with a per-layer compressed cache (unsupported)."""
+
+
+def _causal_mask(query_len: int, key_len: int, additive: bool, dtype: torch.dtype) -> torch.Tensor:
+    """Bottom-right aligned causal mask: query ``i`` sees every cached key and new keys ``<= i``."""
+    rows = torch.arange(query_len).unsqueeze(1)
+    cols = torch.arange(key_len).unsqueeze(0)
+    allowed = (cols <= rows + (key_len - query_len)).view(1, 1, query_len, key_len)
+    if not additive:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def fit_attention_mask(
+    mask: torch.Tensor | None,
+    query_len: int,
+    key_len: int,
+    additive: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor | None:
+    """Fit the mask transformers built for layer 0 to a layer holding ``key_len`` keys.
+
+    Args:
+        mask: the 4D mask of the forward pass, shape ``(batch, 1, query_len, kv_len_of_layer_0)``, boolean
+            (True = attend) or additive float (0 = attend); ``None`` when no mask was built, either because
+            transformers skipped it (plain causal square) or because :func:`varlen_mask` found layer 0
+            compressed.
+        query_len: number of new tokens in this pass; they are the last ``query_len`` keys of every layer.
+        key_len: number of keys of this layer (its cached tokens plus the new ones).
+        additive: build additive float masks (eager) rather than boolean ones (sdpa).
+        dtype: float dtype of additive masks.
+
+    Returns:
+        A ``(batch, 1, query_len, key_len)`` mask, or ``None`` when none is needed (one query, or a causal
+        square that sdpa handles with ``is_causal``).
+    """
+    if key_len < query_len:
+        raise ValueError(f"layer holds {key_len} keys for {query_len} queries: the cache is inconsistent")
+    if mask is None:
+        if query_len == 1 or (query_len == key_len and not additive):
+            return None
+        return _causal_mask(query_len, key_len, additive, dtype)
+    if mask.shape[-1] == key_len:
+        return mask
+    new = mask[..., mask.shape[-1] - query_len :]
+    fill = 0.0 if additive else True
+    prefix = torch.full((*mask.shape[:-1], key_len - query_len), fill, dtype=mask.dtype, device=mask.device)
+    return torch.cat([prefix, new], dim=-1)
+
+
+def _make_mask(base: Callable) -> Callable:
+    def varlen_mask(*, cache_position: torch.Tensor, kv_length: int, **kwargs: Any) -> torch.Tensor | None:
+        """Layer 0's mask: the library's own when layer 0 is whole, else left to the attention function."""
+        query_len = cache_position.shape[0]
+        if int(cache_position[0]) == kv_length - query_len:  # layer 0 holds every past token
+            return base(cache_position=cache_position, kv_length=kv_length, **kwargs)
+        padding = kwargs.get("attention_mask")
+        if padding is not None and not bool(padding.bool().all()):
+            raise PaddedBatchError(
+                "a padded batch cannot attend over a compressed KV cache: use batch size 1 or unpadded batches"
+            )
+        return None
+
+    return varlen_mask
+
+
+def _make_attention(base_name: str, default: Callable, additive: bool) -> Callable:
+    def attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        mask = fit_attention_mask(attention_mask, query.shape[2], key.shape[2], additive, query.dtype)
+        if mask is not None:
+            mask = mask.to(query.device)
+        # Resolved per call: a library that wraps the registered function (kvpress wraps every entry of
+        # ALL_ATTENTION_FUNCTIONS for head-wise masking) keeps working under the variable-length name.
+        base = ALL_ATTENTION_FUNCTIONS.get(base_name, default)
+        return base(module, query, key, value, mask, **kwargs)
+
+    return attention
+
+
+# name -> (attention function, mask function, additive masks)
+_BASES: dict[str, tuple[Callable, Callable, bool]] = {
+    "sdpa": (sdpa_attention_forward, sdpa_mask, False),
+    "eager": (eager_attention_forward, eager_mask, True),
+}
+
+
+def register_varlen_attention() -> None:
+    """Register ``ripplekv_sdpa`` and ``ripplekv_eager`` with transformers (idempotent)."""
+    for base_name, (attention, mask, additive) in _BASES.items():
+        name = VARLEN_PREFIX + base_name
+        if name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(name, _make_attention(base_name, attention, additive))
+            AttentionMaskInterface.register(name, _make_mask(mask))
+
+
+def varlen_name(attn_implementation: str) -> str:
+    """The variable-length variant of an attention implementation name (``sdpa`` -> ``ripplekv_sdpa``)."""
+    if attn_implementation.startswith(VARLEN_PREFIX):
+        return attn_implementation
+    if attn_implementation not in _BASES:
+        raise ValueError(
+            f"attention implementation {attn_implementation!r} has no variable-length variant; "
+            f"use one of {sorted(_BASES)}"
+        )
+    return VARLEN_PREFIX + attn_implementation
+
+
+def enable_varlen_attention(model: PreTrainedModel) -> PreTrainedModel:
+    """Switch ``model`` to the variable-length variant of its attention implementation, in place.
+
+    Safe to call repeatedly; results are unchanged for uniform caches. Returns the model for chaining.
+    """
+    register_varlen_attention()
+    current = model.config._attn_implementation or "eager"
+    target = varlen_name(current)
+    if current != target:
+        model.set_attn_implementation(target)
+    return model
+
+
+def uses_varlen_attention(model: PreTrainedModel) -> bool:
+    """Whether ``model`` attends correctly over caches whose layers differ in length."""
+    return str(model.config._attn_implementation or "").startswith(VARLEN_PREFIX)

