@@ -39,8 +39,12 @@ def test_multi_token_pass_matches_token_by_token(arch: str, attn: str) -> None:
         together = model(new, past_key_values=cache, cache_position=positions, position_ids=positions[None]).logits
         cache = _compressed_cache(model, ids, keep)
         steps = [
-            model(new[:, i : i + 1], past_key_values=cache, cache_position=positions[i : i + 1],
-                  position_ids=positions[None, i : i + 1]).logits
+            model(
+                new[:, i : i + 1],
+                past_key_values=cache,
+                cache_position=positions[i : i + 1],
+                position_ids=positions[None, i : i + 1],
+            ).logits
             for i in range(7)
         ]
     assert layer_lengths(cache) == [n + 7 for n in keep]
@@ -95,5 +99,10 @@ def test_padded_batch_is_an_error() -> None:
     padding = torch.ones(2, 23, dtype=torch.long)
     padding[1, 0] = 0
     with pytest.raises(PaddedBatchError, match="padded batch"), torch.no_grad():
-        model(random_ids(3).expand(2, 3), past_key_values=cache, attention_mask=padding,
-              cache_position=positions, position_ids=positions[None])
+        model(
+            random_ids(3).expand(2, 3),
+            past_key_values=cache,
+            attention_mask=padding,
+            cache_position=positions,
+            position_ids=positions[None],
+        )

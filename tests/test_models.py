@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import sys
 import time
@@ -281,9 +280,7 @@ def test_chat_template_is_chatml(smollm2: dict[str, Any]) -> None:
 @needs_smollm2
 def test_greedy_generation_stops_at_eos(smollm2: dict[str, Any]) -> None:
     model, tokenizer = smollm2["model"], smollm2["tokenizer"]
-    inputs = tokenizer.apply_chat_template(
-        QUESTION, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
+    inputs = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     max_new_tokens = 20
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
@@ -293,4 +290,3 @@ def test_greedy_generation_stops_at_eos(smollm2: dict[str, Any]) -> None:
     assert 2 not in new[:-1]
     answer = tokenizer.decode(new, skip_special_tokens=True)
     assert "Paris" in answer, answer
-    assert os.environ.get(loading.CACHE_ENV_VAR) == str(smollm2["cache"])

@@ -8,10 +8,10 @@ import pytest
 import torch
 from kvpress import SnapKVPress, StreamingLLMPress
 
+from ripplekv.inference import extend, greedy_decode, prefill
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses import METHODS, RippleKVPress, make_press
-from ripplekv.inference import extend, greedy_decode, prefill
 from ripplekv.profiling import ProfileError, ProfilingConfig
 from ripplekv.profiling.sensitivity import profile_model
 from tests.conftest import random_ids, tiny_model
@@ -60,8 +60,9 @@ def test_model_generate_after_compression_matches_greedy_decode() -> None:
     press = RippleKVPress(press=SnapKVPress(window_size=8), budget=0.3, scores=SCORES_4)
     ours = greedy_decode(model, prefill(model, ids, press), 10, set())
     with torch.no_grad(), press(model):
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
-                             pad_token_id=0)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False, pad_token_id=0
+        )
     assert out[0, 90:].tolist() == ours
 
 

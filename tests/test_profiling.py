@@ -13,8 +13,8 @@ from transformers import DynamicCache
 from ripplekv.models.cache import cache_tensors
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfileError, ProfilingConfig, SensitivityProfile
 from ripplekv.profiling.sensitivity import (
-    norm_adaptive_noise,
     noise_generator,
+    norm_adaptive_noise,
     perturbed_cache,
     profile_model,
     score_sample,
@@ -32,8 +32,10 @@ class CharTokenizer:
 
 def _calibration(n: int = 3) -> CalibrationSet:
     samples = tuple(
-        CalibrationSample(context=f"sample {i}: " + "the quick brown fox jumps over the lazy dog. " * (2 + i),
-                          continuation=f"and then {i} more words follow here")
+        CalibrationSample(
+            context=f"sample {i}: " + "the quick brown fox jumps over the lazy dog. " * (2 + i),
+            continuation=f"and then {i} more words follow here",
+        )
         for i in range(n)
     )
     return CalibrationSet(samples=samples, description="synthetic")
@@ -102,12 +104,21 @@ def test_layer_l_shortcut_equals_full_recomputation(arch: str) -> None:
     with torch.no_grad():
         from ripplekv.models.cache import cache_from_tensors
 
-        ref = model(cont, past_key_values=cache_from_tensors(clean), cache_position=positions,
-                    position_ids=positions[None]).logits[0].float().log_softmax(-1)
+        ref = (
+            model(
+                cont, past_key_values=cache_from_tensors(clean), cache_position=positions, position_ids=positions[None]
+            )
+            .logits[0]
+            .float()
+            .log_softmax(-1)
+        )
         for layer in range(4):
             cache = perturbed_cache(clean, layer, config.alpha, 2, noise_generator(11, 5, layer))
-            logp = model(cont.expand(2, -1), past_key_values=cache, cache_position=positions,
-                         position_ids=positions[None]).logits.float().log_softmax(-1)
+            logp = (
+                model(cont.expand(2, -1), past_key_values=cache, cache_position=positions, position_ids=positions[None])
+                .logits.float()
+                .log_softmax(-1)
+            )
             kl = (ref.exp() * (ref - logp)).sum(-1).mean()
             assert math.isclose(float(kl), scores.kl[layer], rel_tol=1e-4, abs_tol=1e-7)
 
@@ -159,8 +170,9 @@ def test_interrupted_profiling_resumes(tmp_path: Path) -> None:
     with ckpt.open("a") as f:
         f.write('{"sample": 2, "kl": [0.1')
     seen: list[int] = []
-    resumed = profile_model(model, CharTokenizer(), calibration, config, checkpoint=ckpt,
-                            progress=lambda done, total: seen.append(done))
+    resumed = profile_model(
+        model, CharTokenizer(), calibration, config, checkpoint=ckpt, progress=lambda done, total: seen.append(done)
+    )
     assert seen[0] == 2  # two samples came from the checkpoint
     assert resumed.scores == whole.scores and resumed.sample_scores == whole.sample_scores
 

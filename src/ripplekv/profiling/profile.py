@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ripplekv.models.loading import model_identity
 from transformers import PreTrainedModel
+
+from ripplekv.models.loading import model_identity
 
 PROFILE_FORMAT = "ripplekv-profile/1"
 

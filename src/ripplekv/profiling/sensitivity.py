@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from ripplekv.models.loading import model_identity
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.models.cache import KVPair, cache_from_tensors, cache_tensors
+from ripplekv.models.loading import model_identity
 from ripplekv.profiling.calibration import CalibrationSet
 from ripplekv.profiling.profile import SensitivityProfile
 
@@ -285,7 +285,7 @@ def profile_model(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     calibration: CalibrationSet,
-    config: ProfilingConfig = ProfilingConfig(),
+    config: ProfilingConfig | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SensitivityProfile:
@@ -295,13 +295,14 @@ def profile_model(
         model: the model to profile (evaluation mode; any device and dtype).
         tokenizer: its tokenizer.
         calibration: calibration samples (context + continuation).
-        config: noise scale, repeats, seed and context limit.
+        config: noise scale, repeats, seed and context limit (default: :class:`ProfilingConfig()`).
         checkpoint: optional JSON-lines file; finished samples are appended to it and a rerun with the
             same model, calibration and config skips them.
         progress: optional callback ``progress(done, total)`` after each sample.
     """
     from ripplekv import __version__
 
+    config = config or ProfilingConfig()
     if len(calibration) == 0:
         raise ValueError("the calibration set is empty")
     identity = model_identity(model)

@@ -1,0 +1,1 @@
+"""The ``ripplekv`` command line."""

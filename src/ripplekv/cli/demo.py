@@ -1,0 +1,98 @@
+"""``ripplekv demo``: profile, allocate and answer a needle-in-a-haystack question with four methods."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from ripplekv.models import cache_root, load_model, model_identity
+from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
+from ripplekv.profiling.calibration import default_calibration
+from ripplekv.profiling.haystack import build_needle_prompt
+
+DEMO_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
+
+
+def cached_default_profile(model, tokenizer, config: ProfilingConfig | None = None) -> SensitivityProfile:
+    """The model's profile on the default calibration set, measured once and cached under RIPPLEKV_CACHE."""
+    config = config or ProfilingConfig()
+    from tqdm import tqdm
+
+    identity = model_identity(model)
+    name = f"{identity['config_hash'][:16]}-default-a{config.alpha}-r{config.repeats}-s{config.seed}.json"
+    path = cache_root() / "profiles" / name
+    if path.exists():
+        profile = SensitivityProfile.load(path)
+        print(f"profile: cached {path}")
+        return profile
+    calibration = default_calibration(tokenizer, seed=config.seed)
+    print(f"profile: measuring on {calibration.description} (first run only; cached in {path})")
+    start = time.perf_counter()
+    with tqdm(total=len(calibration), desc="profiling", unit="sample") as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.n = done
+            bar.refresh()
+
+        profile = profile_model(
+            model, tokenizer, calibration, config, checkpoint=path.with_suffix(".partial.jsonl"), progress=progress
+        )
+    profile.save(path)
+    path.with_suffix(".partial.jsonl").unlink(missing_ok=True)
+    print(f"profile: {time.perf_counter() - start:.0f} s")
+    return profile
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from ripplekv.cli.plots import plot_profile_and_budgets
+    from ripplekv.inference import generate_answer
+    from ripplekv.presses import make_press
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    profile = cached_default_profile(model, tokenizer)
+    needle = build_needle_prompt(tokenizer, args.context_tokens, depth=args.depth, seed=args.seed)
+    print(f"needle: {needle.needle!r} at depth {needle.depth:.0%} of {needle.context_tokens} tokens of essays")
+    print(f"question: {needle.question}  (expected: {needle.answer})\n")
+
+    rows = []
+    for method in DEMO_METHODS:
+        press = make_press(method, budget=args.budget, profile=profile)
+        result = generate_answer(model, tokenizer, needle.context, needle.question, press, max_new_tokens=24)
+        rows.append(
+            {
+                "method": method,
+                "answer": result.text,
+                "correct": needle.answer in result.text,
+                "kv_bytes": result.kv_bytes,
+                "kv_fraction": result.kv_fraction,
+                "seconds": result.prefill_seconds + result.decode_seconds,
+                "layer_tokens": list(result.layer_tokens),
+                "prompt_tokens": result.prompt_tokens,
+            }
+        )
+        print(f"  {method:<10} done in {rows[-1]['seconds']:.1f} s")
+
+    print(f"\nbudget {args.budget:g} of a {rows[0]['prompt_tokens']}-token prompt, {profile.num_layers} layers\n")
+    print(f"{'method':<10} {'correct':<7} {'KV MiB':>7} {'of full':>7} {'time s':>6}  answer")
+    for row in rows:
+        answer = row["answer"].replace("\n", " ")
+        print(
+            f"{row['method']:<10} {'yes' if row['correct'] else 'no':<7} {row['kv_bytes'] / 2**20:7.2f} "
+            f"{100 * row['kv_fraction']:6.1f}% {row['seconds']:6.1f}  {answer[:60]}"
+        )
+    plot = plot_profile_and_budgets(
+        profile.scores,
+        {row["method"]: row["layer_tokens"] for row in rows if row["method"] != "full"},
+        out / "profile_budgets.png",
+        title=f"{profile.model['name_or_path']}: sensitivity and tokens kept at budget {args.budget:g}",
+        local_scores=profile.local_scores,
+    )
+    (out / "demo.json").write_text(
+        json.dumps({"needle": needle.__dict__, "budget": args.budget, "rows": rows}, indent=2) + "\n"
+    )
+    print(f"\nplot: {plot}\nresults: {out / 'demo.json'}")
+    return 0

