@@ -198,7 +198,7 @@ def test_resolve_average_budget_range(budget, prompt_tokens):
     assert isinstance(average, int)
     assert 1 <= average <= prompt_tokens
     if budget <= 1:
-        assert average == max(1, int(prompt_tokens * budget))
+        assert average == max(1, int(prompt_tokens * (1 - (1 - budget))))  # kvpress's compute_n_kept
     else:
         assert average == min(int(budget), prompt_tokens)
 
@@ -243,7 +243,7 @@ def test_rounding_tie_breaks():
     clipped = AllocationConfig(ratio=16.0, gamma=2.0)
     np.testing.assert_array_equal(layer_weights([0.0, 0.9, 0.8, 1.0], clipped)[1:], [2.0, 2.0, 2.0])
     result = allocate_budgets([0.0, 0.9, 0.8, 1.0], 0.1, 100, clipped)
-    assert sum(result) == 40 and result[3] >= result[1] >= result[2]
+    assert sum(result) == 4 * 9 and result[3] >= result[1] >= result[2]  # 10% of 100 is 9 (kvpress rounding)
 
 
 def test_weights_clip_and_inverse_ratio():
@@ -260,7 +260,9 @@ def test_normalize_extreme_scores():
 
 
 def test_resolve_average_budget_examples():
-    assert resolve_average_budget(0.1, 1000) == 100
+    assert resolve_average_budget(0.1, 1000) == 99  # int(1000 * (1 - 0.9)), as kvpress keeps
+    assert resolve_average_budget(0.5, 1000) == 500
+    assert resolve_average_budget(0.1, 100) == 9  # as kvpress: int(100 * (1 - 0.9)) == 9
     assert resolve_average_budget(0.001, 10) == 1  # never below one token
     assert resolve_average_budget(1, 37) == 37  # 1 is the fraction 100%
     assert resolve_average_budget(1.0, 37) == 37
@@ -339,11 +341,12 @@ def test_defaults_and_allocation_record():
     assert result.scores == (0.0, 2.0, 1.0)
     assert result.normalized == (0.0, 1.0, 0.5)
     assert result.weights == (1.0, 4.0, 2.0)
-    assert result.budgets == (43, 171, 86)  # 300 * [1, 4, 2] / 7 = [42.9, 171.4, 85.7]
-    assert (result.prompt_tokens, result.average_budget, result.total) == (1000, 100, 300)
+    # 10% of 1000 is 99 in kvpress's arithmetic; 297 * [1, 4, 2] / 7 = [42.4, 169.7, 84.9]
+    assert result.budgets == (42, 170, 85)
+    assert (result.prompt_tokens, result.average_budget, result.total) == (1000, 99, 297)
     as_dict = result.to_dict()
     assert json.loads(json.dumps(as_dict)) == as_dict
-    assert as_dict["budgets"] == [43, 171, 86]
+    assert as_dict["budgets"] == [42, 170, 85]
     assert set(as_dict) == {
         "scores",
         "normalized",

@@ -171,9 +171,9 @@ def resolve_average_budget(budget: float, prompt_tokens: int) -> int:
         prompt_tokens: the number of prompt tokens whose KV entries are being compressed (``>= 1``).
 
     Returns:
-        For a fraction, ``max(1, int(prompt_tokens * budget))``; this follows kvpress's
-        ``int(k_len * (1 - compression_ratio))`` with ``compression_ratio = 1 - budget``, except that the
-        float value of ``1 - (1 - budget)`` can differ from ``budget`` in the last bit. For a token count,
+        For a fraction, ``max(1, int(prompt_tokens * (1 - (1 - budget))))``: exactly kvpress's
+        ``int(k_len * (1 - compression_ratio))`` with ``compression_ratio = 1 - budget``, float rounding
+        included (``1 - 0.9`` is ``0.09999999999999998``, so 10% of 100 tokens is 9, as in kvpress). For a token count,
         ``min(int(budget), prompt_tokens)``. The result is always in ``[1, prompt_tokens]``.
 
     Raises:
@@ -190,7 +190,9 @@ def resolve_average_budget(budget: float, prompt_tokens: int) -> int:
     if value <= 0:
         raise ValueError(f"budget must be > 0 (a fraction in (0, 1] or an integer token count > 1), got {budget!r}")
     if value <= 1:
-        return max(1, int(prompt_tokens * value))
+        # kvpress keeps int(k_len * (1 - compression_ratio)) with compression_ratio = 1 - budget; computing the
+        # same float expression makes a uniform allocation keep exactly what kvpress's own press keeps.
+        return max(1, int(prompt_tokens * (1.0 - (1.0 - value))))
     if not value.is_integer():
         raise ValueError(
             f"budget {budget!r} is > 1, so it is read as an average number of tokens per layer and must be "
