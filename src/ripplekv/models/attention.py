@@ -28,6 +28,8 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from ripplekv.models.shared_prefix import shared_prefix_attention
+
 VARLEN_PREFIX = "ripplekv_"
 
 
@@ -98,6 +100,39 @@ def _make_mask(base: Callable) -> Callable:
     return varlen_mask
 
 
+def sdpa_gqa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention without copying keys and values for grouped-query attention.
+
+    transformers repeats the KV heads (a full copy of the layer's cache) whenever a mask is present, because
+    some GPU kernels reject ``enable_gqa`` with a mask; on the CPU torch handles both together, and every
+    multi-token pass over a cache (a question after the context, a profiling continuation) has a mask.
+    """
+    groups = query.shape[1] // key.shape[1]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
+        enable_gqa=groups > 1,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
 def _make_attention(base_name: str, default: Callable, additive: bool) -> Callable:
     def attention(
         module: torch.nn.Module,
@@ -107,11 +142,16 @@ def _make_attention(base_name: str, default: Callable, additive: bool) -> Callab
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        shared = kwargs.pop("shared_prefix", None)
+        if shared is not None:  # many rows over one shared cached prefix (see ripplekv.models.shared_prefix)
+            return shared_prefix_attention(query, key, value, shared, kwargs.get("scaling")), None
         mask = fit_attention_mask(attention_mask, query.shape[2], key.shape[2], additive, query.dtype)
         if mask is not None:
             mask = mask.to(query.device)
+        if base_name == "sdpa" and query.device.type == "cpu" and getattr(module, "masked_key_indices", None) is None:
+            return sdpa_gqa_forward(module, query, key, value, mask, **kwargs)
         # Resolved per call: a library that wraps the registered function (kvpress wraps every entry of
-        # ALL_ATTENTION_FUNCTIONS for head-wise masking) keeps working under the variable-length name.
+        # ALL_ATTENTION_FUNCTIONS for its head-wise masking, e.g. AdaKV) keeps working under the new name.
         base = ALL_ATTENTION_FUNCTIONS.get(base_name, default)
         return base(module, query, key, value, mask, **kwargs)
 

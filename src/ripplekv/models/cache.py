@@ -36,9 +36,7 @@ def cache_from_tensors(pairs: Sequence[KVPair]) -> DynamicCache:
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
         layers.append(layer)
-    cache = DynamicCache()
-    cache.layers = layers
-    return cache
+    return cache_from_layers(layers)
 
 
 def layer_lengths(cache: DynamicCache) -> list[int]:
@@ -49,3 +47,59 @@ def layer_lengths(cache: DynamicCache) -> list[int]:
 def cache_bytes(cache: DynamicCache) -> int:
     """Bytes held by the keys and values of every layer."""
     return sum(t.numel() * t.element_size() for pair in cache_tensors(cache) for t in pair)
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A cache layer over buffers that already hold a prefix and have room for more tokens.
+
+    ``update`` writes the new tokens into the buffers in place instead of concatenating (a ``torch.cat``
+    copies the whole layer). Meant for many short passes over one long prefix: each pass builds new
+    layer objects over the same buffers, starting at the prefix, and overwrites the tail of the previous pass.
+    """
+
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, prefix: int) -> None:
+        super().__init__()
+        if key_buffer.shape[:-1] != value_buffer.shape[:-1] or prefix > key_buffer.shape[-2]:
+            raise ValueError("key and value buffers differ in shape or are shorter than the prefix")
+        self.lazy_initialization(key_buffer, value_buffer)
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        self.keys, self.values = key_buffer[..., :prefix, :], value_buffer[..., :prefix, :]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self._key_buffer.shape[-2]:
+            raise ValueError(f"preallocated cache layer holds {self._key_buffer.shape[-2]} tokens, {end} needed")
+        self._key_buffer[..., start:end, :].copy_(key_states)
+        self._value_buffer[..., start:end, :].copy_(value_states)
+        self.keys, self.values = self._key_buffer[..., :end, :], self._value_buffer[..., :end, :]
+        return self.keys, self.values
+
+
+def cache_from_layers(layers: Sequence[DynamicLayer]) -> DynamicCache:
+    """A ``DynamicCache`` made of the given layer objects."""
+    cache = DynamicCache()
+    cache.layers = list(layers)
+    return cache
+
+
+class PassThroughLayer(DynamicLayer):
+    """A cache layer that stores nothing: ``update`` hands the new tokens straight back.
+
+    For passes whose attention reads the cached prefix elsewhere (a shared prefix, see
+    :mod:`ripplekv.models.shared_prefix`) and only needs each row's own new tokens from the cache.
+    """
+
+    def __init__(self, prefix: int) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.prefix

@@ -52,6 +52,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from ripplekv.models.attention import enable_varlen_attention
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -488,7 +490,10 @@ def load_model(
         dtype: ``torch.dtype`` or name (``"float32"``, ``"bf16"``, ...); default bfloat16 on cuda, float32
             otherwise.
         device: default cuda when available, else cpu.
-        attn_implementation: passed to ``from_pretrained`` (``"sdpa"``, ``"eager"``, ...).
+        attn_implementation: passed to ``from_pretrained`` (``"sdpa"``, ``"eager"``, ...). ``sdpa`` and ``eager``
+            are then switched to their variable-length variants (``ripplekv_sdpa``, ``ripplekv_eager``, see
+            :mod:`ripplekv.models.attention`): same results on ordinary caches, correct on per-layer compressed
+            ones, and on the CPU no copy of the KV heads for grouped-query attention.
     """
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)
@@ -502,6 +507,8 @@ def load_model(
         model.config.name_or_path = os.fspath(name_or_path)
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
+    if attn_implementation in ("sdpa", "eager"):
+        enable_varlen_attention(model)
     return model, tokenizer
 
 

@@ -50,14 +50,14 @@ class EssayCorpusMissingError(RuntimeError):
 class TextTokenizer(Protocol):
     """The subset of a Hugging Face tokenizer used here."""
 
-    def __call__(self, text: str, add_special_tokens: bool = ...) -> Any: ...
+    def __call__(self, text: str, add_special_tokens: bool = ..., verbose: bool = ...) -> Any: ...
 
     def decode(self, token_ids: Any, **kwargs: Any) -> str: ...
 
 
 def encode(tokenizer: TextTokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` without special tokens."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    """Token ids of ``text`` without special tokens (texts longer than the model's limit are fine here)."""
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     if hasattr(ids, "tolist"):
         ids = ids.tolist()
     return [int(i) for i in ids]

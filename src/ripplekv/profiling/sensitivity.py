@@ -35,13 +35,22 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.models.cache import KVPair, cache_from_tensors, cache_tensors
+from ripplekv.models.attention import uses_varlen_attention
+from ripplekv.models.cache import (
+    KVPair,
+    PassThroughLayer,
+    PreallocatedLayer,
+    cache_from_layers,
+    cache_from_tensors,
+    cache_tensors,
+)
 from ripplekv.models.loading import model_identity
+from ripplekv.models.shared_prefix import SharedPrefix
 from ripplekv.profiling.calibration import CalibrationSet
 from ripplekv.profiling.profile import SensitivityProfile
 
 DEFAULT_ALPHA = 0.5
-DEFAULT_REPEATS = 2
+DEFAULT_REPEATS = 1  # benchmarks/profile_stability.py: rho 0.983 across noise seeds, 0.995 vs 4 repeats
 
 
 @dataclass(frozen=True)
@@ -94,18 +103,44 @@ def norm_adaptive_noise(values: torch.Tensor, alpha: float, generator: torch.Gen
     return (alpha * norms * unit).to(device=values.device, dtype=values.dtype)
 
 
-def perturbed_cache(
-    clean: Sequence[KVPair], layer: int, alpha: float, repeats: int, generator: torch.Generator
-) -> DynamicCache:
-    """A cache of batch ``repeats`` over the clean tensors in which only layer ``layer``'s Values are noisy.
+class ContinuationBuffers:
+    """The prefilled context of every layer, in buffers with room for the continuation, ``batch`` rows each.
 
-    Every key tensor and every other layer's values are the clean tensors themselves (expanded views, no
-    copy); row ``r`` of layer ``layer``'s values carries the ``r``-th noise draw.
+    Built once per sample. Clean and perturbed passes get caches of :class:`PreallocatedLayer` views over
+    these buffers, so a pass writes its continuation tokens in place instead of concatenating a copy of the
+    whole context into every layer. Keys are never written before the prefix end; a perturbed pass reads
+    the noisy Values of its layer from a separate buffer, so every clean tensor stays bit-identical.
+
+    Memory: ``batch + 1`` times the context's KV cache (the buffers plus one noisy Value buffer per shape).
     """
-    pairs = [(k.expand(repeats, *k.shape[1:]), v.expand(repeats, *v.shape[1:])) for k, v in clean]
-    keys, values = pairs[layer]
-    pairs[layer] = (keys, values + norm_adaptive_noise(values, alpha, generator))
-    return cache_from_tensors(pairs)
+
+    def __init__(self, clean: Sequence[KVPair], room: int, batch: int) -> None:
+        self.prefix = clean[0][0].shape[-2]
+        self.batch = batch
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        for k, v in clean:
+            for source, target in ((k, self.keys), (v, self.values)):
+                buffer = source.new_empty((batch, *source.shape[1:-2], self.prefix + room, source.shape[-1]))
+                buffer[..., : self.prefix, :] = source
+                target.append(buffer)
+        self._noisy: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def clean_cache(self) -> DynamicCache:
+        """A batch-1 cache over row 0 of the clean buffers."""
+        return cache_from_layers([PreallocatedLayer(k[:1], v[:1], self.prefix) for k, v in zip(self.keys, self.values)])
+
+    def perturbed_cache(self, layer: int, alpha: float, generator: torch.Generator) -> DynamicCache:
+        """A batch cache in which only layer ``layer``'s context Values carry noise (one draw per row)."""
+        values = self.values[layer]
+        noisy = self._noisy.get(tuple(values.shape))
+        if noisy is None:
+            noisy = self._noisy.setdefault(tuple(values.shape), torch.empty_like(values))
+        context = values[..., : self.prefix, :]
+        torch.add(context, norm_adaptive_noise(context, alpha, generator), out=noisy[..., : self.prefix, :])
+        layers = [PreallocatedLayer(k, v, self.prefix) for k, v in zip(self.keys, self.values)]
+        layers[layer] = PreallocatedLayer(self.keys[layer], noisy, self.prefix)
+        return cache_from_layers(layers)
 
 
 def noise_generator(seed: int, sample: int, layer: int) -> torch.Generator:
@@ -158,11 +193,10 @@ def _record_attention_outputs(layers: Sequence[nn.Module], store: dict[int, torc
             handle.remove()
 
 
-def _kl(ref_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(P_ref || P) per batch row, averaged over positions. ``ref_logp``: (T, V); ``logits``: (B, T, V)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)  # (B, T)
-    return kl.clamp_min(0.0).mean(-1)
+def _expected_logp(ref_p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``sum_v P_ref(v) log P(v)`` per row and position, from raw logits (``(B, T, V)`` -> ``(B, T)``)."""
+    logits = logits.float()
+    return (ref_p * logits).sum(-1) - torch.logsumexp(logits, dim=-1)
 
 
 @torch.no_grad()
@@ -190,12 +224,11 @@ def score_sample(
     context_ids, continuation_ids = context_ids.to(device), continuation_ids.to(device)
     decoder = _decoder(model)
     layers = list(decoder.layers)
-    lm_head = model.get_output_embeddings()
     n_ctx, n_cont = context_ids.shape[1], continuation_ids.shape[1]
     positions = torch.arange(n_ctx, n_ctx + n_cont, device=device)
 
     prefill = DynamicCache()
-    model(context_ids, past_key_values=prefill, use_cache=True)
+    model(context_ids, past_key_values=prefill, use_cache=True, logits_to_keep=1)
     clean = cache_tensors(prefill)
     del prefill
 
@@ -209,30 +242,114 @@ def score_sample(
             position_ids=positions.unsqueeze(0),
         ).logits
     ref_logp = torch.log_softmax(logits[0].float(), dim=-1)
+    ref_p = ref_logp.exp()
+    ref_neg_entropy = (ref_p * ref_logp).sum(-1)  # KL(P_ref || P) = sum P_ref log P_ref - sum P_ref log P
 
-    repeats = config.repeats
+    run = _batched_by_depth if _can_share_prefix(model, n_ctx + n_cont) else _layer_by_layer
+    kl_scores, local_scores = run(
+        model, clean, calls, clean_attention, ref_p, ref_neg_entropy, config, sample_index, n_cont
+    )
+    return SampleScores(tuple(kl_scores), tuple(local_scores), n_ctx, n_cont)
+
+
+def _can_share_prefix(model: PreTrainedModel, length: int) -> bool:
+    """Whether the batched shared-prefix path applies: RippleKV attention and full (not sliding) attention."""
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    return uses_varlen_attention(model) and (window is None or window >= length)
+
+
+def _layer_kwargs(call: tuple[tuple, dict], cache: DynamicCache) -> dict[str, Any]:
+    kwargs = {k: v for k, v in call[1].items() if k != "hidden_states"}
+    kwargs["past_key_values"] = cache
+    return kwargs
+
+
+def _local_change(perturbed: torch.Tensor, clean: torch.Tensor) -> float:
+    clean = clean.float()
+    delta = (perturbed.float() - clean).norm(dim=-1)
+    return float((delta / clean.norm(dim=-1).clamp_min(1e-12)).mean())
+
+
+def _layer_by_layer(
+    model: PreTrainedModel,
+    clean: Sequence[KVPair],
+    calls: Sequence[tuple[tuple, dict]],
+    clean_attention: dict[int, torch.Tensor],
+    ref_p: torch.Tensor,
+    ref_neg_entropy: torch.Tensor,
+    config: ProfilingConfig,
+    sample_index: int,
+    n_cont: int,
+) -> tuple[list[float], list[float]]:
+    """Generic path, any attention implementation: per layer l, one batch of noise draws from layer l up."""
+    decoder, lm_head = _decoder(model), model.get_output_embeddings()
+    layers = list(decoder.layers)
+    buffers = ContinuationBuffers(clean, room=n_cont, batch=config.repeats)
     kl_scores, local_scores = [], []
     for index, layer in enumerate(layers):
-        generator = noise_generator(config.seed, sample_index, index)
-        cache = perturbed_cache(clean, index, config.alpha, repeats, generator)
-
+        cache = buffers.perturbed_cache(index, config.alpha, noise_generator(config.seed, sample_index, index))
         args, kwargs = calls[index]
         hidden = args[0] if args else kwargs["hidden_states"]
-        hidden = hidden.expand(repeats, *hidden.shape[1:])
+        hidden = hidden.expand(config.repeats, *hidden.shape[1:])
         perturbed_attention: dict[int, torch.Tensor] = {}
         with _record_attention_outputs([layer], perturbed_attention):
             for j in range(index, len(layers)):
-                layer_kwargs = {k: v for k, v in calls[j][1].items() if k != "hidden_states"}
-                layer_kwargs["past_key_values"] = cache
-                out = layers[j](hidden, **layer_kwargs)
+                out = layers[j](hidden, **_layer_kwargs(calls[j], cache))
                 hidden = out[0] if isinstance(out, tuple) else out
-        logits = lm_head(decoder.norm(hidden))
-        kl_scores.append(float(_kl(ref_logp, logits).mean()))
+        kl = ref_neg_entropy - _expected_logp(ref_p, lm_head(decoder.norm(hidden)))
+        kl_scores.append(float(kl.clamp_min(0.0).mean()))
+        local_scores.append(_local_change(perturbed_attention[0], clean_attention[index]))
+    return kl_scores, local_scores
 
-        clean_out = clean_attention[index].float()
-        delta = (perturbed_attention[0].float() - clean_out).norm(dim=-1)
-        local_scores.append(float((delta / clean_out.norm(dim=-1).clamp_min(1e-12)).mean()))
-    return SampleScores(tuple(kl_scores), tuple(local_scores), n_ctx, n_cont)
+
+def _batched_by_depth(
+    model: PreTrainedModel,
+    clean: Sequence[KVPair],
+    calls: Sequence[tuple[tuple, dict]],
+    clean_attention: dict[int, torch.Tensor],
+    ref_p: torch.Tensor,
+    ref_neg_entropy: torch.Tensor,
+    config: ProfilingConfig,
+    sample_index: int,
+    n_cont: int,
+) -> tuple[list[float], list[float]]:
+    """Fast path: every perturbation in one batch, grown by depth, over shared prefixes.
+
+    At layer j the batch holds one block of ``repeats`` rows per perturbed layer l <= j: blocks l < j carry
+    the hidden states their perturbation produced so far, and block j enters with layer j's clean input
+    (layers below j cannot see a perturbation of layer j). Every row attends to layer j's clean prefix,
+    read once for the whole batch; block j adds its noise to the prefix values. Same arithmetic as
+    :func:`_layer_by_layer`, a single pass over the layers, and no copy of the prefix per row.
+    """
+    decoder, lm_head = _decoder(model), model.get_output_embeddings()
+    layers = list(decoder.layers)
+    repeats = config.repeats
+    cache = cache_from_layers([PassThroughLayer(clean[0][0].shape[-2]) for _ in layers])
+    hidden: torch.Tensor | None = None
+    local_scores = []
+    for j, layer in enumerate(layers):
+        args, kwargs = calls[j]
+        entering = (args[0] if args else kwargs["hidden_states"]).expand(repeats, -1, -1)
+        hidden = entering if hidden is None else torch.cat([hidden, entering])
+        keys, values = clean[j]
+        noise = norm_adaptive_noise(
+            values.expand(repeats, -1, -1, -1), config.alpha, noise_generator(config.seed, sample_index, j)
+        )
+        layer_kwargs = _layer_kwargs(calls[j], cache)
+        layer_kwargs["shared_prefix"] = SharedPrefix(keys, values, value_delta=noise)
+        attention: dict[int, torch.Tensor] = {}
+        with _record_attention_outputs([layer], attention):
+            out = layer(hidden, **layer_kwargs)
+        hidden = out[0] if isinstance(out, tuple) else out
+        local_scores.append(_local_change(attention[0][-repeats:], clean_attention[j]))
+
+    kl_scores = []
+    normed = decoder.norm(hidden)  # (layers * repeats, new, hidden): block l = perturbation of layer l
+    for block in range(len(layers)):
+        rows = normed[block * repeats : (block + 1) * repeats]
+        kl = ref_neg_entropy - _expected_logp(ref_p, lm_head(rows))
+        kl_scores.append(float(kl.clamp_min(0.0).mean()))
+    return kl_scores, local_scores
 
 
 def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
