@@ -107,7 +107,11 @@ def test_profile_is_checked_against_the_model() -> None:
     with pytest.raises(ProfileError, match="config hashes differ"):
         prefill(tiny_model("llama", layers=4), random_ids(40), press)
     with pytest.raises(ValueError, match="3 layer scores for a model of 4 layers"):
-        prefill(tiny_model("llama", layers=4), random_ids(40), RippleKVPress(budget=0.3, scores=(1.0, 2.0, 3.0)))
+        prefill(
+            tiny_model("llama", layers=4),
+            random_ids(40),
+            RippleKVPress(SnapKVPress(window_size=4), 0.3, scores=(1.0, 2.0, 3.0)),
+        )
 
 
 def test_padded_batch_is_refused() -> None:
@@ -153,3 +157,17 @@ def test_bad_arguments_are_clear_errors() -> None:
         RippleKVPress(budget=0.2)
     with pytest.raises(TypeError, match="ScorerPress"):
         RippleKVPress(press="snapkv", budget=0.2, scores=(1.0,))  # type: ignore[arg-type]
+
+
+def test_prompt_not_longer_than_the_window_is_a_clear_error() -> None:
+    model = tiny_model("llama", layers=2)
+    for press in (
+        make_press("snapkv", budget=0.5, window_size=16),
+        make_press("adakv", budget=0.5, window_size=16),
+        RippleKVPress(press=SnapKVPress(window_size=16), budget=0.5, scores=(1.0, 2.0)),
+    ):
+        with pytest.raises(ValueError, match="not more than the 16-token selection window"):
+            prefill(model, random_ids(16), press)
+    direct = RippleKVPress(press=SnapKVPress(window_size=16), budget=0.5, scores=(1.0, 2.0))
+    with pytest.raises(ValueError, match="selection window"), torch.no_grad(), direct(model):
+        model(random_ids(10))  # used as a plain kvpress press, the press itself refuses

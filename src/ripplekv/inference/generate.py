@@ -12,6 +12,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_bytes, layer_lengths
+from ripplekv.presses.registry import check_prompt_length
 
 PROTOCOLS = ("question-aware", "query-agnostic")
 
@@ -65,6 +66,7 @@ def prefill(
     through :func:`extend`.
     """
     _check_single(input_ids)
+    check_prompt_length(press, input_ids.shape[1])
     cache = cache if cache is not None else DynamicCache()
     device = next(model.parameters()).device
     start = time.perf_counter()

@@ -143,6 +143,9 @@ class RippleKVPress(BasePress):
         if has_padding(kwargs.get("attention_mask")):
             raise PaddedBatchError("RippleKVPress cannot compress a padded batch: use batch size 1 or equal lengths")
         k_len = keys.shape[2]
+        window = int(getattr(self.press, "window_size", 0) or 0)
+        if k_len <= window:
+            raise ValueError(f"the prompt has {k_len} tokens, not more than the {window}-token selection window")
         n_kept = self.layer_budgets(k_len)[module.layer_idx]
         if n_kept >= k_len:
             return keys, values
