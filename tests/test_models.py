@@ -141,7 +141,7 @@ def test_load_local_hf_directory(tmp_path: Path) -> None:
     model, tokenizer = load_model(str(tmp_path), dtype="bfloat16", device="cpu", attn_implementation="eager")
     assert not model.training
     assert model.dtype == torch.bfloat16
-    assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == "ripplekv_eager"  # eager, fitted to per-layer cache lengths
     assert tokenizer("w1 w2").input_ids == [1, 2]
     assert tokenizer.pad_token_id == tokenizer.eos_token_id == 0  # pad falls back to eos
     assert model_identity(model)["config_hash"] == model_identity(tiny_llama())["config_hash"]
@@ -210,7 +210,7 @@ def test_smollm2_identity(smollm2: dict[str, Any]) -> None:
     assert (identity["head_dim"], identity["hidden_size"], identity["vocab_size"]) == (64, 576, 49152)
     assert not model.training
     assert model.dtype == torch.float32
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == "ripplekv_sdpa"  # sdpa, fitted to per-layer cache lengths
 
 
 @pytest.mark.slow

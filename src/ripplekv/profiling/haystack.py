@@ -179,20 +179,23 @@ def _insert_needle(haystack_text: str, needle: str, char_target: int) -> str:
 
 
 def build_needle_prompt(
-    tokenizer: TextTokenizer, context_tokens: int, depth: float = 0.5, seed: int = 0
+    tokenizer: TextTokenizer, context_tokens: int, depth: float = 0.5, seed: int = 0, digits: int = 7
 ) -> NeedlePrompt:
     """Essay text of about ``context_tokens`` tokens (never more) with a seeded fact inserted at ``depth``.
 
     The haystack is the essays from the start of the sorted collection (so prompts for different depths and
     seeds share the same text), cut to a whole number of sentences. The needle ("The special magic number
     for <city> is <7 digits>.") goes at the sentence boundary nearest the token position
-    ``depth * haystack_tokens``. City and number are drawn from ``seed``.
+    ``depth * haystack_tokens``. City and number are drawn from ``seed``; the number has ``digits`` digits
+    (7 by default, as in RULER; small models retrieve 4-digit numbers more reliably).
     """
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
+    if not 1 <= digits <= 18:
+        raise ValueError(f"digits must be in [1, 18], got {digits}")
     rng = random.Random(seed)
     city = rng.choice(_CITIES)
-    number = str(rng.randint(1_000_000, 9_999_999))
+    number = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
     needle = f"The special magic number for {city} is {number}."
     question = f"What is the special magic number for {city}?"
     needle_tokens = len(encode(tokenizer, needle))
