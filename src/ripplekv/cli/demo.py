@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 from ripplekv.models import cache_root, load_model, model_identity
 from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
 from ripplekv.profiling.calibration import default_calibration
@@ -15,7 +17,9 @@ from ripplekv.profiling.haystack import build_needle_prompt
 DEMO_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 
 
-def cached_default_profile(model, tokenizer, config: ProfilingConfig | None = None) -> SensitivityProfile:
+def cached_default_profile(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: ProfilingConfig | None = None
+) -> SensitivityProfile:
     """The model's profile on the default calibration set, measured once and cached under RIPPLEKV_CACHE."""
     config = config or ProfilingConfig()
     from tqdm import tqdm

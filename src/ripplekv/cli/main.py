@@ -8,8 +8,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ripplekv import __version__
+
+if TYPE_CHECKING:
+    from ripplekv.profiling import SensitivityProfile
 
 EXAMPLES = """examples:
   ripplekv demo
@@ -147,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_profile(path: str | None, required: bool):
+def _load_profile(path: str | None, required: bool) -> SensitivityProfile | None:
     from ripplekv.profiling import SensitivityProfile
 
     if path is None:

@@ -245,11 +245,26 @@ def score_sample(
     ref_p = ref_logp.exp()
     ref_neg_entropy = (ref_p * ref_logp).sum(-1)  # KL(P_ref || P) = sum P_ref log P_ref - sum P_ref log P
 
+    ref = _Reference(clean, calls, clean_attention, ref_p, ref_neg_entropy, n_cont)
     run = _batched_by_depth if _can_share_prefix(model, n_ctx + n_cont) else _layer_by_layer
-    kl_scores, local_scores = run(
-        model, clean, calls, clean_attention, ref_p, ref_neg_entropy, config, sample_index, n_cont
-    )
+    kl_scores, local_scores = run(model, ref, config, sample_index)
     return SampleScores(tuple(kl_scores), tuple(local_scores), n_ctx, n_cont)
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """What the clean continuation pass leaves for the perturbed passes."""
+
+    clean: Sequence[KVPair]  # prefilled (keys, values) per layer
+    calls: Sequence[tuple[tuple, dict]]  # (args, kwargs) of each decoder layer's call
+    attention: dict[int, torch.Tensor]  # each layer's self-attention output
+    p: torch.Tensor  # (new, vocab) next-token probabilities
+    neg_entropy: torch.Tensor  # (new,) sum_v p log p
+    new_tokens: int
+
+    def kl(self, logits: torch.Tensor) -> torch.Tensor:
+        """KL(P_ref || softmax(logits)) per row, averaged over positions."""
+        return (self.neg_entropy - _expected_logp(self.p, logits)).clamp_min(0.0).mean(-1)
 
 
 def _can_share_prefix(model: PreTrainedModel, length: int) -> bool:
@@ -271,47 +286,30 @@ def _local_change(perturbed: torch.Tensor, clean: torch.Tensor) -> float:
 
 
 def _layer_by_layer(
-    model: PreTrainedModel,
-    clean: Sequence[KVPair],
-    calls: Sequence[tuple[tuple, dict]],
-    clean_attention: dict[int, torch.Tensor],
-    ref_p: torch.Tensor,
-    ref_neg_entropy: torch.Tensor,
-    config: ProfilingConfig,
-    sample_index: int,
-    n_cont: int,
+    model: PreTrainedModel, ref: _Reference, config: ProfilingConfig, sample_index: int
 ) -> tuple[list[float], list[float]]:
     """Generic path, any attention implementation: per layer l, one batch of noise draws from layer l up."""
     decoder, lm_head = _decoder(model), model.get_output_embeddings()
     layers = list(decoder.layers)
-    buffers = ContinuationBuffers(clean, room=n_cont, batch=config.repeats)
+    buffers = ContinuationBuffers(ref.clean, room=ref.new_tokens, batch=config.repeats)
     kl_scores, local_scores = [], []
     for index, layer in enumerate(layers):
         cache = buffers.perturbed_cache(index, config.alpha, noise_generator(config.seed, sample_index, index))
-        args, kwargs = calls[index]
+        args, kwargs = ref.calls[index]
         hidden = args[0] if args else kwargs["hidden_states"]
         hidden = hidden.expand(config.repeats, *hidden.shape[1:])
         perturbed_attention: dict[int, torch.Tensor] = {}
         with _record_attention_outputs([layer], perturbed_attention):
             for j in range(index, len(layers)):
-                out = layers[j](hidden, **_layer_kwargs(calls[j], cache))
+                out = layers[j](hidden, **_layer_kwargs(ref.calls[j], cache))
                 hidden = out[0] if isinstance(out, tuple) else out
-        kl = ref_neg_entropy - _expected_logp(ref_p, lm_head(decoder.norm(hidden)))
-        kl_scores.append(float(kl.clamp_min(0.0).mean()))
-        local_scores.append(_local_change(perturbed_attention[0], clean_attention[index]))
+        kl_scores.append(float(ref.kl(lm_head(decoder.norm(hidden))).mean()))
+        local_scores.append(_local_change(perturbed_attention[0], ref.attention[index]))
     return kl_scores, local_scores
 
 
 def _batched_by_depth(
-    model: PreTrainedModel,
-    clean: Sequence[KVPair],
-    calls: Sequence[tuple[tuple, dict]],
-    clean_attention: dict[int, torch.Tensor],
-    ref_p: torch.Tensor,
-    ref_neg_entropy: torch.Tensor,
-    config: ProfilingConfig,
-    sample_index: int,
-    n_cont: int,
+    model: PreTrainedModel, ref: _Reference, config: ProfilingConfig, sample_index: int
 ) -> tuple[list[float], list[float]]:
     """Fast path: every perturbation in one batch, grown by depth, over shared prefixes.
 
@@ -324,31 +322,30 @@ def _batched_by_depth(
     decoder, lm_head = _decoder(model), model.get_output_embeddings()
     layers = list(decoder.layers)
     repeats = config.repeats
-    cache = cache_from_layers([PassThroughLayer(clean[0][0].shape[-2]) for _ in layers])
+    cache = cache_from_layers([PassThroughLayer(ref.clean[0][0].shape[-2]) for _ in layers])
     hidden: torch.Tensor | None = None
     local_scores = []
     for j, layer in enumerate(layers):
-        args, kwargs = calls[j]
+        args, kwargs = ref.calls[j]
         entering = (args[0] if args else kwargs["hidden_states"]).expand(repeats, -1, -1)
         hidden = entering if hidden is None else torch.cat([hidden, entering])
-        keys, values = clean[j]
+        keys, values = ref.clean[j]
         noise = norm_adaptive_noise(
             values.expand(repeats, -1, -1, -1), config.alpha, noise_generator(config.seed, sample_index, j)
         )
-        layer_kwargs = _layer_kwargs(calls[j], cache)
+        layer_kwargs = _layer_kwargs(ref.calls[j], cache)
         layer_kwargs["shared_prefix"] = SharedPrefix(keys, values, value_delta=noise)
         attention: dict[int, torch.Tensor] = {}
         with _record_attention_outputs([layer], attention):
             out = layer(hidden, **layer_kwargs)
         hidden = out[0] if isinstance(out, tuple) else out
-        local_scores.append(_local_change(attention[0][-repeats:], clean_attention[j]))
+        local_scores.append(_local_change(attention[0][-repeats:], ref.attention[j]))
 
     kl_scores = []
     normed = decoder.norm(hidden)  # (layers * repeats, new, hidden): block l = perturbation of layer l
     for block in range(len(layers)):
         rows = normed[block * repeats : (block + 1) * repeats]
-        kl = ref_neg_entropy - _expected_logp(ref_p, lm_head(rows))
-        kl_scores.append(float(kl.clamp_min(0.0).mean()))
+        kl_scores.append(float(ref.kl(lm_head(rows)).mean()))
     return kl_scores, local_scores
 
 

@@ -1,0 +1,458 @@
+"""The LongBench v1 / LongBench-E evaluation protocol (THUDM/LongBench ``pred.py`` and ``eval.py``), English tasks.
+
+Protocol, per record:
+
+1. format the task's official template (``config/dataset2prompt.json``) with the record's ``context`` and ``input``;
+2. tokenize it; if it has more than ``max_length`` tokens, keep the first and the last ``max_length // 2`` tokens,
+   decode each half (special tokens skipped) and join the two texts (middle truncation);
+3. apply the chat template, except for the tasks in :data:`NO_CHAT_TEMPLATE`;
+4. greedy decoding for :data:`MAX_NEW_TOKENS` tokens (samsum also stops at a newline: :func:`stop_on_newline`);
+5. score: :func:`postprocess` (first line for :data:`FIRST_LINE_TASKS`), the max over the answers of the task's
+   metric (:data:`TASK_METRIC`), and ``round(100 * mean, 2)`` over the task (:func:`task_score`); LongBench-E also
+   reports the mean per length bucket (:func:`task_score_e`).
+
+Steps 1-3 are :func:`build_prompt`, step 5 :func:`score_record`. LongBench-E files (``<task>_e.jsonl``) use the
+prompt, generation length and metric of their base task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ripplekv.evaluation.metrics import METRICS
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "ENGLISH_TASKS",
+    "FIRST_LINE_TASKS",
+    "LONGBENCH_E_BUCKETS",
+    "MAX_NEW_TOKENS",
+    "NO_CHAT_TEMPLATE",
+    "PROMPTS",
+    "TASK_METRIC",
+    "BuiltPrompt",
+    "LongBenchRecord",
+    "base_task",
+    "build_prompt",
+    "length_bucket",
+    "load_task",
+    "newline_token_id",
+    "postprocess",
+    "score_record",
+    "stop_on_newline",
+    "task_score",
+    "task_score_e",
+]
+
+ENGLISH_TASKS: tuple[str, ...] = (
+    "narrativeqa",
+    "qasper",
+    "multifieldqa_en",
+    "hotpotqa",
+    "2wikimqa",
+    "musique",
+    "gov_report",
+    "qmsum",
+    "multi_news",
+    "trec",
+    "triviaqa",
+    "samsum",
+    "passage_count",
+    "passage_retrieval_en",
+    "lcc",
+    "repobench-p",
+)
+"""The 16 English tasks of LongBench v1 (LongBench-E covers 13 of them: not narrativeqa, musique, qmsum)."""
+
+_MULTI_DOC_QA = (
+    "Answer the question based on the given passages. Only give me the answer and do not output any other words."
+    "\n\nThe following are given passages.\n{context}\n\n"
+    "Answer the question based on the given passages. Only give me the answer and do not output any other words."
+    "\n\nQuestion: {input}\nAnswer:"
+)
+
+PROMPTS: dict[str, str] = {
+    "narrativeqa": (
+        "You are given a story, which can be either a novel or a movie script, and a question. Answer the question "
+        "as concisely as you can, using a single phrase if possible. Do not provide any explanation.\n\n"
+        "Story: {context}\n\n"
+        "Now, answer the question based on the story as concisely as you can, using a single phrase if possible. "
+        "Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "qasper": (
+        "You are given a scientific article and a question. Answer the question as concisely as you can, using a "
+        "single phrase or sentence if possible. If the question cannot be answered based on the information in the "
+        'article, write "unanswerable". If the question is a yes/no question, answer "yes", "no", or "unanswerable". '
+        "Do not provide any explanation.\n\nArticle: {context}\n\n "
+        "Answer the question based on the above article as concisely as you can, using a single phrase or sentence "
+        "if possible. If the question cannot be answered based on the information in the article, write "
+        '"unanswerable". If the question is a yes/no question, answer "yes", "no", or "unanswerable". '
+        "Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "multifieldqa_en": (
+        "Read the following text and answer briefly.\n\n{context}\n\n"
+        "Now, answer the following question based on the above text, only give me the answer and do not output any "
+        "other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "hotpotqa": _MULTI_DOC_QA,
+    "2wikimqa": _MULTI_DOC_QA,
+    "musique": _MULTI_DOC_QA,
+    "gov_report": (
+        "You are given a report by a government agency. Write a one-page summary of the report.\n\n"
+        "Report:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
+    ),
+    "qmsum": (
+        "You are given a meeting transcript and a query containing a question or instruction. Answer the query in "
+        "one or more sentences.\n\nTranscript:\n{context}\n\n"
+        "Now, answer the query based on the above meeting transcript in one or more sentences.\n\n"
+        "Query: {input}\nAnswer:"
+    ),
+    "multi_news": (
+        "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{context}\n\n"
+        "Now, write a one-page summary of all the news.\n\nSummary:"
+    ),
+    "trec": (
+        "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}"
+    ),
+    "triviaqa": (
+        "Answer the question based on the given passage. Only give me the answer and do not output any other words. "
+        "The following are some examples.\n\n{context}\n\n{input}"
+    ),
+    "samsum": (
+        "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}"
+    ),
+    "passage_count": (
+        "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. Please carefully "
+        "read these paragraphs and determine how many unique paragraphs there are after removing duplicates. In "
+        "other words, how many non-repeating paragraphs are there in total?\n\n{context}\n\n"
+        "Please enter the final count of unique paragraphs after removing duplicates. The output format should only "
+        "contain the number, such as 1, 2, 3, and so on.\n\nThe final answer is: "
+    ),
+    "passage_retrieval_en": (
+        "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which paragraph the "
+        "abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\n"
+        "Please enter the number of the paragraph that the abstract is from. The answer format must be like "
+        '"Paragraph 1", "Paragraph 2", etc.\n\nThe answer is: '
+    ),
+    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
+    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
+}
+"""Official prompt templates (``config/dataset2prompt.json``), with ``{context}`` and ``{input}`` placeholders."""
+
+MAX_NEW_TOKENS: dict[str, int] = {
+    "narrativeqa": 128,
+    "qasper": 128,
+    "multifieldqa_en": 64,
+    "hotpotqa": 32,
+    "2wikimqa": 32,
+    "musique": 32,
+    "gov_report": 512,
+    "qmsum": 512,
+    "multi_news": 512,
+    "trec": 64,
+    "triviaqa": 32,
+    "samsum": 128,
+    "passage_count": 32,
+    "passage_retrieval_en": 32,
+    "lcc": 64,
+    "repobench-p": 64,
+}
+"""Official generation lengths (``config/dataset2maxlen.json``)."""
+
+NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
+"""Tasks whose prompt is fed raw, without the chat template (few-shot and code completion)."""
+
+FIRST_LINE_TASKS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})
+"""Tasks whose prediction is cut to its first line before scoring."""
+
+TASK_METRIC: dict[str, str] = {
+    "narrativeqa": "qa_f1_score",
+    "qasper": "qa_f1_score",
+    "multifieldqa_en": "qa_f1_score",
+    "hotpotqa": "qa_f1_score",
+    "2wikimqa": "qa_f1_score",
+    "musique": "qa_f1_score",
+    "gov_report": "rouge_score",
+    "qmsum": "rouge_score",
+    "multi_news": "rouge_score",
+    "trec": "classification_score",
+    "triviaqa": "qa_f1_score",
+    "samsum": "rouge_score",
+    "passage_count": "count_score",
+    "passage_retrieval_en": "retrieval_score",
+    "lcc": "code_sim_score",
+    "repobench-p": "code_sim_score",
+}
+"""Task -> metric name (a key of :data:`ripplekv.evaluation.metrics.METRICS`), as in the official ``eval.py``."""
+
+LONGBENCH_E_BUCKETS: tuple[str, ...] = ("0-4k", "4-8k", "8k+")
+"""LongBench-E length buckets (``length`` in words: < 4000, < 8000, the rest)."""
+
+
+def base_task(task: str) -> str:
+    """The LongBench v1 task behind ``task`` (``hotpotqa_e`` -> ``hotpotqa``); ValueError for an unknown task."""
+    if task in PROMPTS:
+        return task
+    if task.endswith("_e") and task[:-2] in PROMPTS:
+        return task[:-2]
+    raise ValueError(f"unknown LongBench task {task!r}: expected one of {', '.join(ENGLISH_TASKS)} (or a '_e' variant)")
+
+
+@dataclass(frozen=True)
+class LongBenchRecord:
+    """One LongBench sample. ``task`` is the file's task name (may be a LongBench-E ``_e`` variant)."""
+
+    task: str
+    input: str
+    context: str
+    answers: tuple[str, ...]
+    all_classes: tuple[str, ...] | None
+    length: int
+    id: str
+
+    @property
+    def base_task(self) -> str:
+        """The task whose prompt, generation length and metric apply (``_e`` suffix removed)."""
+        return base_task(self.task)
+
+
+def _string_list(value: Any, field: str, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{where}: field {field!r} must be a list of strings, got {value!r:.80}")
+    return tuple(value)
+
+
+def _parse_record(task: str, raw: Any, where: str) -> LongBenchRecord:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    missing = [field for field in ("input", "context", "answers", "length", "_id") if field not in raw]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    for field in ("input", "context", "_id"):
+        if not isinstance(raw[field], str):
+            raise ValueError(f"{where}: field {field!r} must be a string, got {type(raw[field]).__name__}")
+    length = raw["length"]
+    if isinstance(length, bool) or not isinstance(length, int):
+        raise ValueError(f"{where}: field 'length' must be an integer, got {length!r}")
+    answers = _string_list(raw["answers"], "answers", where)
+    if not answers:
+        raise ValueError(f"{where}: field 'answers' is empty")
+    classes = raw.get("all_classes")
+    all_classes = None if classes is None else _string_list(classes, "all_classes", where)
+    return LongBenchRecord(
+        task=task,
+        input=raw["input"],
+        context=raw["context"],
+        answers=answers,
+        all_classes=all_classes,
+        length=length,
+        id=raw["_id"],
+    )
+
+
+def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
+    """Read ``<data_dir>/<task>.jsonl`` (official LongBench format, one JSON object a line; blank lines skipped).
+
+    Raises ValueError for an unknown task or a malformed line (the message names the file and the line number),
+    FileNotFoundError when the file is missing.
+    """
+    base_task(task)  # validates the name before touching the disk
+    path = Path(data_dir) / f"{task}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"LongBench file for task {task!r} not found: {path}")
+    records: list[LongBenchRecord] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from error
+            records.append(_parse_record(task, raw, where))
+    return records
+
+
+@dataclass(frozen=True)
+class BuiltPrompt:
+    """The model input for one record.
+
+    ``text``: the final prompt string (after truncation and chat template); ``input_ids``: its token ids, ready for
+    ``generate``; ``truncated``: whether middle truncation removed tokens; ``question_start``: the index in
+    ``input_ids`` of the first token of the part of the prompt that follows ``{context}`` in the template (the
+    question / instruction, plus the chat template's assistant header), for query-agnostic protocols that prefill
+    ``input_ids[:question_start]`` alone. Best effort, see :func:`build_prompt`.
+    """
+
+    text: str
+    input_ids: list[int]
+    truncated: bool
+    question_start: int
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=add_special_tokens, truncation=False)["input_ids"])
+
+
+def _token_index_at(
+    tokenizer: PreTrainedTokenizerBase, text: str, input_ids: list[int], char_index: int, add_special_tokens: bool
+) -> int:
+    """Index of the first token of ``input_ids`` (the encoding of ``text``) that covers ``char_index`` or later."""
+    if getattr(tokenizer, "is_fast", False):
+        encoding = tokenizer(text, add_special_tokens=add_special_tokens, truncation=False, return_offsets_mapping=True)
+        if list(encoding["input_ids"]) == input_ids:
+            for index, (_, end) in enumerate(encoding["offset_mapping"]):
+                if end > char_index:
+                    return index
+            return len(input_ids)
+    # Slow tokenizer: tokenize the prefix alone (may be off by a token where a merge crosses the boundary).
+    return min(len(_encode(tokenizer, text[:char_index], add_special_tokens)), len(input_ids))
+
+
+def _question_char_index(text: str, question: str) -> int:
+    """Where the question part starts in ``text``; -1 when none of it is left.
+
+    Trailing whitespace is ignored (chat templates often trim the message). When truncation cut into the question,
+    the longest tail of it found in ``text`` is used: a tail present in ``text`` implies every shorter tail is, so
+    the start of the longest one is found by bisection.
+    """
+    question = question.rstrip()
+    if not question:
+        return -1
+    position = text.rfind(question)
+    if position >= 0:
+        return position
+    low, high = 1, len(question)  # invariant: question[high:] (possibly empty) is present; question[low - 1:] is not
+    while low < high:
+        middle = (low + high) // 2
+        if question[middle:] in text:
+            high = middle
+        else:
+            low = middle + 1
+    if high >= len(question):
+        return -1
+    return text.rfind(question[high:])
+
+
+def build_prompt(record: LongBenchRecord, tokenizer: PreTrainedTokenizerBase, max_length: int) -> BuiltPrompt:
+    """Official prompt for ``record``: template, middle truncation to ``max_length`` tokens, chat template.
+
+    Middle truncation follows ``pred.py``: the formatted prompt is tokenized as the tokenizer does by default (with
+    its special tokens, e.g. a BOS); if that gives more than ``max_length`` tokens, the first and last
+    ``max_length // 2`` tokens are decoded separately (special tokens skipped) and the two texts concatenated.
+
+    Chat template: applied unless the task is in :data:`NO_CHAT_TEMPLATE` or the tokenizer has no
+    ``chat_template``, as ``apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+    tokenize=False)``. Its text already holds the template's special tokens, so it is tokenized with
+    ``add_special_tokens=False`` (no second BOS); a plain prompt is tokenized with the tokenizer's special tokens,
+    as ``pred.py`` does.
+
+    ``question_start`` is found by locating, in the final text, the last occurrence of the template's text after
+    ``{context}`` (formatted with the record's ``input``), then the first token covering that character (offset
+    mapping of a fast tokenizer; a slow tokenizer tokenizes the prefix alone). When truncation cut into that text
+    (``max_length`` smaller than about twice the question), the longest tail of it still present is used; when
+    nothing of it is left, ``question_start == len(input_ids)``.
+    """
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be an integer >= 2 (two non-empty halves), got {max_length!r}")
+    task = record.base_task
+    template = PROMPTS[task]
+    prompt = template.format(context=record.context, input=record.input)
+
+    ids = _encode(tokenizer, prompt, add_special_tokens=True)
+    truncated = len(ids) > max_length
+    if truncated:
+        half = max_length // 2
+        head = tokenizer.decode(ids[:half], skip_special_tokens=True)
+        tail = tokenizer.decode(ids[-half:], skip_special_tokens=True)
+        prompt = head + tail
+
+    use_chat = task not in NO_CHAT_TEMPLATE and getattr(tokenizer, "chat_template", None)
+    if use_chat:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        if not isinstance(text, str):
+            raise ValueError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, expected str")
+    else:
+        text = prompt
+    add_special_tokens = not use_chat
+    input_ids = _encode(tokenizer, text, add_special_tokens=add_special_tokens)
+
+    question = template.split("{context}", 1)[1].format(input=record.input)
+    char_index = _question_char_index(text, question)
+    if char_index < 0:
+        question_start = len(input_ids)
+    else:
+        question_start = _token_index_at(tokenizer, text, input_ids, char_index, add_special_tokens)
+    return BuiltPrompt(text=text, input_ids=input_ids, truncated=truncated, question_start=question_start)
+
+
+def stop_on_newline(task: str) -> bool:
+    """Whether generation also stops at a newline token (samsum: the model otherwise keeps writing dialogues)."""
+    return base_task(task) == "samsum"
+
+
+def newline_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The extra stop token for :func:`stop_on_newline` tasks: ``tokenizer.encode("\\n")[-1]``, as in ``pred.py``."""
+    ids = tokenizer.encode("\n", add_special_tokens=False)
+    if not ids:
+        raise ValueError("the tokenizer encodes '\\n' to no token")
+    return int(ids[-1])
+
+
+def postprocess(task: str, prediction: str) -> str:
+    """The prediction as scored: its first line (after leading newlines) for :data:`FIRST_LINE_TASKS`, else as is."""
+    if base_task(task) in FIRST_LINE_TASKS:
+        return prediction.lstrip("\n").split("\n")[0]
+    return prediction
+
+
+def score_record(task: str, prediction: str, answers: Sequence[str], all_classes: Sequence[str] | None = None) -> float:
+    """Official per-sample score: the max over ``answers`` of the task metric on the post-processed prediction.
+
+    Starts from 0.0 as ``eval.py`` does, so an empty ``answers`` scores 0.0.
+    """
+    if isinstance(answers, str):
+        raise ValueError("answers must be a sequence of strings, not a single string")
+    metric = METRICS[TASK_METRIC[base_task(task)]]
+    text = postprocess(task, prediction)
+    score = 0.0
+    for answer in answers:
+        score = max(score, metric(text, answer, all_classes=all_classes))
+    return score
+
+
+def task_score(scores: Sequence[float]) -> float:
+    """A task's score from its per-sample scores: ``round(100 * mean, 2)``."""
+    if len(scores) == 0:
+        raise ValueError("task_score needs at least one sample score")
+    return round(100 * sum(scores) / len(scores), 2)
+
+
+def length_bucket(length: int) -> str:
+    """The LongBench-E bucket of a record's ``length`` (words): ``0-4k``, ``4-8k`` or ``8k+``."""
+    if length < 4000:
+        return "0-4k"
+    if length < 8000:
+        return "4-8k"
+    return "8k+"
+
+
+def task_score_e(scores: Sequence[float], lengths: Sequence[int]) -> dict[str, float]:
+    """LongBench-E scores per length bucket, ``round(100 * mean, 2)`` each; NaN for an empty bucket (as official)."""
+    if len(scores) != len(lengths):
+        raise ValueError(f"got {len(scores)} scores but {len(lengths)} lengths")
+    buckets: dict[str, list[float]] = {name: [] for name in LONGBENCH_E_BUCKETS}
+    for score, length in zip(scores, lengths):
+        buckets[length_bucket(length)].append(score)
+    return {name: round(100 * sum(values) / len(values), 2) if values else math.nan for name, values in buckets.items()}

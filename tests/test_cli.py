@@ -1,0 +1,100 @@
+"""The ripplekv command line, end to end on a tiny local model directory (offline)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ripplekv.cli.main import main
+from tests._tokenizers import train_byte_level_bpe
+from tests.conftest import tiny_model
+
+TEXT = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with one step. " * 40
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = train_byte_level_bpe([TEXT], vocab_size=256)
+    model = tiny_model("llama", layers=3)
+    model.resize_token_embeddings(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def profile_path(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("profile")
+    calib = folder / "calib.jsonl"
+    rows = [{"context": TEXT[: 300 + 50 * i], "continuation": "a journey of a thousand miles"} for i in range(3)]
+    calib.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = folder / "p.json"
+    assert main(["profile", "--model", str(model_dir), "--calib", str(calib), "--samples", "3", "--out", str(out)]) == 0
+    assert not out.with_name(out.name + ".partial.jsonl").exists()  # the checkpoint is removed on success
+    return out
+
+
+def test_profile_writes_a_loadable_profile(profile_path: Path) -> None:
+    data = json.loads(profile_path.read_text())
+    assert data["format"] == "ripplekv-profile/1"
+    assert len(data["scores"]) == 3 and len(data["sample_scores"]) == 3
+    assert data["calibration"]["samples"] == 3
+
+
+def test_allocate_json_budgets(profile_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plot = tmp_path / "budgets.png"
+    args = ["allocate", "--profile", str(profile_path), "--budget", "0.1", "--prompt-tokens", "4096"]
+    assert main([*args, "--json", "--plot", str(plot)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sum(out["budgets"]) == 3 * int(4096 * (1 - (1 - 0.1)))
+    assert plot.stat().st_size > 1000
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "layer" in table and len(table.strip().splitlines()) == 2 + 3
+
+
+def test_generate_prints_answer_and_cache_sizes(
+    model_dir: Path, profile_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    context = tmp_path / "context.txt"
+    context.write_text(TEXT)
+    args = [
+        "generate",
+        "--model",
+        str(model_dir),
+        "--profile",
+        str(profile_path),
+        "--context-file",
+        str(context),
+        "--question",
+        "What does a journey begin with?",
+        "--max-new-tokens",
+        "5",
+        "--window-size",
+        "8",
+    ]
+    assert main([*args, "--method", "ripplekv", "--budget", "0.3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["layer_tokens"]) == 3
+    assert sum(out["layer_tokens"]) == 3 * int(out["prompt_tokens"] * (1 - (1 - 0.3)))
+    assert out["kv_bytes"] < 0.35 * out["full_kv_bytes"]
+    for protocol in ("question-aware", "query-agnostic"):
+        assert main([*args, "--method", "pyramidkv", "--budget", "0.3", "--protocol", protocol]) == 0
+        assert "KV cache:" in capsys.readouterr().out
+
+
+def test_bad_input_is_a_clear_error(profile_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["allocate", "--profile", str(profile_path), "--budget", "1.5", "--prompt-tokens", "100"])
+    assert "budget 1.5 out of range" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(profile_path.read_text().replace('"scores": [', '"scores": [NaN, ', 1))
+    code = main(["allocate", "--profile", str(bad), "--budget", "0.2", "--prompt-tokens", "100"])
+    assert code == 2 and "error:" in capsys.readouterr().err
+    code = main(["allocate", "--profile", str(tmp_path / "missing.json"), "--budget", "0.2", "--prompt-tokens", "9"])
+    assert code == 2 and "does not exist" in capsys.readouterr().err
