@@ -291,6 +291,7 @@ _ESSAY_WORDS_PER_BATCH = 512
 _NEEDLES_PER_BATCH = 32
 _WORD = re.compile(r"\s*\S+")
 _ENDS_SENTENCE = re.compile(r"[.!?][\"')\]]?$")
+_STARTS_SENTENCE = re.compile(r"[\"'(\[]?[A-Z0-9]")
 
 
 def _noise_source(tokenizer: TextTokenizer) -> Iterator[_Batch]:
@@ -312,7 +313,11 @@ def _essay_words(index: int) -> tuple[tuple[str, ...], tuple[bool, ...]]:
     words[0] = "\n\n" + words[0].lstrip()  # essays are separated by a blank line
     breakable = [True]
     for previous, word in zip(words, words[1:]):
-        breakable.append(bool(_ENDS_SENTENCE.search(previous)) or "\n" in word[: len(word) - len(word.lstrip())])
+        # A sentence starts after . ! or ? when the next word is capitalised ("e.g. gossip" goes on); the essays
+        # are hard-wrapped, so a single newline is no break, a blank line (new paragraph) is.
+        stripped = word.lstrip()
+        starts = bool(_ENDS_SENTENCE.search(previous)) and _STARTS_SENTENCE.match(stripped) is not None
+        breakable.append(starts or "\n\n" in word[: len(word) - len(stripped)])
     return tuple(words), tuple(breakable)
 
 
@@ -328,10 +333,19 @@ def _essay_source(start: int) -> Iterator[_Batch]:
 
 
 def _needle_source(make_needle: Callable[[], str]) -> Iterator[_Batch]:
-    """A haystack made of distractor needles (RULER's ``needle`` haystack)."""
+    """A haystack made of distractor needles (RULER's ``needle`` haystack).
+
+    The units are words, so the haystack can end inside its last distractor (as text haystacks end inside a
+    sentence) and the context still lands close to its token target; real needles go between distractors.
+    """
     while True:
-        texts = [" " + make_needle() for _ in range(_NEEDLES_PER_BATCH)]
-        yield texts, [True] * len(texts), None
+        texts: list[str] = []
+        breakable: list[bool] = []
+        for _ in range(_NEEDLES_PER_BATCH):
+            words = _WORD.findall(" " + make_needle())
+            texts.extend(words)
+            breakable.extend([True] + [False] * (len(words) - 1))
+        yield texts, breakable, None
 
 
 # ---------------------------------------------------------------------------------------------------------
