@@ -1,4 +1,4 @@
-"""The ``ripplekv`` command line: profile, allocate, generate, demo."""
+"""The ``ripplekv`` command line: profile, allocate, generate, demo, eval, report."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ripplekv import __version__
 
@@ -21,6 +21,9 @@ EXAMPLES = """examples:
   ripplekv allocate --profile smollm2.profile.json --budget 0.1 --prompt-tokens 4096 --plot budgets.png
   ripplekv generate --model smollm2-135m --method ripplekv --profile smollm2.profile.json \\
       --budget 0.2 --context-file report.txt --question "Who signed the report?"
+  ripplekv eval --suite needle --methods full,snapkv,pyramidkv,ripplekv --budgets 0.1,0.2,0.3 \\
+      --profile smollm2.profile.json --out runs/needle
+  ripplekv report runs/needle --plots runs/needle/plots
 """
 
 
@@ -41,6 +44,21 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
     return value
+
+
+def _comma_list(kind: Callable[[str], Any], name: str) -> Callable[[str], tuple[Any, ...]]:
+    """An argparse ``type`` for a comma-separated list whose items are parsed by ``kind``."""
+
+    def parse(text: str) -> tuple[Any, ...]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {name}, got {text!r}")
+        try:
+            return tuple(kind(item) for item in items)
+        except (ValueError, argparse.ArgumentTypeError) as err:
+            raise argparse.ArgumentTypeError(f"bad {name} list {text!r}: {err}") from None
+
+    return parse
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -148,6 +166,82 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1] (default 0.5)")
     d.add_argument("--seed", type=int, default=0, help="needle seed (default 0)")
     d.add_argument("--out", default="ripplekv-demo", help="folder for the plot and results (default ripplekv-demo)")
+
+    from ripplekv.evaluation import runner
+
+    e = sub.add_parser(
+        "eval",
+        help="score methods x budgets on LongBench, the RULER-style suite or needle prompts (resumable)",
+        description="Prefill every sample once, derive every (method, budget) cache from that prefill, decode "
+        "greedily and score. Rows go to OUT/results.jsonl as they finish; re-running the same command resumes.",
+    )
+    _add_model_args(e)
+    e.add_argument("--suite", choices=runner.SUITES, required=True, help="longbench, ruler or needle")
+    e.add_argument("--data-dir", default=None, help="LongBench: folder of official <task>.jsonl files")
+    e.add_argument(
+        "--methods",
+        type=_comma_list(str, "methods"),
+        default=runner.DEFAULT_METHODS,
+        help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)})",
+    )
+    e.add_argument(
+        "--budgets",
+        type=_comma_list(_budget, "budgets"),
+        default=runner.DEFAULT_BUDGETS,
+        help="comma-separated kept fractions (default 0.1,0.2,0.3); full always runs once at 1.0",
+    )
+    e.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
+    e.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=None,
+        help="samples per task: LongBench the first N records (default all), RULER N per task (default "
+        f"{runner.DEFAULT_RULER_SAMPLES}), needle N seeds per (length, depth) (default 1)",
+    )
+    e.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    e.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
+    e.add_argument(
+        "--context-tokens",
+        type=_positive_int,
+        default=runner.DEFAULT_CONTEXT_TOKENS,
+        help=f"RULER context length (default {runner.DEFAULT_CONTEXT_TOKENS})",
+    )
+    e.add_argument(
+        "--max-length", type=_positive_int, default=None, help="LongBench truncation (default: model max positions)"
+    )
+    e.add_argument(
+        "--needle-lengths",
+        type=_comma_list(_positive_int, "lengths"),
+        default=runner.DEFAULT_NEEDLE_LENGTHS,
+        help="needle context lengths in tokens (default 1024,2048,4096)",
+    )
+    e.add_argument(
+        "--needle-depths",
+        type=_comma_list(float, "depths"),
+        default=runner.DEFAULT_NEEDLE_DEPTHS,
+        help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
+    )
+    e.add_argument(
+        "--needle-digits",
+        type=_positive_int,
+        default=runner.DEFAULT_NEEDLE_DIGITS,
+        help=f"digits of the needle number (default {runner.DEFAULT_NEEDLE_DIGITS})",
+    )
+    e.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    e.add_argument("--max-new-tokens", type=_positive_int, default=None, help="cap on every task's answer length")
+    e.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
+    e.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    r = sub.add_parser(
+        "report",
+        help="tables and plots of an eval folder",
+        description="Per-task and average tables (rows methods, columns budgets, each cell the score and its "
+        "percentage of the full cache), and plots.",
+    )
+    r.add_argument("run", help="an eval output folder")
+    r.add_argument("--format", choices=("md", "csv"), default="md", help="table format (default md)")
+    r.add_argument("--plots", default=None, help="folder for PNG plots")
     return parser
 
 
@@ -265,13 +359,62 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ripplekv.evaluation.runner import EvalConfig, run_eval
+
+    config = EvalConfig(
+        suite=args.suite,
+        model=args.model,
+        methods=tuple(args.methods),
+        budgets=tuple(args.budgets),
+        data_dir=args.data_dir,
+        tasks=args.tasks,
+        limit=args.limit,
+        profile=args.profile,
+        protocol=args.protocol,
+        context_tokens=args.context_tokens,
+        max_length=args.max_length,
+        needle_lengths=tuple(args.needle_lengths),
+        needle_depths=tuple(args.needle_depths),
+        needle_digits=args.needle_digits,
+        window_size=args.window_size,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+    )
+    summary = run_eval(config, args.out, progress=not args.no_progress)
+    print(
+        f"{summary.rows} results ({summary.new_rows} new) for {summary.samples} samples x "
+        f"{summary.configurations} configurations in {summary.out} ({summary.seconds:.1f} s); "
+        f"tables: ripplekv report {summary.out}"
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ripplekv.evaluation.report import report
+
+    print(report(args.run, args.format, args.plots), end="")
+    if args.plots:
+        print(f"plots saved to {args.plots}", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ripplekv.cli.demo import run_demo
 
     return run_demo(args)
 
 
-COMMANDS = {"profile": cmd_profile, "allocate": cmd_allocate, "generate": cmd_generate, "demo": cmd_demo}
+COMMANDS = {
+    "profile": cmd_profile,
+    "allocate": cmd_allocate,
+    "generate": cmd_generate,
+    "demo": cmd_demo,
+    "eval": cmd_eval,
+    "report": cmd_report,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

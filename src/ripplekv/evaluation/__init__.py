@@ -1,5 +1,6 @@
-"""Evaluation protocols and metrics (LongBench v1 / LongBench-E)."""
+"""Evaluation: LongBench protocol and metrics, the RULER-style suite, the ``ripplekv eval`` runner and its report."""
 
-from ripplekv.evaluation import longbench, metrics
+from ripplekv.evaluation import longbench, metrics, ruler, runner
+from ripplekv.evaluation import report  # noqa: I001 - after runner, which it imports
 
-__all__ = ["longbench", "metrics"]
+__all__ = ["longbench", "metrics", "report", "ruler", "runner"]

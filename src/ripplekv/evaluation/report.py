@@ -1,0 +1,296 @@
+"""``ripplekv report``: tables and plots of an evaluation folder written by :mod:`ripplekv.evaluation.runner`.
+
+A task's score for one (method, budget) is ``100 * mean`` of its sample scores (LongBench's ``task_score``; RULER's
+string match and needle retrieval alike); the average is the mean over the tasks. Every cell also gives the
+score as a percentage of the full cache on the same task (the ``full`` row, run once at budget 1.0, is shown
+under every budget). For the needle suite each (context length, depth) cell is a task.
+
+Plots (matplotlib, Agg): the average score against the budget per method (``score_vs_budget.png``); for
+LongBench and RULER a heatmap of methods x tasks at each budget (``heatmap_budget_<b>.png``); for needles a
+heatmap over length x depth per method and budget (``needle_<method>_budget_<b>.png``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ripplekv.evaluation.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE, ResultsLog
+
+__all__ = ["FORMATS", "RunSummary", "format_csv", "format_markdown", "load_run", "report", "summarize", "write_plots"]
+
+FORMATS = ("md", "csv")
+AVERAGE = "average"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Scores of one run, aggregated per task."""
+
+    suite: str
+    model: str
+    protocol: str
+    tasks: tuple[str, ...]  # in run order ("L=<length> depth=<depth>" for needles)
+    methods: tuple[str, ...]  # in configuration order, full first
+    budgets: tuple[float, ...]  # the compression budgets (not full's 1.0)
+    scores: dict[tuple[str, str, float], float]  # (task, method, budget) -> 100 * mean sample score
+    counts: dict[tuple[str, str, float], int]  # samples behind each score
+    average: dict[tuple[str, float], float]  # (method, budget) -> mean over the tasks that have a score
+    needle_cells: dict[str, tuple[int, float]]  # task -> (length, depth), needle suite only
+    rows: int
+    expected_rows: int | None
+
+    @property
+    def has_full(self) -> bool:
+        return "full" in self.methods
+
+    def value(self, task: str, method: str, budget: float) -> float | None:
+        """A task's score (``task == "average"`` for the average); full's is the same under every budget."""
+        b = FULL_BUDGET if method == "full" else budget
+        if task == AVERAGE:
+            return self.average.get((method, b))
+        return self.scores.get((task, method, b))
+
+    def percent_of_full(self, task: str, method: str, budget: float) -> float | None:
+        score, full = self.value(task, method, budget), self.value(task, "full", FULL_BUDGET)
+        if score is None or full is None or full == 0:
+            return None
+        return 100.0 * score / full
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The saved ``config.json`` and the complete rows of ``results.jsonl`` of an evaluation folder."""
+    run = Path(run_dir)
+    config_path = run / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{run} is not an evaluation folder: {CONFIG_FILE} not found")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_path} is not valid JSON: {err}") from None
+    rows = ResultsLog(run / RESULTS_FILE).read()
+    if not rows:
+        raise ValueError(f"{run / RESULTS_FILE} holds no results yet")
+    return config, rows
+
+
+def _needle_task(length: int, depth: float) -> str:
+    return f"L={length} depth={depth:g}"
+
+
+def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSummary:
+    """Aggregate rows per (task, method, budget)."""
+    settings = config.get("config", {})
+    suite = str(settings.get("suite", ""))
+    samples: dict[tuple[str, str, float], list[float]] = defaultdict(list)
+    tasks: list[str] = []
+    needle_cells: dict[str, tuple[int, float]] = {}
+    for row in rows:
+        if suite == "needle":
+            meta = row.get("meta", {})
+            length, depth = int(meta["length"]), float(meta["depth"])
+            task = _needle_task(length, depth)
+            needle_cells[task] = (length, depth)
+        else:
+            task = str(row["task"])
+        if task not in tasks:
+            tasks.append(task)
+        samples[task, str(row["method"]), float(row["budget"])].append(float(row["score"]))
+    if suite == "needle":
+        tasks.sort(key=lambda t: needle_cells[t])
+    configured = [str(m) for m in settings.get("methods", [])]
+    seen = [m for m in dict.fromkeys(str(row["method"]) for row in rows)]
+    methods = [m for m in configured if m in seen] + [m for m in seen if m not in configured]
+    if "full" in methods:
+        methods.remove("full")
+        methods.insert(0, "full")
+    budgets = [float(b) for b in settings.get("budgets", [])]
+    budgets += sorted({float(r["budget"]) for r in rows if r["method"] != "full"} - set(budgets))
+    scores = {key: round(100.0 * sum(v) / len(v), 2) for key, v in samples.items()}
+    counts = {key: len(v) for key, v in samples.items()}
+    average: dict[tuple[str, float], float] = {}
+    for method in methods:
+        for budget in [FULL_BUDGET] if method == "full" else budgets:
+            values = [scores[t, method, budget] for t in tasks if (t, method, budget) in scores]
+            if values:
+                average[method, budget] = round(sum(values) / len(values), 2)
+    expected = None
+    sample_count = settings.get("samples", {}).get("count")
+    if isinstance(sample_count, int):
+        n_configs = ("full" in configured) + len([m for m in configured if m != "full"]) * len(
+            settings.get("budgets", [])
+        )
+        expected = sample_count * n_configs
+    model = settings.get("model", {})
+    return RunSummary(
+        suite=suite,
+        model=str(model.get("name_or_path", "")) if isinstance(model, dict) else str(model),
+        protocol=str(settings.get("protocol", "")),
+        tasks=tuple(tasks),
+        methods=tuple(methods),
+        budgets=tuple(budgets),
+        scores=scores,
+        counts=counts,
+        average=average,
+        needle_cells=needle_cells,
+        rows=len(rows),
+        expected_rows=expected,
+    )
+
+
+def _cell(summary: RunSummary, task: str, method: str, budget: float) -> str:
+    score = summary.value(task, method, budget)
+    if score is None:
+        return "–"
+    percent = summary.percent_of_full(task, method, budget)
+    return f"{score:.2f}" + (f" ({percent:.1f}%)" if percent is not None else "")
+
+
+def _md_table(summary: RunSummary, task: str) -> list[str]:
+    header = "| method | " + " | ".join(f"budget {b:g}" for b in summary.budgets) + " |"
+    lines = [header, "|---|" + "---|" * len(summary.budgets)]
+    for method in summary.methods:
+        cells = [_cell(summary, task, method, b) for b in summary.budgets]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def format_markdown(summary: RunSummary) -> str:
+    """Markdown: the average table, then one table per task (rows methods, columns budgets)."""
+    lines = [f"# {summary.suite} evaluation: {summary.model} ({summary.protocol})", ""]
+    lines.append(
+        "Scores are 100 x the mean sample score; in brackets, the percentage of the full cache's score on the "
+        "same task. The full cache runs once per sample and is shown under every budget."
+    )
+    if summary.expected_rows is not None and summary.rows < summary.expected_rows:
+        lines += ["", f"**Incomplete run**: {summary.rows} of {summary.expected_rows} results."]
+    if not summary.has_full:
+        lines += ["", "No full-cache results: percentages of full are not available."]
+    lines += ["", f"## Average over {len(summary.tasks)} tasks", "", *_md_table(summary, AVERAGE)]
+    for task in summary.tasks:
+        counts = {summary.counts.get((task, m, b)) for m in summary.methods for b in (*summary.budgets, FULL_BUDGET)}
+        n = max(c for c in counts if c is not None)
+        lines += ["", f"## {task} ({n} samples)", "", *_md_table(summary, task)]
+    return "\n".join(lines) + "\n"
+
+
+def format_csv(summary: RunSummary) -> str:
+    """CSV, one line per (task or ``average``, method, budget): score, percent of full, samples."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["task", "method", "budget", "score", "percent_of_full", "samples"])
+    for task in (AVERAGE, *summary.tasks):
+        for method in summary.methods:
+            for budget in [FULL_BUDGET] if method == "full" else summary.budgets:
+                score = summary.value(task, method, budget)
+                if score is None:
+                    continue
+                percent = summary.percent_of_full(task, method, budget)
+                samples = summary.counts.get((task, method, budget), "") if task != AVERAGE else ""
+                writer.writerow(
+                    [task, method, f"{budget:g}", f"{score:.2f}", "" if percent is None else f"{percent:.2f}", samples]
+                )
+    return buffer.getvalue()
+
+
+def _budget_name(budget: float) -> str:
+    return f"{budget:g}".replace(".", "p")
+
+
+def write_plots(summary: RunSummary, directory: str | os.PathLike[str]) -> list[Path]:
+    """Write the report's PNG plots into ``directory``; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        path = out / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for method in summary.methods:
+        if method == "full":
+            full = summary.average.get(("full", FULL_BUDGET))
+            if full is not None:
+                ax.axhline(full, color="black", linestyle="--", linewidth=1, label="full")
+            continue
+        points = [(b, summary.average.get((method, b))) for b in summary.budgets]
+        xs = [b for b, v in points if v is not None]
+        ax.plot(xs, [v for _, v in points if v is not None], marker="o", label=method)
+    ax.set_xlabel("budget (kept fraction, or tokens per layer)")
+    ax.set_ylabel(f"average score over {len(summary.tasks)} tasks")
+    ax.set_title(f"{summary.suite}: {summary.model}")
+    ax.legend()
+    save(fig, "score_vs_budget.png")
+
+    if summary.suite != "needle":
+        for budget in summary.budgets:
+            grid = [
+                [_nan(summary.value(t, m, budget)) for t in summary.tasks] for m in summary.methods
+            ]  # rows: methods
+            fig, ax = plt.subplots(
+                figsize=(1.2 + 0.9 * len(summary.tasks), 1.0 + 0.5 * len(summary.methods)), constrained_layout=True
+            )
+            _heatmap(ax, grid, list(summary.methods), list(summary.tasks))
+            ax.set_title(f"score per task at budget {budget:g} (full: budget 1)")
+            plt.setp(ax.get_xticklabels(), rotation=40, ha="right")
+            save(fig, f"heatmap_budget_{_budget_name(budget)}.png")
+        return paths
+
+    lengths = sorted({length for length, _ in summary.needle_cells.values()})
+    depths = sorted({depth for _, depth in summary.needle_cells.values()})
+    for method in summary.methods:
+        for budget in [FULL_BUDGET] if method == "full" else summary.budgets:
+            grid = [
+                [_nan(summary.value(_needle_task(length, depth), method, budget)) for depth in depths]
+                for length in lengths
+            ]
+            fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(depths), 1.2 + 0.5 * len(lengths)), constrained_layout=True)
+            _heatmap(ax, grid, [str(length) for length in lengths], [f"{d:g}" for d in depths])
+            ax.set_xlabel("needle depth")
+            ax.set_ylabel("context tokens")
+            label = "full cache" if method == "full" else f"{method} at budget {budget:g}"
+            ax.set_title(f"needle retrieval: {label}")
+            name = "needle_full.png" if method == "full" else f"needle_{method}_budget_{_budget_name(budget)}.png"
+            save(fig, name)
+    return paths
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _heatmap(ax: Any, grid: list[list[float]], rows: list[str], columns: list[str]) -> None:
+    image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(columns)), columns)
+    ax.set_yticks(range(len(rows)), rows)
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            if not math.isnan(value):
+                ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white" if value < 60 else "black")
+    ax.figure.colorbar(image, ax=ax, fraction=0.05)
+
+
+def report(run_dir: str | os.PathLike[str], fmt: str = "md", plots: str | os.PathLike[str] | None = None) -> str:
+    """The report of an evaluation folder as text (``md`` or ``csv``); plots go to ``plots`` when given."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    summary = summarize(*load_run(run_dir))
+    if plots is not None:
+        write_plots(summary, plots)
+    return format_markdown(summary) if fmt == "md" else format_csv(summary)

