@@ -44,11 +44,14 @@ def main() -> None:
     parser.add_argument("--budgets", default="0.1,0.2,0.3")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--digits", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args()
     if args.samples < 1:
         raise SystemExit("--samples must be >= 1")
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     torch.manual_seed(0)

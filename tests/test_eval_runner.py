@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,15 @@ pytestmark = pytest.mark.skipif(
 
 WINDOW = 8
 TIMING = ("seconds", "prefill_seconds")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread (on a busy 2-core machine, 2 threads are ~50x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +307,7 @@ def test_ruler_query_agnostic_matches_direct(loaded: tuple[Any, Any], profile_pa
     config = EvalConfig(
         suite="ruler",
         methods=("full", "pyramidkv", "ripplekv"),
-        budgets=(0.3, 0.6),
+        budgets=(0.4,),
         tasks=("niah_single_noise_number", "vt"),
         limit=2,
         context_tokens=200,
@@ -308,10 +318,10 @@ def test_ruler_query_agnostic_matches_direct(loaded: tuple[Any, Any], profile_pa
     )
     out = tmp_path / "ruler"
     summary = run_eval(config, out, model, tokenizer, progress=False)
-    assert summary.samples == 4 and summary.rows == 4 * 5
+    assert summary.samples == 4 and summary.rows == 4 * 3
     rows = _rows(out)
     samples = {s.id: s for s in build_samples(config, tokenizer, model)}
-    for row in rows[:5] + rows[-5:]:
+    for row in rows[:3] + rows[-1:]:
         sample = samples[row["sample_id"]]
         assert row["compressed_tokens"] == sample.question_start < row["prompt_tokens"]
         press = make_press(row["method"], row["budget"], profile=_profile(config), window_size=WINDOW)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -29,6 +30,15 @@ LAYERS = 4
 SCORES = (0.5, 3.0, 0.1, 1.2)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread (on a busy 2-core machine, 2 threads are ~50x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _presses() -> dict[str, BasePress]:
     return {
         "full": FullPress(),
@@ -47,7 +57,7 @@ def _assert_same_cache(derived, direct) -> None:
 
 
 def _decode(model, state: Prefill) -> list[int]:
-    return greedy_decode(model, state, max_new_tokens=6, stop_ids=set())
+    return greedy_decode(model, state, max_new_tokens=4, stop_ids=set())
 
 
 @pytest.fixture(scope="module", params=("llama", "qwen2", "mistral"))

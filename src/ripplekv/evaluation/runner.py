@@ -37,7 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.evaluation import longbench, ruler
 from ripplekv.inference.generate import Prefill, chat_prompt_parts, eos_ids, extend, greedy_decode, prefill
-from ripplekv.inference.shared import NotDerivableError, compress_recorded, record_prefill
+from ripplekv.inference.shared import NotDerivableError, PrefillRecord, compress_recorded, record_prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS, make_press
@@ -342,9 +342,12 @@ def build_samples(
 ) -> list[EvalSample]:
     """The samples of ``config.suite`` (in run order); ``model`` gives LongBench's default ``max_length``."""
     if config.suite == "longbench":
-        if config.max_length is None and model is None:
+        if config.max_length is not None:
+            max_length = config.max_length
+        elif model is not None:
+            max_length = default_max_length(model)
+        else:
             raise ValueError("LongBench needs max_length or a model to take it from")
-        max_length = config.max_length or default_max_length(model)  # type: ignore[arg-type]
         samples = _longbench_samples(config, tokenizer, max_length)
     elif config.suite == "ruler":
         samples = _ruler_samples(config, tokenizer)
@@ -607,28 +610,40 @@ class _Runner:
         if derivable:
             record = record_prefill(self.model, self._ids(prefix))
             for method, budget in derivable:
-                started = time.perf_counter()
-                try:
-                    cache = compress_recorded(record, self.presses[method, budget])
-                except NotDerivableError:
+                row = self._derived_row(sample, method, budget, record, len(prefix))
+                if row is None:
                     self.not_derivable.add(method)
                     fallback.append((method, budget))
-                    continue
-                except ValueError as err:
-                    raise ValueError(f"sample {sample.id}, {method} at budget {budget}: {err}") from err
-                state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds)
-                kept = layer_lengths(cache)
-                yield self._finish(sample, method, budget, state, kept, len(prefix), started, record.seconds, True)
-            del record  # the full cache and hidden states: free them before any fallback prefill
+                else:
+                    yield row
+            del record  # the full cache and hidden states: freed before any fallback prefill
         for method, budget in fallback:
-            started = time.perf_counter()
-            try:
-                state = prefill(self.model, self._ids(prefix), self.presses[method, budget])
-                kept = _kept_tokens(self.model, layer_lengths(state.cache))
-                row = self._finish(sample, method, budget, state, kept, len(prefix), started, state.seconds, False)
-            finally:
-                _clear_module_state(self.model)
-            yield row
+            yield self._own_prefill_row(sample, method, budget, prefix)
+
+    def _derived_row(
+        self, sample: EvalSample, method: str, budget: float, record: PrefillRecord, compressed_tokens: int
+    ) -> dict[str, Any] | None:
+        """The row of one configuration with its cache derived from ``record``; None if the press cannot be."""
+        started = time.perf_counter()
+        try:
+            cache = compress_recorded(record, self.presses[method, budget])
+        except NotDerivableError:
+            return None
+        except ValueError as err:
+            raise ValueError(f"sample {sample.id}, {method} at budget {budget}: {err}") from err
+        state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds)
+        kept = layer_lengths(cache)
+        return self._finish(sample, method, budget, state, kept, compressed_tokens, started, record.seconds, True)
+
+    def _own_prefill_row(self, sample: EvalSample, method: str, budget: float, prefix: Sequence[int]) -> dict[str, Any]:
+        """The row of one configuration prefilled with its own press (presses that cannot be derived)."""
+        started = time.perf_counter()
+        try:
+            state = prefill(self.model, self._ids(prefix), self.presses[method, budget])
+            kept = _kept_tokens(self.model, layer_lengths(state.cache))
+            return self._finish(sample, method, budget, state, kept, len(prefix), started, state.seconds, False)
+        finally:
+            _clear_module_state(self.model)
 
 
 def _build_presses(
