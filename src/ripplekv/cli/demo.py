@@ -58,17 +58,22 @@ def run_demo(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     profile = cached_default_profile(model, tokenizer)
-    needle = build_needle_prompt(tokenizer, args.context_tokens, depth=args.depth, seed=args.seed)
+    budgets = [float(b) for b in str(args.budgets).split(",") if b.strip()]
+    for budget in budgets:
+        if not 0 < budget <= 1:
+            raise ValueError(f"demo budgets are kept fractions in (0, 1], got {budget}")
+    needle = build_needle_prompt(tokenizer, args.context_tokens, depth=args.depth, seed=args.seed, digits=args.digits)
     print(f"needle: {needle.needle!r} at depth {needle.depth:.0%} of {needle.context_tokens} tokens of essays")
     print(f"question: {needle.question}  (expected: {needle.answer})\n")
 
     rows = []
-    for method in DEMO_METHODS:
-        press = make_press(method, budget=args.budget, profile=profile)
+    for method, budget in [("full", 1.0)] + [(m, b) for b in budgets for m in DEMO_METHODS if m != "full"]:
+        press = make_press(method, budget=budget, profile=profile)
         result = generate_answer(model, tokenizer, needle.context, needle.question, press, max_new_tokens=24)
         rows.append(
             {
                 "method": method,
+                "budget": budget,
                 "answer": result.text,
                 "correct": needle.answer in result.text,
                 "kv_bytes": result.kv_bytes,
@@ -78,25 +83,25 @@ def run_demo(args: argparse.Namespace) -> int:
                 "prompt_tokens": result.prompt_tokens,
             }
         )
-        print(f"  {method:<10} done in {rows[-1]['seconds']:.1f} s")
+        print(f"  {method:<10} {budget:>4g}  done in {rows[-1]['seconds']:.1f} s")
 
-    print(f"\nbudget {args.budget:g} of a {rows[0]['prompt_tokens']}-token prompt, {profile.num_layers} layers\n")
-    print(f"{'method':<10} {'correct':<7} {'KV MiB':>7} {'of full':>7} {'time s':>6}  answer")
+    print(f"\n{rows[0]['prompt_tokens']}-token prompt, {profile.num_layers} layers, question-aware compression\n")
+    print(f"{'method':<10} {'budget':>6} {'correct':<7} {'KV MiB':>7} {'of full':>7} {'time s':>6}  answer")
     for row in rows:
         answer = row["answer"].replace("\n", " ")
         print(
-            f"{row['method']:<10} {'yes' if row['correct'] else 'no':<7} {row['kv_bytes'] / 2**20:7.2f} "
-            f"{100 * row['kv_fraction']:6.1f}% {row['seconds']:6.1f}  {answer[:60]}"
+            f"{row['method']:<10} {row['budget']:>6g} {'yes' if row['correct'] else 'no':<7} "
+            f"{row['kv_bytes'] / 2**20:7.2f} {100 * row['kv_fraction']:6.1f}% {row['seconds']:6.1f}  {answer[:60]}"
         )
     plot = plot_profile_and_budgets(
         profile.scores,
-        {row["method"]: row["layer_tokens"] for row in rows if row["method"] != "full"},
+        {row["method"]: row["layer_tokens"] for row in rows if row["method"] != "full" and row["budget"] == budgets[0]},
         out / "profile_budgets.png",
-        title=f"{profile.model['name_or_path']}: sensitivity and tokens kept at budget {args.budget:g}",
+        title=f"{profile.model['name_or_path']}: sensitivity and tokens kept at budget {budgets[0]:g}",
         local_scores=profile.local_scores,
     )
     (out / "demo.json").write_text(
-        json.dumps({"needle": needle.__dict__, "budget": args.budget, "rows": rows}, indent=2) + "\n"
+        json.dumps({"needle": needle.__dict__, "budgets": budgets, "rows": rows}, indent=2) + "\n"
     )
     print(f"\nplot: {plot}\nresults: {out / 'demo.json'}")
     return 0

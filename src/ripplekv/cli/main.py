@@ -156,12 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser(
         "demo",
         help="the main job on the default model: profile, allocate, answer a needle question",
-        description="Profile SmolLM2-135M (cached after the first run), allocate at 10%%, answer a "
+        description="Profile SmolLM2-135M (cached after the first run), allocate at 10%% (and 50%%), answer a "
         "needle-in-a-haystack question in real essay text with full, snapkv, pyramidkv and ripplekv, print "
         "a side-by-side table and save a plot of the profile and the budgets.",
     )
     _add_model_args(d)
-    d.add_argument("--budget", type=_budget, default=0.1, help="kept fraction (default 0.1)")
+    d.add_argument(
+        "--budgets", default="0.1,0.5", help="kept fractions, comma-separated (default 0.1,0.5; the first is plotted)"
+    )
+    d.add_argument("--digits", type=_positive_int, default=4, help="digits of the needle's number (default 4)")
     d.add_argument("--context-tokens", type=_positive_int, default=2048, help="haystack length (default 2048)")
     d.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1] (default 0.5)")
     d.add_argument("--seed", type=int, default=0, help="needle seed (default 0)")
