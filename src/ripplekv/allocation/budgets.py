@@ -40,13 +40,15 @@ __all__ = [
 DEFAULT_RATIO: float = 4.0
 """Default disparity ``r``: the most sensitive layer gets ``r`` times the least sensitive one's multiplier.
 
-Provisional: the README documents the measurement backing this value, and it may change with that measurement.
+Measured (README, "Choosing r and gamma"; ``benchmarks/needle_sweep.py --grid`` on SmolLM2-135M): needle
+retrieval at a 50% budget is 11/12 for r in {4, 8} with gamma in {3, 5}, against 9/12 for r = 2 and 5-6/12
+whenever gamma = 2 clips r >= 4; SnapKV's uniform budgets retrieve 2/12.
 """
 
 DEFAULT_GAMMA: float = 3.0
 """Default clip bound ``gamma``: multipliers are clipped to ``[1 / gamma, gamma]``.
 
-Provisional: the README documents the measurement backing this value, and it may change with that measurement.
+Measured with :data:`DEFAULT_RATIO` (see there): gamma = 2 loses half the needles, gamma 3 and 5 keep 11/12.
 """
 
 
