@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +53,20 @@ def tiny_model(arch: str = "llama", layers: int = 4, seed: int = 0, attn: str = 
 @pytest.fixture(params=ARCHITECTURES)
 def arch(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+def save_tiny_model_dir(path: Path, texts: list[str], vocab_size: int, layers: int = 3) -> Path:
+    """Save a tiny Llama with an offline byte-level BPE trained on ``texts`` as a Hugging Face directory."""
+    from tests._tokenizers import train_byte_level_bpe
+
+    tokenizer = train_byte_level_bpe(texts, vocab_size=vocab_size)
+    model = tiny_model("llama", layers=layers)
+    model.resize_token_embeddings(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
 
 
 def random_ids(n: int, seed: int = 0) -> torch.Tensor:

@@ -8,23 +8,14 @@ from pathlib import Path
 import pytest
 
 from ripplekv.cli.main import main
-from tests._tokenizers import train_byte_level_bpe
-from tests.conftest import tiny_model
+from tests.conftest import save_tiny_model_dir
 
 TEXT = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with one step. " * 40
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = train_byte_level_bpe([TEXT], vocab_size=256)
-    model = tiny_model("llama", layers=3)
-    model.resize_token_embeddings(len(tokenizer))
-    model.config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
-    return path
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), [TEXT], vocab_size=256)
 
 
 @pytest.fixture(scope="module")

