@@ -336,3 +336,25 @@ def test_bad_options_are_clear_errors(profile_path: Path, tmp_path: Path) -> Non
         run_eval(EvalConfig(suite="needle", methods=("ripplekv",)), tmp_path / "x", progress=False)
     with pytest.raises(FileNotFoundError, match="not an evaluation folder"):
         report_module.report(tmp_path)
+
+
+def test_report_longbench_e_length_buckets(tmp_path: Path) -> None:
+    config = {"format": "ripplekv-eval/1", "config": {"suite": "longbench", "methods": ["full"], "budgets": [0.1]}}
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(config))
+    cases = [("x_e", 1000, 1.0), ("x_e", 3999, 0.5), ("x_e", 5000, 0.0), ("x_e", 9000, 0.5), ("y_e", 2000, 0.0)]
+    cases.append(("z", 100, 1.0))  # not a LongBench-E task: not in any bucket
+    rows = [
+        {"sample_id": f"{t}/{i}", "task": t, "method": "full", "budget": 1.0, "score": s, "meta": {"length": n}}
+        for i, (t, n, s) in enumerate(cases)
+    ]
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = report_module.summarize(*report_module.load_run(tmp_path))
+    # 0-4k: x_e scores 75, y_e scores 0 -> 37.5 over 2 tasks and 3 samples
+    assert summary.group_sizes == {"LongBench-E 0-4k": (2, 3), "LongBench-E 4-8k": (1, 1), "LongBench-E 8k+": (1, 1)}
+    assert summary.value("LongBench-E 0-4k", "full", 0.1) == 37.5
+    assert summary.value("LongBench-E 4-8k", "full", 0.1) == 0.0
+    assert summary.value("LongBench-E 8k+", "full", 0.1) == 50.0
+    assert summary.value("average", "full", 0.1) == (50.0 + 0.0 + 100.0) / 3  # buckets do not enter it
+    text = report_module.format_markdown(summary)
+    assert "## LongBench-E 0-4k words: average over 2 `_e` tasks (3 samples)" in text
+    assert "LongBench-E 8k+,full,1,50.00,100.00," in report_module.format_csv(summary)

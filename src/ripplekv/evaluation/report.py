@@ -3,7 +3,9 @@
 A task's score for one (method, budget) is ``100 * mean`` of its sample scores (LongBench's ``task_score``; RULER's
 string match and needle retrieval alike); the average is the mean over the tasks. Every cell also gives the
 score as a percentage of the full cache on the same task (the ``full`` row, run once at budget 1.0, is shown
-under every budget). For the needle suite each (context length, depth) cell is a task.
+under every budget). For the needle suite each (context length, depth) cell is a task. For LongBench-E (``_e``)
+tasks the report adds the official per-length view: each ``_e`` task's score within each length bucket (record
+``length`` in words: 0-4k, 4-8k, 8k+), averaged over the ``_e`` tasks with samples in that bucket.
 
 Plots (matplotlib, Agg): the average score against the budget per method (``score_vs_budget.png``); for
 LongBench and RULER a heatmap of methods x tasks at each budget (``heatmap_budget_<b>.png``); for needles a
@@ -19,10 +21,11 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ripplekv.evaluation.longbench import LONGBENCH_E_BUCKETS, length_bucket
 from ripplekv.evaluation.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE, ResultsLog
 
 __all__ = ["FORMATS", "RunSummary", "format_csv", "format_markdown", "load_run", "report", "summarize", "write_plots"]
@@ -47,6 +50,10 @@ class RunSummary:
     needle_cells: dict[str, tuple[int, float]]  # task -> (length, depth), needle suite only
     rows: int
     expected_rows: int | None
+    # LongBench-E: (group, method, budget) -> mean over the ``_e`` tasks of their score within one length bucket;
+    # group names are ``"LongBench-E <bucket>"``; ``group_sizes`` gives (tasks, samples) behind each group
+    groups: dict[tuple[str, str, float], float] = field(default_factory=dict)
+    group_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def has_full(self) -> bool:
@@ -57,6 +64,8 @@ class RunSummary:
         b = FULL_BUDGET if method == "full" else budget
         if task == AVERAGE:
             return self.average.get((method, b))
+        if task in self.group_sizes:
+            return self.groups.get((task, method, b))
         return self.scores.get((task, method, b))
 
     def percent_of_full(self, task: str, method: str, budget: float) -> float | None:
@@ -129,6 +138,7 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
             settings.get("budgets", [])
         )
         expected = sample_count * n_configs
+    groups, group_sizes = _longbench_e_groups(rows) if suite == "longbench" else ({}, {})
     model = settings.get("model", {})
     return RunSummary(
         suite=suite,
@@ -143,7 +153,32 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
         needle_cells=needle_cells,
         rows=len(rows),
         expected_rows=expected,
+        groups=groups,
+        group_sizes=group_sizes,
     )
+
+
+def _longbench_e_groups(
+    rows: Sequence[dict[str, Any]],
+) -> tuple[dict[tuple[str, str, float], float], dict[str, tuple[int, int]]]:
+    """LongBench-E length buckets: per ``_e`` task and bucket ``100 * mean``, then the mean over the tasks."""
+    per_task: dict[tuple[str, str, str, float], list[float]] = defaultdict(list)
+    samples: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        task, length = str(row["task"]), row.get("meta", {}).get("length")
+        if not task.endswith("_e") or not isinstance(length, int):
+            continue
+        bucket = length_bucket(length)
+        per_task[bucket, task, str(row["method"]), float(row["budget"])].append(float(row["score"]))
+        samples[bucket].add(str(row["sample_id"]))
+    by_group: dict[tuple[str, str, float], list[float]] = defaultdict(list)
+    tasks: dict[str, set[str]] = defaultdict(set)
+    for (bucket, task, method, budget), values in per_task.items():
+        by_group[f"LongBench-E {bucket}", method, budget].append(100.0 * sum(values) / len(values))
+        tasks[bucket].add(task)
+    groups = {key: round(sum(v) / len(v), 2) for key, v in by_group.items()}
+    sizes = {f"LongBench-E {b}": (len(tasks[b]), len(samples[b])) for b in LONGBENCH_E_BUCKETS if b in tasks}
+    return groups, sizes
 
 
 def _cell(summary: RunSummary, task: str, method: str, budget: float) -> str:
@@ -175,6 +210,9 @@ def format_markdown(summary: RunSummary) -> str:
     if not summary.has_full:
         lines += ["", "No full-cache results: percentages of full are not available."]
     lines += ["", f"## Average over {len(summary.tasks)} tasks", "", *_md_table(summary, AVERAGE)]
+    for group, (n_tasks, n_samples) in summary.group_sizes.items():
+        title = f"## {group} words: average over {n_tasks} `_e` tasks ({n_samples} samples)"
+        lines += ["", title, "", *_md_table(summary, group)]
     for task in summary.tasks:
         counts = {summary.counts.get((task, m, b)) for m in summary.methods for b in (*summary.budgets, FULL_BUDGET)}
         n = max(c for c in counts if c is not None)
@@ -187,14 +225,14 @@ def format_csv(summary: RunSummary) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["task", "method", "budget", "score", "percent_of_full", "samples"])
-    for task in (AVERAGE, *summary.tasks):
+    for task in (AVERAGE, *summary.group_sizes, *summary.tasks):
         for method in summary.methods:
             for budget in [FULL_BUDGET] if method == "full" else summary.budgets:
                 score = summary.value(task, method, budget)
                 if score is None:
                     continue
                 percent = summary.percent_of_full(task, method, budget)
-                samples = summary.counts.get((task, method, budget), "") if task != AVERAGE else ""
+                samples = summary.counts.get((task, method, budget), "")
                 writer.writerow(
                     [task, method, f"{budget:g}", f"{score:.2f}", "" if percent is None else f"{percent:.2f}", samples]
                 )
