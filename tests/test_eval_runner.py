@@ -358,3 +358,31 @@ def test_report_longbench_e_length_buckets(tmp_path: Path) -> None:
     text = report_module.format_markdown(summary)
     assert "## LongBench-E 0-4k words: average over 2 `_e` tasks (3 samples)" in text
     assert "LongBench-E 8k+,full,1,50.00,100.00," in report_module.format_csv(summary)
+
+
+def test_report_timing_from_logged_seconds() -> None:
+    def row(sample: str, method: str, seconds: float, prefill: float, shared: bool) -> dict[str, Any]:
+        return {
+            "sample_id": sample,
+            "task": "t",
+            "method": method,
+            "budget": 0.1,
+            "score": 0.0,
+            "seconds": seconds,
+            "prefill_seconds": prefill,
+            "shared_prefill": shared,
+        }
+
+    rows = []
+    for sample, prefill_s in (("t/0", 10.0), ("t/1", 20.0)):
+        rows += [row(sample, "full", 1.0, prefill_s, True), row(sample, "snapkv", 1.0, prefill_s, True)]
+        rows.append(row(sample, "adakv", 12.0, 9.0, False))  # its own prefill, inside its seconds
+    summary = report_module.summarize({"config": {"suite": "ruler"}}, rows)
+    timing = summary.timing
+    assert timing is not None and timing.samples == 2
+    assert (timing.shared_prefill, timing.derived, timing.own_prefill) == (30.0, 4.0, 24.0)
+    assert timing.separate_estimate == 4.0 + 2 * 10.0 + 2 * 20.0 and timing.total == 58.0
+    assert timing.speedup_estimate == pytest.approx(64.0 / 34.0)
+    assert "(1.88x, estimated from the logged prefill times)" in report_module.format_markdown(summary)
+    old_rows = [{k: v for k, v in r.items() if k not in ("seconds", "prefill_seconds")} for r in rows]
+    assert report_module.summarize({"config": {"suite": "ruler"}}, old_rows).timing is None

@@ -28,10 +28,46 @@ from typing import Any
 from ripplekv.evaluation.longbench import LONGBENCH_E_BUCKETS, length_bucket
 from ripplekv.evaluation.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE, ResultsLog
 
-__all__ = ["FORMATS", "RunSummary", "format_csv", "format_markdown", "load_run", "report", "summarize", "write_plots"]
+__all__ = [
+    "FORMATS",
+    "RunSummary",
+    "Timing",
+    "format_csv",
+    "format_markdown",
+    "load_run",
+    "report",
+    "summarize",
+    "write_plots",
+]
 
 FORMATS = ("md", "csv")
 AVERAGE = "average"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Compute logged by a run, in seconds (rows without timing fields are skipped).
+
+    ``shared_prefill``: one recorded prefill per sample (the first logged value of each sample's derived rows);
+    ``derived``: compression + decoding of the configurations derived from it; ``own_prefill``: configurations
+    that ran their own prefill (prefill + decoding); ``separate_estimate``: what the derived configurations would
+    have cost with one prefill each (their logged prefill time added to each of them).
+    """
+
+    samples: int
+    shared_prefill: float
+    derived: float
+    own_prefill: float
+    separate_estimate: float
+
+    @property
+    def total(self) -> float:
+        return self.shared_prefill + self.derived + self.own_prefill
+
+    @property
+    def speedup_estimate(self) -> float:
+        shared = self.shared_prefill + self.derived
+        return self.separate_estimate / shared if shared > 0 else math.nan
 
 
 @dataclass(frozen=True)
@@ -54,6 +90,7 @@ class RunSummary:
     # group names are ``"LongBench-E <bucket>"``; ``group_sizes`` gives (tasks, samples) behind each group
     groups: dict[tuple[str, str, float], float] = field(default_factory=dict)
     group_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    timing: Timing | None = None
 
     @property
     def has_full(self) -> bool:
@@ -139,6 +176,7 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
         )
         expected = sample_count * n_configs
     groups, group_sizes = _longbench_e_groups(rows) if suite == "longbench" else ({}, {})
+    timing = _timing(rows)
     model = settings.get("model", {})
     return RunSummary(
         suite=suite,
@@ -155,7 +193,28 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
         expected_rows=expected,
         groups=groups,
         group_sizes=group_sizes,
+        timing=timing,
     )
+
+
+def _timing(rows: Sequence[dict[str, Any]]) -> Timing | None:
+    prefills: dict[str, float] = {}
+    derived = own = separate = 0.0
+    samples: set[str] = set()
+    for row in rows:
+        seconds, prefill = row.get("seconds"), row.get("prefill_seconds")
+        if not isinstance(seconds, (int, float)) or not isinstance(prefill, (int, float)):
+            continue
+        samples.add(str(row["sample_id"]))
+        if row.get("shared_prefill"):
+            prefills.setdefault(str(row["sample_id"]), float(prefill))
+            derived += float(seconds)
+            separate += float(seconds) + float(prefill)
+        else:
+            own += float(seconds)
+    if not samples:
+        return None
+    return Timing(len(samples), sum(prefills.values()), derived, own, separate)
 
 
 def _longbench_e_groups(
@@ -209,6 +268,17 @@ def format_markdown(summary: RunSummary) -> str:
         lines += ["", f"**Incomplete run**: {summary.rows} of {summary.expected_rows} results."]
     if not summary.has_full:
         lines += ["", "No full-cache results: percentages of full are not available."]
+    if summary.timing is not None:
+        t = summary.timing
+        lines += [
+            "",
+            f"Compute logged: {t.total:.1f} s over {t.samples} samples: {t.shared_prefill:.1f} s of shared prefills "
+            f"(one per sample), {t.derived:.1f} s compressing and decoding the configurations derived from them, "
+            f"{t.own_prefill:.1f} s for configurations that need their own prefill. With one prefill per derived "
+            f"configuration those would have taken about {t.separate_estimate:.1f} s instead of "
+            f"{t.shared_prefill + t.derived:.1f} s ({t.speedup_estimate:.2f}x, estimated from the logged prefill "
+            "times).",
+        ]
     lines += ["", f"## Average over {len(summary.tasks)} tasks", "", *_md_table(summary, AVERAGE)]
     for group, (n_tasks, n_samples) in summary.group_sizes.items():
         title = f"## {group} words: average over {n_tasks} `_e` tasks ({n_samples} samples)"
