@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # LongBench-mini on SmolLM2-135M: every method x 10/20/30%. Re-running resumes where the last run stopped.
-# Subsampling (CPU): the first 2 records of each task (the _e files are sorted by length, so the shortest),
+# Subsampling (CPU): the first 2 records of each task, in file order (the _e files here hold only LongBench-E's
+# 0-4k-word bucket: see ../shared/data/longbench/PROVENANCE.md),
 # prompts truncated to 4,096 tokens (middle truncation), answers capped at 128 new tokens (the official caps
 # are 512 for gov_report, qmsum and multi_news; every other task's official cap is <= 128).
 cd "$(dirname "$0")/../../.."
