@@ -3,7 +3,8 @@
 Needles ("The special magic number for <city> is <number>.") are placed at evenly spaced depths in real
 essay text of the given lengths (tokens). Each method compresses the whole prompt (question-aware
 protocol: SnapKV's window holds the question), then decodes greedily; a needle counts as retrieved when
-the number appears in the answer. The full cache is run once per needle as the reference.
+the number appears in the answer as a whole number (not inside a longer run of digits). The full cache is
+run once per needle as the reference. ``--json`` also stores every answer.
 
     python benchmarks/needle_sweep.py --profile benchmarks/results/smollm2-135m.profile.json
     python benchmarks/needle_sweep.py --profile P.json --grid     # also r in 2,4,8,16 x gamma in 2,3,5
@@ -56,14 +57,19 @@ def main() -> None:
     ]
     hits = {(label, b): 0 for label, _, _ in configs for b in budgets}
     full_hits = 0
+    predictions: list[dict] = []  # every answer, so a run can be re-scored or audited later
     start = time.perf_counter()
     for n, needle in enumerate(needles):
         full = generate_answer(model, tokenizer, needle.context, needle.question, make_press("full"), 16)
-        full_hits += needle.answer in full.text
+        full_hits += needle.retrieved(full.text)
+        predictions.append({"needle": n, "answer": needle.answer, "method": "full", "budget": 1.0, "text": full.text})
         for (label, name, extra), budget in product(configs, budgets):
             press = make_press(name, budget=budget, profile=profile, **extra)
             result = generate_answer(model, tokenizer, needle.context, needle.question, press, 16)
-            hits[(label, budget)] += needle.answer in result.text
+            hits[(label, budget)] += needle.retrieved(result.text)
+            predictions.append(
+                {"needle": n, "answer": needle.answer, "method": label, "budget": budget, "text": result.text}
+            )
         print(
             f"needle {n + 1}/{len(needles)} ({needle.context_tokens} tokens, depth {needle.depth:.2f}) "
             f"{time.perf_counter() - start:.0f} s",
@@ -84,7 +90,7 @@ def main() -> None:
     print(f"\nwall time {time.perf_counter() - start:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+            json.dump({"args": vars(args), "rows": rows, "predictions": predictions}, f, indent=2)
             f.write("\n")
 
 

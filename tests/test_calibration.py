@@ -17,7 +17,14 @@ from ripplekv.profiling.calibration import (
     load_jsonl_calibration,
     load_longbench_calibration,
 )
-from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt, encode, essay_text, essays
+from ripplekv.profiling.haystack import (
+    NeedlePrompt,
+    build_needle_prompt,
+    encode,
+    essay_text,
+    essays,
+    number_retrieved,
+)
 
 LONGBENCH_DIR = Path("/work/shared/data/longbench")
 HOTPOTQA_E = LONGBENCH_DIR / "hotpotqa_e.jsonl"
@@ -262,6 +269,29 @@ def test_load_calibration_default(tokenizer) -> None:
 
 
 # --- needle in a haystack -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prediction", "expected"),
+    [
+        ("The special magic number for Mumbai is 7890.", True),
+        ("7890", True),
+        ("It is 7890, I think", True),
+        ("number:7890\n", True),
+        ("The special magic number for Mumbai is 1234567890123.", False),  # a counting run, not the answer
+        ("The special magic number for Mumbai is 78901.", False),
+        ("The special magic number for Mumbai is 17890.", False),
+        ("The special magic number for Mumbai is 78.", False),
+        ("", False),
+    ],
+)
+def test_number_retrieved_needs_the_whole_number(prediction: str, expected: bool) -> None:
+    assert number_retrieved("7890", prediction) is expected
+
+
+def test_number_retrieved_rejects_an_empty_number() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        number_retrieved("", "anything")
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.75, 1.0])

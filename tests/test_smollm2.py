@@ -45,10 +45,10 @@ def test_ripplekv_at_half_budget_answers_what_full_answers(
     model, tokenizer = smollm2["model"], smollm2["tokenizer"]
     needle = build_needle_prompt(tokenizer, context_tokens=400, depth=0.5, seed=seed, digits=4)
     full = generate_answer(model, tokenizer, needle.context, needle.question, make_press("full"), max_new_tokens=16)
-    assert needle.answer in full.text, f"full cache did not retrieve {needle.answer}: {full.text!r}"
+    assert needle.retrieved(full.text), f"full cache did not retrieve {needle.answer}: {full.text!r}"
     press = make_press("ripplekv", budget=0.5, profile=profile)
     ripple = generate_answer(model, tokenizer, needle.context, needle.question, press, max_new_tokens=16)
-    assert needle.answer in ripple.text, f"ripplekv@50% lost the needle {needle.answer}: {ripple.text!r}"
+    assert needle.retrieved(ripple.text), f"ripplekv@50% lost the needle {needle.answer}: {ripple.text!r}"
     assert sum(ripple.layer_tokens) == 30 * int(ripple.prompt_tokens * (1 - (1 - 0.5)))
     assert len(set(ripple.layer_tokens)) > 1
     assert ripple.kv_bytes < 0.55 * full.kv_bytes

@@ -75,7 +75,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 "method": method,
                 "budget": budget,
                 "answer": result.text,
-                "correct": needle.answer in result.text,
+                "correct": needle.retrieved(result.text),
                 "kv_bytes": result.kv_bytes,
                 "kv_fraction": result.kv_fraction,
                 "seconds": result.prefill_seconds + result.decode_seconds,

@@ -41,7 +41,7 @@ from ripplekv.inference.shared import NotDerivableError, PrefillRecord, compress
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS, make_press
-from ripplekv.profiling.haystack import build_needle_prompt
+from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
 
 __all__ = [
@@ -312,8 +312,8 @@ def _needle_samples(config: EvalConfig, tokenizer: PreTrainedTokenizerBase) -> l
                 needle = build_needle_prompt(tokenizer, length, depth=depth, seed=seed, digits=config.needle_digits)
                 ids, split = _split_prompt(tokenizer, *chat_prompt_parts(tokenizer, needle.context, needle.question))
 
-                def score(prediction: str, answer: str = needle.answer) -> float:
-                    return 1.0 if answer in prediction else 0.0
+                def score(prediction: str, needle: NeedlePrompt = needle) -> float:
+                    return 1.0 if needle.retrieved(prediction) else 0.0
 
                 samples.append(
                     EvalSample(

@@ -28,6 +28,7 @@ __all__ = [
     "INSTALL_COMMAND",
     "EssayCorpusMissingError",
     "NeedlePrompt",
+    "number_retrieved",
     "TextTokenizer",
     "build_needle_prompt",
     "encode",
@@ -154,6 +155,21 @@ class NeedlePrompt:
     context_tokens: int  # token count of ``context`` measured with the tokenizer that built it
     depth: float  # requested relative position of the needle (0 = start, 1 = end)
     needle: str = ""
+
+    def retrieved(self, prediction: str) -> bool:
+        """Whether ``prediction`` states the needle's number (see :func:`number_retrieved`)."""
+        return number_retrieved(self.answer, prediction)
+
+
+def number_retrieved(number: str, prediction: str) -> bool:
+    """Whether ``number`` appears in ``prediction`` as a whole number, not inside a longer run of digits.
+
+    A plain substring test would count "1234567890" as retrieving 7890, and small models under heavy
+    compression do answer with counting sequences like that.
+    """
+    if not number:
+        raise ValueError("the needle number is empty")
+    return re.search(rf"(?<!\d){re.escape(number)}(?!\d)", prediction) is not None
 
 
 def _sentence_ends(text: str) -> list[int]:
