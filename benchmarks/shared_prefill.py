@@ -67,9 +67,7 @@ def main() -> None:
         methods=methods,
         budgets=budgets,
         profile=args.profile if needs_profile else None,
-        needle_lengths=(args.context_tokens,),
-        needle_depths=depths,
-        needle_digits=args.digits,
+        options={"needle_lengths": (args.context_tokens,), "needle_depths": depths, "needle_digits": args.digits},
         max_new_tokens=args.max_new_tokens,
     )
     configurations = config.configurations

@@ -20,6 +20,7 @@ from ripplekv.allocation import (
     layer_weights,
     normalize_scores,
     resolve_average_budget,
+    scale_to_total,
 )
 
 PROPERTY = settings(max_examples=300, deadline=None)
@@ -361,3 +362,47 @@ def test_defaults_and_allocation_record():
 def test_single_layer_gets_the_average():
     assert allocate_budgets([7.0], 0.25, 999) == [249]
     assert allocate_budgets([7.0], 4096, 999) == [999]
+
+
+# ----------------------------------------------------------------------------------------- scale_to_total
+
+
+@PROPERTY
+@given(
+    st.lists(st.floats(0.01, 1000.0), min_size=1, max_size=64),
+    st.integers(0, 10_000),
+    st.integers(0, 200),
+    st.data(),
+)
+def test_scale_to_total_sum_bounds_and_order(weights, cap, floor, data):
+    total = data.draw(st.integers(0, len(weights) * cap))
+    result = scale_to_total(weights, total, floor, cap)
+    low = min(floor, cap)
+    low = total // len(weights) if len(weights) * low > total else low
+    assert sum(result) == total and all(low <= b <= cap for b in result)
+    for i in range(len(weights)):
+        for j in range(len(weights)):
+            if weights[i] > weights[j]:
+                assert result[i] >= result[j], (weights, result)
+    shares = reference_shares(np.array(weights), total, low, cap)
+    assert np.all(np.abs(np.array(result) - shares) < 1 + 1e-6 * max(cap, 1)), (result, shares)
+
+
+def test_scale_to_total_examples_and_errors():
+    assert scale_to_total([3, 2, 1], 60, 0, 100) == [30, 20, 10]
+    assert scale_to_total([1, 1, 1], 10, 0, 100) == [4, 3, 3]  # leftover to the lower index
+    assert scale_to_total([1, 1, 1], 10, 0, 100, preference=[0, 0, 1]) == [3, 3, 4]
+    assert scale_to_total([100, 1, 1], 30, 5, 18) == [18, 6, 6]  # cap binds, the excess goes to the others
+    assert scale_to_total([1, 1], 3, 5, 10) == [2, 1]  # a floor above the average is lowered to it
+    with pytest.raises(ValueError, match="at least one weight"):
+        scale_to_total([], 0, 0, 1)
+    with pytest.raises(ValueError, match="positive"):
+        scale_to_total([1.0, 0.0], 4, 0, 10)
+    for bad in (math.inf, math.nan):
+        with pytest.raises(ValueError, match="finite"):
+            scale_to_total([1.0, bad], 4, 0, 10)
+    with pytest.raises(ValueError, match="does not fit"):
+        scale_to_total([1.0, 1.0], 21, 0, 10)
+    for name, args in (("total", (-1, 0, 10)), ("floor", (4, 1.5, 10)), ("cap", (4, 0, None))):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 0"):
+            scale_to_total([1.0, 1.0], *args)

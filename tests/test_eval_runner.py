@@ -73,9 +73,7 @@ def _needle_config(profile: Path, **changes: Any) -> EvalConfig:
         methods=("full", "snapkv", "adakv", "ripplekv"),
         budgets=(0.3, 0.5),
         profile=str(profile),
-        needle_lengths=(160,),
-        needle_depths=(0.2, 0.8),
-        needle_digits=4,
+        options={"needle_lengths": (160,), "needle_depths": (0.2, 0.8), "needle_digits": 4},
         window_size=WINDOW,
         max_new_tokens=4,
     )
@@ -99,7 +97,8 @@ def _direct_prediction(model: Any, tokenizer: Any, sample: Any, press: Any, prot
         state = prefill(model, ids, press)
     else:
         state = extend(model, prefill(model, ids[:, : sample.question_start], press), ids[:, sample.question_start :])
-    tokens = greedy_decode(model, state, sample.max_new_tokens, eos_ids(model, tokenizer) | sample.extra_stop_ids)
+    stops = eos_ids(model, tokenizer) | sample.extra_stop_ids
+    tokens = greedy_decode(model, state, sample.max_new_tokens, stops, min_new_tokens=1)
     return tokenizer.decode(tokens, skip_special_tokens=True)
 
 
@@ -124,7 +123,7 @@ def test_needle_rows_match_direct_prefills(needle_run: tuple[Path, EvalConfig], 
     assert len(samples) == 2
     for row in rows:
         sample = samples[row["sample_id"]]
-        assert row["shared_prefill"] is (row["method"] != "adakv")  # AdaKV cannot be derived: own prefill
+        assert row["shared_prefill"] is True  # AdaKV too: its masks are derived with its cache
         assert row["budget"] == (1.0 if row["method"] == "full" else row["budget"])
         assert row["prompt_tokens"] == len(sample.input_ids) == row["compressed_tokens"]
         assert len(row["kept_tokens"]) == 3 and row["score"] in (0.0, 1.0)
@@ -296,7 +295,7 @@ def test_ruler_query_agnostic_matches_direct(loaded: tuple[Any, Any], profile_pa
         budgets=(0.4,),
         tasks=("niah_single_noise_number", "vt"),
         limit=2,
-        context_tokens=200,
+        options={"context_tokens": 200},
         profile=str(profile_path),
         protocol="query-agnostic",
         window_size=WINDOW,
@@ -379,3 +378,164 @@ def test_report_timing_from_logged_seconds() -> None:
     assert "(1.88x, estimated from the logged prefill times)" in report_module.format_markdown(summary)
     old_rows = [{k: v for k, v in r.items() if k not in ("seconds", "prefill_seconds")} for r in rows]
     assert report_module.summarize({"config": {"suite": "ruler"}}, old_rows).timing is None
+
+
+# ------------------------------------------------------------------------------- fidelity and decoding rules
+
+
+class _DecodeCounter:
+    """Wraps the runner's ``greedy_decode``, counting calls (the answers are unchanged)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from ripplekv.evaluation import rows as rows_module
+
+        self.calls = 0
+        self._decode = rows_module.greedy_decode
+        monkeypatch.setattr(rows_module, "greedy_decode", self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[int]:
+        self.calls += 1
+        return self._decode(*args, **kwargs)
+
+
+def test_fidelity_fields_in_every_row(needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    out, config = needle_run
+    rows = _rows(out)
+    samples = {s.id: s for s in build_samples(config, tokenizer, model)}
+    full = {r["sample_id"]: r for r in rows if r["method"] == "full"}
+    assert len(full) == 2
+    for row in full.values():
+        assert row["fidelity_kl"] == 0.0 and row["top1_agreement"] == 1.0 and row["gold_nll_delta"] == 0.0
+        answer = row["answer_ids"]
+        assert row["answer_tokens"] == len(answer) == row["generated_tokens"] >= 1
+        assert tokenizer.decode(answer, skip_special_tokens=True) == row["prediction"]
+        # the gold answer is the needle's number, teacher-forced over the full cache
+        sample = samples[row["sample_id"]]
+        assert sample.gold == row["meta"]["answer"] and row["gold_nll"] > 0.0
+    for row in rows:
+        assert {"fidelity_kl", "top1_agreement", "gold_nll", "gold_nll_delta", "answer_tokens"} <= row.keys()
+        assert ("answer_ids" in row) is (row["method"] == "full")
+        reference = full[row["sample_id"]]
+        assert row["answer_tokens"] == reference["answer_tokens"]
+        assert row["fidelity_kl"] >= 0.0 and 0.0 <= row["top1_agreement"] <= 1.0
+        assert row["gold_nll_delta"] == pytest.approx(row["gold_nll"] - reference["gold_nll"], abs=1e-12)
+    compressed = [r for r in rows if r["method"] != "full"]
+    assert any(r["fidelity_kl"] > 0.0 for r in compressed)  # a 30% cache of a random model is not the full cache
+    # the KL recomputed by hand for one configuration: the full answer teacher-forced over both caches
+    from ripplekv.inference import fidelity, teacher_forced_logprobs
+
+    row = next(r for r in compressed if r["method"] == "snapkv")
+    sample = samples[row["sample_id"]]
+    ids = torch.tensor([list(sample.input_ids)])
+    answer = full[row["sample_id"]]["answer_ids"]
+    press = make_press("snapkv", row["budget"], window_size=WINDOW)
+    reference = teacher_forced_logprobs(model, prefill(model, ids), answer)
+    candidate = teacher_forced_logprobs(model, prefill(model, ids, press), answer)
+    assert row["fidelity_kl"] == pytest.approx(fidelity(reference, candidate, answer).kl, rel=1e-6, abs=1e-9)
+
+
+def test_score_fidelity_decodes_only_the_full_cache(
+    needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = loaded
+    reference, config = needle_run
+    counter = _DecodeCounter(monkeypatch)
+    out = tmp_path / "fidelity"
+    summary = run_eval(replace(config, score="fidelity"), out, model, tokenizer, progress=False)
+    assert summary.rows == 14 and counter.calls == 2  # one full-cache answer per sample, nothing else decoded
+    assert json.loads((out / CONFIG_FILE).read_text())["config"]["score"] == "fidelity"
+    both = _comparable(_rows(reference))
+    for key, row in _comparable(_rows(out)).items():
+        if row["method"] == "full":
+            assert row == both[key]  # decoded and scored as in a "both" run
+            continue
+        assert row["prediction"] is None and row["score"] is None and row["generated_tokens"] == 0
+        fidelity_fields = ("fidelity_kl", "top1_agreement", "gold_nll", "gold_nll_delta", "kept_tokens")
+        assert {k: row[k] for k in fidelity_fields} == {k: both[key][k] for k in fidelity_fields}
+
+
+def test_resume_mid_sample_reuses_the_stored_answer(
+    needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = loaded
+    _, config = needle_run
+    config = replace(config, score="fidelity")
+    straight = tmp_path / "straight"
+    run_eval(config, straight, model, tokenizer, progress=False)
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_two(row: dict[str, Any]) -> None:
+        if row["method"] == "snapkv":  # the full row and one more of the first sample are written
+            raise Interrupted
+
+    out = tmp_path / "resumed"
+    with pytest.raises(Interrupted):
+        run_eval(config, out, model, tokenizer, on_row=stop_after_two, progress=False)
+    assert [r["method"] for r in _rows(out)] == ["full", "snapkv"]
+    counter = _DecodeCounter(monkeypatch)
+    summary = run_eval(config, out, model, tokenizer, progress=False)
+    assert summary.new_rows == 12 and counter.calls == 1  # only the second sample's answer is decoded
+    assert _comparable(_rows(out)) == _comparable(_rows(straight))
+
+
+def test_full_cache_is_the_reference_without_a_full_row(
+    needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = loaded
+    reference, config = needle_run
+    counter = _DecodeCounter(monkeypatch)
+    out = tmp_path / "no-full"
+    summary = run_eval(replace(config, methods=("snapkv",), budgets=(0.3,)), out, model, tokenizer, progress=False)
+    assert summary.rows == 2 and counter.calls == 2 * 2  # the full cache's answer and snapkv's, per sample
+    both = _comparable(_rows(reference))
+    for key, row in _comparable(_rows(out)).items():
+        assert row["method"] == "snapkv" and "answer_ids" not in row
+        assert {k: v for k, v in row.items() if k != "meta"} == {k: v for k, v in both[key].items() if k != "meta"}
+
+
+def test_first_generated_token_is_never_a_stop_token(
+    model_dir: Path, loaded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LongBench's pred.py passes min_length so samsum never answers a bare newline; here for every task."""
+    model, tokenizer = loaded
+    data = tmp_path / "longbench"
+    _write_longbench(data)
+    options = {"data_dir": str(data), "max_length": 200}
+    config = EvalConfig(suite="longbench", methods=("full",), options=options, window_size=WINDOW, max_new_tokens=3)
+    samples = build_samples(config, tokenizer, model)
+    # every sample's most likely first token is made a stop token (end of sequence)
+    firsts = {int(prefill(model, torch.tensor([list(s.input_ids)])).next_logits.argmax()) for s in samples}
+    eos = sorted(firsts | eos_ids(model, tokenizer))
+    monkeypatch.setattr(model.generation_config, "eos_token_id", eos)
+    run_eval(config, tmp_path / "out", model, tokenizer, progress=False)
+    rows = _rows(tmp_path / "out")
+    assert {r["task"] for r in rows} == {"hotpotqa", "samsum"} and len(rows) == 4
+    for row, sample in zip(rows, samples):
+        stops = set(eos) | sample.extra_stop_ids
+        assert row["answer_ids"][0] not in stops, row
+        assert row["generated_tokens"] >= 1 and row["prediction"]
+
+
+def test_a_press_that_cannot_be_derived_is_a_clear_error(
+    needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any]
+) -> None:
+    from ripplekv.evaluation.rows import SampleRunner
+    from ripplekv.presses.full_press import FullPress
+
+    class HookPress(FullPress):
+        """Overrides kvpress's forward hook: its effect cannot be replayed from a recorded prefill."""
+
+        def forward_hook(self, *args: Any, **kwargs: Any) -> Any:
+            return super().forward_hook(*args, **kwargs)
+
+    model, tokenizer = loaded
+    _, config = needle_run
+    sample = build_samples(config, tokenizer, model)[0]
+    runner = SampleRunner(config, model, tokenizer, {("full", 1.0): FullPress(), ("snapkv", 0.3): HookPress()})
+    with pytest.raises(ValueError, match=r"snapkv at budget 0.3: its cache cannot be derived from the shared prefill"):
+        list(runner.run_sample(sample, [("snapkv", 0.3)]))
+    with pytest.raises(ValueError, match="must hold the full cache's press"):
+        SampleRunner(config, model, tokenizer, {})

@@ -1,4 +1,4 @@
-"""Shared prefill: caches derived from one recorded prefill equal direct prefills with each press."""
+"""Shared prefill: caches derived from one recorded prefill equal direct prefills with each press (AdaKV included)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
+from kvpress import PyramidKVPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 from torch import nn
+from transformers import DynamicCache
 
-from ripplekv.inference import extend, greedy_decode, prefill
-from ripplekv.inference.generate import Prefill
+from ripplekv.inference import Prefill, extend, greedy_decode, kept_tokens, prefill, teacher_forced_logprobs
+from ripplekv.inference.module_state import MASKED_KEYS, applied_state, attention_modules
 from ripplekv.inference.shared import (
     NotDerivableError,
     compress_recorded,
@@ -21,7 +22,7 @@ from ripplekv.inference.shared import (
 )
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_tensors, layer_lengths
-from ripplekv.presses import FullPress, RippleKVPress, make_press
+from ripplekv.presses import METHODS, FullPress, RippleKVPress, make_press
 from tests.conftest import random_ids, tiny_model
 
 WINDOW = 8
@@ -48,8 +49,8 @@ def _assert_same_cache(derived, direct) -> None:
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
 
 
-def _decode(model, state: Prefill) -> list[int]:
-    return greedy_decode(model, state, max_new_tokens=4, stop_ids=set())
+def _decode(model, state: Prefill, steps: int = 4) -> list[int]:
+    return greedy_decode(model, state, max_new_tokens=steps, stop_ids=set())
 
 
 @pytest.fixture(scope="module", params=("llama", "qwen2", "mistral"))
@@ -93,24 +94,122 @@ def test_make_press_methods_are_derivable() -> None:
     model = enable_varlen_attention(tiny_model("llama", layers=LAYERS))
     ids = random_ids(70, seed=6)
     record = record_prefill(model, ids)
-    for method in ("full", "streamingllm", "snapkv", "pyramidkv"):
+    for method in METHODS:
+        if method.startswith("ripplekv"):
+            continue  # needs a profile: RippleKVPress is covered by _presses()
         press = make_press(method, budget=0.2, window_size=WINDOW)
-        assert is_derivable(press)
-        _assert_same_cache(compress_recorded(record, press), prefill(model, ids, press).cache)
+        assert is_derivable(press), method
+        derived, direct = derived_prefill(record, press)[0], prefill(model, ids, press)
+        _assert_same_cache(derived.cache, direct.cache)
+        assert _decode(model, derived) == _decode(model, direct), method
 
 
-def test_adakv_is_detected_and_module_state_restored() -> None:
-    model = enable_varlen_attention(tiny_model("qwen2", layers=LAYERS))
-    ids = random_ids(60, seed=7)
+def _masks_left(model) -> list[int]:
+    return [i for i, m in enumerate(attention_modules(model)) if MASKED_KEYS in vars(m) or m._forward_pre_hooks]
+
+
+@torch.no_grad()
+def _kvpress_adakv(model, ids: torch.Tensor, press: BasePress, steps: int) -> tuple[list[int], torch.Tensor]:
+    """AdaKV as kvpress runs it: prefill under ``with press(model)`` (the masks stay on the modules), then greedy
+    decoding token by token through kvpress's attention wrapper. Returns the tokens and each step's log-probs."""
+    cache = DynamicCache()
+    with press(model):
+        logits = model(ids, past_key_values=cache, use_cache=True).logits[0, -1]
+    assert all(getattr(m, MASKED_KEYS, None) is not None for m in attention_modules(model))
+    tokens, rows = [], []
+    for i in range(steps):
+        rows.append(torch.log_softmax(logits.double(), dim=-1))
+        tokens.append(int(logits.argmax()))
+        position = torch.tensor([ids.shape[1] + i])
+        logits = model(
+            torch.tensor([[tokens[-1]]]),
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=position,
+            position_ids=position[None],
+        ).logits[0, -1]
+    for module in attention_modules(model):
+        del module.masked_key_indices
+    return tokens, torch.stack(rows)
+
+
+@pytest.mark.parametrize("budget", [0.1, 0.3])
+def test_adakv_derived_equals_its_own_prefill(model, budget: float) -> None:
+    ids = random_ids(80, seed=7)
+    press = make_press("adakv", budget=budget, window_size=WINDOW)
+    expected, expected_logprobs = _kvpress_adakv(model, ids, press, steps=10)
     record = record_prefill(model, ids)
-    press = AdaKVPress(SnapKVPress(compression_ratio=0.5, window_size=WINDOW))
-    assert is_derivable(press)  # statically fine: the check happens on the call
-    with pytest.raises(NotDerivableError, match="masked_key_indices"):
+    state, _ = derived_prefill(record, press)
+    assert not _masks_left(model) and len(state.attention_state) == LAYERS
+    assert layer_lengths(state.cache) == [80] * LAYERS
+    assert kept_tokens(state) == [int(80 * (1 - press.compression_ratio))] * LAYERS
+    assert _decode(model, state, 10) == expected
+    forced = teacher_forced_logprobs(model, state, expected)
+    torch.testing.assert_close(forced, expected_logprobs, atol=5e-5, rtol=0)
+    assert not _masks_left(model)
+    # the masks matter: the same cache without its attention state decodes differently
+    bare = Prefill(state.cache, state.next_logits, state.prompt_tokens, state.seconds)
+    assert _decode(model, bare, 10) != expected
+    # a direct prefill with the press captures the same state
+    direct = prefill(model, ids, press)
+    assert not _masks_left(model) and _decode(model, direct, 10) == expected
+    for ours, theirs in zip(state.attention_state, direct.attention_state):
+        assert ours.layer == theirs.layer and ours.module is theirs.module
+        assert all(torch.equal(a, b) for a, b in zip(ours.attributes[MASKED_KEYS], theirs.attributes[MASKED_KEYS]))
+    # compress_recorded returns a bare cache, which cannot carry the masks
+    with pytest.raises(NotDerivableError, match="masked_key_indices.*derived_prefill"):
         compress_recorded(record, press)
-    assert all(getattr(layer.module, "masked_key_indices", None) is None for layer in record.layers)
-    # the record is still usable by derivable presses
+    assert not _masks_left(model)
+
+
+def test_adakv_configurations_from_one_record_do_not_leak(model) -> None:
+    ids, question = random_ids(80, seed=8), random_ids(6, seed=9)
+    presses = {b: make_press("adakv", budget=b, window_size=WINDOW) for b in (0.1, 0.3)}
     snap = _presses()["snapkv"]
-    _assert_same_cache(compress_recorded(record, snap), prefill(model, ids, snap).cache)
+    refs = {b: _kvpress_adakv(model, ids, p, steps=8) for b, p in presses.items()}
+    record = record_prefill(model, ids)
+    states = {b: derived_prefill(record, p)[0] for b, p in presses.items()}
+    snap_state = derived_prefill(record, snap)[0]
+    snap_tokens = _decode(model, prefill(model, ids, snap), 8)
+    for b in (0.1, 0.3, 0.1, 0.3):
+        assert _decode(model, states[b], 8) == refs[b][0], b
+        assert _decode(model, snap_state, 8) == snap_tokens
+        forced = teacher_forced_logprobs(model, states[b], refs[b][0])
+        torch.testing.assert_close(forced, refs[b][1], atol=5e-5, rtol=0)
+    # the query-agnostic question over each derived cache equals it over AdaKV's own prefill
+    for b, press in presses.items():
+        derived, direct = extend(model, states[b], question), extend(model, prefill(model, ids, press), question)
+        assert _decode(model, derived, 6) == _decode(model, direct, 6)
+    # re-entrant: a pass over another cache inside a pass over one sees its own state only
+    with applied_state(model, states[0.1].attention_state):
+        assert _decode(model, states[0.3], 8) == refs[0.3][0]
+        assert _decode(model, snap_state, 8) == snap_tokens
+        assert all(m._forward_pre_hooks for m in attention_modules(model))  # the enclosing state is back
+    assert not _masks_left(model)
+
+
+def test_adakv_state_is_restored_when_a_pass_fails(model) -> None:
+    record = record_prefill(model, random_ids(60, seed=10))
+    state, _ = derived_prefill(record, make_press("adakv", budget=0.3, window_size=WINDOW))
+    seen = []
+
+    def fail(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        seen.append([m._forward_pre_hooks.copy() for m in attention_modules(model)])
+        raise RuntimeError("boom")
+
+    handle = attention_modules(model)[-1].o_proj.register_forward_hook(fail)
+    try:
+        for run in (
+            lambda: _decode(model, state, 3),
+            lambda: teacher_forced_logprobs(model, state, [1, 2, 3]),
+            lambda: extend(model, state, random_ids(4, seed=11)),
+        ):
+            with pytest.raises(RuntimeError, match="boom"):
+                run()
+            assert all(seen[-1])  # the masks were on during the pass
+            assert not _masks_left(model)
+    finally:
+        handle.remove()
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import warnings
@@ -83,6 +84,24 @@ def test_official_templates_spot_checks() -> None:
     assert lb.PROMPTS["hotpotqa"] is lb.PROMPTS["2wikimqa"] is lb.PROMPTS["musique"]
     assert "\n\n Answer the question based on the above article" in lb.PROMPTS["qasper"]  # official stray space
     assert lb.PROMPTS["passage_count"].endswith("The final answer is: ")
+
+
+# SHA-256 of json.dumps({task: template for the 16 English tasks}, sort_keys=True) of THUDM/LongBench's
+# LongBench/config/dataset2prompt.json (the official file, commit 2e00731 of the main branch).
+OFFICIAL_PROMPTS_SHA256 = "75e339f4f58566663b9e2916d85ca7258191b614158272128161675baece6c42"
+
+
+def test_templates_are_the_official_text_character_for_character() -> None:
+    # the official narrativeqa template reads "asconcisely", twice; it is kept verbatim
+    assert lb.PROMPTS["narrativeqa"] == (
+        "You are given a story, which can be either a novel or a movie script, and a question. Answer the question "
+        "asconcisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nStory: "
+        "{context}\n\nNow, answer the question based on the story asconcisely as you can, using a single phrase if "
+        "possible. Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    )
+    english = {task: lb.PROMPTS[task] for task in lb.ENGLISH_TASKS}
+    digest = hashlib.sha256(json.dumps(english, sort_keys=True).encode()).hexdigest()
+    assert digest == OFFICIAL_PROMPTS_SHA256
 
 
 def test_base_task() -> None:
@@ -270,6 +289,29 @@ def test_build_prompt_no_chat_tasks_ignore_the_chat_template(chat_tokenizer: Pre
         built = lb.build_prompt(rec, chat_tokenizer, max_length=10_000)
         assert built.text == lb.PROMPTS[lb.base_task(task)].format(context="alpha beta", input="gamma")
         assert built.input_ids[0] == chat_tokenizer.bos_token_id  # plain prompt: the tokenizer's own BOS
+
+
+def test_chat_template_switch(tokenizer: PreTrainedTokenizerFast, chat_tokenizer: PreTrainedTokenizerFast) -> None:
+    # auto: pred.py's rule, and only for a tokenizer that has a chat template
+    assert lb.uses_chat_template("hotpotqa", chat_tokenizer) and not lb.uses_chat_template("samsum_e", chat_tokenizer)
+    assert not lb.uses_chat_template("hotpotqa", tokenizer, "auto")
+    assert lb.uses_chat_template("trec", chat_tokenizer, "on") and lb.uses_chat_template("lcc_e", chat_tokenizer, "on")
+    assert not any(lb.uses_chat_template(task, chat_tokenizer, "off") for task in lb.ENGLISH_TASKS)
+    with pytest.raises(ValueError, match="no chat template"):
+        lb.uses_chat_template("hotpotqa", tokenizer, "on")
+    with pytest.raises(ValueError, match="chat_template must be one of"):
+        lb.uses_chat_template("hotpotqa", chat_tokenizer, "yes")
+
+    trec = record("trec", "alpha beta", "gamma")
+    prompt = lb.PROMPTS["trec"].format(context="alpha beta", input="gamma")
+    assert (
+        lb.build_prompt(trec, chat_tokenizer, 10_000, "on").text == f"<|endoftext|><|user|>\n{prompt}\n<|assistant|>\n"
+    )
+    hotpot = record("hotpotqa", "alpha beta", "gamma")
+    plain = lb.build_prompt(hotpot, chat_tokenizer, 10_000, "off")
+    assert plain.text == lb.PROMPTS["hotpotqa"].format(context="alpha beta", input="gamma")
+    assert plain.input_ids == ids_of(chat_tokenizer, plain.text)  # a plain prompt keeps the tokenizer's BOS
+    assert lb.build_prompt(hotpot, chat_tokenizer, 10_000) == lb.build_prompt(hotpot, chat_tokenizer, 10_000, "auto")
 
 
 def test_build_prompt_middle_truncation(tokenizer: PreTrainedTokenizerFast) -> None:

@@ -1,23 +1,34 @@
-"""RippleKVPress and make_press on tiny config-built models."""
+"""LayerBudgetPress, RippleKVPress and make_press on tiny config-built models."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
 from kvpress import SnapKVPress, StreamingLLMPress
 
+from ripplekv.allocation import ProfileSchedule, PyramidSchedule, UniformSchedule
 from ripplekv.inference import extend, greedy_decode, prefill
-from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
+from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
 from ripplekv.models.cache import layer_lengths
-from ripplekv.presses import METHODS, RippleKVPress, make_press
+from ripplekv.presses import METHOD_DESCRIPTIONS, METHODS, LayerBudgetPress, RippleKVPress, make_press
 from ripplekv.profiling import ProfileError, ProfilingConfig
 from ripplekv.profiling.sensitivity import profile_model
 from tests.conftest import random_ids, tiny_model
 from tests.test_profiling import CharTokenizer, _calibration
 
 SCORES_4 = (0.1, 2.0, 0.5, 1.2)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _assert_same_tensors(a, b) -> None:
+    assert layer_lengths(a) == layer_lengths(b)
+    for x, y in zip(a.layers, b.layers):
+        assert torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)
 
 
 def test_keeps_exactly_the_allocated_tokens(arch: str) -> None:
@@ -69,12 +80,12 @@ def test_model_generate_after_compression_matches_greedy_decode() -> None:
 def test_question_after_compressed_context_matches_token_by_token() -> None:
     """kvpress's query-agnostic protocol over per-layer budgets, under sdpa: no shape error, exact."""
     model = enable_varlen_attention(tiny_model("mistral", layers=4))
-    ids, question = random_ids(600, 7), random_ids(9, 8)  # long enough for PyramidKV not to fall back to SnapKV
-    for name in ("pyramidkv", "ripplekv"):
+    ids, question = random_ids(600, 7), random_ids(9, 8)  # long enough for kvpress's PyramidKV not to fall back
+    for name in ("pyramidkv", "pyramidkv-kvpress", "ripplekv"):
         press = (
             RippleKVPress(press=SnapKVPress(window_size=8), budget=0.3, scores=SCORES_4)
             if name == "ripplekv"
-            else make_press("pyramidkv", budget=0.3, window_size=8)
+            else make_press(name, budget=0.3, window_size=8)
         )
         together = extend(model, prefill(model, ids, press), question)
         state = prefill(model, ids, press)
@@ -124,19 +135,131 @@ def test_padded_batch_is_refused() -> None:
         model(ids, attention_mask=mask)
 
 
+@pytest.mark.parametrize(
+    "press",
+    [
+        RippleKVPress(SnapKVPress(window_size=4), 0.9, scores=(2.0, 1.0), ratio=100.0, gamma=100.0),  # (30, 24)
+        make_press("pyramidkv", budget=0.9, window_size=4),  # (30, 24)
+        make_press("snapkv", budget=1.0, window_size=4),  # (30, 30): nothing compressed at all
+        RippleKVPress(SnapKVPress(window_size=4), 1.0, scores=(2.0, 1.0)),  # (30, 30)
+    ],
+    ids=["ripplekv", "pyramidkv", "snapkv-full-budget", "ripplekv-full-budget"],
+)
+def test_padded_batch_is_refused_even_when_layer_0_keeps_every_token(press) -> None:
+    """Layer 0 whole means later passes build a padded mask for layer 0 only: the padding must be refused at once."""
+    assert press.layer_budgets(30, 2)[0] == 30
+    model = tiny_model("llama", layers=2)
+    ids = random_ids(30).expand(2, 30).clone()
+    for side in (slice(0, 5), slice(25, 30)):  # left and right padding
+        mask = torch.ones_like(ids)
+        mask[1, side] = 0
+        with pytest.raises(PaddedBatchError, match="padded batch"), torch.no_grad(), press(model):
+            model(ids, attention_mask=mask)
+
+
+def test_snapkv_keeps_tensor_for_tensor_what_kvpress_snapkv_keeps(arch: str) -> None:
+    model = enable_varlen_attention(tiny_model(arch, layers=3))
+    for length, budget in [(40, 0.1), (77, 0.25), (100, 0.3), (131, 0.5), (64, 1.0)]:
+        ids = random_ids(length, length)
+        ours = make_press("snapkv", budget=budget, window_size=8)
+        assert isinstance(ours, LayerBudgetPress) and isinstance(ours.schedule, UniformSchedule)
+        theirs = SnapKVPress(compression_ratio=1 - budget, window_size=8)
+        _assert_same_tensors(prefill(model, ids, ours).cache, prefill(model, ids, theirs).cache)
+
+
+def test_pyramidkv_keeps_the_pyramid_selected_by_snapkv() -> None:
+    model = tiny_model("qwen2", layers=4)
+    ids = random_ids(600, 3)
+    press = make_press("pyramidkv", budget=0.3, window_size=8)
+    assert isinstance(press, LayerBudgetPress) and press.schedule == PyramidSchedule(0.3, window_size=8)
+    lengths = layer_lengths(prefill(model, ids, press).cache)
+    assert lengths == list(PyramidSchedule(0.3, window_size=8).layer_budgets(4, 600, 8))
+    assert lengths[0] > lengths[1] > lengths[2] > lengths[3] >= 8 and sum(lengths) == 4 * 180
+    assert uses_varlen_attention(model)  # applying the press switched the model, loaded plainly, to varlen attention
+
+
+def test_ripplekv_is_the_profile_schedule_of_layer_budget_press(arch: str) -> None:
+    model = tiny_model(arch, layers=4)
+    ids = random_ids(150, 2)
+    ripple = RippleKVPress(SnapKVPress(window_size=8), 0.2, scores=SCORES_4, ratio=6.0, gamma=4.0)
+    generic = LayerBudgetPress(SnapKVPress(window_size=8), ProfileSchedule(0.2, SCORES_4, ratio=6.0, gamma=4.0))
+    assert ripple.layer_press == generic and ripple.layer_budgets(150) == generic.layer_budgets(150, 4)
+    _assert_same_tensors(prefill(model, ids, ripple).cache, prefill(model, ids, generic).cache)
+
+
+def test_plain_models_get_variable_length_attention_when_the_press_is_applied() -> None:
+    for attn in ("sdpa", "eager"):
+        model = tiny_model("mistral", layers=4, attn=attn)
+        press = RippleKVPress(SnapKVPress(window_size=8), 0.3, scores=SCORES_4)
+        state = extend(model, prefill(model, random_ids(200, 1), press), random_ids(7, 2))  # multi-token pass
+        assert model.config._attn_implementation == f"ripplekv_{attn}" and len(set(layer_lengths(state.cache))) > 1
+    uniform = tiny_model("llama", layers=2)
+    prefill(uniform, random_ids(50), make_press("snapkv", budget=0.3, window_size=8))
+    assert uniform.config._attn_implementation == "sdpa"  # uniform budgets leave the model as it was
+
+
+def test_min_tokens_must_be_at_least_one() -> None:
+    """0 let a layer keep no token: kvpress then asserts on a compression ratio of 1 in the middle of a prefill."""
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
+            RippleKVPress(SnapKVPress(window_size=4), 0.1, scores=(0.0, 10.0), min_tokens=bad)
+        with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
+            LayerBudgetPress(SnapKVPress(window_size=4), UniformSchedule(0.1), min_tokens=bad)
+    press = RippleKVPress(SnapKVPress(window_size=4), 0.1, scores=(0.0, 10.0), ratio=1e3, gamma=1e3, min_tokens=1)
+    assert press.layer_budgets(40) == (1, 5)
+    assert layer_lengths(prefill(tiny_model("llama", layers=2), random_ids(40), press).cache) == [1, 5]
+
+
+def test_profile_may_be_a_path(tmp_path: Path) -> None:
+    model = tiny_model("llama", layers=3)
+    profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
+    path = profile.save(tmp_path / "p.json")
+    for given in (str(path), path):
+        for name in ("ripplekv", "ripplekv-local"):
+            press = make_press(name, budget=0.3, profile=given, window_size=4)
+            assert isinstance(press, RippleKVPress) and press.profile == profile
+        assert RippleKVPress(SnapKVPress(window_size=4), 0.3, profile=given).profile == profile
+    expected = make_press("ripplekv", budget=0.3, profile=profile, window_size=4).layer_budgets(64)
+    assert make_press("ripplekv", budget=0.3, profile=str(path), window_size=4).layer_budgets(64) == expected
+    for bad in (123, json.loads(path.read_text()), [1.0, 2.0, 3.0]):
+        with pytest.raises(TypeError, match="SensitivityProfile or the path of a profile JSON file"):
+            make_press("ripplekv", budget=0.3, profile=bad)
+        with pytest.raises(TypeError, match="SensitivityProfile or the path"):
+            RippleKVPress(SnapKVPress(), 0.3, profile=bad)
+    with pytest.raises(ProfileError, match="does not exist"):
+        make_press("ripplekv", budget=0.3, profile=tmp_path / "missing.json")
+
+
+def test_layer_budget_press_arguments_are_checked() -> None:
+    with pytest.raises(TypeError, match="ScorerPress"):
+        LayerBudgetPress("snapkv", UniformSchedule(0.2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="BudgetSchedule"):
+        LayerBudgetPress(SnapKVPress(), 0.2)  # type: ignore[arg-type]
+    press = LayerBudgetPress(SnapKVPress(window_size=8), PyramidSchedule(0.1, window_size=8))
+    assert press.floor == 8 and press.compression_ratio == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="PyramidKV needs more tokens per layer than its 8-token window"):
+        prefill(tiny_model("llama", layers=2), random_ids(60), press)  # 10% of 60 is 5 tokens per layer
+    with pytest.raises(ValueError, match="2 layer scores for a model of 3 layers"):
+        prefill(tiny_model("llama", layers=3), random_ids(80), LayerBudgetPress(schedule=ProfileSchedule(0.5, (1, 2))))
+
+
 def test_make_press_every_method() -> None:
     model = tiny_model("llama", layers=3)
     profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
     ids = random_ids(64, 9)
+    assert set(METHOD_DESCRIPTIONS) == set(METHODS)
     for name in METHODS:
         press = make_press(name, budget=0.25, profile=profile, window_size=4)
         lengths = layer_lengths(prefill(enable_varlen_attention(model), ids, press).cache)
         if name in ("full", "adakv"):  # AdaKV masks keys head-wise instead of dropping them
             assert lengths == [64] * 3
-        elif name in ("snapkv", "streamingllm"):
+        elif name in ("snapkv", "streamingllm", "pyramidkv-kvpress"):  # kvpress's pyramid falls back to uniform
             assert lengths == [16] * 3
-        else:
-            assert sum(lengths) == pytest.approx(3 * 16, abs=3)
+        else:  # per-layer schedules spend exactly SnapKV's total
+            assert isinstance(press, (LayerBudgetPress, RippleKVPress))
+            assert sum(lengths) == 3 * 16 and lengths == list(press.layer_budgets(64, 3))
+        if name == "pyramidkv":
+            assert lengths[0] > lengths[1] > lengths[2]
 
 
 def test_bad_arguments_are_clear_errors() -> None:

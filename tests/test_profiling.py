@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from ripplekv.models.cache import cache_from_tensors, cache_tensors
+from ripplekv.models.loading import model_identity, weights_fingerprint
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfileError, ProfilingConfig, SensitivityProfile
 from ripplekv.profiling.sensitivity import (
     ContinuationBuffers,
@@ -20,6 +23,8 @@ from ripplekv.profiling.sensitivity import (
     score_sample,
 )
 from tests.conftest import random_ids, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class CharTokenizer:
@@ -200,13 +205,13 @@ def test_bad_config_is_rejected() -> None:
 def test_batched_shared_prefix_path_equals_layer_by_layer(arch: str, repeats: int) -> None:
     """The fast path (one batch grown by depth, shared prefixes) computes what the generic path computes."""
     from ripplekv.models.attention import enable_varlen_attention
-    from ripplekv.profiling import sensitivity
+    from ripplekv.profiling.passes import can_share_prefix
 
     model = tiny_model(arch, layers=4)
     fast_model = enable_varlen_attention(tiny_model(arch, layers=4))
     ctx, cont = random_ids(50, 3), random_ids(7, 4)
     config = ProfilingConfig(alpha=0.6, repeats=repeats, seed=2)
-    assert not sensitivity._can_share_prefix(model, 57) and sensitivity._can_share_prefix(fast_model, 57)
+    assert not can_share_prefix(model, 57) and can_share_prefix(fast_model, 57)
     slow = score_sample(model, ctx, cont, config, sample_index=1)
     fast = score_sample(fast_model, ctx, cont, config, sample_index=1)
     for a, b in zip(slow.kl + slow.local, fast.kl + fast.local):
@@ -252,3 +257,80 @@ def test_shared_prefix_attention_chunked_and_unfused(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(shared_prefix, "_FLASH_CPU", None)
     monkeypatch.setattr(shared_prefix, "MAX_SCORE_BYTES", 2 * 2 * 3 * 20 * 4)  # two rows per chunk
     torch.testing.assert_close(shared_prefix_attention(query, key, value, prefix), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_rows_keep_clean_values_and_noisy_rows_the_same_draws() -> None:
+    """``clean_rows`` rows of a perturbed cache hold the clean Values; the others get the draws a cache
+    without clean rows would get (same generator), so adding the reference row changes no noise."""
+    model = tiny_model("llama", layers=3)
+    clean = _prefill(model, random_ids(25))
+    with_ref = ContinuationBuffers(clean, room=4, batch=3).perturbed_cache(
+        1, 0.5, noise_generator(0, 0, 1), clean_rows=1
+    )
+    without = ContinuationBuffers(clean, room=4, batch=2).perturbed_cache(1, 0.5, noise_generator(0, 0, 1))
+    assert torch.equal(with_ref.layers[1].values[0], clean[1][1][0])
+    assert torch.equal(with_ref.layers[1].values[1:], without.layers[1].values)
+    with pytest.raises(ValueError, match="clean_rows"):
+        ContinuationBuffers(clean, room=4, batch=2).perturbed_cache(1, 0.5, noise_generator(0, 0, 1), clean_rows=2)
+
+
+def test_weights_fingerprint_tells_weights_apart() -> None:
+    model = tiny_model("llama", layers=2, seed=0)
+    fingerprint = weights_fingerprint(model)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", fingerprint)
+    assert weights_fingerprint(tiny_model("llama", layers=2, seed=0)) == fingerprint  # same weights, same digest
+    other = tiny_model("llama", layers=2, seed=1)
+    assert model_identity(other)["config_hash"] == model_identity(model)["config_hash"]  # same architecture
+    assert weights_fingerprint(other) != fingerprint
+    assert weights_fingerprint(tiny_model("llama", layers=2, seed=0).to(torch.bfloat16)) != fingerprint
+    with torch.no_grad():
+        model.model.norm.weight[0] += 1e-3  # one changed weight is enough
+    assert weights_fingerprint(model) != fingerprint
+    with pytest.raises(TypeError, match="torch module"):
+        weights_fingerprint(object())  # type: ignore[arg-type]
+
+
+def test_profile_stores_the_fingerprint_and_old_profiles_still_load(tmp_path: Path) -> None:
+    model = tiny_model("llama", layers=2)
+    profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
+    assert profile.weights_fingerprint == weights_fingerprint(model)
+    assert SensitivityProfile.load(profile.save(tmp_path / "p.json")) == profile
+    old = profile.to_dict()
+    del old["weights_fingerprint"]  # a profile written before the field existed
+    assert SensitivityProfile.from_dict(old).weights_fingerprint is None
+    with pytest.raises(ProfileError, match="weights_fingerprint"):
+        SensitivityProfile.from_dict({**old, "weights_fingerprint": ""})
+
+
+def test_checkpoint_of_other_weights_of_the_same_architecture_is_not_resumed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint is keyed by the weights: resuming it with another seed's model starts over."""
+    calibration, config = _calibration(3), ProfilingConfig(alpha=0.5, repeats=1, seed=1)
+    first, second = tiny_model("mistral", layers=2, seed=0), tiny_model("mistral", layers=2, seed=1)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_two(done: int, total: int) -> None:
+        if done == 2:
+            raise Interrupt
+
+    ckpt = tmp_path / "profile.partial.jsonl"
+    with pytest.raises(Interrupt):
+        profile_model(first, CharTokenizer(), calibration, config, checkpoint=ckpt, progress=stop_after_two)
+    seen: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="ripplekv.profiling.checkpoint"):
+        resumed = profile_model(
+            second,
+            CharTokenizer(),
+            calibration,
+            config,
+            checkpoint=ckpt,
+            progress=lambda done, total: seen.append(done),
+        )
+    assert seen[0] == 0  # nothing was taken from the first model's checkpoint
+    assert "weights differ" in caplog.text
+    fresh = profile_model(second, CharTokenizer(), calibration, config)
+    assert resumed.sample_scores == fresh.sample_scores and resumed.scores == fresh.scores
+    assert json.loads(ckpt.read_text().splitlines()[0])["weights"] == weights_fingerprint(second)

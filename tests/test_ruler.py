@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from _tokenizers import train_byte_level_bpe
 
-from ripplekv.evaluation import ruler
+from ripplekv.evaluation import ruler_text
 from ripplekv.evaluation.ruler import TASKS, SyntheticSample, generate, generate_suite, score
 from ripplekv.profiling import haystack
 from ripplekv.profiling.haystack import encode, essays
@@ -55,7 +55,8 @@ def test_task_list_covers_the_required_variants():
 
 
 def test_word_lists_are_substring_free_and_large_enough():
-    for words, minimum in ((ruler._adjectives(), 80), (ruler._nouns(), 150), (ruler._cwe_words(), 300)):
+    lists = ((ruler_text.adjective_words(), 80), (ruler_text.noun_words(), 150), (ruler_text.cwe_words(), 300))
+    for words, minimum in lists:
         assert len(words) >= minimum
         assert len(set(words)) == len(words)
         assert not [(a, b) for a in words for b in words if a != b and a in b]
@@ -111,7 +112,7 @@ def test_needles_hold_the_answers(samples, task, target):
         assert len(needles) == expected_needles
     assert len(sample.answers) == (4 if kind in ("multivalue", "multiquery") else 1)
     if "_noise_" in task:
-        assert ruler.NOISE in sample.context
+        assert ruler_text.NOISE in sample.context
     if task.endswith("_number"):
         assert all(re.fullmatch(r"\d{7}", a) for a in sample.answers)
     if task.endswith("_uuid"):

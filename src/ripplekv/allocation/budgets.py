@@ -35,6 +35,7 @@ __all__ = [
     "layer_weights",
     "normalize_scores",
     "resolve_average_budget",
+    "scale_to_total",
 ]
 
 DEFAULT_RATIO: float = 4.0
@@ -255,26 +256,53 @@ def _largest_remainder(
     return budgets
 
 
-def _allocate(
-    weights: np.ndarray, preference: np.ndarray, budget: float, prompt_tokens: int, min_tokens: int
-) -> tuple[list[int], int]:
-    """Step 4 for given weights; returns ``(budgets, average)``.
+def scale_to_total(
+    weights: Sequence[float | Fraction],
+    total: int,
+    floor: int,
+    cap: int,
+    preference: Sequence[float] | None = None,
+) -> list[int]:
+    """Integer shares of ``total`` proportional to ``weights``, within ``[floor, cap]``, summing to ``total``.
 
-    ``preference`` breaks rounding ties between layers with equal weights (weights clipped to the same bound,
-    or equal up to float rounding): the scores when ``ratio >= 1``, their negation otherwise, so that a
-    strictly more (less, for ``ratio < 1``) sensitive layer never gets fewer tokens.
+    The common last step of every per-layer budget schedule (RippleKV, PyramidKV): exact real shares
+    ``x_l = clip(t * w_l, floor, cap)`` with ``sum(x) == total`` (water-filling), rounded by largest remainder
+    (ties: larger weight, then larger ``preference``, then lower index). Shares are therefore monotone in the
+    weights, and integer bounds that hold for the real shares hold for the integers. A ``floor`` above the
+    average ``total // len(weights)`` cannot be met by every entry and is lowered to that average.
+
+    Args:
+        weights: one positive, finite weight per entry (floats are used exactly, as binary fractions).
+        total: the integer sum the shares must reach, ``0 <= total <= len(weights) * cap``.
+        floor: the smallest share (``>= 0``), lowered to ``cap`` and, when too large, to ``total // len(weights)``.
+        cap: the largest share (``>= 0``).
+        preference: tie-breaker between entries of equal weight and equal remainder (default: none).
+
+    Returns:
+        ``len(weights)`` integers in ``[min(floor, cap, total // len(weights)), cap]`` summing to ``total``.
+
+    Raises:
+        ValueError: on empty or non-positive weights, or a ``total``, ``floor`` or ``cap`` out of range.
     """
-    if not _is_integer(min_tokens) or min_tokens < 0:
-        raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
-    average = resolve_average_budget(budget, prompt_tokens)
-    n_layers = len(weights)
-    total = n_layers * average
-    floor = min(int(min_tokens), int(prompt_tokens))
-    if n_layers * floor > total:
-        floor = total // n_layers
-    exact = [Fraction(float(w)) for w in weights]
-    shares = _water_fill(exact, total, floor, int(prompt_tokens))
-    return _largest_remainder(shares, exact, [float(p) for p in preference], total), average
+    if len(weights) == 0:
+        raise ValueError("scale_to_total needs at least one weight")
+    for name, value in (("total", total), ("floor", floor), ("cap", cap)):
+        if not _is_integer(value) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if not all(isinstance(w, Fraction) or math.isfinite(float(w)) for w in weights):
+        raise ValueError(f"weights must be finite, got {list(weights)}")
+    exact = [Fraction(w) if isinstance(w, Fraction) else Fraction(float(w)) for w in weights]
+    if any(w <= 0 for w in exact):
+        raise ValueError(f"weights must be positive, got {[float(w) for w in exact]}")
+    n = len(exact)
+    if total > n * cap:
+        raise ValueError(f"a total of {total} does not fit in {n} shares of at most {cap}")
+    low = min(int(floor), int(cap))
+    if n * low > total:
+        low = total // n
+    shares = _water_fill(exact, int(total), low, int(cap))
+    ties = [0.0] * n if preference is None else [float(p) for p in preference]
+    return _largest_remainder(shares, exact, ties, int(total))
 
 
 def allocate_budgets(
@@ -375,8 +403,14 @@ def allocate(
     array = _validate_scores(scores)
     normalized = normalize_scores(array)
     weights = _weights_from_normalized(normalized, config)
+    # Rounding ties between equal weights (clipped to the same bound, or equal up to float rounding) go to the
+    # higher score (lower for ratio < 1), so a strictly more sensitive layer never gets fewer tokens.
     preference = array if config.ratio >= 1 else -array
-    budgets, average = _allocate(weights, preference, budget, prompt_tokens, min_tokens)
+    if not _is_integer(min_tokens) or min_tokens < 0:
+        raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+    average = resolve_average_budget(budget, prompt_tokens)
+    total = len(weights) * average
+    budgets = scale_to_total([float(w) for w in weights], total, int(min_tokens), int(prompt_tokens), preference)
     return Allocation(
         scores=tuple(float(s) for s in array),
         normalized=tuple(float(n) for n in normalized),

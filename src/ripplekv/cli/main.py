@@ -117,20 +117,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser(
         "allocate",
-        help="per-layer token budgets from a profile",
-        description="Min-max normalise the profile's scores, w_l = ratio ** s_l, clip to [1/gamma, gamma], "
-        "rescale so the per-layer budgets sum to layers x budget.",
+        help="per-layer token budgets: RippleKV from a profile, PyramidKV or uniform (SnapKV)",
+        description="Per-layer token budgets of one schedule (--schedule), or of every schedule side by side "
+        "(--compare). ripplekv: min-max normalise the profile's scores, w_l = ratio ** s_l, clip to "
+        "[1/gamma, gamma], rescale so the per-layer budgets sum to layers x budget; ripplekv-local: the same on "
+        "the profile's local signal; pyramidkv: PyramidKV's linear schedule (authors' code) rescaled to that "
+        "total; uniform: SnapKV, the same count in every layer.",
     )
-    a.add_argument("--profile", required=True, help="profile JSON from `ripplekv profile`")
+    a.add_argument(
+        "--profile", default=None, help="profile JSON from `ripplekv profile` (needed by the ripplekv schedules)"
+    )
+    a.add_argument(
+        "--schedule",
+        choices=("ripplekv", "ripplekv-local", "pyramidkv", "uniform"),
+        default="ripplekv",
+        help="budget schedule (default ripplekv)",
+    )
+    a.add_argument("--compare", action="store_true", help="one table of every schedule (ripplekv ones need --profile)")
+    a.add_argument(
+        "--layers", type=_positive_int, default=None, help="number of layers for pyramidkv/uniform without --profile"
+    )
+    a.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="PyramidKV window W (default 64)")
     a.add_argument("--budget", type=_budget, required=True, help="kept fraction (0.1) or average tokens per layer")
     a.add_argument("--prompt-tokens", type=_positive_int, required=True, help="prompt length in tokens")
     a.add_argument("--ratio", type=float, default=DEFAULT_RATIO, help=f"disparity r (default {DEFAULT_RATIO})")
     a.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help=f"clip bound (default {DEFAULT_GAMMA})")
     a.add_argument(
         "--min-tokens",
-        type=int,
-        default=DEFAULT_WINDOW,
-        help=f"smallest layer budget, the selection window (default {DEFAULT_WINDOW})",
+        type=_positive_int,
+        default=None,
+        help="smallest layer budget (default: the selection window, --window-size)",
     )
     a.add_argument("--signal", choices=("kl", "local"), default="kl", help="profile signal (default kl)")
     a.add_argument("--json", action="store_true", help="print JSON; its `budgets` is the per-layer token list")
@@ -171,16 +187,36 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="ripplekv-demo", help="folder for the plot and results (default ripplekv-demo)")
 
     from ripplekv.evaluation import runner
+    from ripplekv.evaluation.config import CHAT_TEMPLATE_MODES, SCORE_MODES
+    from ripplekv.evaluation.metrics import METRICS as EVAL_METRICS
+    from ripplekv.evaluation.suites.jsonl import DEFAULT_JSONL_METRIC, JSONL_MAX_NEW_TOKENS
 
     e = sub.add_parser(
         "eval",
-        help="score methods x budgets on LongBench, the RULER-style suite or needle prompts (resumable)",
-        description="Prefill every sample once, derive every (method, budget) cache from that prefill, decode "
-        "greedily and score. Rows go to OUT/results.jsonl as they finish; re-running the same command resumes.",
+        help="score methods x budgets on LongBench, the RULER-style suite, needle prompts or a JSONL file (resumable)",
+        description="Prefill every sample once and derive every (method, budget) cache from that prefill. The full "
+        "cache's greedy answer is the reference: every configuration records its fidelity to it (mean KL, top-1 "
+        "agreement) and the NLL of the gold answer; with --score both (default) every configuration is also "
+        "decoded greedily and scored. Rows go to OUT/results.jsonl as they finish; re-running the same command "
+        "resumes.",
     )
     _add_model_args(e)
-    e.add_argument("--suite", choices=runner.SUITES, required=True, help="longbench, ruler or needle")
-    e.add_argument("--data-dir", default=None, help="LongBench: folder of official <task>.jsonl files")
+    e.add_argument(
+        "--suite",
+        choices=tuple(runner.SUITES),
+        required=True,
+        help="; ".join(f"{name}: {suite.description}" for name, suite in runner.SUITES.items()),
+    )
+    e.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
+    e.add_argument(
+        "--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records, one a line'
+    )
+    e.add_argument(
+        "--metric",
+        choices=tuple(EVAL_METRICS),
+        default=None,
+        help=f"jsonl: the LongBench metric scoring each answer (default {DEFAULT_JSONL_METRIC})",
+    )
     e.add_argument(
         "--methods",
         type=_comma_list(str, "methods"),
@@ -198,53 +234,88 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit",
         type=_positive_int,
         default=None,
-        help="samples per task: LongBench the first N records (default all), RULER N per task (default "
+        help="samples per task: longbench and jsonl the first N records (default all), ruler N per task (default "
         f"{runner.DEFAULT_RULER_SAMPLES}), needle N seeds per (length, depth) (default 1)",
+    )
+    e.add_argument(
+        "--score",
+        choices=SCORE_MODES,
+        default="both",
+        help="both (default): decode and score every configuration and record its fidelity to the full cache; "
+        "fidelity: decode and score the full cache only, the other configurations get fidelity alone (for large "
+        "runs)",
+    )
+    e.add_argument(
+        "--chat-template",
+        choices=CHAT_TEMPLATE_MODES,
+        default="auto",
+        help="auto (default): longbench as pred.py does (the chat template except for trec, triviaqa, samsum, "
+        "lsht, lcc, repobench-p), the other suites whenever the tokenizer has one; on: always; off: plain prompts",
     )
     e.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
     e.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
     e.add_argument(
         "--context-tokens",
         type=_positive_int,
-        default=runner.DEFAULT_CONTEXT_TOKENS,
-        help=f"RULER context length (default {runner.DEFAULT_CONTEXT_TOKENS})",
+        default=None,
+        help=f"ruler: context length (default {runner.DEFAULT_CONTEXT_TOKENS})",
     )
     e.add_argument(
-        "--max-length", type=_positive_int, default=None, help="LongBench truncation (default: model max positions)"
+        "--max-length", type=_positive_int, default=None, help="longbench: truncation (default: model max positions)"
     )
     e.add_argument(
         "--needle-lengths",
         type=_comma_list(_positive_int, "lengths"),
-        default=runner.DEFAULT_NEEDLE_LENGTHS,
-        help="needle context lengths in tokens (default 1024,2048,4096)",
+        default=None,
+        help="needle: context lengths in tokens (default 1024,2048,4096)",
     )
     e.add_argument(
         "--needle-depths",
         type=_comma_list(float, "depths"),
-        default=runner.DEFAULT_NEEDLE_DEPTHS,
-        help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
+        default=None,
+        help="needle: depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
     )
     e.add_argument(
         "--needle-digits",
         type=_positive_int,
-        default=runner.DEFAULT_NEEDLE_DIGITS,
-        help=f"digits of the needle number (default {runner.DEFAULT_NEEDLE_DIGITS})",
+        default=None,
+        help=f"needle: digits of the number (default {runner.DEFAULT_NEEDLE_DIGITS})",
     )
     e.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
-    e.add_argument("--max-new-tokens", type=_positive_int, default=None, help="cap on every task's answer length")
+    e.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=None,
+        help=f"cap on every task's answer length (jsonl: the answer length, default {JSONL_MAX_NEW_TOKENS})",
+    )
     e.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
     e.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     r = sub.add_parser(
         "report",
-        help="tables and plots of an eval folder",
+        help="tables, statistics and plots of an eval folder",
         description="Per-task and average tables (rows methods, columns budgets, each cell the score and its "
-        "percentage of the full cache), and plots.",
+        "percentage of the full cache); for the score and each fidelity metric, 95% stratified bootstrap "
+        "intervals, paired differences to SnapKV and to the best other method (Wilcoxon, Holm) and one "
+        "significance line per budget; and plots.",
     )
     r.add_argument("run", help="an eval output folder")
-    r.add_argument("--format", choices=("md", "csv"), default="md", help="table format (default md)")
+    r.add_argument(
+        "--format",
+        choices=("md", "csv", "json"),
+        default="md",
+        help="md: tables and statistics (default); csv: score tables; json: everything",
+    )
     r.add_argument("--plots", default=None, help="folder for PNG plots")
+    r.add_argument(
+        "--metrics",
+        default=None,
+        help="comma-separated metrics for the statistics: score, fidelity_kl, top1_agreement, gold_nll_delta "
+        "(default: every one the results hold)",
+    )
+    r.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    r.add_argument("--resamples", type=int, default=None, help="bootstrap resamples (default 4000, at least 2000)")
     return parser
 
 
@@ -290,34 +361,90 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_allocate(args: argparse.Namespace) -> int:
-    from ripplekv.allocation import AllocationConfig, allocate
-
-    profile = _load_profile(args.profile, required=True)
-    scores = profile.scores if args.signal == "kl" else profile.local_scores
-    allocation = allocate(
-        scores, args.budget, args.prompt_tokens, AllocationConfig(ratio=args.ratio, gamma=args.gamma), args.min_tokens
+    from ripplekv.allocation import (
+        AllocationConfig,
+        ProfileSchedule,
+        PyramidSchedule,
+        UniformSchedule,
+        allocate,
+        resolve_average_budget,
     )
+
+    profile_schedules = ("ripplekv", "ripplekv-local")
+    needs_profile = args.schedule in profile_schedules and not args.compare
+    profile = _load_profile(args.profile, required=needs_profile)
+    if profile is None and args.layers is None:
+        raise SystemExit("error: give --profile (or --layers N for the pyramidkv and uniform schedules)")
+    if profile is not None and args.layers is not None and args.layers != profile.num_layers:
+        raise SystemExit(f"error: --layers {args.layers} but the profile has {profile.num_layers} layers")
+    if args.plot and profile is None:
+        raise SystemExit("error: --plot draws the profile's scores: give --profile")
+    n_layers = profile.num_layers if profile is not None else args.layers
+    config = AllocationConfig(ratio=args.ratio, gamma=args.gamma)
+    floor = args.window_size if args.min_tokens is None else args.min_tokens  # what make_press's presses use
+
+    def signal_scores(name: str) -> tuple[float, ...]:
+        if profile is None:
+            raise SystemExit(f"error: the {name} schedule needs --profile")
+        local = name == "ripplekv-local" or args.signal == "local"
+        return tuple(profile.local_scores if local else profile.scores)
+
+    def budgets_of(name: str) -> tuple[int, ...]:
+        if name == "uniform":
+            schedule: Any = UniformSchedule(args.budget)
+        elif name == "pyramidkv":
+            schedule = PyramidSchedule(args.budget, window_size=args.window_size)
+        else:
+            schedule = ProfileSchedule(args.budget, signal_scores(name), ratio=args.ratio, gamma=args.gamma)
+        return schedule.layer_budgets(n_layers, args.prompt_tokens, floor)
+
+    names = [args.schedule] if not args.compare else ["uniform", "pyramidkv"]
+    if args.compare and profile is not None:
+        names += list(profile_schedules)
+    table = {name: budgets_of(name) for name in names}
+    average = resolve_average_budget(args.budget, args.prompt_tokens)
     if args.plot:
         from ripplekv.cli.plots import plot_profile_and_budgets
 
-        uniform = [allocation.average_budget] * len(scores)
+        plotted = dict(table) if args.compare else {args.schedule: table[args.schedule]}
+        plotted.setdefault("uniform", budgets_of("uniform"))
         plot_profile_and_budgets(
-            scores,
-            {"ripplekv": allocation.budgets, "uniform (snapkv)": uniform},
+            signal_scores("ripplekv"),
+            {("uniform (snapkv)" if name == "uniform" else name): values for name, values in plotted.items()},
             args.plot,
             title=f"{profile.model['name_or_path']}: budget {args.budget} of {args.prompt_tokens} tokens",
         )
-    if args.json:
-        print(json.dumps({**allocation.to_dict(), "ratio": args.ratio, "gamma": args.gamma, "budget": args.budget}))
+    header = f"{n_layers} layers, budget {args.budget} of {args.prompt_tokens} prompt tokens: "
+    header += f"{average} tokens per layer on average, {average * n_layers} in all"
+    if args.schedule in profile_schedules and not args.compare:
+        scores = signal_scores(args.schedule)
+        allocation = allocate(scores, args.budget, args.prompt_tokens, config, floor)
+        if args.json:
+            extra = {"ratio": args.ratio, "gamma": args.gamma, "budget": args.budget, "schedule": args.schedule}
+            print(json.dumps({**allocation.to_dict(), **extra}))
+            return 0
+        print(header)
+        print("layer     score  norm  weight  tokens")
+        for i in range(len(scores)):
+            print(
+                f"{i:5d}  {allocation.scores[i]:8.5f}  {allocation.normalized[i]:4.2f}  "
+                f"{allocation.weights[i]:6.3f}  {allocation.budgets[i]:6d}"
+            )
+    elif args.json:
+        common = {"budget": args.budget, "prompt_tokens": args.prompt_tokens, "average_budget": average}
+        common["total"] = average * n_layers
+        if args.compare:
+            print(json.dumps({**common, "budgets": {name: list(values) for name, values in table.items()}}))
+        else:
+            print(json.dumps({**common, "schedule": args.schedule, "budgets": list(table[args.schedule])}))
         return 0
-    print(f"{len(scores)} layers, budget {args.budget} of {args.prompt_tokens} prompt tokens: ", end="")
-    print(f"{allocation.average_budget} tokens per layer on average, {allocation.total} in all")
-    print("layer     score  norm  weight  tokens")
-    for i in range(len(scores)):
-        print(
-            f"{i:5d}  {allocation.scores[i]:8.5f}  {allocation.normalized[i]:4.2f}  "
-            f"{allocation.weights[i]:6.3f}  {allocation.budgets[i]:6d}"
-        )
+    else:
+        print(header)
+        print("layer  " + "  ".join(f"{name:>14}" for name in table))
+        for i in range(n_layers):
+            print(f"{i:5d}  " + "  ".join(f"{values[i]:14d}" for values in table.values()))
+        if args.compare:
+            print("total  " + "  ".join(f"{sum(values):14d}" for values in table.values()))
     if args.plot:
         print(f"plot saved to {args.plot}")
     return 0
@@ -363,28 +490,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ripplekv.evaluation.runner import EvalConfig, run_eval
+    import dataclasses
 
+    from ripplekv.evaluation.runner import SUITES, EvalConfig, run_eval
+
+    # Every suite's own options that were given; the chosen suite refuses those that are not its own.
+    names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
+    options = {name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None}
     config = EvalConfig(
         suite=args.suite,
         model=args.model,
         methods=tuple(args.methods),
         budgets=tuple(args.budgets),
-        data_dir=args.data_dir,
         tasks=args.tasks,
         limit=args.limit,
         profile=args.profile,
         protocol=args.protocol,
-        context_tokens=args.context_tokens,
-        max_length=args.max_length,
-        needle_lengths=tuple(args.needle_lengths),
-        needle_depths=tuple(args.needle_depths),
-        needle_digits=args.needle_digits,
         window_size=args.window_size,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         dtype=args.dtype,
         device=args.device,
+        score=args.score,
+        chat_template=args.chat_template,
+        options=options,
     )
     summary = run_eval(config, args.out, progress=not args.no_progress)
     print(
@@ -397,8 +526,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ripplekv.evaluation.report import report
+    from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
 
-    print(report(args.run, args.format, args.plots), end="")
+    metrics = None if args.metrics is None else [m.strip() for m in args.metrics.split(",") if m.strip()]
+    resamples = DEFAULT_RESAMPLES if args.resamples is None else args.resamples
+    print(report(args.run, args.format, args.plots, metrics, args.seed, resamples), end="")
     if args.plots:
         print(f"plots saved to {args.plots}", file=sys.stderr)
     return 0

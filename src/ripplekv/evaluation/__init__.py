@@ -1,5 +1,13 @@
-"""Evaluation: LongBench protocol and metrics, the RULER-style suite, the ``ripplekv eval`` runner and its report."""
+"""Evaluation: the suites of ``ripplekv eval`` (LongBench, RULER-style, needle, JSONL), its runner, and the report.
 
-from ripplekv.evaluation import longbench, metrics, report, ruler, runner
+Modules: :mod:`~ripplekv.evaluation.config` (options), :mod:`~ripplekv.evaluation.suites` (the suite registry),
+:mod:`~ripplekv.evaluation.runner` (``run_eval``), :mod:`~ripplekv.evaluation.rows` (the rows of one sample, fidelity
+included), :mod:`~ripplekv.evaluation.results` (``config.json`` and ``results.jsonl``), the LongBench protocol
+(:mod:`~ripplekv.evaluation.longbench`, :mod:`~ripplekv.evaluation.longbench_config`,
+:mod:`~ripplekv.evaluation.metrics`), the RULER-style tasks (:mod:`~ripplekv.evaluation.ruler` and its
+``ruler_tasks`` / ``ruler_text``) and :mod:`~ripplekv.evaluation.report`.
+"""
 
-__all__ = ["longbench", "metrics", "report", "ruler", "runner"]
+from ripplekv.evaluation import config, longbench, metrics, report, results, rows, ruler, runner, suites
+
+__all__ = ["config", "longbench", "metrics", "report", "results", "rows", "ruler", "runner", "suites"]

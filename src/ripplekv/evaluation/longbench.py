@@ -5,8 +5,11 @@ Protocol, per record:
 1. format the task's official template (``config/dataset2prompt.json``) with the record's ``context`` and ``input``;
 2. tokenize it; if it has more than ``max_length`` tokens, keep the first and the last ``max_length // 2`` tokens,
    decode each half (special tokens skipped) and join the two texts (middle truncation);
-3. apply the chat template, except for the tasks in :data:`NO_CHAT_TEMPLATE`;
-4. greedy decoding for :data:`MAX_NEW_TOKENS` tokens (samsum also stops at a newline: :func:`stop_on_newline`);
+3. apply the chat template, except for the tasks in :data:`NO_CHAT_TEMPLATE` (``chat_template="auto"``, pred.py's
+   rule; ``"on"`` / ``"off"`` apply it to every task / to none: :func:`uses_chat_template`);
+4. greedy decoding for :data:`MAX_NEW_TOKENS` tokens (samsum also stops at a newline: :func:`stop_on_newline`); the
+   first generated token is never a stop token (pred.py passes ``min_length`` for samsum; ``ripplekv eval`` does it
+   for every task, see :data:`ripplekv.evaluation.config.MIN_NEW_TOKENS`);
 5. score: :func:`postprocess` (first line for :data:`FIRST_LINE_TASKS`), the max over the answers of the task's
    metric (:data:`TASK_METRIC`), and ``round(100 * mean, 2)`` over the task (:func:`task_score`); LongBench-E also
    reports the mean per length bucket (:func:`task_score_e`).
@@ -23,6 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ripplekv.evaluation.longbench_config import (
+    CHAT_TEMPLATE_MODES,
+    ENGLISH_TASKS,
+    FIRST_LINE_TASKS,
+    LONGBENCH_E_BUCKETS,
+    MAX_NEW_TOKENS,
+    NO_CHAT_TEMPLATE,
+    PROMPTS,
+    TASK_METRIC,
+)
 from ripplekv.evaluation.metrics import METRICS
 
 if TYPE_CHECKING:
@@ -31,6 +44,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = [
+    "CHAT_TEMPLATE_MODES",
     "ENGLISH_TASKS",
     "FIRST_LINE_TASKS",
     "LONGBENCH_E_BUCKETS",
@@ -50,151 +64,8 @@ __all__ = [
     "stop_on_newline",
     "task_score",
     "task_score_e",
+    "uses_chat_template",
 ]
-
-ENGLISH_TASKS: tuple[str, ...] = (
-    "narrativeqa",
-    "qasper",
-    "multifieldqa_en",
-    "hotpotqa",
-    "2wikimqa",
-    "musique",
-    "gov_report",
-    "qmsum",
-    "multi_news",
-    "trec",
-    "triviaqa",
-    "samsum",
-    "passage_count",
-    "passage_retrieval_en",
-    "lcc",
-    "repobench-p",
-)
-"""The 16 English tasks of LongBench v1 (LongBench-E covers 13 of them: not narrativeqa, musique, qmsum)."""
-
-_MULTI_DOC_QA = (
-    "Answer the question based on the given passages. Only give me the answer and do not output any other words."
-    "\n\nThe following are given passages.\n{context}\n\n"
-    "Answer the question based on the given passages. Only give me the answer and do not output any other words."
-    "\n\nQuestion: {input}\nAnswer:"
-)
-
-PROMPTS: dict[str, str] = {
-    "narrativeqa": (
-        "You are given a story, which can be either a novel or a movie script, and a question. Answer the question "
-        "as concisely as you can, using a single phrase if possible. Do not provide any explanation.\n\n"
-        "Story: {context}\n\n"
-        "Now, answer the question based on the story as concisely as you can, using a single phrase if possible. "
-        "Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
-    ),
-    "qasper": (
-        "You are given a scientific article and a question. Answer the question as concisely as you can, using a "
-        "single phrase or sentence if possible. If the question cannot be answered based on the information in the "
-        'article, write "unanswerable". If the question is a yes/no question, answer "yes", "no", or "unanswerable". '
-        "Do not provide any explanation.\n\nArticle: {context}\n\n "
-        "Answer the question based on the above article as concisely as you can, using a single phrase or sentence "
-        "if possible. If the question cannot be answered based on the information in the article, write "
-        '"unanswerable". If the question is a yes/no question, answer "yes", "no", or "unanswerable". '
-        "Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
-    ),
-    "multifieldqa_en": (
-        "Read the following text and answer briefly.\n\n{context}\n\n"
-        "Now, answer the following question based on the above text, only give me the answer and do not output any "
-        "other words.\n\nQuestion: {input}\nAnswer:"
-    ),
-    "hotpotqa": _MULTI_DOC_QA,
-    "2wikimqa": _MULTI_DOC_QA,
-    "musique": _MULTI_DOC_QA,
-    "gov_report": (
-        "You are given a report by a government agency. Write a one-page summary of the report.\n\n"
-        "Report:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
-    ),
-    "qmsum": (
-        "You are given a meeting transcript and a query containing a question or instruction. Answer the query in "
-        "one or more sentences.\n\nTranscript:\n{context}\n\n"
-        "Now, answer the query based on the above meeting transcript in one or more sentences.\n\n"
-        "Query: {input}\nAnswer:"
-    ),
-    "multi_news": (
-        "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{context}\n\n"
-        "Now, write a one-page summary of all the news.\n\nSummary:"
-    ),
-    "trec": (
-        "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}"
-    ),
-    "triviaqa": (
-        "Answer the question based on the given passage. Only give me the answer and do not output any other words. "
-        "The following are some examples.\n\n{context}\n\n{input}"
-    ),
-    "samsum": (
-        "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}"
-    ),
-    "passage_count": (
-        "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. Please carefully "
-        "read these paragraphs and determine how many unique paragraphs there are after removing duplicates. In "
-        "other words, how many non-repeating paragraphs are there in total?\n\n{context}\n\n"
-        "Please enter the final count of unique paragraphs after removing duplicates. The output format should only "
-        "contain the number, such as 1, 2, 3, and so on.\n\nThe final answer is: "
-    ),
-    "passage_retrieval_en": (
-        "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which paragraph the "
-        "abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\n"
-        "Please enter the number of the paragraph that the abstract is from. The answer format must be like "
-        '"Paragraph 1", "Paragraph 2", etc.\n\nThe answer is: '
-    ),
-    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
-    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
-}
-"""Official prompt templates (``config/dataset2prompt.json``), with ``{context}`` and ``{input}`` placeholders."""
-
-MAX_NEW_TOKENS: dict[str, int] = {
-    "narrativeqa": 128,
-    "qasper": 128,
-    "multifieldqa_en": 64,
-    "hotpotqa": 32,
-    "2wikimqa": 32,
-    "musique": 32,
-    "gov_report": 512,
-    "qmsum": 512,
-    "multi_news": 512,
-    "trec": 64,
-    "triviaqa": 32,
-    "samsum": 128,
-    "passage_count": 32,
-    "passage_retrieval_en": 32,
-    "lcc": 64,
-    "repobench-p": 64,
-}
-"""Official generation lengths (``config/dataset2maxlen.json``)."""
-
-NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
-"""Tasks whose prompt is fed raw, without the chat template (few-shot and code completion)."""
-
-FIRST_LINE_TASKS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})
-"""Tasks whose prediction is cut to its first line before scoring."""
-
-TASK_METRIC: dict[str, str] = {
-    "narrativeqa": "qa_f1_score",
-    "qasper": "qa_f1_score",
-    "multifieldqa_en": "qa_f1_score",
-    "hotpotqa": "qa_f1_score",
-    "2wikimqa": "qa_f1_score",
-    "musique": "qa_f1_score",
-    "gov_report": "rouge_score",
-    "qmsum": "rouge_score",
-    "multi_news": "rouge_score",
-    "trec": "classification_score",
-    "triviaqa": "qa_f1_score",
-    "samsum": "rouge_score",
-    "passage_count": "count_score",
-    "passage_retrieval_en": "retrieval_score",
-    "lcc": "code_sim_score",
-    "repobench-p": "code_sim_score",
-}
-"""Task -> metric name (a key of :data:`ripplekv.evaluation.metrics.METRICS`), as in the official ``eval.py``."""
-
-LONGBENCH_E_BUCKETS: tuple[str, ...] = ("0-4k", "4-8k", "8k+")
-"""LongBench-E length buckets (``length`` in words: < 4000, < 8000, the rest)."""
 
 
 def base_task(task: str) -> str:
@@ -343,14 +214,41 @@ def _question_char_index(text: str, question: str) -> int:
     return text.rfind(question[high:])
 
 
-def build_prompt(record: LongBenchRecord, tokenizer: PreTrainedTokenizerBase, max_length: int) -> BuiltPrompt:
+def uses_chat_template(task: str, tokenizer: PreTrainedTokenizerBase, chat_template: str = "auto") -> bool:
+    """Whether the prompt of ``task`` goes through the tokenizer's chat template.
+
+    Args:
+        task: a LongBench task (``_e`` variants included).
+        tokenizer: the tokenizer; ``auto`` uses its ``chat_template`` only when it has one.
+        chat_template: ``auto`` (pred.py: every task but :data:`NO_CHAT_TEMPLATE`), ``on`` (every task; the
+            tokenizer must have a chat template) or ``off`` (no task).
+    """
+    if chat_template not in CHAT_TEMPLATE_MODES:
+        raise ValueError(f"chat_template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {chat_template!r}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat_template == "on" and not has_template:
+        raise ValueError("chat_template='on' but the tokenizer has no chat template")
+    if chat_template == "off":
+        return False
+    return has_template and (chat_template == "on" or base_task(task) not in NO_CHAT_TEMPLATE)
+
+
+def build_prompt(
+    record: LongBenchRecord, tokenizer: PreTrainedTokenizerBase, max_length: int, chat_template: str = "auto"
+) -> BuiltPrompt:
     """Official prompt for ``record``: template, middle truncation to ``max_length`` tokens, chat template.
+
+    Args:
+        record: the sample.
+        tokenizer: the model's tokenizer.
+        max_length: middle truncation length in tokens (>= 2).
+        chat_template: ``auto`` (pred.py's rule), ``on`` or ``off``: see :func:`uses_chat_template`.
 
     Middle truncation follows ``pred.py``: the formatted prompt is tokenized as the tokenizer does by default (with
     its special tokens, e.g. a BOS); if that gives more than ``max_length`` tokens, the first and last
     ``max_length // 2`` tokens are decoded separately (special tokens skipped) and the two texts concatenated.
 
-    Chat template: applied unless the task is in :data:`NO_CHAT_TEMPLATE` or the tokenizer has no
+    Chat template (``auto``): applied unless the task is in :data:`NO_CHAT_TEMPLATE` or the tokenizer has no
     ``chat_template``, as ``apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
     tokenize=False)``. Its text already holds the template's special tokens, so it is tokenized with
     ``add_special_tokens=False`` (no second BOS); a plain prompt is tokenized with the tokenizer's special tokens,
@@ -364,6 +262,7 @@ def build_prompt(record: LongBenchRecord, tokenizer: PreTrainedTokenizerBase, ma
     """
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2 (two non-empty halves), got {max_length!r}")
+    use_chat = uses_chat_template(record.task, tokenizer, chat_template)
     task = record.base_task
     template = PROMPTS[task]
     prompt = template.format(context=record.context, input=record.input)
@@ -376,7 +275,6 @@ def build_prompt(record: LongBenchRecord, tokenizer: PreTrainedTokenizerBase, ma
         tail = tokenizer.decode(ids[-half:], skip_special_tokens=True)
         prompt = head + tail
 
-    use_chat = task not in NO_CHAT_TEMPLATE and getattr(tokenizer, "chat_template", None)
     if use_chat:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False

@@ -1,15 +1,21 @@
-"""``ripplekv report``: tables and plots of an evaluation folder written by :mod:`ripplekv.evaluation.runner`.
+"""``ripplekv report``: tables, statistics and plots of an evaluation folder (:mod:`~ripplekv.evaluation.runner`).
 
 A task's score for one (method, budget) is ``100 * mean`` of its sample scores (LongBench's ``task_score``; RULER's
 string match and needle retrieval alike); the average is the mean over the tasks. Every cell also gives the
 score as a percentage of the full cache on the same task (the ``full`` row, run once at budget 1.0, is shown
 under every budget). For the needle suite each (context length, depth) cell is a task. For LongBench-E (``_e``)
 tasks the report adds the official per-length view: each ``_e`` task's score within each length bucket (record
-``length`` in words: 0-4k, 4-8k, 8k+), averaged over the ``_e`` tasks with samples in that bucket.
+``length`` in words: 0-4k, 4-8k, 8k+), averaged over the ``_e`` tasks with samples in that bucket. Rows whose
+``score`` is null (compressed configurations of a ``--score fidelity`` run) do not enter the score tables.
 
-Plots (matplotlib, Agg): the average score against the budget per method (``score_vs_budget.png``); for
-LongBench and RULER a heatmap of methods x tasks at each budget (``heatmap_budget_<b>.png``); for needles a
-heatmap over length x depth per method and budget (``needle_<method>_budget_<b>.png``).
+Statistics (:mod:`~ripplekv.evaluation.stats`, printed by :mod:`~ripplekv.evaluation.tables`): for ``score`` and
+each fidelity metric the rows hold, every (method, budget)'s macro mean with a stratified bootstrap interval, each
+method's paired difference to SnapKV and to the best other method, Wilcoxon p-values, Holm-adjusted significance,
+and one significance line per budget and metric. Strata are the rows' ``task`` (the needle suite's rows form one
+task: its length x depth cells hold too few samples to resample within). A legend says what each method computes.
+
+Formats: ``md`` (tables, statistics), ``csv`` (the score tables), ``json`` (everything, for generated READMEs).
+Plots: :mod:`~ripplekv.evaluation.plots`.
 """
 
 from __future__ import annotations
@@ -27,21 +33,32 @@ from typing import Any
 
 from ripplekv.evaluation.longbench import LONGBENCH_E_BUCKETS, length_bucket
 from ripplekv.evaluation.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE, ResultsLog
+from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
+from ripplekv.evaluation.tables import (
+    AVERAGE,
+    RunStats,
+    analyse_run,
+    format_json,
+    legend,
+    markdown_sections,
+    markdown_significance,
+)
 
 __all__ = [
     "FORMATS",
     "RunSummary",
     "Timing",
     "format_csv",
+    "format_json",
     "format_markdown",
     "load_run",
+    "needle_task",
     "report",
     "summarize",
     "write_plots",
 ]
 
-FORMATS = ("md", "csv")
-AVERAGE = "average"
+FORMATS = ("md", "csv", "json")
 
 
 @dataclass(frozen=True)
@@ -128,7 +145,8 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict
     return config, rows
 
 
-def _needle_task(length: int, depth: float) -> str:
+def needle_task(length: int, depth: float) -> str:
+    """The report's task name of a needle cell."""
     return f"L={length} depth={depth:g}"
 
 
@@ -143,13 +161,14 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
         if suite == "needle":
             meta = row.get("meta", {})
             length, depth = int(meta["length"]), float(meta["depth"])
-            task = _needle_task(length, depth)
+            task = needle_task(length, depth)
             needle_cells[task] = (length, depth)
         else:
             task = str(row["task"])
         if task not in tasks:
             tasks.append(task)
-        samples[task, str(row["method"]), float(row["budget"])].append(float(row["score"]))
+        if row.get("score") is not None:  # null: not decoded (``--score fidelity``)
+            samples[task, str(row["method"]), float(row["budget"])].append(float(row["score"]))
     if suite == "needle":
         tasks.sort(key=lambda t: needle_cells[t])
     configured = [str(m) for m in settings.get("methods", [])]
@@ -160,12 +179,13 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
         methods.insert(0, "full")
     budgets = [float(b) for b in settings.get("budgets", [])]
     budgets += sorted({float(r["budget"]) for r in rows if r["method"] != "full"} - set(budgets))
-    scores = {key: round(100.0 * sum(v) / len(v), 2) for key, v in samples.items()}
+    exact = {key: 100.0 * sum(v) / len(v) for key, v in samples.items()}
+    scores = {key: round(value, 2) for key, value in exact.items()}
     counts = {key: len(v) for key, v in samples.items()}
-    average: dict[tuple[str, float], float] = {}
+    average: dict[tuple[str, float], float] = {}  # from unrounded task scores: the statistics' macro mean
     for method in methods:
         for budget in [FULL_BUDGET] if method == "full" else budgets:
-            values = [scores[t, method, budget] for t in tasks if (t, method, budget) in scores]
+            values = [exact[t, method, budget] for t in tasks if (t, method, budget) in exact]
             if values:
                 average[method, budget] = round(sum(values) / len(values), 2)
     expected = None
@@ -225,7 +245,7 @@ def _longbench_e_groups(
     samples: dict[str, set[str]] = defaultdict(set)
     for row in rows:
         task, length = str(row["task"]), row.get("meta", {}).get("length")
-        if not task.endswith("_e") or not isinstance(length, int):
+        if not task.endswith("_e") or not isinstance(length, int) or row.get("score") is None:
             continue
         bucket = length_bucket(length)
         per_task[bucket, task, str(row["method"]), float(row["budget"])].append(float(row["score"]))
@@ -257,12 +277,18 @@ def _md_table(summary: RunSummary, task: str) -> list[str]:
     return lines
 
 
-def format_markdown(summary: RunSummary) -> str:
-    """Markdown: the average table, then one table per task (rows methods, columns budgets)."""
+def format_markdown(summary: RunSummary, stats: RunStats | None = None) -> str:
+    """Markdown: the methods, the significance lines and statistics (with ``stats``), then the score tables.
+
+    Args:
+        summary: the run's score tables.
+        stats: the run's statistics (:func:`ripplekv.evaluation.tables.analyse_run`), or ``None`` to leave them out.
+    """
     lines = [f"# {summary.suite} evaluation: {summary.model} ({summary.protocol})", ""]
     lines.append(
         "Scores are 100 x the mean sample score; in brackets, the percentage of the full cache's score on the "
-        "same task. The full cache runs once per sample and is shown under every budget."
+        "same task. The full cache runs once per sample and is shown under every budget. Every table's methods are "
+        "those of the Methods table."
     )
     if summary.expected_rows is not None and summary.rows < summary.expected_rows:
         lines += ["", f"**Incomplete run**: {summary.rows} of {summary.expected_rows} results."]
@@ -279,13 +305,18 @@ def format_markdown(summary: RunSummary) -> str:
             f"{t.shared_prefill + t.derived:.1f} s ({t.speedup_estimate:.2f}x, estimated from the logged prefill "
             "times).",
         ]
+    lines += ["", "## Methods", "", *legend(summary.methods)]
+    if stats is not None:
+        lines += ["", *markdown_significance(stats)]
     lines += ["", f"## Average over {len(summary.tasks)} tasks", "", *_md_table(summary, AVERAGE)]
+    if stats is not None:
+        lines += markdown_sections(stats, summary.methods, summary.budgets)
     for group, (n_tasks, n_samples) in summary.group_sizes.items():
         title = f"## {group} words: average over {n_tasks} `_e` tasks ({n_samples} samples)"
         lines += ["", title, "", *_md_table(summary, group)]
     for task in summary.tasks:
         counts = {summary.counts.get((task, m, b)) for m in summary.methods for b in (*summary.budgets, FULL_BUDGET)}
-        n = max(c for c in counts if c is not None)
+        n = max((c for c in counts if c is not None), default=0)
         lines += ["", f"## {task} ({n} samples)", "", *_md_table(summary, task)]
     return "\n".join(lines) + "\n"
 
@@ -309,96 +340,43 @@ def format_csv(summary: RunSummary) -> str:
     return buffer.getvalue()
 
 
-def _budget_name(budget: float) -> str:
-    return f"{budget:g}".replace(".", "p")
-
-
 def write_plots(summary: RunSummary, directory: str | os.PathLike[str]) -> list[Path]:
-    """Write the report's PNG plots into ``directory``; returns their paths."""
-    import matplotlib
+    """Write the report's PNG plots into ``directory`` (see :mod:`~ripplekv.evaluation.plots`); their paths.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Args:
+        summary: the run's score tables.
+        directory: the output folder (created if needed).
+    """
+    from ripplekv.evaluation.plots import write_plots as _write_plots
 
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-
-    def save(fig: Any, name: str) -> None:
-        path = out / name
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
-    for method in summary.methods:
-        if method == "full":
-            full = summary.average.get(("full", FULL_BUDGET))
-            if full is not None:
-                ax.axhline(full, color="black", linestyle="--", linewidth=1, label="full")
-            continue
-        points = [(b, summary.average.get((method, b))) for b in summary.budgets]
-        xs = [b for b, v in points if v is not None]
-        ax.plot(xs, [v for _, v in points if v is not None], marker="o", label=method)
-    ax.set_xlabel("budget (kept fraction, or tokens per layer)")
-    ax.set_ylabel(f"average score over {len(summary.tasks)} tasks")
-    ax.set_title(f"{summary.suite}: {summary.model}")
-    ax.legend()
-    save(fig, "score_vs_budget.png")
-
-    if summary.suite != "needle":
-        for budget in summary.budgets:
-            grid = [
-                [_nan(summary.value(t, m, budget)) for t in summary.tasks] for m in summary.methods
-            ]  # rows: methods
-            fig, ax = plt.subplots(
-                figsize=(1.2 + 0.9 * len(summary.tasks), 1.0 + 0.5 * len(summary.methods)), constrained_layout=True
-            )
-            _heatmap(ax, grid, list(summary.methods), list(summary.tasks))
-            ax.set_title(f"score per task at budget {budget:g} (full: budget 1)")
-            plt.setp(ax.get_xticklabels(), rotation=40, ha="right")
-            save(fig, f"heatmap_budget_{_budget_name(budget)}.png")
-        return paths
-
-    lengths = sorted({length for length, _ in summary.needle_cells.values()})
-    depths = sorted({depth for _, depth in summary.needle_cells.values()})
-    for method in summary.methods:
-        for budget in [FULL_BUDGET] if method == "full" else summary.budgets:
-            grid = [
-                [_nan(summary.value(_needle_task(length, depth), method, budget)) for depth in depths]
-                for length in lengths
-            ]
-            fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(depths), 1.2 + 0.5 * len(lengths)), constrained_layout=True)
-            _heatmap(ax, grid, [str(length) for length in lengths], [f"{d:g}" for d in depths])
-            ax.set_xlabel("needle depth")
-            ax.set_ylabel("context tokens")
-            label = "full cache" if method == "full" else f"{method} at budget {budget:g}"
-            ax.set_title(f"needle retrieval: {label}")
-            name = "needle_full.png" if method == "full" else f"needle_{method}_budget_{_budget_name(budget)}.png"
-            save(fig, name)
-    return paths
+    return _write_plots(summary, directory)
 
 
-def _nan(value: float | None) -> float:
-    return math.nan if value is None else value
+def report(
+    run_dir: str | os.PathLike[str],
+    fmt: str = "md",
+    plots: str | os.PathLike[str] | None = None,
+    metrics: Sequence[str] | None = None,
+    seed: int = 0,
+    resamples: int = DEFAULT_RESAMPLES,
+) -> str:
+    """The report of an evaluation folder as text; plots go to ``plots`` when given.
 
-
-def _heatmap(ax: Any, grid: list[list[float]], rows: list[str], columns: list[str]) -> None:
-    image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(columns)), columns)
-    ax.set_yticks(range(len(rows)), rows)
-    for i, row in enumerate(grid):
-        for j, value in enumerate(row):
-            if not math.isnan(value):
-                ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white" if value < 60 else "black")
-    ax.figure.colorbar(image, ax=ax, fraction=0.05)
-
-
-def report(run_dir: str | os.PathLike[str], fmt: str = "md", plots: str | os.PathLike[str] | None = None) -> str:
-    """The report of an evaluation folder as text (``md`` or ``csv``); plots go to ``plots`` when given."""
+    Args:
+        run_dir: the evaluation folder (``config.json`` and ``results.jsonl``).
+        fmt: ``md`` (tables and statistics), ``csv`` (score tables) or ``json`` (everything).
+        plots: a folder for the PNG plots, or ``None``.
+        metrics: the metrics of the statistics (default: every metric the rows hold).
+        seed: the bootstrap seed.
+        resamples: bootstrap resamples per interval.
+    """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
-    summary = summarize(*load_run(run_dir))
+    config, rows = load_run(run_dir)
+    summary = summarize(config, rows)
     if plots is not None:
         write_plots(summary, plots)
-    return format_markdown(summary) if fmt == "md" else format_csv(summary)
+    if fmt == "csv":
+        return format_csv(summary)
+    stats = analyse_run(rows, summary.methods, summary.budgets, metrics, seed=seed, resamples=resamples)
+    return format_markdown(summary, stats) if fmt == "md" else format_json(summary, stats)

@@ -1,5 +1,6 @@
-"""Inference over compressed caches: prefill with a press, then greedy decoding."""
+"""Inference over compressed caches: prefill with a press, greedy decoding, teacher-forced fidelity."""
 
+from ripplekv.inference.fidelity import Fidelity, fidelity, mean_nll, teacher_forced_logprobs
 from ripplekv.inference.generate import (
     PROTOCOLS,
     GenerationResult,
@@ -7,7 +8,23 @@ from ripplekv.inference.generate import (
     extend,
     generate_answer,
     greedy_decode,
+    kept_tokens,
     prefill,
 )
+from ripplekv.inference.module_state import ModuleState
 
-__all__ = ["PROTOCOLS", "GenerationResult", "Prefill", "extend", "generate_answer", "greedy_decode", "prefill"]
+__all__ = [
+    "PROTOCOLS",
+    "Fidelity",
+    "GenerationResult",
+    "ModuleState",
+    "Prefill",
+    "extend",
+    "fidelity",
+    "generate_answer",
+    "greedy_decode",
+    "kept_tokens",
+    "mean_nll",
+    "prefill",
+    "teacher_forced_logprobs",
+]

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from ripplekv.inference.module_state import ABSENT, ModuleState, applied_state, attention_modules, capture_state
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.models.cache import cache_bytes, layer_lengths
+from ripplekv.models.cache import cache_bytes, fork_cache, layer_lengths
 from ripplekv.presses.registry import check_prompt_length
 
 PROTOCOLS = ("question-aware", "query-agnostic")
@@ -19,12 +19,29 @@ PROTOCOLS = ("question-aware", "query-agnostic")
 
 @dataclass(frozen=True)
 class Prefill:
-    """A prompt prefilled (and compressed) into a cache."""
+    """A prompt prefilled (and compressed) into a cache.
+
+    Args:
+        cache: the (compressed) cache of the prompt. :func:`extend`, :func:`greedy_decode` and
+            :func:`ripplekv.inference.fidelity.teacher_forced_logprobs` run over a fork of it and never change it.
+        next_logits: ``(vocab,)`` logits of the token after the prompt.
+        prompt_tokens: tokens of the prompt, i.e. the position of the next token.
+        seconds: wall time of the prefill (plus any derivation or extension).
+        attention_state: attention-module attributes the press set for later passes (AdaKV's
+            ``masked_key_indices``), applied during every pass over this cache and removed afterwards
+            (see :mod:`ripplekv.inference.module_state`); empty for presses that act through the cache alone.
+    """
 
     cache: DynamicCache
-    next_logits: torch.Tensor  # (vocab,) logits of the token after the prompt
-    prompt_tokens: int  # tokens of the prompt, i.e. the position of the next token
+    next_logits: torch.Tensor
+    prompt_tokens: int
     seconds: float
+    attention_state: tuple[ModuleState, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention_state", tuple(self.attention_state))
+        if not all(isinstance(state, ModuleState) for state in self.attention_state):
+            raise TypeError("attention_state must hold ModuleState entries")
 
 
 @dataclass(frozen=True)
@@ -34,7 +51,7 @@ class GenerationResult:
     text: str
     token_ids: tuple[int, ...]
     prompt_tokens: int
-    layer_tokens: tuple[int, ...]  # tokens kept per layer after compression
+    layer_tokens: tuple[int, ...]  # tokens kept per layer after compression (AdaKV: masked keys not counted)
     kv_bytes: int  # bytes of the compressed cache (the part that was compressed)
     full_kv_bytes: int  # bytes the same part takes uncompressed
     prefill_seconds: float
@@ -61,41 +78,84 @@ def prefill(
 ) -> Prefill:
     """Run ``input_ids`` (shape ``(1, n)``) into ``cache`` (a new one by default), compressing with ``press``.
 
-    When ``cache`` already holds tokens (a compressed context), the new tokens are placed after the
-    *original* length of that context: pass it as ``cache`` together with the :class:`Prefill` it came from
-    through :func:`extend`.
+    Attributes the press sets on the attention modules (AdaKV's ``masked_key_indices``) are captured into the
+    result's ``attention_state`` and the modules are restored: later passes over the result apply them.
+
+    Args:
+        model: the model.
+        input_ids: the prompt, one unpadded sequence.
+        press: a kvpress press compressing the cache during the pass (None: no compression).
+        cache: the cache to fill (written in place); a new ``DynamicCache`` by default. To run tokens after a
+            (compressed) context at their true positions use :func:`extend` instead.
     """
     _check_single(input_ids)
     check_prompt_length(press, input_ids.shape[1])
     cache = cache if cache is not None else DynamicCache()
     device = next(model.parameters()).device
+    captured: list[ModuleState] = []
     start = time.perf_counter()
-    with press(model) if press is not None else nullcontext():
+    if press is not None:
+        with capture_state(attention_modules(model), captured), press(model):
+            logits = model(input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    else:
         logits = model(input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-    return Prefill(cache, logits[0, -1], input_ids.shape[1], time.perf_counter() - start)
+    return Prefill(cache, logits[0, -1], input_ids.shape[1], time.perf_counter() - start, tuple(captured))
 
 
 @torch.no_grad()
 def extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
-    """Run more prompt tokens over a (possibly compressed) cache, at their true positions."""
+    """Run more prompt tokens over a (possibly compressed) cache, at their true positions.
+
+    The pass runs over a fork of ``state.cache`` (``state`` is left unchanged) with ``state.attention_state``
+    applied; the result holds the fork and the same attention state.
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt.
+        input_ids: the new tokens, shape ``(1, n)``.
+    """
     _check_single(input_ids)
     device = next(model.parameters()).device
     positions = torch.arange(state.prompt_tokens, state.prompt_tokens + input_ids.shape[1], device=device)
+    cache = fork_cache(state.cache)
     start = time.perf_counter()
-    logits = model(
-        input_ids.to(device),
-        past_key_values=state.cache,
-        use_cache=True,
-        cache_position=positions,
-        position_ids=positions.unsqueeze(0),
-        logits_to_keep=1,
-    ).logits
+    with applied_state(model, state.attention_state):
+        logits = model(
+            input_ids.to(device),
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+            logits_to_keep=1,
+        ).logits
     return Prefill(
-        state.cache,
+        cache,
         logits[0, -1],
         state.prompt_tokens + input_ids.shape[1],
         state.seconds + time.perf_counter() - start,
+        state.attention_state,
     )
+
+
+def kept_tokens(state: Prefill) -> list[int]:
+    """Tokens kept per layer of ``state.cache``; keys masked head-wise (AdaKV) are not counted.
+
+    A layer whose attention state holds ``masked_key_indices`` (kvpress's ``(batch, head, position)`` index
+    tensors) counts ``round(masked entries / kv_heads)`` tokens fewer than it holds.
+
+    Args:
+        state: a prefilled (compressed) prompt.
+    """
+    kept = layer_lengths(state.cache)
+    for module_state in state.attention_state:
+        masked = module_state.attributes.get("masked_key_indices")
+        if masked is None or masked is ABSENT:
+            continue
+        if module_state.layer >= len(kept):
+            raise ValueError(f"attention state for layer {module_state.layer}, but the cache has {len(kept)} layers")
+        kv_heads = state.cache.layers[module_state.layer].keys.shape[1]
+        kept[module_state.layer] -= round(len(masked[0]) / kv_heads)
+    return kept
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> set[int]:
@@ -107,28 +167,51 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = 
 
 
 @torch.no_grad()
-def greedy_decode(model: PreTrainedModel, state: Prefill, max_new_tokens: int, stop_ids: set[int]) -> list[int]:
-    """Greedy tokens after a prefill; the cache grows in place. Stops after an id in ``stop_ids``."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+def greedy_decode(
+    model: PreTrainedModel, state: Prefill, max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0
+) -> list[int]:
+    """Greedy tokens after a prefill, ending with the first id of ``stop_ids`` generated (included) if any.
+
+    Decodes over a fork of ``state.cache`` with ``state.attention_state`` applied, so one :class:`Prefill` can be
+    decoded several times.
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt.
+        max_new_tokens: most tokens to generate (>= 1).
+        stop_ids: token ids that end the answer.
+        min_new_tokens: for the first ``min_new_tokens`` tokens the stop ids cannot be chosen (their logits are
+            set to -inf before the argmax), as transformers' ``MinNewTokensLengthLogitsProcessor`` and
+            LongBench's ``pred.py`` (``min_length``) do.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
+        raise ValueError(f"min_new_tokens must be an int >= 0, got {min_new_tokens!r}")
     device = state.next_logits.device
+    vocab = state.next_logits.shape[-1]
+    banned = torch.tensor(sorted(i for i in stop_ids if 0 <= i < vocab), dtype=torch.long, device=device)
+    cache = fork_cache(state.cache)
     tokens: list[int] = []
     logits = state.next_logits
     position = state.prompt_tokens
-    for _ in range(max_new_tokens):
-        token = int(logits.argmax())
-        tokens.append(token)
-        if token in stop_ids or len(tokens) == max_new_tokens:
-            break
-        pos = torch.tensor([position], device=device)
-        logits = model(
-            torch.tensor([[token]], device=device),
-            past_key_values=state.cache,
-            use_cache=True,
-            cache_position=pos,
-            position_ids=pos.unsqueeze(0),
-        ).logits[0, -1]
-        position += 1
+    with applied_state(model, state.attention_state):
+        for _ in range(max_new_tokens):
+            if len(tokens) < min_new_tokens and banned.numel():
+                logits = logits.index_fill(-1, banned, float("-inf"))
+            token = int(logits.argmax())
+            tokens.append(token)
+            if token in stop_ids or len(tokens) == max_new_tokens:
+                break
+            pos = torch.tensor([position], device=device)
+            logits = model(
+                torch.tensor([[token]], device=device),
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=pos,
+                position_ids=pos.unsqueeze(0),
+            ).logits[0, -1]
+            position += 1
     return tokens
 
 
@@ -187,7 +270,7 @@ def generate_answer(
         state = prefill(model, torch.cat([encode(head), encode(tail)], dim=1), press)
     else:
         state = prefill(model, encode(head), press)
-    compressed, kv, compressed_prompt = layer_lengths(state.cache), cache_bytes(state.cache), state.prompt_tokens
+    compressed, kv, compressed_prompt = kept_tokens(state), cache_bytes(state.cache), state.prompt_tokens
     if protocol == "query-agnostic":
         state = extend(model, state, encode(tail))
     start = time.perf_counter()

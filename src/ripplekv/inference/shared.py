@@ -5,25 +5,34 @@ never changes the prefill's hidden states, logits or the full keys and values ea
 :func:`record_prefill` runs the prompt once with a :class:`RecordingPress`, which stores, per layer, exactly
 what ``compress`` receives (the attention module, its input hidden states, the full keys and values, the
 attention weights if the attention implementation returned any, and the forward kwargs) and keeps the cache
-unchanged. :func:`compress_recorded` then applies any derivable press to that record layer by layer and builds
-the compressed cache from the results: the same tensors a direct ``prefill(model, ids, press)`` produces
-(tested tensor for tensor), at the cost of the press's ``compress`` alone.
+unchanged. :func:`derived_prefill` (or :func:`derive_cache`) then applies any derivable press to that record layer
+by layer and builds the compressed cache from the results: the same tensors a direct ``prefill(model, ids, press)``
+produces (tested tensor for tensor), at the cost of the press's ``compress`` alone.
 
 Which presses are derivable (:func:`is_derivable`, checked again on every call):
 
 1. the press keeps :class:`BasePress`'s ``forward_hook`` and ``__call__``: its whole effect on a prefill is
-   to replace each layer's keys and values by what ``compress`` returns (presses that override the hook or the
-   context manager, e.g. decoding-time or composed presses, are not derivable); a press class may also
-   declare ``derivable_from_record = False`` to opt out;
-2. ``compress`` leaves the attention module's attributes and the recorded tensors as they were: presses that
-   act through module state, such as AdaKV (``module.masked_key_indices``, read by kvpress's attention patch
-   at decoding time), fail this check; the attributes are restored and :class:`NotDerivableError` is raised;
+   to replace each layer's keys and values by what ``compress`` returns, plus any attributes ``compress`` sets on
+   the attention module (presses that override the hook or the context manager, e.g. decoding-time or composed
+   presses, are not derivable); a press class may also declare ``derivable_from_record = False`` to opt out;
+2. ``compress`` leaves the recorded tensors as they were (a press writing into them in place invalidates the
+   record and raises :class:`NotDerivableError`);
 3. ``compress`` only reads kwargs the record holds (everything the attention layer received except the live
    cache ``past_key_values`` and ``hidden_states``, which is recorded as its own field); reading another one
    raises :class:`NotDerivableError`.
 
-FullPress, StreamingLLM, SnapKV, PyramidKV and RippleKV (any scorer) are derivable; AdaKV is not, and callers
-fall back to a separate prefill for it (as :mod:`ripplekv.evaluation.runner` does).
+Presses that act through attention-module state are derivable too. AdaKV keeps every key and sets
+``module.masked_key_indices``, which kvpress's attention wrapper reads on every later pass. Around each layer's
+``compress`` the module's instance attributes are snapshotted; what ``compress`` changed is captured as a
+:class:`~ripplekv.inference.module_state.ModuleState` of that layer and the module is restored at once. The
+captured state travels with the derived cache as ``Prefill.attention_state``, and ``extend``, ``greedy_decode``
+and ``teacher_forced_logprobs`` set it on the modules for the duration of each pass over that cache and put back
+what was there afterwards (also on an exception). Configurations derived from one record therefore never see
+each other's masks, and the modules are left as they were. :func:`compress_recorded` returns a bare cache and so
+refuses such presses; use :func:`derived_prefill`.
+
+FullPress, StreamingLLM, SnapKV, PyramidKV (kvpress's and the authors' schedule), AdaKV and RippleKV (any scorer)
+are derivable.
 
 Memory: a record holds one full (uncompressed) KV cache plus each layer's input hidden states, i.e. about
 ``n_tokens * n_layers * (2 * kv_heads * head_dim + hidden_size)`` elements (attention weights too when the
@@ -45,6 +54,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from ripplekv.inference.generate import Prefill, prefill
+from ripplekv.inference.module_state import ModuleState, capture_state
 from ripplekv.models.cache import cache_from_tensors
 from ripplekv.presses.registry import check_prompt_length
 
@@ -54,6 +64,7 @@ __all__ = [
     "PrefillRecord",
     "RecordingPress",
     "compress_recorded",
+    "derive_cache",
     "derived_prefill",
     "is_derivable",
     "record_prefill",
@@ -62,7 +73,6 @@ __all__ = [
 # Forward kwargs of the attention layer that are not recorded: the live cache (a derived cache is being built
 # instead) and the hidden states (recorded as their own field).
 _NOT_RECORDED = frozenset({"hidden_states", "past_key_values", "past_key_value"})
-_ABSENT = object()
 
 
 class NotDerivableError(ValueError):
@@ -171,12 +181,18 @@ def _tensor_versions(layer: LayerRecord) -> list[int]:
 
 
 @torch.no_grad()
-def compress_recorded(record: PrefillRecord, press: BasePress) -> DynamicCache:
-    """The cache ``prefill(model, ids, press)`` would have built, derived from ``record`` without a model pass.
+def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache, tuple[ModuleState, ...]]:
+    """The cache ``prefill(model, ids, press)`` would have built, and the attention-module state it set.
 
     Calls ``press.post_init_from_model(model)`` first (RippleKV checks its profile there), then
-    ``press.compress`` layer by layer on the recorded inputs. Raises :class:`NotDerivableError` for a press
-    that cannot be derived (see the module docstring); the module attributes such a press set are restored.
+    ``press.compress`` layer by layer on the recorded inputs. Attributes ``compress`` sets on a layer's attention
+    module (AdaKV's ``masked_key_indices``) are captured into the returned state and the module is restored at
+    once, so no configuration sees another's state. Raises :class:`NotDerivableError` for a press that cannot be
+    derived (see the module docstring).
+
+    Args:
+        record: the recorded full prefill.
+        press: the press to derive a cache for.
     """
     if record.invalid is not None:
         raise NotDerivableError(f"the prefill record is no longer valid: {record.invalid}")
@@ -188,49 +204,57 @@ def compress_recorded(record: PrefillRecord, press: BasePress) -> DynamicCache:
     check_prompt_length(press, record.prompt_tokens)
     press.post_init_from_model(record.model)
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for layer in record.layers:
-        state = dict(vars(layer.module))
+    states: list[ModuleState] = []
+    for index, layer in enumerate(record.layers):
         versions = _tensor_versions(layer)
         kwargs = _RecordedKwargs(layer.kwargs)
-        try:
+        captured: list[ModuleState] = []
+        with capture_state([layer.module], captured):
             keys, values = press.compress(
                 layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, kwargs
             )
-        finally:
-            changed = _restore_attributes(layer.module, state)
         if _tensor_versions(layer) != versions:
             record.invalid = f"{type(press).__name__}.compress wrote into the recorded tensors in place"
             raise NotDerivableError(record.invalid)
-        if changed:
-            raise NotDerivableError(
-                f"{type(press).__name__}.compress sets {', '.join(sorted(changed))} on the attention module "
-                "(state read later by attention, as AdaKV's masked keys): its cache cannot be derived from a "
-                "prefill record"
-            )
+        states.extend(ModuleState(index, state.module, state.attributes) for state in captured)
         pairs.append((keys, values))
-    return cache_from_tensors(pairs)
+    return cache_from_tensors(pairs), tuple(states)
 
 
-def _restore_attributes(module: nn.Module, state: dict[str, Any]) -> set[str]:
-    """Put back ``module``'s instance attributes as in ``state``; returns the names that had changed."""
-    current = vars(module)
-    changed = {
-        name for name in current.keys() | state.keys() if current.get(name, _ABSENT) is not state.get(name, _ABSENT)
-    }
-    for name in changed:
-        if name in state:
-            current[name] = state[name]
-        else:
-            del current[name]
-    return changed
+def compress_recorded(record: PrefillRecord, press: BasePress) -> DynamicCache:
+    """The cache ``prefill(model, ids, press)`` would have built, for presses that act through the cache alone.
+
+    A bare cache cannot carry attention-module state: for a press whose ``compress`` sets some (AdaKV) this
+    raises :class:`NotDerivableError` (the modules are left as they were); use :func:`derived_prefill`, which
+    carries that state with the cache.
+
+    Args:
+        record: the recorded full prefill.
+        press: the press to derive a cache for.
+    """
+    cache, states = derive_cache(record, press)
+    if states:
+        names = sorted({name for state in states for name in state.attributes})
+        raise NotDerivableError(
+            f"{type(press).__name__}.compress sets {', '.join(names)} on the attention modules (state read by later "
+            "passes, as AdaKV's masked keys): a bare cache cannot carry it, use derived_prefill"
+        )
+    return cache
 
 
 def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, float]:
     """A :class:`Prefill` over the cache derived for ``press``, and the seconds the derivation took.
 
-    Its ``seconds`` is the recorded prefill's time plus the derivation's, what a direct prefill would report.
+    Works for every press of :func:`ripplekv.presses.make_press`, AdaKV included: the attention-module state
+    ``compress`` set is the result's ``attention_state``, applied during every later pass over it. Its ``seconds``
+    is the recorded prefill's time plus the derivation's, what a direct prefill would report.
+
+    Args:
+        record: the recorded full prefill.
+        press: the press to derive a cache for.
     """
     start = time.perf_counter()
-    cache = compress_recorded(record, press)
+    cache, states = derive_cache(record, press)
     seconds = time.perf_counter() - start
-    return Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds), seconds
+    prefill_state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds, states)
+    return prefill_state, seconds

@@ -8,11 +8,12 @@ prefill can feed several compressed caches.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 KVPair = tuple[torch.Tensor, torch.Tensor]
 
@@ -103,3 +104,23 @@ class PassThroughLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.prefix
+
+
+def fork_cache(cache: DynamicCache) -> DynamicCache:
+    """A new cache container over the same tensors: running over the fork never changes ``cache``.
+
+    Each layer object is copied shallowly (its tensors by reference); ``DynamicLayer`` and
+    ``DynamicSlidingWindowLayer`` append through ``torch.cat`` and then rebind their attributes, so neither the
+    given cache's layer objects nor its tensors are written by a pass over the fork. Layers that write into
+    their buffers in place (:class:`PreallocatedLayer`) or store nothing (:class:`PassThroughLayer`), and any
+    other layer type, are refused with a ``TypeError``.
+    """
+    layers = []
+    for i, layer in enumerate(cache.layers):
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise TypeError(
+                f"cannot fork cache layer {i} of type {type(layer).__name__}: only DynamicLayer and "
+                "DynamicSlidingWindowLayer append without writing into their tensors"
+            )
+        layers.append(copy.copy(layer))
+    return cache_from_layers(layers)

@@ -68,6 +68,7 @@ __all__ = [
     "gguf_cache_key",
     "load_model",
     "model_identity",
+    "weights_fingerprint",
     "resolve_device",
     "resolve_dtype",
     "resolve_model_source",
@@ -563,3 +564,31 @@ def model_identity(model: PreTrainedModel) -> dict[str, Any]:
         **arch,
         "config_hash": hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
     }
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A digest of a model's weights: ``sha256:`` and the sha256 of every parameter's name, dtype, shape and bytes.
+
+    :func:`model_identity` says which architecture a model has; this says which weights (and in which dtype)
+    it holds, so results measured on one set of weights are not mixed with another's (e.g. a profiling
+    checkpoint resumed with a fine-tuned copy of the same architecture). Parameters are hashed in
+    ``named_parameters()`` order (tied weights once); buffers are derived from the config and left out.
+    Hashes the raw bytes (no conversion), about 0.3 s for SmolLM2-135M's 538 MB of float32 on one CPU core;
+    parameters on an accelerator are copied to the CPU one at a time.
+
+    Args:
+        model: any torch module (a transformers model in practice).
+
+    Returns:
+        ``"sha256:<64 hex digits>"``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"weights_fingerprint needs a torch module, got {type(model).__name__}")
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        tensor = parameter.detach().contiguous()
+        header = f"{name}|{str(tensor.dtype).removeprefix('torch.')}|{','.join(map(str, tensor.shape))}\n"
+        digest.update(header.encode("utf-8"))
+        if tensor.numel():
+            digest.update(tensor.cpu().reshape(-1).view(torch.uint8).numpy())
+    return "sha256:" + digest.hexdigest()

@@ -1,16 +1,23 @@
-"""One name per method: ``make_press(name, budget=..., profile=...)``."""
+"""One name per method: ``make_press(name, budget=..., profile=...)``.
+
+SnapKV, PyramidKV and RippleKV are one press, :class:`LayerBudgetPress` over SnapKV's scorer, with three
+per-layer budget schedules (uniform, pyramid, profile); they keep the same total number of tokens at a given
+budget. kvpress's own PyramidKVPress stays available as ``pyramidkv-kvpress`` for comparison.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
-from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
+from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, PyramidSchedule, UniformSchedule
 from ripplekv.presses.full_press import FullPress
-from ripplekv.presses.ripplekv_press import RippleKVPress
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
+from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.profiling.profile import SensitivityProfile
 
 DEFAULT_WINDOW = 64
@@ -33,11 +40,14 @@ _BUILDERS: dict[str, Callable[..., BasePress]] = {
     "streamingllm": lambda budget, profile, window, ratio, gamma: StreamingLLMPress(
         compression_ratio=1 - _fraction("streamingllm", budget)
     ),
-    "snapkv": lambda budget, profile, window, ratio, gamma: SnapKVPress(
-        compression_ratio=1 - _fraction("snapkv", budget), window_size=window
+    "snapkv": lambda budget, profile, window, ratio, gamma: LayerBudgetPress(
+        SnapKVPress(window_size=window), UniformSchedule(_fraction("snapkv", budget))
     ),
-    "pyramidkv": lambda budget, profile, window, ratio, gamma: PyramidKVPress(
-        compression_ratio=1 - _fraction("pyramidkv", budget), window_size=window
+    "pyramidkv": lambda budget, profile, window, ratio, gamma: LayerBudgetPress(
+        SnapKVPress(window_size=window), PyramidSchedule(_fraction("pyramidkv", budget), window_size=window)
+    ),
+    "pyramidkv-kvpress": lambda budget, profile, window, ratio, gamma: PyramidKVPress(
+        compression_ratio=1 - _fraction("pyramidkv-kvpress", budget), window_size=window
     ),
     "adakv": lambda budget, profile, window, ratio, gamma: AdaKVPress(
         SnapKVPress(compression_ratio=1 - _fraction("adakv", budget), window_size=window)
@@ -60,6 +70,18 @@ _BUILDERS: dict[str, Callable[..., BasePress]] = {
 }
 
 METHODS: tuple[str, ...] = tuple(_BUILDERS)
+
+METHOD_DESCRIPTIONS: dict[str, str] = {
+    "full": "full cache (no compression)",
+    "streamingllm": "StreamingLLM (kvpress): attention sinks + recent tokens, uniform budgets",
+    "snapkv": "SnapKV scorer, uniform per-layer budgets",
+    "pyramidkv": "SnapKV scorer, PyramidKV schedule (authors' code: linear in depth, beta 20), SnapKV's total",
+    "pyramidkv-kvpress": "kvpress 0.5.5 PyramidKVPress (falls back to uniform when prompt x budget / 20 < window)",
+    "adakv": "AdaKV (kvpress): SnapKV scores, head-wise budgets within each layer (keys masked, not freed)",
+    "ripplekv": "SnapKV scorer, RippleKV budgets from the profile's downstream-KL scores",
+    "ripplekv-local": "SnapKV scorer, RippleKV budgets from the profile's local signal (ablation)",
+}
+"""One line per method name: what it computes (used by reports so every table says which is which)."""
 
 
 def selection_window(press: BasePress | None) -> int:
@@ -84,26 +106,32 @@ def check_prompt_length(press: BasePress | None, prompt_tokens: int) -> None:
 def make_press(
     name: str,
     budget: float = 1.0,
-    profile: SensitivityProfile | None = None,
+    profile: SensitivityProfile | str | os.PathLike[str] | None = None,
     window_size: int = DEFAULT_WINDOW,
     ratio: float = DEFAULT_RATIO,
     gamma: float = DEFAULT_GAMMA,
 ) -> BasePress:
-    """Build the press of a method by name.
+    """Build the press of a method by name (see :data:`METHOD_DESCRIPTIONS`).
 
     Args:
-        name: one of :data:`METHODS`: ``full``, ``streamingllm``, ``snapkv``, ``pyramidkv``, ``adakv`` (the
-            kvpress implementations), ``ripplekv`` and ``ripplekv-local`` (the local-signal ablation).
+        name: one of :data:`METHODS`: ``full``; ``snapkv``, ``pyramidkv``, ``ripplekv`` and ``ripplekv-local``
+            (SnapKV's scorer under the uniform, PyramidKV, RippleKV and RippleKV-local-signal budget schedules,
+            all keeping the same total); ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
+            presses).
         budget: kept fraction of the prompt in (0, 1]; ``ripplekv`` also takes an average token count > 1.
             Ignored by ``full``.
-        profile: sensitivity profile, required by the ``ripplekv`` methods.
-        window_size: SnapKV observation window (SnapKV, PyramidKV, AdaKV, RippleKV's scorer).
+        profile: sensitivity profile, or the path of its JSON file; required by the ``ripplekv`` methods.
+        window_size: SnapKV observation window (every method with SnapKV's scorer, AdaKV).
         ratio: RippleKV disparity ``r``.
         gamma: RippleKV clip bound.
+
+    Raises:
+        ValueError: for an unknown name, a bad budget or window, or a missing profile.
+        TypeError: if ``profile`` is neither a :class:`SensitivityProfile`, a path nor ``None``.
     """
     key = name.lower()
     if key not in _BUILDERS:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
-    return _BUILDERS[key](budget, profile, window_size, ratio, gamma)
+    return _BUILDERS[key](budget, resolve_profile(profile), window_size, ratio, gamma)

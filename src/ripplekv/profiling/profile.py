@@ -46,6 +46,10 @@ class SensitivityProfile:
         calibration: description, sha256 and sizes of the calibration set.
         library_version: ripplekv version that measured it.
         created: ISO-8601 UTC timestamp.
+        extra: free-form additional information.
+        weights_fingerprint: digest of the profiled weights (see
+            :func:`ripplekv.models.loading.weights_fingerprint`); ``None`` in profiles written before it
+            existed. Informational: a profile is applied to any model of its architecture.
     """
 
     model: Mapping[str, Any]
@@ -59,6 +63,7 @@ class SensitivityProfile:
     library_version: str
     created: str
     extra: Mapping[str, Any] = field(default_factory=dict)
+    weights_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         n_layers = self.model.get("num_hidden_layers")
@@ -74,6 +79,12 @@ class SensitivityProfile:
             _check_finite(f"sample {i} score", row)
         if not self.model.get("config_hash"):
             raise ProfileError("profile model identity lacks config_hash")
+        if self.weights_fingerprint is not None and not (
+            isinstance(self.weights_fingerprint, str) and self.weights_fingerprint
+        ):
+            raise ProfileError(
+                f"weights_fingerprint must be a non-empty string or None, got {self.weights_fingerprint!r}"
+            )
 
     @property
     def num_layers(self) -> int:
@@ -122,6 +133,7 @@ class SensitivityProfile:
                 library_version=str(data["library_version"]),
                 created=str(data["created"]),
                 extra=dict(data.get("extra", {})),
+                weights_fingerprint=data.get("weights_fingerprint"),
             )
         except KeyError as err:
             raise ProfileError(f"profile lacks field {err.args[0]!r}") from err

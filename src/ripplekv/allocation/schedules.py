@@ -1,0 +1,255 @@
+"""Per-layer KV-cache budget schedules: how many tokens each layer keeps, over one token scorer.
+
+SnapKV, PyramidKV and RippleKV select tokens the same way (SnapKV's observation-window attention); they differ
+only in how many tokens each layer keeps. Each method is therefore a *schedule*, and one press
+(:class:`ripplekv.presses.LayerBudgetPress`) applies any schedule with any kvpress scorer:
+
+* :class:`UniformSchedule`: every layer keeps the same number of tokens (SnapKV, Li et al., 2024);
+* :class:`PyramidSchedule`: linearly fewer tokens with depth (PyramidKV, Cai et al., 2024, as its authors'
+  code computes it), rescaled to SnapKV's total;
+* :class:`ProfileSchedule`: budgets from measured per-layer sensitivities (the RippleKV rule, 2026).
+
+Every schedule spends exactly the same global budget ``L * resolve_average_budget(budget, prompt_tokens)``
+(SnapKV's number of kept tokens), so methods are always compared at the same number of kept tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import ClassVar
+
+from ripplekv.allocation.budgets import (
+    DEFAULT_GAMMA,
+    DEFAULT_RATIO,
+    AllocationConfig,
+    _is_integer,
+    _is_real,
+    _validate_scores,
+    allocate_budgets,
+    resolve_average_budget,
+    scale_to_total,
+)
+
+__all__ = [
+    "BudgetSchedule",
+    "ProfileSchedule",
+    "PyramidSchedule",
+    "UniformSchedule",
+    "check_budget",
+]
+
+
+def check_budget(budget: object) -> float:
+    """Validate a user-facing budget without a prompt length (see :func:`resolve_average_budget`).
+
+    Args:
+        budget: a kept fraction of the prompt in ``(0, 1]`` or an integer-valued average token count ``> 1``.
+
+    Returns:
+        The budget as a float.
+
+    Raises:
+        ValueError: if ``budget`` is not a finite real number ``> 0``, or is ``> 1`` but not a whole number.
+    """
+    if not _is_real(budget) or not math.isfinite(float(budget)) or float(budget) <= 0:  # type: ignore[arg-type]
+        raise ValueError(f"budget must be a fraction in (0, 1] or a whole token count > 1, got {budget!r}")
+    value = float(budget)  # type: ignore[arg-type]
+    if value > 1 and not value.is_integer():
+        raise ValueError(f"a budget above 1 is a token count and must be a whole number, got {budget!r}")
+    return value
+
+
+def _check_call(n_layers: int, floor: int) -> None:
+    if not _is_integer(n_layers) or n_layers < 1:
+        raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
+    if not _is_integer(floor) or floor < 0:
+        raise ValueError(f"floor must be an integer >= 0, got {floor!r}")
+
+
+class BudgetSchedule(ABC):
+    """A per-layer budget schedule: frozen, validated at construction, with a ``budget`` attribute.
+
+    ``budget`` is the user-facing budget (a kept fraction in ``(0, 1]`` or an average token count ``> 1``);
+    the schedule spends ``n_layers * resolve_average_budget(budget, prompt_tokens)`` tokens in all.
+    """
+
+    budget: float
+    uniform: ClassVar[bool] = False
+    """True when every layer always keeps the same number of tokens (no variable-length attention needed)."""
+
+    @abstractmethod
+    def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+        """Tokens kept by each layer.
+
+        Args:
+            n_layers: number of layers of the model (``>= 1``).
+            prompt_tokens: number of prompt tokens being compressed (``>= 1``); also the per-layer cap.
+            floor: smallest number of tokens a layer should keep (``>= 0``), e.g. the scorer's window;
+                lowered to the average when ``n_layers * floor`` exceeds the global budget.
+
+        Returns:
+            ``n_layers`` integers summing exactly to ``n_layers * resolve_average_budget(budget,
+            prompt_tokens)``, each in ``[min(floor, prompt_tokens, average), prompt_tokens]``.
+
+        Raises:
+            ValueError: on an invalid argument, or one the schedule cannot serve.
+        """
+
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ``ValueError`` if the schedule cannot serve a model of ``n_layers`` layers."""
+        _check_call(n_layers, 0)
+
+
+@dataclass(frozen=True)
+class UniformSchedule(BudgetSchedule):
+    """SnapKV's schedule (Li et al., 2024, arXiv:2404.14469): every layer keeps the same number of tokens.
+
+    Each layer keeps ``resolve_average_budget(budget, prompt_tokens)`` tokens, i.e. kvpress's exact
+    ``int(prompt_tokens * (1 - compression_ratio))`` with ``compression_ratio = 1 - budget``.
+
+    Attributes:
+        budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
+    """
+
+    budget: float
+    uniform: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        check_budget(self.budget)
+
+    def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+        """``n_layers`` copies of the average budget (``floor`` never binds: the average already meets it)."""
+        _check_call(n_layers, floor)
+        return (resolve_average_budget(self.budget, prompt_tokens),) * n_layers
+
+
+@dataclass(frozen=True)
+class PyramidSchedule(BudgetSchedule):
+    """PyramidKV's schedule (Cai et al., 2024, arXiv:2406.02069): linearly fewer tokens with depth.
+
+    As the authors' code computes it (github.com/Zefan-Cai/PyramidKV, ``pyramidkv/pyramidkv_utils.py``,
+    ``PyramidKVCluster.update_kv``), for ``L`` layers, a prompt of ``n`` tokens, a window of ``W`` tokens and
+    ``C`` the per-layer kept tokens of the uniform budget (window included, ``C > W``)::
+
+        min_num = (C - W) // beta
+        max_num = 2 (C - W) - min_num
+        if max_num >= n - W:  max_num = n - W;  min_num = 2 (C - W) - max_num
+        steps   = (max_num - min_num) // (L - 1)
+        layer l keeps (max_num - l * steps) selected tokens + the W window tokens
+
+    The integer ``steps`` make those capacities overshoot or undershoot ``L * C`` by a few percent, so they
+    are used as weights and rescaled (:func:`ripplekv.allocation.budgets.scale_to_total`) to SnapKV's total
+    ``L * C`` exactly, every layer keeping at least ``W`` tokens (and ``floor``) and at most ``n``: methods
+    are compared at the same number of kept tokens. There is no fallback to uniform budgets (kvpress 0.5.5's
+    ``PyramidKVPress`` falls back to SnapKV unless ``C - W >= beta * W``, i.e. at every length used here).
+
+    Attributes:
+        budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
+        window_size: SnapKV's observation window ``W`` (``>= 1``), always kept by every layer.
+        beta: the pyramid's steepness (an integer ``>= 1``; the authors' default is 20): the last layer's
+            selected tokens are about ``1 / beta`` of the average's.
+    """
+
+    budget: float
+    window_size: int = 64
+    beta: int = 20
+
+    def __post_init__(self) -> None:
+        check_budget(self.budget)
+        if not _is_integer(self.window_size) or self.window_size < 1:
+            raise ValueError(f"PyramidSchedule.window_size must be an integer >= 1, got {self.window_size!r}")
+        if not _is_integer(self.beta) or self.beta < 1:
+            raise ValueError(f"PyramidSchedule.beta must be an integer >= 1, got {self.beta!r}")
+
+    def capacities(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
+        """The authors' per-layer capacities (selected tokens + window), before rescaling to ``L * C``.
+
+        Raises:
+            ValueError: if the uniform budget ``C`` is not larger than the window.
+        """
+        _check_call(n_layers, 0)
+        per_layer = resolve_average_budget(self.budget, prompt_tokens)
+        window = int(self.window_size)
+        if per_layer <= window:
+            raise ValueError(
+                f"PyramidKV needs more tokens per layer than its {window}-token window: budget {self.budget} of "
+                f"{prompt_tokens} prompt tokens keeps {per_layer} per layer; use a larger budget, a longer "
+                "prompt or a smaller window_size"
+            )
+        if n_layers == 1:
+            return (per_layer,)
+        spare = per_layer - window
+        min_num = spare // self.beta
+        max_num = 2 * spare - min_num
+        if max_num >= prompt_tokens - window:
+            max_num = prompt_tokens - window
+            min_num = 2 * spare - max_num
+        steps = (max_num - min_num) // (n_layers - 1)
+        return tuple(max_num - layer * steps + window for layer in range(n_layers))
+
+    def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+        """The capacities rescaled to ``L * C`` (see the class docstring); non-increasing in depth."""
+        _check_call(n_layers, floor)
+        return _pyramid_budgets(self.budget, self.window_size, self.beta, n_layers, prompt_tokens, floor)
+
+
+@lru_cache(maxsize=256)
+def _pyramid_budgets(
+    budget: float, window: int, beta: int, n_layers: int, prompt_tokens: int, floor: int
+) -> tuple[int, ...]:
+    schedule = PyramidSchedule(budget, window, beta)
+    capacities = schedule.capacities(n_layers, prompt_tokens)
+    total = n_layers * resolve_average_budget(budget, prompt_tokens)
+    weights = [Fraction(c) for c in capacities]
+    return tuple(scale_to_total(weights, total, max(floor, window), prompt_tokens))
+
+
+@dataclass(frozen=True)
+class ProfileSchedule(BudgetSchedule):
+    """RippleKV's schedule (2026): budgets from measured per-layer sensitivity scores.
+
+    The RippleKV rule of :func:`ripplekv.allocation.allocate_budgets`: min-max normalise the scores, weight
+    ``w_l = ratio ** s_l``, clip to ``[1 / gamma, gamma]``, rescale to the global budget (water-filling,
+    largest remainder).
+
+    Attributes:
+        budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
+        scores: one finite sensitivity score per layer (stored as a tuple of floats).
+        ratio: disparity ``r`` of the multipliers (finite, ``> 0``; ``1`` gives uniform budgets).
+        gamma: clip bound of the multipliers (finite, ``>= 1``).
+    """
+
+    budget: float
+    scores: tuple[float, ...]
+    ratio: float = DEFAULT_RATIO
+    gamma: float = DEFAULT_GAMMA
+
+    def __post_init__(self) -> None:
+        check_budget(self.budget)
+        array = _validate_scores(self.scores)
+        object.__setattr__(self, "scores", tuple(float(s) for s in array))
+        AllocationConfig(ratio=self.ratio, gamma=self.gamma)  # validates ratio and gamma
+
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ``ValueError`` unless there is one score per layer."""
+        _check_call(n_layers, 0)
+        if len(self.scores) != n_layers:
+            raise ValueError(f"{len(self.scores)} layer scores for a model of {n_layers} layers")
+
+    def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+        """The RippleKV allocation of the scores (``floor`` is ``allocate_budgets``'s ``min_tokens``)."""
+        _check_call(n_layers, floor)
+        self.check_layers(n_layers)
+        return _profile_budgets(self.scores, float(self.budget), prompt_tokens, self.ratio, self.gamma, floor)
+
+
+@lru_cache(maxsize=256)
+def _profile_budgets(
+    scores: tuple[float, ...], budget: float, prompt_tokens: int, ratio: float, gamma: float, floor: int
+) -> tuple[int, ...]:
+    config = AllocationConfig(ratio=ratio, gamma=gamma)
+    return tuple(allocate_budgets(scores, budget, prompt_tokens, config, min_tokens=floor))

@@ -1,0 +1,175 @@
+"""What ``ripplekv eval`` runs: :class:`EvalConfig` (the options) and :class:`EvalSample` (one prompt to score).
+
+Options common to every suite are fields of :class:`EvalConfig`; options of one suite (LongBench's data folder,
+RULER's context length, the needle grid, the JSONL file and metric) go in ``EvalConfig.options`` and are
+validated, completed with their defaults and frozen by the suite (:mod:`ripplekv.evaluation.suites`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS
+
+__all__ = [
+    "CHAT_TEMPLATE_MODES",
+    "DEFAULT_BUDGETS",
+    "DEFAULT_METHODS",
+    "FULL_BUDGET",
+    "MIN_NEW_TOKENS",
+    "PROTOCOLS",
+    "SCORE_MODES",
+    "EvalConfig",
+    "EvalSample",
+    "positive_int",
+]
+
+PROTOCOLS = ("question-aware", "query-agnostic")
+SCORE_MODES = ("both", "fidelity")
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
+DEFAULT_BUDGETS = (0.1, 0.2, 0.3)
+FULL_BUDGET = 1.0
+MIN_NEW_TOKENS = 1
+"""Tokens generated before a stop token may be chosen, for every task: the first generated token is never a stop
+token. LongBench's ``pred.py`` passes ``min_length=context_length + 1`` for samsum, where a model that starts with
+a newline (its stop token) otherwise answers nothing; the same can happen on any task with an end-of-sequence."""
+
+
+def positive_int(name: str, value: object, allow_none: bool = False) -> None:
+    """Raise ValueError unless ``value`` is an integer >= 1 (or None when ``allow_none``).
+
+    Args:
+        name: the option's name, for the message.
+        value: the value to check.
+        allow_none: whether None is accepted.
+    """
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to evaluate (the options of ``ripplekv eval``).
+
+    Args:
+        suite: a registered suite name (:data:`ripplekv.evaluation.suites.SUITES`).
+        model: model path, hub id, ``.gguf`` file or alias.
+        methods: method names of :data:`ripplekv.presses.registry.METHODS`; ``full`` runs once per sample at
+            budget 1.0 whatever ``budgets`` holds.
+        budgets: kept fractions in (0, 1] or whole token counts > 1.
+        tasks: the suite's tasks to run (default: the suite's own default; a suite without tasks refuses them).
+        limit: at most this many samples per task; what it counts is the suite's (see each suite).
+        profile: sensitivity profile JSON (the ripplekv methods need it).
+        protocol: ``question-aware`` (the whole prompt is compressed) or ``query-agnostic`` (the context part
+            is compressed, then the question is run over each compressed cache).
+        window_size: SnapKV's observation window.
+        max_new_tokens: cap on every task's answer length (default: the task's own).
+        seed: seed of the generated suites (RULER, needle).
+        dtype: model dtype override.
+        device: model device override.
+        score: ``both`` (decode and score every configuration, and record fidelity) or ``fidelity`` (only the
+            full cache is decoded and scored; the compressed configurations get fidelity only).
+        chat_template: ``auto`` (each suite's rule: LongBench pred.py's, the others the chat template whenever
+            the tokenizer has one), ``on`` (always; the tokenizer must have one) or ``off`` (plain prompts).
+        options: the suite's own options, a mapping of option name (the ``ripplekv eval`` flag with ``_`` for
+            ``-``) to value; replaced by the suite's frozen options dataclass, defaults filled in.
+    """
+
+    suite: str
+    model: str = "smollm2-135m"
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    budgets: tuple[float, ...] = DEFAULT_BUDGETS
+    tasks: tuple[str, ...] | None = None
+    limit: int | None = None
+    profile: str | None = None
+    protocol: str = "question-aware"
+    window_size: int = DEFAULT_WINDOW
+    max_new_tokens: int | None = None
+    seed: int = 0
+    dtype: str | None = None
+    device: str | None = None
+    score: str = "both"
+    chat_template: str = "auto"
+    options: Any = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from ripplekv.evaluation.suites import get_suite
+
+        suite = get_suite(self.suite)
+        object.__setattr__(self, "methods", tuple(self.methods))
+        object.__setattr__(self, "budgets", tuple(self.budgets))
+        if self.tasks is not None:
+            object.__setattr__(self, "tasks", tuple(self.tasks))
+        if not self.methods:
+            raise ValueError("no methods given")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"methods contain duplicates: {', '.join(self.methods)}")
+        if any(m != "full" for m in self.methods) and not self.budgets:
+            raise ValueError("no budgets given")
+        for budget in self.budgets:
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
+                raise ValueError(f"budget must be a number, got {budget!r}")
+            if budget <= 0 or (budget > 1 and budget != int(budget)):
+                raise ValueError(f"budget {budget} out of range: a kept fraction in (0, 1] or a whole token count > 1")
+        if len(set(self.budgets)) != len(self.budgets):
+            raise ValueError(f"budgets contain duplicates: {self.budgets}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.score not in SCORE_MODES:
+            raise ValueError(f"score must be one of {', '.join(SCORE_MODES)}, got {self.score!r}")
+        if self.chat_template not in CHAT_TEMPLATE_MODES:
+            modes = ", ".join(CHAT_TEMPLATE_MODES)
+            raise ValueError(f"chat_template must be one of {modes}, got {self.chat_template!r}")
+        if self.tasks is not None and (not self.tasks or len(set(self.tasks)) != len(self.tasks)):
+            raise ValueError(f"tasks must be a non-empty list without duplicates, got {self.tasks!r}")
+        positive_int("limit", self.limit, allow_none=True)
+        positive_int("window_size", self.window_size)
+        positive_int("max_new_tokens", self.max_new_tokens, allow_none=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        object.__setattr__(self, "options", suite.parse_options(self.options))
+        suite.check_tasks(self.tasks)
+
+    @property
+    def configurations(self) -> list[tuple[str, float]]:
+        """The (method, budget) pairs run on every sample: ``full`` once at 1.0, the others at every budget."""
+        pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
+        pairs += [(m, float(b)) for m in self.methods if m != "full" for b in self.budgets]
+        return pairs
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    """One prompt, ready to prefill, and how to score an answer to it.
+
+    Args:
+        id: unique within the run.
+        task: the task it belongs to (rows are grouped by it).
+        input_ids: the whole prompt's token ids.
+        question_start: first token of the question part (query-agnostic: the context is
+            ``input_ids[:question_start]``).
+        max_new_tokens: answer length.
+        score: the suite's metric, prediction text -> score.
+        gold: the gold answer text teacher-forced for ``gold_nll`` (None: the suite has none).
+        extra_stop_ids: stop tokens besides the model's end-of-sequence ids.
+        meta: copied into every row.
+    """
+
+    id: str
+    task: str
+    input_ids: tuple[int, ...]
+    question_start: int
+    max_new_tokens: int
+    score: Callable[[str], float] = field(compare=False, repr=False)
+    gold: str | None = None
+    extra_stop_ids: frozenset[int] = frozenset()
+    meta: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,184 @@
+"""The files of an evaluation folder: ``config.json`` (what ran, compared on resume) and ``results.jsonl`` (rows).
+
+``results.jsonl`` is append-only, one JSON row per (sample, method, budget), flushed and fsynced as soon as it is
+written; :class:`ResultsLog` reads it back, cutting off a last line an interruption left incomplete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ripplekv.profiling.profile import write_json_atomic
+
+__all__ = [
+    "CONFIG_FILE",
+    "CONFIG_FORMAT",
+    "RESULTS_FILE",
+    "ROW_KEYS",
+    "ConfigMismatchError",
+    "ResultsLog",
+    "RowKey",
+    "check_or_write_config",
+    "row_key",
+    "sha256_json",
+]
+
+CONFIG_FILE = "config.json"
+RESULTS_FILE = "results.jsonl"
+CONFIG_FORMAT = "ripplekv-eval/1"
+ROW_KEYS = ("sample_id", "method", "budget")
+
+RowKey = tuple[str, str, float]
+
+
+class ConfigMismatchError(ValueError):
+    """The output folder holds a run of another configuration."""
+
+
+def sha256_json(data: Any) -> str:
+    """SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces).
+
+    Args:
+        data: any JSON-serialisable value.
+    """
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def row_key(row: Mapping[str, Any]) -> RowKey:
+    """``(sample_id, method, budget)`` of a row: what identifies it on resume.
+
+    Args:
+        row: a result row.
+    """
+    return (str(row["sample_id"]), str(row["method"]), float(row["budget"]))
+
+
+def _versions() -> dict[str, str]:
+    import kvpress
+    import torch
+    import transformers
+
+    from ripplekv import __version__
+
+    return {
+        "ripplekv": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "kvpress": getattr(kvpress, "__version__", "unknown"),
+    }
+
+
+def check_or_write_config(out: Path, resolved: dict[str, Any], sources: dict[str, Any]) -> None:
+    """Write ``out/config.json``, or check that the one there holds the same resolved configuration.
+
+    Args:
+        out: the evaluation folder.
+        resolved: the resolved configuration (compared key by key on resume).
+        sources: where the model, data and profile came from (recorded, not compared).
+
+    Raises:
+        ConfigMismatchError: the folder holds another configuration (the message names the keys that differ), an
+            unreadable config, or results without a config.
+    """
+    path = out / CONFIG_FILE
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigMismatchError(f"{path} is not valid JSON ({err}): cannot resume into {out}") from None
+        if not isinstance(saved, dict) or saved.get("format") != CONFIG_FORMAT:
+            raise ConfigMismatchError(f"{path} is not a ripplekv eval config: cannot resume into {out}")
+        previous = saved.get("config", {})
+        if previous != resolved:
+            keys = sorted(k for k in previous.keys() | resolved.keys() if previous.get(k) != resolved.get(k))
+            details = "; ".join(
+                f"{k}: saved {json.dumps(previous.get(k))[:80]} vs now {json.dumps(resolved.get(k))[:80]}" for k in keys
+            )
+            raise ConfigMismatchError(
+                f"refusing to resume into {out}: its {CONFIG_FILE} holds another configuration ({details}). "
+                "Use another --out folder, or delete this one to start over."
+            )
+        return
+    if (out / RESULTS_FILE).exists():
+        raise ConfigMismatchError(f"{out} holds {RESULTS_FILE} but no {CONFIG_FILE}: cannot tell what it ran")
+    write_json_atomic(
+        path,
+        {
+            "format": CONFIG_FORMAT,
+            "config": resolved,
+            "sources": sources,
+            "versions": _versions(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        },
+    )
+
+
+class ResultsLog:
+    """An append-only JSONL file of result rows, durable row by row, repaired on open.
+
+    Args:
+        path: the ``results.jsonl`` file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def read(self, repair: bool = False) -> list[dict[str, Any]]:
+        """All complete rows, in file order.
+
+        A last line without its newline, or one that does not parse as a row, is an interrupted write: with
+        ``repair`` it is cut off the file (its configuration will be redone). A bad line before the last one is
+        an error (the file was edited or damaged).
+
+        Args:
+            repair: cut an interrupted last line off the file.
+        """
+        if not self.path.exists():
+            return []
+        data = self.path.read_bytes()
+        rows: list[dict[str, Any]] = []
+        offset = 0
+        while offset < len(data):
+            newline = data.find(b"\n", offset)
+            end = len(data) if newline < 0 else newline + 1
+            line = data[offset:end]
+            if not line.strip():
+                offset = end
+                continue
+            row = None
+            if newline >= 0:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # JSONDecodeError and UnicodeDecodeError
+                    row = None
+            if isinstance(row, dict) and all(key in row for key in ROW_KEYS):
+                rows.append(row)
+                offset = end
+                continue
+            if data[end:].strip():
+                raise ValueError(f"{self.path}: corrupt result row at byte {offset} (not an interrupted last write)")
+            if repair:
+                with self.path.open("r+b") as handle:
+                    handle.truncate(offset)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            break
+        return rows
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Append ``row`` as one line, flushed and fsynced.
+
+        Args:
+            row: the result row (JSON-serialisable, no NaN).
+        """
+        line = json.dumps(row, allow_nan=False, ensure_ascii=False) + "\n"
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())

@@ -1,0 +1,206 @@
+"""The result rows of one sample: one recorded prefill, the full cache's answer, then every configuration.
+
+One row per (sample, method, budget), written to ``results.jsonl``:
+
+==================  =====================================================================================
+``sample_id``       the sample (unique in the run); ``task``: its task
+``method``          the method; ``budget``: its budget (1.0 for ``full``)
+``prediction``      the decoded answer text; null for compressed configurations under ``--score fidelity``
+``score``           the suite's metric on ``prediction`` (higher is better); null where ``prediction`` is
+``prompt_tokens``   tokens of the whole prompt; ``compressed_tokens``: of the part that was compressed
+``kept_tokens``     tokens kept per layer (AdaKV: head-wise masked keys not counted)
+``kv_fraction``     ``sum(kept_tokens) / (layers * compressed_tokens)``
+``generated_tokens`` tokens decoded for ``prediction`` (0 where it is null)
+``fidelity_kl``     mean KL(full || method) in nats over the full cache's answer (0.0 for ``full``; lower is better)
+``top1_agreement``  fraction of that answer's positions where the method's greedy choice is the full cache's
+                    token (1.0 for ``full``; higher is better)
+``gold_nll``        mean NLL of the suite's gold answer teacher-forced over the method's cache (null: no gold)
+``gold_nll_delta``  ``gold_nll`` minus the full cache's on the same sample (0.0 for ``full``; lower is better)
+``answer_tokens``   length of the full cache's answer (its final stop token included when it has one)
+``answer_ids``      that answer's token ids, in the ``full`` row only (a resumed run reuses them)
+``seconds``         wall time of this configuration (derivation, question, teacher forcing, decoding)
+``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: always true
+``meta``            the sample's metadata (LongBench length, needle depth, ...)
+==================  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from kvpress.presses.base_press import BasePress
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ripplekv.evaluation.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv.evaluation.suites.base import encode
+from ripplekv.inference.fidelity import fidelity, mean_nll, teacher_forced_logprobs
+from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
+from ripplekv.inference.shared import NotDerivableError, PrefillRecord, derived_prefill, record_prefill
+
+__all__ = ["SampleRunner", "greedy_agreement"]
+
+
+def greedy_agreement(
+    candidate: torch.Tensor, tokens: Sequence[int], stop_ids: set[int], min_new_tokens: int = MIN_NEW_TOKENS
+) -> float:
+    """Fraction of positions where greedy decoding over ``candidate`` picks ``tokens[i]``.
+
+    The pick is the argmax, with the stop ids excluded at the first ``min_new_tokens`` positions as
+    :func:`~ripplekv.inference.generate.greedy_decode` excludes them: otherwise a cache whose first argmax is a
+    stop token (the full cache's too) would count as disagreeing where decoding agrees.
+
+    Args:
+        candidate: ``(len(tokens), vocab)`` teacher-forced log-probabilities over the method's cache.
+        tokens: the full cache's answer.
+        stop_ids: the stop ids of the sample.
+        min_new_tokens: positions at which the stop ids cannot be chosen.
+    """
+    if candidate.dim() != 2 or candidate.shape[0] != len(tokens) or not tokens:
+        raise ValueError(f"candidate of shape {tuple(candidate.shape)} does not match {len(tokens)} tokens")
+    banned = sorted(i for i in stop_ids if 0 <= i < candidate.shape[-1])
+    head = candidate[:min_new_tokens].clone()
+    if banned:
+        head[:, banned] = float("-inf")
+    picks = torch.cat([head.argmax(dim=-1), candidate[min_new_tokens:].argmax(dim=-1)])
+    return float((picks == torch.tensor(list(tokens), device=picks.device)).to(torch.float64).mean())
+
+
+class SampleRunner:
+    """Runs the pending configurations of one sample at a time (see :mod:`ripplekv.evaluation.runner`).
+
+    Args:
+        config: the evaluation.
+        model: the model (variable-length attention enabled).
+        tokenizer: its tokenizer.
+        presses: the press of every (method, budget) of ``config.configurations`` and of ``("full", 1.0)``.
+    """
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        presses: dict[tuple[str, float], BasePress],
+    ) -> None:
+        if ("full", FULL_BUDGET) not in presses:
+            raise ValueError("presses must hold the full cache's press, ('full', 1.0)")
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.presses = presses
+        self.eos = eos_ids(model, tokenizer)
+        self.n_layers = model.config.get_text_config().num_hidden_layers
+
+    def _with_question(self, sample: EvalSample, state: Prefill) -> Prefill:
+        """Query-agnostic: run the question over the (compressed) context; question-aware: ``state`` as is."""
+        tail = sample.input_ids[sample.question_start :] if self.config.protocol == "query-agnostic" else ()
+        return extend(self.model, state, torch.tensor([list(tail)], dtype=torch.long)) if tail else state
+
+    def _derive(self, sample: EvalSample, method: str, budget: float, record: PrefillRecord) -> Prefill:
+        try:
+            state, _ = derived_prefill(record, self.presses[method, budget])
+        except NotDerivableError as err:
+            raise ValueError(
+                f"sample {sample.id}, {method} at budget {budget}: its cache cannot be derived from the shared "
+                f"prefill ({err})"
+            ) from err
+        except ValueError as err:
+            raise ValueError(f"sample {sample.id}, {method} at budget {budget}: {err}") from err
+        return state
+
+    def _decode(self, sample: EvalSample, state: Prefill) -> list[int]:
+        stops = self.eos | sample.extra_stop_ids
+        return greedy_decode(self.model, state, sample.max_new_tokens, stops, min_new_tokens=MIN_NEW_TOKENS)
+
+    def run_sample(
+        self, sample: EvalSample, pending: Sequence[tuple[str, float]], answer: Sequence[int] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Rows of the ``pending`` configurations of ``sample``, the ``full`` row first.
+
+        Args:
+            sample: the sample.
+            pending: the (method, budget) pairs still to run.
+            answer: the full cache's answer stored by an earlier run (its ``full`` row's ``answer_ids``); decoded
+                again when None.
+        """
+        prefix = sample.input_ids[: sample.question_start] if self.config.protocol == "query-agnostic" else None
+        prefix = sample.input_ids if prefix is None else prefix
+        if not prefix:
+            raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
+        record = record_prefill(self.model, torch.tensor([list(prefix)], dtype=torch.long))
+        started = time.perf_counter()
+        full = self._derive(sample, "full", FULL_BUDGET, record)
+        full_kept = kept_tokens(full)
+        full = self._with_question(sample, full)
+        tokens = list(answer) if answer else self._decode(sample, full)
+        reference = teacher_forced_logprobs(self.model, full, tokens)
+        gold = encode(self.tokenizer, sample.gold) if sample.gold else []
+        full_gold_nll = mean_nll(teacher_forced_logprobs(self.model, full, gold), gold) if gold else None
+        common = {"prompt_tokens": len(sample.input_ids), "compressed_tokens": len(prefix)}
+        common["answer_tokens"] = len(tokens)
+        if ("full", FULL_BUDGET) in pending:
+            prediction = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            scores = {"kl": 0.0, "top1": 1.0, "gold_nll": full_gold_nll, "delta": 0.0 if gold else None}
+            row = self._row(sample, "full", FULL_BUDGET, prediction, tokens, full_kept, scores, common, started, record)
+            yield {**row, "answer_ids": tokens}
+        stops = self.eos | sample.extra_stop_ids
+        for method, budget in pending:
+            if method == "full":
+                continue
+            started = time.perf_counter()
+            state = self._derive(sample, method, budget, record)
+            kept = kept_tokens(state)
+            state = self._with_question(sample, state)
+            candidate = teacher_forced_logprobs(self.model, state, tokens)
+            scores = {
+                "kl": fidelity(reference, candidate, tokens).kl,
+                "top1": greedy_agreement(candidate, tokens, stops),
+                "gold_nll": None,
+                "delta": None,
+            }
+            del candidate
+            if gold:
+                scores["gold_nll"] = mean_nll(teacher_forced_logprobs(self.model, state, gold), gold)
+                scores["delta"] = scores["gold_nll"] - full_gold_nll
+            decoded = self._decode(sample, state) if self.config.score == "both" else None
+            prediction = None if decoded is None else self.tokenizer.decode(decoded, skip_special_tokens=True)
+            yield self._row(sample, method, budget, prediction, decoded, kept, scores, common, started, record)
+
+    def _row(
+        self,
+        sample: EvalSample,
+        method: str,
+        budget: float,
+        prediction: str | None,
+        decoded: list[int] | None,
+        kept: list[int],
+        scores: dict[str, float | None],
+        common: dict[str, int],
+        started: float,
+        record: PrefillRecord,
+    ) -> dict[str, Any]:
+        return {
+            "sample_id": sample.id,
+            "task": sample.task,
+            "method": method,
+            "budget": budget,
+            "prediction": prediction,
+            "score": None if prediction is None else float(sample.score(prediction)),
+            "prompt_tokens": common["prompt_tokens"],
+            "compressed_tokens": common["compressed_tokens"],
+            "kept_tokens": kept,
+            "kv_fraction": round(sum(kept) / (self.n_layers * common["compressed_tokens"]), 6),
+            "generated_tokens": 0 if decoded is None else len(decoded),
+            "fidelity_kl": scores["kl"],
+            "top1_agreement": scores["top1"],
+            "gold_nll": scores["gold_nll"],
+            "gold_nll_delta": scores["delta"],
+            "answer_tokens": common["answer_tokens"],
+            "seconds": round(time.perf_counter() - started, 4),
+            "prefill_seconds": round(record.seconds, 4),
+            "shared_prefill": True,
+            "meta": dict(sample.meta),
+        }

@@ -1,0 +1,144 @@
+"""Fidelity of a compressed cache to the full cache: teacher-forced next-token distributions compared.
+
+The full cache's own greedy answer is teacher-forced over the full cache (the reference) and over a compressed
+cache (the candidate); at every position of the answer the two next-token distributions are compared by their
+KL divergence ``KL(reference || candidate)`` (in nats) and by whether the candidate's argmax is the answer's
+token (top-1 agreement). The mean NLL of a gold answer teacher-forced over a cache is reported as well. The KL
+is the same output-level signal RippleKV's profiling measures for perturbed caches (:mod:`ripplekv.profiling`),
+here taken over the positions of the answer.
+
+Everything is float64 (log-softmax of the model's logits cast to float64); no per-position clamping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from ripplekv.inference.generate import Prefill
+from ripplekv.inference.module_state import applied_state
+from ripplekv.models.cache import fork_cache
+
+__all__ = ["Fidelity", "fidelity", "mean_nll", "teacher_forced_logprobs"]
+
+
+def _check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
+    ids = [int(t) for t in tokens]
+    if not ids:
+        raise ValueError("tokens is empty: teacher forcing needs at least one token")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {vocab}")
+    return ids
+
+
+@torch.no_grad()
+def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequence[int]) -> torch.Tensor:
+    """Next-token log-probabilities along ``tokens`` forced after the prompt of ``state``.
+
+    Row ``i`` is the distribution of the token at position ``i`` given the prompt and ``tokens[:i]``: row 0 is
+    ``state.next_logits``; the others come from one forward pass of ``tokens[:-1]`` over a fork of
+    ``state.cache`` (``state`` is left unchanged) at their true positions (``state.prompt_tokens`` onwards),
+    with ``state.attention_state`` applied. Multi-token passes over per-layer compressed caches need the
+    variable-length attention of :func:`ripplekv.models.attention.enable_varlen_attention`.
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt.
+        tokens: the forced tokens (at least one).
+
+    Returns:
+        ``(len(tokens), vocab)`` float64 log-softmax, on the CPU.
+    """
+    vocab = state.next_logits.shape[-1]
+    ids = _check_tokens(tokens, vocab)
+    rows = [state.next_logits.reshape(1, vocab).to("cpu", torch.float64)]
+    if len(ids) > 1:
+        device = state.next_logits.device
+        positions = torch.arange(state.prompt_tokens, state.prompt_tokens + len(ids) - 1, device=device)
+        with applied_state(model, state.attention_state):
+            logits = model(
+                torch.tensor([ids[:-1]], device=device),
+                past_key_values=fork_cache(state.cache),
+                use_cache=True,
+                cache_position=positions,
+                position_ids=positions.unsqueeze(0),
+            ).logits
+        if logits.shape[1] != len(ids) - 1:
+            raise ValueError(f"the model returned logits for {logits.shape[1]} of {len(ids) - 1} positions")
+        rows.append(logits[0].to("cpu", torch.float64))
+    return torch.log_softmax(torch.cat(rows, dim=0), dim=-1)
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How closely a candidate cache's next-token distributions follow the reference's along an answer.
+
+    Args:
+        kl: mean over positions of ``KL(reference_i || candidate_i)``, in nats.
+        top1: fraction of positions where the candidate's argmax is the answer's token.
+        positions: number of positions compared.
+    """
+
+    kl: float
+    top1: float
+    positions: int
+
+    def __post_init__(self) -> None:
+        if self.positions < 1:
+            raise ValueError(f"positions must be >= 1, got {self.positions}")
+        if not 0.0 <= self.top1 <= 1.0:
+            raise ValueError(f"top1 must be in [0, 1], got {self.top1}")
+
+
+def _check_logprobs(name: str, logprobs: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
+        raise ValueError(f"{name} must be a (positions, vocab) tensor of log-probabilities")
+    if not logprobs.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {logprobs.dtype}")
+    if logprobs.shape[0] != len(tokens):
+        raise ValueError(f"{name} has {logprobs.shape[0]} rows for {len(tokens)} tokens")
+    return logprobs.to(torch.float64)
+
+
+def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[int]) -> Fidelity:
+    """Mean KL divergence and top-1 agreement of ``candidate`` against ``reference`` along ``tokens``.
+
+    Args:
+        reference: ``(positions, vocab)`` log-probabilities over the reference (full) cache, e.g. from
+            :func:`teacher_forced_logprobs`.
+        candidate: the same over the candidate (compressed) cache.
+        tokens: the forced answer (``tokens[i]`` is the token at row ``i``), usually the reference's own greedy
+            answer.
+
+    Returns:
+        ``kl``: mean over rows of ``sum_v p_ref(v) (log p_ref(v) - log p_cand(v))`` in float64 (terms with
+        ``p_ref(v) = 0`` contribute 0); ``top1``: fraction of rows with ``candidate_i.argmax() == tokens[i]``.
+    """
+    ref = _check_logprobs("reference", reference, tokens)
+    cand = _check_logprobs("candidate", candidate, tokens)
+    ids = _check_tokens(tokens, ref.shape[-1])
+    if ref.shape != cand.shape:
+        raise ValueError(f"reference {tuple(ref.shape)} and candidate {tuple(cand.shape)} differ in shape")
+    p = ref.exp()
+    terms = torch.where(p > 0, p * (ref - cand), torch.zeros((), dtype=torch.float64))
+    kl = float(terms.sum(dim=-1).mean())
+    target = torch.tensor(ids, device=cand.device)
+    top1 = float((cand.argmax(dim=-1) == target).to(torch.float64).mean())
+    return Fidelity(kl=kl, top1=top1, positions=len(ids))
+
+
+def mean_nll(logprobs: torch.Tensor, tokens: Sequence[int]) -> float:
+    """Mean negative log-likelihood of ``tokens`` under teacher-forced ``logprobs``: ``mean_i -logprobs[i, tokens[i]]``.
+
+    Args:
+        logprobs: ``(len(tokens), vocab)`` log-probabilities (e.g. from :func:`teacher_forced_logprobs`).
+        tokens: the forced tokens.
+    """
+    rows = _check_logprobs("logprobs", logprobs, tokens)
+    ids = _check_tokens(tokens, rows.shape[-1])
+    index = torch.tensor(ids, device=rows.device).unsqueeze(1)
+    return float(-rows.gather(1, index).mean())

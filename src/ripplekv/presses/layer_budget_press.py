@@ -1,0 +1,155 @@
+"""LayerBudgetPress: any kvpress token scorer, any per-layer budget schedule (SnapKV, PyramidKV, RippleKV)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+from kvpress import ScorerPress, SnapKVPress
+from kvpress.presses.base_press import BasePress
+from torch import nn
+from transformers import PreTrainedModel
+
+from ripplekv.allocation.budgets import _is_integer
+from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
+from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
+
+__all__ = ["LayerBudgetPress", "has_padding"]
+
+
+def has_padding(attention_mask: torch.Tensor | None) -> bool:
+    """Whether a prefill's 4D attention mask hides some token from the last query (i.e. padding)."""
+    if attention_mask is None:
+        return False
+    last = attention_mask[..., -1, :]
+    visible = last if last.dtype == torch.bool else last == 0
+    return not bool(visible.all())
+
+
+def _num_layers(model: PreTrainedModel) -> int:
+    return int(model.config.get_text_config().num_hidden_layers)
+
+
+@dataclass
+class LayerBudgetPress(BasePress):
+    """Per-layer KV-cache budgets from a schedule, tokens ranked by any kvpress scorer.
+
+    During prefill, layer ``l`` ranks its tokens with ``press.score()`` and keeps exactly
+    ``schedule.layer_budgets(n_layers, prompt_tokens, floor)[l]`` of them. With SnapKV's scorer,
+    :class:`~ripplekv.allocation.UniformSchedule` is SnapKV (tensor for tensor what kvpress's ``SnapKVPress``
+    keeps), :class:`~ripplekv.allocation.PyramidSchedule` is PyramidKV and
+    :class:`~ripplekv.allocation.ProfileSchedule` is RippleKV. Token selection is the scorer's; only the
+    count changes, and no extra model pass is run.
+
+    The press never mutates the scorer: scorers whose scores depend on ``compression_ratio`` (StreamingLLM)
+    are called on a copy set to the layer's own ratio, so one press can serve several models at once.
+
+    Applying the press to a model (``with press(model):``, which calls :meth:`post_init_from_model`) switches
+    the model, in place and for good, to the variable-length variant of its attention implementation
+    (``ripplekv_sdpa`` / ``ripplekv_eager``, :mod:`ripplekv.models.attention`) whenever the schedule can give
+    layers different lengths, so that a multi-token pass over the compressed cache (a question after the
+    context) works on a model loaded the usual way. The variant computes exactly what the original computes on
+    caches whose layers have equal lengths.
+
+    A padded batch is refused (:class:`~ripplekv.models.attention.PaddedBatchError`) at every layer, even one
+    that keeps every token.
+
+    Parameters
+    ----------
+    press : ScorerPress
+        Token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored.
+    schedule : BudgetSchedule
+        Per-layer budgets (default: ``UniformSchedule(0.2)``).
+    min_tokens : int | None
+        Smallest budget a layer may get (``>= 1``; a layer with no token would break the cache); default: the
+        scorer's ``window_size`` if it has one (SnapKV always keeps its observation window), else 1.
+    """
+
+    press: ScorerPress = field(default_factory=SnapKVPress)
+    schedule: BudgetSchedule = field(default_factory=lambda: UniformSchedule(0.2))
+    min_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.press, ScorerPress):
+            raise TypeError(f"{type(self).__name__} wraps a kvpress ScorerPress, got {type(self.press).__name__}")
+        if not isinstance(self.schedule, BudgetSchedule):
+            raise TypeError(f"schedule must be a BudgetSchedule, got {type(self.schedule).__name__}")
+        if self.min_tokens is not None and (not _is_integer(self.min_tokens) or self.min_tokens < 1):
+            raise ValueError(
+                "min_tokens must be an integer >= 1 (a layer keeping no token breaks the cache), "
+                f"got {self.min_tokens!r}"
+            )
+
+    @property
+    def window(self) -> int:
+        """The scorer's observation window (0 if it has none)."""
+        return int(getattr(self.press, "window_size", 0) or 0)
+
+    @property
+    def floor(self) -> int:
+        """The smallest budget a layer gets: ``min_tokens``, else the scorer's window, else 1."""
+        if self.min_tokens is not None:
+            return int(self.min_tokens)
+        return max(1, self.window)
+
+    @property
+    def compression_ratio(self) -> float:
+        """Average fraction removed, when the budget is a fraction (kvpress convention); NaN for token counts."""
+        budget = float(self.schedule.budget)
+        return 1.0 - budget if budget <= 1 else math.nan
+
+    def layer_budgets(self, prompt_tokens: int, n_layers: int) -> tuple[int, ...]:
+        """Tokens kept by each of ``n_layers`` layers for a prompt of ``prompt_tokens`` tokens."""
+        return self.schedule.layer_budgets(n_layers, prompt_tokens, self.floor)
+
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
+        """Check the schedule against the model and, unless budgets are uniform, enable variable-length attention.
+
+        Raises:
+            ValueError: if the schedule does not fit the model (e.g. a profile of another depth), or if the
+                model's attention implementation has no variable-length variant.
+        """
+        self.schedule.check_layers(_num_layers(model))
+        if not self.schedule.uniform and not uses_varlen_attention(model):
+            current = model.config._attn_implementation
+            try:
+                enable_varlen_attention(model)
+            except ValueError as error:
+                raise ValueError(
+                    f"{type(self).__name__} gives layers different numbers of tokens, which the attention "
+                    f"implementation {current!r} cannot attend over: load the model with "
+                    "attn_implementation='sdpa' or 'eager' (or call model.set_attn_implementation('sdpa')), then "
+                    "apply the press (or call ripplekv.models.attention.enable_varlen_attention(model))"
+                ) from error
+        self.press.post_init_from_model(model)
+
+    def compress(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep layer ``module.layer_idx``'s budget of the scorer's highest-scored tokens (see the class)."""
+        # Checked first, at every layer: a layer that keeps every token would otherwise let a padded batch
+        # through, and the mask fitted over the compressed layers would then attend to the padding.
+        if has_padding(kwargs.get("attention_mask")):
+            raise PaddedBatchError(
+                f"{type(self).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
+            )
+        k_len = keys.shape[2]
+        if k_len <= self.window:
+            raise ValueError(f"the prompt has {k_len} tokens, not more than the {self.window}-token selection window")
+        n_kept = self.layer_budgets(k_len, int(module.config.num_hidden_layers))[module.layer_idx]
+        if n_kept >= k_len:
+            return keys, values
+        # Scorers such as StreamingLLM derive their scores from compression_ratio: score with a copy set to
+        # this layer's ratio (a new object: the caller's press is never modified).
+        scorer = replace(self.press, compression_ratio=1.0 - n_kept / k_len)
+        scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
+        indices = scores.topk(n_kept, dim=-1).indices
+        indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
+        return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()

@@ -1,0 +1,93 @@
+"""Per-sample checkpoints of a profiling run, so an interrupted run resumes where it stopped.
+
+A JSON-lines file: the first line is the run's key (architecture, weights fingerprint, calibration digest,
+noise settings), then one line per finished sample. A file whose key differs from the current run's (other
+weights of the same architecture, another calibration set, another alpha...) is never mixed in: the run
+starts over and overwrites it, with a warning naming the fields that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SampleScores:
+    """Per-layer scores of one calibration sample.
+
+    Attributes:
+        kl: per-layer KL divergence (nats), averaged over positions and noise draws.
+        local: per-layer relative change of the layer's attention output.
+        context_tokens: tokens of the (possibly cut) context.
+        continuation_tokens: tokens of the continuation.
+    """
+
+    kl: tuple[float, ...]
+    local: tuple[float, ...]
+    context_tokens: int
+    continuation_tokens: int
+
+
+def _read(path: Path, key: Mapping[str, Any]) -> dict[int, SampleScores]:
+    lines = path.read_text().splitlines()
+    try:
+        header = json.loads(lines[0]) if lines else None
+    except json.JSONDecodeError:
+        header = None
+    if header != key:
+        if isinstance(header, dict):
+            diff = sorted(k for k in set(header) | set(key) if header.get(k) != key.get(k))
+            logger.warning("checkpoint %s was made by another run (%s differ): starting over", path, ", ".join(diff))
+        elif lines:
+            logger.warning("checkpoint %s has no readable header: starting over", path)
+        return {}
+    done: dict[int, SampleScores] = {}
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line cut by an interruption: that sample is redone
+        done[row["sample"]] = SampleScores(
+            tuple(row["kl"]), tuple(row["local"]), row["context_tokens"], row["continuation_tokens"]
+        )
+    return done
+
+
+class Checkpoint:
+    """Per-sample results in a JSON-lines file; the first line is the run's key.
+
+    Args:
+        path: the checkpoint file (created with its parent directories if needed).
+        key: what must match for saved samples to be reused (JSON-serialisable).
+    """
+
+    def __init__(self, path: Path, key: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.key = dict(key)
+        self.done: dict[int, SampleScores] = _read(self.path, self.key) if self.path.exists() else {}
+        if not self.done:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.key) + "\n")
+
+    def add(self, index: int, scores: SampleScores) -> None:
+        """Append one finished sample (flushed and synced, so an interruption loses at most this line)."""
+        self.done[index] = scores
+        row = {
+            "sample": index,
+            "kl": scores.kl,
+            "local": scores.local,
+            "context_tokens": scores.context_tokens,
+            "continuation_tokens": scores.continuation_tokens,
+        }
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
