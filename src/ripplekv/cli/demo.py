@@ -10,23 +10,38 @@ from pathlib import Path
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.models import cache_root, load_model, model_identity
+from ripplekv.models.loading import weights_fingerprint
 from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
 from ripplekv.profiling.calibration import default_calibration
 from ripplekv.profiling.haystack import build_needle_prompt
+from ripplekv.profiling.sensitivity import SCORING_VERSION
 
 DEMO_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
+
+
+def default_profile_path(model: PreTrainedModel, config: ProfilingConfig) -> Path:
+    """Where :func:`cached_default_profile` keeps the profile of ``model`` (architecture, weights, scoring, config)."""
+    identity = model_identity(model)
+    weights = weights_fingerprint(model).removeprefix("sha256:")[:16]
+    name = (
+        f"{identity['config_hash'][:16]}-w{weights}-v{SCORING_VERSION}-default"
+        f"-a{config.alpha}-r{config.repeats}-s{config.seed}.json"
+    )
+    return cache_root() / "profiles" / name
 
 
 def cached_default_profile(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: ProfilingConfig | None = None
 ) -> SensitivityProfile:
-    """The model's profile on the default calibration set, measured once and cached under RIPPLEKV_CACHE."""
+    """The model's profile on the default calibration set, measured once and cached under RIPPLEKV_CACHE.
+
+    The cache file is named by the architecture, the weights' fingerprint and the scoring version, so a
+    profile measured on other weights of the same architecture, or by an older scoring, is never reused.
+    """
     config = config or ProfilingConfig()
     from tqdm import tqdm
 
-    identity = model_identity(model)
-    name = f"{identity['config_hash'][:16]}-default-a{config.alpha}-r{config.repeats}-s{config.seed}.json"
-    path = cache_root() / "profiles" / name
+    path = default_profile_path(model, config)
     if path.exists():
         profile = SensitivityProfile.load(path)
         print(f"profile: cached {path}")
