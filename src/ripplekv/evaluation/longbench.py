@@ -20,12 +20,12 @@ prompt, generation length and metric of their base task.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ripplekv.evaluation.jsonlines import iter_json_lines
 from ripplekv.evaluation.longbench_config import (
     CHAT_TEMPLATE_MODES,
     ENGLISH_TASKS,
@@ -140,16 +140,8 @@ def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
     if not path.is_file():
         raise FileNotFoundError(f"LongBench file for task {task!r} not found: {path}")
     records: list[LongBenchRecord] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from error
-            records.append(_parse_record(task, raw, where))
+    for where, _, raw in iter_json_lines(path):
+        records.append(_parse_record(task, raw, where))
     return records
 
 

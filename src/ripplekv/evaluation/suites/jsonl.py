@@ -15,13 +15,13 @@ answer for ``gold_nll`` is the first answer. The task is named after the file (i
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ripplekv.evaluation.config import EvalSample
+from ripplekv.evaluation.jsonlines import iter_json_lines
 from ripplekv.evaluation.metrics import METRICS
 from ripplekv.evaluation.suites.base import Suite, prompt_parts, split_prompt
 
@@ -124,20 +124,12 @@ def load_jsonl(path: str | Path, metric: str = DEFAULT_JSONL_METRIC) -> list[Jso
         raise FileNotFoundError(f"JSONL data file not found: {path}")
     records: list[JsonlRecord] = []
     lines: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from error
-            record = _parse(raw, len(records), metric, where)
-            if record.id in lines:
-                raise ValueError(f"{where}: id {record.id!r} repeats the record on line {lines[record.id]}")
-            lines[record.id] = line_number
-            records.append(record)
+    for where, line_number, raw in iter_json_lines(path):
+        record = _parse(raw, len(records), metric, where)
+        if record.id in lines:
+            raise ValueError(f"{where}: id {record.id!r} repeats the record on line {lines[record.id]}")
+        lines[record.id] = line_number
+        records.append(record)
     if not records:
         raise ValueError(f"{path} holds no record")
     return records
