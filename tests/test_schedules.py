@@ -61,9 +61,8 @@ def test_uniform_invariants(budget, n_layers, prompt_tokens, floor):
 def test_pyramid_invariants(budget, n_layers, prompt_tokens, floor, window, beta):
     schedule = PyramidSchedule(budget, window_size=window, beta=beta)
     average = resolve_average_budget(budget, prompt_tokens)
-    if average <= window:
-        with pytest.raises(ValueError, match="PyramidKV needs more tokens per layer than its"):
-            schedule.layer_budgets(n_layers, prompt_tokens, floor)
+    if average <= window:  # nothing beyond the window to distribute: SnapKV's uniform budgets
+        assert schedule.layer_budgets(n_layers, prompt_tokens, floor) == (average,) * n_layers
         return
     result = _check_invariants(schedule, n_layers, prompt_tokens, floor)
     assert all(a >= b for a, b in zip(result, result[1:])), "non-increasing in depth"
@@ -114,11 +113,12 @@ def test_pyramid_capacities_follow_the_authors_code():
     assert set(PyramidSchedule(0.5, window_size=8, beta=1).layer_budgets(5, 300, 8)) == {150}
 
 
-def test_pyramid_window_not_smaller_than_the_budget_is_a_clear_error():
-    with pytest.raises(ValueError, match="64-token window: budget 0.03 of 2048 prompt tokens keeps 61 per layer"):
-        PyramidSchedule(0.03, window_size=64).layer_budgets(30, 2048, 64)
-    with pytest.raises(ValueError, match="keeps 64 per layer"):
-        PyramidSchedule(64, window_size=64).layer_budgets(30, 2048, 64)
+def test_pyramid_window_not_smaller_than_the_budget_keeps_snapkv_budgets():
+    """No tokens beyond the window to distribute (the authors' code asserts): every layer keeps C, as SnapKV."""
+    assert PyramidSchedule(0.03, window_size=64).layer_budgets(30, 2048, 64) == (61,) * 30
+    assert PyramidSchedule(64, window_size=64).layer_budgets(30, 2048, 64) == (64,) * 30
+    assert PyramidSchedule(0.1, window_size=64).layer_budgets(30, 284, 64) == (28,) * 30  # a short LongBench prompt
+    assert PyramidSchedule(0.1, window_size=64).layer_budgets(30, 2048, 64)[0] == 333  # a real pyramid above it
 
 
 def test_profile_schedule_checks_the_number_of_layers():
@@ -228,5 +228,6 @@ def test_allocate_compare_and_without_profile(profile_path: Path, capsys: pytest
         main([*ALLOCATE, "--layers", "30", "--schedule", "ripplekv"])
     with pytest.raises(SystemExit, match="--layers N"):
         main([*ALLOCATE, "--schedule", "pyramidkv"])
-    assert main([*ALLOCATE, "--layers", "30", "--schedule", "pyramidkv", "--window-size", "256"]) == 2
-    assert "PyramidKV needs more tokens per layer than its 256-token window" in capsys.readouterr().err
+    # 204 tokens per layer under a 256-token window: no pyramid to build, every layer keeps 204
+    assert main([*ALLOCATE, "--layers", "30", "--schedule", "pyramidkv", "--window-size", "256", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budgets"] == [204] * 30

@@ -147,6 +147,10 @@ class PyramidSchedule(BudgetSchedule):
     are compared at the same number of kept tokens. There is no fallback to uniform budgets (kvpress 0.5.5's
     ``PyramidKVPress`` falls back to SnapKV unless ``C - W >= beta * W``, i.e. at every length used here).
 
+    One degenerate case: when ``C <= W`` (a short prompt at a small budget: 10% of a 284-token prompt is 28
+    tokens per layer, under a 64-token window) there are no tokens beyond the window for the pyramid to
+    distribute (the authors' code asserts ``C > W``), and every layer keeps ``C`` tokens, as SnapKV does.
+
     Attributes:
         budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
         window_size: SnapKV's observation window ``W`` (``>= 1``), always kept by every layer.
@@ -168,20 +172,13 @@ class PyramidSchedule(BudgetSchedule):
     def capacities(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
         """The authors' per-layer capacities (selected tokens + window), before rescaling to ``L * C``.
 
-        Raises:
-            ValueError: if the uniform budget ``C`` is not larger than the window.
+        When the uniform budget ``C`` is not larger than the window, ``C`` for every layer (see the class).
         """
         _check_call(n_layers, 0)
         per_layer = resolve_average_budget(self.budget, prompt_tokens)
         window = int(self.window_size)
-        if per_layer <= window:
-            raise ValueError(
-                f"PyramidKV needs more tokens per layer than its {window}-token window: budget {self.budget} of "
-                f"{prompt_tokens} prompt tokens keeps {per_layer} per layer; use a larger budget, a longer "
-                "prompt or a smaller window_size"
-            )
-        if n_layers == 1:
-            return (per_layer,)
+        if per_layer <= window or n_layers == 1:
+            return (per_layer,) * n_layers
         spare = per_layer - window
         min_num = spare // self.beta
         max_num = 2 * spare - min_num
@@ -204,6 +201,8 @@ def _pyramid_budgets(
     schedule = PyramidSchedule(budget, window, beta)
     capacities = schedule.capacities(n_layers, prompt_tokens)
     total = n_layers * resolve_average_budget(budget, prompt_tokens)
+    if len(set(capacities)) == 1:  # a flat pyramid (e.g. C <= W: nothing beyond the window): every layer keeps C
+        return (total // n_layers,) * n_layers
     weights = [Fraction(c) for c in capacities]
     return tuple(scale_to_total(weights, total, max(floor, window), prompt_tokens))
 
