@@ -343,3 +343,25 @@ def test_cli_json_metrics_seed_and_errors(tmp_path: Path, capsys: pytest.Capture
     assert capsys.readouterr().out.startswith("task,method,budget,score,percent_of_full,samples\n")
     with pytest.raises(ValueError, match="format must be one of"):
         report_module.report(out, "html")
+
+
+def test_statistics_use_only_samples_with_every_configuration(tmp_path: Path) -> None:
+    """A running or interrupted run: a sample without some configuration stays out of every mean and test."""
+    out = _planted_run(tmp_path / "run")
+    rows = [json.loads(line) for line in (out / RESULTS_FILE).read_text().splitlines()]
+    # the last sample of task0 was interrupted after its snapkv row at 10%, with an extreme value
+    last = "task0/29"
+    kept = [r for r in rows if r["sample_id"] != last or (r["method"], r["budget"]) in {("full", 1.0), ("snapkv", 0.1)}]
+    next(r for r in kept if r["sample_id"] == last and r["method"] == "snapkv")["fidelity_kl"] = 1e6
+    partial = _write_run(tmp_path / "partial", kept, ["full", "snapkv", "pyramidkv", "ripplekv"], [0.1, 0.2])
+    complete = _write_run(
+        tmp_path / "complete",
+        [r for r in rows if r["sample_id"] != last],
+        ["full", "snapkv", "pyramidkv", "ripplekv"],
+        [0.1, 0.2],
+    )
+    got = json.loads(report_module.report(partial, "json"))["statistics"]
+    want = json.loads(report_module.report(complete, "json"))["statistics"]
+    assert got["incomplete_samples"] == 1 and want["incomplete_samples"] == 0
+    assert got["metrics"] == want["metrics"]
+    assert "1 sample(s) without a row for every configuration are left out" in report_module.report(partial)

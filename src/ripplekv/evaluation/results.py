@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ __all__ = [
     "ResultsLog",
     "RowKey",
     "check_or_write_config",
+    "complete_samples",
     "row_key",
     "sha256_json",
 ]
@@ -35,6 +36,26 @@ CONFIG_FORMAT = "ripplekv-eval/1"
 ROW_KEYS = ("sample_id", "method", "budget")
 
 RowKey = tuple[str, str, float]
+
+
+def complete_samples(
+    rows: Sequence[Mapping[str, Any]], configurations: Iterable[tuple[str, float]]
+) -> tuple[list[Mapping[str, Any]], int]:
+    """The rows of the samples that hold a row for every one of ``configurations``, and how many samples do not.
+
+    A run that is still going, or was interrupted, has samples with only some configurations; comparing means
+    over different sample sets would compare different prompts, so statistics use complete samples only.
+
+    Args:
+        rows: result rows (``results.jsonl``).
+        configurations: the (method, budget) pairs every sample of the run gets.
+    """
+    expected = {(str(m), float(b)) for m, b in configurations}
+    seen: dict[str, set[tuple[str, float]]] = {}
+    for row in rows:
+        seen.setdefault(str(row["sample_id"]), set()).add((str(row["method"]), float(row["budget"])))
+    complete = {sample for sample, have in seen.items() if expected <= have}
+    return [row for row in rows if str(row["sample_id"]) in complete], len(seen) - len(complete)
 
 
 class ConfigMismatchError(ValueError):

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ripplekv.evaluation.results import complete_samples
 from ripplekv.evaluation.runner import FULL_BUDGET
 from ripplekv.evaluation.stats import (
     ALPHA,
@@ -67,6 +68,7 @@ class RunStats:
     metrics: dict[str, MetricStats]
     skipped: dict[str, str]
     strata: dict[str, int]
+    incomplete: int = 0  # samples left out because they lack some configuration (a running or interrupted run)
 
 
 def _task_of(row: Mapping[str, Any]) -> str:
@@ -97,6 +99,8 @@ def analyse_run(
         if unknown:
             raise ValueError(f"unknown metric(s) {', '.join(unknown)}: choose from {', '.join(METRICS)}")
     bootstrap = Bootstrap(resamples=resamples, seed=seed, confidence=CONFIDENCE)
+    configurations = [(m, FULL_BUDGET) if m == REFERENCE else (m, float(b)) for m in methods for b in budgets]
+    rows, incomplete = complete_samples(rows, configurations)
     analysed: dict[str, MetricStats] = {}
     skipped: dict[str, str] = {}
     strata: dict[str, int] = {}
@@ -116,7 +120,7 @@ def analyse_run(
         for samples in values.values():
             for task, per_sample in samples.items():
                 strata[task] = max(strata.get(task, 0), len(per_sample))
-    return RunStats(resamples, seed, CONFIDENCE, analysed, skipped, strata)
+    return RunStats(resamples, seed, CONFIDENCE, analysed, skipped, strata, incomplete)
 
 
 def legend(methods: Sequence[str]) -> list[str]:
@@ -219,6 +223,11 @@ def markdown_significance(run: RunStats) -> list[str]:
         run: the run's statistics.
     """
     lines = ["## Significance", "", rule_text(run)]
+    if run.incomplete:
+        lines += [
+            "",
+            f"{run.incomplete} sample(s) without a row for every configuration are left out of the statistics.",
+        ]
     caveat = _caveat(run)
     if caveat:
         lines += ["", caveat]
@@ -338,6 +347,7 @@ def stats_json(run: RunStats) -> dict[str, Any]:
         "rule": rule_text(run),
         "caveat": _caveat(run),
         "strata": run.strata,
+        "incomplete_samples": run.incomplete,
         "metrics": metrics,
         "skipped": run.skipped,
     }
