@@ -173,14 +173,26 @@ def generate_niah(
         filler_value = _value_drawer(filler_rng, spec.value, taken, [w for w in words if w not in taken])
         units = Units(tokenizer, needle_source(lambda: needle(next(filler_keys), filler_value())))
 
-    hay = units
-    fixed = sum(piece_token_counts(tokenizer, [preamble + "\n", *(" " + text for text in needles)]))
+    context, count = _fit_with_inserts(tokenizer, target, task, units, preamble, list(zip(depths, needles)))
+    return context, count, question, answers, answer_prefix
+
+
+def _fit_with_inserts(
+    tokenizer: TextTokenizer,
+    target: int,
+    task: str,
+    hay: Units,
+    preamble: str,
+    placed: list[tuple[float, str]],
+) -> tuple[str, int]:
+    """The preamble and as much of ``hay`` as fits ``target`` tokens, each ``(depth, text)`` inserted at its depth."""
+    fixed = sum(piece_token_counts(tokenizer, [preamble + "\n", *(" " + text for _, text in placed)]))
 
     def render(n: int) -> str:
-        inserts = [(hay.insertion_point(depth, n), depth, text) for depth, text in zip(depths, needles)]
+        inserts = [(hay.insertion_point(depth, n), depth, text) for depth, text in placed]
         return f"{preamble}\n{hay.text(n, inserts)}"
 
-    context, count = fit_context(
+    return fit_context(
         tokenizer,
         target,
         task,
@@ -189,7 +201,6 @@ def generate_niah(
         render=render,
         min_n=max(1, hay.smallest_with(MIN_HAYSTACK_TOKENS)),
     )
-    return context, count, question, answers, answer_prefix
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -227,21 +238,7 @@ def _generate_vt(
     )
 
     hay = Units(tokenizer, noise_source(tokenizer))
-    fixed = sum(piece_token_counts(tokenizer, [preamble + "\n", *(" " + text for _, text in statements)]))
-
-    def render(n: int) -> str:
-        inserts = [(hay.insertion_point(position, n), position, text) for position, text in statements]
-        return f"{preamble}\n{hay.text(n, inserts)}"
-
-    context, count = fit_context(
-        tokenizer,
-        target,
-        task,
-        estimate=lambda n: fixed + hay.tokens(n),
-        largest_within=lambda budget: hay.largest_within(budget - fixed),
-        render=render,
-        min_n=max(1, hay.smallest_with(MIN_HAYSTACK_TOKENS)),
-    )
+    context, count = _fit_with_inserts(tokenizer, target, task, hay, preamble, statements)
     return context, count, question, answers, answer_prefix
 
 
