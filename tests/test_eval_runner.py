@@ -20,6 +20,8 @@ from ripplekv.evaluation.runner import (
     EvalConfig,
     ResultsLog,
     build_samples,
+    load_run_profiles,
+    needs_sensitivity_profile,
     run_eval,
 )
 from ripplekv.inference import extend, greedy_decode, prefill
@@ -38,7 +40,7 @@ pytestmark = [
 ]
 
 WINDOW = 8
-TIMING = ("seconds", "prefill_seconds")
+TIMING = ("seconds", "prefill_seconds", "decode_rows")  # how a row was run, not what it holds
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +317,21 @@ def test_ruler_query_agnostic_matches_direct(loaded: tuple[Any, Any], profile_pa
     assert "## niah_single_noise_number (2 samples)" in text and "## vt (2 samples)" in text
 
 
+def test_one_profile_rule_for_every_run(profile_path: Path) -> None:
+    """run_eval and run_eval_ray share load_run_profiles: the ripplekv methods take --profile, ripplekv-oracle
+    takes --oracle-profile only, and a profile given to methods that do not use it is not read."""
+    assert needs_sensitivity_profile(["full", "ripplekv-local"]) and needs_sensitivity_profile(["ripplekv-ada"])
+    assert not needs_sensitivity_profile(["full", "snapkv", "pyramidkv", "ripplekv-oracle"])
+    with pytest.raises(ValueError, match="need --profile"):
+        load_run_profiles(EvalConfig(suite="needle", methods=("snapkv", "ripplekv")))
+    with pytest.raises(ValueError, match="needs --oracle-profile"):
+        load_run_profiles(EvalConfig(suite="needle", methods=("ripplekv-oracle",)))
+    unused = load_run_profiles(EvalConfig(suite="needle", methods=("snapkv",), profile=str(profile_path) + ".nope"))
+    assert unused.profile is None and unused.oracles == ()
+    used = load_run_profiles(EvalConfig(suite="needle", methods=("ripplekv",), profile=str(profile_path)))
+    assert used.profile is not None and used.oracles == ()
+
+
 def test_bad_options_are_clear_errors(profile_path: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown method"):
         EvalConfig(suite="needle", methods=("full", "nope"))
@@ -455,6 +472,29 @@ def test_score_fidelity_decodes_only_the_full_cache(
         assert {k: row[k] for k in fidelity_fields} == {k: both[key][k] for k in fidelity_fields}
 
 
+def test_batched_decoding_gives_the_sequential_rows(
+    needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default run decodes each sample's compressed configurations as one batch; one at a time gives the
+    same rows (the reference run's predictions are also checked against direct prefills above)."""
+    model, tokenizer = loaded
+    reference, config = needle_run
+    batched = [row for row in _rows(reference) if row["method"] != "full"]
+    assert {row["decode_rows"] for row in batched} == {6}  # snapkv, adakv, ripplekv x 2 budgets per sample
+    counter = _DecodeCounter(monkeypatch)
+    out = tmp_path / "sequential"
+    run_eval(replace(config, decode="sequential"), out, model, tokenizer, progress=False)
+    assert counter.calls == 14  # every configuration decoded alone
+    sequential = _comparable(_rows(out))
+    assert _comparable(_rows(reference)) == sequential
+    counter.calls = 0
+    run_eval(replace(config, decode_rows=4), tmp_path / "chunks", model, tokenizer, progress=False)
+    assert counter.calls == 2  # the full caches only
+    chunks = _comparable(_rows(tmp_path / "chunks"))
+    assert {row.get("decode_rows") for row in _rows(tmp_path / "chunks")} == {None, 4}
+    assert chunks == sequential
+
+
 def test_resume_mid_sample_reuses_the_stored_answer(
     needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -489,7 +529,8 @@ def test_full_cache_is_the_reference_without_a_full_row(
     counter = _DecodeCounter(monkeypatch)
     out = tmp_path / "no-full"
     summary = run_eval(replace(config, methods=("snapkv",), budgets=(0.3,)), out, model, tokenizer, progress=False)
-    assert summary.rows == 2 and counter.calls == 2 * 2  # the full cache's answer and snapkv's, per sample
+    # the full cache's answer per sample, decoded alone (snapkv's goes through the batched decoder)
+    assert summary.rows == 2 and counter.calls == 2
     both = _comparable(_rows(reference))
     for key, row in _comparable(_rows(out)).items():
         assert row["method"] == "snapkv" and "answer_ids" not in row

@@ -11,7 +11,9 @@ import torch
 from kvpress import SnapKVPress, StreamingLLMPress
 
 from ripplekv.allocation import ProfileSchedule, PyramidSchedule, UniformSchedule
+from ripplekv.analysis.oracle import ORACLE_METHOD, make_damage_profile
 from ripplekv.inference import extend, greedy_decode, prefill
+from ripplekv.inference.generate import kept_tokens
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
 from ripplekv.models.cache import cache_tensors, layer_lengths
 from ripplekv.presses import METHOD_DESCRIPTIONS, METHODS, LayerBudgetPress, RippleKVPress, make_press
@@ -253,11 +255,16 @@ def test_make_press_every_method() -> None:
     profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
     ids = random_ids(64, 9)
     assert set(METHOD_DESCRIPTIONS) == set(METHODS)
+    damage = make_damage_profile(profile.model, [profile.scores], 0.25, {"description": "test"}, "snapkv", 4, "test")
     for name in METHODS:
-        press = make_press(name, budget=0.25, profile=profile, window_size=4)
-        lengths = layer_lengths(prefill(enable_varlen_attention(model), ids, press).cache)
+        given = damage if name == ORACLE_METHOD else profile  # ripplekv-oracle takes a damage profile
+        press = make_press(name, budget=0.25, profile=given, window_size=4)
+        state = prefill(enable_varlen_attention(model), ids, press)
+        lengths = layer_lengths(state.cache)
         if name in ("full", "adakv"):  # AdaKV masks keys head-wise instead of dropping them
             assert lengths == [64] * 3
+        elif name == "ripplekv-ada":  # head-wise inside each layer: its kept count is the profile schedule's
+            assert kept_tokens(state) == list(press.layer_budgets(64, 3)) and sum(kept_tokens(state)) == 3 * 16
         elif name in ("snapkv", "streamingllm", "pyramidkv-kvpress"):  # kvpress's pyramid falls back to uniform
             assert lengths == [16] * 3
         else:  # per-layer schedules spend exactly SnapKV's total

@@ -6,9 +6,11 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ripplekv.cli.args import _add_model_args, _positive_int
 from ripplekv.models import cache_root, load_model, model_identity
 from ripplekv.models.loading import weights_fingerprint
 from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
@@ -16,7 +18,31 @@ from ripplekv.profiling.calibration import default_calibration
 from ripplekv.profiling.haystack import build_needle_prompt
 from ripplekv.profiling.sensitivity import SCORING_VERSION
 
+__all__ = ["DEMO_METHODS", "add_parser", "cached_default_profile", "default_profile_path", "run"]
+
 DEMO_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``demo`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    d = subparsers.add_parser(
+        "demo",
+        help="the main job on the default model: profile, allocate, answer a needle question",
+        # a description is printed as is (only arguments' help strings are %-formatted): a single % sign
+        description="Profile SmolLM2-135M (cached after the first run), allocate at 10% (and 50%), answer a "
+        "needle-in-a-haystack question in real essay text with full, snapkv, pyramidkv and ripplekv, print "
+        "a side-by-side table and save a plot of the profile and the budgets.",
+    )
+    _add_model_args(d)
+    d.add_argument(
+        "--budgets", default="0.1,0.5", help="kept fractions, comma-separated (default 0.1,0.5; the first is plotted)"
+    )
+    d.add_argument("--digits", type=_positive_int, default=4, help="digits of the needle's number (default 4)")
+    d.add_argument("--context-tokens", type=_positive_int, default=2048, help="haystack length (default 2048)")
+    d.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1] (default 0.5)")
+    d.add_argument("--seed", type=int, default=0, help="needle seed (default 0)")
+    d.add_argument("--out", default="ripplekv-demo", help="folder for the plot and results (default ripplekv-demo)")
+    return d
 
 
 def default_profile_path(model: PreTrainedModel, config: ProfilingConfig) -> Path:
@@ -64,7 +90,9 @@ def cached_default_profile(
     return profile
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Run ``ripplekv demo`` with parsed ``args``: print the table, save the plot and results; return the exit
+    status."""
     from ripplekv.cli.plots import plot_profile_and_budgets
     from ripplekv.inference import generate_answer
     from ripplekv.presses import make_press

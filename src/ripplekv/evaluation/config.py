@@ -8,6 +8,7 @@ validated, completed with their defaults and frozen by the suite (:mod:`ripplekv
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "MIN_NEW_TOKENS",
     "PROTOCOLS",
     "SCORE_MODES",
+    "DECODE_MODES",
     "EvalConfig",
     "EvalSample",
     "positive_int",
@@ -29,6 +31,7 @@ __all__ = [
 
 PROTOCOLS = ("question-aware", "query-agnostic")
 SCORE_MODES = ("both", "fidelity")
+DECODE_MODES = ("batched", "sequential")
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 DEFAULT_BUDGETS = (0.1, 0.2, 0.3)
@@ -66,6 +69,9 @@ class EvalConfig:
         tasks: the suite's tasks to run (default: the suite's own default; a suite without tasks refuses them).
         limit: at most this many samples per task; what it counts is the suite's (see each suite).
         profile: sensitivity profile JSON (the ripplekv methods need it).
+        oracle_profile: damage profile JSON file(s) written by ``ripplekv analyze`` (the ``ripplekv-oracle`` method
+            needs them): one used at every budget, or one per budget, each used at the budget it was measured at
+            (a single path is accepted too; stored as a tuple).
         protocol: ``question-aware`` (the whole prompt is compressed) or ``query-agnostic`` (the context part
             is compressed, then the question is run over each compressed cache).
         window_size: SnapKV's observation window.
@@ -77,6 +83,10 @@ class EvalConfig:
             full cache is decoded and scored; the compressed configurations get fidelity only).
         chat_template: ``auto`` (each suite's rule: LongBench pred.py's, the others the chat template whenever
             the tokenizer has one), ``on`` (always; the tokenizer must have one) or ``off`` (plain prompts).
+        decode: ``batched`` (default: with ``score="both"`` the compressed configurations of a sample decode as one
+            batch, :mod:`ripplekv.inference.batched`) or ``sequential`` (one at a time). Same greedy tokens up to
+            float rounding at near-ties; not part of the configuration compared on resume.
+        decode_rows: most configurations per decoding batch (None: all of a sample's at once).
         options: the suite's own options, a mapping of option name (the ``ripplekv eval`` flag with ``_`` for
             ``-``) to value; replaced by the suite's frozen options dataclass, defaults filled in.
     """
@@ -96,7 +106,10 @@ class EvalConfig:
     device: str | None = None
     score: str = "both"
     chat_template: str = "auto"
+    decode: str = "batched"
+    decode_rows: int | None = None
     options: Any = field(default_factory=dict)
+    oracle_profile: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         from ripplekv.evaluation.suites import get_suite
@@ -126,11 +139,24 @@ class EvalConfig:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
         if self.score not in SCORE_MODES:
             raise ValueError(f"score must be one of {', '.join(SCORE_MODES)}, got {self.score!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
+        positive_int("decode_rows", self.decode_rows, allow_none=True)
         if self.chat_template not in CHAT_TEMPLATE_MODES:
             modes = ", ".join(CHAT_TEMPLATE_MODES)
             raise ValueError(f"chat_template must be one of {modes}, got {self.chat_template!r}")
         if self.tasks is not None and (not self.tasks or len(set(self.tasks)) != len(self.tasks)):
             raise ValueError(f"tasks must be a non-empty list without duplicates, got {self.tasks!r}")
+        if self.oracle_profile is not None:
+            paths = (
+                (self.oracle_profile,) if isinstance(self.oracle_profile, (str, os.PathLike)) else self.oracle_profile
+            )
+            if not isinstance(paths, (tuple, list)):
+                raise TypeError(f"oracle_profile must be a path or a sequence of paths, got {type(paths).__name__}")
+            paths = tuple(os.fspath(p) if isinstance(p, os.PathLike) else p for p in paths)
+            if not paths or not all(isinstance(p, str) and p for p in paths) or len(set(paths)) != len(paths):
+                raise ValueError(f"oracle_profile must be one or more distinct profile paths, got {paths!r}")
+            object.__setattr__(self, "oracle_profile", paths)
         positive_int("limit", self.limit, allow_none=True)
         positive_int("window_size", self.window_size)
         positive_int("max_new_tokens", self.max_new_tokens, allow_none=True)

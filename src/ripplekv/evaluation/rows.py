@@ -18,7 +18,10 @@ One row per (sample, method, budget), written to ``results.jsonl``:
 ``gold_nll_delta``  ``gold_nll`` minus the full cache's on the same sample (0.0 for ``full``; lower is better)
 ``answer_tokens``   length of the full cache's answer (its final stop token included when it has one)
 ``answer_ids``      that answer's token ids, in the ``full`` row only (a resumed run reuses them)
-``seconds``         wall time of this configuration (derivation, question, teacher forcing, decoding)
+``seconds``         wall time of this configuration (derivation, question, teacher forcing, decoding; a row decoded
+                    in a batch counts its share, the batch's decoding time over its rows)
+``decode_rows``     most configurations decoded together in one batch (1: caches that cannot be batched were
+                    decoded one at a time); absent under ``--decode sequential`` and where nothing was decoded
 ``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: always true
 ``meta``            the sample's metadata (LongBench length, needle depth, ...)
 ==================  =====================================================================================
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.evaluation.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv.evaluation.suites.base import encode
+from ripplekv.inference.batched import NotBatchableError, batched_greedy_decode
 from ripplekv.inference.fidelity import fidelity, mean_nll, teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
 from ripplekv.inference.shared import NotDerivableError, PrefillRecord, derived_prefill, record_prefill
@@ -66,6 +71,18 @@ def greedy_agreement(
         head[:, banned] = float("-inf")
     picks = torch.cat([head.argmax(dim=-1), candidate[min_new_tokens:].argmax(dim=-1)])
     return float((picks == torch.tensor(list(tokens), device=picks.device)).to(torch.float64).mean())
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A configuration scored by teacher forcing, waiting for the sample's batched decoding."""
+
+    method: str
+    budget: float
+    state: Prefill
+    kept: list[int]
+    scores: dict[str, float | None]
+    seconds: float  # wall time spent on it so far (derivation, question, teacher forcing)
 
 
 class SampleRunner:
@@ -147,6 +164,8 @@ class SampleRunner:
             row = self._row(sample, "full", FULL_BUDGET, prediction, tokens, full_kept, scores, common, started, record)
             yield {**row, "answer_ids": tokens}
         stops = self.eos | sample.extra_stop_ids
+        batched = self.config.score == "both" and self.config.decode == "batched"
+        waiting: list[_Pending] = []
         for method, budget in pending:
             if method == "full":
                 continue
@@ -165,9 +184,37 @@ class SampleRunner:
             if gold:
                 scores["gold_nll"] = mean_nll(teacher_forced_logprobs(self.model, state, gold), gold)
                 scores["delta"] = scores["gold_nll"] - full_gold_nll
+            if batched:  # decoded together once every configuration of the sample has its cache
+                waiting.append(_Pending(method, budget, state, kept, scores, time.perf_counter() - started))
+                continue
             decoded = self._decode(sample, state) if self.config.score == "both" else None
             prediction = None if decoded is None else self.tokenizer.decode(decoded, skip_special_tokens=True)
             yield self._row(sample, method, budget, prediction, decoded, kept, scores, common, started, record)
+        if waiting:
+            yield from self._decode_together(sample, waiting, common, record)
+
+    def _decode_together(
+        self, sample: EvalSample, waiting: list[_Pending], common: dict[str, int], record: PrefillRecord
+    ) -> Iterator[dict[str, Any]]:
+        """Rows of configurations whose caches decode as one batch (one at a time if they cannot be batched)."""
+        stops = self.eos | sample.extra_stop_ids
+        states = [item.state for item in waiting]
+        start = time.perf_counter()
+        try:
+            answers = batched_greedy_decode(
+                self.model, states, sample.max_new_tokens, stops, MIN_NEW_TOKENS, max_rows=self.config.decode_rows
+            )
+            rows = len(states) if self.config.decode_rows is None else min(len(states), self.config.decode_rows)
+        except NotBatchableError:
+            answers, rows = [self._decode(sample, state) for state in states], 1
+        share = (time.perf_counter() - start) / len(states)  # each row's part of the batch's decoding time
+        for item, decoded in zip(waiting, answers):
+            prediction = self.tokenizer.decode(decoded, skip_special_tokens=True)
+            started = time.perf_counter() - item.seconds - share
+            row = self._row(
+                sample, item.method, item.budget, prediction, decoded, item.kept, item.scores, common, started, record
+            )
+            yield {**row, "decode_rows": rows}
 
     def _row(
         self,

@@ -43,12 +43,14 @@ from typing import Any
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ripplekv.analysis.oracle import ORACLE_METHOD, damage_budget, require_damage_profile, select_oracle_profile
 from ripplekv.evaluation.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
 from ripplekv.evaluation.results import (
     CONFIG_FILE,
     RESULTS_FILE,
     ConfigMismatchError,
     ResultsLog,
+    RowKey,
     check_or_write_config,
     row_key,
     sha256_json,
@@ -78,8 +80,15 @@ __all__ = [
     "EvalSample",
     "EvalSummary",
     "ResultsLog",
+    "RunFolder",
+    "RunProfiles",
     "build_samples",
+    "load_oracle_profiles",
+    "load_run_profiles",
+    "needs_sensitivity_profile",
+    "open_run_folder",
     "resolve_config",
+    "resume_state",
     "run_eval",
 ]
 
@@ -123,21 +132,50 @@ def build_samples(
     return samples
 
 
+def load_oracle_profiles(config: EvalConfig) -> tuple[SensitivityProfile, ...]:
+    """The damage profiles of ``config.oracle_profile`` when ``ripplekv-oracle`` runs (else none), checked.
+
+    Args:
+        config: the evaluation.
+
+    Raises:
+        ValueError: ``ripplekv-oracle`` runs without ``oracle_profile``, or a file is not a damage profile.
+    """
+    if ORACLE_METHOD not in config.methods:
+        return ()
+    if not config.oracle_profile:
+        raise ValueError(f"the {ORACLE_METHOD} method needs --oracle-profile (a damage profile: `ripplekv analyze`)")
+    profiles = tuple(SensitivityProfile.load(path) for path in config.oracle_profile)
+    for path, profile in zip(config.oracle_profile, profiles):
+        try:
+            require_damage_profile(ORACLE_METHOD, profile)
+        except ValueError as err:
+            raise ValueError(f"--oracle-profile {path}: {err}") from None
+    return profiles
+
+
 def resolve_config(
     config: EvalConfig,
     model: PreTrainedModel,
     samples: Sequence[EvalSample],
     profile: SensitivityProfile | None,
+    oracles: Sequence[SensitivityProfile] | None = None,
 ) -> dict[str, Any]:
     """The configuration compared on resume: options with their defaults filled in, the model's identity, the
     profile's content hash, and a hash of every sample's token ids (dataset, tokenizer and prompt format).
+
+    The damage profiles of ``ripplekv-oracle`` are recorded (content hash and budget) only when that method runs,
+    so the configuration of a run without it is unchanged.
 
     Args:
         config: the evaluation.
         model: the model.
         samples: the samples of ``config``.
         profile: the sensitivity profile, if the methods use one.
+        oracles: the damage profiles of ``ripplekv-oracle``; None loads them from ``config`` (see
+            :func:`load_oracle_profiles`).
     """
+    oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     from ripplekv.models import model_identity
 
     resolved: dict[str, Any] = {
@@ -154,6 +192,8 @@ def resolve_config(
         "score": config.score,
         "chat_template": config.chat_template,
     }
+    if oracles:
+        resolved["oracle_profile"] = [{"sha256": sha256_json(p.to_dict()), "budget": damage_budget(p)} for p in oracles]
     resolved.update(get_suite(config.suite).resolve(config, model))
     resolved["samples"] = {
         "count": len(samples),
@@ -165,14 +205,123 @@ def resolve_config(
 
 
 def _build_presses(
-    config: EvalConfig, profile: SensitivityProfile | None, model: PreTrainedModel
+    config: EvalConfig,
+    profile: SensitivityProfile | None,
+    model: PreTrainedModel,
+    oracles: Sequence[SensitivityProfile] | None = None,
 ) -> dict[tuple[str, float], BasePress]:
+    oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     presses = {}
     for method, budget in [("full", FULL_BUDGET), *config.configurations]:
-        press = make_press(method, budget=budget, profile=profile, window_size=config.window_size)
+        given = select_oracle_profile(oracles, budget) if method == ORACLE_METHOD else profile
+        press = make_press(method, budget=budget, profile=given, window_size=config.window_size)
         press.post_init_from_model(model)  # checks a profile against the model before any work
         presses[method, budget] = press
     return presses
+
+
+# The steps every evaluation run shares, in process (run_eval) and on Ray (run_eval_ray), so the two cannot drift:
+# load_run_profiles before the model is loaded, open_run_folder once the resolved configuration is known.
+
+
+def needs_sensitivity_profile(methods: Sequence[str]) -> bool:
+    """Whether any of ``methods`` takes the sensitivity profile (``--profile``): the ``ripplekv*`` methods, but
+    ``ripplekv-oracle``, which takes damage profiles (``--oracle-profile``) instead.
+
+    Args:
+        methods: method names (:data:`ripplekv.presses.METHODS`).
+    """
+    return any(m.startswith("ripplekv") and m != ORACLE_METHOD for m in methods)
+
+
+@dataclass(frozen=True)
+class RunProfiles:
+    """The profiles an evaluation's methods use, read and checked before any model is loaded.
+
+    Args:
+        profile: the sensitivity profile, where a method takes one (see :func:`needs_sensitivity_profile`).
+        oracles: the damage profiles of ``ripplekv-oracle``, where it runs (see :func:`load_oracle_profiles`).
+    """
+
+    profile: SensitivityProfile | None
+    oracles: tuple[SensitivityProfile, ...]
+
+
+def load_run_profiles(config: EvalConfig) -> RunProfiles:
+    """The profiles of ``config``'s methods (the first step of every run).
+
+    Args:
+        config: the evaluation.
+
+    Raises:
+        ValueError: a method needs ``profile`` and it is not given, ``ripplekv-oracle`` runs without
+            ``oracle_profile``, or a file is not a valid profile of its kind.
+        OSError: a profile file cannot be read.
+    """
+    needs_profile = needs_sensitivity_profile(config.methods)
+    if needs_profile and config.profile is None:
+        raise ValueError("the ripplekv methods need --profile (make one with `ripplekv profile`)")
+    profile = SensitivityProfile.load(config.profile) if config.profile is not None and needs_profile else None
+    return RunProfiles(profile=profile, oracles=load_oracle_profiles(config))
+
+
+def resume_state(rows: Sequence[dict[str, Any]]) -> tuple[set[RowKey], dict[str, list[int]]]:
+    """What a run resumes from: the keys of the rows written, and the full cache's answer of each sample whose
+    ``full`` row holds one.
+
+    Args:
+        rows: the rows of ``results.jsonl``.
+    """
+    done = {row_key(row) for row in rows}
+    answers = {
+        str(row["sample_id"]): [int(t) for t in row["answer_ids"]]
+        for row in rows
+        if row["method"] == "full" and isinstance(row.get("answer_ids"), list) and row["answer_ids"]
+    }
+    return done, answers
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """An evaluation folder ready to append rows to.
+
+    Args:
+        out: the folder.
+        log: its ``results.jsonl``.
+        done: the keys of the rows already written (a caller may add the rows it writes).
+        answers: the full cache's answer (token ids) of each sample whose ``full`` row holds one.
+    """
+
+    out: Path
+    log: ResultsLog
+    done: set[RowKey]
+    answers: dict[str, list[int]]
+
+
+def open_run_folder(
+    config: EvalConfig, out: str | os.PathLike[str], resolved: dict[str, Any], profiles: RunProfiles
+) -> RunFolder:
+    """Create ``out`` (or check that its ``config.json`` holds ``resolved``) and read what it resumes from.
+
+    Args:
+        config: the evaluation.
+        out: the output folder.
+        resolved: the resolved configuration (:func:`resolve_config`).
+        profiles: the run's profiles (:func:`load_run_profiles`); the oracle profiles' paths are recorded when
+            ``ripplekv-oracle`` runs.
+
+    Raises:
+        ConfigMismatchError: ``out`` holds another run (see :func:`~ripplekv.evaluation.results.check_or_write_config`).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sources = {"model": config.model, **get_suite(config.suite).sources(config), "profile": config.profile}
+    if profiles.oracles:
+        sources["oracle_profile"] = list(config.oracle_profile or ())
+    check_or_write_config(out, resolved, sources)
+    log = ResultsLog(out / RESULTS_FILE)
+    done, answers = resume_state(log.read(repair=True))
+    return RunFolder(out=out, log=log, done=done, answers=answers)
 
 
 def run_eval(
@@ -196,35 +345,22 @@ def run_eval(
     from tqdm import tqdm
 
     start = time.perf_counter()
-    suite = get_suite(config.suite)
-    needs_profile = any(m.startswith("ripplekv") for m in config.methods)
-    if needs_profile and config.profile is None:
-        raise ValueError("the ripplekv methods need --profile (make one with `ripplekv profile`)")
-    profile = SensitivityProfile.load(config.profile) if config.profile is not None and needs_profile else None
+    profiles = load_run_profiles(config)
     if model is None or tokenizer is None:
         from ripplekv.models import load_model
 
         model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
     enable_varlen_attention(model)
-    presses = _build_presses(config, profile, model)
+    presses = _build_presses(config, profiles.profile, model, profiles.oracles)
     samples = build_samples(config, tokenizer, model)
-    resolved = resolve_config(config, model, samples, profile)
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    sources = {"model": config.model, **suite.sources(config), "profile": config.profile}
-    check_or_write_config(out, resolved, sources)
-    log = ResultsLog(out / RESULTS_FILE)
-    existing = log.read(repair=True)
-    done = {row_key(row) for row in existing}
-    answers = {
-        str(row["sample_id"]): [int(t) for t in row["answer_ids"]]
-        for row in existing
-        if row["method"] == "full" and isinstance(row.get("answer_ids"), list) and row["answer_ids"]
-    }
+    resolved = resolve_config(config, model, samples, profiles.profile, profiles.oracles)
+    folder = open_run_folder(config, out, resolved, profiles)
+    log, answers = folder.log, folder.answers
 
     configurations = config.configurations
-    planned = [(sample, [(m, b) for m, b in configurations if (sample.id, m, b) not in done]) for sample in samples]
+    planned = [
+        (sample, [(m, b) for m, b in configurations if (sample.id, m, b) not in folder.done]) for sample in samples
+    ]
     total = len(samples) * len(configurations)
     already = total - sum(len(pending) for _, pending in planned)
     runner = SampleRunner(config, model, tokenizer, presses)
@@ -242,7 +378,7 @@ def run_eval(
                     on_row(row)
     rows = len(log.read())
     return EvalSummary(
-        out=out,
+        out=folder.out,
         rows=rows,
         new_rows=written,
         samples=len(samples),

@@ -9,7 +9,9 @@ error, or, worse, silently uses ``is_causal=True`` with top-left alignment.
 The fix here lives at the one place that knows both lengths, the attention function: the mask built for
 layer 0 is *fitted* to each layer's own key length. The columns of the new tokens (the last ``q_len``) are
 kept as they are (causal among themselves); the cached prefix of the layer is fully visible, which is exact
-for batches without padding. A padded batch raises instead of attending to the wrong tokens.
+for batches without padding. A padded batch raises instead of attending to the wrong tokens, unless the pass
+carries a ``key_validity`` (:class:`ripplekv.models.padded.KeyValidity`): several compressed caches of one prompt
+run as one batch, each layer's mask built from which cached entries each row may see.
 
 The functions are registered under new names through transformers' public ``AttentionInterface`` and
 ``AttentionMaskInterface`` (nothing of the library is patched): ``ripplekv_sdpa`` and ``ripplekv_eager``.
@@ -28,6 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from ripplekv.models.padded import KeyValidity
 from ripplekv.models.shared_prefix import shared_prefix_attention
 
 VARLEN_PREFIX = "ripplekv_"
@@ -133,6 +136,23 @@ def sdpa_gqa_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _validity_mask(
+    module: torch.nn.Module, validity: KeyValidity, query: torch.Tensor, key: torch.Tensor
+) -> torch.Tensor:
+    """The mask of a pass over a padded batch of caches; it replaces the one transformers built for layer 0."""
+    if not isinstance(validity, KeyValidity):
+        raise TypeError(f"key_validity must be a KeyValidity, got {type(validity).__name__}")
+    if getattr(module, "masked_key_indices", None) is not None:
+        raise ValueError("a padded batch carries head-wise masks in its key validity, not in masked_key_indices")
+    if validity.rows != query.shape[0]:
+        raise ValueError(f"key validity for {validity.rows} rows, the pass has {query.shape[0]}")
+    allowed = validity.mask(module.layer_idx, query.shape[2], key.shape[2], query.shape[1])
+    # Additive even for sdpa: torch's CPU kernel converts a boolean mask to this on every call (slower).
+    return torch.zeros(allowed.shape, dtype=query.dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(query.dtype).min
+    )
+
+
 def _make_attention(base_name: str, default: Callable, additive: bool) -> Callable:
     def attention(
         module: torch.nn.Module,
@@ -145,7 +165,11 @@ def _make_attention(base_name: str, default: Callable, additive: bool) -> Callab
         shared = kwargs.pop("shared_prefix", None)
         if shared is not None:  # many rows over one shared cached prefix (see ripplekv.models.shared_prefix)
             return shared_prefix_attention(query, key, value, shared, kwargs.get("scaling")), None
-        mask = fit_attention_mask(attention_mask, query.shape[2], key.shape[2], additive, query.dtype)
+        validity = kwargs.pop("key_validity", None)
+        if validity is not None:  # a padded batch of compressed caches (see ripplekv.models.padded)
+            mask = _validity_mask(module, validity, query, key)
+        else:
+            mask = fit_attention_mask(attention_mask, query.shape[2], key.shape[2], additive, query.dtype)
         if mask is not None:
             mask = mask.to(query.device)
         if base_name == "sdpa" and query.device.type == "cpu" and getattr(module, "masked_key_indices", None) is None:

@@ -1,8 +1,17 @@
-"""KV-cache presses: one press for per-layer budget schedules (SnapKV, PyramidKV, RippleKV), one name per method."""
+"""KV-cache presses: per-layer budget schedules (SnapKV, PyramidKV, RippleKV, head-wise too), one name per method."""
 
 from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.registry import METHOD_DESCRIPTIONS, METHODS, make_press
 from ripplekv.presses.ripplekv_press import RippleKVPress
 
-__all__ = ["METHODS", "METHOD_DESCRIPTIONS", "FullPress", "LayerBudgetPress", "RippleKVPress", "make_press"]
+__all__ = [
+    "METHODS",
+    "METHOD_DESCRIPTIONS",
+    "FullPress",
+    "LayerBudgetAdaPress",
+    "LayerBudgetPress",
+    "RippleKVPress",
+    "make_press",
+]

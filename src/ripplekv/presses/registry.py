@@ -15,7 +15,9 @@ from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, PyramidSchedule, UniformSchedule
+from ripplekv.analysis.oracle import ORACLE_METHOD, require_damage_profile
 from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.profiling.profile import SensitivityProfile
@@ -33,6 +35,12 @@ def _needs_profile(name: str, profile: SensitivityProfile | None) -> Sensitivity
     if profile is None:
         raise ValueError(f"method {name!r} needs a sensitivity profile (run `ripplekv profile` first)")
     return profile
+
+
+def _ripplekv_ada(budget: float, profile: SensitivityProfile, window: int, ratio: float, gamma: float) -> BasePress:
+    """RippleKV's per-layer budgets (the ``ripplekv`` schedule, same floor) with AdaKV's head-wise allocation."""
+    ripple = RippleKVPress(SnapKVPress(window_size=window), budget=budget, profile=profile, ratio=ratio, gamma=gamma)
+    return LayerBudgetAdaPress(SnapKVPress(window_size=window), ripple.schedule, profile=profile)
 
 
 _BUILDERS: dict[str, Callable[..., BasePress]] = {
@@ -67,6 +75,16 @@ _BUILDERS: dict[str, Callable[..., BasePress]] = {
         ratio=ratio,
         gamma=gamma,
     ),
+    "ripplekv-ada": lambda budget, profile, window, ratio, gamma: _ripplekv_ada(
+        budget, _needs_profile("ripplekv-ada", profile), window, ratio, gamma
+    ),
+    ORACLE_METHOD: lambda budget, profile, window, ratio, gamma: RippleKVPress(
+        press=SnapKVPress(window_size=window),
+        budget=budget,
+        profile=require_damage_profile(ORACLE_METHOD, profile),
+        ratio=ratio,
+        gamma=gamma,
+    ),
 }
 
 METHODS: tuple[str, ...] = tuple(_BUILDERS)
@@ -80,6 +98,8 @@ METHOD_DESCRIPTIONS: dict[str, str] = {
     "adakv": "AdaKV (kvpress): SnapKV scores, head-wise budgets within each layer (keys masked, not freed)",
     "ripplekv": "SnapKV scorer, RippleKV budgets from the profile's downstream-KL scores",
     "ripplekv-local": "SnapKV scorer, RippleKV budgets from the profile's local signal (ablation)",
+    "ripplekv-ada": "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
+    ORACLE_METHOD: "SnapKV scorer, RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
 }
 """One line per method name: what it computes (used by reports so every table says which is which)."""
 
@@ -116,11 +136,16 @@ def make_press(
     Args:
         name: one of :data:`METHODS`: ``full``; ``snapkv``, ``pyramidkv``, ``ripplekv`` and ``ripplekv-local``
             (SnapKV's scorer under the uniform, PyramidKV, RippleKV and RippleKV-local-signal budget schedules,
-            all keeping the same total); ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
+            all keeping the same total); ``ripplekv-ada`` (the RippleKV budgets allocated over heads as AdaKV does,
+            :class:`~ripplekv.presses.layer_budget_ada_press.LayerBudgetAdaPress`; with a uniform schedule that
+            press keeps what ``adakv`` keeps); ``ripplekv-oracle`` (the RippleKV rule over a *damage* profile
+            written by ``ripplekv analyze``, passed as ``profile``: see :mod:`ripplekv.analysis.oracle`);
+            ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
             presses).
         budget: kept fraction of the prompt in (0, 1]; ``ripplekv`` also takes an average token count > 1.
             Ignored by ``full``.
-        profile: sensitivity profile, or the path of its JSON file; required by the ``ripplekv`` methods.
+        profile: sensitivity profile, or the path of its JSON file; required by the ``ripplekv`` methods
+            (``ripplekv-oracle``: a damage profile).
         window_size: SnapKV observation window (every method with SnapKV's scorer, AdaKV).
         ratio: RippleKV disparity ``r``.
         gamma: RippleKV clip bound.

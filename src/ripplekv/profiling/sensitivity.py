@@ -26,10 +26,11 @@ resumes where it stopped and a checkpoint of other weights is never mixed in.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.models.cache import cache_from_tensors, cache_tensors
 from ripplekv.models.loading import model_identity, weights_fingerprint
-from ripplekv.profiling.calibration import CalibrationSet
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_adaptive_noise
 from ripplekv.profiling.passes import (
@@ -57,6 +58,9 @@ __all__ = [
     "ContinuationBuffers",
     "ProfilingConfig",
     "SampleScores",
+    "assemble_profile",
+    "calibration_ids",
+    "checkpoint_key",
     "noise_generator",
     "norm_adaptive_noise",
     "profile_model",
@@ -154,37 +158,42 @@ def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
     return tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
 
 
-def profile_model(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    calibration: CalibrationSet,
-    config: ProfilingConfig | None = None,
-    checkpoint: str | os.PathLike[str] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> SensitivityProfile:
-    """Measure the sensitivity profile of ``model`` on ``calibration``.
+def calibration_ids(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sample: CalibrationSample, config: ProfilingConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(1, n)`` context and ``(1, m)`` continuation ids :func:`score_sample` takes for one sample.
+
+    The context is cut to its last ``config.max_context_tokens`` tokens, or (when that is None) to the model's
+    ``max_position_embeddings`` minus the continuation.
 
     Args:
-        model: the model to profile (evaluation mode; any device and dtype).
+        model: the model to profile (its ``max_position_embeddings`` bounds the context).
         tokenizer: its tokenizer.
-        calibration: calibration samples (context + continuation).
-        config: noise scale, repeats, seed and context limit (default: :class:`ProfilingConfig()`).
-        checkpoint: optional JSON-lines file; finished samples are appended to it and a rerun with the
-            same architecture, weights (:func:`ripplekv.models.loading.weights_fingerprint`), calibration and
-            config skips them. A checkpoint made by any other run (e.g. other weights of the same architecture)
-            is not reused: the run starts over and overwrites it, logging a warning.
-        progress: optional callback ``progress(done, total)`` after each sample.
+        sample: the calibration sample.
+        config: profiling parameters.
     """
-    from ripplekv import __version__
-
-    config = config or ProfilingConfig()
-    if len(calibration) == 0:
-        raise ValueError("the calibration set is empty")
-    identity = model_identity(model)
-    fingerprint = weights_fingerprint(model)
-    max_ctx = config.max_context_tokens
+    context_ids = _tokenize(tokenizer, sample.context)
+    continuation_ids = _tokenize(tokenizer, sample.continuation)
     limit = getattr(model.config, "max_position_embeddings", None)
-    key = {
+    max_ctx = config.max_context_tokens
+    room = max_ctx if max_ctx is not None else (limit - continuation_ids.shape[1] if limit else None)
+    if room is not None and context_ids.shape[1] > room:
+        context_ids = context_ids[:, -room:]
+    return context_ids, continuation_ids
+
+
+def checkpoint_key(
+    identity: dict[str, Any], fingerprint: str, calibration: CalibrationSet, config: ProfilingConfig
+) -> dict[str, Any]:
+    """What a checkpoint's samples must match to be reused (the first line of the checkpoint file).
+
+    Args:
+        identity: :func:`~ripplekv.models.loading.model_identity` of the model.
+        fingerprint: :func:`~ripplekv.models.loading.weights_fingerprint` of its weights.
+        calibration: the calibration set.
+        config: profiling parameters.
+    """
+    return {
         "model": identity["config_hash"],
         "weights": fingerprint,
         "scoring": SCORING_VERSION,
@@ -192,29 +201,32 @@ def profile_model(
         "alpha": config.alpha,
         "repeats": config.repeats,
         "seed": config.seed,
-        "max_context_tokens": max_ctx,
+        "max_context_tokens": config.max_context_tokens,
     }
-    ckpt = Checkpoint(Path(checkpoint), key) if checkpoint is not None else None
-    done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
+
+
+def assemble_profile(
+    identity: dict[str, Any],
+    fingerprint: str,
+    calibration: CalibrationSet,
+    config: ProfilingConfig,
+    done: Mapping[int, SampleScores],
+) -> SensitivityProfile:
+    """The profile of per-sample scores: every sample's scores, averaged in sample order.
+
+    Args:
+        identity: :func:`~ripplekv.models.loading.model_identity` of the model.
+        fingerprint: :func:`~ripplekv.models.loading.weights_fingerprint` of its weights.
+        calibration: the calibration set.
+        config: profiling parameters.
+        done: the scores of every sample index of ``calibration``.
+    """
+    from ripplekv import __version__
 
     total = len(calibration)
-    if progress:
-        progress(len(done), total)
-    for index, sample in enumerate(calibration.samples):
-        if index in done:
-            continue
-        context_ids = _tokenize(tokenizer, sample.context)
-        continuation_ids = _tokenize(tokenizer, sample.continuation)
-        room = max_ctx if max_ctx is not None else (limit - continuation_ids.shape[1] if limit else None)
-        if room is not None and context_ids.shape[1] > room:
-            context_ids = context_ids[:, -room:]
-        scores = score_sample(model, context_ids, continuation_ids, config, sample_index=index)
-        done[index] = scores
-        if ckpt:
-            ckpt.add(index, scores)
-        if progress:
-            progress(len(done), total)
-
+    missing = [i for i in range(total) if i not in done]
+    if missing:
+        raise ValueError(f"no scores for calibration sample(s) {missing[:10]} of {total}")
     ordered = [done[i] for i in range(total)]
     kl = np.array([s.kl for s in ordered], dtype=np.float64)
     local = np.array([s.local for s in ordered], dtype=np.float64)
@@ -237,3 +249,49 @@ def profile_model(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         weights_fingerprint=fingerprint,
     )
+
+
+def profile_model(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    calibration: CalibrationSet,
+    config: ProfilingConfig | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SensitivityProfile:
+    """Measure the sensitivity profile of ``model`` on ``calibration``.
+
+    Args:
+        model: the model to profile (evaluation mode; any device and dtype).
+        tokenizer: its tokenizer.
+        calibration: calibration samples (context + continuation).
+        config: noise scale, repeats, seed and context limit (default: :class:`ProfilingConfig()`).
+        checkpoint: optional JSON-lines file; finished samples are appended to it and a rerun with the
+            same architecture, weights (:func:`ripplekv.models.loading.weights_fingerprint`), calibration and
+            config skips them. A checkpoint made by any other run (e.g. other weights of the same architecture)
+            is not reused: the run starts over and overwrites it, logging a warning.
+        progress: optional callback ``progress(done, total)`` after each sample.
+    """
+    config = config or ProfilingConfig()
+    if len(calibration) == 0:
+        raise ValueError("the calibration set is empty")
+    identity = model_identity(model)
+    fingerprint = weights_fingerprint(model)
+    key = checkpoint_key(identity, fingerprint, calibration, config)
+    ckpt = Checkpoint(Path(checkpoint), key) if checkpoint is not None else None
+    done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
+
+    total = len(calibration)
+    if progress:
+        progress(len(done), total)
+    for index, sample in enumerate(calibration.samples):
+        if index in done:
+            continue
+        context_ids, continuation_ids = calibration_ids(model, tokenizer, sample, config)
+        scores = score_sample(model, context_ids, continuation_ids, config, sample_index=index)
+        done[index] = scores
+        if ckpt:
+            ckpt.add(index, scores)
+        if progress:
+            progress(len(done), total)
+    return assemble_profile(identity, fingerprint, calibration, config, done)

@@ -1,0 +1,154 @@
+"""The README's headline tables of an evaluation run: does one method beat the baselines, by how much, how surely.
+
+For every metric the run holds (task score, fidelity KL, top-1 agreement, gold-answer NLL change) it prints
+
+1. each method's mean at each budget with its 95% bootstrap interval (stratified by task), as ``ripplekv report``;
+2. the candidate's (default ``ripplekv``) paired difference ``candidate - baseline`` to each baseline at each budget,
+   with its 95% paired bootstrap interval, wins/ties/losses over samples and the Wilcoxon signed-rank p, Holm-adjusted
+   over the candidate's comparisons with the baselines at that budget and metric; the best baseline (by mean) is
+   named. **Significant** = the interval excludes 0 and the Holm p < 0.05 (the rule of ``ripplekv report``).
+
+Only samples holding every configuration enter (as in ``ripplekv report``). The statistics are the library's
+(:mod:`ripplekv.evaluation.stats`); this script only chooses the comparisons.
+
+    python benchmarks/headline.py benchmarks/results/longbench-fidelity
+    python benchmarks/headline.py RUN --candidate ripplekv --baselines snapkv,adakv --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from ripplekv.evaluation.config import FULL_BUDGET
+from ripplekv.evaluation.report import load_run
+from ripplekv.evaluation.results import complete_samples
+from ripplekv.evaluation.stats import ALPHA, METRICS, Bootstrap, collect, holm, paired_differences, wilcoxon_p
+
+DEFAULT_BASELINES = "streamingllm,snapkv,pyramidkv,adakv"
+
+
+def _pct(budget: float) -> str:
+    return f"{budget * 100:g}%"
+
+
+def analyse(run: Path, candidate: str, baselines: list[str], resamples: int, seed: int) -> dict:
+    config, rows = load_run(run)
+    methods = [m for m in config["config"]["methods"]]
+    budgets = [float(b) for b in config["config"]["budgets"]]
+    missing = [m for m in [candidate, *baselines] if m not in methods]
+    if missing:
+        raise SystemExit(f"the run has no method(s) {', '.join(missing)} (it has {', '.join(methods)})")
+    configurations = [(m, FULL_BUDGET) if m == "full" else (m, b) for m in methods for b in budgets]
+    rows, incomplete = complete_samples(rows, configurations)
+    bootstrap = Bootstrap(resamples=resamples, seed=seed)
+    out: dict = {"run": str(run), "candidate": candidate, "baselines": baselines, "incomplete_samples": incomplete}
+    out["metrics"] = {}
+    for name, metric in METRICS.items():
+        values = collect(rows, metric, lambda row: str(row.get("task", "")))
+        if not any(key[0] == candidate for key in values):
+            continue
+        estimates = {f"{m}@{b}": asdict(bootstrap.estimate(s)) for (m, b), s in values.items() if s}
+        per_budget = []
+        for budget in budgets:
+            comparisons = []
+            for baseline in baselines:
+                diffs = paired_differences(values[candidate, budget], values[baseline, budget])
+                flat = np.array([d for task in diffs.values() for d in task.values()])
+                better = flat > 0 if metric.higher_is_better else flat < 0
+                worse = flat < 0 if metric.higher_is_better else flat > 0
+                comparisons.append(
+                    {
+                        "baseline": baseline,
+                        "baseline_mean": estimates[f"{baseline}@{budget}"]["mean"],
+                        "difference": asdict(bootstrap.estimate(diffs)),
+                        "wins": int(better.sum()),
+                        "ties": int((flat == 0).sum()),
+                        "losses": int(worse.sum()),
+                        "p": wilcoxon_p(flat),
+                    }
+                )
+            for comparison, adjusted in zip(comparisons, holm([c["p"] for c in comparisons])):
+                d = comparison["difference"]
+                comparison["p_holm"] = adjusted
+                comparison["significant"] = bool((d["low"] > 0 or d["high"] < 0) and adjusted < ALPHA)
+            sign = 1.0 if metric.higher_is_better else -1.0
+            best = max(comparisons, key=lambda c: sign * c["baseline_mean"])["baseline"]
+            per_budget.append({"budget": budget, "best_baseline": best, "comparisons": comparisons})
+        out["metrics"][name] = {
+            "higher_is_better": metric.higher_is_better,
+            "scale": metric.scale,
+            "decimals": metric.decimals,
+            "estimates": estimates,
+            "budgets": per_budget,
+        }
+    samples = {str(row["sample_id"]) for row in rows}
+    out["samples"] = len(samples)
+    out["methods"], out["all_budgets"] = methods, budgets
+    return out
+
+
+def _fmt(value: float, digits: int, sign: bool = False) -> str:
+    text = f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+    return f"{0.0:.{digits}f}" if float(text) == 0.0 else text
+
+
+def _comparison_cell(c: dict, digits: int) -> str:
+    d = c["difference"]
+    verdict = "**significant**" if c["significant"] else "not significant"
+    interval = f"{_fmt(d['mean'], digits, True)} [{_fmt(d['low'], digits, True)}, {_fmt(d['high'], digits, True)}]"
+    return f"{interval}, {c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.1g} (Holm {c['p_holm']:.1g}): {verdict}"
+
+
+def markdown(result: dict) -> str:
+    lines = [f"{result['samples']} samples with every configuration ({result['incomplete_samples']} left out)", ""]
+    candidate = result["candidate"]
+    for name, metric in result["metrics"].items():
+        digits = 3 if name == "fidelity_kl" else metric["decimals"]
+        direction = "higher is better" if metric["higher_is_better"] else "lower is better"
+        lines += [f"**{name}** ({direction}): mean and 95% interval", ""]
+        lines += ["| method | " + " | ".join(_pct(b) for b in result["all_budgets"]) + " |"]
+        lines += ["|---|" + "---|" * len(result["all_budgets"])]
+        for method in result["methods"]:
+            if method == "full":
+                continue
+            cells = []
+            for budget in result["all_budgets"]:
+                e = metric["estimates"].get(f"{method}@{budget}")
+                interval = "–" if e is None else f"{_fmt(e['mean'], digits)} [{_fmt(e['low'], digits)}, "
+                cells.append(interval if e is None else f"{interval}{_fmt(e['high'], digits)}]")
+            shown = f"**{method}**" if method == candidate else method
+            lines.append(f"| {shown} | " + " | ".join(cells) + " |")
+        lines += ["", f"`{candidate} - baseline`, paired (95% interval; W/T/L over samples; Wilcoxon p, Holm):", ""]
+        lines += ["| budget | best baseline | vs best baseline | vs snapkv |", "|---|---|---|---|"]
+        for entry in metric["budgets"]:
+            by_name = {c["baseline"]: c for c in entry["comparisons"]}
+            snap = _comparison_cell(by_name["snapkv"], digits) if "snapkv" in by_name else "–"
+            best = entry["best_baseline"]
+            lines.append(f"| {_pct(entry['budget'])} | {best} | {_comparison_cell(by_name[best], digits)} | {snap} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="an evaluation folder (config.json + results.jsonl)")
+    parser.add_argument("--candidate", default="ripplekv")
+    parser.add_argument("--baselines", default=DEFAULT_BASELINES)
+    parser.add_argument("--resamples", type=int, default=4000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    args = parser.parse_args()
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    result = analyse(args.run, args.candidate, baselines, args.resamples, args.seed)
+    print(markdown(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""``ripplekv analyze``: per-layer damage on a suite's prompts against a profile, depth and PyramidKV.
+
+Also :func:`add_oracle_profile_argument`, the ``--oracle-profile`` option of ``ripplekv eval`` (the damage profiles
+``ripplekv analyze`` writes, for the ``ripplekv-oracle`` method). Imported by :mod:`ripplekv.cli.main` at start-up,
+so this module imports nothing heavy at its top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from ripplekv.cli.args import _add_model_args, _budget, _comma_list, _positive_int
+
+__all__ = ["add_oracle_profile_argument", "add_parser", "run"]
+
+
+def add_oracle_profile_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--oracle-profile`` (comma-separated damage profile paths) to ``parser`` (``ripplekv eval``).
+
+    Args:
+        parser: the ``eval`` subcommand's parser.
+    """
+    parser.add_argument(
+        "--oracle-profile",
+        type=_comma_list(str, "oracle profiles"),
+        default=None,
+        help="ripplekv-oracle: damage profile(s) from `ripplekv analyze` (OUT/damage_profile_b<budget>.json), "
+        "comma-separated: one is used at every budget, several are each used at the budget they were measured at",
+    )
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``analyze`` subcommand to ``subparsers`` (the ``ripplekv`` command's).
+
+    Args:
+        subparsers: what ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+        The subcommand's parser.
+    """
+    from ripplekv.analysis.runner import DEFAULT_ANSWER_TOKENS, DEFAULT_TOP_K
+    from ripplekv.evaluation import runner
+    from ripplekv.evaluation.config import CHAT_TEMPLATE_MODES
+    from ripplekv.evaluation.metrics import METRICS as EVAL_METRICS
+    from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
+    from ripplekv.inference import PROTOCOLS
+    from ripplekv.presses.registry import DEFAULT_WINDOW
+
+    p = subparsers.add_parser(
+        "analyze",
+        help="per-layer damage (one layer compressed alone) on a suite's prompts, against a profile (resumable)",
+        description="Prefill every prompt of the suite once and decode the full cache's greedy answer. For each "
+        "budget and layer, compress that layer alone (SnapKV; every other layer full; derived from the one prefill) "
+        "and teacher-force the answer: the layer's damage is the mean KL(full || that cache), as fidelity_kl in "
+        "`ripplekv eval`. Reports Spearman rho of the mean damage per layer with the profile's KL and local scores, "
+        "depth (rho > 0: deeper layers do more damage) and PyramidKV's budgets, with 95% bootstrap intervals over "
+        "prompts, per-prompt rhos and top-k overlaps; writes OUT/analysis.json, plots, and a damage profile per "
+        "budget (OUT/damage_profile_b<budget>.json) for `ripplekv eval --methods ripplekv-oracle --oracle-profile`. "
+        "Rows go to OUT/damage.jsonl as they finish; re-running the same command resumes.",
+    )
+    _add_model_args(p)
+    p.add_argument("--suite", choices=tuple(runner.SUITES), required=True, help="the prompts, as for `ripplekv eval`")
+    p.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
+    p.add_argument("--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records')
+    p.add_argument("--metric", choices=tuple(EVAL_METRICS), default=None, help="jsonl: the records' metric")
+    p.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
+    p.add_argument("--limit", type=_positive_int, default=None, help="samples per task, as for `ripplekv eval`")
+    p.add_argument(
+        "--budgets",
+        type=_comma_list(_budget, "budgets"),
+        default=runner.DEFAULT_BUDGETS,
+        help="kept fractions the one layer is compressed to (default 0.1,0.2,0.3)",
+    )
+    p.add_argument("--profile", default=None, help="sensitivity profile JSON to compare (omitted: depth and pyramid)")
+    p.add_argument("--chat-template", choices=CHAT_TEMPLATE_MODES, default="auto", help="as for `ripplekv eval`")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
+    p.add_argument("--context-tokens", type=_positive_int, default=None, help="ruler: context length")
+    p.add_argument("--max-length", type=_positive_int, default=None, help="longbench: truncation length")
+    p.add_argument("--needle-lengths", type=_comma_list(_positive_int, "lengths"), default=None, help="needle")
+    p.add_argument("--needle-depths", type=_comma_list(float, "depths"), default=None, help="needle")
+    p.add_argument("--needle-digits", type=_positive_int, default=None, help="needle")
+    p.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=DEFAULT_ANSWER_TOKENS,
+        help=f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
+    )
+    p.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
+    p.add_argument(
+        "--top-k", type=_positive_int, default=DEFAULT_TOP_K, help=f"top layers compared (default {DEFAULT_TOP_K})"
+    )
+    p.add_argument(
+        "--resamples",
+        type=_positive_int,
+        default=DEFAULT_RESAMPLES,
+        help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least 2000)",
+    )
+    p.add_argument("--bootstrap-seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--format", choices=("md", "json"), default="md", help="summary printed: md (default) or json")
+    p.add_argument("--no-plots", action="store_true", help="do not write OUT/plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ripplekv analyze`` with parsed ``args``; prints the summary, returns the exit status.
+
+    Args:
+        args: the parsed arguments of the ``analyze`` subcommand.
+    """
+    import sys
+
+    from ripplekv.analysis.report import to_markdown
+    from ripplekv.analysis.runner import AnalysisConfig, run_analysis
+    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.suites import SUITES
+
+    names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
+    options = {name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None}
+    evaluation = EvalConfig(
+        suite=args.suite,
+        model=args.model,
+        methods=("snapkv",),
+        budgets=tuple(args.budgets),
+        tasks=args.tasks,
+        limit=args.limit,
+        profile=args.profile,
+        protocol=args.protocol,
+        window_size=args.window_size,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        score="fidelity",
+        chat_template=args.chat_template,
+        options=options,
+    )
+    config = AnalysisConfig(
+        evaluation,
+        top_k=args.top_k,
+        resamples=args.resamples,
+        bootstrap_seed=args.bootstrap_seed,
+        plots=not args.no_plots,
+    )
+    result = run_analysis(config, args.out, progress=not args.no_progress)
+    if args.format == "json":
+        print(json.dumps(result.summary, indent=2))
+    else:
+        print(to_markdown(result.summary), end="")
+    print(
+        f"{result.rows} damage rows ({result.new_rows} new) for {result.samples} prompts in {result.out} "
+        f"({result.seconds:.1f} s); summary {result.out / 'analysis.json'}",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,183 @@
+"""``ripplekv eval``: score methods x budgets on a suite, in this process or sharded over Ray actors."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from ripplekv.cli import analyze
+from ripplekv.cli.args import _add_model_args, _add_ray_args, _budget, _comma_list, _on_ray, _positive_int
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``eval`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    from ripplekv.evaluation import runner
+    from ripplekv.evaluation.config import CHAT_TEMPLATE_MODES, DECODE_MODES, SCORE_MODES
+    from ripplekv.evaluation.metrics import METRICS as EVAL_METRICS
+    from ripplekv.evaluation.suites.jsonl import DEFAULT_JSONL_METRIC, JSONL_MAX_NEW_TOKENS
+    from ripplekv.inference import PROTOCOLS
+    from ripplekv.presses import METHODS
+    from ripplekv.presses.registry import DEFAULT_WINDOW
+
+    e = subparsers.add_parser(
+        "eval",
+        help="score methods x budgets on LongBench, the RULER-style suite, needle prompts or a JSONL file (resumable)",
+        description="Prefill every sample once and derive every (method, budget) cache from that prefill. The full "
+        "cache's greedy answer is the reference: every configuration records its fidelity to it (mean KL, top-1 "
+        "agreement) and the NLL of the gold answer; with --score both (default) every configuration is also "
+        "decoded greedily and scored. Rows go to OUT/results.jsonl as they finish; re-running the same command "
+        "resumes.",
+    )
+    _add_model_args(e)
+    e.add_argument(
+        "--suite",
+        choices=tuple(runner.SUITES),
+        required=True,
+        help="; ".join(f"{name}: {suite.description}" for name, suite in runner.SUITES.items()),
+    )
+    e.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
+    e.add_argument(
+        "--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records, one a line'
+    )
+    e.add_argument(
+        "--metric",
+        choices=tuple(EVAL_METRICS),
+        default=None,
+        help=f"jsonl: the LongBench metric scoring each answer (default {DEFAULT_JSONL_METRIC})",
+    )
+    e.add_argument(
+        "--methods",
+        type=_comma_list(str, "methods"),
+        default=runner.DEFAULT_METHODS,
+        help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)})",
+    )
+    e.add_argument(
+        "--budgets",
+        type=_comma_list(_budget, "budgets"),
+        default=runner.DEFAULT_BUDGETS,
+        help="comma-separated kept fractions (default 0.1,0.2,0.3); full always runs once at 1.0",
+    )
+    e.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
+    e.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=None,
+        help="samples per task: longbench and jsonl the first N records (default all), ruler N per task (default "
+        f"{runner.DEFAULT_RULER_SAMPLES}), needle N seeds per (length, depth) (default 1)",
+    )
+    e.add_argument(
+        "--score",
+        choices=SCORE_MODES,
+        default="both",
+        help="both (default): decode and score every configuration and record its fidelity to the full cache; "
+        "fidelity: decode and score the full cache only, the other configurations get fidelity alone (for large "
+        "runs)",
+    )
+    e.add_argument(
+        "--decode",
+        choices=DECODE_MODES,
+        default="batched",
+        help="batched (default): a sample's compressed configurations decode as one padded batch (same greedy tokens "
+        "up to float rounding at near-ties, several times faster); sequential: one at a time",
+    )
+    e.add_argument(
+        "--decode-rows",
+        type=_positive_int,
+        default=None,
+        help="most configurations per decoding batch (default: all of a sample's; lower it to bound memory)",
+    )
+    e.add_argument(
+        "--chat-template",
+        choices=CHAT_TEMPLATE_MODES,
+        default="auto",
+        help="auto (default): longbench as pred.py does (the chat template except for trec, triviaqa, samsum, "
+        "lsht, lcc, repobench-p), the other suites whenever the tokenizer has one; on: always; off: plain prompts",
+    )
+    e.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    analyze.add_oracle_profile_argument(e)
+    e.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
+    e.add_argument(
+        "--context-tokens",
+        type=_positive_int,
+        default=None,
+        help=f"ruler: context length (default {runner.DEFAULT_CONTEXT_TOKENS})",
+    )
+    e.add_argument(
+        "--max-length", type=_positive_int, default=None, help="longbench: truncation (default: model max positions)"
+    )
+    e.add_argument(
+        "--needle-lengths",
+        type=_comma_list(_positive_int, "lengths"),
+        default=None,
+        help="needle: context lengths in tokens (default 1024,2048,4096)",
+    )
+    e.add_argument(
+        "--needle-depths",
+        type=_comma_list(float, "depths"),
+        default=None,
+        help="needle: depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
+    )
+    e.add_argument(
+        "--needle-digits",
+        type=_positive_int,
+        default=None,
+        help=f"needle: digits of the number (default {runner.DEFAULT_NEEDLE_DIGITS})",
+    )
+    e.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    e.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=None,
+        help=f"cap on every task's answer length (jsonl: the answer length, default {JSONL_MAX_NEW_TOKENS})",
+    )
+    e.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
+    e.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_ray_args(e, "samples")
+    return e
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
+    print the summary and return the exit status."""
+    from ripplekv.evaluation.runner import SUITES, EvalConfig, run_eval
+
+    # Every suite's own options that were given; the chosen suite refuses those that are not its own.
+    names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
+    options = {name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None}
+    config = EvalConfig(
+        suite=args.suite,
+        model=args.model,
+        methods=tuple(args.methods),
+        budgets=tuple(args.budgets),
+        tasks=args.tasks,
+        limit=args.limit,
+        profile=args.profile,
+        protocol=args.protocol,
+        window_size=args.window_size,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        score=args.score,
+        decode=args.decode,
+        decode_rows=args.decode_rows,
+        chat_template=args.chat_template,
+        options=options,
+        oracle_profile=args.oracle_profile,
+    )
+    if _on_ray(args):
+        from ripplekv.evaluation.distributed import run_eval_ray
+
+        summary = run_eval_ray(config, args.out, args.workers, args.ray_address, progress=not args.no_progress)
+    else:
+        summary = run_eval(config, args.out, progress=not args.no_progress)
+    print(
+        f"{summary.rows} results ({summary.new_rows} new) for {summary.samples} samples x "
+        f"{summary.configurations} configurations in {summary.out} ({summary.seconds:.1f} s); "
+        f"tables: ripplekv report {summary.out}"
+    )
+    return 0

@@ -1,0 +1,77 @@
+"""``ripplekv generate``: answer a question about a long context with a compressed cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ripplekv.cli.args import _add_model_args, _budget, _load_profile, _positive_int
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``generate`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    from ripplekv.inference import PROTOCOLS
+    from ripplekv.presses import METHODS
+    from ripplekv.presses.registry import DEFAULT_WINDOW
+
+    g = subparsers.add_parser(
+        "generate",
+        help="answer a question about a long context with a compressed cache",
+        description="Compress the prompt's KV cache with METHOD and decode greedily; prints the answer, "
+        "the per-layer cache sizes and KV bytes against the full cache.",
+    )
+    _add_model_args(g)
+    g.add_argument("--method", choices=METHODS, default="ripplekv", help="compression method (default ripplekv)")
+    g.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    g.add_argument("--budget", type=_budget, default=0.2, help="kept fraction or tokens per layer (default 0.2)")
+    g.add_argument("--context-file", required=True, help="text file with the long context")
+    g.add_argument("--question", required=True, help="the question")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=64, help="answer length limit (default 64)")
+    g.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
+    g.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    g.add_argument("--json", action="store_true", help="print JSON")
+    return g
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ripplekv generate`` with parsed ``args``: print the answer and cache sizes; return the exit status."""
+    from ripplekv.inference import generate_answer
+    from ripplekv.models import load_model
+    from ripplekv.presses import make_press
+
+    profile = _load_profile(args.profile, required=args.method.startswith("ripplekv"))
+    press = make_press(args.method, budget=args.budget, profile=profile, window_size=args.window_size)
+    context = Path(args.context_file).read_text()
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    result = generate_answer(
+        model, tokenizer, context, args.question, press, max_new_tokens=args.max_new_tokens, protocol=args.protocol
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "method": args.method,
+                    "budget": args.budget,
+                    "answer": result.text,
+                    "prompt_tokens": result.prompt_tokens,
+                    "layer_tokens": list(result.layer_tokens),
+                    "kv_bytes": result.kv_bytes,
+                    "full_kv_bytes": result.full_kv_bytes,
+                    "prefill_seconds": round(result.prefill_seconds, 3),
+                    "decode_seconds": round(result.decode_seconds, 3),
+                }
+            )
+        )
+        return 0
+    print(f"answer: {result.text}")
+    print(f"prompt tokens: {result.prompt_tokens}; tokens kept per layer: {list(result.layer_tokens)}")
+    print(
+        f"KV cache: {result.kv_bytes / 2**20:.2f} MiB vs {result.full_kv_bytes / 2**20:.2f} MiB full "
+        f"({100 * result.kv_fraction:.1f}%); prefill {result.prefill_seconds:.2f} s, "
+        f"decode {result.decode_seconds:.2f} s"
+    )
+    return 0

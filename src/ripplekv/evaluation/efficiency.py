@@ -1,0 +1,213 @@
+"""Efficiency accounting: the bytes a compressed cache really holds, and KV bytes computed from model configurations.
+
+Two different quantities are easy to confuse, and RippleKV's efficiency benchmark (``benchmarks/efficiency.py``,
+the paper's efficiency section) reports both:
+
+* the **held** bytes: the key and value tensors the cache keeps in memory. Evicting presses (SnapKV, PyramidKV,
+  RippleKV) hold only their kept tokens. kvpress's AdaKV keeps *every* key and value and records the dropped
+  (head, token) entries as index tensors (``masked_key_indices``), so its held fraction is 1.0, plus the indices;
+* the **effective** kept fraction: the (head, token) entries attention may still use, over the full cache's. At one
+  budget every method keeps the same total (SnapKV's ``layers * int(prompt * budget)`` tokens per head).
+
+:func:`cache_footprint` measures both on a prefilled cache; :class:`KVShape` and :func:`computed_kv_table` compute
+them for models too large to run here (from their ``config.json``), as the bytes a bf16 cache would take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ripplekv.allocation.budgets import _is_integer, resolve_average_budget
+from ripplekv.inference.generate import Prefill, full_cache_bytes, kept_tokens
+from ripplekv.inference.module_state import ABSENT
+from ripplekv.models.cache import cache_bytes
+
+__all__ = ["INDEX_BYTES", "CacheFootprint", "KVShape", "cache_footprint", "computed_kv_table", "state_bytes"]
+
+INDEX_BYTES = 3 * 8
+"""Bytes kvpress's AdaKV stores per masked (head, token) entry: three int64 indices (batch, head, position)."""
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """The KV-cache shape of a decoder-only model: everything its cache size depends on besides length and dtype.
+
+    Attributes:
+        name: the model's name (for tables).
+        layers: decoder layers (``config.json``: ``num_hidden_layers``), ``>= 1``.
+        kv_heads: key/value heads per layer (``num_key_value_heads``), ``>= 1``.
+        head_dim: dimension of one head (``head_dim``, else ``hidden_size / num_attention_heads``), ``>= 1``.
+    """
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"KVShape.name must be a non-empty string, got {self.name!r}")
+        for field_name in ("layers", "kv_heads", "head_dim"):
+            value = getattr(self, field_name)
+            if not _is_integer(value) or value < 1:
+                raise ValueError(f"KVShape.{field_name} must be an integer >= 1, got {value!r}")
+
+    @classmethod
+    def from_config(cls, config: Any, name: str | None = None) -> KVShape:
+        """The shape of a transformers config (its text config for multimodal models).
+
+        Args:
+            config: a ``PretrainedConfig``.
+            name: table name; default ``config.name_or_path`` or the model type.
+        """
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        label = name or getattr(config, "name_or_path", "") or getattr(config, "model_type", "model")
+        return cls(label, int(text.num_hidden_layers), int(kv_heads), int(head_dim))
+
+    def bytes_per_token(self, element_bytes: int = 2) -> int:
+        """Key and value bytes of one token in every layer (``element_bytes``: 2 for bf16, 4 for float32)."""
+        if not _is_integer(element_bytes) or element_bytes < 1:
+            raise ValueError(f"element_bytes must be an integer >= 1, got {element_bytes!r}")
+        return 2 * self.layers * self.kv_heads * self.head_dim * int(element_bytes)
+
+    def cache_bytes(self, tokens: int, element_bytes: int = 2) -> int:
+        """Bytes of an uncompressed cache of ``tokens`` tokens (``>= 0``)."""
+        if not _is_integer(tokens) or tokens < 0:
+            raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
+        return int(tokens) * self.bytes_per_token(element_bytes)
+
+
+def computed_kv_table(
+    shapes: Iterable[KVShape], lengths: Sequence[int], budgets: Sequence[float], element_bytes: int = 2
+) -> list[dict[str, Any]]:
+    """KV-cache bytes computed (not measured) for each model, context length and budget.
+
+    Every compressed method keeps ``layers * int(tokens * budget)`` tokens per head at a budget (kvpress's
+    arithmetic); evicting presses (SnapKV, PyramidKV, RippleKV) hold just those, kvpress's AdaKV holds the full
+    cache plus :data:`INDEX_BYTES` per masked (head, token) entry.
+
+    Args:
+        shapes: the models.
+        lengths: context lengths in tokens (``>= 1``).
+        budgets: kept fractions in ``(0, 1]``.
+        element_bytes: bytes per cached element (2: bf16).
+
+    Returns:
+        One dict per (model, length, budget): ``model``, ``tokens``, ``budget``, ``kept_tokens`` (per layer and
+        head), ``full_bytes``, ``evicting_bytes``, ``adakv_bytes``, ``adakv_index_bytes``, ``kept_fraction``.
+    """
+    rows = []
+    for shape in shapes:
+        for tokens in lengths:
+            full = shape.cache_bytes(tokens, element_bytes)
+            for budget in budgets:
+                kept = resolve_average_budget(budget, tokens)
+                masked_entries = shape.layers * shape.kv_heads * (tokens - kept)
+                rows.append(
+                    {
+                        "model": shape.name,
+                        "tokens": int(tokens),
+                        "budget": float(budget),
+                        "kept_tokens": kept,
+                        "full_bytes": full,
+                        "evicting_bytes": shape.cache_bytes(kept, element_bytes),
+                        "adakv_bytes": full,
+                        "adakv_index_bytes": masked_entries * INDEX_BYTES,
+                        "kept_fraction": kept / tokens,
+                    }
+                )
+    return rows
+
+
+def state_bytes(states: Iterable[Any]) -> int:
+    """Bytes of the tensors in a prefill's attention state (AdaKV's masked-key indices), each storage once.
+
+    Args:
+        states: :class:`~ripplekv.inference.ModuleState` entries (``Prefill.attention_state``).
+    """
+    seen: dict[tuple[int, int], int] = {}
+
+    def add(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                add(item)
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                add(item)
+
+    for state in states:
+        for value in state.attributes.values():
+            if value is not ABSENT:
+                add(value)
+    return sum(seen.values())
+
+
+@dataclass(frozen=True)
+class CacheFootprint:
+    """What a compressed prompt cache costs, measured.
+
+    Attributes:
+        prompt_tokens: tokens of the prompt.
+        layers: cache layers.
+        held_bytes: bytes of the key and value tensors the cache holds.
+        state_bytes: bytes of the attention state kept with it (AdaKV's masked-key indices; 0 for evicting presses).
+        full_bytes: bytes the uncompressed cache of the prompt takes.
+        kept_tokens: tokens per layer attention may still use (masked entries not counted).
+    """
+
+    prompt_tokens: int
+    layers: int
+    held_bytes: int
+    state_bytes: int
+    full_bytes: int
+    kept_tokens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_tokens", "layers", "full_bytes"):
+            if not _is_integer(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"CacheFootprint.{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if len(self.kept_tokens) != self.layers:
+            raise ValueError(f"{len(self.kept_tokens)} kept-token counts for {self.layers} layers")
+
+    @property
+    def held_fraction(self) -> float:
+        """Held key/value bytes over the full cache's (1.0 for kvpress's AdaKV, which frees nothing)."""
+        return self.held_bytes / self.full_bytes
+
+    @property
+    def kept_fraction(self) -> float:
+        """Tokens attention may use over the full cache's: the effective budget."""
+        return sum(self.kept_tokens) / (self.layers * self.prompt_tokens)
+
+    @property
+    def total_fraction(self) -> float:
+        """Held bytes plus attention-state bytes over the full cache's."""
+        return (self.held_bytes + self.state_bytes) / self.full_bytes
+
+
+def cache_footprint(model: PreTrainedModel, state: Prefill) -> CacheFootprint:
+    """Measure the cache of a prefilled (compressed) prompt, before any token is decoded.
+
+    Args:
+        model: the model ``state`` was prefilled with (for the full cache's bytes).
+        state: the prefill (from :func:`ripplekv.inference.prefill` or a derived prefill).
+    """
+    kept = tuple(kept_tokens(state))
+    return CacheFootprint(
+        prompt_tokens=state.prompt_tokens,
+        layers=len(kept),
+        held_bytes=cache_bytes(state.cache),
+        state_bytes=state_bytes(state.attention_state),
+        full_bytes=full_cache_bytes(model, state.prompt_tokens),
+        kept_tokens=kept,
+    )

@@ -1,0 +1,241 @@
+"""Decode (or teacher-force) every compressed cache of one prompt as one batch.
+
+An evaluation derives one compressed cache per (method, budget) from the same prefill. Decoding them one at a
+time costs one forward pass per token per configuration, and on a CPU a decoding step of a small model is mostly
+fixed cost (SmolLM2-135M: 62-77 ms for one row, 183-379 ms for 19 rows). Here the caches run as one batch:
+
+* each layer's keys and values are stacked into ``(rows, kv_heads, longest, dim)`` tensors, shorter rows padded
+  on the left (:func:`padded_batch`), and a :class:`~ripplekv.models.padded.KeyValidity` records which cached
+  entries each row may attend to: its own tokens, minus the (head, position) entries its press masked head-wise
+  (AdaKV's ``masked_key_indices``, taken from the cache's attention state). The variable-length attention builds
+  each layer's mask from it, so masked entries get exactly zero weight;
+* every row decodes at the same positions (the caches come from one prompt); a row that generates a stop token
+  or reaches ``max_new_tokens`` leaves the batch, which shrinks to the rows still decoding.
+
+The result is the same greedy tokens as :func:`~ripplekv.inference.generate.greedy_decode` on each cache alone,
+up to float rounding: a batched matrix product and a longer (masked) reduction may round differently, which can
+flip a greedy choice only where the two best logits are within rounding of each other.
+``benchmarks/batched_decode.py`` counts such rows and prints the logit margin at which each one diverged.
+
+Caches that cannot be batched raise :class:`NotBatchableError`: a sliding-window layer (its cache crops itself),
+or attention state other than head-wise key masks (module attributes cannot differ per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from ripplekv.inference.generate import Prefill
+from ripplekv.inference.module_state import ABSENT, MASKED_KEYS
+from ripplekv.models.cache import cache_from_tensors
+from ripplekv.models.padded import KeyValidity, pad_layers
+
+__all__ = ["NotBatchableError", "batched_greedy_decode", "batched_teacher_forced_logprobs", "padded_batch"]
+
+
+class NotBatchableError(ValueError):
+    """Caches that cannot run as one padded batch (decode them one at a time)."""
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _row_validity(state: Prefill, row: int) -> dict[int, torch.Tensor]:
+    """Per layer with head-wise masked keys, the ``(kv_heads, n)`` entries row ``row`` may see."""
+    valid: dict[int, torch.Tensor] = {}
+    for module_state in state.attention_state:
+        for name, value in module_state.attributes.items():
+            if name != MASKED_KEYS:
+                raise NotBatchableError(
+                    f"row {row}: the cache's attention state sets {name!r} on layer {module_state.layer}, which "
+                    "cannot differ per batch row; decode it alone"
+                )
+            if value is None or value is ABSENT:
+                continue
+            layer = state.cache.layers[module_state.layer]
+            kv_heads, length = layer.keys.shape[1], layer.keys.shape[2]
+            batch, head, position = value
+            if batch.numel() and int(batch.max()) > 0:
+                raise NotBatchableError(f"row {row}: head-wise masked keys of a batch larger than one")
+            keep = torch.ones(kv_heads, length, dtype=torch.bool, device=layer.keys.device)
+            keep[head.to(keep.device), position.to(keep.device)] = False
+            valid[module_state.layer] = keep
+    return valid
+
+
+def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
+    """One padded batch cache over the caches of ``states`` (left padding), and which entries each row sees.
+
+    Args:
+        states: prefilled (compressed) caches of the same prompt: batch size 1 each, the same number of layers
+            and the same ``prompt_tokens`` (the rows decode at the same positions). They are not changed.
+    """
+    if not states:
+        raise ValueError("no caches to batch")
+    first = states[0]
+    for row, state in enumerate(states):
+        if state.prompt_tokens != first.prompt_tokens:
+            raise NotBatchableError(
+                f"row {row} continues at position {state.prompt_tokens}, row 0 at {first.prompt_tokens}: "
+                "a batch decodes every row at the same positions"
+            )
+        if len(state.cache.layers) != len(first.cache.layers):
+            layers = len(state.cache.layers)
+            raise NotBatchableError(f"row {row} has {layers} layers, row 0 has {len(first.cache.layers)}")
+        for index, layer in enumerate(state.cache.layers):
+            if type(layer) is not DynamicLayer:
+                raise NotBatchableError(
+                    f"row {row}, layer {index}: a {type(layer).__name__} cannot be padded into a batch "
+                    "(only full-attention DynamicLayer caches can)"
+                )
+            if layer.keys.shape[0] != 1:
+                raise NotBatchableError(f"row {row}: a cache of batch size {layer.keys.shape[0]}, expected 1")
+    validity = [_row_validity(state, row) for row, state in enumerate(states)]
+    pairs, masks = [], []
+    for index in range(len(first.cache.layers)):
+        rows = [
+            (state.cache.layers[index].keys, state.cache.layers[index].values, validity[row].get(index))
+            for row, state in enumerate(states)
+        ]
+        keys, values, valid = pad_layers(rows)
+        pairs.append((keys, values))
+        masks.append(valid)
+    return cache_from_tensors(pairs), KeyValidity(tuple(masks))
+
+
+def _select_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
+    pairs = []
+    for layer in cache.layers:
+        index = rows.to(layer.keys.device)
+        pairs.append((layer.keys.index_select(0, index), layer.values.index_select(0, index)))
+    return cache_from_tensors(pairs)
+
+
+def _chunks(count: int, max_rows: int | None) -> list[range]:
+    size = count if max_rows is None else _check_int("max_rows", max_rows, 1)
+    return [range(start, min(count, start + size)) for start in range(0, count, size)]
+
+
+@torch.no_grad()
+def batched_greedy_decode(
+    model: PreTrainedModel,
+    states: Sequence[Prefill],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    min_new_tokens: int = 0,
+    max_rows: int | None = None,
+) -> list[list[int]]:
+    """Greedy tokens after each of ``states``, decoded as one batch; see the module docstring.
+
+    Row ``i`` of the result is what ``greedy_decode(model, states[i], max_new_tokens, stop_ids, min_new_tokens)``
+    returns, up to float rounding at near-ties. The model must use the variable-length attention
+    (:func:`ripplekv.models.attention.enable_varlen_attention`).
+
+    Args:
+        model: the model the states were prefilled with.
+        states: prefilled (compressed) caches of one prompt (see :func:`padded_batch`); left unchanged.
+        max_new_tokens: most tokens per row (>= 1).
+        stop_ids: token ids that end a row's answer (included in it).
+        min_new_tokens: for a row's first ``min_new_tokens`` tokens the stop ids cannot be chosen.
+        max_rows: decode at most this many rows per batch (None: all of them at once); bounds the memory of the
+            padded cache.
+    """
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    _check_int("min_new_tokens", min_new_tokens, 0)
+    results: list[list[int]] = []
+    for chunk in _chunks(len(states), max_rows):
+        results.extend(_decode_batch(model, [states[i] for i in chunk], max_new_tokens, stop_ids, min_new_tokens))
+    return results
+
+
+def _decode_batch(
+    model: PreTrainedModel, states: Sequence[Prefill], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int
+) -> list[list[int]]:
+    cache, validity = padded_batch(states)
+    logits = torch.stack([state.next_logits for state in states])
+    device, vocab = logits.device, logits.shape[-1]
+    banned = torch.tensor(sorted(i for i in stop_ids if 0 <= i < vocab), dtype=torch.long, device=device)
+    tokens: list[list[int]] = [[] for _ in states]
+    active = list(range(len(states)))
+    position = states[0].prompt_tokens
+    while True:
+        if len(tokens[active[0]]) < min_new_tokens and banned.numel():
+            logits = logits.index_fill(-1, banned, float("-inf"))
+        picks = logits.argmax(dim=-1).tolist()
+        staying = []
+        for slot, (row, token) in enumerate(zip(active, picks)):
+            tokens[row].append(int(token))
+            if token not in stop_ids and len(tokens[row]) < max_new_tokens:
+                staying.append(slot)
+        if not staying:
+            return tokens
+        if len(staying) < len(active):
+            index = torch.tensor(staying, dtype=torch.long)
+            cache, validity = _select_rows(cache, index), validity.select(index)
+            active = [active[slot] for slot in staying]
+        step = torch.tensor([[tokens[row][-1]] for row in active], device=device)
+        pos = torch.tensor([position], device=device)
+        logits = model(
+            step,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=pos,
+            position_ids=pos.expand(len(active), 1),
+            key_validity=validity,
+        ).logits[:, -1]
+        position += 1
+
+
+@torch.no_grad()
+def batched_teacher_forced_logprobs(
+    model: PreTrainedModel, states: Sequence[Prefill], tokens: Sequence[int], max_rows: int | None = None
+) -> list[torch.Tensor]:
+    """:func:`~ripplekv.inference.fidelity.teacher_forced_logprobs` of the same ``tokens`` over each of ``states``.
+
+    One forward pass of ``tokens[:-1]`` per batch of rows over their padded caches.
+
+    Args:
+        model: the model the states were prefilled with (variable-length attention enabled).
+        states: prefilled (compressed) caches of one prompt (see :func:`padded_batch`); left unchanged.
+        tokens: the forced tokens (at least one), the same for every row.
+        max_rows: rows per pass (None: all at once); the logits of a pass take ``rows * len(tokens) * vocab``
+            floats.
+
+    Returns:
+        Per state, ``(len(tokens), vocab)`` float64 log-softmax on the CPU.
+    """
+    if not states:
+        raise ValueError("no caches to teacher-force")
+    vocab = states[0].next_logits.shape[-1]
+    ids = [int(t) for t in tokens]
+    if not ids or any(not 0 <= t < vocab for t in ids):
+        raise ValueError(f"tokens must be a non-empty sequence of ids in [0, {vocab})")
+    results: list[torch.Tensor] = []
+    for chunk in _chunks(len(states), max_rows):
+        group = [states[i] for i in chunk]
+        first = torch.stack([state.next_logits for state in group]).to("cpu", torch.float64).unsqueeze(1)
+        if len(ids) == 1:
+            rest = first.new_zeros((len(group), 0, vocab))
+        else:
+            cache, validity = padded_batch(group)
+            device = group[0].next_logits.device
+            start = group[0].prompt_tokens
+            positions = torch.arange(start, start + len(ids) - 1, device=device)
+            logits = model(
+                torch.tensor([ids[:-1]], device=device).expand(len(group), -1),
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=positions,
+                position_ids=positions.unsqueeze(0).expand(len(group), -1),
+                key_validity=validity,
+            ).logits
+            rest = logits.to("cpu", torch.float64)
+        results.extend(torch.log_softmax(torch.cat([first, rest], dim=1), dim=-1).unbind(0))
+    return results

@@ -1,0 +1,119 @@
+"""Several compressed caches of one prompt as one padded batch: which cached keys each row may see.
+
+After per-layer compression, the caches of different methods (or budgets) of the same prompt hold different
+numbers of tokens in each layer, and AdaKV's caches additionally hide some (head, token) entries. To run them as
+one batch, each layer's keys and values are stacked into ``(rows, kv_heads, longest, dim)`` tensors, shorter rows
+padded on the left, and :class:`KeyValidity` records, per layer, which of those cached entries each row may
+attend to. The variable-length attention functions (:mod:`ripplekv.models.attention`) read it from the
+``key_validity`` keyword argument of the forward pass and build each layer's boolean mask from it: the row's
+valid cached entries, then the tokens appended since the batch was built (causal among themselves).
+
+Masked entries get exactly zero attention weight, so each row computes what it computes alone, up to float
+rounding (different reduction lengths and batched matrix products).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["KeyValidity", "pad_layers"]
+
+
+@dataclass(frozen=True)
+class KeyValidity:
+    """Per layer, which cached (head, position) entries each batch row may attend to.
+
+    Args:
+        layers: one boolean tensor per layer, ``(rows, kv_heads, cached)``: True where the row's entry is one of
+            its own cached keys (False for left padding and for keys the row's press masked head-wise). Tokens
+            appended to the cache after these (decoded or teacher-forced) are always valid.
+    """
+
+    layers: tuple[torch.Tensor, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.layers:
+            raise ValueError("KeyValidity needs at least one layer")
+        rows = self.layers[0].shape[0]
+        for index, layer in enumerate(self.layers):
+            if not isinstance(layer, torch.Tensor) or layer.dtype != torch.bool or layer.dim() != 3:
+                raise TypeError(f"layer {index}: expected a (rows, kv_heads, cached) boolean tensor")
+            if layer.shape[0] != rows:
+                raise ValueError(f"layer {index} has {layer.shape[0]} rows, layer 0 has {rows}")
+
+    @property
+    def rows(self) -> int:
+        return int(self.layers[0].shape[0])
+
+    def select(self, rows: torch.Tensor) -> KeyValidity:
+        """The validity of the given rows only (``rows``: a 1-D index tensor), as in ``index_select``."""
+        return KeyValidity(tuple(layer.index_select(0, rows.to(layer.device)) for layer in self.layers))
+
+    def mask(self, layer: int, query_len: int, key_len: int, heads: int) -> torch.Tensor:
+        """The boolean attention mask of one layer in a pass, ``(rows, heads, query_len, key_len)``.
+
+        Args:
+            layer: the layer index.
+            query_len: new tokens of the pass (the last ``query_len`` keys of the layer).
+            key_len: keys of the layer in the pass: its cached entries, the tokens appended since, the new ones.
+            heads: query heads (a multiple of the KV heads; each KV head's validity is repeated for its group).
+        """
+        if not 0 <= layer < len(self.layers):
+            raise ValueError(f"no key validity for layer {layer} ({len(self.layers)} layers)")
+        cached = self.layers[layer]
+        rows, kv_heads, length = cached.shape
+        if heads % kv_heads:
+            raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} KV heads")
+        appended = key_len - length
+        if appended < query_len:
+            raise ValueError(
+                f"layer {layer} holds {key_len} keys for {query_len} queries over {length} cached entries: "
+                "the cache does not match its key validity"
+            )
+        prefix = cached.repeat_interleave(heads // kv_heads, dim=1).unsqueeze(2).expand(rows, heads, query_len, length)
+        queries = torch.arange(query_len, device=cached.device).unsqueeze(1)
+        columns = torch.arange(appended, device=cached.device).unsqueeze(0)
+        causal = (columns <= queries + (appended - query_len)).expand(rows, heads, query_len, appended)
+        return torch.cat([prefix, causal], dim=-1)
+
+
+def pad_layers(
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stack one layer of several single-row caches, left-padded to the longest.
+
+    Args:
+        layers: per row, ``(keys, values, valid)``: keys and values of shape ``(1, kv_heads, n_row, dim)`` and an
+            optional ``(kv_heads, n_row)`` boolean tensor of the entries the row may see (None: all).
+
+    Returns:
+        ``(keys, values, valid)``: ``(rows, kv_heads, longest, dim)`` tensors (padding zero) and the
+        ``(rows, kv_heads, longest)`` validity, False on the padding.
+    """
+    if not layers:
+        raise ValueError("no rows to pad")
+    first = layers[0][0]
+    _, kv_heads, _, dim = first.shape
+    longest = max(keys.shape[2] for keys, _, _ in layers)
+    keys_out = first.new_zeros((len(layers), kv_heads, longest, dim))
+    values_out = layers[0][1].new_zeros((len(layers), kv_heads, longest, layers[0][1].shape[-1]))
+    valid_out = torch.zeros((len(layers), kv_heads, longest), dtype=torch.bool, device=first.device)
+    for row, (keys, values, valid) in enumerate(layers):
+        if keys.dim() != 4 or keys.shape[0] != 1 or keys.shape[1] != kv_heads or keys.shape[3] != dim:
+            raise ValueError(f"row {row}: keys of shape {tuple(keys.shape)} do not match (1, {kv_heads}, n, {dim})")
+        if values.shape[:3] != keys.shape[:3]:
+            raise ValueError(f"row {row}: values {tuple(values.shape)} do not match keys {tuple(keys.shape)}")
+        start = longest - keys.shape[2]
+        keys_out[row, :, start:] = keys[0]
+        values_out[row, :, start:] = values[0]
+        if valid is None:
+            valid_out[row, :, start:] = True
+        else:
+            if valid.shape != (kv_heads, keys.shape[2]):
+                raise ValueError(f"row {row}: validity {tuple(valid.shape)} does not match ({kv_heads}, n)")
+            valid_out[row, :, start:] = valid.to(first.device)
+    return keys_out, values_out, valid_out

@@ -1,0 +1,246 @@
+"""LayerBudgetAdaPress: per-layer budgets from a schedule, AdaKV's head-wise allocation inside each layer.
+
+AdaKV (Feng et al., 2024, "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation for Efficient LLM
+Inference", arXiv:2407.11550) keeps a layer's budget of ``B * H`` (head, token) entries, ``H`` the KV heads, chosen by
+score across all heads jointly instead of ``B`` per head, so that heads whose attention is concentrated give entries to
+heads whose attention is spread. A safeguard makes every head keep at least ``alpha`` of its uniform share ``B``.
+
+RippleKV decides how many tokens each *layer* keeps (a :class:`~ripplekv.allocation.BudgetSchedule`); AdaKV decides
+how a layer's entries are shared among its heads. This press composes the two: layer ``l`` keeps
+``schedule.layer_budgets(...)[l] * H`` entries, allocated over heads as AdaKV allocates them. With
+:class:`~ripplekv.allocation.UniformSchedule` it keeps exactly the entries kvpress's ``AdaKVPress`` keeps; with
+:class:`~ripplekv.allocation.ProfileSchedule` it is ``ripplekv-ada``.
+
+Heads keep different numbers of tokens, which a dense cache cannot hold. The press therefore leaves the layer's keys
+and values whole and sets kvpress's ``module.masked_key_indices`` (``(batch, kv_head, position)`` index tensors of the
+dropped entries), the state :mod:`ripplekv.inference.module_state` captures with the cache and applies exactly on
+every later pass. When every head of a layer happens to keep the same number of tokens the press evicts them
+physically instead (each head its own positions, in position order), freeing their memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+from kvpress import ScorerPress, SnapKVPress
+from kvpress.presses.base_press import BasePress
+from torch import nn
+from transformers import PreTrainedModel
+
+from ripplekv.allocation.budgets import _is_real
+from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
+from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
+from ripplekv.presses.layer_budget_press import LayerBudgetPress, has_padding
+from ripplekv.profiling.profile import SensitivityProfile
+
+__all__ = ["DEFAULT_ALPHA_SAFEGUARD", "LayerBudgetAdaPress", "headwise_keep_mask", "safeguard_tokens"]
+
+# kvpress's head-wise key masks: (batch, kv_head, position) index tensors of the dropped entries. The name is kvpress's
+# (``kvpress.attention_patch``); ``ripplekv.inference.module_state.MASKED_KEYS`` is the same string (importing it here
+# would import ``ripplekv.inference``, which imports the press registry).
+MASKED_KEYS = "masked_key_indices"
+
+DEFAULT_ALPHA_SAFEGUARD = 0.2
+"""kvpress's default ``alpha_safeguard`` (AdaKV's paper uses 0.2 as well)."""
+
+
+def safeguard_tokens(n_kept: int, alpha: float) -> int:
+    """Tokens every head keeps whatever its scores: ``int(n_kept * alpha)``, at least 1 when ``alpha > 0``.
+
+    Args:
+        n_kept: the layer's average number of tokens kept per head (``>= 0``).
+        alpha: the safeguard fraction in ``[0, 1]``.
+    """
+    n_safe = int(n_kept * alpha)
+    return max(1, n_safe) if alpha > 0 and n_kept > 0 else n_safe
+
+
+def headwise_keep_mask(scores: torch.Tensor, n_kept: int, n_safe: int) -> torch.Tensor:
+    """AdaKV's allocation of one layer: which (head, token) entries are kept.
+
+    Each head's ``n_safe`` highest-scored tokens are kept; the remaining ``n_kept * heads - (those)`` entries go to
+    the highest scores across all heads jointly. Every batch row keeps exactly ``n_kept * heads`` entries.
+
+    Args:
+        scores: ``(batch, kv_heads, tokens)`` scores (higher is more important).
+        n_kept: average tokens kept per head, in ``[0, tokens]``.
+        n_safe: tokens each head keeps regardless of the others, in ``[0, n_kept]``.
+
+    Returns:
+        A boolean ``(batch, kv_heads, tokens)`` tensor, True where the entry is kept.
+
+    Raises:
+        ValueError: if ``scores`` is not 3-D or the counts are out of range.
+    """
+    if scores.dim() != 3:
+        raise ValueError(f"scores must be (batch, kv_heads, tokens), got shape {tuple(scores.shape)}")
+    batch, heads, tokens = scores.shape
+    if not 0 <= n_kept <= tokens:
+        raise ValueError(f"n_kept must be in [0, {tokens}], got {n_kept}")
+    if not 0 <= n_safe <= n_kept:
+        raise ValueError(f"n_safe must be in [0, n_kept={n_kept}], got {n_safe}")
+    priority = scores.detach().to(torch.float64)  # a new tensor: the caller's scores are not written
+    if n_safe:
+        protected = priority.topk(n_safe, dim=-1).indices
+        priority = priority.scatter(-1, protected, float("inf"))
+    chosen = priority.reshape(batch, heads * tokens).topk(n_kept * heads, dim=-1).indices
+    keep = torch.zeros(batch, heads * tokens, dtype=torch.bool, device=scores.device)
+    keep.scatter_(-1, chosen, True)
+    return keep.view(batch, heads, tokens)
+
+
+@dataclass
+class LayerBudgetAdaPress(BasePress):
+    """Per-layer budgets from a schedule (RippleKV), AdaKV's head-wise allocation within each layer.
+
+    During prefill, layer ``l`` scores its tokens with ``press.score()`` (one score per KV head and token), takes
+    ``n_l = schedule.layer_budgets(n_layers, prompt_tokens, floor)[l]``, and keeps the ``n_l * kv_heads`` entries
+    :func:`headwise_keep_mask` selects (AdaKV, Feng et al. 2024, arXiv:2407.11550): each head's top
+    :func:`safeguard_tokens` ``(n_l, alpha_safeguard)`` tokens, then the best scores across heads. Dropped entries
+    are recorded in kvpress's ``module.masked_key_indices`` (the keys stay in memory and are excluded from
+    attention head by head), unless every head keeps ``n_l`` tokens, in which case they are evicted physically.
+    The per-layer counts are those of :class:`~ripplekv.presses.LayerBudgetPress` with the same schedule, so every
+    schedule keeps SnapKV's total ``n_layers * int(prompt_tokens * budget)`` entries per head on average.
+
+    Not applicable to eager attention (the head-wise masks need a boolean attention mask, as kvpress's AdaKV does)
+    nor to padded batches. The scorer is never mutated. The press keeps kvpress's forward hook, so its cache can be
+    derived from a shared prefill record (:mod:`ripplekv.inference.shared`).
+
+    Parameters
+    ----------
+    press : ScorerPress
+        Token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored; scorers whose
+        scores depend on it are called on a copy set to the layer's own ratio.
+    schedule : BudgetSchedule
+        Per-layer budgets (default ``UniformSchedule(0.2)``, i.e. kvpress's AdaKV at 20%).
+    alpha_safeguard : float
+        Fraction in ``[0, 1]`` of a layer's per-head budget that every head keeps (AdaKV's safeguard; default 0.2,
+        kvpress's). ``1`` gives every head the same count: SnapKV's per-head selection, evicted physically.
+    min_tokens : int | None
+        Smallest per-head average budget a layer may get (as :class:`~ripplekv.presses.LayerBudgetPress`); default
+        the scorer's ``window_size`` if it has one, else 1.
+    evict_balanced : bool
+        Evict physically when every head of a layer keeps the same number of tokens (default True); False always
+        masks, as kvpress's AdaKV does.
+    profile : SensitivityProfile | None
+        The profile a :class:`~ripplekv.allocation.ProfileSchedule` was allocated from, checked against the model
+        when the press is applied (``ripplekv-ada`` passes it); ``None`` skips the check.
+    """
+
+    press: ScorerPress = field(default_factory=SnapKVPress)
+    schedule: BudgetSchedule = field(default_factory=lambda: UniformSchedule(0.2))
+    alpha_safeguard: float = DEFAULT_ALPHA_SAFEGUARD
+    min_tokens: int | None = None
+    evict_balanced: bool = True
+    profile: SensitivityProfile | None = None
+
+    def __post_init__(self) -> None:
+        LayerBudgetPress(self.press, self.schedule, self.min_tokens)  # validates press, schedule and min_tokens
+        if not _is_real(self.alpha_safeguard):
+            raise TypeError(f"alpha_safeguard must be a real number, got {type(self.alpha_safeguard).__name__}")
+        if not 0 <= float(self.alpha_safeguard) <= 1:
+            raise ValueError(f"alpha_safeguard must be in [0, 1], got {self.alpha_safeguard!r}")
+        if not isinstance(self.evict_balanced, bool):
+            raise TypeError(f"evict_balanced must be a bool, got {type(self.evict_balanced).__name__}")
+        if self.profile is not None:
+            if not isinstance(self.profile, SensitivityProfile):
+                raise TypeError(f"profile must be a SensitivityProfile or None, got {type(self.profile).__name__}")
+            if not isinstance(self.schedule, ProfileSchedule):
+                raise ValueError("a profile is given but the schedule is not a ProfileSchedule allocated from it")
+            if len(self.schedule.scores) != self.profile.num_layers:
+                raise ValueError(
+                    f"the schedule has {len(self.schedule.scores)} layer scores, the profile {self.profile.num_layers}"
+                )
+
+    @property
+    def layer_press(self) -> LayerBudgetPress:
+        """The :class:`LayerBudgetPress` giving the per-layer counts (a new object built from the current fields)."""
+        return LayerBudgetPress(self.press, self.schedule, self.min_tokens)
+
+    @property
+    def window(self) -> int:
+        """The scorer's observation window (0 if it has none)."""
+        return self.layer_press.window
+
+    @property
+    def compression_ratio(self) -> float:
+        """Average fraction removed, when the budget is a fraction (kvpress convention); NaN for token counts."""
+        return self.layer_press.compression_ratio
+
+    def layer_budgets(self, prompt_tokens: int, n_layers: int) -> tuple[int, ...]:
+        """Average tokens kept per head by each of ``n_layers`` layers (the layer keeps that times its KV heads)."""
+        return self.layer_press.layer_budgets(prompt_tokens, n_layers)
+
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
+        """Check the schedule (and profile) against the model; enable variable-length attention where layers may differ.
+
+        Raises:
+            ValueError: if the schedule or profile does not fit the model, or the attention implementation has no
+                variable-length variant while layers may hold different numbers of tokens.
+        """
+        if self.profile is not None:
+            self.profile.check_model(model)
+        self.schedule.check_layers(int(model.config.get_text_config().num_hidden_layers))
+        if (self.evict_balanced or not self.schedule.uniform) and not uses_varlen_attention(model):
+            current = model.config._attn_implementation
+            try:
+                enable_varlen_attention(model)
+            except ValueError as error:
+                raise ValueError(
+                    f"{type(self).__name__} can leave layers with different numbers of tokens, which the attention "
+                    f"implementation {current!r} cannot attend over: load the model with attn_implementation='sdpa'"
+                ) from error
+        self.press.post_init_from_model(model)
+
+    def _layer_count(self, module: nn.Module, k_len: int) -> int:
+        return self.layer_budgets(k_len, int(module.config.num_hidden_layers))[module.layer_idx]
+
+    def score(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor,
+        kwargs: dict,
+    ) -> torch.Tensor:
+        """The scorer's ``(batch, kv_heads, tokens)`` scores for this layer (called at the layer's own ratio)."""
+        k_len = keys.shape[2]
+        scorer = replace(self.press, compression_ratio=1.0 - self._layer_count(module, k_len) / k_len)
+        return scorer.score(module, hidden_states, keys, values, attentions, kwargs)
+
+    def compress(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the layer's budget head-wise (see the class); masks dropped entries or evicts when balanced."""
+        if has_padding(kwargs.get("attention_mask")):
+            raise PaddedBatchError(
+                f"{type(self).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
+            )
+        k_len = keys.shape[2]
+        if k_len <= self.window:
+            raise ValueError(f"the prompt has {k_len} tokens, not more than the {self.window}-token selection window")
+        n_kept = self._layer_count(module, k_len)
+        if n_kept >= k_len:
+            return keys, values
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        keep = headwise_keep_mask(scores, n_kept, safeguard_tokens(n_kept, float(self.alpha_safeguard)))
+        if self.evict_balanced and bool((keep.sum(-1) == n_kept).all()):
+            positions = torch.arange(k_len, device=keep.device).expand_as(keep)
+            kept = torch.where(keep, positions, k_len).sort(dim=-1).values[..., :n_kept]
+            index = kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+            return keys.gather(2, index).contiguous(), values.gather(2, index).contiguous()
+        if "eager" in str(module.config._attn_implementation):
+            raise ValueError(
+                f"{type(self).__name__} masks keys head-wise, which needs a boolean attention mask: load the model "
+                "with attn_implementation='sdpa', not eager"
+            )
+        setattr(module, MASKED_KEYS, (~keep).nonzero(as_tuple=True))
+        return keys, values

@@ -1,0 +1,162 @@
+"""``ripplekv profile --workers N [--ray-address ADDR]``: sensitivity profiling sharded over Ray actors.
+
+Each actor loads the model once and scores whole calibration samples
+(:func:`~ripplekv.profiling.sensitivity.score_sample`, tokenised and cut by
+:func:`~ripplekv.profiling.sensitivity.calibration_ids`, noise seeded by the sample's index as in a single process).
+The driver receives each sample's scores as it is finished, appends them to the same checkpoint
+(``P.json.partial.jsonl``, keyed as :func:`~ripplekv.profiling.sensitivity.profile_model` keys it, so a run
+interrupted either way resumes either way), and merges them in sample order into the same profile
+(:func:`~ripplekv.profiling.sensitivity.assemble_profile`): equal to a single-process profile, given the same
+number of torch threads per process. A sample whose actor dies is scored again elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ripplekv.distributed import (
+    DEFAULT_MAX_ATTEMPTS,
+    StreamWorker,
+    WorkerPool,
+    actor_options,
+    check_workers,
+    ray_session,
+)
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
+from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
+from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.profiling.sensitivity import (
+    ProfilingConfig,
+    assemble_profile,
+    calibration_ids,
+    checkpoint_key,
+    score_sample,
+)
+
+__all__ = ["ProfileWorker", "profile_model_ray"]
+
+ModelFactory = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
+CalibrationFactory = Callable[[PreTrainedTokenizerBase], CalibrationSet]
+
+
+class ProfileWorker(StreamWorker):
+    """The Ray actor of a profiling run: one model, one calibration sample at a time.
+
+    Args:
+        config: profiling parameters.
+        model_factory: loads the model and its tokenizer (picklable).
+        hook: see :class:`~ripplekv.distributed.StreamWorker` (tests).
+    """
+
+    def __init__(
+        self,
+        config: ProfilingConfig,
+        model_factory: ModelFactory,
+        hook: Callable[[Hashable, int], None] | None = None,
+    ) -> None:
+        super().__init__(hook)
+        self.config = config
+        self.model_factory = model_factory
+        self.model: PreTrainedModel | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+
+    def setup(self) -> dict[str, Any]:
+        """Load the model; return its identity and weights fingerprint (the checkpoint's key)."""
+        from ripplekv.models.loading import model_identity, weights_fingerprint
+
+        self.model, self.tokenizer = self.model_factory()
+        return {"identity": model_identity(self.model), "fingerprint": weights_fingerprint(self.model)}
+
+    def calibration(self, factory: CalibrationFactory) -> CalibrationSet:
+        """The calibration set ``factory`` builds with this actor's tokenizer.
+
+        Args:
+            factory: tokenizer -> calibration set (picklable).
+        """
+        if self.tokenizer is None:
+            raise RuntimeError("ProfileWorker.calibration called before setup")
+        return factory(self.tokenizer)
+
+    def items(self, key: Hashable, *args: Any) -> Iterator[SampleScores]:
+        """The scores of one calibration sample (one item).
+
+        Args:
+            key: the sample's index in the calibration set (the noise seed).
+            args: the sample (a :class:`~ripplekv.profiling.calibration.CalibrationSample`).
+        """
+        if self.model is None or self.tokenizer is None:
+            raise RuntimeError("ProfileWorker.items called before setup")
+        (sample,) = args
+        context_ids, continuation_ids = calibration_ids(self.model, self.tokenizer, sample, self.config)
+        yield score_sample(self.model, context_ids, continuation_ids, self.config, sample_index=int(key))
+
+
+def profile_model_ray(
+    model_factory: ModelFactory,
+    calibration: CalibrationSet | CalibrationFactory,
+    config: ProfilingConfig | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    workers: int = 2,
+    ray_address: str | None = None,
+    device: str | None = None,
+    worker_hook: Callable[[Hashable, int], None] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> SensitivityProfile:
+    """:func:`~ripplekv.profiling.sensitivity.profile_model` with the samples scored on ``workers`` Ray actors.
+
+    Args:
+        model_factory: loads the model and tokenizer on each actor (picklable).
+        calibration: the calibration set, or a picklable ``tokenizer -> CalibrationSet`` run on one actor (so the
+            driver never loads the model).
+        config: noise scale, repeats, seed and context limit (default: :class:`ProfilingConfig()`).
+        checkpoint: optional JSON-lines checkpoint, as :func:`~ripplekv.profiling.sensitivity.profile_model`'s.
+        progress: optional callback ``progress(done, total)`` after each sample.
+        workers: Ray actors, each with its own model.
+        ray_address: the Ray cluster to join; None starts a local one (or uses this process's connection).
+        device: the device ``model_factory`` loads the model on (``cpu`` asks for CPU actors where the cluster has
+            GPUs; None: GPU actors where it has them).
+        worker_hook: called on the actors before each sample's scores are handed over (tests).
+        max_attempts: times a sample may lose its actor before the run stops.
+    """
+    check_workers(workers)
+    config = config or ProfilingConfig()
+    if not isinstance(calibration, CalibrationSet) and not callable(calibration):
+        raise TypeError(f"calibration must be a CalibrationSet or a callable, got {type(calibration).__name__}")
+    with ray_session(ray_address) as ray:
+        options = actor_options(ray, workers, device)
+        pool = WorkerPool(ray, ProfileWorker, (config, model_factory, worker_hook), workers, options, max_attempts)
+        try:
+            description = pool.start()
+            if not isinstance(calibration, CalibrationSet):
+                calibration = pool.call(0, "calibration", calibration)
+                if not isinstance(calibration, CalibrationSet):
+                    raise TypeError(f"the calibration factory returned a {type(calibration).__name__}")
+            calib: CalibrationSet = calibration
+            identity, fingerprint = description["identity"], description["fingerprint"]
+            key = checkpoint_key(identity, fingerprint, calib, config)
+            ckpt = Checkpoint(Path(checkpoint), key) if checkpoint is not None else None
+            done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
+            total = len(calib)
+            if progress:
+                progress(len(done), total)
+
+            def arguments(index: Hashable) -> tuple[CalibrationSample]:
+                return (calib.samples[int(index)],)
+
+            def on_item(index: Hashable, scores: SampleScores) -> None:
+                done[int(index)] = scores
+                if ckpt:
+                    ckpt.add(int(index), scores)
+                if progress:
+                    progress(len(done), total)
+
+            pool.run([i for i in range(total) if i not in done], arguments, on_item)
+        finally:
+            pool.close()
+    return assemble_profile(identity, fingerprint, calib, config, done)
