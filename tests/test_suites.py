@@ -217,3 +217,18 @@ def test_a_registered_suite_runs_end_to_end(loaded: tuple[Any, Any], tmp_path: P
     rows = ResultsLog(tmp_path / "echo" / RESULTS_FILE).read()
     assert {r["task"] for r in rows} == {"echo"} and all(r["gold_nll"] > 0 for r in rows)
     assert json.loads((tmp_path / "echo" / "config.json").read_text())["config"]["count"] == 2
+
+
+def test_longbench_skip_holds_out_the_first_records(loaded: tuple[Any, Any], tmp_path: Path) -> None:
+    model, tokenizer = loaded
+    _write_longbench(tmp_path / "longbench")
+    options = {"data_dir": str(tmp_path / "longbench"), "max_length": 200}
+    first = EvalConfig(suite="longbench", methods=("full",), limit=1, options=options)
+    rest = EvalConfig(suite="longbench", methods=("full",), options={**options, "skip": 1})
+    held_out = build_samples(rest, tokenizer, model)
+    assert [s.id for s in build_samples(first, tokenizer, model)] == ["hotpotqa/h1", "samsum/samsum0"]
+    assert [s.id for s in held_out] == ["hotpotqa/h2", "samsum/samsum1"]
+    assert resolve_config(rest, model, held_out, None)["skip"] == 1  # a resumed run with another split is refused
+    assert "skip" not in resolve_config(first, model, build_samples(first, tokenizer, model), None)
+    with pytest.raises(ValueError, match="skip must be an integer >= 0"):
+        EvalConfig(suite="longbench", options={**options, "skip": -1})

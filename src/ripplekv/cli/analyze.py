@@ -78,6 +78,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--chat-template", choices=CHAT_TEMPLATE_MODES, default="auto", help="as for `ripplekv eval`")
     p.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
     p.add_argument("--context-tokens", type=_positive_int, default=None, help="ruler: context length")
+    p.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
     p.add_argument("--max-length", type=_positive_int, default=None, help="longbench: truncation length")
     p.add_argument("--needle-lengths", type=_comma_list(_positive_int, "lengths"), default=None, help="needle")
     p.add_argument("--needle-depths", type=_comma_list(float, "depths"), default=None, help="needle")

@@ -105,6 +105,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help=f"ruler: context length (default {runner.DEFAULT_CONTEXT_TOKENS})",
     )
+    e.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
     e.add_argument(
         "--max-length", type=_positive_int, default=None, help="longbench: truncation (default: model max positions)"
     )

@@ -30,20 +30,27 @@ class LongBenchOptions:
     Args:
         data_dir: folder of official ``<task>.jsonl`` files (``_e`` files for LongBench-E); required.
         max_length: middle truncation length in tokens (default: the model's ``max_position_embeddings``).
+        skip: records skipped at the start of each task file before ``limit`` counts (default 0): a split of
+            the same files held out from another run that used the first records (e.g. ``--limit 15`` there,
+            ``--skip 15`` here).
     """
 
     data_dir: str | None = None
     max_length: int | None = None
+    skip: int | None = None
 
     def __post_init__(self) -> None:
         if not self.data_dir:
             raise ValueError("the longbench suite needs --data-dir (a folder of official <task>.jsonl files)")
         object.__setattr__(self, "data_dir", str(self.data_dir))
         positive_int("max_length", self.max_length, allow_none=True)
+        if self.skip is not None and (isinstance(self.skip, bool) or not isinstance(self.skip, int) or self.skip < 0):
+            raise ValueError(f"skip must be an integer >= 0, got {self.skip!r}")
 
 
 class LongBenchSuite(Suite):
-    """LongBench v1 / LongBench-E, English tasks. ``limit``: the first N records of each task file (default all)."""
+    """LongBench v1 / LongBench-E, English tasks. ``limit``: the first N records of each task file (default all)
+    after the ``skip`` first ones."""
 
     name = "longbench"
     description = "LongBench v1 / LongBench-E files (official prompts, truncation, chat rule and metrics)"
@@ -89,7 +96,9 @@ class LongBenchSuite(Suite):
         newline = None
         samples: list[EvalSample] = []
         for task in self.tasks(config):
-            records = longbench.load_task(config.options.data_dir, task)[: config.limit]
+            skip = config.options.skip or 0
+            records = longbench.load_task(config.options.data_dir, task)[skip:]
+            records = records[: config.limit]
             seen: dict[str, int] = {}
             for record in records:
                 built = longbench.build_prompt(record, tokenizer, max_length, config.chat_template)
@@ -119,7 +128,10 @@ class LongBenchSuite(Suite):
         return samples
 
     def resolve(self, config: EvalConfig, model: PreTrainedModel) -> dict[str, Any]:
-        return {"tasks": self.tasks(config), "limit": config.limit, "max_length": self.max_length(config, model)}
+        resolved = {"tasks": self.tasks(config), "limit": config.limit, "max_length": self.max_length(config, model)}
+        if config.options.skip:  # only when set: runs from before the option resume unchanged
+            resolved["skip"] = config.options.skip
+        return resolved
 
     def sources(self, config: EvalConfig) -> dict[str, Any]:
         return {"data_dir": config.options.data_dir}
