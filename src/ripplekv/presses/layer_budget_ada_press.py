@@ -30,8 +30,8 @@ from transformers import PreTrainedModel
 
 from ripplekv.allocation.budgets import _is_real
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
-from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
-from ripplekv.presses.layer_budget_press import LayerBudgetPress, has_padding
+from ripplekv.models.attention import enable_varlen_attention, uses_varlen_attention
+from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible
 from ripplekv.profiling.profile import SensitivityProfile
 
 __all__ = ["DEFAULT_ALPHA_SAFEGUARD", "LayerBudgetAdaPress", "headwise_keep_mask", "safeguard_tokens"]
@@ -220,13 +220,8 @@ class LayerBudgetAdaPress(BasePress):
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the layer's budget head-wise (see the class); masks dropped entries or evicts when balanced."""
-        if has_padding(kwargs.get("attention_mask")):
-            raise PaddedBatchError(
-                f"{type(self).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
-            )
+        check_compressible(self, kwargs, keys.shape[2], self.window)
         k_len = keys.shape[2]
-        if k_len <= self.window:
-            raise ValueError(f"the prompt has {k_len} tokens, not more than the {self.window}-token selection window")
         n_kept = self._layer_count(module, k_len)
         if n_kept >= k_len:
             return keys, values

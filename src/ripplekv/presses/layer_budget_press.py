@@ -15,7 +15,7 @@ from ripplekv.allocation.budgets import _is_integer
 from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
 
-__all__ = ["LayerBudgetPress", "has_padding"]
+__all__ = ["LayerBudgetPress", "check_compressible", "has_padding"]
 
 
 def has_padding(attention_mask: torch.Tensor | None) -> bool:
@@ -25,6 +25,26 @@ def has_padding(attention_mask: torch.Tensor | None) -> bool:
     last = attention_mask[..., -1, :]
     visible = last if last.dtype == torch.bool else last == 0
     return not bool(visible.all())
+
+
+def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> None:
+    """Raise unless one layer's prefill can be compressed: no padding, more tokens than the selection window.
+
+    Checked first, at every layer: a layer that keeps every token would otherwise let a padded batch through, and
+    the mask fitted over the compressed layers would then attend to the padding.
+
+    Args:
+        press: the press (named in the messages).
+        kwargs: the attention layer's forward kwargs (its ``attention_mask``).
+        k_len: tokens of the layer's prefill.
+        window: the scorer's observation window (0 if none).
+    """
+    if has_padding(kwargs.get("attention_mask")):
+        raise PaddedBatchError(
+            f"{type(press).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
+        )
+    if k_len <= window:
+        raise ValueError(f"the prompt has {k_len} tokens, not more than the {window}-token selection window")
 
 
 def _num_layers(model: PreTrainedModel) -> int:
@@ -134,15 +154,8 @@ class LayerBudgetPress(BasePress):
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep layer ``module.layer_idx``'s budget of the scorer's highest-scored tokens (see the class)."""
-        # Checked first, at every layer: a layer that keeps every token would otherwise let a padded batch
-        # through, and the mask fitted over the compressed layers would then attend to the padding.
-        if has_padding(kwargs.get("attention_mask")):
-            raise PaddedBatchError(
-                f"{type(self).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
-            )
+        check_compressible(self, kwargs, keys.shape[2], self.window)
         k_len = keys.shape[2]
-        if k_len <= self.window:
-            raise ValueError(f"the prompt has {k_len} tokens, not more than the {self.window}-token selection window")
         n_kept = self.layer_budgets(k_len, int(module.config.num_hidden_layers))[module.layer_idx]
         if n_kept >= k_len:
             return keys, values
