@@ -185,3 +185,35 @@ def test_batches_group_similar_caches_and_compact_headwise_masks(model) -> None:
     cache, validity = padded_batch(adakv)
     assert all(layer.keys.shape[2] < states[0].cache.layers[0].keys.shape[2] for layer in cache.layers)
     assert all(bool(valid.any(dim=-1).all()) for valid in validity.layers)
+
+
+def test_ragged_batch_multi_token_pass_matches_each_cache_alone(model) -> None:
+    """A 3-token pass over a ragged batch (causal among the new tokens, AdaKV rows masked) equals extend()."""
+    from ripplekv.inference.batched import ragged_batch
+
+    states = _states(model)
+    cache = ragged_batch(states, room=3)
+    new = torch.tensor([[5, 9, 2]])
+    positions = torch.arange(PROMPT, PROMPT + 3)
+    logits = model(
+        new.expand(len(states), -1),
+        past_key_values=cache,
+        use_cache=True,
+        cache_position=positions,
+        position_ids=positions.unsqueeze(0).expand(len(states), -1),
+        ragged_cache=cache,
+    ).logits
+    for row, state in enumerate(states):
+        for i in range(3):  # every position: the new tokens are causal among themselves
+            alone = extend(model, state, new[:, : i + 1]).next_logits
+            torch.testing.assert_close(logits[row, i], alone, atol=1e-4, rtol=1e-4)
+    assert [layer.lengths for layer in cache.layers][0][0] == states[0].cache.layers[0].keys.shape[2] + 3
+    with pytest.raises(ValueError, match="room"):
+        model(
+            torch.tensor([[1]] * len(states)),
+            past_key_values=cache,
+            use_cache=True,
+            ragged_cache=cache,
+            cache_position=torch.tensor([PROMPT + 3]),
+            position_ids=torch.tensor([[PROMPT + 3]] * len(states)),
+        )

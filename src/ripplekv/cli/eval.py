@@ -80,7 +80,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--decode",
         choices=DECODE_MODES,
         default="batched",
-        help="batched (default): a sample's compressed configurations decode as one padded batch (same greedy tokens "
+        help="batched (default): a sample's compressed configurations decode as one batch (same greedy tokens "
         "up to float rounding at near-ties, several times faster); sequential: one at a time",
     )
     e.add_argument(

@@ -20,9 +20,9 @@ One row per (sample, method, budget), written to ``results.jsonl``:
 ``answer_ids``      that answer's token ids, in the ``full`` row only (a resumed run reuses them)
 ``seconds``         wall time of this configuration (derivation, question, teacher forcing, decoding; a row decoded
                     in a batch counts its share, the batch's decoding time over its rows)
-``decode_rows``     configurations decoded together with this one, in one batch of similar cache sizes
-                    (:func:`~ripplekv.inference.batched.plan_batches`; 1 also where caches cannot be batched);
-                    absent under ``--decode sequential`` and where nothing was decoded
+``decode_rows``     configurations decoded together with this one in one batch (``--decode-rows`` bounds it; 1
+                    where caches cannot be batched); absent under ``--decode sequential`` and where nothing was
+                    decoded
 ``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: always true
 ``meta``            the sample's metadata (LongBench length, needle depth, ...)
 ==================  =====================================================================================
@@ -41,7 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.evaluation.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv.evaluation.suites.base import encode
-from ripplekv.inference.batched import NotBatchableError, batched_greedy_decode, plan_batches
+from ripplekv.inference.batched import NotBatchableError, batched_greedy_decode
 from ripplekv.inference.fidelity import fidelity, mean_nll, teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
 from ripplekv.inference.shared import NotDerivableError, PrefillRecord, derived_prefill, record_prefill
@@ -202,14 +202,12 @@ class SampleRunner:
         states = [item.state for item in waiting]
         start = time.perf_counter()
         try:
-            answers: list[list[int]] = [[] for _ in states]
-            sizes = [0] * len(states)
-            for batch in plan_batches(states, self.config.decode_rows):
-                decoded = batched_greedy_decode(
-                    self.model, [states[i] for i in batch], sample.max_new_tokens, stops, MIN_NEW_TOKENS
-                )
-                for index, tokens in zip(batch, decoded):
-                    answers[index], sizes[index] = tokens, len(batch)
+            size = self.config.decode_rows or len(states)
+            answers = batched_greedy_decode(
+                self.model, states, sample.max_new_tokens, stops, MIN_NEW_TOKENS, max_rows=size
+            )
+            sizes = [min(size, len(states) - start) for start in range(0, len(states), size) for _ in range(size)]
+            sizes = sizes[: len(states)]
         except NotBatchableError:
             answers, sizes = [self._decode(sample, state) for state in states], [1] * len(states)
         share = (time.perf_counter() - start) / len(states)  # each row's part of the batch's decoding time

@@ -4,17 +4,25 @@ An evaluation derives one compressed cache per (method, budget) from the same pr
 time costs one forward pass per token per configuration, and on a CPU a decoding step of a small model is mostly
 fixed cost (SmolLM2-135M: 62-77 ms for one row, 183-379 ms for 19 rows). Here the caches run as one batch:
 
-* each layer's keys and values are stacked into ``(rows, kv_heads, longest, dim)`` tensors, shorter rows padded
-  on the left (:func:`padded_batch`), and a :class:`~ripplekv.models.padded.KeyValidity` records which cached
-  entries each row may attend to: its own tokens, minus the (head, position) entries its press masked head-wise
-  (AdaKV's ``masked_key_indices``, taken from the cache's attention state). The variable-length attention builds
-  each layer's mask from it, so masked entries get exactly zero weight;
-* every row decodes at the same positions (the caches come from one prompt); a row that generates a stop token
-  or reaches ``max_new_tokens`` leaves the batch, which shrinks to the rows still decoding.
+* **decoding** (:func:`batched_greedy_decode`): every row keeps its own length (:func:`ragged_batch`, one
+  :class:`~ripplekv.models.padded.RaggedLayer` per layer). The embeddings, projections and MLPs of a step run
+  batched over all rows (the weights are read once per step), and attention runs row by row over exactly that
+  row's own entries, so no row pays for another's length. Head-wise masked caches (AdaKV's ``masked_key_indices``,
+  taken from the cache's attention state) are compacted first: each head keeps only its own entries, and a per-row
+  mask covers the heads' different counts;
+* **teacher forcing** (:func:`batched_teacher_forced_logprobs`): each layer's keys and values are stacked into
+  ``(rows, kv_heads, longest, dim)`` tensors, shorter rows padded on the left (:func:`padded_batch`), and a
+  :class:`~ripplekv.models.padded.KeyValidity` records which entries each row may attend to; rows are grouped by
+  a step-cost model (:func:`plan_batches`) so padding stays cheap;
+* every row runs at the same positions (the caches come from one prompt); a row that generates a stop token or
+  reaches ``max_new_tokens`` leaves the batch, which shrinks to the rows still decoding.
+
+Padding every row to the longest cache was tried for decoding first and measured slower than one row at a time
+at 4K tokens (attention and cache updates are memory-bound and cost what the padded size holds); see the README.
 
 The result is the same greedy tokens as :func:`~ripplekv.inference.generate.greedy_decode` on each cache alone,
 up to float rounding: a batched matrix product and a longer (masked) reduction may round differently, which can
-flip a greedy choice only where the two best logits are within rounding of each other.
+flip a greedy choice only where the two best logits are within rounding of each other (none did in the benchmark).
 ``benchmarks/batched_decode.py`` counts such rows and prints the logit margin at which each one diverged.
 
 Caches that cannot be batched raise :class:`NotBatchableError`: a sliding-window layer (its cache crops itself),
@@ -32,7 +40,7 @@ from transformers.cache_utils import DynamicLayer
 from ripplekv.inference.generate import Prefill
 from ripplekv.inference.module_state import ABSENT, MASKED_KEYS
 from ripplekv.models.cache import PreallocatedLayer, cache_from_layers, cache_from_tensors
-from ripplekv.models.padded import KeyValidity, compact_heads, pad_layers
+from ripplekv.models.padded import KeyValidity, RaggedLayer, compact_heads, pad_layers
 
 __all__ = [
     "NotBatchableError",
@@ -130,22 +138,33 @@ def padded_batch(states: Sequence[Prefill], room: int = 0) -> tuple[DynamicCache
     return cache_from_layers(layers), KeyValidity(tuple(masks))
 
 
+def ragged_batch(states: Sequence[Prefill], room: int) -> DynamicCache:
+    """A batch cache whose rows keep their own lengths (:class:`~ripplekv.models.padded.RaggedLayer`), no padding.
+
+    Head-wise masked layers (AdaKV) are compacted (:func:`~ripplekv.models.padded.compact_heads`). Passes over it
+    must carry it as ``ragged_cache`` too: the attention then runs row by row over each row's own entries.
+
+    Args:
+        states: prefilled (compressed) caches of one prompt; left unchanged.
+        room: tokens that will be appended to every row.
+    """
+    _check_states(states)
+    validity = [_row_validity(state, row) for row, state in enumerate(states)]
+    layers = []
+    for index in range(len(states[0].cache.layers)):
+        rows = []
+        for row, state in enumerate(states):
+            layer = state.cache.layers[index]
+            keep = validity[row].get(index)
+            rows.append(
+                (layer.keys, layer.values, None) if keep is None else compact_heads(layer.keys, layer.values, keep)
+            )
+        layers.append(RaggedLayer(rows, room))
+    return cache_from_layers(layers)
+
+
 def _dynamic(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
     return cache_from_tensors([(keys, values)]).layers[0]
-
-
-def _select_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
-    layers = []
-    for layer in cache.layers:
-        index = rows.to(layer.keys.device)
-        if isinstance(layer, PreallocatedLayer):
-            keys, values = layer.buffers()
-            layers.append(
-                PreallocatedLayer(keys.index_select(0, index), values.index_select(0, index), layer.keys.shape[-2])
-            )
-        else:
-            layers.append(_dynamic(layer.keys.index_select(0, index), layer.values.index_select(0, index)))
-    return cache_from_layers(layers)
 
 
 STEP_COST_TOKENS = 8192
@@ -232,18 +251,19 @@ def batched_greedy_decode(
     _check_int("max_new_tokens", max_new_tokens, 1)
     _check_int("min_new_tokens", min_new_tokens, 0)
     _check_states(states)
-    results: list[list[int]] = [[] for _ in states]
-    for batch in plan_batches(states, max_rows):
-        answers = _decode_batch(model, [states[i] for i in batch], max_new_tokens, stop_ids, min_new_tokens)
-        for index, answer in zip(batch, answers):
-            results[index] = answer
+    _check_int("max_rows", max_rows, 1) if max_rows is not None else None
+    size = len(states) if max_rows is None else max_rows
+    results: list[list[int]] = []
+    for start in range(0, len(states), size):
+        chunk = states[start : start + size]
+        results.extend(_decode_batch(model, chunk, max_new_tokens, stop_ids, min_new_tokens))
     return results
 
 
 def _decode_batch(
     model: PreTrainedModel, states: Sequence[Prefill], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int
 ) -> list[list[int]]:
-    cache, validity = padded_batch(states, room=max_new_tokens)
+    cache = ragged_batch(states, room=max_new_tokens)
     logits = torch.stack([state.next_logits for state in states])
     device, vocab = logits.device, logits.shape[-1]
     banned = torch.tensor(sorted(i for i in stop_ids if 0 <= i < vocab), dtype=torch.long, device=device)
@@ -262,8 +282,7 @@ def _decode_batch(
         if not staying:
             return tokens
         if len(staying) < len(active):
-            index = torch.tensor(staying, dtype=torch.long)
-            cache, validity = _select_rows(cache, index), validity.select(index)
+            cache = cache_from_layers([layer.select(staying) for layer in cache.layers])
             active = [active[slot] for slot in staying]
         step = torch.tensor([[tokens[row][-1]] for row in active], device=device)
         pos = torch.tensor([position], device=device)
@@ -273,7 +292,7 @@ def _decode_batch(
             use_cache=True,
             cache_position=pos,
             position_ids=pos.expand(len(active), 1),
-            key_validity=validity,
+            ragged_cache=cache,
         ).logits[:, -1]
         position += 1
 

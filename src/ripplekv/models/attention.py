@@ -30,7 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from ripplekv.models.padded import KeyValidity
+from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import shared_prefix_attention
 
 VARLEN_PREFIX = "ripplekv_"
@@ -153,6 +153,32 @@ def _validity_mask(
     )
 
 
+def _ragged_attention(module: torch.nn.Module, query: torch.Tensor, ragged: Any, scaling: float | None) -> torch.Tensor:
+    """Each row's queries over that row's own keys and values (a :class:`RaggedLayer` of ``ragged``)."""
+    layer = ragged.layers[module.layer_idx]
+    if not isinstance(layer, RaggedLayer):
+        raise TypeError(f"ragged_cache layer {module.layer_idx} is a {type(layer).__name__}, not a RaggedLayer")
+    if getattr(module, "masked_key_indices", None) is not None:
+        raise ValueError("a ragged batch carries head-wise masks in its rows, not in masked_key_indices")
+    heads, query_len = query.shape[1], query.shape[2]
+    outputs = []
+    for row in range(query.shape[0]):
+        keys, values = layer.row(row)
+        mask = layer.row_mask(row, query_len, heads)
+        outputs.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                query[row : row + 1],
+                keys,
+                values,
+                attn_mask=None if mask is None else mask.to(query.device),
+                scale=scaling,
+                is_causal=False,
+                enable_gqa=heads != keys.shape[1],
+            )
+        )
+    return torch.cat(outputs, dim=0).transpose(1, 2).contiguous()
+
+
 def _make_attention(base_name: str, default: Callable, additive: bool) -> Callable:
     def attention(
         module: torch.nn.Module,
@@ -165,6 +191,9 @@ def _make_attention(base_name: str, default: Callable, additive: bool) -> Callab
         shared = kwargs.pop("shared_prefix", None)
         if shared is not None:  # many rows over one shared cached prefix (see ripplekv.models.shared_prefix)
             return shared_prefix_attention(query, key, value, shared, kwargs.get("scaling")), None
+        ragged = kwargs.pop("ragged_cache", None)
+        if ragged is not None:  # caches of their own lengths, attended row by row (see ripplekv.models.padded)
+            return _ragged_attention(module, query, ragged, kwargs.get("scaling")), None
         validity = kwargs.pop("key_validity", None)
         if validity is not None:  # a padded batch of compressed caches (see ripplekv.models.padded)
             mask = _validity_mask(module, validity, query, key)

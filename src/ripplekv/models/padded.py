@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
-__all__ = ["KeyValidity", "compact_heads", "pad_layers"]
+__all__ = ["KeyValidity", "RaggedLayer", "compact_heads", "pad_layers"]
 
 
 @dataclass(frozen=True)
@@ -152,3 +153,93 @@ def pad_layers(
                 raise ValueError(f"row {row}: validity {tuple(valid.shape)} does not match ({kv_heads}, n)")
             valid_out[row, :, start:] = valid.to(first.device)
     return keys_out, values_out, valid_out
+
+
+class RaggedLayer(DynamicLayer):
+    """One layer of a batch of caches that keep their own lengths: no padding, one buffer per row.
+
+    ``update`` writes each row's new tokens into that row's buffer and hands the new tokens back; the attention
+    reads every row's own keys and values through :meth:`row` (the variable-length attention functions do this
+    when the pass carries ``ragged_cache``: the cache made of these layers). The projections and MLPs of the pass
+    run batched over all rows; only attention runs row by row, each over exactly its own entries.
+
+    Args:
+        rows: per row ``(keys, values, valid)``: ``(1, kv_heads, n_row, dim)`` tensors and an optional
+            ``(kv_heads, n_row)`` boolean tensor of the entries the row may see (compacted head-wise masks).
+        room: tokens that can be appended to every row.
+    """
+
+    def __init__(self, rows: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], room: int) -> None:
+        super().__init__()
+        if not rows:
+            raise ValueError("a ragged layer needs at least one row")
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.lengths: list[int] = []
+        self.valid: list[torch.Tensor | None] = []
+        for keys, values, valid in rows:
+            n = keys.shape[2]
+            key_buffer = keys.new_empty((1, keys.shape[1], n + room, keys.shape[3]))
+            value_buffer = values.new_empty((1, values.shape[1], n + room, values.shape[3]))
+            key_buffer[:, :, :n] = keys
+            value_buffer[:, :, :n] = values
+            self.buffers.append((key_buffer, value_buffer))
+            self.lengths.append(n)
+            self.valid.append(valid)
+        self.lazy_initialization(rows[0][0], rows[0][1])
+        self.keys, self.values = rows[0][0], rows[0][1]  # dtype and device for transformers; never attended
+
+    @classmethod
+    def _of(cls, buffers: list, lengths: list[int], valid: list, like: DynamicLayer) -> RaggedLayer:
+        layer = cls.__new__(cls)
+        DynamicLayer.__init__(layer)
+        layer.buffers, layer.lengths, layer.valid = buffers, lengths, valid
+        layer.lazy_initialization(like.keys, like.values)
+        layer.keys, layer.values = like.keys, like.values
+        return layer
+
+    def select(self, rows: Sequence[int]) -> RaggedLayer:
+        """The layer of the given rows only (the buffers are shared, not copied)."""
+        return RaggedLayer._of(
+            [self.buffers[r] for r in rows], [self.lengths[r] for r in rows], [self.valid[r] for r in rows], self
+        )
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if key_states.shape[0] != len(self.buffers):
+            raise ValueError(f"a pass of {key_states.shape[0]} rows over a ragged layer of {len(self.buffers)}")
+        new = key_states.shape[2]
+        for row, (key_buffer, value_buffer) in enumerate(self.buffers):
+            start = self.lengths[row]
+            if start + new > key_buffer.shape[2]:
+                raise ValueError(f"row {row} has room for {key_buffer.shape[2] - start} more tokens, {new} needed")
+            key_buffer[:, :, start : start + new] = key_states[row : row + 1]
+            value_buffer[:, :, start : start + new] = value_states[row : row + 1]
+            self.lengths[row] = start + new
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return max(self.lengths)
+
+    def row(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``index``'s keys and values, ``(1, kv_heads, n_row, dim)`` views of its buffers."""
+        key_buffer, value_buffer = self.buffers[index]
+        return key_buffer[:, :, : self.lengths[index]], value_buffer[:, :, : self.lengths[index]]
+
+    def row_mask(self, index: int, query_len: int, heads: int) -> torch.Tensor | None:
+        """Row ``index``'s boolean mask ``(1, heads, query_len, n_row)``, or None when it sees every entry."""
+        valid = self.valid[index]
+        length = self.lengths[index]
+        if valid is None and query_len == 1:
+            return None
+        kv_heads = self.buffers[index][0].shape[1]
+        cached = valid.shape[-1] if valid is not None else length - query_len
+        prefix = valid if valid is not None else torch.ones(kv_heads, cached, dtype=torch.bool)
+        prefix = prefix.repeat_interleave(heads // kv_heads, dim=0).view(1, heads, 1, cached)
+        appended = length - cached
+        queries = torch.arange(query_len).unsqueeze(1)
+        columns = torch.arange(appended).unsqueeze(0)
+        causal = (columns <= queries + (appended - query_len)).view(1, 1, query_len, appended)
+        return torch.cat(
+            [prefix.expand(1, heads, query_len, cached), causal.expand(1, heads, query_len, appended)], dim=-1
+        )
