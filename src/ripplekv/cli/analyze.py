@@ -8,11 +8,10 @@ so this module imports nothing heavy at its top.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from typing import Any
 
-from ripplekv.cli.args import _add_model_args, _budget, _comma_list, _positive_int
+from ripplekv.cli.args import _add_model_args, _budget, _comma_list, _positive_int, suite_options
 
 __all__ = ["add_oracle_profile_argument", "add_parser", "run"]
 
@@ -119,10 +118,8 @@ def run(args: argparse.Namespace) -> int:
     from ripplekv.analysis.report import to_markdown
     from ripplekv.analysis.runner import AnalysisConfig, run_analysis
     from ripplekv.evaluation.config import EvalConfig
-    from ripplekv.evaluation.suites import SUITES
 
-    names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
-    options = {name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None}
+    options = suite_options(args)
     evaluation = EvalConfig(
         suite=args.suite,
         model=args.model,

@@ -94,3 +94,13 @@ def _load_profile(path: str | None, required: bool) -> SensitivityProfile | None
             raise SystemExit("error: this method needs --profile (make one with `ripplekv profile`)")
         return None
     return SensitivityProfile.load(path)
+
+
+def suite_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Every suite's own options that were given on the command line (the chosen suite refuses others)."""
+    import dataclasses
+
+    from ripplekv.evaluation.suites import SUITES
+
+    names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
+    return {name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None}

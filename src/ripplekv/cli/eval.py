@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 
 from ripplekv.cli import analyze
-from ripplekv.cli.args import _add_model_args, _add_ray_args, _budget, _comma_list, _on_ray, _positive_int
+from ripplekv.cli.args import (
+    _add_model_args,
+    _add_ray_args,
+    _budget,
+    _comma_list,
+    _on_ray,
+    _positive_int,
+    suite_options,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -144,11 +151,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
     print the summary and return the exit status."""
-    from ripplekv.evaluation.runner import SUITES, EvalConfig, run_eval
+    from ripplekv.evaluation.runner import EvalConfig, run_eval
 
-    # Every suite's own options that were given; the chosen suite refuses those that are not its own.
-    names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
-    options = {name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None}
+    options = suite_options(args)
     config = EvalConfig(
         suite=args.suite,
         model=args.model,

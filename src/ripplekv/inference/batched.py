@@ -39,7 +39,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ripplekv.inference.generate import Prefill
 from ripplekv.inference.module_state import ABSENT, MASKED_KEYS
-from ripplekv.models.cache import PreallocatedLayer, cache_from_layers, cache_from_tensors
+from ripplekv.models.cache import cache_from_layers, cache_from_tensors
 from ripplekv.models.padded import KeyValidity, RaggedLayer, compact_heads, pad_layers
 
 __all__ = [
@@ -108,16 +108,13 @@ def _check_states(states: Sequence[Prefill]) -> None:
                 raise NotBatchableError(f"row {row}: a cache of batch size {layer.keys.shape[0]}, expected 1")
 
 
-def padded_batch(states: Sequence[Prefill], room: int = 0) -> tuple[DynamicCache, KeyValidity]:
+def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
     """One padded batch cache over the caches of ``states`` (left padding), and which entries each row sees.
 
     Head-wise masked layers (AdaKV) are compacted first (:func:`~ripplekv.models.padded.compact_heads`): a row costs
     what it keeps, not the full cache.
 
     Args:
-        room: tokens that will be appended (decoding): with ``room > 0`` each layer is a
-            :class:`~ripplekv.models.cache.PreallocatedLayer` with that much space, so appending writes in place
-            instead of copying the whole batch cache at every step.
         states: prefilled (compressed) caches of the same prompt: batch size 1 each, the same number of layers
             and the same ``prompt_tokens`` (the rows decode at the same positions). They are not changed.
     """
@@ -132,8 +129,8 @@ def padded_batch(states: Sequence[Prefill], room: int = 0) -> tuple[DynamicCache
             rows.append(
                 (layer.keys, layer.values, None) if keep is None else compact_heads(layer.keys, layer.values, keep)
             )
-        keys, values, valid = pad_layers(rows, room)
-        layers.append(PreallocatedLayer(keys, values, valid.shape[-1]) if room else _dynamic(keys, values))
+        keys, values, valid = pad_layers(rows)
+        layers.append(_dynamic(keys, values))
         masks.append(valid)
     return cache_from_layers(layers), KeyValidity(tuple(masks))
 

@@ -66,10 +66,6 @@ class PreallocatedLayer(DynamicLayer):
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
         self.keys, self.values = key_buffer[..., :prefix, :], value_buffer[..., :prefix, :]
 
-    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole key and value buffers (the cached tokens and the room after them)."""
-        return self._key_buffer, self._value_buffer
-
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

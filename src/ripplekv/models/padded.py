@@ -115,28 +115,25 @@ def compact_heads(
 
 
 def pad_layers(
-    layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], room: int = 0
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stack one layer of several single-row caches, left-padded to the longest.
 
     Args:
         layers: per row, ``(keys, values, valid)``: keys and values of shape ``(1, kv_heads, n_row, dim)`` and an
             optional ``(kv_heads, n_row)`` boolean tensor of the entries the row may see (None: all).
-        room: extra positions allocated after the longest row, for tokens appended later in place.
 
     Returns:
-        ``(keys, values, valid)``: ``(rows, kv_heads, longest + room, dim)`` buffers whose first ``longest``
-        positions hold the rows (padding zero) and the ``(rows, kv_heads, longest)`` validity, False on the padding.
+        ``(keys, values, valid)``: ``(rows, kv_heads, longest, dim)`` tensors (padding zero) and the
+        ``(rows, kv_heads, longest)`` validity, False on the padding.
     """
     if not layers:
         raise ValueError("no rows to pad")
-    if room < 0:
-        raise ValueError(f"room must be >= 0, got {room}")
     first = layers[0][0]
     _, kv_heads, _, dim = first.shape
     longest = max(keys.shape[2] for keys, _, _ in layers)
-    keys_out = first.new_zeros((len(layers), kv_heads, longest + room, dim))
-    values_out = layers[0][1].new_zeros((len(layers), kv_heads, longest + room, layers[0][1].shape[-1]))
+    keys_out = first.new_zeros((len(layers), kv_heads, longest, dim))
+    values_out = layers[0][1].new_zeros((len(layers), kv_heads, longest, layers[0][1].shape[-1]))
     valid_out = torch.zeros((len(layers), kv_heads, longest), dtype=torch.bool, device=first.device)
     for row, (keys, values, valid) in enumerate(layers):
         if keys.dim() != 4 or keys.shape[0] != 1 or keys.shape[1] != kv_heads or keys.shape[3] != dim:
@@ -144,8 +141,8 @@ def pad_layers(
         if values.shape[:3] != keys.shape[:3]:
             raise ValueError(f"row {row}: values {tuple(values.shape)} do not match keys {tuple(keys.shape)}")
         start = longest - keys.shape[2]
-        keys_out[row, :, start:longest] = keys[0]
-        values_out[row, :, start:longest] = values[0]
+        keys_out[row, :, start:] = keys[0]
+        values_out[row, :, start:] = values[0]
         if valid is None:
             valid_out[row, :, start:] = True
         else:
