@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from ripplekv.cli.args import _add_model_args, _budget, _comma_list, _positive_int, suite_options
+from ripplekv.cli.args import _comma_list, _positive_int, add_fidelity_suite_args, fidelity_eval_config
 
 __all__ = ["add_oracle_profile_argument", "add_parser", "run"]
 
@@ -40,13 +40,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The subcommand's parser.
     """
-    from ripplekv.analysis.runner import DEFAULT_ANSWER_TOKENS, DEFAULT_TOP_K
-    from ripplekv.evaluation import runner
-    from ripplekv.evaluation.config import CHAT_TEMPLATE_MODES
-    from ripplekv.evaluation.metrics import METRICS as EVAL_METRICS
+    from ripplekv.analysis.runner import DEFAULT_TOP_K
     from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
-    from ripplekv.inference import PROTOCOLS
-    from ripplekv.presses.registry import DEFAULT_WINDOW
 
     p = subparsers.add_parser(
         "analyze",
@@ -60,36 +55,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "budget (OUT/damage_profile_b<budget>.json) for `ripplekv eval --methods ripplekv-oracle --oracle-profile`. "
         "Rows go to OUT/damage.jsonl as they finish; re-running the same command resumes.",
     )
-    _add_model_args(p)
-    p.add_argument("--suite", choices=tuple(runner.SUITES), required=True, help="the prompts, as for `ripplekv eval`")
-    p.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
-    p.add_argument("--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records')
-    p.add_argument("--metric", choices=tuple(EVAL_METRICS), default=None, help="jsonl: the records' metric")
-    p.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="samples per task, as for `ripplekv eval`")
-    p.add_argument(
-        "--budgets",
-        type=_comma_list(_budget, "budgets"),
-        default=runner.DEFAULT_BUDGETS,
-        help="kept fractions the one layer is compressed to (default 0.1,0.2,0.3)",
-    )
+    add_fidelity_suite_args(p, "kept fractions the one layer is compressed to (default 0.1,0.2,0.3)")
     p.add_argument("--profile", default=None, help="sensitivity profile JSON to compare (omitted: depth and pyramid)")
-    p.add_argument("--chat-template", choices=CHAT_TEMPLATE_MODES, default="auto", help="as for `ripplekv eval`")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
-    p.add_argument("--context-tokens", type=_positive_int, default=None, help="ruler: context length")
-    p.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
-    p.add_argument("--max-length", type=_positive_int, default=None, help="longbench: truncation length")
-    p.add_argument("--needle-lengths", type=_comma_list(_positive_int, "lengths"), default=None, help="needle")
-    p.add_argument("--needle-depths", type=_comma_list(float, "depths"), default=None, help="needle")
-    p.add_argument("--needle-digits", type=_positive_int, default=None, help="needle")
-    p.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
-    p.add_argument(
-        "--max-new-tokens",
-        type=_positive_int,
-        default=DEFAULT_ANSWER_TOKENS,
-        help=f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
-    )
-    p.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
     p.add_argument(
         "--top-k", type=_positive_int, default=DEFAULT_TOP_K, help=f"top layers compared (default {DEFAULT_TOP_K})"
     )
@@ -117,27 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ripplekv.analysis.report import to_markdown
     from ripplekv.analysis.runner import AnalysisConfig, run_analysis
-    from ripplekv.evaluation.config import EvalConfig
 
-    options = suite_options(args)
-    evaluation = EvalConfig(
-        suite=args.suite,
-        model=args.model,
-        methods=("snapkv",),
-        budgets=tuple(args.budgets),
-        tasks=args.tasks,
-        limit=args.limit,
-        profile=args.profile,
-        protocol=args.protocol,
-        window_size=args.window_size,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        dtype=args.dtype,
-        device=args.device,
-        score="fidelity",
-        chat_template=args.chat_template,
-        options=options,
-    )
+    evaluation = fidelity_eval_config(args, profile=args.profile)
     config = AnalysisConfig(
         evaluation,
         top_k=args.top_k,

@@ -12,9 +12,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ripplekv.evaluation.config import EvalConfig
     from ripplekv.profiling import SensitivityProfile
 
-__all__ = ["_add_model_args", "_add_ray_args", "_budget", "_comma_list", "_load_profile", "_on_ray", "_positive_int"]
+__all__ = [
+    "_add_model_args",
+    "_add_ray_args",
+    "_budget",
+    "_comma_list",
+    "_load_profile",
+    "_on_ray",
+    "_positive_int",
+    "add_fidelity_suite_args",
+    "fidelity_eval_config",
+    "suite_options",
+]
 
 
 def _budget(text: str) -> float:
@@ -104,3 +116,76 @@ def suite_options(args: argparse.Namespace) -> dict[str, Any]:
 
     names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
     return {name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None}
+
+
+def add_fidelity_suite_args(parser: argparse.ArgumentParser, budgets_help: str) -> None:
+    """Add the model, the suite and its options, the budgets and the answer cap of a fidelity-only command.
+
+    ``ripplekv analyze`` and ``ripplekv tune`` take a suite's prompts exactly as ``ripplekv eval`` does and score
+    by teacher forcing the full cache's answer (:func:`fidelity_eval_config` reads the options back).
+
+    Args:
+        parser: the command's parser.
+        budgets_help: the help text of ``--budgets``.
+    """
+    from ripplekv.analysis.runner import DEFAULT_ANSWER_TOKENS
+    from ripplekv.evaluation import runner
+    from ripplekv.evaluation.config import CHAT_TEMPLATE_MODES
+    from ripplekv.evaluation.metrics import METRICS as EVAL_METRICS
+    from ripplekv.inference import PROTOCOLS
+    from ripplekv.presses.registry import DEFAULT_WINDOW
+
+    _add_model_args(parser)
+    p = parser
+    p.add_argument("--suite", choices=tuple(runner.SUITES), required=True, help="the prompts, as for `ripplekv eval`")
+    p.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
+    p.add_argument("--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records')
+    p.add_argument("--metric", choices=tuple(EVAL_METRICS), default=None, help="jsonl: the records' metric")
+    p.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
+    p.add_argument("--limit", type=_positive_int, default=None, help="samples per task, as for `ripplekv eval`")
+    p.add_argument("--budgets", type=_comma_list(_budget, "budgets"), default=runner.DEFAULT_BUDGETS, help=budgets_help)
+    p.add_argument("--chat-template", choices=CHAT_TEMPLATE_MODES, default="auto", help="as for `ripplekv eval`")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
+    p.add_argument("--context-tokens", type=_positive_int, default=None, help="ruler: context length")
+    p.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
+    p.add_argument("--max-length", type=_positive_int, default=None, help="longbench: truncation length")
+    p.add_argument("--needle-lengths", type=_comma_list(_positive_int, "lengths"), default=None, help="needle")
+    p.add_argument("--needle-depths", type=_comma_list(float, "depths"), default=None, help="needle")
+    p.add_argument("--needle-digits", type=_positive_int, default=None, help="needle")
+    p.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=DEFAULT_ANSWER_TOKENS,
+        help=f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
+    )
+    p.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
+
+
+def fidelity_eval_config(args: argparse.Namespace, profile: str | None) -> EvalConfig:
+    """The :class:`~ripplekv.evaluation.config.EvalConfig` of :func:`add_fidelity_suite_args`' options.
+
+    Args:
+        args: the parsed arguments.
+        profile: the sensitivity profile path the command compares (None: none).
+    """
+    from ripplekv.evaluation.config import EvalConfig
+
+    return EvalConfig(
+        suite=args.suite,
+        model=args.model,
+        methods=("snapkv",),
+        budgets=tuple(args.budgets),
+        tasks=args.tasks,
+        limit=args.limit,
+        profile=profile,
+        protocol=args.protocol,
+        window_size=args.window_size,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        score="fidelity",
+        chat_template=args.chat_template,
+        options=suite_options(args),
+    )

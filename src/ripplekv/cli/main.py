@@ -1,8 +1,9 @@
-"""The ``ripplekv`` command line: profile, allocate, generate, demo, eval, report, analyze.
+"""The ``ripplekv`` command line: profile, allocate, generate, demo, eval, report, analyze, tune.
 
 Each command is a module of this package with ``add_parser(subparsers)`` and ``run(args) -> int``
 (:mod:`~ripplekv.cli.profile`, :mod:`~ripplekv.cli.allocate`, :mod:`~ripplekv.cli.generate`,
-:mod:`~ripplekv.cli.demo`, :mod:`~ripplekv.cli.eval`, :mod:`~ripplekv.cli.report`, :mod:`~ripplekv.cli.analyze`);
+:mod:`~ripplekv.cli.demo`, :mod:`~ripplekv.cli.eval`, :mod:`~ripplekv.cli.report`, :mod:`~ripplekv.cli.analyze`,
+:mod:`~ripplekv.cli.tune`);
 their shared argument types and option groups are in :mod:`~ripplekv.cli.args`. ``profile`` and ``eval`` run on
 Ray actors with ``--workers N`` (N > 1) or ``--ray-address`` (``pip install 'ripplekv[ray]'``).
 
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from ripplekv import __version__
-from ripplekv.cli import allocate, analyze, demo, generate, profile, report
+from ripplekv.cli import allocate, analyze, demo, generate, profile, report, tune
 from ripplekv.cli import eval as evaluate
 
 __all__ = ["COMMANDS", "EXAMPLES", "build_parser", "main"]
@@ -36,6 +37,7 @@ EXAMPLES = """examples:
   ripplekv analyze --suite needle --budgets 0.1 --profile smollm2.profile.json --out runs/damage
   ripplekv eval --suite needle --methods full,snapkv,ripplekv-oracle --budgets 0.1 \\
       --oracle-profile runs/damage/damage_profile_b0p1.json --out runs/oracle
+  ripplekv tune --suite needle --profile smollm2.profile.json --out runs/tune
 """
 
 COMMANDS = {
@@ -46,6 +48,7 @@ COMMANDS = {
     "eval": evaluate,
     "report": report,
     "analyze": analyze,
+    "tune": tune,
 }
 """The commands, in the order ``ripplekv --help`` lists them: each module's ``add_parser`` and ``run``."""
 

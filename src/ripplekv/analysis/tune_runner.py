@@ -1,0 +1,158 @@
+"""``ripplekv tune``'s run: the rows of :mod:`ripplekv.analysis.tuning`, resumable, then the summary.
+
+Output folder::
+
+    config.json   what ran (compared on resume: suite, prompts, model, budgets, profiles' content, the grid, split)
+    tune.jsonl    one row per (prompt, budget), appended, flushed and fsynced as it finishes
+    tune.json     the summary (:func:`ripplekv.analysis.tuning_report.summarize_tuning`)
+
+Re-running the same command resumes: finished rows are kept, an interrupted last line is redone, and a folder that
+holds another configuration is refused. An interruption loses at most the prompt (budget) in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ripplekv.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
+from ripplekv.analysis.tuning_report import summarize_tuning
+from ripplekv.evaluation.results import CONFIG_FILE, ConfigMismatchError, ResultsLog, check_or_write_config, row_key
+from ripplekv.evaluation.runner import build_samples, resolve_config
+from ripplekv.evaluation.suites import get_suite
+from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
+
+__all__ = ["SUMMARY_FILE", "TUNE_FILE", "TuneResult", "run_tune"]
+
+TUNE_FILE = "tune.jsonl"
+SUMMARY_FILE = "tune.json"
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What one :func:`run_tune` call did.
+
+    Args:
+        out: the output folder.
+        summary: the summary (also in ``tune.json``).
+        rows: rows in ``tune.jsonl`` at the end.
+        new_rows: rows written by this call.
+        samples: prompts of the run.
+        seconds: wall time of the call.
+    """
+
+    out: Path
+    summary: dict[str, Any]
+    rows: int
+    new_rows: int
+    samples: int
+    seconds: float
+
+
+def _file_sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_tune(
+    config: TuneConfig,
+    out: str | os.PathLike[str],
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    progress: bool = True,
+) -> TuneResult:
+    """Run (or resume) the tuning ``config`` into ``out``; see the module docstring.
+
+    Args:
+        config: the tuning run.
+        out: the output folder (created; resumed when it holds the same configuration).
+        model: the model (loaded from ``config.eval.model`` unless given together with ``tokenizer``).
+        tokenizer: its tokenizer.
+        progress: show a progress bar.
+    """
+    from tqdm import tqdm
+
+    from ripplekv.models import model_identity
+
+    start = time.perf_counter()
+    options = replace(config.eval, methods=("snapkv",), score="fidelity", profile=None)
+    profiles = {label: SensitivityProfile.load(path) for label, path in config.profiles.items()}
+    if model is None or tokenizer is None:
+        from ripplekv.models import load_model
+
+        model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device)
+    for label, profile in profiles.items():
+        try:
+            profile.check_model(model)
+        except ValueError as err:
+            raise ValueError(f"profile {label!r} ({config.profiles[label]}): {err}") from err
+    runner = TuneRunner(config, profiles, model, tokenizer)
+    samples = build_samples(options, tokenizer, model)
+    calibration, heldout = split_samples(samples, config.calibration_fraction)
+    resolved = {
+        "kind": "tune",
+        **resolve_config(options, model, samples, None),
+        "profiles": {label: _file_sha256(path) for label, path in config.profiles.items()},
+        "ratios": list(config.ratios),
+        "gammas": list(config.gammas),
+        "calibration_fraction": float(config.calibration_fraction),
+    }
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / TUNE_FILE).exists() and not (out / CONFIG_FILE).exists():
+        raise ConfigMismatchError(f"{out} holds {TUNE_FILE} but no {CONFIG_FILE}: cannot tell what it ran")
+    sources = {"model": options.model, **get_suite(options.suite).sources(options), "profiles": dict(config.profiles)}
+    check_or_write_config(out, resolved, sources)
+    log = ResultsLog(out / TUNE_FILE)
+    existing = log.read(repair=True)
+    done = {row_key(row) for row in existing}
+    answers = {str(row["sample_id"]): [int(t) for t in row["answer_ids"]] for row in existing if row.get("answer_ids")}
+    budgets = [float(b) for b in options.budgets]
+    planned = [(s, [b for b in budgets if (s.id, TUNE_METHOD, b) not in done]) for s in samples]
+    total = len(samples) * len(budgets)
+    written = 0
+    with tqdm(
+        total=total, initial=total - sum(len(p) for _, p in planned), desc="tune", unit="run", disable=not progress
+    ) as bar:
+        for sample, pending in planned:
+            if not pending:
+                continue
+            bar.set_postfix_str(sample.id[-40:], refresh=False)
+            for row in runner.run_sample(sample, pending, answers.get(sample.id)):
+                log.append(row)
+                written += 1
+                bar.update(1)
+
+    ids = {s.id for s in samples}
+    rows = [r for r in log.read() if str(r["sample_id"]) in ids and float(r["budget"]) in budgets]
+    context = {
+        "model": model_identity(model).get("name_or_path"),
+        "suite": options.suite,
+        "prompts": len(samples),
+        "calibration_prompts": len(calibration),
+        "heldout_prompts": len(heldout),
+        "profiles": dict(config.profiles),
+        "ratios": list(config.ratios),
+        "gammas": list(config.gammas),
+        "window_size": options.window_size,
+        "protocol": options.protocol,
+        "samples_sha256": resolved["samples"]["sha256"],
+    }
+    summary = summarize_tuning(
+        rows,
+        [c.key for c in config.candidates],
+        config.default.key,
+        calibration,
+        heldout,
+        config.resamples,
+        config.bootstrap_seed,
+        context=context,
+    )
+    write_json_atomic(out / SUMMARY_FILE, summary)
+    return TuneResult(out, summary, len(rows), written, len(samples), time.perf_counter() - start)

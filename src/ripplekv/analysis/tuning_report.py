@@ -1,0 +1,195 @@
+"""The summary of ``ripplekv tune``: selection on the calibration split, gains on the held-out split.
+
+Every mean is the report's macro mean (each task's mean, averaged over tasks; :mod:`ripplekv.evaluation.stats`).
+Per budget:
+
+- every candidate's mean KL on the calibration and the held-out prompts (the held-out means are shown, never used
+  to choose);
+- ``best``: the candidate with the lowest calibration KL (ties: the earlier candidate in grid order);
+- held-out paired differences, each with a stratified bootstrap interval, wins/ties/losses (a win: lower KL) and a
+  Wilcoxon p-value: ``best - default`` (the gain of tuning), ``best - snapkv`` and ``default - snapkv``;
+  ``best - shared`` (the gain of tuning per budget over the one candidate chosen for all budgets).
+
+``shared`` is the candidate with the lowest calibration KL averaged over the budgets: if ``best - shared`` is not
+significant at any budget, the best allocation does not depend on the budget (to this run's resolution).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ripplekv.evaluation.stats import ALPHA, Bootstrap, Samples, paired_differences, wilcoxon_p
+
+__all__ = ["summarize_tuning", "tuning_markdown"]
+
+SNAPKV = "snapkv"
+
+
+def _samples(rows: Sequence[Mapping[str, Any]], ids: set[str], key: str) -> Samples:
+    out: Samples = {}
+    for row in rows:
+        if str(row["sample_id"]) in ids:
+            value = row["snapkv_kl"] if key == SNAPKV else row["kl"][key]
+            out.setdefault(str(row["task"]), {})[str(row["sample_id"])] = float(value)
+    return out
+
+
+def _macro(samples: Samples) -> float:
+    return float(np.mean([np.mean(list(values.values())) for values in samples.values() if values]))
+
+
+def _compare(bootstrap: Bootstrap, a: Samples, b: Samples) -> dict[str, Any]:
+    diffs = paired_differences(a, b)
+    flat = [d for task in diffs.values() for d in task.values()]
+    if not flat:
+        raise ValueError("no held-out prompt has both candidates")
+    estimate = bootstrap.estimate(diffs)
+    p = wilcoxon_p(flat)
+    return {
+        "difference": estimate.mean,
+        "low": estimate.low,
+        "high": estimate.high,
+        "wins": sum(d < 0 for d in flat),
+        "ties": sum(d == 0 for d in flat),
+        "losses": sum(d > 0 for d in flat),
+        "p": p,
+        "significant": bool(estimate.excludes_zero() and p < ALPHA),
+    }
+
+
+def summarize_tuning(
+    rows: Sequence[Mapping[str, Any]],
+    candidates: Sequence[str],
+    default: str,
+    calibration: set[str],
+    heldout: set[str],
+    resamples: int,
+    seed: int,
+    context: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The tuning summary of ``rows`` (see the module docstring).
+
+    Args:
+        rows: ``tune.jsonl`` rows (one per prompt and budget).
+        candidates: candidate keys in grid order.
+        default: the defaults' key (one of ``candidates``).
+        calibration: ids of the calibration prompts.
+        heldout: ids of the held-out prompts.
+        resamples: bootstrap resamples.
+        seed: bootstrap seed.
+        context: what ran (model, suite, ...), copied into the summary.
+    """
+    if default not in candidates:
+        raise ValueError(f"the default {default!r} is not a candidate")
+    if calibration & heldout:
+        raise ValueError("a prompt cannot be in both splits")
+    budgets = sorted({float(r["budget"]) for r in rows})
+    if not budgets:
+        raise ValueError("no tuning rows to summarise")
+    bootstrap = Bootstrap(resamples, seed)
+    calibration_kl: dict[float, dict[str, float]] = {}
+    per_budget: list[dict[str, Any]] = []
+    for budget in budgets:
+        at = [r for r in rows if float(r["budget"]) == budget]
+        cal_ids = {str(r["sample_id"]) for r in at} & calibration
+        held_ids = {str(r["sample_id"]) for r in at} & heldout
+        if not cal_ids or not held_ids:
+            raise ValueError(f"budget {budget:g}: the calibration or the held-out split has no rows yet")
+        calibration_kl[budget] = {key: _macro(_samples(at, cal_ids, key)) for key in candidates}
+        per_budget.append({"budget": budget, "rows": at, "cal": cal_ids, "held": held_ids})
+    shared = min(candidates, key=lambda k: (np.mean([calibration_kl[b][k] for b in budgets]), candidates.index(k)))
+    out_budgets = []
+    for entry in per_budget:
+        budget, at, cal_ids, held_ids = entry["budget"], entry["rows"], entry["cal"], entry["held"]
+        best = min(candidates, key=lambda k: (calibration_kl[budget][k], candidates.index(k)))
+        held = {key: _samples(at, held_ids, key) for key in (*candidates, SNAPKV)}
+        out_budgets.append(
+            {
+                "budget": budget,
+                "calibration_prompts": len(cal_ids),
+                "heldout_prompts": len(held_ids),
+                "best": best,
+                "candidates": [
+                    {
+                        "key": key,
+                        "calibration_kl": calibration_kl[budget][key],
+                        "heldout_kl": _macro(held[key]),
+                    }
+                    for key in sorted(candidates, key=lambda k: (calibration_kl[budget][k], candidates.index(k)))
+                ],
+                "snapkv": {"calibration_kl": _macro(_samples(at, cal_ids, SNAPKV)), "heldout_kl": _macro(held[SNAPKV])},
+                "heldout": {
+                    "best_minus_default": _compare(bootstrap, held[best], held[default]),
+                    "best_minus_snapkv": _compare(bootstrap, held[best], held[SNAPKV]),
+                    "default_minus_snapkv": _compare(bootstrap, held[default], held[SNAPKV]),
+                    "best_minus_shared": _compare(bootstrap, held[best], held[shared]),
+                },
+            }
+        )
+    depends = any(b["heldout"]["best_minus_shared"]["significant"] for b in out_budgets)
+    return {
+        "format": "ripplekv-tune/1",
+        "context": dict(context or {}),
+        "default": default,
+        "shared": shared,
+        "budgets": out_budgets,
+        "best_depends_on_budget": depends,
+    }
+
+
+def _fmt(c: Mapping[str, Any]) -> str:
+    mark = " (significant)" if c["significant"] else ""
+    return (
+        f"{c['difference']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}], "
+        f"{c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.3g}{mark}"
+    )
+
+
+def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
+    """A markdown report of :func:`summarize_tuning`'s summary.
+
+    Args:
+        summary: the summary.
+        top: candidates listed per budget (by calibration KL).
+    """
+    ctx = summary.get("context", {})
+    lines = [
+        f"# ripplekv tune: {ctx.get('model', '?')} on {ctx.get('suite', '?')}",
+        "",
+        f"Defaults: `{summary['default']}`. One candidate for all budgets (lowest mean calibration KL): "
+        f"`{summary['shared']}`. Mean KL(full || method) over the full cache's answer, nats (lower is better); "
+        "differences on held-out prompts: mean [95% CI], wins/ties/losses, Wilcoxon p.",
+        "",
+    ]
+    for entry in summary["budgets"]:
+        lines += [
+            f"## Budget {entry['budget']:g} ({entry['calibration_prompts']} calibration, "
+            f"{entry['heldout_prompts']} held-out prompts)",
+            "",
+            "| candidate | calibration KL | held-out KL |",
+            "|---|---:|---:|",
+        ]
+        for cand in entry["candidates"][:top]:
+            mark = " (defaults)" if cand["key"] == summary["default"] else ""
+            lines.append(f"| `{cand['key']}`{mark} | {cand['calibration_kl']:.4f} | {cand['heldout_kl']:.4f} |")
+        default = next(c for c in entry["candidates"] if c["key"] == summary["default"])
+        if default not in entry["candidates"][:top]:
+            cal, held = default["calibration_kl"], default["heldout_kl"]
+            lines.append(f"| `{default['key']}` (defaults) | {cal:.4f} | {held:.4f} |")
+        cal, held = entry["snapkv"]["calibration_kl"], entry["snapkv"]["heldout_kl"]
+        lines.append(f"| snapkv (uniform) | {cal:.4f} | {held:.4f} |")
+        held = entry["heldout"]
+        lines += [
+            "",
+            f"- best `{entry['best']}` minus defaults: {_fmt(held['best_minus_default'])}",
+            f"- best minus snapkv: {_fmt(held['best_minus_snapkv'])}",
+            f"- defaults minus snapkv: {_fmt(held['default_minus_snapkv'])}",
+            f"- best minus the shared candidate: {_fmt(held['best_minus_shared'])}",
+            "",
+        ]
+    verdict = "depends" if summary["best_depends_on_budget"] else "does not depend (to this run's resolution)"
+    lines.append(f"The best allocation {verdict} on the budget.")
+    return "\n".join(lines) + "\n"
