@@ -37,6 +37,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--continuation-tokens", type=_positive_int, default=32, help="continuation length of default samples (32)"
     )
+    p.add_argument(
+        "--continuation",
+        choices=("text", "model"),
+        default="text",
+        help="text (default, the paper's): each sample's continuation is teacher-forced; model: the context and "
+        "the sample's question (LongBench records, or a `question` field in a JSONL file) are prefilled and the "
+        "model's own greedy answer is the continuation",
+    )
+    p.add_argument("--answer-tokens", type=_positive_int, default=32, help="cap on the model's own answer (default 32)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"relative noise scale (default {DEFAULT_ALPHA})")
     p.add_argument(
         "--repeats", type=_positive_int, default=DEFAULT_REPEATS, help=f"noise draws (default {DEFAULT_REPEATS})"
@@ -54,7 +63,13 @@ def run(args: argparse.Namespace) -> int:
     from ripplekv.models import load_model
     from ripplekv.profiling import ProfilingConfig, load_calibration, profile_model
 
-    config = ProfilingConfig(alpha=args.alpha, repeats=args.repeats, seed=args.seed)
+    config = ProfilingConfig(
+        alpha=args.alpha,
+        repeats=args.repeats,
+        seed=args.seed,
+        continuation=args.continuation,
+        answer_tokens=args.answer_tokens,
+    )
     on_ray = _on_ray(args)
     if not on_ray:  # on Ray the actors load the model and build the calibration set
         model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)

@@ -51,14 +51,18 @@ class CalibrationSample:
     context: str  # prefilled into the KV cache
     continuation: str  # teacher-forced over the cache (question+answer, or the text that follows)
     source: str = ""  # e.g. "pg-essays:<file>@<token offset>" or "jsonl:<path>:<line>"
+    # The prompt's question, appended to the context when the continuation is the model's own answer
+    # (ProfilingConfig(continuation="model")); empty for plain text. Not part of the set's sha256.
+    question: str = ""
 
     def __post_init__(self) -> None:
         for name in ("context", "continuation"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"CalibrationSample.{name} must be a non-empty string, got {value!r:.60}")
-        if not isinstance(self.source, str):
-            raise ValueError(f"CalibrationSample.source must be a string, got {type(self.source).__name__}")
+        for name in ("source", "question"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"CalibrationSample.{name} must be a string, got {type(getattr(self, name)).__name__}")
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,9 @@ def _string_field(record: dict[str, Any], field: str, where: str, allow_empty: b
 def load_jsonl_calibration(path: str | Path, n_samples: int | None = None) -> CalibrationSet:
     """Records ``{"context": str, "continuation": str}``, one per line (blank lines skipped), in file order.
 
+    An optional ``"question"`` string is the prompt's question, appended to the context when the continuation is
+    the model's own answer (``ProfilingConfig(continuation="model")``).
+
     ``n_samples`` keeps the first records (all when None; a warning when the file holds fewer).
     """
     _check_n_samples(n_samples)
@@ -215,7 +222,8 @@ def load_jsonl_calibration(path: str | Path, n_samples: int | None = None) -> Ca
         where = f"{path}:{lineno}"
         context = _string_field(record, "context", where)
         continuation = _string_field(record, "continuation", where)
-        samples.append(CalibrationSample(context, continuation, source=f"jsonl:{path}:{lineno}"))
+        question = _string_field(record, "question", where, allow_empty=True) if "question" in record else ""
+        samples.append(CalibrationSample(context, continuation, source=f"jsonl:{path}:{lineno}", question=question))
         if n_samples is not None and len(samples) >= n_samples:
             break
     chosen = _take(samples, n_samples, str(path))
@@ -235,8 +243,8 @@ def _longbench_sample(record: dict[str, Any], where: str, source: str) -> Calibr
         raise ValueError(f"{where}: missing field 'answers'")
     if not isinstance(answers, list) or not answers or not isinstance(answers[0], str) or not answers[0]:
         raise ValueError(f"{where}: field 'answers' must be a non-empty list of strings, got {answers!r:.60}")
-    continuation = "\n\nQuestion: " + question + "\nAnswer: " + answers[0]
-    return CalibrationSample(context, continuation, source=source)
+    prompt = "\n\nQuestion: " + question + "\nAnswer:"
+    return CalibrationSample(context, prompt + " " + answers[0], source=source, question=prompt)
 
 
 def _longbench_files(path: Path, tasks: Sequence[str] | None) -> list[Path]:
@@ -265,6 +273,10 @@ def load_longbench_calibration(
     path_or_dir: str | Path, n_samples: int | None = None, tasks: Sequence[str] | None = None
 ) -> CalibrationSet:
     """LongBench records as samples: ``context`` and ``"\\n\\nQuestion: <input>\\nAnswer: <answers[0]>"``.
+
+    Each sample's ``question`` is ``"\\n\\nQuestion: <input>\\nAnswer:"``: with
+    ``ProfilingConfig(continuation="model")`` the context and question are prefilled and the model's own greedy
+    answer is the continuation.
 
     A directory means every ``*.jsonl`` in it, sorted by name, optionally only the task names (file stems)
     in ``tasks``. Records are interleaved round-robin across files (first record of each task, then the

@@ -53,7 +53,9 @@ from ripplekv.profiling.passes import (
 from ripplekv.profiling.profile import SensitivityProfile
 
 __all__ = [
+    "CONTINUATIONS",
     "DEFAULT_ALPHA",
+    "DEFAULT_ANSWER_TOKENS",
     "DEFAULT_REPEATS",
     "ContinuationBuffers",
     "ProfilingConfig",
@@ -72,6 +74,8 @@ DEFAULT_ALPHA = 0.5
 # 2 = float64 KL from both log-softmaxes, reference computed in the perturbed rows' batch.
 SCORING_VERSION = 2
 DEFAULT_REPEATS = 1  # benchmarks/profile_stability.py: rho 0.983 across noise seeds, 0.995 vs 4 repeats
+CONTINUATIONS = ("text", "model")
+DEFAULT_ANSWER_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,20 @@ class ProfilingConfig:
         seed: seed of the noise; draws depend only on ``(seed, sample index, repeat, layer)``.
         max_context_tokens: contexts are cut to their last ``max_context_tokens`` tokens (None: the model's
             ``max_position_embeddings`` minus the continuation).
+        continuation: what runs over the perturbed cache: ``"text"`` (default, the paper's: each sample's
+            ``continuation`` text, teacher-forced over its ``context``) or ``"model"`` (the sample's ``context``
+            followed by its ``question`` is prefilled, and the model's own greedy answer to it -- at most
+            ``answer_tokens`` tokens, up to its end-of-sequence token, the first token never that token -- is the
+            continuation: what the cache serves at inference).
+        answer_tokens: the cap on the model's own answer (``continuation="model"``), >= 1.
     """
 
     alpha: float = DEFAULT_ALPHA
     repeats: int = DEFAULT_REPEATS
     seed: int = 0
     max_context_tokens: int | None = None
+    continuation: str = "text"
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS
 
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and np.isfinite(self.alpha) and self.alpha >= 0):
@@ -100,13 +112,17 @@ class ProfilingConfig:
             raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
         if self.max_context_tokens is not None and self.max_context_tokens < 1:
             raise ValueError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
+        if self.continuation not in CONTINUATIONS:
+            raise ValueError(f"continuation must be one of {CONTINUATIONS}, got {self.continuation!r}")
+        if isinstance(self.answer_tokens, bool) or not isinstance(self.answer_tokens, int) or self.answer_tokens < 1:
+            raise ValueError(f"answer_tokens must be an integer >= 1, got {self.answer_tokens!r}")
 
 
 @torch.no_grad()
 def score_sample(
     model: PreTrainedModel,
     context_ids: torch.Tensor,
-    continuation_ids: torch.Tensor,
+    continuation_ids: torch.Tensor | None,
     config: ProfilingConfig,
     sample_index: int = 0,
 ) -> SampleScores:
@@ -115,7 +131,8 @@ def score_sample(
     Args:
         model: a decoder-only transformers model with ``model.get_decoder().layers`` (Llama, Qwen2, Mistral...).
         context_ids: ``(1, n)`` token ids prefilled into the cache.
-        continuation_ids: ``(1, m)`` token ids run over the cache; ``m >= 1``.
+        continuation_ids: ``(1, m)`` token ids run over the cache, ``m >= 1``; None: the model's own greedy answer
+            after the context (at most ``config.answer_tokens`` tokens, see :func:`greedy_continuation`).
         config: profiling parameters.
         sample_index: index of the sample, part of the noise seed.
 
@@ -123,20 +140,25 @@ def score_sample(
         The per-layer KL and local scores, each averaged over positions and noise draws, then clamped at 0
         (never per position).
     """
-    if context_ids.dim() != 2 or context_ids.shape[0] != 1 or continuation_ids.dim() != 2:
+    given = continuation_ids is not None
+    if context_ids.dim() != 2 or context_ids.shape[0] != 1 or (given and continuation_ids.dim() != 2):
         raise ValueError("score_sample takes one sample: ids of shape (1, n)")
-    if continuation_ids.shape[1] < 1 or context_ids.shape[1] < 1:
+    if (given and continuation_ids.shape[1] < 1) or context_ids.shape[1] < 1:
         raise ValueError("context and continuation must each hold at least one token")
     device = next(model.parameters()).device
-    context_ids, continuation_ids = context_ids.to(device), continuation_ids.to(device)
+    context_ids = context_ids.to(device)
     layers = list(decoder_of(model).layers)
-    n_ctx, n_cont = context_ids.shape[1], continuation_ids.shape[1]
-    positions = torch.arange(n_ctx, n_ctx + n_cont, device=device)
+    n_ctx = context_ids.shape[1]
 
     prefill = DynamicCache()
-    model(context_ids, past_key_values=prefill, use_cache=True, logits_to_keep=1)
+    logits = model(context_ids, past_key_values=prefill, use_cache=True, logits_to_keep=1).logits[:, -1]
     clean = cache_tensors(prefill)
+    if continuation_ids is None:
+        continuation_ids = greedy_continuation(model, prefill, logits, n_ctx, config.answer_tokens)
     del prefill
+    continuation_ids = continuation_ids.to(device)
+    n_cont = continuation_ids.shape[1]
+    positions = torch.arange(n_ctx, n_ctx + n_cont, device=device)
 
     with record_layer_calls(layers) as calls:  # the reference itself is recomputed with the perturbed rows
         model(
@@ -154,17 +176,60 @@ def score_sample(
     return SampleScores(tuple(kl_scores), tuple(local_scores), n_ctx, n_cont)
 
 
+def _stop_ids(model: PreTrainedModel) -> set[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return set() if eos is None else {int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+@torch.no_grad()
+def greedy_continuation(
+    model: PreTrainedModel, cache: DynamicCache, logits: torch.Tensor, position: int, max_tokens: int
+) -> torch.Tensor:
+    """``(1, m)``: the model's greedy answer after a prefill, ``1 <= m <= max_tokens``.
+
+    Decoding stops after the model's end-of-sequence token (included, as in ``ripplekv eval``'s answers), which
+    cannot be the first token (LongBench's ``min_length``). ``cache`` is extended in place.
+
+    Args:
+        model: the model.
+        cache: its cache after the prefill.
+        logits: ``(1, vocab)`` next-token logits of the prefill.
+        position: tokens in the cache.
+        max_tokens: the cap (>= 1).
+    """
+    stops = _stop_ids(model)
+    banned = sorted(i for i in stops if 0 <= i < logits.shape[-1])
+    tokens: list[int] = []
+    for step in range(max_tokens):
+        scores = logits.float().clone()
+        if step == 0 and banned:
+            scores[:, banned] = float("-inf")
+        token = int(scores.argmax(dim=-1))
+        tokens.append(token)
+        if token in stops or step == max_tokens - 1:
+            break
+        ids = torch.tensor([[token]], device=logits.device)
+        at = torch.tensor([position + step], device=logits.device)
+        out = model(ids, past_key_values=cache, use_cache=True, cache_position=at, position_ids=at.unsqueeze(0))
+        logits = out.logits[:, -1]
+    return torch.tensor([tokens], dtype=torch.long)
+
+
 def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
     return tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
 
 
 def calibration_ids(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sample: CalibrationSample, config: ProfilingConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ``(1, n)`` context and ``(1, m)`` continuation ids :func:`score_sample` takes for one sample.
 
-    The context is cut to its last ``config.max_context_tokens`` tokens, or (when that is None) to the model's
-    ``max_position_embeddings`` minus the continuation.
+    With ``config.continuation == "model"`` the context is the sample's context followed by its question and the
+    continuation is None (the model's own answer, decoded by :func:`score_sample`, at most
+    ``config.answer_tokens`` tokens). The context is cut to its last ``config.max_context_tokens`` tokens, or
+    (when that is None) to the model's ``max_position_embeddings`` minus the continuation.
 
     Args:
         model: the model to profile (its ``max_position_embeddings`` bounds the context).
@@ -172,11 +237,13 @@ def calibration_ids(
         sample: the calibration sample.
         config: profiling parameters.
     """
-    context_ids = _tokenize(tokenizer, sample.context)
-    continuation_ids = _tokenize(tokenizer, sample.continuation)
+    own = config.continuation == "model"
+    context_ids = _tokenize(tokenizer, sample.context + sample.question if own else sample.context)
+    continuation_ids = None if own else _tokenize(tokenizer, sample.continuation)
+    length = config.answer_tokens if continuation_ids is None else continuation_ids.shape[1]
     limit = getattr(model.config, "max_position_embeddings", None)
     max_ctx = config.max_context_tokens
-    room = max_ctx if max_ctx is not None else (limit - continuation_ids.shape[1] if limit else None)
+    room = max_ctx if max_ctx is not None else (limit - length if limit else None)
     if room is not None and context_ids.shape[1] > room:
         context_ids = context_ids[:, -room:]
     return context_ids, continuation_ids
@@ -202,7 +269,15 @@ def checkpoint_key(
         "repeats": config.repeats,
         "seed": config.seed,
         "max_context_tokens": config.max_context_tokens,
+        **_continuation_settings(config),
     }
+
+
+def _continuation_settings(config: ProfilingConfig) -> dict[str, Any]:
+    """``{"continuation": "model", "answer_tokens": N}`` for the model's own answers; ``{}`` for text (as before)."""
+    if config.continuation == "text":
+        return {}
+    return {"continuation": config.continuation, "answer_tokens": config.answer_tokens}
 
 
 def assemble_profile(
@@ -244,6 +319,7 @@ def assemble_profile(
             "samples": total,
             "context_tokens": [s.context_tokens for s in ordered],
             "continuation_tokens": [s.continuation_tokens for s in ordered],
+            **_continuation_settings(config),
         },
         library_version=__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
