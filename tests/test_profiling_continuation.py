@@ -49,6 +49,7 @@ def test_greedy_continuation_is_the_eval_answer(arch: str) -> None:
     first_stop = next(i for i, t in enumerate(alt) if i > 0 and t in stops)
     assert stopped == alt[: first_stop + 1] and len(stopped) <= 3
 
+
 def test_model_continuation_scores_equal_teacher_forcing_that_answer() -> None:
     model = tiny_model("llama", layers=3)
     ctx = random_ids(40)
