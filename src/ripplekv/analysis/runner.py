@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ripplekv.analysis.damage import DAMAGE_METHOD, DamageRunner
 from ripplekv.analysis.oracle import make_damage_profile
 from ripplekv.analysis.report import summarize
-from ripplekv.evaluation.config import EvalConfig
-from ripplekv.evaluation.results import CONFIG_FILE, ConfigMismatchError, ResultsLog, check_or_write_config, row_key
+from ripplekv.evaluation.config import EvalConfig, EvalSample
+from ripplekv.evaluation.results import open_results, run_pending
 from ripplekv.evaluation.runner import build_samples, resolve_config
 from ripplekv.evaluation.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv.evaluation.suites import get_suite
@@ -147,7 +148,6 @@ def run_analysis(
         tokenizer: its tokenizer.
         progress: show a progress bar.
     """
-    from tqdm import tqdm
 
     from ripplekv import __version__
     from ripplekv.models import model_identity
@@ -166,35 +166,23 @@ def run_analysis(
     samples = build_samples(options, tokenizer, model)
     resolved = {"kind": "layer-damage", **resolve_config(options, model, samples, None)}
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / DAMAGE_FILE).exists() and not (out / CONFIG_FILE).exists():
-        raise ConfigMismatchError(f"{out} holds {DAMAGE_FILE} but no {CONFIG_FILE}: cannot tell what it ran")
     sources = {"model": options.model, **get_suite(options.suite).sources(options), "profile": options.profile}
-    check_or_write_config(out, resolved, sources)
-    log = ResultsLog(out / DAMAGE_FILE)
-    existing = log.read(repair=True)
-    done = {row_key(row) for row in existing}
-    answers = {str(row["sample_id"]): [int(t) for t in row["answer_ids"]] for row in existing if row.get("answer_ids")}
+    folder = open_results(out, resolved, sources, rows_file=DAMAGE_FILE, answers_from=None)
+    out = folder.out
     budgets = [float(b) for b in options.budgets]
-    planned = [(s, [b for b in budgets if (s.id, DAMAGE_METHOD, b) not in done]) for s in samples]
-    total = len(samples) * len(budgets)
-    written = 0
-    with tqdm(
-        total=total, initial=total - sum(len(p) for _, p in planned), desc="analyze", unit="run", disable=not progress
-    ) as bar:
-        for sample, pending in planned:
-            if not pending:
-                continue
-            bar.set_postfix_str(sample.id[-40:], refresh=False)
-            for row in runner.run_sample(sample, pending, answers.get(sample.id)):
-                log.append(row)
-                written += 1
-                bar.update(1)
+
+    def run_sample(
+        sample: EvalSample, pending: list[tuple[str, float]], answer: list[int] | None
+    ) -> Iterable[dict[str, Any]]:
+        return runner.run_sample(sample, [budget for _, budget in pending], answer)
+
+    written = run_pending(
+        samples, [(DAMAGE_METHOD, b) for b in budgets], folder, run_sample, desc="analyze", progress=progress
+    )
 
     order = {s.id: i for i, s in enumerate(samples)}
     rows = sorted(
-        (r for r in log.read() if str(r["sample_id"]) in order and float(r["budget"]) in budgets),
+        (r for r in folder.log.read() if str(r["sample_id"]) in order and float(r["budget"]) in budgets),
         key=lambda r: (order[str(r["sample_id"])], float(r["budget"])),
     )
     identity = model_identity(model)

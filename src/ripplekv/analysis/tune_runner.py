@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
 from ripplekv.analysis.tuning_report import summarize_tuning
-from ripplekv.evaluation.results import CONFIG_FILE, ConfigMismatchError, ResultsLog, check_or_write_config, row_key
+from ripplekv.evaluation.config import EvalSample
+from ripplekv.evaluation.results import open_results, run_pending
 from ripplekv.evaluation.runner import build_samples, resolve_config
 from ripplekv.evaluation.suites import get_suite
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
@@ -75,7 +77,6 @@ def run_tune(
         tokenizer: its tokenizer.
         progress: show a progress bar.
     """
-    from tqdm import tqdm
 
     from ripplekv.models import model_identity
 
@@ -103,34 +104,22 @@ def run_tune(
         "calibration_fraction": float(config.calibration_fraction),
     }
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / TUNE_FILE).exists() and not (out / CONFIG_FILE).exists():
-        raise ConfigMismatchError(f"{out} holds {TUNE_FILE} but no {CONFIG_FILE}: cannot tell what it ran")
     sources = {"model": options.model, **get_suite(options.suite).sources(options), "profiles": dict(config.profiles)}
-    check_or_write_config(out, resolved, sources)
-    log = ResultsLog(out / TUNE_FILE)
-    existing = log.read(repair=True)
-    done = {row_key(row) for row in existing}
-    answers = {str(row["sample_id"]): [int(t) for t in row["answer_ids"]] for row in existing if row.get("answer_ids")}
+    folder = open_results(out, resolved, sources, rows_file=TUNE_FILE, answers_from=None)
+    out = folder.out
     budgets = [float(b) for b in options.budgets]
-    planned = [(s, [b for b in budgets if (s.id, TUNE_METHOD, b) not in done]) for s in samples]
-    total = len(samples) * len(budgets)
-    written = 0
-    with tqdm(
-        total=total, initial=total - sum(len(p) for _, p in planned), desc="tune", unit="run", disable=not progress
-    ) as bar:
-        for sample, pending in planned:
-            if not pending:
-                continue
-            bar.set_postfix_str(sample.id[-40:], refresh=False)
-            for row in runner.run_sample(sample, pending, answers.get(sample.id)):
-                log.append(row)
-                written += 1
-                bar.update(1)
+
+    def run_sample(
+        sample: EvalSample, pending: list[tuple[str, float]], answer: list[int] | None
+    ) -> Iterable[dict[str, Any]]:
+        return runner.run_sample(sample, [budget for _, budget in pending], answer)
+
+    written = run_pending(
+        samples, [(TUNE_METHOD, b) for b in budgets], folder, run_sample, desc="tune", progress=progress
+    )
 
     ids = {s.id for s in samples}
-    rows = [r for r in log.read() if str(r["sample_id"]) in ids and float(r["budget"]) in budgets]
+    rows = [r for r in folder.log.read() if str(r["sample_id"]) in ids and float(r["budget"]) in budgets]
     context = {
         "model": model_identity(model).get("name_or_path"),
         "suite": options.suite,

@@ -2,6 +2,8 @@
 
 ``results.jsonl`` is append-only, one JSON row per (sample, method, budget), flushed and fsynced as soon as it is
 written; :class:`ResultsLog` reads it back, cutting off a last line an interruption left incomplete.
+:func:`open_results` and :func:`run_pending` are the resume-and-run loop every runner (``eval``, ``analyze``,
+``tune``) shares: open the folder, skip the rows written, append each new row as soon as it exists.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,9 +27,13 @@ __all__ = [
     "ConfigMismatchError",
     "ResultsLog",
     "RowKey",
+    "RunFolder",
     "check_or_write_config",
     "complete_samples",
+    "open_results",
+    "resume_state",
     "row_key",
+    "run_pending",
     "sha256_json",
 ]
 
@@ -95,13 +102,16 @@ def _versions() -> dict[str, str]:
     }
 
 
-def check_or_write_config(out: Path, resolved: dict[str, Any], sources: dict[str, Any]) -> None:
+def check_or_write_config(
+    out: Path, resolved: dict[str, Any], sources: dict[str, Any], rows_file: str = RESULTS_FILE
+) -> None:
     """Write ``out/config.json``, or check that the one there holds the same resolved configuration.
 
     Args:
         out: the evaluation folder.
         resolved: the resolved configuration (compared key by key on resume).
         sources: where the model, data and profile came from (recorded, not compared).
+        rows_file: the name of the folder's rows file (a folder holding one but no config is refused).
 
     Raises:
         ConfigMismatchError: the folder holds another configuration (the message names the keys that differ), an
@@ -126,8 +136,8 @@ def check_or_write_config(out: Path, resolved: dict[str, Any], sources: dict[str
                 "Use another --out folder, or delete this one to start over."
             )
         return
-    if (out / RESULTS_FILE).exists():
-        raise ConfigMismatchError(f"{out} holds {RESULTS_FILE} but no {CONFIG_FILE}: cannot tell what it ran")
+    if (out / rows_file).exists():
+        raise ConfigMismatchError(f"{out} holds {rows_file} but no {CONFIG_FILE}: cannot tell what it ran")
     write_json_atomic(
         path,
         {
@@ -203,3 +213,119 @@ class ResultsLog:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def resume_state(
+    rows: Sequence[Mapping[str, Any]], answers_from: str | None = "full"
+) -> tuple[set[RowKey], dict[str, list[int]]]:
+    """What a run resumes from: the keys of the rows written, and each sample's stored reference answer.
+
+    Args:
+        rows: the rows of the folder's rows file.
+        answers_from: the method whose rows hold the reference answer (the full cache's, ``"full"``, in ``eval``);
+            ``None`` takes it from any row that holds ``answer_ids`` (``analyze`` and ``tune`` store the full
+            cache's answer on every row).
+    """
+    done = {row_key(row) for row in rows}
+    answers: dict[str, list[int]] = {}
+    for row in rows:
+        ids = row.get("answer_ids")
+        if (answers_from is None or row["method"] == answers_from) and isinstance(ids, list) and ids:
+            answers[str(row["sample_id"])] = [int(t) for t in ids]
+    return done, answers
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run folder ready to append rows to.
+
+    Args:
+        out: the folder.
+        log: its rows file.
+        done: the keys of the rows already written (:func:`run_pending` adds the rows it writes).
+        answers: each sample's stored reference answer (token ids), see :func:`resume_state`.
+    """
+
+    out: Path
+    log: ResultsLog
+    done: set[RowKey]
+    answers: dict[str, list[int]]
+
+
+def open_results(
+    out: str | os.PathLike[str],
+    resolved: dict[str, Any],
+    sources: dict[str, Any],
+    rows_file: str = RESULTS_FILE,
+    answers_from: str | None = "full",
+) -> RunFolder:
+    """Create ``out`` (or check that its ``config.json`` holds ``resolved``), repair its rows file and read what a
+    run resumes from.
+
+    Args:
+        out: the output folder.
+        resolved: the resolved configuration (compared on resume).
+        sources: where the model, data and profiles came from (recorded, not compared).
+        rows_file: the rows file's name in ``out``.
+        answers_from: see :func:`resume_state`.
+
+    Raises:
+        ConfigMismatchError: ``out`` holds another run (see :func:`check_or_write_config`).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_or_write_config(out, resolved, sources, rows_file)
+    log = ResultsLog(out / rows_file)
+    done, answers = resume_state(log.read(repair=True), answers_from)
+    return RunFolder(out=out, log=log, done=done, answers=answers)
+
+
+RunSample = Callable[[Any, list[tuple[str, float]], "list[int] | None"], Iterable[dict[str, Any]]]
+
+
+def run_pending(
+    samples: Sequence[Any],
+    configurations: Sequence[tuple[str, float]],
+    folder: RunFolder,
+    run_sample: RunSample,
+    desc: str,
+    progress: bool = True,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """Run every (sample, configuration) the folder lacks, one sample at a time, appending each row as it comes.
+
+    A sample whose configurations are all written is skipped; otherwise ``run_sample(sample, pending, answer)``
+    gets the configurations it still lacks, in ``configurations`` order, and the stored reference answer (or
+    ``None``). Returns the number of rows written.
+
+    Args:
+        samples: the run's samples (each with an ``id``).
+        configurations: the (method, budget) pairs every sample gets.
+        folder: the open run folder (:func:`open_results`).
+        run_sample: yields the rows of one sample's pending configurations.
+        desc: the progress bar's label.
+        progress: show a progress bar.
+        on_row: called with every row right after it was written.
+    """
+    from tqdm import tqdm
+
+    planned = [
+        (sample, [(m, float(b)) for m, b in configurations if (sample.id, m, float(b)) not in folder.done])
+        for sample in samples
+    ]
+    total = len(samples) * len(configurations)
+    already = total - sum(len(pending) for _, pending in planned)
+    written = 0
+    with tqdm(total=total, initial=already, desc=desc, unit="run", disable=not progress) as bar:
+        for sample, pending in planned:
+            if not pending:
+                continue
+            bar.set_postfix_str(sample.id[-40:], refresh=False)
+            for row in run_sample(sample, pending, folder.answers.get(sample.id)):
+                folder.log.append(row)
+                folder.done.add(row_key(row))
+                written += 1
+                bar.update(1)
+                if on_row is not None:
+                    on_row(row)
+    return written

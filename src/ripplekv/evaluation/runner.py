@@ -50,9 +50,10 @@ from ripplekv.evaluation.results import (
     RESULTS_FILE,
     ConfigMismatchError,
     ResultsLog,
-    RowKey,
-    check_or_write_config,
-    row_key,
+    RunFolder,
+    open_results,
+    resume_state,
+    run_pending,
     sha256_json,
 )
 from ripplekv.evaluation.rows import SampleRunner
@@ -265,39 +266,6 @@ def load_run_profiles(config: EvalConfig) -> RunProfiles:
     return RunProfiles(profile=profile, oracles=load_oracle_profiles(config))
 
 
-def resume_state(rows: Sequence[dict[str, Any]]) -> tuple[set[RowKey], dict[str, list[int]]]:
-    """What a run resumes from: the keys of the rows written, and the full cache's answer of each sample whose
-    ``full`` row holds one.
-
-    Args:
-        rows: the rows of ``results.jsonl``.
-    """
-    done = {row_key(row) for row in rows}
-    answers = {
-        str(row["sample_id"]): [int(t) for t in row["answer_ids"]]
-        for row in rows
-        if row["method"] == "full" and isinstance(row.get("answer_ids"), list) and row["answer_ids"]
-    }
-    return done, answers
-
-
-@dataclass(frozen=True)
-class RunFolder:
-    """An evaluation folder ready to append rows to.
-
-    Args:
-        out: the folder.
-        log: its ``results.jsonl``.
-        done: the keys of the rows already written (a caller may add the rows it writes).
-        answers: the full cache's answer (token ids) of each sample whose ``full`` row holds one.
-    """
-
-    out: Path
-    log: ResultsLog
-    done: set[RowKey]
-    answers: dict[str, list[int]]
-
-
 def open_run_folder(
     config: EvalConfig, out: str | os.PathLike[str], resolved: dict[str, Any], profiles: RunProfiles
 ) -> RunFolder:
@@ -313,15 +281,10 @@ def open_run_folder(
     Raises:
         ConfigMismatchError: ``out`` holds another run (see :func:`~ripplekv.evaluation.results.check_or_write_config`).
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     sources = {"model": config.model, **get_suite(config.suite).sources(config), "profile": config.profile}
     if profiles.oracles:
         sources["oracle_profile"] = list(config.oracle_profile or ())
-    check_or_write_config(out, resolved, sources)
-    log = ResultsLog(out / RESULTS_FILE)
-    done, answers = resume_state(log.read(repair=True))
-    return RunFolder(out=out, log=log, done=done, answers=answers)
+    return open_results(out, resolved, sources)
 
 
 def run_eval(
@@ -342,8 +305,6 @@ def run_eval(
         on_row: called with every row right after it was written.
         progress: show a progress bar.
     """
-    from tqdm import tqdm
-
     start = time.perf_counter()
     profiles = load_run_profiles(config)
     if model is None or tokenizer is None:
@@ -355,33 +316,22 @@ def run_eval(
     samples = build_samples(config, tokenizer, model)
     resolved = resolve_config(config, model, samples, profiles.profile, profiles.oracles)
     folder = open_run_folder(config, out, resolved, profiles)
-    log, answers = folder.log, folder.answers
-
-    configurations = config.configurations
-    planned = [
-        (sample, [(m, b) for m, b in configurations if (sample.id, m, b) not in folder.done]) for sample in samples
-    ]
-    total = len(samples) * len(configurations)
-    already = total - sum(len(pending) for _, pending in planned)
     runner = SampleRunner(config, model, tokenizer, presses)
-    written = 0
-    with tqdm(total=total, initial=already, desc=f"eval {config.suite}", unit="run", disable=not progress) as bar:
-        for sample, pending in planned:
-            if not pending:
-                continue
-            bar.set_postfix_str(sample.id[-40:], refresh=False)
-            for row in runner.run_sample(sample, pending, answers.get(sample.id)):
-                log.append(row)
-                written += 1
-                bar.update(1)
-                if on_row is not None:
-                    on_row(row)
-    rows = len(log.read())
+    written = run_pending(
+        samples,
+        config.configurations,
+        folder,
+        runner.run_sample,
+        desc=f"eval {config.suite}",
+        progress=progress,
+        on_row=on_row,
+    )
+    rows = len(folder.log.read())
     return EvalSummary(
         out=folder.out,
         rows=rows,
         new_rows=written,
         samples=len(samples),
-        configurations=len(configurations),
+        configurations=len(config.configurations),
         seconds=time.perf_counter() - start,
     )
