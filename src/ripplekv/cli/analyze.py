@@ -11,7 +11,13 @@ import argparse
 import json
 from typing import Any
 
-from ripplekv.cli.args import _comma_list, _positive_int, add_fidelity_suite_args, fidelity_eval_config
+from ripplekv.cli.args import (
+    _comma_list,
+    _positive_int,
+    add_fidelity_suite_args,
+    add_summary_args,
+    fidelity_eval_config,
+)
 
 __all__ = ["add_oracle_profile_argument", "add_parser", "run"]
 
@@ -41,7 +47,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         The subcommand's parser.
     """
     from ripplekv.analysis.runner import DEFAULT_TOP_K
-    from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
 
     p = subparsers.add_parser(
         "analyze",
@@ -60,14 +65,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--top-k", type=_positive_int, default=DEFAULT_TOP_K, help=f"top layers compared (default {DEFAULT_TOP_K})"
     )
-    p.add_argument(
-        "--resamples",
-        type=_positive_int,
-        default=DEFAULT_RESAMPLES,
-        help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least 2000)",
-    )
-    p.add_argument("--bootstrap-seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--format", choices=("md", "json"), default="md", help="summary printed: md (default) or json")
+    add_summary_args(p)
     p.add_argument("--no-plots", action="store_true", help="do not write OUT/plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")

@@ -162,6 +162,25 @@ def add_fidelity_suite_args(parser: argparse.ArgumentParser, budgets_help: str) 
     p.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
 
 
+def add_summary_args(parser: argparse.ArgumentParser) -> None:
+    """The bootstrap and output options of the commands that print a summary of paired statistics (``analyze``,
+    ``tune``): ``--resamples``, ``--bootstrap-seed`` and ``--format``.
+
+    Args:
+        parser: the subcommand's parser.
+    """
+    from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
+
+    parser.add_argument(
+        "--resamples",
+        type=_positive_int,
+        default=DEFAULT_RESAMPLES,
+        help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least 2000)",
+    )
+    parser.add_argument("--bootstrap-seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--format", choices=("md", "json"), default="md", help="summary printed: md (default) or json")
+
+
 def fidelity_eval_config(args: argparse.Namespace, profile: str | None) -> EvalConfig:
     """The :class:`~ripplekv.evaluation.config.EvalConfig` of :func:`add_fidelity_suite_args`' options.
 

@@ -11,7 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ripplekv.cli.args import _comma_list, _positive_int, add_fidelity_suite_args, fidelity_eval_config
+from ripplekv.cli.args import (
+    _comma_list,
+    add_fidelity_suite_args,
+    add_summary_args,
+    fidelity_eval_config,
+)
 
 __all__ = ["add_parser", "parse_profiles", "run"]
 
@@ -46,7 +51,6 @@ def parse_profiles(items: list[str]) -> dict[str, str]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``tune`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
     from ripplekv.analysis.tuning import DEFAULT_GAMMAS, DEFAULT_RATIOS
-    from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
 
     p = subparsers.add_parser(
         "tune",
@@ -85,14 +89,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=0.5,
         help="share of each task's prompts (its first ones) that selects; the rest are held out (default 0.5)",
     )
-    p.add_argument(
-        "--resamples",
-        type=_positive_int,
-        default=DEFAULT_RESAMPLES,
-        help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least 2000)",
-    )
-    p.add_argument("--bootstrap-seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--format", choices=("md", "json"), default="md", help="summary printed: md (default) or json")
+    add_summary_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
     return p
