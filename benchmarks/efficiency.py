@@ -27,6 +27,12 @@ A table **computed** from model configurations (no measurement) follows: bf16 KV
 Qwen2.5-7B-Instruct and Mistral-7B-Instruct-v0.3 at 32K and 128K tokens. Prints tables, writes ``--out`` (JSON) and
 PNG plots into ``--plots``.
 
+With ``--out``, the JSON is rewritten after each length (``"complete": false`` until the last one): re-running the
+same command with the same settings (model, dtype, threads, repeats, steps, budgets, profile, memory on or off) keeps
+the lengths already measured and measures the rest, so an interrupted run loses at most the length it was on. Every
+ratio compares configurations measured side by side within one length, so lengths from two processes are never
+compared with each other; each length records when it was measured.
+
     python benchmarks/efficiency.py --out benchmarks/results/efficiency.json --plots benchmarks/results
     python benchmarks/efficiency.py --quick          # smoke test: 1K tokens, 1 repeat, 10% only
 """
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import resource
@@ -295,6 +302,37 @@ def save_plots(rows: list[dict], folder: Path, budgets: tuple[float, ...]) -> li
     return saved + [folder / "efficiency_kv_bytes.png"]
 
 
+def resumed_rows(out: str | None, settings: dict[str, Any], lengths: tuple[int, ...]) -> list[dict]:
+    """The rows of the lengths an earlier run with the same ``settings`` already wrote to ``out`` (none otherwise).
+
+    Args:
+        out: the ``--out`` JSON file (may not exist yet).
+        settings: what the measurement depends on; a file written with other settings is not reused.
+        lengths: the lengths this run measures (rows of other lengths are dropped).
+    """
+    if out is None or not Path(out).exists():
+        return []
+    try:
+        saved = json.loads(Path(out).read_text())
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(saved, dict) or saved.get("settings") != settings:
+        print(f"{out} holds another run's settings: measuring every length again")
+        return []
+    rows = [r for r in saved.get("measured", []) if r.get("tokens") in lengths]
+    done = sorted({r["tokens"] for r in rows})
+    if done:
+        print(f"resuming {out}: keeping the rows of {', '.join(map(str, done))} tokens")
+    return rows
+
+
+def write_result(out: str, result: dict[str, Any]) -> None:
+    """Write ``result`` to ``out`` atomically (a temporary file renamed over it)."""
+    tmp = Path(f"{out}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -329,8 +367,20 @@ def main() -> None:
         f"{args.model} ({model.dtype}, {torch.get_num_threads()} threads): {len(configs)} configurations x "
         f"{args.repeats} interleaved rounds at {', '.join(map(str, lengths))} tokens; {args.steps} decoding steps"
     )
-    rows: list[dict] = []
+    settings = {
+        "model": args.model,
+        "dtype": str(model.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "decode_steps": args.steps,
+        "budgets": list(budgets),
+        "profile_sha256": hashlib.sha256(Path(args.profile).read_bytes()).hexdigest(),
+        "memory": not args.skip_memory,
+    }
+    rows = resumed_rows(args.out, settings, lengths)
     for length in lengths:
+        if any(r["tokens"] == length for r in rows):
+            continue
         ids = prompt_ids(tokenizer, length)
         print(f"{length} tokens: timing", flush=True)
         measured = measure_length(model, tokenizer, ids, configs, profile, args)
@@ -338,7 +388,11 @@ def main() -> None:
         if not args.skip_memory:
             print(f"{length} tokens: peak memory, one subprocess per configuration", flush=True)
             memory.update({c: peak_memory(args, length, c) for c in configs})
-        rows += rows_for(length, measured, memory, budgets, args.steps)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        rows += [{**row, "measured_at": stamp} for row in rows_for(length, measured, memory, budgets, args.steps)]
+        if args.out:
+            write_result(args.out, {"settings": settings, "complete": False, "measured": rows})
+    rows.sort(key=lambda r: (lengths.index(r["tokens"]), r["budget"], METHODS.index(r["method"])))
     print("\nMEASURED (prefill: median of the rounds; held/kept/mask idx: fractions of the full cache's bytes)")
     print_measured(rows)
     ripple = [r for r in rows if r["method"] == "ripplekv"]
@@ -353,6 +407,8 @@ def main() -> None:
     computed = computed_kv_table(PUBLISHED, COMPUTED_LENGTHS, COMPUTED_BUDGETS, BF16_BYTES)
     print_computed(computed)
     result = {
+        "settings": settings,
+        "complete": True,
         "model": args.model,
         "dtype": str(model.dtype),
         "torch_threads": torch.get_num_threads(),
@@ -366,7 +422,7 @@ def main() -> None:
         "computed": {"note": "computed from config.json fields, bf16, not measured", "rows": computed},
     }
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
         print(f"wrote {args.out}")
     if args.plots:
         for path in save_plots(rows, Path(args.plots), budgets):

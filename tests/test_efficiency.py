@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kvpress import SnapKVPress
 
-from benchmarks.efficiency import COMPUTED_BUDGETS, COMPUTED_LENGTHS, PUBLISHED
+from benchmarks.efficiency import COMPUTED_BUDGETS, COMPUTED_LENGTHS, PUBLISHED, resumed_rows, write_result
 from ripplekv.allocation import ProfileSchedule
 from ripplekv.evaluation.efficiency import (
     INDEX_BYTES,
@@ -109,3 +111,14 @@ def test_held_and_kept_bytes_of_each_method(model) -> None:
                 assert fp.held_fraction == 1.0 and fp.state_bytes == masked_entries * INDEX_BYTES
                 assert fp.total_fraction == 1.0 + masked_entries * INDEX_BYTES / fp.full_bytes
     assert state_bytes(()) == 0
+
+
+def test_efficiency_resume_keeps_finished_lengths_of_the_same_settings(tmp_path: Path) -> None:
+    out = str(tmp_path / "eff.json")
+    settings = {"model": "m", "repeats": 3, "budgets": [0.1]}
+    rows = [{"tokens": 1024, "method": "snapkv"}, {"tokens": 2048, "method": "snapkv"}]
+    assert resumed_rows(out, settings, (1024,)) == []  # nothing written yet
+    write_result(out, {"settings": settings, "complete": False, "measured": rows})
+    assert resumed_rows(out, settings, (1024, 2048, 4096)) == rows
+    assert resumed_rows(out, settings, (1024, 4096)) == rows[:1]  # a length not asked for is dropped
+    assert resumed_rows(out, {**settings, "repeats": 1}, (1024, 2048)) == []  # other settings: measure again
