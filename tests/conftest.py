@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -20,7 +22,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gemma3")
 VOCAB = 256
 
 
@@ -45,6 +47,17 @@ def tiny_model(arch: str = "llama", layers: int = 4, seed: int = 0, attn: str = 
         model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
     elif arch == "mistral":
         model = MistralForCausalLM(MistralConfig(**common, sliding_window=None))
+    elif arch == "gemma3":
+        # Gemma 3's own features (head_dim apart from hidden/heads, query_pre_attn_scalar scaling, q/k norms,
+        # sandwich norms, scaled embeddings) with every layer global, as Gemma 3 is on prompts within its window
+        config = Gemma3TextConfig(
+            **common,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            layer_types=["full_attention"] * layers,
+            sliding_window=1024,
+        )
+        model = Gemma3ForCausalLM(config)
     else:
         raise ValueError(arch)
     return model.eval()

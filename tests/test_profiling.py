@@ -68,7 +68,8 @@ def test_perturbation_touches_only_that_layers_values(arch: str) -> None:
     buffers = ContinuationBuffers(clean, room=5, batch=3)
     cache = buffers.perturbed_cache(2, alpha=0.5, generator=noise_generator(0, 0, 2))
     for i, layer in enumerate(cache.layers):
-        assert layer.keys.shape == (3, 2, 30, 16) == layer.values.shape
+        head_dim = clean[i][0].shape[-1]  # 16, or Gemma 3's own head_dim
+        assert layer.keys.shape == (3, 2, 30, head_dim) == layer.values.shape
         for r in range(3):
             assert torch.equal(layer.keys[r], clean[i][0][0])  # keys bit-identical
             if i != 2:

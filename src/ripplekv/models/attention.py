@@ -13,6 +13,11 @@ for batches without padding. A padded batch raises instead of attending to the w
 carries a ``key_validity`` (:class:`ripplekv.models.padded.KeyValidity`): several compressed caches of one prompt
 run as one batch, each layer's mask built from which cached entries each row may see.
 
+Sliding-window layers (Gemma 3's local layers, Mistral v0.1) attend to the last ``W`` positions only. A fitted
+mask makes every cached key visible, which equals the sliding window exactly while the whole sequence fits in it
+(position < ``W``); beyond it a pass raises :class:`SlidingWindowError` instead of attending to keys the model
+would not see. Compressing such a model is therefore supported on sequences of at most ``W`` tokens.
+
 The functions are registered under new names through transformers' public ``AttentionInterface`` and
 ``AttentionMaskInterface`` (nothing of the library is patched): ``ripplekv_sdpa`` and ``ripplekv_eager``.
 When every layer has the same length they compute exactly what ``sdpa`` and ``eager`` compute.
@@ -38,6 +43,32 @@ VARLEN_PREFIX = "ripplekv_"
 
 class PaddedBatchError(ValueError):
     """A padded batch was used with a per-layer compressed cache (unsupported)."""
+
+
+class SlidingWindowError(ValueError):
+    """A sequence outgrew a sliding-window layer's window (the variable-length attention is exact within it)."""
+
+
+def check_within_window(cache_position: torch.Tensor, window: int | None) -> None:
+    """Refuse a pass whose last position lies outside a sliding window of ``window`` positions.
+
+    Args:
+        cache_position: the positions of the pass's new tokens.
+        window: the sliding window (``None``: a global layer, nothing to check).
+
+    Raises:
+        SlidingWindowError: the sequence holds more than ``window`` tokens.
+    """
+    if window is None or cache_position.numel() == 0:
+        return
+    length = int(cache_position[-1]) + 1
+    if length > window:
+        raise SlidingWindowError(
+            f"this model has sliding-window layers that attend to the last {window} tokens; ripplekv compresses "
+            f"and attends over such a model only while the whole sequence fits the window, and this one has "
+            f"{length} tokens: keep prompt plus answer within {window} tokens (e.g. --max-length, "
+            "--context-tokens, --max-new-tokens)"
+        )
 
 
 def _causal_mask(query_len: int, key_len: int, additive: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -89,7 +120,11 @@ def fit_attention_mask(
 
 def _make_mask(base: Callable) -> Callable:
     def varlen_mask(*, cache_position: torch.Tensor, kv_length: int, **kwargs: Any) -> torch.Tensor | None:
-        """Layer 0's mask: the library's own when layer 0 is whole, else left to the attention function."""
+        """Layer 0's mask: the library's own when layer 0 is whole, else left to the attention function.
+
+        A sliding-window mask (transformers passes its window as ``local_size``) is refused beyond the window.
+        """
+        check_within_window(cache_position, kwargs.get("local_size"))
         query_len = cache_position.shape[0]
         if int(cache_position[0]) == kv_length - query_len:  # layer 0 holds every past token
             return base(cache_position=cache_position, kv_length=kv_length, **kwargs)

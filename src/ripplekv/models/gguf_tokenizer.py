@@ -11,8 +11,15 @@ For ``SmolLM2-135M-Instruct`` (architecture ``llama``, tokenizer model ``gpt2``)
   the model's 49152-row embedding, and sets no pad token.
 
 For byte-level BPE GGUFs (``tokenizer.ggml.model == "gpt2"``) the tokenizer is therefore rebuilt here from
-the GGUF vocabulary and merges, the way the original ``tokenizer.json`` is built; for other tokenizer
-models the transformers tokenizer is kept but its special tokens are set from the GGUF ids.
+the GGUF vocabulary and merges, the way the original ``tokenizer.json`` is built.
+
+SentencePiece BPE GGUFs (``tokenizer.ggml.model == "llama"``: Llama 2, Mistral, Gemma) store pieces and scores but
+no merges. For Gemma 3 (``gemma-3-270m``, 262,144 pieces) transformers 5.2 builds a tokenizer that splits every word
+into single characters ("The capital" -> ``T h e ▁ c a p i t a l``) and adds no BOS, on which the model's loss is
+about 9.5 nats per token. Such a tokenizer is rebuilt here too (:func:`_build_spm_tokenizer`): SentencePiece BPE
+merges, at each step, the adjacent pair whose joined piece scores highest, so the merges are every split of every
+normal piece into two normal pieces, ranked by the joined piece's score. Other tokenizer models keep the
+transformers tokenizer with its special tokens set from the GGUF ids.
 
 Used by the GGUF conversion in :mod:`ripplekv.models.loading`.
 """
@@ -31,7 +38,7 @@ logger = logging.getLogger("ripplekv.models.loading")
 
 __all__ = ["CHATML_TEMPLATE", "convert_tokenizer", "gguf_metadata"]
 
-#: ChatML as used by SmolLM2-Instruct; only used when a GGUF carries no chat template of its own
+#: ChatML as used by SmolLM2-Instruct; used when a GGUF with ChatML tokens carries no chat template of its own
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -109,6 +116,73 @@ def _build_bpe_tokenizer(meta: dict[str, Any]) -> Any:
     return tokenizer
 
 
+# GGUF token types (llama.cpp's ``llama_token_type``)
+_NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
+
+
+def spm_merges(tokens: list[str], scores: list[float], token_types: list[int]) -> list[tuple[str, str]]:
+    """BPE merges equivalent to SentencePiece BPE over ``tokens``: every way to split a normal piece into two normal
+    pieces, highest-scoring joined piece first (ties: by the ids of the two halves, so the order is deterministic).
+
+    Args:
+        tokens: the pieces, by id.
+        scores: their SentencePiece scores.
+        token_types: their GGUF token types (only normal pieces, type 1, take part in merges).
+    """
+    if not len(tokens) == len(scores) == len(token_types):
+        raise ValueError(f"{len(tokens)} tokens, {len(scores)} scores and {len(token_types)} token types")
+    normal = {tok: i for i, (tok, kind) in enumerate(zip(tokens, token_types)) if kind == _NORMAL}
+    ranked: list[tuple[float, int, int, str, str]] = []
+    for piece, piece_id in normal.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            left_id, right_id = normal.get(left), normal.get(right)
+            if left_id is not None and right_id is not None:
+                ranked.append((-float(scores[piece_id]), left_id, right_id, left, right))
+    ranked.sort()
+    return [(left, right) for _, _, _, left, right in ranked]
+
+
+def _build_spm_tokenizer(meta: dict[str, Any]) -> Any:
+    """A ``tokenizers.Tokenizer`` for a SentencePiece BPE GGUF: byte fallback, spaces as ``▁`` (with a leading
+    ``▁`` when ``add_space_prefix``), control and user-defined pieces matched whole before normalisation, BOS when
+    ``add_bos_token``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
+    from tokenizers.models import BPE
+
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    scores: list[float] = [float(x) for x in meta["tokenizer.ggml.scores"]]
+    token_types: list[int] = [int(x) for x in meta.get("tokenizer.ggml.token_type", [_NORMAL] * len(tokens))]
+    unk = _token_or_none(tokens, meta.get("tokenizer.ggml.unknown_token_id"))
+    tokenizer = Tokenizer(
+        BPE(
+            vocab={tok: i for i, tok in enumerate(tokens)},
+            merges=spm_merges(tokens, scores, token_types),
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    steps = [normalizers.Prepend("▁")] if bool(meta.get("tokenizer.ggml.add_space_prefix", False)) else []
+    tokenizer.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+    decode_steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if steps:
+        decode_steps.append(decoders.Strip(" ", 1, 0))
+    tokenizer.decoder = decoders.Sequence(decode_steps)
+    tokenizer.add_tokens(
+        [AddedToken(tok, normalized=False) for tok, kind in zip(tokens, token_types) if kind == _USER_DEFINED]
+    )
+    tokenizer.add_special_tokens(
+        [AddedToken(tok, special=True, normalized=False) for tok, kind in zip(tokens, token_types) if kind == _CONTROL]
+    )
+    bos = _token_or_none(tokens, meta.get("tokenizer.ggml.bos_token_id"))
+    if bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, tokens.index(bos))]
+        )
+    return tokenizer
+
+
 def _special_token_ids(meta: dict[str, Any]) -> dict[str, int | None]:
     ids: dict[str, int | None] = {}
     for name, key in (
@@ -128,13 +202,16 @@ def convert_tokenizer(gguf_path: Path, meta: dict[str, Any], out_dir: Path) -> d
     """Write fixed tokenizer files to ``out_dir``; return the special token ids used."""
     tokens: list[str] = list(meta.get("tokenizer.ggml.tokens", []))
     ids = _special_token_ids(meta)
-    chat_template = meta.get("tokenizer.chat_template") or CHATML_TEMPLATE
+    chatml = "<|im_start|>" in tokens and "<|im_end|>" in tokens
+    chat_template = meta.get("tokenizer.chat_template") or (CHATML_TEMPLATE if chatml else None)
     names = {key: _token_or_none(tokens, value) for key, value in ids.items()}
     if names["eos"] is None:
         raise RuntimeError(f"{gguf_path.name}: the GGUF declares no valid eos token id")
     tokenizer_model = meta.get("tokenizer.ggml.model")
-    if tokenizer_model == "gpt2" and meta.get("tokenizer.ggml.pre", "default") in _GPT2_STYLE_PRE:
-        backend = _build_bpe_tokenizer(meta)
+    gpt2_bpe = tokenizer_model == "gpt2" and meta.get("tokenizer.ggml.pre", "default") in _GPT2_STYLE_PRE
+    spm_bpe = tokenizer_model == "llama" and "tokenizer.ggml.scores" in meta and "tokenizer.ggml.merges" not in meta
+    if gpt2_bpe or spm_bpe:
+        backend = _build_bpe_tokenizer(meta) if gpt2_bpe else _build_spm_tokenizer(meta)
         extra = [tok for tok in (names["bos"], names["eos"]) if tok is not None]
         tokenizer: PreTrainedTokenizerBase = PreTrainedTokenizerFast(
             tokenizer_object=backend,

@@ -73,7 +73,7 @@ __all__ = [
 
 CACHE_ENV_VAR = "RIPPLEKV_CACHE"
 #: bump when the layout or content of a converted directory changes, so old cache entries are not reused
-CONVERSION_FORMAT = 1
+CONVERSION_FORMAT = 2  # 2: SentencePiece BPE GGUF tokenizers rebuilt; ChatML fallback only for ChatML vocabularies
 CONVERSION_MARKER = "ripplekv_conversion.json"
 
 
