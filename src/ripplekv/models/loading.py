@@ -141,7 +141,8 @@ def _write_converted(gguf_path: Path, out_dir: Path) -> None:
         bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"]
     )
     # float32 keeps the dequantized weights exact (Q4_1 / Q8_0 values are not representable in bf16)
-    model.save_pretrained(str(out_dir))
+    with _quiet_progress_bars():
+        model.save_pretrained(str(out_dir))
     del model
     marker = {
         "source": str(gguf_path),
