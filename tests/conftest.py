@@ -26,8 +26,18 @@ ARCHITECTURES = ("llama", "qwen2", "mistral", "gemma3")
 VOCAB = 256
 
 
-def tiny_model(arch: str = "llama", layers: int = 4, seed: int = 0, attn: str = "sdpa") -> PreTrainedModel:
-    """A 2-4 layer model of the given architecture with random weights (GQA: 4 query / 2 KV heads)."""
+def tiny_model(
+    arch: str = "llama",
+    layers: int = 4,
+    seed: int = 0,
+    attn: str = "sdpa",
+    layer_types: list[str] | None = None,
+    sliding_window: int = 1024,
+) -> PreTrainedModel:
+    """A 2-4 layer model of the given architecture with random weights (GQA: 4 query / 2 KV heads).
+
+    ``layer_types`` and ``sliding_window`` apply to Gemma 3 (default: every layer global).
+    """
     torch.manual_seed(seed)
     common = dict(
         hidden_size=64,
@@ -54,8 +64,8 @@ def tiny_model(arch: str = "llama", layers: int = 4, seed: int = 0, attn: str = 
             **common,
             head_dim=32,
             query_pre_attn_scalar=24,
-            layer_types=["full_attention"] * layers,
-            sliding_window=1024,
+            layer_types=layer_types or ["full_attention"] * layers,
+            sliding_window=sliding_window,
         )
         model = Gemma3ForCausalLM(config)
     else:

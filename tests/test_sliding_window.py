@@ -6,36 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 from kvpress import SnapKVPress
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ripplekv.inference import greedy_decode, prefill
 from ripplekv.models.attention import SlidingWindowError, check_within_window, enable_varlen_attention
 from ripplekv.presses import RippleKVPress
 from ripplekv.profiling import ProfilingConfig, score_sample
-from tests.conftest import VOCAB, random_ids
+from tests.conftest import random_ids, tiny_model
 
 WINDOW = 48
 
 
-def _gemma(attn: str = "sdpa") -> PreTrainedModel:
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        query_pre_attn_scalar=24,
-        vocab_size=VOCAB,
-        max_position_embeddings=1024,
-        initializer_range=0.2,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        sliding_window=WINDOW,
-        attn_implementation=attn,
-        eos_token_id=None,
-    )
-    return Gemma3ForCausalLM(config).eval()
+def _gemma() -> PreTrainedModel:
+    types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    return tiny_model("gemma3", layers=4, layer_types=types, sliding_window=WINDOW)
 
 
 def test_within_the_window_ripplekv_attention_equals_the_model() -> None:

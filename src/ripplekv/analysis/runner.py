@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ripplekv.analysis.damage import DAMAGE_METHOD, DamageRunner
 from ripplekv.analysis.oracle import make_damage_profile
 from ripplekv.analysis.report import summarize
-from ripplekv.evaluation.config import EvalConfig, EvalSample
-from ripplekv.evaluation.results import open_results, run_pending
+from ripplekv.evaluation.config import EvalConfig
+from ripplekv.evaluation.results import budgets_of, open_results, run_pending
 from ripplekv.evaluation.runner import build_samples, resolve_config
 from ripplekv.evaluation.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv.evaluation.suites import get_suite
@@ -171,13 +170,9 @@ def run_analysis(
     out = folder.out
     budgets = [float(b) for b in options.budgets]
 
-    def run_sample(
-        sample: EvalSample, pending: list[tuple[str, float]], answer: list[int] | None
-    ) -> Iterable[dict[str, Any]]:
-        return runner.run_sample(sample, [budget for _, budget in pending], answer)
-
+    configurations = [(DAMAGE_METHOD, b) for b in budgets]
     written = run_pending(
-        samples, [(DAMAGE_METHOD, b) for b in budgets], folder, run_sample, desc="analyze", progress=progress
+        samples, configurations, folder, budgets_of(runner.run_sample), desc="analyze", progress=progress
     )
 
     order = {s.id: i for i, s in enumerate(samples)}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
 from ripplekv.analysis.tuning_report import summarize_tuning
-from ripplekv.evaluation.config import EvalSample
-from ripplekv.evaluation.results import open_results, run_pending
+from ripplekv.evaluation.results import budgets_of, open_results, run_pending
 from ripplekv.evaluation.runner import build_samples, resolve_config
 from ripplekv.evaluation.suites import get_suite
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
@@ -109,13 +107,9 @@ def run_tune(
     out = folder.out
     budgets = [float(b) for b in options.budgets]
 
-    def run_sample(
-        sample: EvalSample, pending: list[tuple[str, float]], answer: list[int] | None
-    ) -> Iterable[dict[str, Any]]:
-        return runner.run_sample(sample, [budget for _, budget in pending], answer)
-
+    configurations = [(TUNE_METHOD, b) for b in budgets]
     written = run_pending(
-        samples, [(TUNE_METHOD, b) for b in budgets], folder, run_sample, desc="tune", progress=progress
+        samples, configurations, folder, budgets_of(runner.run_sample), desc="tune", progress=progress
     )
 
     ids = {s.id for s in samples}

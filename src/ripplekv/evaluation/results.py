@@ -30,6 +30,7 @@ __all__ = [
     "RunFolder",
     "check_or_write_config",
     "complete_samples",
+    "budgets_of",
     "open_results",
     "resume_state",
     "row_key",
@@ -281,6 +282,22 @@ def open_results(
 
 
 RunSample = Callable[[Any, list[tuple[str, float]], "list[int] | None"], Iterable[dict[str, Any]]]
+
+
+def budgets_of(
+    run_budgets: Callable[[Any, list[float], list[int] | None], Iterable[dict[str, Any]]],
+) -> RunSample:
+    """Adapt a runner of one method at several budgets (``analyze``'s and ``tune``'s ``run_sample(sample, budgets,
+    answer)``) to :func:`run_pending`'s (method, budget) configurations.
+
+    Args:
+        run_budgets: yields the rows of one sample's pending budgets.
+    """
+
+    def run_sample(sample: Any, pending: list[tuple[str, float]], answer: list[int] | None) -> Iterable[dict[str, Any]]:
+        return run_budgets(sample, [budget for _, budget in pending], answer)
+
+    return run_sample
 
 
 def run_pending(
