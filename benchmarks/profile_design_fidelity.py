@@ -1,0 +1,134 @@
+"""Profile design by fidelity: does any profile variant bring RippleKV closer to the full cache than the reference?
+
+Reads the rows of a ``ripplekv tune`` run that evaluated several profiles at the same r and gamma (one ``--profile``
+per variant; ``tune.jsonl``: per held-out prompt and budget, the KL to the full cache over the full cache's own
+answer of RippleKV with each profile, and of uniform SnapKV). The variants' calibration data is disjoint from these
+prompts, so **every** prompt is held out for this comparison (tune's own calibration/held-out split is for choosing r
+and gamma, not used here).
+
+Per budget, for every variant: its macro mean KL (each task's mean, averaged over tasks), its paired difference to
+the reference profile with a stratified bootstrap interval, wins/ties/losses (a win: lower KL), a Wilcoxon p-value
+and Holm's adjustment over the family of variants at that budget. A variant beats the reference when its interval
+lies below 0 and its Holm-adjusted p is below 0.05. With ``--cost`` (a ``benchmarks/profile_design_cost.py`` JSON)
+each variant's profiling cost ratio is listed and a variant over the 1.5x bound is marked.
+
+    python benchmarks/profile_design_fidelity.py benchmarks/results/profile-design/tune --reference default \\
+        --cost benchmarks/results/profile-design/cost.json --json benchmarks/results/profile-design/fidelity.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ripplekv.evaluation.results import ResultsLog
+from ripplekv.evaluation.stats import ALPHA, Bootstrap, Samples, holm, paired_differences, wilcoxon_p
+
+SNAPKV = "snapkv"
+COST_BOUND = 1.5
+
+
+def samples_of(rows: Sequence[Mapping[str, Any]], key: str) -> Samples:
+    """task -> prompt id -> KL of candidate ``key`` (``snapkv``: the uniform SnapKV cache of the same rows)."""
+    out: Samples = {}
+    for row in rows:
+        value = row["snapkv_kl"] if key == SNAPKV else row["kl"][key]
+        out.setdefault(str(row["task"]), {})[str(row["sample_id"])] = float(value)
+    return out
+
+
+def macro(samples: Samples) -> float:
+    return float(np.mean([np.mean(list(v.values())) for v in samples.values() if v]))
+
+
+def variant_of(key: str) -> str:
+    """The profile label of a tune candidate key ``label|r=..|gamma=..``."""
+    return key.split("|", 1)[0]
+
+
+def compare(rows: list[dict[str, Any]], reference: str, resamples: int, seed: int) -> list[dict[str, Any]]:
+    """Per budget: each variant's mean KL and its paired difference to ``reference`` (see the module docstring)."""
+    keys = list(rows[0]["kl"])
+    labels = [variant_of(k) for k in keys]
+    if reference not in labels:
+        raise SystemExit(f"no candidate of profile {reference!r} in the rows; profiles: {', '.join(labels)}")
+    ref_key = keys[labels.index(reference)]
+    bootstrap = Bootstrap(resamples, seed)
+    out = []
+    for budget in sorted({float(r["budget"]) for r in rows}):
+        at = [r for r in rows if float(r["budget"]) == budget]
+        ref = samples_of(at, ref_key)
+        entries = []
+        for key in [*keys, SNAPKV]:
+            values = samples_of(at, key)
+            entry: dict[str, Any] = {"variant": variant_of(key), "key": key, "kl": macro(values)}
+            if key != ref_key:
+                diffs = paired_differences(values, ref)
+                flat = [d for task in diffs.values() for d in task.values()]
+                est = bootstrap.estimate(diffs)
+                entry.update(
+                    difference=est.mean,
+                    low=est.low,
+                    high=est.high,
+                    wins=sum(d < 0 for d in flat),
+                    ties=sum(d == 0 for d in flat),
+                    losses=sum(d > 0 for d in flat),
+                    p=wilcoxon_p(flat),
+                )
+            entries.append(entry)
+        family = [e for e in entries if "p" in e and e["key"] != SNAPKV]
+        for e, adjusted in zip(family, holm([e["p"] for e in family])):
+            e["p_holm"] = adjusted
+            e["beats_reference"] = bool(e["high"] < 0 and adjusted < ALPHA)
+            e["worse_than_reference"] = bool(e["low"] > 0 and adjusted < ALPHA)
+        out.append({"budget": budget, "prompts": len({r["sample_id"] for r in at}), "entries": entries})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tune", type=Path, help="a `ripplekv tune` output folder (its tune.jsonl)")
+    parser.add_argument("--reference", default="default", help="the reference profile's label (default: default)")
+    parser.add_argument("--cost", type=Path, default=None, help="a benchmarks/profile_design_cost.py JSON")
+    parser.add_argument("--resamples", type=int, default=4000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    args = parser.parse_args()
+    rows = ResultsLog(args.tune / "tune.jsonl").read()
+    if not rows:
+        raise SystemExit(f"{args.tune / 'tune.jsonl'} holds no rows")
+    cost: dict[str, float] = {}
+    if args.cost is not None:
+        cost = {v["variant"]: float(v["ratio"]) for v in json.loads(args.cost.read_text())["variants"]}
+    result = compare(rows, args.reference, args.resamples, args.seed)
+    for budget in result:
+        print(f"\n## Budget {budget['budget']:g} ({budget['prompts']} held-out prompts)\n")
+        print(f"| profile | mean KL | minus {args.reference} [95% CI] | W/T/L | Holm p | cost ratio |")
+        print("|---|---:|---|---|---:|---:|")
+        for e in budget["entries"]:
+            name = e["variant"] if e["key"] != SNAPKV else "(uniform SnapKV)"
+            ratio = cost.get(e["variant"].split("-b0p")[0])
+            ratio_text = "" if ratio is None else f"{ratio:.2f}" + (" (over 1.5)" if ratio > COST_BOUND else "")
+            if "difference" not in e:
+                print(f"| **{name}** | {e['kl']:.4f} | reference | | | {ratio_text} |")
+                continue
+            verdict = " better" if e.get("beats_reference") else " worse" if e.get("worse_than_reference") else ""
+            p_holm = f"{e['p_holm']:.3g}" if "p_holm" in e else f"{e['p']:.3g} (raw)"
+            print(
+                f"| {name} | {e['kl']:.4f} | {e['difference']:+.4f} [{e['low']:+.4f}, {e['high']:+.4f}]{verdict} | "
+                f"{e['wins']}/{e['ties']}/{e['losses']} | {p_holm} | {ratio_text} |"
+            )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"tune": str(args.tune), "reference": args.reference, "cost": cost, "budgets": result}, indent=2)
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
