@@ -52,6 +52,7 @@ class Variant:
     continuation_tokens: int = 32
     alpha: float = 0.5
     evict: bool = False  # the layer's cache evicted by SnapKV instead of noise
+    max_continuation_tokens: int | None = None  # text continuations cut to this many tokens
 
 
 VARIANTS: dict[str, Variant] = {
@@ -60,6 +61,7 @@ VARIANTS: dict[str, Variant] = {
     "essays-cont128": Variant("essays", continuation_tokens=128),
     "essays-model": Variant("essays", continuation="model"),
     "qa-gold": Variant("qa"),
+    "qa-gold32": Variant("qa", max_continuation_tokens=32),
     "qa-model": Variant("qa", continuation="model"),
     "evict-qa": Variant("qa", continuation="model", evict=True),
 }
@@ -127,9 +129,15 @@ def main() -> None:
             0,
         )
         config = ProfilingConfig(
-            alpha=variant.alpha, continuation=variant.continuation, answer_tokens=args.answer_tokens
+            alpha=variant.alpha,
+            continuation=variant.continuation,
+            answer_tokens=args.answer_tokens,
+            max_continuation_tokens=variant.max_continuation_tokens,
         )
-        prompts = [calibration_ids(model, tokenizer, s, config)[0] for s in calibration.samples]
+        pairs = [calibration_ids(model, tokenizer, s, config) for s in calibration.samples]
+        prompts = [context for context, _ in pairs]
+        # teacher-forced continuation lengths; the model's own answers are at most --answer-tokens long
+        forced = [None if cont is None else int(cont.shape[1]) for _, cont in pairs]
         if variant.evict:
             enable_varlen_attention(model)
             profiling = functools.partial(evict_profiling, model, tokenizer, prompts, args)
@@ -159,9 +167,7 @@ def main() -> None:
                 "calibration": calibration.description,
                 "prompt_tokens": [int(ids.shape[1]) for ids in prompts],
                 "continuation": variant.continuation,
-                "continuation_tokens": args.answer_tokens
-                if variant.continuation == "model"
-                else variant.continuation_tokens,
+                "continuation_tokens": forced if variant.continuation == "text" else f"<= {args.answer_tokens}",
                 "perturbation": f"evict ({DAMAGE_METHOD}, budget {args.evict_budget})" if variant.evict else "noise",
                 "plain_prefill_s": prefill_s,
                 "profiling_s": profile_s,

@@ -37,6 +37,15 @@ def test_profile_writes_a_loadable_profile(profile_path: Path) -> None:
     assert data["calibration"]["samples"] == 3
 
 
+def test_profile_caps_the_continuation(model_dir: Path, profile_path: Path, tmp_path: Path) -> None:
+    calib = profile_path.parent / "calib.jsonl"
+    out = tmp_path / "capped.json"
+    args = ["profile", "--model", str(model_dir), "--calib", str(calib), "--samples", "2", "--out", str(out)]
+    assert main([*args, "--max-continuation-tokens", "5"]) == 0
+    calibration = json.loads(out.read_text())["calibration"]
+    assert calibration["max_continuation_tokens"] == 5 and calibration["continuation_tokens"] == [5, 5]
+
+
 def test_allocate_json_budgets(profile_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     plot = tmp_path / "budgets.png"
     args = ["allocate", "--profile", str(profile_path), "--budget", "0.1", "--prompt-tokens", "4096"]

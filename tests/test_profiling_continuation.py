@@ -95,3 +95,26 @@ def test_loaders_carry_the_question(tmp_path: Path) -> None:
     path = tmp_path / "own.jsonl"
     path.write_text(json.dumps({"context": "c", "continuation": "x", "question": " q?"}) + "\n")
     assert load_jsonl_calibration(path).samples[0].question == " q?"
+
+
+def test_capped_continuation_equals_the_cut_text_and_is_recorded() -> None:
+    model = tiny_model("llama", layers=2)
+    long_answer = " a long gold answer that goes on"
+    samples = (CalibrationSample("some context " * 3, long_answer),)
+    calibration = CalibrationSet(samples, "qa")
+    capped = ProfilingConfig(alpha=0.5, max_continuation_tokens=6)
+    _, continuation = calibration_ids(model, CharTokenizer(), samples[0], capped)
+    assert continuation.shape[1] == 6
+    profile = profile_model(model, CharTokenizer(), calibration, capped)
+    assert profile.calibration["max_continuation_tokens"] == 6 and profile.calibration["continuation_tokens"] == [6]
+    cut = CalibrationSet((CalibrationSample(samples[0].context, long_answer[:6]),), "qa")
+    assert profile.scores == profile_model(model, CharTokenizer(), cut, ProfilingConfig(alpha=0.5)).scores
+    whole = ProfilingConfig(alpha=0.5)
+    assert "max_continuation_tokens" not in profile_model(model, CharTokenizer(), calibration, whole).calibration
+    identity = {"config_hash": "h"}
+    assert checkpoint_key(identity, "w", calibration, capped) != checkpoint_key(identity, "w", calibration, whole)
+    longer = ProfilingConfig(alpha=0.5, max_continuation_tokens=100)  # longer than the text: whole
+    assert calibration_ids(model, CharTokenizer(), samples[0], longer)[1].shape[1] == len(long_answer)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_continuation_tokens"):
+            ProfilingConfig(max_continuation_tokens=bad)

@@ -16,6 +16,7 @@ run $P/essays-cont8.json --continuation-tokens 8              # continuation len
 run $P/essays-cont128.json --continuation-tokens 128
 run $P/essays-model.json --continuation model                 # the model's own continuation of the essay
 run $P/qa-gold.json --calib $P/calib-qa.jsonl                 # QA prompts, gold answer teacher-forced
+run $P/qa-gold32.json --calib $P/calib-qa.jsonl --max-continuation-tokens 32   # gold answers cut to 32 tokens
 run $P/qa-model.json --calib $P/calib-qa.jsonl --continuation model   # QA prompts, the model's own answer
 # Compression-shaped perturbation: each layer's own cache evicted by SnapKV at the target budget (every other
 # layer full), on the same 8 QA calibration prompts; OUT/damage_profile_b<budget>.json is the profile.

@@ -46,6 +46,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "model's own greedy answer is the continuation",
     )
     p.add_argument("--answer-tokens", type=_positive_int, default=32, help="cap on the model's own answer (default 32)")
+    p.add_argument(
+        "--max-continuation-tokens",
+        type=_positive_int,
+        default=None,
+        help="cut each teacher-forced continuation to its first N tokens (default: whole); bounds the cost of "
+        "calibration files with long answers",
+    )
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"relative noise scale (default {DEFAULT_ALPHA})")
     p.add_argument(
         "--repeats", type=_positive_int, default=DEFAULT_REPEATS, help=f"noise draws (default {DEFAULT_REPEATS})"
@@ -69,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         continuation=args.continuation,
         answer_tokens=args.answer_tokens,
+        max_continuation_tokens=args.max_continuation_tokens,
     )
     on_ray = _on_ray(args)
     if not on_ray:  # on Ray the actors load the model and build the calibration set

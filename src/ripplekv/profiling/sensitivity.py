@@ -96,6 +96,9 @@ class ProfilingConfig:
             ``answer_tokens`` tokens, up to its end-of-sequence token, the first token never that token -- is the
             continuation: what the cache serves at inference).
         answer_tokens: the cap on the model's own answer (``continuation="model"``), >= 1.
+        max_continuation_tokens: text continuations are cut to their first ``max_continuation_tokens`` tokens
+            (None, the default: each is taken whole). Bounds the profiling cost of calibration data with long
+            answers (a teacher-forced continuation of ``m`` tokens costs up to ``layers * m`` token passes).
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -104,6 +107,7 @@ class ProfilingConfig:
     max_context_tokens: int | None = None
     continuation: str = "text"
     answer_tokens: int = DEFAULT_ANSWER_TOKENS
+    max_continuation_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and np.isfinite(self.alpha) and self.alpha >= 0):
@@ -116,6 +120,9 @@ class ProfilingConfig:
             raise ValueError(f"continuation must be one of {CONTINUATIONS}, got {self.continuation!r}")
         if isinstance(self.answer_tokens, bool) or not isinstance(self.answer_tokens, int) or self.answer_tokens < 1:
             raise ValueError(f"answer_tokens must be an integer >= 1, got {self.answer_tokens!r}")
+        cap = self.max_continuation_tokens
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"max_continuation_tokens must be an integer >= 1 or None, got {cap!r}")
 
 
 @torch.no_grad()
@@ -240,6 +247,8 @@ def calibration_ids(
     own = config.continuation == "model"
     context_ids = _tokenize(tokenizer, sample.context + sample.question if own else sample.context)
     continuation_ids = None if own else _tokenize(tokenizer, sample.continuation)
+    if continuation_ids is not None and config.max_continuation_tokens is not None:
+        continuation_ids = continuation_ids[:, : config.max_continuation_tokens]
     length = config.answer_tokens if continuation_ids is None else continuation_ids.shape[1]
     limit = getattr(model.config, "max_position_embeddings", None)
     max_ctx = config.max_context_tokens
@@ -274,9 +283,11 @@ def checkpoint_key(
 
 
 def _continuation_settings(config: ProfilingConfig) -> dict[str, Any]:
-    """``{"continuation": "model", "answer_tokens": N}`` for the model's own answers; ``{}`` for text (as before)."""
+    """``{"continuation": "model", "answer_tokens": N}`` for the model's own answers; ``{}`` for whole text
+    continuations (as before); ``{"max_continuation_tokens": N}`` for text continuations cut to N tokens."""
     if config.continuation == "text":
-        return {}
+        cap = config.max_continuation_tokens
+        return {} if cap is None else {"max_continuation_tokens": cap}
     return {"continuation": config.continuation, "answer_tokens": config.answer_tokens}
 
 
