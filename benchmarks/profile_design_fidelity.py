@@ -20,30 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from ripplekv.analysis.tuning_report import SNAPKV, candidate_samples, macro_mean, paired_comparison
 from ripplekv.evaluation.results import ResultsLog
-from ripplekv.evaluation.stats import ALPHA, Bootstrap, Samples, holm, paired_differences, wilcoxon_p
+from ripplekv.evaluation.stats import ALPHA, Bootstrap, holm
 
-SNAPKV = "snapkv"
 COST_BOUND = 1.5
-
-
-def samples_of(rows: Sequence[Mapping[str, Any]], key: str) -> Samples:
-    """task -> prompt id -> KL of candidate ``key`` (``snapkv``: the uniform SnapKV cache of the same rows)."""
-    out: Samples = {}
-    for row in rows:
-        value = row["snapkv_kl"] if key == SNAPKV else row["kl"][key]
-        out.setdefault(str(row["task"]), {})[str(row["sample_id"])] = float(value)
-    return out
-
-
-def macro(samples: Samples) -> float:
-    return float(np.mean([np.mean(list(v.values())) for v in samples.values() if v]))
 
 
 def variant_of(key: str) -> str:
@@ -62,24 +46,14 @@ def compare(rows: list[dict[str, Any]], reference: str, resamples: int, seed: in
     out = []
     for budget in sorted({float(r["budget"]) for r in rows}):
         at = [r for r in rows if float(r["budget"]) == budget]
-        ref = samples_of(at, ref_key)
+        ref = candidate_samples(at, None, ref_key)
         entries = []
         for key in [*keys, SNAPKV]:
-            values = samples_of(at, key)
-            entry: dict[str, Any] = {"variant": variant_of(key), "key": key, "kl": macro(values)}
+            values = candidate_samples(at, None, key)
+            entry: dict[str, Any] = {"variant": variant_of(key), "key": key, "kl": macro_mean(values)}
             if key != ref_key:
-                diffs = paired_differences(values, ref)
-                flat = [d for task in diffs.values() for d in task.values()]
-                est = bootstrap.estimate(diffs)
-                entry.update(
-                    difference=est.mean,
-                    low=est.low,
-                    high=est.high,
-                    wins=sum(d < 0 for d in flat),
-                    ties=sum(d == 0 for d in flat),
-                    losses=sum(d > 0 for d in flat),
-                    p=wilcoxon_p(flat),
-                )
+                entry.update(paired_comparison(bootstrap, values, ref))
+                entry.pop("significant")  # decided below, with Holm over the variants
             entries.append(entry)
         family = [e for e in entries if "p" in e and e["key"] != SNAPKV]
         for e, adjusted in zip(family, holm([e["p"] for e in family])):

@@ -23,25 +23,28 @@ import numpy as np
 
 from ripplekv.evaluation.stats import ALPHA, Bootstrap, Samples, paired_differences, wilcoxon_p
 
-__all__ = ["summarize_tuning", "tuning_markdown"]
+__all__ = ["candidate_samples", "macro_mean", "paired_comparison", "summarize_tuning", "tuning_markdown"]
 
 SNAPKV = "snapkv"
 
 
-def _samples(rows: Sequence[Mapping[str, Any]], ids: set[str], key: str) -> Samples:
+def candidate_samples(rows: Sequence[Mapping[str, Any]], ids: set[str] | None, key: str) -> Samples:
+    """task -> prompt id -> KL of candidate ``key`` (``snapkv``: uniform SnapKV) for ``ids`` (None: every row)."""
     out: Samples = {}
     for row in rows:
-        if str(row["sample_id"]) in ids:
+        if ids is None or str(row["sample_id"]) in ids:
             value = row["snapkv_kl"] if key == SNAPKV else row["kl"][key]
             out.setdefault(str(row["task"]), {})[str(row["sample_id"])] = float(value)
     return out
 
 
-def _macro(samples: Samples) -> float:
+def macro_mean(samples: Samples) -> float:
+    """The mean over tasks of each task's mean."""
     return float(np.mean([np.mean(list(values.values())) for values in samples.values() if values]))
 
 
-def _compare(bootstrap: Bootstrap, a: Samples, b: Samples) -> dict[str, Any]:
+def paired_comparison(bootstrap: Bootstrap, a: Samples, b: Samples) -> dict[str, Any]:
+    """``a - b`` over the prompts both have: bootstrap interval, wins/ties/losses (a win: lower), Wilcoxon p."""
     diffs = paired_differences(a, b)
     flat = [d for task in diffs.values() for d in task.values()]
     if not flat:
@@ -98,14 +101,14 @@ def summarize_tuning(
         held_ids = {str(r["sample_id"]) for r in at} & heldout
         if not cal_ids or not held_ids:
             raise ValueError(f"budget {budget:g}: the calibration or the held-out split has no rows yet")
-        calibration_kl[budget] = {key: _macro(_samples(at, cal_ids, key)) for key in candidates}
+        calibration_kl[budget] = {key: macro_mean(candidate_samples(at, cal_ids, key)) for key in candidates}
         per_budget.append({"budget": budget, "rows": at, "cal": cal_ids, "held": held_ids})
     shared = min(candidates, key=lambda k: (np.mean([calibration_kl[b][k] for b in budgets]), candidates.index(k)))
     out_budgets = []
     for entry in per_budget:
         budget, at, cal_ids, held_ids = entry["budget"], entry["rows"], entry["cal"], entry["held"]
         best = min(candidates, key=lambda k: (calibration_kl[budget][k], candidates.index(k)))
-        held = {key: _samples(at, held_ids, key) for key in (*candidates, SNAPKV)}
+        held = {key: candidate_samples(at, held_ids, key) for key in (*candidates, SNAPKV)}
         out_budgets.append(
             {
                 "budget": budget,
@@ -116,16 +119,19 @@ def summarize_tuning(
                     {
                         "key": key,
                         "calibration_kl": calibration_kl[budget][key],
-                        "heldout_kl": _macro(held[key]),
+                        "heldout_kl": macro_mean(held[key]),
                     }
                     for key in sorted(candidates, key=lambda k: (calibration_kl[budget][k], candidates.index(k)))
                 ],
-                "snapkv": {"calibration_kl": _macro(_samples(at, cal_ids, SNAPKV)), "heldout_kl": _macro(held[SNAPKV])},
+                "snapkv": {
+                    "calibration_kl": macro_mean(candidate_samples(at, cal_ids, SNAPKV)),
+                    "heldout_kl": macro_mean(held[SNAPKV]),
+                },
                 "heldout": {
-                    "best_minus_default": _compare(bootstrap, held[best], held[default]),
-                    "best_minus_snapkv": _compare(bootstrap, held[best], held[SNAPKV]),
-                    "default_minus_snapkv": _compare(bootstrap, held[default], held[SNAPKV]),
-                    "best_minus_shared": _compare(bootstrap, held[best], held[shared]),
+                    "best_minus_default": paired_comparison(bootstrap, held[best], held[default]),
+                    "best_minus_snapkv": paired_comparison(bootstrap, held[best], held[SNAPKV]),
+                    "default_minus_snapkv": paired_comparison(bootstrap, held[default], held[SNAPKV]),
+                    "best_minus_shared": paired_comparison(bootstrap, held[best], held[shared]),
                 },
             }
         )
