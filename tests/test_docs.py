@@ -1,0 +1,47 @@
+"""The README and docs/ link only to files that exist, and name only result files that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+RESULT_PATH = re.compile(r"(?<![\w./-])(benchmarks/results/[\w./-]*[\w/])")
+README_LINES = 250
+
+
+def _relative_links(text: str) -> list[str]:
+    links = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue  # absolute URL or an anchor within the page
+        links.append(target.split("#", 1)[0])
+    return links
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_relative_links_exist(doc: Path) -> None:
+    missing = [link for link in _relative_links(doc.read_text()) if not (doc.parent / link).exists()]
+    assert not missing, f"{doc.relative_to(ROOT)} links to missing files: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_named_result_paths_exist(doc: Path) -> None:
+    named = set(RESULT_PATH.findall(doc.read_text()))
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert not missing, f"{doc.relative_to(ROOT)} names result paths that do not exist: {missing}"
+
+
+def test_link_checker_sees_a_broken_link(tmp_path: Path) -> None:
+    text = "see [a](docs/nowhere.md), [b](https://example.com), [c](#anchor) and benchmarks/results/none.json"
+    assert _relative_links(text) == ["docs/nowhere.md"]
+    assert RESULT_PATH.findall(text) == ["benchmarks/results/none.json"]
+
+
+def test_readme_reads_in_ten_minutes() -> None:
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_LINES, f"README.md has {lines} lines; reference and results belong in docs/"
