@@ -31,7 +31,7 @@ from ripplekv.analysis.damage import (
     single_layer_cache,
     uniform_compressed,
 )
-from ripplekv.analysis.oracle import (
+from ripplekv.profiling.damage_profile import (
     ORACLE_METHOD,
     damage_budget,
     is_damage_profile,

@@ -11,7 +11,7 @@ import torch
 from kvpress import SnapKVPress, StreamingLLMPress
 
 from ripplekv.allocation import ProfileSchedule, PyramidSchedule, UniformSchedule
-from ripplekv.analysis.oracle import ORACLE_METHOD, make_damage_profile
+from ripplekv.profiling.damage_profile import ORACLE_METHOD, make_damage_profile
 from ripplekv.inference import extend, greedy_decode, prefill
 from ripplekv.inference.generate import kept_tokens
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention

@@ -1,17 +1,11 @@
 """RippleKV: layer-wise KV-cache budgets from downstream sensitivity profiling.
 
-Data flows one way through the package:
-
-``models`` (load a model, cache views, variable-length attention) ->
-``profiling`` (calibration data, sensitivity profile) ->
-``allocation`` (per-layer budgets) ->
-``presses`` (kvpress presses, one name per method) ->
-``inference`` (prefill + decode) -> ``cli``.
+Data flows one way through the package (``docs/architecture.md``; ``tests/test_imports.py`` enforces it):
+``models``, ``distributed``, ``allocation`` -> ``profiling`` -> ``presses`` -> ``inference`` -> ``evaluation`` ->
+``analysis`` -> ``cli``. A layer imports only the layers before it.
 """
 
-__version__ = "0.1.0"
-
-from ripplekv.allocation import (  # noqa: E402
+from ripplekv.allocation import (
     AllocationConfig,
     BudgetSchedule,
     ProfileSchedule,
@@ -20,10 +14,11 @@ from ripplekv.allocation import (  # noqa: E402
     allocate,
     allocate_budgets,
 )
-from ripplekv.inference import generate_answer  # noqa: E402
-from ripplekv.models import load_model, model_identity  # noqa: E402
-from ripplekv.presses import METHODS, LayerBudgetPress, RippleKVPress, make_press  # noqa: E402
-from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model  # noqa: E402
+from ripplekv.inference import generate_answer
+from ripplekv.models import load_model, model_identity
+from ripplekv.presses import METHODS, LayerBudgetPress, RippleKVPress, make_press
+from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
+from ripplekv.version import __version__
 
 __all__ = [
     "METHODS",

@@ -10,7 +10,7 @@ Output folder::
                                   they only shape the summary, recomputed on every run)
     damage.jsonl                  one row per (prompt, budget), appended, flushed and fsynced as it finishes
     analysis.json                 the summary (:func:`ripplekv.analysis.report.summarize`)
-    damage_profile_b<budget>.json the damage profile at each budget (:mod:`ripplekv.analysis.oracle`)
+    damage_profile_b<budget>.json the damage profile at each budget (:mod:`ripplekv.profiling.damage_profile`)
     plots/                        :func:`ripplekv.analysis.plots.write_analysis_plots`
 
 A row of ``damage.jsonl``: ``sample_id``, ``task``, ``method`` (``snapkv``, the compression applied to one layer),
@@ -34,7 +34,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.analysis.damage import DAMAGE_METHOD, DamageRunner
-from ripplekv.analysis.oracle import make_damage_profile
+from ripplekv.profiling.damage_profile import make_damage_profile
 from ripplekv.analysis.report import summarize
 from ripplekv.evaluation.config import EvalConfig
 from ripplekv.evaluation.results import budgets_of, open_results, run_pending
@@ -148,7 +148,7 @@ def run_analysis(
         progress: show a progress bar.
     """
 
-    from ripplekv import __version__
+    from ripplekv.version import __version__
     from ripplekv.models import model_identity
     from ripplekv.models.loading import weights_fingerprint
 

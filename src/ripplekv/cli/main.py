@@ -17,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ripplekv import __version__
+from ripplekv.version import __version__
 from ripplekv.cli import allocate, analyze, demo, generate, profile, report, tune
 from ripplekv.cli import eval as evaluate
 

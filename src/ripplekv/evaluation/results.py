@@ -93,7 +93,7 @@ def _versions() -> dict[str, str]:
     import torch
     import transformers
 
-    from ripplekv import __version__
+    from ripplekv.version import __version__
 
     return {
         "ripplekv": __version__,

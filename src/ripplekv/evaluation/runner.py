@@ -43,7 +43,7 @@ from typing import Any
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.analysis.oracle import ORACLE_METHOD, damage_budget, require_damage_profile, select_oracle_profile
+from ripplekv.profiling.damage_profile import ORACLE_METHOD, damage_budget, require_damage_profile, select_oracle_profile
 from ripplekv.evaluation.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
 from ripplekv.evaluation.results import (
     CONFIG_FILE,

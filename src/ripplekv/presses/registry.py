@@ -15,7 +15,7 @@ from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, PyramidSchedule, UniformSchedule
-from ripplekv.analysis.oracle import ORACLE_METHOD, require_damage_profile
+from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
@@ -139,7 +139,7 @@ def make_press(
             all keeping the same total); ``ripplekv-ada`` (the RippleKV budgets allocated over heads as AdaKV does,
             :class:`~ripplekv.presses.layer_budget_ada_press.LayerBudgetAdaPress`; with a uniform schedule that
             press keeps what ``adakv`` keeps); ``ripplekv-oracle`` (the RippleKV rule over a *damage* profile
-            written by ``ripplekv analyze``, passed as ``profile``: see :mod:`ripplekv.analysis.oracle`);
+            written by ``ripplekv analyze``, passed as ``profile``: see :mod:`ripplekv.profiling.damage_profile`);
             ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
             presses).
         budget: kept fraction of the prompt in (0, 1]; ``ripplekv`` also takes an average token count > 1.

@@ -307,7 +307,7 @@ def assemble_profile(
         config: profiling parameters.
         done: the scores of every sample index of ``calibration``.
     """
-    from ripplekv import __version__
+    from ripplekv.version import __version__
 
     total = len(calibration)
     missing = [i for i in range(total) if i not in done]
