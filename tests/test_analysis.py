@@ -31,13 +31,6 @@ from ripplekv.analysis.damage import (
     single_layer_cache,
     uniform_compressed,
 )
-from ripplekv.profiling.damage_profile import (
-    ORACLE_METHOD,
-    damage_budget,
-    is_damage_profile,
-    make_damage_profile,
-    select_oracle_profile,
-)
 from ripplekv.analysis.report import summarize, to_markdown
 from ripplekv.analysis.runner import DAMAGE_FILE, AnalysisConfig, damage_profile_name, run_analysis
 from ripplekv.cli.main import main
@@ -52,6 +45,13 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_tensors
 from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, SensitivityProfile, profile_model
+from ripplekv.profiling.damage_profile import (
+    ORACLE_METHOD,
+    damage_budget,
+    is_damage_profile,
+    make_damage_profile,
+    select_oracle_profile,
+)
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from tests.conftest import random_ids, save_tiny_model_dir, tiny_model
 

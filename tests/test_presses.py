@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,14 @@ import torch
 from kvpress import SnapKVPress, StreamingLLMPress
 
 from ripplekv.allocation import ProfileSchedule, PyramidSchedule, UniformSchedule
-from ripplekv.profiling.damage_profile import ORACLE_METHOD, make_damage_profile
 from ripplekv.inference import extend, greedy_decode, prefill
 from ripplekv.inference.generate import kept_tokens
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
 from ripplekv.models.cache import cache_tensors, layer_lengths
+from ripplekv.models.identity import cached_weights_fingerprint
 from ripplekv.presses import METHOD_DESCRIPTIONS, METHODS, LayerBudgetPress, RippleKVPress, make_press
-from ripplekv.profiling import ProfileError, ProfilingConfig
+from ripplekv.profiling import ProfileError, ProfileWeightsWarning, ProfilingConfig
+from ripplekv.profiling.damage_profile import ORACLE_METHOD, make_damage_profile
 from ripplekv.profiling.sensitivity import profile_model
 from tests.conftest import random_ids, tiny_model
 from tests.test_profiling import CharTokenizer, _calibration
@@ -125,6 +127,31 @@ def test_profile_is_checked_against_the_model() -> None:
             random_ids(40),
             RippleKVPress(SnapKVPress(window_size=4), 0.3, scores=(1.0, 2.0, 3.0)),
         )
+
+
+def test_a_profile_of_other_weights_warns_once_or_raises_when_strict() -> None:
+    model = tiny_model("llama", layers=3)
+    profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the profiled weights themselves: no warning
+        prefill(tiny_model("llama", layers=3), random_ids(40), make_press("ripplekv", 0.3, profile, window_size=4))
+    finetune = tiny_model("llama", layers=3, seed=1)  # same architecture, other weights
+    press = make_press("ripplekv", budget=0.3, profile=profile, window_size=4)
+    with pytest.warns(ProfileWeightsWarning) as caught:
+        prefill(finetune, random_ids(40), press)
+        prefill(finetune, random_ids(40), press)  # once per pair of fingerprints
+        prefill(finetune, random_ids(40), make_press("ripplekv-ada", 0.3, profile, window_size=4))
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert profile.weights_fingerprint in message and cached_weights_fingerprint(finetune) in message
+    for name in ("ripplekv", "ripplekv-local", "ripplekv-ada"):
+        strict = make_press(name, budget=0.3, profile=profile, window_size=4, strict_profile=True)
+        with pytest.raises(ProfileError, match="other weights"):
+            prefill(finetune, random_ids(40), strict)
+    older = dataclasses.replace(profile, weights_fingerprint=None)  # written before fingerprints: nothing to compare
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prefill(finetune, random_ids(40), make_press("ripplekv", 0.3, older, window_size=4, strict_profile=True))
 
 
 def test_padded_batch_is_refused() -> None:

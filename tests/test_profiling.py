@@ -14,7 +14,14 @@ from transformers import DynamicCache
 
 from ripplekv.models.cache import cache_from_tensors, cache_tensors
 from ripplekv.models.loading import model_identity, weights_fingerprint
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfileError, ProfilingConfig, SensitivityProfile
+from ripplekv.profiling import (
+    CalibrationSample,
+    CalibrationSet,
+    ProfileError,
+    ProfileWeightsWarning,
+    ProfilingConfig,
+    SensitivityProfile,
+)
 from ripplekv.profiling.sensitivity import (
     ContinuationBuffers,
     noise_generator,
@@ -149,7 +156,9 @@ def test_profile_model_roundtrip_and_mismatch(tmp_path: Path) -> None:
     path = profile.save(tmp_path / "p.json")
     loaded = SensitivityProfile.load(path)
     assert loaded == profile
-    loaded.check_model(tiny_model("llama", layers=3, seed=9))  # same architecture, other weights: fine
+    loaded.check_model(model)  # the profiled model: silent
+    with pytest.warns(ProfileWeightsWarning, match="other weights"):  # same architecture, other weights
+        loaded.check_model(tiny_model("llama", layers=3, seed=9))
     with pytest.raises(ProfileError, match="num_hidden_layers"):
         loaded.check_model(tiny_model("llama", layers=4))
     with pytest.raises(ProfileError, match="config hashes differ"):

@@ -34,13 +34,13 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.analysis.damage import DAMAGE_METHOD, DamageRunner
-from ripplekv.profiling.damage_profile import make_damage_profile
 from ripplekv.analysis.report import summarize
 from ripplekv.evaluation.config import EvalConfig
 from ripplekv.evaluation.results import budgets_of, open_results, run_pending
 from ripplekv.evaluation.runner import build_samples, resolve_config
 from ripplekv.evaluation.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv.evaluation.suites import get_suite
+from ripplekv.profiling.damage_profile import make_damage_profile
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
 
 __all__ = [
@@ -148,9 +148,9 @@ def run_analysis(
         progress: show a progress bar.
     """
 
-    from ripplekv.version import __version__
     from ripplekv.models import model_identity
     from ripplekv.models.loading import weights_fingerprint
+    from ripplekv.version import __version__
 
     start = time.perf_counter()
     options = replace(config.eval, methods=(DAMAGE_METHOD,), score="fidelity")

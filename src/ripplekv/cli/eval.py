@@ -104,6 +104,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "lsht, lcc, repobench-p), the other suites whenever the tokenizer has one; on: always; off: plain prompts",
     )
     e.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    e.add_argument(
+        "--strict-profile",
+        action="store_true",
+        help="a profile measured on other weights than the model's (another weights fingerprint) is an error, "
+        "not a warning",
+    )
     analyze.add_oracle_profile_argument(e)
     e.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
     e.add_argument(
@@ -174,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         chat_template=args.chat_template,
         options=options,
         oracle_profile=args.oracle_profile,
+        strict_profile=args.strict_profile,
     )
     if _on_ray(args):
         from ripplekv.evaluation.distributed import run_eval_ray

@@ -27,6 +27,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_model_args(g)
     g.add_argument("--method", choices=METHODS, default="ripplekv", help="compression method (default ripplekv)")
     g.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    g.add_argument(
+        "--strict-profile",
+        action="store_true",
+        help="a profile measured on other weights than the model's is an error, not a warning",
+    )
     g.add_argument("--budget", type=_budget, default=0.2, help="kept fraction or tokens per layer (default 0.2)")
     g.add_argument("--context-file", required=True, help="text file with the long context")
     g.add_argument("--question", required=True, help="the question")
@@ -44,7 +49,13 @@ def run(args: argparse.Namespace) -> int:
     from ripplekv.presses import make_press
 
     profile = _load_profile(args.profile, required=args.method.startswith("ripplekv"))
-    press = make_press(args.method, budget=args.budget, profile=profile, window_size=args.window_size)
+    press = make_press(
+        args.method,
+        budget=args.budget,
+        profile=profile,
+        window_size=args.window_size,
+        strict_profile=args.strict_profile,
+    )
     context = Path(args.context_file).read_text()
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     result = generate_answer(

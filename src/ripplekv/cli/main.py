@@ -17,9 +17,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ripplekv.version import __version__
 from ripplekv.cli import allocate, analyze, demo, generate, profile, report, tune
 from ripplekv.cli import eval as evaluate
+from ripplekv.version import __version__
 
 __all__ = ["COMMANDS", "EXAMPLES", "build_parser", "main"]
 

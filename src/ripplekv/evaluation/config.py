@@ -72,6 +72,8 @@ class EvalConfig:
         oracle_profile: damage profile JSON file(s) written by ``ripplekv analyze`` (the ``ripplekv-oracle`` method
             needs them): one used at every budget, or one per budget, each used at the budget it was measured at
             (a single path is accepted too; stored as a tuple).
+        strict_profile: a profile of other weights than the model's is an error, not a warning (not part of
+            the run's identity: it changes no result).
         protocol: ``question-aware`` (the whole prompt is compressed) or ``query-agnostic`` (the context part
             is compressed, then the question is run over each compressed cache).
         window_size: SnapKV's observation window.
@@ -110,6 +112,7 @@ class EvalConfig:
     decode_rows: int | None = None
     options: Any = field(default_factory=dict)
     oracle_profile: tuple[str, ...] | None = None
+    strict_profile: bool = False
 
     def __post_init__(self) -> None:
         from ripplekv.evaluation.suites import get_suite

@@ -43,7 +43,6 @@ from typing import Any
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.profiling.damage_profile import ORACLE_METHOD, damage_budget, require_damage_profile, select_oracle_profile
 from ripplekv.evaluation.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
 from ripplekv.evaluation.results import (
     CONFIG_FILE,
@@ -62,6 +61,12 @@ from ripplekv.evaluation.suites.needle import DEFAULT_NEEDLE_DEPTHS, DEFAULT_NEE
 from ripplekv.evaluation.suites.ruler import DEFAULT_CONTEXT_TOKENS, DEFAULT_RULER_SAMPLES
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.registry import make_press
+from ripplekv.profiling.damage_profile import (
+    ORACLE_METHOD,
+    damage_budget,
+    require_damage_profile,
+    select_oracle_profile,
+)
 from ripplekv.profiling.profile import SensitivityProfile
 
 __all__ = [
@@ -215,7 +220,13 @@ def _build_presses(
     presses = {}
     for method, budget in [("full", FULL_BUDGET), *config.configurations]:
         given = select_oracle_profile(oracles, budget) if method == ORACLE_METHOD else profile
-        press = make_press(method, budget=budget, profile=given, window_size=config.window_size)
+        press = make_press(
+            method,
+            budget=budget,
+            profile=given,
+            window_size=config.window_size,
+            strict_profile=config.strict_profile,
+        )
         press.post_init_from_model(model)  # checks a profile against the model before any work
         presses[method, budget] = press
     return presses

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-__all__ = ["model_identity", "weights_fingerprint"]
+__all__ = ["cached_weights_fingerprint", "model_identity", "weights_fingerprint"]
 
 _ARCH_FIELDS = (
     "model_type",
@@ -88,3 +89,23 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
         if tensor.numel():
             digest.update(tensor.cpu().reshape(-1).view(torch.uint8).numpy())
     return "sha256:" + digest.hexdigest()
+
+
+_FINGERPRINTS: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+
+
+def cached_weights_fingerprint(model: torch.nn.Module) -> str:
+    """:func:`weights_fingerprint` of ``model``, computed once per model object.
+
+    Checking a profile against its model happens at every prefill with a press; hashing the weights each time
+    would cost a full read of them. The digest is kept for as long as the model object lives (a weak
+    reference), so weights changed in place afterwards (training) are not seen: call :func:`weights_fingerprint`
+    for a fresh digest.
+
+    Args:
+        model: any torch module.
+    """
+    found = _FINGERPRINTS.get(model)
+    if found is None:
+        found = _FINGERPRINTS[model] = weights_fingerprint(model)
+    return found

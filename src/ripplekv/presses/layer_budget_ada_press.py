@@ -126,6 +126,9 @@ class LayerBudgetAdaPress(BasePress):
     profile : SensitivityProfile | None
         The profile a :class:`~ripplekv.allocation.ProfileSchedule` was allocated from, checked against the model
         when the press is applied (``ripplekv-ada`` passes it); ``None`` skips the check.
+    strict_profile : bool
+        A profile of other weights than the model's raises instead of warning once (see
+        :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -134,6 +137,7 @@ class LayerBudgetAdaPress(BasePress):
     min_tokens: int | None = None
     evict_balanced: bool = True
     profile: SensitivityProfile | None = None
+    strict_profile: bool = False
 
     def __post_init__(self) -> None:
         LayerBudgetPress(self.press, self.schedule, self.min_tokens)  # validates press, schedule and min_tokens
@@ -180,7 +184,7 @@ class LayerBudgetAdaPress(BasePress):
                 variable-length variant while layers may hold different numbers of tokens.
         """
         if self.profile is not None:
-            self.profile.check_model(model)
+            self.profile.check_model(model, strict=self.strict_profile)
         self.schedule.check_layers(int(model.config.get_text_config().num_hidden_layers))
         if (self.evict_balanced or not self.schedule.uniform) and not uses_varlen_attention(model):
             current = model.config._attn_implementation

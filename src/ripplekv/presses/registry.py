@@ -15,11 +15,11 @@ from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, PyramidSchedule, UniformSchedule
-from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
+from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 from ripplekv.profiling.profile import SensitivityProfile
 
 DEFAULT_WINDOW = 64
@@ -37,53 +37,58 @@ def _needs_profile(name: str, profile: SensitivityProfile | None) -> Sensitivity
     return profile
 
 
-def _ripplekv_ada(budget: float, profile: SensitivityProfile, window: int, ratio: float, gamma: float) -> BasePress:
+def _ripplekv_ada(
+    budget: float, profile: SensitivityProfile, window: int, ratio: float, gamma: float, strict: bool
+) -> BasePress:
     """RippleKV's per-layer budgets (the ``ripplekv`` schedule, same floor) with AdaKV's head-wise allocation."""
     ripple = RippleKVPress(SnapKVPress(window_size=window), budget=budget, profile=profile, ratio=ratio, gamma=gamma)
-    return LayerBudgetAdaPress(SnapKVPress(window_size=window), ripple.schedule, profile=profile)
+    return LayerBudgetAdaPress(SnapKVPress(window_size=window), ripple.schedule, profile=profile, strict_profile=strict)
 
 
 _BUILDERS: dict[str, Callable[..., BasePress]] = {
-    "full": lambda budget, profile, window, ratio, gamma: FullPress(),
-    "streamingllm": lambda budget, profile, window, ratio, gamma: StreamingLLMPress(
+    "full": lambda budget, profile, window, ratio, gamma, strict: FullPress(),
+    "streamingllm": lambda budget, profile, window, ratio, gamma, strict: StreamingLLMPress(
         compression_ratio=1 - _fraction("streamingllm", budget)
     ),
-    "snapkv": lambda budget, profile, window, ratio, gamma: LayerBudgetPress(
+    "snapkv": lambda budget, profile, window, ratio, gamma, strict: LayerBudgetPress(
         SnapKVPress(window_size=window), UniformSchedule(_fraction("snapkv", budget))
     ),
-    "pyramidkv": lambda budget, profile, window, ratio, gamma: LayerBudgetPress(
+    "pyramidkv": lambda budget, profile, window, ratio, gamma, strict: LayerBudgetPress(
         SnapKVPress(window_size=window), PyramidSchedule(_fraction("pyramidkv", budget), window_size=window)
     ),
-    "pyramidkv-kvpress": lambda budget, profile, window, ratio, gamma: PyramidKVPress(
+    "pyramidkv-kvpress": lambda budget, profile, window, ratio, gamma, strict: PyramidKVPress(
         compression_ratio=1 - _fraction("pyramidkv-kvpress", budget), window_size=window
     ),
-    "adakv": lambda budget, profile, window, ratio, gamma: AdaKVPress(
+    "adakv": lambda budget, profile, window, ratio, gamma, strict: AdaKVPress(
         SnapKVPress(compression_ratio=1 - _fraction("adakv", budget), window_size=window)
     ),
-    "ripplekv": lambda budget, profile, window, ratio, gamma: RippleKVPress(
+    "ripplekv": lambda budget, profile, window, ratio, gamma, strict: RippleKVPress(
         press=SnapKVPress(window_size=window),
         budget=budget,
         profile=_needs_profile("ripplekv", profile),
         ratio=ratio,
         gamma=gamma,
+        strict_profile=strict,
     ),
-    "ripplekv-local": lambda budget, profile, window, ratio, gamma: RippleKVPress(
+    "ripplekv-local": lambda budget, profile, window, ratio, gamma, strict: RippleKVPress(
         press=SnapKVPress(window_size=window),
         budget=budget,
         profile=_needs_profile("ripplekv-local", profile),
         signal="local",
         ratio=ratio,
         gamma=gamma,
+        strict_profile=strict,
     ),
-    "ripplekv-ada": lambda budget, profile, window, ratio, gamma: _ripplekv_ada(
-        budget, _needs_profile("ripplekv-ada", profile), window, ratio, gamma
+    "ripplekv-ada": lambda budget, profile, window, ratio, gamma, strict: _ripplekv_ada(
+        budget, _needs_profile("ripplekv-ada", profile), window, ratio, gamma, strict
     ),
-    ORACLE_METHOD: lambda budget, profile, window, ratio, gamma: RippleKVPress(
+    ORACLE_METHOD: lambda budget, profile, window, ratio, gamma, strict: RippleKVPress(
         press=SnapKVPress(window_size=window),
         budget=budget,
         profile=require_damage_profile(ORACLE_METHOD, profile),
         ratio=ratio,
         gamma=gamma,
+        strict_profile=strict,
     ),
 }
 
@@ -130,6 +135,7 @@ def make_press(
     window_size: int = DEFAULT_WINDOW,
     ratio: float = DEFAULT_RATIO,
     gamma: float = DEFAULT_GAMMA,
+    strict_profile: bool = False,
 ) -> BasePress:
     """Build the press of a method by name (see :data:`METHOD_DESCRIPTIONS`).
 
@@ -149,6 +155,8 @@ def make_press(
         window_size: SnapKV observation window (every method with SnapKV's scorer, AdaKV).
         ratio: RippleKV disparity ``r``.
         gamma: RippleKV clip bound.
+        strict_profile: a profile measured on other weights than the model's (its weights fingerprint differs) is
+            an error instead of a warning (see :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
 
     Raises:
         ValueError: for an unknown name, a bad budget or window, or a missing profile.
@@ -159,4 +167,4 @@ def make_press(
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
-    return _BUILDERS[key](budget, resolve_profile(profile), window_size, ratio, gamma)
+    return _BUILDERS[key](budget, resolve_profile(profile), window_size, ratio, gamma, bool(strict_profile))

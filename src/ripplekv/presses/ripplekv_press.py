@@ -82,6 +82,9 @@ class RippleKVPress(BasePress):
     min_tokens : int | None
         Smallest budget a layer may get (``>= 1``); default: the inner press's ``window_size`` if it has one
         (SnapKV always keeps its observation window), else 1.
+    strict_profile : bool
+        A profile of other weights than the model's (same architecture, another weights fingerprint: a
+        fine-tune, another dtype) raises instead of warning once.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -92,6 +95,7 @@ class RippleKVPress(BasePress):
     ratio: float = DEFAULT_RATIO
     gamma: float = DEFAULT_GAMMA
     min_tokens: int | None = None
+    strict_profile: bool = False
 
     def __post_init__(self) -> None:
         self.profile = resolve_profile(self.profile)
@@ -140,7 +144,7 @@ class RippleKVPress(BasePress):
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the profile against ``model``, then apply :meth:`LayerBudgetPress.post_init_from_model`."""
         if self.profile is not None:
-            self.profile.check_model(model)
+            self.profile.check_model(model, strict=self.strict_profile)
         self.layer_press.post_init_from_model(model)
 
     def compress(

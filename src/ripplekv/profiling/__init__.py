@@ -2,7 +2,7 @@
 
 from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet, load_calibration
 from ripplekv.profiling.damage_profile import DAMAGE_KIND, is_damage_profile, make_damage_profile
-from ripplekv.profiling.profile import ProfileError, SensitivityProfile
+from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning, SensitivityProfile
 from ripplekv.profiling.sensitivity import ProfilingConfig, norm_adaptive_noise, profile_model, score_sample
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "CalibrationSample",
     "CalibrationSet",
     "ProfileError",
+    "ProfileWeightsWarning",
     "ProfilingConfig",
     "SensitivityProfile",
     "is_damage_profile",

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,13 +14,20 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from ripplekv.models.loading import model_identity
+from ripplekv.models.identity import cached_weights_fingerprint, model_identity
 
 PROFILE_FORMAT = "ripplekv-profile/1"
+
+# (profile fingerprint, model fingerprint) pairs already warned about: the warning is given once per pair.
+_WARNED: set[tuple[str, str]] = set()
 
 
 class ProfileError(ValueError):
     """A profile file is malformed or does not fit the model it is used with."""
+
+
+class ProfileWeightsWarning(UserWarning):
+    """A profile is applied to a model of its architecture whose weights (or their dtype) differ."""
 
 
 def _check_finite(name: str, values: Sequence[float]) -> None:
@@ -90,8 +98,22 @@ class SensitivityProfile:
     def num_layers(self) -> int:
         return len(self.scores)
 
-    def check_model(self, model: PreTrainedModel) -> None:
-        """Raise :class:`ProfileError` unless ``model`` has the architecture this profile was measured on."""
+    def check_model(self, model: PreTrainedModel, strict: bool = False) -> None:
+        """Check that ``model`` is the model this profile was measured on.
+
+        The architecture must match (its ``config_hash``): another architecture is always an error. The weights
+        are compared next, when the profile recorded their fingerprint: a fine-tune of the same architecture, or
+        the same weights in another dtype, makes a profile of other weights, which warns (once per pair of
+        fingerprints, :class:`ProfileWeightsWarning`) or, with ``strict``, raises. The model's fingerprint is
+        computed once per model object (:func:`ripplekv.models.identity.cached_weights_fingerprint`).
+
+        Args:
+            model: the model the profile is applied to.
+            strict: raise :class:`ProfileError` instead of warning when the weights differ.
+
+        Raises:
+            ProfileError: another architecture, or (``strict``) other weights.
+        """
         other = model_identity(model)
         if other["config_hash"] != self.model["config_hash"]:
             fields = (
@@ -110,6 +132,22 @@ class SensitivityProfile:
                 f"profile was measured on {self.model.get('name_or_path')!r}, not on this model "
                 f"({other.get('name_or_path')!r}): config hashes differ" + (f" ({diff})" if diff else "")
             )
+        if self.weights_fingerprint is None:
+            return
+        found = cached_weights_fingerprint(model)
+        if found == self.weights_fingerprint:
+            return
+        message = (
+            f"the profile was measured on other weights than this model's (profile: {self.weights_fingerprint} of "
+            f"{self.model.get('name_or_path')!r}; model: {found} of {other.get('name_or_path')!r}); the same "
+            "architecture, but a fine-tune or another dtype: profile this model (ripplekv profile) for budgets "
+            "measured on it"
+        )
+        if strict:
+            raise ProfileError(message + " (strict profile check)")
+        if (self.weights_fingerprint, found) not in _WARNED:
+            _WARNED.add((self.weights_fingerprint, found))
+            warnings.warn(message, ProfileWeightsWarning, stacklevel=2)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
