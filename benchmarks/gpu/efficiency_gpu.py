@@ -272,7 +272,7 @@ def pytest_summary(junit: str | os.PathLike[str], returncode: int | None = None)
 
     path = Path(junit)
     if not path.exists():
-        return {"returncode": returncode, "error": f"no junit report at {path.name}"}
+        return {"ran": True, "returncode": returncode, "error": f"no junit report at {path.name}"}
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = {
@@ -295,7 +295,7 @@ def pytest_summary(junit: str | os.PathLike[str], returncode: int | None = None)
             }
         )
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return {"returncode": returncode, **counts, "passed": passed, "cases": cases}
+    return {"ran": True, "returncode": returncode, **counts, "passed": passed, "cases": cases}
 
 
 def summary(rows: list[dict]) -> dict[str, Any]:
@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 with --dry-run)")
     parser.add_argument("--pytest-junit", default=None, help="junit XML of the gpu tests, summarised into the JSON")
     parser.add_argument("--pytest-rc", type=int, default=None, help="the gpu tests' exit status")
+    parser.add_argument("--pytest-skipped", default=None, help="why the gpu tests did not run (into the JSON)")
     parser.add_argument("--out", required=True, help=f"folder for {RESULT_NAME}")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -378,7 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         "complete": False,
         "skipped_reason": None,
         "environment": environment(device) if device.type != "cuda" or torch.cuda.is_available() else {},
-        "pytest": pytest_summary(args.pytest_junit, args.pytest_rc) if args.pytest_junit else None,
+        "pytest": (
+            pytest_summary(args.pytest_junit, args.pytest_rc)
+            if args.pytest_junit
+            else {"ran": False, "reason": args.pytest_skipped or "not run"}
+        ),
     }
     if device.type == "cuda" and not torch.cuda.is_available():
         result.update(complete=True, skipped_reason="no CUDA GPU on this machine: nothing measured (try --dry-run)")
