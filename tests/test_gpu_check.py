@@ -103,11 +103,11 @@ def test_planning_cuts_repeats_then_budgets_then_skips() -> None:
     one = predicted_seconds(history, 131072, 13, 1)
     assert 13 * 2.0 * 4 < one < 13 * 2.0 * 16 * 1.1  # between linear and quadratic scaling from 32K
     assert predicted_seconds(history, 131072, 13, 2) == pytest.approx(2 * one)
-    configs = list(range(13))
-    assert plan_length(history, 131072, configs, BUDGETS, 2, 10 * one)[:2] == (2, BUDGETS)
-    assert plan_length(history, 131072, configs, BUDGETS, 2, 1.5 * one)[:2] == (1, BUDGETS)
-    assert plan_length(history, 131072, configs, BUDGETS, 2, 0.5 * one)[:2] == (1, (0.1,))
-    assert plan_length(history, 131072, configs, BUDGETS, 2, 0.1 * one) is None
+    assert plan_length(history, 131072, BUDGETS, 2, 10 * one)[:2] == (2, BUDGETS)
+    assert plan_length(history, 131072, BUDGETS, 2, 1.5 * one)[:2] == (1, BUDGETS)
+    assert plan_length(history, 131072, BUDGETS, 2, 0.8 * one)[:2] == (1, (0.1, 0.2))  # 9 of 13 configurations
+    assert plan_length(history, 131072, BUDGETS, 2, 0.5 * one)[:2] == (1, (0.1,))  # 5 of 13
+    assert plan_length(history, 131072, BUDGETS, 2, 0.1 * one) is None
 
 
 def test_pytest_summary_reads_a_junit_report(tmp_path: Path) -> None:

@@ -75,7 +75,6 @@ exec > >(tee "$OUT_DIR/check.log") 2>&1
 RESULT="$OUT_DIR/gpu-check.json"
 rm -f "$RESULT" "$OUT_DIR/pytest-gpu.xml"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 log() { echo "[check.sh +$(( $(date +%s) - START ))s] $*"; }
 fail_json() {  # a result that says why nothing was measured (plain Python: the imports may be what failed)
   "$PYTHON" - "$RESULT" "$1" "$DRY" <<'PY'
@@ -108,15 +107,18 @@ if [ "$INSTALL" = 1 ]; then
 fi
 export PYTHONPATH="${EXTRA_PATH}$REPO/src:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
-# 2. what this Python has: versions, and whether torch sees a GPU
-if ! CUDA=$("$PYTHON" - <<'PY'
-import importlib.metadata as md, sys
-import torch, transformers, kvpress  # noqa: F401
-import ripplekv
-v = transformers.__version__
+# 2. what this Python has: versions, and whether torch sees a GPU (a dry run without an install only reads the
+#    versions: the run itself imports everything a few seconds later)
+if ! CUDA=$("$PYTHON" - "$([ "$DRY" = 1 ] && [ "$INSTALL" = 0 ] && echo light)" <<'PY'
+import importlib.metadata as md, importlib.util, sys
+import torch
+if sys.argv[1:] != ["light"]:
+    import kvpress, transformers, ripplekv  # noqa: F401  (fail here, with a clear message, not in the middle)
+where = importlib.util.find_spec("ripplekv").origin.rsplit("/", 2)[0]
+v = md.version("transformers")
 print(f"python {sys.version.split()[0]}, torch {torch.__version__} (cuda {torch.version.cuda}), transformers {v},"
-      f" kvpress {md.version('kvpress')}, tokenizers {md.version('tokenizers')}, ripplekv from"
-      f" {ripplekv.__file__.rsplit('/', 2)[0]}", file=sys.stderr)
+      f" kvpress {md.version('kvpress')}, tokenizers {md.version('tokenizers')}, ripplekv from {where}",
+      file=sys.stderr)
 if md.version("kvpress") != "0.5.5" or not v.startswith("5.2"):
     print(f"WARNING: expected kvpress 0.5.5 and transformers 5.2.x (the tested pins)", file=sys.stderr)
 ok = torch.cuda.is_available()
@@ -159,7 +161,7 @@ BENCH_RC=$?
 log "efficiency: exit status $BENCH_RC$([ "$BENCH_RC" = 124 ] && echo ' (TIMED OUT: the JSON holds the lengths done)')"
 [ -f "$RESULT" ] || fail_json "the efficiency run wrote no result (exit status $BENCH_RC; see check.log)"
 
-if [ -z "${OUT:-}" ] && [ "$DRY" = 0 ] && [ "$OUT_DIR" != "$REPO/benchmarks/results/gpu" ]; then
+if [ -z "${OUT:-}" ] && [ "$DRY" = 0 ] && [ "$CUDA" = 1 ] && [ "$OUT_DIR" != "$REPO/benchmarks/results/gpu" ]; then
   mkdir -p "$REPO/benchmarks/results/gpu" && cp "$RESULT" "$REPO/benchmarks/results/gpu/" \
     && log "copied gpu-check.json to benchmarks/results/gpu/"
 fi

@@ -12,7 +12,7 @@ which synchronises the device around every timing and reads the CUDA allocator's
 * configurations: ``full`` and SnapKV, PyramidKV, AdaKV, RippleKV at each budget (10/20/30%);
 * **prefill-and-compress seconds** (``prefill(model, ids, press)``, one forward pass with the press's hooks) and
   its ratio to SnapKV's at the same length and budget (goal: RippleKV <= 1.02); repeats per length (``--repeats``,
-  e.g. 3 at 32K, 1 at 128K), after an untimed full prefill at that length and a warm-up of every configuration at
+  2 at 32K, 1 at 128K by default), after an untimed full prefill at that length and a warm-up of every configuration at
   ``--warmup-tokens`` (its numbers are not reported);
 * **decoding ms per token** over the compressed cache (``--steps`` one-token passes, stop tokens banned);
 * **peak GPU memory**: ``torch.cuda.max_memory_allocated``, reset before each configuration's prefill; the
@@ -55,7 +55,18 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
-from benchmarks.efficiency import GOAL, METHODS, configurations, measure_length, print_measured, rows_for, write_result
+from benchmarks.efficiency import (
+    GOAL,
+    METHODS,
+    configurations,
+    decode_seconds,
+    measure_length,
+    print_measured,
+    rows_for,
+    write_result,
+)
+from ripplekv.evaluation.efficiency import synchronize
+from ripplekv.inference import prefill
 from ripplekv.models import model_identity
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.profiling import SensitivityProfile
@@ -70,8 +81,8 @@ TINY_CONFIG = CONFIGS / "tiny-llama.json"
 MIB = 2**20
 GIB = 2**30
 
-# The GPU run: the paper's lengths and budgets; 3 timed rounds at 32K (~1-2 s a prefill), 1 at 128K (~15-30 s).
-GPU_DEFAULTS = {"lengths": "32768,131072", "repeats": "3,1", "warmup_tokens": 4096, "steps": 16, "deadline_s": 330.0}
+# The GPU run: the paper's lengths and budgets; 2 timed rounds at 32K (~1-2 s a prefill), 1 at 128K (~15-25 s).
+GPU_DEFAULTS = {"lengths": "32768,131072", "repeats": "2,1", "warmup_tokens": 4096, "steps": 16, "deadline_s": 330.0}
 DRY_DEFAULTS = {"lengths": "256,512", "repeats": "2,1", "warmup_tokens": 128, "steps": 4, "deadline_s": 120.0}
 ROW_KEYS = (
     "tokens",
@@ -254,16 +265,22 @@ def predicted_seconds(history: list[dict[str, float]], length: int, configs: int
 
 
 def plan_length(
-    history: list[dict[str, float]], length: int, configs: list, budgets: tuple[float, ...], repeats: int, left: float
+    history: list[dict[str, float]], length: int, budgets: tuple[float, ...], repeats: int, left: float
 ) -> tuple[int, tuple[float, ...], float] | None:
-    """The most repeats (then: the first budget alone, one round) predicted to fit in ``left`` seconds; else None."""
+    """The most repeats, then the most budgets (the first ones, one round), predicted to fit in ``left`` seconds.
+
+    Returns ``(repeats, budgets, predicted seconds)``, or None where even the first budget alone does not fit.
+    """
+    configs = len(configurations(budgets))
     for rounds in range(repeats, 0, -1):
-        predicted = predicted_seconds(history, length, len(configs), rounds)
+        predicted = predicted_seconds(history, length, configs, rounds)
         if predicted <= left:
             return rounds, budgets, predicted
-    fewer = budgets[:1]
-    predicted = predicted_seconds(history, length, len(configurations(fewer)), 1)
-    return (1, fewer, predicted) if len(budgets) > 1 and predicted <= left else None
+    for keep in range(len(budgets) - 1, 0, -1):
+        predicted = predicted_seconds(history, length, len(configurations(budgets[:keep])), 1)
+        if predicted <= left:
+            return 1, budgets[:keep], predicted
+    return None
 
 
 def pytest_summary(junit: str | os.PathLike[str], returncode: int | None = None) -> dict[str, Any]:
@@ -341,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU self-check on a tiny model at small lengths")
     parser.add_argument("--config", default=None, help="model config.json (default: the 8B's; tiny with --dry-run)")
     parser.add_argument("--lengths", default=None, help="prompt tokens, comma-separated (default 32768,131072)")
-    parser.add_argument("--repeats", default=None, help="timed rounds per length, comma-separated (default 3,1)")
+    parser.add_argument("--repeats", default=None, help="timed rounds per length, comma-separated (default 2,1)")
     parser.add_argument("--budgets", default="0.1,0.2,0.3")
     parser.add_argument("--steps", type=int, default=None, help="decoding steps timed per configuration (16)")
     parser.add_argument("--warmup-tokens", type=int, default=None, help="untimed warm-up of every configuration")
@@ -463,11 +480,22 @@ def main(argv: list[str] | None = None) -> int:
     warm_start = time.perf_counter()
     warm_args = SimpleNamespace(repeats=1, steps=steps)
     record(warmup, measure_length(model, None, random_prompt(warmup, vocab), configs, profile, warm_args))
-    result["warmup"] = {"tokens": warmup, "seconds": round(time.perf_counter() - warm_start, 2)}
+    # a second point for the prediction of the first length: one full prefill and decoding at twice the warm-up
+    probe = random_prompt(2 * warmup, vocab)
+    synchronize(device)
+    probe_start = time.perf_counter()
+    state = prefill(model, probe)
+    synchronize(device)
+    probe_prefill = time.perf_counter() - probe_start
+    history.append(
+        {"tokens": 2 * warmup, "prefill": probe_prefill, "decode": decode_seconds(model, state, steps, set())}
+    )
+    del state
+    result["warmup"] = {"tokens": warmup, "seconds": round(time.perf_counter() - warm_start, 2), "history": history}
     print(f"warm-up of every configuration at {warmup} tokens: {result['warmup']['seconds']} s (not reported)")
     for length, rounds in zip(lengths, repeats):
         left = deadline - (time.monotonic() - started)
-        plan = plan_length(history, length, configs, budgets, rounds, left)
+        plan = plan_length(history, length, budgets, rounds, left)
         if plan is None:
             predicted = predicted_seconds(history, length, len(configs), 1)
             reason = f"predicted {predicted:.0f} s for {length} tokens, {left:.0f} s left of --deadline-s {deadline:g}"
