@@ -36,6 +36,7 @@
 #   --no-install     use the Python environment as it is
 #   --tests / --no-tests   run or skip the gpu tests (default: run them where a GPU is seen, not in --dry-run)
 #   --budget-s N     seconds the whole script may take (default 450; 120 with --dry-run)
+#   -- ARGS          passed on to efficiency_gpu.py, e.g. `-- --lengths 8192 --repeats 1` (a one-minute smoke run)
 # Environment: PYTHON (default python3), GPU_CHECK_SITE (install target, default $TMPDIR/ripplekv-gpu-site),
 #   GPU_CHECK_TEST_TIMEOUT (seconds for the tests, default 150).
 set -uo pipefail
@@ -49,6 +50,7 @@ WHEELS=""
 INSTALL=auto
 TESTS=auto
 BUDGET=""
+BENCH_EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
@@ -58,6 +60,7 @@ while [ $# -gt 0 ]; do
     --tests) TESTS=1 ;;
     --no-tests) TESTS=0 ;;
     --budget-s) BUDGET="$2"; shift ;;
+    --) shift; BENCH_EXTRA=("$@"); break ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -154,7 +157,7 @@ LEFT=$(( BUDGET - ($(date +%s) - START) ))
 DEADLINE=$(( LEFT - 20 ))
 if [ "$DEADLINE" -lt 10 ]; then DEADLINE=10; LEFT=30; fi
 log "efficiency: ${DEADLINE}s to plan with"
-BENCH_ARGS=(--out "$OUT_DIR" --deadline-s "$DEADLINE" "${PYTEST_ARGS[@]}")
+BENCH_ARGS=(--out "$OUT_DIR" --deadline-s "$DEADLINE" "${PYTEST_ARGS[@]}" "${BENCH_EXTRA[@]}")
 [ "$DRY" = 1 ] && BENCH_ARGS+=(--dry-run)
 timeout --kill-after=10 "$LEFT" "$PYTHON" -m benchmarks.gpu.efficiency_gpu "${BENCH_ARGS[@]}"
 BENCH_RC=$?
