@@ -140,8 +140,14 @@ fi
 # 3. the gpu-marked tests
 if [ "$TESTS" = auto ]; then TESTS=$([ "$DRY" = 0 ] && [ "$CUDA" = 1 ] && echo 1 || echo 0); fi
 PYTEST_ARGS=(--pytest-skipped "not run: $([ "$DRY" = 1 ] && echo 'dry run' || echo 'no GPU or --no-tests')")
+FILES=()
+[ "$TESTS" = 1 ] && mapfile -t FILES < <(grep -l "pytest.mark.gpu" tests/test_*.py)
+if [ "$TESTS" = 1 ] && [ "${#FILES[@]}" = 0 ]; then
+  log "no test file has gpu-marked tests: none run"
+  TESTS=0
+  PYTEST_ARGS=(--pytest-skipped "not run: no gpu-marked tests found")
+fi
 if [ "$TESTS" = 1 ]; then
-  mapfile -t FILES < <(grep -l "pytest.mark.gpu" tests/test_*.py)
   log "pytest -m gpu ${FILES[*]}"
   timeout --kill-after=10 "${GPU_CHECK_TEST_TIMEOUT:-150}" "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider \
     --junitxml="$OUT_DIR/pytest-gpu.xml" "${FILES[@]}"
