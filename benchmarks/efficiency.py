@@ -55,7 +55,14 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from ripplekv.evaluation.efficiency import KVShape, cache_footprint, computed_kv_table
+from ripplekv.evaluation.efficiency import (
+    KVShape,
+    cache_footprint,
+    computed_kv_table,
+    peak_allocated,
+    reset_peak_allocated,
+    synchronize,
+)
 from ripplekv.inference import greedy_decode, prefill
 from ripplekv.inference.generate import eos_ids
 from ripplekv.models import load_model
@@ -100,34 +107,55 @@ def build_press(method: str, budget: float, profile: SensitivityProfile | None) 
 
 def decode_seconds(model: Any, state: Any, steps: int, stops: set[int]) -> float:
     """Wall time of exactly ``steps`` one-token forward passes (``steps + 1`` tokens, stop tokens banned)."""
+    synchronize(state.next_logits.device)
     start = time.perf_counter()
     tokens = greedy_decode(model, state, steps + 1, stops, min_new_tokens=steps + 1)
+    synchronize(state.next_logits.device)
     seconds = time.perf_counter() - start
     if len(tokens) != steps + 1:
         raise RuntimeError(f"decoded {len(tokens)} tokens, expected {steps + 1}")
     return seconds
 
 
-def measure_length(model: Any, tokenizer: Any, ids: torch.Tensor, configs: list, profile: Any, args: Any) -> dict:
-    """Interleaved timed prefills and decodes of every configuration at one length; footprints from the first round."""
+def measure_length(
+    model: Any, tokenizer: Any, ids: torch.Tensor, configs: list, profile: Any, args: Any, warmup: bool = True
+) -> dict:
+    """Interleaved timed prefills and decodes of every configuration at one length; footprints from the first round.
+
+    ``warmup``: one untimed full prefill at this length first (off where every configuration was warmed up already).
+
+    On a CUDA device every timing is between synchronisations, and ``device_memory`` holds, per configuration (first
+    round), the allocator's bytes before the prefill (``before``: weights and runtime), its peak during the prefill
+    (``prefill_peak``) and during prefill + decoding (``peak``); empty off CUDA (the RSS children measure there).
+    """
+    device = next(model.parameters()).device
     stops = eos_ids(model, tokenizer)
-    prefill(model, ids)  # warm-up at this length, not timed
+    if warmup:
+        prefill(model, ids)  # warm-up at this length, not timed
     times: dict[tuple, list[float]] = {c: [] for c in configs}
     decodes: dict[tuple, list[float]] = {c: [] for c in configs}
     footprints: dict[tuple, Any] = {}
+    device_memory: dict[tuple, dict[str, int]] = {}
     for round_index in range(args.repeats):
         shift = (round_index * max(1, len(configs) // args.repeats)) % len(configs)
         for config in configs[shift:] + configs[:shift]:
             press = build_press(*config, profile)
             gc.collect()
+            before = reset_peak_allocated(device)
             start = time.perf_counter()
             state = prefill(model, ids, press)
+            synchronize(device)
             times[config].append(time.perf_counter() - start)
+            prefill_peak = peak_allocated(device)
             decodes[config].append(decode_seconds(model, state, args.steps, stops))
             footprints.setdefault(config, cache_footprint(model, state))
+            if before is not None:
+                device_memory.setdefault(
+                    config, {"before": before, "prefill_peak": prefill_peak, "peak": peak_allocated(device)}
+                )
             del state
         print(f"  round {round_index + 1}/{args.repeats} done", flush=True)
-    return {"times": times, "decodes": decodes, "footprints": footprints}
+    return {"times": times, "decodes": decodes, "footprints": footprints, "device_memory": device_memory}
 
 
 def _status_bytes(field: str) -> int | None:

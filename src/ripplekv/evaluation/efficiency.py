@@ -11,6 +11,10 @@ the paper's efficiency section) reports both:
 
 :func:`cache_footprint` measures both on a prefilled cache; :class:`KVShape` and :func:`computed_kv_table` compute
 them for models too large to run here (from their ``config.json``), as the bytes a bf16 cache would take.
+
+On a CUDA device, kernels run asynchronously and the process's RSS says nothing of device memory:
+:func:`synchronize` belongs around every wall-clock timing there, and :func:`reset_peak_allocated` /
+:func:`peak_allocated` read the allocator's peak (``torch.cuda.max_memory_allocated``); both are no-ops off CUDA.
 """
 
 from __future__ import annotations
@@ -27,7 +31,17 @@ from ripplekv.inference.generate import Prefill, full_cache_bytes, kept_tokens
 from ripplekv.inference.module_state import ABSENT
 from ripplekv.models.cache import cache_bytes
 
-__all__ = ["INDEX_BYTES", "CacheFootprint", "KVShape", "cache_footprint", "computed_kv_table", "state_bytes"]
+__all__ = [
+    "INDEX_BYTES",
+    "CacheFootprint",
+    "KVShape",
+    "cache_footprint",
+    "computed_kv_table",
+    "peak_allocated",
+    "reset_peak_allocated",
+    "state_bytes",
+    "synchronize",
+]
 
 INDEX_BYTES = 3 * 8
 """Bytes kvpress's AdaKV stores per masked (head, token) entry: three int64 indices (batch, head, position)."""
@@ -211,3 +225,44 @@ def cache_footprint(model: PreTrainedModel, state: Prefill) -> CacheFootprint:
         full_bytes=full_cache_bytes(model, state.prompt_tokens),
         kept_tokens=kept,
     )
+
+
+def _cuda(device: torch.device | str | None) -> torch.device | None:
+    if device is None:
+        return None
+    device = torch.device(device)
+    return device if device.type == "cuda" else None
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait until ``device`` has run every queued kernel (CUDA); nothing on other devices.
+
+    CUDA kernels run asynchronously, so a wall-clock interval means the device's time only between two
+    synchronisations: call this before starting and before stopping a timer.
+    """
+    cuda = _cuda(device)
+    if cuda is not None:
+        torch.cuda.synchronize(cuda)
+
+
+def reset_peak_allocated(device: torch.device | str | None) -> int | None:
+    """Start a new peak-memory interval on a CUDA device; the bytes allocated now (None off CUDA).
+
+    Resets ``torch.cuda.max_memory_allocated`` to what is allocated now, so :func:`peak_allocated` afterwards is the
+    peak of what ran in between (memory the caching allocator keeps reserved but unallocated is not counted).
+    """
+    cuda = _cuda(device)
+    if cuda is None:
+        return None
+    synchronize(cuda)
+    torch.cuda.reset_peak_memory_stats(cuda)
+    return int(torch.cuda.memory_allocated(cuda))
+
+
+def peak_allocated(device: torch.device | str | None) -> int | None:
+    """Peak bytes allocated on a CUDA device since :func:`reset_peak_allocated` (None off CUDA)."""
+    cuda = _cuda(device)
+    if cuda is None:
+        return None
+    synchronize(cuda)
+    return int(torch.cuda.max_memory_allocated(cuda))
