@@ -14,13 +14,13 @@ import torch
 from scipy.stats import spearmanr
 
 from benchmarks.gpu.efficiency_gpu import synthetic_profile
-from ripplekv.analysis.oracle import ORACLE_METHOD
 from ripplekv.inference import generate_answer, greedy_decode, prefill
 from ripplekv.inference.batched import batched_greedy_decode
 from ripplekv.inference.fidelity import teacher_forced_logprobs
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import METHODS, make_press
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
+from ripplekv.profiling.damage_profile import ORACLE_METHOD
 from tests.conftest import VOCAB, random_ids, tiny_model
 
 pytestmark = pytest.mark.gpu
