@@ -26,6 +26,16 @@ ARCHITECTURES = ("llama", "qwen2", "mistral", "gemma3")
 VOCAB = 256
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``gpu`` on a machine without a CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def tiny_model(
     arch: str = "llama",
     layers: int = 4,
