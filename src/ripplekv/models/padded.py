@@ -10,6 +10,11 @@ valid cached entries, then the tokens appended since the batch was built (causal
 
 Masked entries get exactly zero attention weight, so each row computes what it computes alone, up to float
 rounding (different reduction lengths and batched matrix products).
+
+Only ripplekv's attention functions (``ripplekv_sdpa`` / ``ripplekv_eager``) read ``key_validity`` and
+``ragged_cache``; FlashAttention ignores keyword arguments it does not know, so callers check
+:func:`ripplekv.models.attention.uses_varlen_attention` first (:mod:`ripplekv.inference.batched` does: it raises
+``NotBatchableError`` for decoding and teacher-forces one cache at a time otherwise).
 """
 
 from __future__ import annotations
