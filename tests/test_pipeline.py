@@ -79,7 +79,7 @@ def test_pipeline_question_over_a_per_layer_compressed_cache(model_dir: Path, pr
 
 def test_attention_without_a_variable_length_variant_is_a_clear_error(model_dir: Path, profile_path: Path) -> None:
     model, _ = _load(model_dir)
-    model.config._attn_implementation = "flash_attention_2"  # no variable-length variant (not run: refused first)
+    model.config._attn_implementation = "flex_attention"  # no variable-length variant (not run: refused first)
     press = make_press("pyramidkv", budget=BUDGET, window_size=WINDOW)
     assert isinstance(press, LayerBudgetPress)
     with pytest.raises(ValueError, match="enable_varlen_attention"), torch.no_grad(), press(model):

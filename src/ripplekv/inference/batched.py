@@ -26,7 +26,14 @@ flip a greedy choice only where the two best logits are within rounding of each 
 ``benchmarks/batched_decode.py`` counts such rows and prints the logit margin at which each one diverged.
 
 Caches that cannot be batched raise :class:`NotBatchableError`: a sliding-window layer (its cache crops itself),
-or attention state other than head-wise key masks (module attributes cannot differ per row).
+attention state other than head-wise key masks (module attributes cannot differ per row), or a model that does not
+run ripplekv's attention functions (:func:`~ripplekv.models.attention.uses_varlen_attention`), which alone read the
+``ragged_cache`` of a batched decoding step: FlashAttention, kept as loaded, attends over per-layer caches correctly
+one cache at a time, but would attend each row over nothing but its new token here. Batched teacher forcing falls
+back to one cache at a time under such a model itself.
+
+Devices: every tensor is made on the device of the caches and logits it is combined with. Each decoding step reads
+the greedy picks on the host once (to stop rows at their stop tokens); nothing else synchronises per step.
 """
 
 from __future__ import annotations
@@ -37,8 +44,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from ripplekv.inference.fidelity import teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill
 from ripplekv.inference.module_state import ABSENT, MASKED_KEYS
+from ripplekv.models.attention import unsupported_implementation_message, uses_varlen_attention
 from ripplekv.models.cache import cache_from_layers, cache_from_tensors
 from ripplekv.models.padded import KeyValidity, RaggedLayer, compact_heads, pad_layers
 
@@ -233,8 +242,11 @@ def batched_greedy_decode(
     """Greedy tokens after each of ``states``, decoded as one batch; see the module docstring.
 
     Row ``i`` of the result is what ``greedy_decode(model, states[i], max_new_tokens, stop_ids, min_new_tokens)``
-    returns, up to float rounding at near-ties. The model must use the variable-length attention
-    (:func:`ripplekv.models.attention.enable_varlen_attention`).
+    returns, up to float rounding at near-ties. The model must run ripplekv's attention functions
+    (``ripplekv_sdpa`` / ``ripplekv_eager``, :func:`ripplekv.models.attention.enable_varlen_attention`): under
+    another implementation (FlashAttention, which is kept as loaded) this raises :class:`NotBatchableError`, and
+    the caller decodes each cache alone with :func:`~ripplekv.inference.generate.greedy_decode` (exact), as
+    :mod:`ripplekv.evaluation.rows` does.
 
     Args:
         model: the model the states were prefilled with.
@@ -244,7 +256,12 @@ def batched_greedy_decode(
         min_new_tokens: for a row's first ``min_new_tokens`` tokens the stop ids cannot be chosen.
         max_rows: decode at most this many rows per batch (None: no limit); bounds the memory of the padded cache.
             Rows are grouped into batches of similar lengths (:func:`plan_batches`).
+
+    Raises:
+        NotBatchableError: the caches or the model's attention implementation cannot decode as one batch.
     """
+    if not uses_varlen_attention(model):
+        raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))
     _check_int("max_new_tokens", max_new_tokens, 1)
     _check_int("min_new_tokens", min_new_tokens, 0)
     _check_states(states)
@@ -300,7 +317,9 @@ def batched_teacher_forced_logprobs(
 ) -> list[torch.Tensor]:
     """:func:`~ripplekv.inference.fidelity.teacher_forced_logprobs` of the same ``tokens`` over each of ``states``.
 
-    One forward pass of ``tokens[:-1]`` per batch of rows over their padded caches.
+    One forward pass of ``tokens[:-1]`` per batch of rows over their padded caches. A model that does not run
+    ripplekv's attention functions (FlashAttention, kept as loaded: only those read the ``key_validity`` of a padded
+    batch) teacher-forces one cache at a time instead, the same exact computation.
 
     Args:
         model: the model the states were prefilled with (variable-length attention enabled).
@@ -314,6 +333,8 @@ def batched_teacher_forced_logprobs(
     """
     if not states:
         raise ValueError("no caches to teacher-force")
+    if not uses_varlen_attention(model):
+        return [teacher_forced_logprobs(model, state, tokens) for state in states]
     _check_states(states)
     vocab = states[0].next_logits.shape[-1]
     ids = [int(t) for t in tokens]

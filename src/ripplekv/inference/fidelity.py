@@ -42,8 +42,9 @@ def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequ
     Row ``i`` is the distribution of the token at position ``i`` given the prompt and ``tokens[:i]``: row 0 is
     ``state.next_logits``; the others come from one forward pass of ``tokens[:-1]`` over a fork of
     ``state.cache`` (``state`` is left unchanged) at their true positions (``state.prompt_tokens`` onwards),
-    with ``state.attention_state`` applied. Multi-token passes over per-layer compressed caches need the
-    variable-length attention of :func:`ripplekv.models.attention.enable_varlen_attention`.
+    with ``state.attention_state`` applied. Multi-token passes over per-layer compressed caches need an
+    implementation that attends over them (:func:`ripplekv.models.attention.supports_per_layer_lengths`: ripplekv's
+    variants, see :func:`~ripplekv.models.attention.enable_varlen_attention`, or FlashAttention).
 
     Args:
         model: the model ``state`` was prefilled with.
@@ -124,7 +125,7 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
     if ref.shape != cand.shape:
         raise ValueError(f"reference {tuple(ref.shape)} and candidate {tuple(cand.shape)} differ in shape")
     p = ref.exp()
-    terms = torch.where(p > 0, p * (ref - cand), torch.zeros((), dtype=torch.float64))
+    terms = torch.where(p > 0, p * (ref - cand), torch.zeros((), dtype=torch.float64, device=p.device))
     kl = float(terms.sum(dim=-1).mean())
     target = torch.tensor(ids, device=cand.device)
     top1 = float((cand.argmax(dim=-1) == target).to(torch.float64).mean())

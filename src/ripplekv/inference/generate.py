@@ -257,9 +257,10 @@ def generate_answer(
         ``query-agnostic`` (kvpress's): only the context is compressed; the question is then run over the
         compressed cache as a multi-token pass.
 
-    The model is switched to the variable-length variant of its attention implementation
+    Stock ``sdpa`` and ``eager`` are switched to their variable-length variants
     (:func:`ripplekv.models.attention.enable_varlen_attention`, idempotent; identical results on ordinary
-    caches), which multi-token passes over per-layer compressed caches need.
+    caches), which multi-token passes over per-layer compressed caches need; FlashAttention is kept as loaded (it
+    attends over such caches natively).
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")

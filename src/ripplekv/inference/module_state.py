@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
-from ripplekv.models.attention import fit_attention_mask
+from ripplekv.models.attention import attends_per_layer_natively, fit_attention_mask
 
 __all__ = [
     "ABSENT",
@@ -153,6 +153,45 @@ def capture_state(modules: Sequence[nn.Module], into: list[ModuleState]) -> Iter
             into.append(ModuleState(layer, module, changed))
 
 
+def _check_masked(masked: tuple[torch.Tensor, ...], kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Validate kvpress's ``masked_key_indices``; returns ``(head, position, last masked position)``.
+
+    Reads the indices' maxima on the host (one synchronisation): done once per application of a cache's state
+    (:func:`applied_state`), not on every pass.
+    """
+    if len(masked) != 3:
+        raise ValueError(f"masked_key_indices must be (batch, head, position) index tensors, got {len(masked)}")
+    batch, head, position = masked
+    if batch.numel() and int(batch.max()) > 0:
+        raise ValueError("head-wise masked keys are supported for batch size 1 only")
+    if head.numel() and int(head.max()) >= kv_heads:
+        raise ValueError("masked_key_indices point outside the cached keys of the layer")
+    last = int(position.max()) if position.numel() else -1
+    return head, position, last
+
+
+def _headwise_mask(
+    base: torch.Tensor | None,
+    head: torch.Tensor,
+    position: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    query_len: int,
+    key_len: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """:func:`headwise_attention_mask` on validated indices, on ``device``, without a host synchronisation."""
+    allowed = fit_attention_mask(base, query_len, key_len, device=device)
+    if allowed is None:
+        rows = torch.arange(query_len, device=device).unsqueeze(1)
+        allowed = torch.arange(key_len, device=device).unsqueeze(0) <= rows + (key_len - query_len)
+        allowed = allowed.view(1, 1, query_len, key_len)
+    keep = torch.ones(kv_heads, key_len, dtype=torch.bool, device=device)
+    keep[head.to(device), position.to(device)] = False
+    keep = keep.repeat_interleave(heads // kv_heads, dim=0)
+    return allowed.to(device) & keep.view(1, heads, 1, key_len)
+
+
 def headwise_attention_mask(
     base: torch.Tensor | None,
     masked: tuple[torch.Tensor, ...],
@@ -172,32 +211,33 @@ def headwise_attention_mask(
         key_len: keys of the layer in the pass (cached plus new).
 
     Returns:
-        ``(1, heads, query_len, key_len)``: ``base`` fitted to the layer (bottom-right causal when ``None``),
-        with every query head of a KV head barred from that KV head's masked positions.
+        ``(1, heads, query_len, key_len)`` on the device of ``base`` (else of the indices): ``base`` fitted to the
+        layer (bottom-right causal when ``None``), with every query head of a KV head barred from that KV head's
+        masked positions.
     """
     if base is not None and base.dtype != torch.bool:
         raise ValueError("head-wise masked keys (AdaKV) need a boolean attention mask: use sdpa, not eager attention")
-    if len(masked) != 3:
-        raise ValueError(f"masked_key_indices must be (batch, head, position) index tensors, got {len(masked)}")
-    batch, head, position = masked
-    if batch.numel() and int(batch.max()) > 0:
-        raise ValueError("head-wise masked keys are supported for batch size 1 only")
-    if head.numel() and (int(position.max()) >= key_len - query_len or int(head.max()) >= kv_heads):
+    head, position, last = _check_masked(masked, kv_heads)
+    if last >= key_len - query_len:
         raise ValueError("masked_key_indices point outside the cached keys of the layer")
     device = head.device if base is None else base.device
-    allowed = fit_attention_mask(base, query_len, key_len)
-    if allowed is None:
-        rows = torch.arange(query_len, device=device).unsqueeze(1)
-        allowed = torch.arange(key_len, device=device).unsqueeze(0) <= rows + (key_len - query_len)
-        allowed = allowed.view(1, 1, query_len, key_len)
-    keep = torch.ones(kv_heads, key_len, dtype=torch.bool, device=device)
-    keep[head.to(device), position.to(device)] = False
-    keep = keep.repeat_interleave(heads // kv_heads, dim=0)
-    return allowed.to(device) & keep.view(1, heads, 1, key_len)
+    return _headwise_mask(base, head, position, heads, kv_heads, query_len, key_len, device)
 
 
-def _headwise_mask_hook(masked: tuple[torch.Tensor, ...]) -> Callable:
-    """A forward pre-hook of an attention module that replaces its attention mask by the head-wise one."""
+def _headwise_mask_hook(module: nn.Module, masked: tuple[torch.Tensor, ...]) -> Callable:
+    """A forward pre-hook of an attention module that replaces its attention mask by the head-wise one.
+
+    The indices are validated and moved to the module's device once, here; each pass then builds its mask on the
+    device of its hidden states from Python-side lengths (the cache layer's length), without a host
+    synchronisation.
+    """
+    config = module.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head, position, last = _check_masked(masked, kv_heads)
+    weight = next(module.parameters(), None)
+    if weight is not None:
+        head, position = head.to(weight.device), position.to(weight.device)
 
     def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
@@ -207,12 +247,16 @@ def _headwise_mask_hook(masked: tuple[torch.Tensor, ...]) -> Callable:
         if cache.layers[module.layer_idx].is_sliding:
             raise ValueError("head-wise masked keys are not supported on sliding-window layers")
         query_len = hidden.shape[1]
-        key_len = cache.layers[module.layer_idx].get_seq_length() + query_len
-        config = module.config
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        kwargs["attention_mask"] = headwise_attention_mask(
-            kwargs.get("attention_mask"), masked, heads, kv_heads, query_len, key_len
+        cached = cache.layers[module.layer_idx].get_seq_length()
+        if last >= cached:
+            raise ValueError("masked_key_indices point outside the cached keys of the layer")
+        base = kwargs.get("attention_mask")
+        if base is not None and base.dtype != torch.bool:
+            raise ValueError(
+                "head-wise masked keys (AdaKV) need a boolean attention mask: use sdpa, not eager attention"
+            )
+        kwargs["attention_mask"] = _headwise_mask(
+            base, head, position, heads, kv_heads, query_len, cached + query_len, hidden.device
         )
         return args, kwargs
 
@@ -222,8 +266,9 @@ def _headwise_mask_hook(masked: tuple[torch.Tensor, ...]) -> Callable:
 class _Application:
     """One application of a cache's attention state: what it set and how to undo it."""
 
-    def __init__(self, states: Sequence[ModuleState]) -> None:
+    def __init__(self, states: Sequence[ModuleState], exact_headwise: bool) -> None:
         self.states = states
+        self.exact_headwise = exact_headwise
         self.saved: list[tuple[dict[str, Any], str, Any]] = []
         self.handles: list[RemovableHandle] = []
 
@@ -232,9 +277,9 @@ class _Application:
             current = vars(state.module)
             for name, value in state.attributes.items():
                 self.saved.append((current, name, current.get(name, ABSENT)))
-                if name == MASKED_KEYS and value is not None and value is not ABSENT:
+                if name == MASKED_KEYS and value is not None and value is not ABSENT and self.exact_headwise:
                     current[name] = None  # kvpress's fake-key wrapper stays inert: the hook masks exactly
-                    hook = _headwise_mask_hook(value)
+                    hook = _headwise_mask_hook(state.module, value)
                     self.handles.append(state.module.register_forward_pre_hook(hook, with_kwargs=True))
                 elif value is ABSENT:
                     current.pop(name, None)
@@ -270,6 +315,12 @@ def applied_state(model: PreTrainedModel, states: Sequence[ModuleState]) -> Iter
     (:func:`headwise_attention_mask`), and ``masked_key_indices`` is ``None`` during the pass so kvpress's wrapper
     stays inert. Both give the same attention up to float rounding (tested against kvpress's own decoding).
 
+    Under FlashAttention (:func:`ripplekv.models.attention.attends_per_layer_natively`), which takes no dense mask,
+    ``masked_key_indices`` is applied as captured instead, so kvpress's wrapper of the FlashAttention function
+    realises it with its fake keys, as kvpress does under it: exact on single-token decoding; a multi-token pass
+    over such a cache (teacher forcing, a question after the context) may raise kvpress's ``ValueError`` when no
+    fake key exists, and needs ``attn_implementation='sdpa'``.
+
     Re-entrant: a nested use (a pass over another cache inside this one) suspends the enclosing state for its
     duration, so the inner pass sees its own state only (none, for a cache without any); exception-safe. Not
     thread-safe (neither is running one model from several threads).
@@ -283,7 +334,7 @@ def applied_state(model: PreTrainedModel, states: Sequence[ModuleState]) -> Iter
         foreign = [state.layer for state in states if id(state.module) not in own]
         if foreign:
             raise ValueError(f"the attention state of layer(s) {foreign} belongs to another model's modules")
-    application = _Application(states)
+    application = _Application(states, exact_headwise=not attends_per_layer_natively(model))
     enclosing = _ACTIVE[-1] if _ACTIVE else None
     if enclosing is not None:
         enclosing.undo()

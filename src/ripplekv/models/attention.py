@@ -21,6 +21,27 @@ would not see. Compressing such a model is therefore supported on sequences of a
 The functions are registered under new names through transformers' public ``AttentionInterface`` and
 ``AttentionMaskInterface`` (nothing of the library is patched): ``ripplekv_sdpa`` and ``ripplekv_eager``.
 When every layer has the same length they compute exactly what ``sdpa`` and ``eager`` compute.
+
+Which implementations attend over per-layer caches (:func:`supports_per_layer_lengths`):
+
+* ``sdpa`` and ``eager`` do not: transformers slices one mask, built from layer 0's length, for every layer, and
+  stock sdpa's ``is_causal`` aligns a causal mask top-left (query ``i`` sees keys ``<= i``), not bottom-right
+  (query ``i`` sees every cached key and the new keys up to itself). :func:`enable_varlen_attention` switches
+  them to ``ripplekv_sdpa`` / ``ripplekv_eager``.
+* ``flash_attention_2`` and ``flash_attention_3`` do, as loaded: FlashAttention (flash-attn >= 2.1) aligns its
+  causal mask bottom-right on every call, over whatever keys the layer holds, and transformers' mask function for
+  it returns ``None`` for an unpadded batch, which is also why kvpress runs per-layer presses under it. They are
+  kept as the user loaded them. Three passes need ripplekv's own attention functions and are not served by
+  FlashAttention: a padded batch over compressed caches (``key_validity``), the ragged batched decode
+  (``ragged_cache``) and profiling's shared-prefix rows (``shared_prefix``); their callers fall back to exact
+  paths (one cache at a time, :func:`ripplekv.profiling.passes.layer_by_layer`) under it
+  (:func:`uses_varlen_attention` says whether a model runs ripplekv's functions).
+
+Device placement: every mask is built on the device of the tensors it is combined with, once per layer and pass
+at most, never copied between devices. A plain causal offset (new queries over a longer layer, no padding) is no
+dense tensor at all: sdpa gets :func:`torch.nn.attention.bias.causal_lower_right`. The mask function makes no host
+synchronisation on unpadded passes; a pass with a 2D ``attention_mask`` (padding) costs one per forward pass (is it
+all ones, does layer 0 hold every position), as transformers' own sdpa mask does.
 """
 
 from __future__ import annotations
@@ -29,9 +50,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, eager_mask, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
@@ -39,6 +61,12 @@ from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import shared_prefix_attention
 
 VARLEN_PREFIX = "ripplekv_"
+
+NATIVE_PER_LAYER_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
+"""Implementations that attend over per-layer caches as loaded (bottom-right causal per call, no dense mask)."""
+
+SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+"""What to load a model with to compress it per layer (named in error messages)."""
 
 
 class PaddedBatchError(ValueError):
@@ -71,14 +99,16 @@ def check_within_window(cache_position: torch.Tensor, window: int | None) -> Non
         )
 
 
-def _causal_mask(query_len: int, key_len: int, additive: bool, dtype: torch.dtype) -> torch.Tensor:
-    """Bottom-right aligned causal mask: query ``i`` sees every cached key and new keys ``<= i``."""
-    rows = torch.arange(query_len).unsqueeze(1)
-    cols = torch.arange(key_len).unsqueeze(0)
+def _causal_mask(
+    query_len: int, key_len: int, additive: bool, dtype: torch.dtype, device: torch.device | str | None
+) -> torch.Tensor:
+    """Bottom-right aligned causal mask on ``device``: query ``i`` sees every cached key and new keys ``<= i``."""
+    rows = torch.arange(query_len, device=device).unsqueeze(1)
+    cols = torch.arange(key_len, device=device).unsqueeze(0)
     allowed = (cols <= rows + (key_len - query_len)).view(1, 1, query_len, key_len)
     if not additive:
         return allowed
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def fit_attention_mask(
@@ -87,18 +117,20 @@ def fit_attention_mask(
     key_len: int,
     additive: bool = False,
     dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
     """Fit the mask transformers built for layer 0 to a layer holding ``key_len`` keys.
 
     Args:
         mask: the 4D mask of the forward pass, shape ``(batch, 1, query_len, kv_len_of_layer_0)``, boolean
             (True = attend) or additive float (0 = attend); ``None`` when no mask was built, either because
-            transformers skipped it (plain causal square) or because :func:`varlen_mask` found layer 0
-            compressed.
+            transformers skipped it (plain causal square) or because :func:`varlen_mask` left it to the layers.
         query_len: number of new tokens in this pass; they are the last ``query_len`` keys of every layer.
         key_len: number of keys of this layer (its cached tokens plus the new ones).
         additive: build additive float masks (eager) rather than boolean ones (sdpa).
         dtype: float dtype of additive masks.
+        device: where a mask built from nothing (``mask`` is ``None``) is made: the device of the queries it
+            will be used with (default: ``mask``'s device, else the CPU). A fitted ``mask`` stays on its device.
 
     Returns:
         A ``(batch, 1, query_len, key_len)`` mask, or ``None`` when none is needed (one query, or a causal
@@ -109,7 +141,7 @@ def fit_attention_mask(
     if mask is None:
         if query_len == 1 or (query_len == key_len and not additive):
             return None
-        return _causal_mask(query_len, key_len, additive, dtype)
+        return _causal_mask(query_len, key_len, additive, dtype, device)
     if mask.shape[-1] == key_len:
         return mask
     new = mask[..., mask.shape[-1] - query_len :]
@@ -118,13 +150,36 @@ def fit_attention_mask(
     return torch.cat([prefix, new], dim=-1)
 
 
+def _plain_causal(kwargs: dict[str, Any]) -> bool:
+    """Whether a pass's mask is plain causal: no padding and no custom mask function.
+
+    Sliding-window and chunked masks (transformers passes their size as ``local_size``) count as plain: within
+    the window, which :func:`check_within_window` enforces, they equal the causal mask.
+    """
+    if kwargs.get("attention_mask") is not None or kwargs.get("use_vmap", False):
+        return False
+    return (
+        kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+        or kwargs.get("local_size") is not None
+    )
+
+
 def _make_mask(base: Callable) -> Callable:
     def varlen_mask(*, cache_position: torch.Tensor, kv_length: int, **kwargs: Any) -> torch.Tensor | None:
-        """Layer 0's mask: the library's own when layer 0 is whole, else left to the attention function.
+        """Layer 0's mask, or ``None`` to let each layer's attention build its own causal offset.
+
+        An unpadded causal pass needs no mask from here: every layer's new queries see all of its cached keys and
+        the new keys up to themselves (what the attention function does when it gets ``None``), whatever the
+        layer holds, so no host synchronisation is made. A padded batch (a 2D ``attention_mask`` with zeros) or a
+        custom mask function gets the library's own mask when layer 0 holds every past position; this costs one
+        host synchronisation per forward pass (reading ``cache_position[0]`` and whether the mask is all ones),
+        as transformers' own sdpa mask does. A padded batch over a compressed layer 0 raises.
 
         A sliding-window mask (transformers passes its window as ``local_size``) is refused beyond the window.
         """
         check_within_window(cache_position, kwargs.get("local_size"))
+        if _plain_causal(kwargs):
+            return None
         query_len = cache_position.shape[0]
         if int(cache_position[0]) == kv_length - query_len:  # layer 0 holds every past token
             return base(cache_position=cache_position, kv_length=kv_length, **kwargs)
@@ -149,23 +204,39 @@ def sdpa_gqa_forward(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention without copying keys and values for grouped-query attention.
+    """transformers' sdpa attention, bottom-right causal and without copying keys and values for GQA.
+
+    Without a mask, a causal pass of ``q`` new queries over ``k > q`` keys (a question after a compressed context)
+    gets :func:`torch.nn.attention.bias.causal_lower_right` (query ``i`` sees keys ``<= i + k - q``): no dense
+    tensor, and torch picks a kernel that applies the offset itself where one exists (on the CPU and otherwise it
+    materialises the boolean mask on the query's device). Stock sdpa would pass ``is_causal=True``, which aligns
+    top-left. A causal square keeps ``is_causal``; one query attends to every key.
 
     transformers repeats the KV heads (a full copy of the layer's cache) whenever a mask is present, because
     some GPU kernels reject ``enable_gqa`` with a mask; on the CPU torch handles both together, and every
-    multi-token pass over a cache (a question after the context, a profiling continuation) has a mask.
+    multi-token pass over a cache (a question after the context, a profiling continuation) has a mask. This
+    function therefore takes dense masks on the CPU only (:func:`_make_attention` routes the others to
+    transformers); ``causal_lower_right`` is taken on every device (with ``enable_gqa``, torch's flash kernel
+    attends the grouped heads itself and the other kernels expand them).
     """
     groups = query.shape[1] // key.shape[1]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
+    query_len, key_len = query.shape[2], key.shape[2]
+    mask: Any = attention_mask
+    square = False
+    if attention_mask is None and causal and query_len > 1:
+        if query_len == key_len:
+            square = True
+        else:
+            mask = causal_lower_right(query_len, key_len)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
         value,
-        attn_mask=attention_mask,
+        attn_mask=mask,
         dropout_p=dropout,
         scale=scaling,
-        is_causal=causal,
+        is_causal=square,
         enable_gqa=groups > 1,
     )
     return out.transpose(1, 2).contiguous(), None
@@ -174,7 +245,11 @@ def sdpa_gqa_forward(
 def _validity_mask(
     module: torch.nn.Module, validity: KeyValidity, query: torch.Tensor, key: torch.Tensor
 ) -> torch.Tensor:
-    """The mask of a pass over a padded batch of caches; it replaces the one transformers built for layer 0."""
+    """The mask of a pass over a padded batch of caches; it replaces the one transformers built for layer 0.
+
+    One dense mask per layer and pass, inherent to the padded batch (each layer's rows see different entries),
+    made on the device of the validity, i.e. of the cache (:func:`ripplekv.models.padded.pad_layers`).
+    """
     if not isinstance(validity, KeyValidity):
         raise TypeError(f"key_validity must be a KeyValidity, got {type(validity).__name__}")
     if getattr(module, "masked_key_indices", None) is not None:
@@ -199,13 +274,12 @@ def _ragged_attention(module: torch.nn.Module, query: torch.Tensor, ragged: Any,
     outputs = []
     for row in range(query.shape[0]):
         keys, values = layer.row(row)
-        mask = layer.row_mask(row, query_len, heads)
         outputs.append(
             torch.nn.functional.scaled_dot_product_attention(
                 query[row : row + 1],
                 keys,
                 values,
-                attn_mask=None if mask is None else mask.to(query.device),
+                attn_mask=layer.row_mask(row, query_len, heads),  # on the row's buffers' device
                 scale=scaling,
                 is_causal=False,
                 enable_gqa=heads != keys.shape[1],
@@ -230,13 +304,16 @@ def _make_attention(base_name: str, default: Callable, additive: bool) -> Callab
         if ragged is not None:  # caches of their own lengths, attended row by row (see ripplekv.models.padded)
             return _ragged_attention(module, query, ragged, kwargs.get("scaling")), None
         validity = kwargs.pop("key_validity", None)
+        masked = getattr(module, "masked_key_indices", None) is not None  # kvpress's head-wise wrapper is live
+        if base_name == "sdpa" and validity is None and attention_mask is None and not masked:
+            return sdpa_gqa_forward(module, query, key, value, None, **kwargs)  # causal offset, no dense mask
         if validity is not None:  # a padded batch of compressed caches (see ripplekv.models.padded)
             mask = _validity_mask(module, validity, query, key)
         else:
-            mask = fit_attention_mask(attention_mask, query.shape[2], key.shape[2], additive, query.dtype)
-        if mask is not None:
-            mask = mask.to(query.device)
-        if base_name == "sdpa" and query.device.type == "cpu" and getattr(module, "masked_key_indices", None) is None:
+            mask = fit_attention_mask(
+                attention_mask, query.shape[2], key.shape[2], additive, query.dtype, device=query.device
+            )
+        if base_name == "sdpa" and query.device.type == "cpu" and not masked:
             return sdpa_gqa_forward(module, query, key, value, mask, **kwargs)
         # Resolved per call: a library that wraps the registered function (kvpress wraps every entry of
         # ALL_ATTENTION_FUNCTIONS for its head-wise masking, e.g. AdaKV) keeps working under the new name.
@@ -262,31 +339,97 @@ def register_varlen_attention() -> None:
             AttentionMaskInterface.register(name, _make_mask(mask))
 
 
+def _unsupported(attn_implementation: str) -> str:
+    return (
+        f"attention implementation {attn_implementation!r} cannot attend over per-layer compressed KV caches: "
+        f"load the model with attn_implementation set to one of {', '.join(map(repr, SUPPORTED_IMPLEMENTATIONS))}"
+    )
+
+
 def varlen_name(attn_implementation: str) -> str:
-    """The variable-length variant of an attention implementation name (``sdpa`` -> ``ripplekv_sdpa``)."""
+    """The variable-length variant of an attention implementation name (``sdpa`` -> ``ripplekv_sdpa``).
+
+    Raises:
+        ValueError: the implementation has no variant: FlashAttention needs none (see
+            :func:`supports_per_layer_lengths`), others cannot attend over per-layer caches.
+    """
     if attn_implementation.startswith(VARLEN_PREFIX):
         return attn_implementation
-    if attn_implementation not in _BASES:
+    if attn_implementation in NATIVE_PER_LAYER_ATTENTION:
         raise ValueError(
-            f"attention implementation {attn_implementation!r} has no variable-length variant; "
-            f"use one of {sorted(_BASES)}"
+            f"{attn_implementation!r} attends over per-layer compressed caches as it is and has no ripplekv "
+            "variant; keep it (enable_varlen_attention leaves it unchanged)"
         )
+    if attn_implementation not in _BASES:
+        raise ValueError(_unsupported(attn_implementation))
     return VARLEN_PREFIX + attn_implementation
 
 
-def enable_varlen_attention(model: PreTrainedModel) -> PreTrainedModel:
-    """Switch ``model`` to the variable-length variant of its attention implementation, in place.
+def attention_implementation(model: PreTrainedModel) -> str:
+    """The attention implementation ``model`` runs (``config._attn_implementation``; ``eager`` when unset)."""
+    return str(model.config._attn_implementation or "eager")
 
-    Safe to call repeatedly; results are unchanged for uniform caches. Returns the model for chaining.
+
+def enable_varlen_attention(model: PreTrainedModel) -> PreTrainedModel:
+    """Make ``model`` attend correctly over per-layer compressed caches, in place; returns it for chaining.
+
+    ``sdpa`` and ``eager`` are switched to ``ripplekv_sdpa`` / ``ripplekv_eager``: stock sdpa aligns its causal mask
+    top-left and both slice the one mask built from layer 0's length for every layer, which is wrong over caches
+    whose layers hold different numbers of tokens. ``flash_attention_2`` / ``flash_attention_3`` are kept as
+    loaded: they attend bottom-right causally over each layer's own keys already (see the module docstring).
+    Safe to call repeatedly; results are unchanged for uniform caches.
+
+    Raises:
+        ValueError: the implementation can do neither (the message names the implementations to load).
     """
     register_varlen_attention()
-    current = model.config._attn_implementation or "eager"
+    current = attention_implementation(model)
+    if current in NATIVE_PER_LAYER_ATTENTION:
+        return model
     target = varlen_name(current)
     if current != target:
         model.set_attn_implementation(target)
     return model
 
 
+def supports_per_layer_lengths(model: PreTrainedModel) -> bool:
+    """Whether ``model`` attends correctly over caches whose layers differ in length.
+
+    True for ripplekv's variants (``ripplekv_sdpa``, ``ripplekv_eager``) and for FlashAttention
+    (``flash_attention_2``, ``flash_attention_3``), which does natively; False for stock ``sdpa`` and ``eager``
+    (:func:`enable_varlen_attention` switches those) and anything else.
+    """
+    return uses_varlen_attention(model) or attends_per_layer_natively(model)
+
+
+def attends_per_layer_natively(model: PreTrainedModel) -> bool:
+    """Whether ``model`` runs an implementation that attends over per-layer caches as loaded (FlashAttention).
+
+    Such an implementation takes no dense attention mask: passes that need one of ripplekv's (padded batches of
+    compressed caches, head-wise masks as a boolean mask) use another way under it or refuse to run.
+    """
+    return attention_implementation(model) in NATIVE_PER_LAYER_ATTENTION
+
+
 def uses_varlen_attention(model: PreTrainedModel) -> bool:
-    """Whether ``model`` attends correctly over caches whose layers differ in length."""
-    return str(model.config._attn_implementation or "").startswith(VARLEN_PREFIX)
+    """Whether ``model`` runs ripplekv's own attention functions (``ripplekv_sdpa`` / ``ripplekv_eager``).
+
+    Only these serve the passes that carry ``key_validity`` (a padded batch of compressed caches), ``ragged_cache``
+    (batched decoding) or ``shared_prefix`` (profiling's fast path). Whether a model can attend over per-layer
+    caches at all is :func:`supports_per_layer_lengths`.
+    """
+    return attention_implementation(model).startswith(VARLEN_PREFIX)
+
+
+def unsupported_implementation_message(model: PreTrainedModel, what: str) -> str:
+    """An error message: ``what`` needs ripplekv's attention functions, which ``model`` does not run.
+
+    Args:
+        model: the model.
+        what: the pass that cannot run, e.g. ``"batched decoding"``.
+    """
+    return (
+        f"{what} runs through ripplekv's attention functions, which attention implementation "
+        f"{attention_implementation(model)!r} does not use: load the model with attn_implementation='sdpa' (or "
+        "'eager') and call ripplekv.models.attention.enable_varlen_attention(model)"
+    )

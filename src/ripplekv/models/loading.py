@@ -224,10 +224,12 @@ def load_model(
         dtype: ``torch.dtype`` or name (``"float32"``, ``"bf16"``, ...); default bfloat16 on cuda, float32
             otherwise.
         device: default cuda when available, else cpu.
-        attn_implementation: passed to ``from_pretrained`` (``"sdpa"``, ``"eager"``, ...). ``sdpa`` and ``eager``
-            are then switched to their variable-length variants (``ripplekv_sdpa``, ``ripplekv_eager``, see
-            :mod:`ripplekv.models.attention`): same results on ordinary caches, correct on per-layer compressed
-            ones, and on the CPU no copy of the KV heads for grouped-query attention.
+        attn_implementation: passed to ``from_pretrained`` (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``, ...).
+            ``sdpa`` and ``eager`` are then switched to their variable-length variants (``ripplekv_sdpa``,
+            ``ripplekv_eager``, see :mod:`ripplekv.models.attention`): same results on ordinary caches, correct on
+            per-layer compressed ones (stock sdpa aligns a causal mask top-left and slices layer 0's mask for every
+            layer), and on the CPU no copy of the KV heads for grouped-query attention. ``flash_attention_2`` is
+            kept as loaded: it attends over per-layer caches natively.
     """
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)

@@ -10,6 +10,11 @@ valid cached entries, then the tokens appended since the batch was built (causal
 
 Masked entries get exactly zero attention weight, so each row computes what it computes alone, up to float
 rounding (different reduction lengths and batched matrix products).
+
+Only ripplekv's attention functions (``ripplekv_sdpa`` / ``ripplekv_eager``) read ``key_validity`` and
+``ragged_cache``; FlashAttention ignores keyword arguments it does not know, so callers check
+:func:`ripplekv.models.attention.uses_varlen_attention` first (:mod:`ripplekv.inference.batched` does: it raises
+``NotBatchableError`` for decoding and teacher-forces one cache at a time otherwise).
 """
 
 from __future__ import annotations
@@ -181,7 +186,7 @@ class RaggedLayer(DynamicLayer):
             value_buffer[:, :, :n] = values
             self.buffers.append((key_buffer, value_buffer))
             self.lengths.append(n)
-            self.valid.append(valid)
+            self.valid.append(None if valid is None else valid.to(key_buffer.device))  # once, not per pass
         self.lazy_initialization(rows[0][0], rows[0][1])
         self.keys, self.values = rows[0][0], rows[0][1]  # dtype and device for transformers; never attended
 
@@ -224,18 +229,22 @@ class RaggedLayer(DynamicLayer):
         return key_buffer[:, :, : self.lengths[index]], value_buffer[:, :, : self.lengths[index]]
 
     def row_mask(self, index: int, query_len: int, heads: int) -> torch.Tensor | None:
-        """Row ``index``'s boolean mask ``(1, heads, query_len, n_row)``, or None when it sees every entry."""
+        """Row ``index``'s boolean mask ``(1, heads, query_len, n_row)``, or None when it sees every entry.
+
+        Built on the device of the row's buffers (where its keys are), so no copy is needed to attend with it.
+        """
         valid = self.valid[index]
         length = self.lengths[index]
         if valid is None and query_len == 1:
             return None
-        kv_heads = self.buffers[index][0].shape[1]
+        key_buffer = self.buffers[index][0]
+        device, kv_heads = key_buffer.device, key_buffer.shape[1]
         cached = valid.shape[-1] if valid is not None else length - query_len
-        prefix = valid if valid is not None else torch.ones(kv_heads, cached, dtype=torch.bool)
+        prefix = torch.ones(kv_heads, cached, dtype=torch.bool, device=device) if valid is None else valid
         prefix = prefix.repeat_interleave(heads // kv_heads, dim=0).view(1, heads, 1, cached)
         appended = length - cached
-        queries = torch.arange(query_len).unsqueeze(1)
-        columns = torch.arange(appended).unsqueeze(0)
+        queries = torch.arange(query_len, device=device).unsqueeze(1)
+        columns = torch.arange(appended, device=device).unsqueeze(0)
         causal = (columns <= queries + (appended - query_len)).view(1, 1, query_len, appended)
         return torch.cat(
             [prefix.expand(1, heads, query_len, cached), causal.expand(1, heads, query_len, appended)], dim=-1

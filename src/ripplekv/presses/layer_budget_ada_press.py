@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 
 from ripplekv.allocation.budgets import _is_real
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
-from ripplekv.models.attention import enable_varlen_attention, uses_varlen_attention
+from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible
 from ripplekv.profiling.profile import SensitivityProfile
 
@@ -179,6 +179,9 @@ class LayerBudgetAdaPress(BasePress):
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the schedule (and profile) against the model; enable variable-length attention where layers may differ.
 
+        FlashAttention is kept as loaded (it attends over per-layer caches natively; its head-wise masks are kvpress's
+        fake keys, see :func:`ripplekv.inference.module_state.applied_state`); stock ``sdpa`` is switched.
+
         Raises:
             ValueError: if the schedule or profile does not fit the model, or the attention implementation has no
                 variable-length variant while layers may hold different numbers of tokens.
@@ -186,14 +189,15 @@ class LayerBudgetAdaPress(BasePress):
         if self.profile is not None:
             self.profile.check_model(model, strict=self.strict_profile)
         self.schedule.check_layers(int(model.config.get_text_config().num_hidden_layers))
-        if (self.evict_balanced or not self.schedule.uniform) and not uses_varlen_attention(model):
+        if (self.evict_balanced or not self.schedule.uniform) and not supports_per_layer_lengths(model):
             current = model.config._attn_implementation
             try:
                 enable_varlen_attention(model)
             except ValueError as error:
                 raise ValueError(
                     f"{type(self).__name__} can leave layers with different numbers of tokens, which the attention "
-                    f"implementation {current!r} cannot attend over: load the model with attn_implementation='sdpa'"
+                    f"implementation {current!r} cannot attend over: load the model with attn_implementation='sdpa' "
+                    "or 'flash_attention_2'"
                 ) from error
         self.press.post_init_from_model(model)
 

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from ripplekv.allocation.budgets import _is_integer
 from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
-from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
+from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
 
 __all__ = ["LayerBudgetPress", "check_compressible", "has_padding"]
 
@@ -126,12 +126,16 @@ class LayerBudgetPress(BasePress):
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the schedule against the model and, unless budgets are uniform, enable variable-length attention.
 
+        A model that attends over per-layer caches already (``ripplekv_sdpa``, ``ripplekv_eager``, or FlashAttention
+        as loaded: :func:`~ripplekv.models.attention.supports_per_layer_lengths`) is left as it is; stock ``sdpa``
+        and ``eager`` are switched to their ripplekv variants.
+
         Raises:
             ValueError: if the schedule does not fit the model (e.g. a profile of another depth), or if the
                 model's attention implementation has no variable-length variant.
         """
         self.schedule.check_layers(_num_layers(model))
-        if not self.schedule.uniform and not uses_varlen_attention(model):
+        if not self.schedule.uniform and not supports_per_layer_lengths(model):
             current = model.config._attn_implementation
             try:
                 enable_varlen_attention(model)
@@ -139,8 +143,9 @@ class LayerBudgetPress(BasePress):
                 raise ValueError(
                     f"{type(self).__name__} gives layers different numbers of tokens, which the attention "
                     f"implementation {current!r} cannot attend over: load the model with "
-                    "attn_implementation='sdpa' or 'eager' (or call model.set_attn_implementation('sdpa')), then "
-                    "apply the press (or call ripplekv.models.attention.enable_varlen_attention(model))"
+                    "attn_implementation='sdpa', 'eager' or 'flash_attention_2' (or call "
+                    "model.set_attn_implementation('sdpa')), then apply the press (or call "
+                    "ripplekv.models.attention.enable_varlen_attention(model))"
                 ) from error
         self.press.post_init_from_model(model)
 

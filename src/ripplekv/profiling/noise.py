@@ -2,8 +2,10 @@
 
 Each cached value vector ``v`` of the perturbed layer becomes ``v + alpha * ||v|| * u`` with ``u`` uniform on
 the unit sphere (RippleKV paper, 2026, step 1), so every layer is perturbed in proportion to its own value
-magnitudes. Draws are seeded per (seed, sample, layer) and made on the CPU in float32, so a profile does not
-depend on the device or on the order in which layers are processed.
+magnitudes. Draws are seeded per (seed, sample, layer) and made in float32 by a CPU generator, so a profile does
+not depend on the device or on the order in which layers are processed: a GPU's generator draws other numbers
+from the same seed. The draw is the only tensor made on the CPU; it is copied to the values' device once per
+(sample, layer), where the norms and the noise are computed.
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from ripplekv.models.cache import KVPair, PreallocatedLayer, cache_from_layers
 def norm_adaptive_noise(values: torch.Tensor, alpha: float, generator: torch.Generator) -> torch.Tensor:
     """Noise ``alpha * ||v|| * u`` for every vector ``v`` along the last dimension of ``values``.
 
-    ``u`` is uniform on the unit sphere (a normalised Gaussian). Drawn on the CPU in float32 from
-    ``generator`` so that draws do not depend on the device, then cast to ``values``' dtype and device.
+    ``u`` is uniform on the unit sphere (a normalised Gaussian), drawn in float32 on ``generator``'s device (the
+    CPU for :func:`noise_generator`, so that draws do not depend on the device) and moved to ``values``' device;
+    the norms and the product are computed there, in float32, then cast to ``values``' dtype.
 
     Args:
         values: the cached values, any shape ``(..., dim)``, any device and float dtype.
         alpha: relative noise scale (``>= 0``).
-        generator: a CPU generator (see :func:`noise_generator`).
+        generator: the generator of the draw (see :func:`noise_generator`).
     """
-    gauss = torch.randn(values.shape, generator=generator, dtype=torch.float32)
+    gauss = torch.randn(values.shape, generator=generator, dtype=torch.float32, device=generator.device)
     unit = gauss / gauss.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    norms = values.detach().float().norm(dim=-1, keepdim=True).cpu()
-    return (alpha * norms * unit).to(device=values.device, dtype=values.dtype)
+    norms = values.detach().float().norm(dim=-1, keepdim=True)
+    return (alpha * norms * unit.to(values.device)).to(values.dtype)
 
 
 def noise_generator(seed: int, sample: int, layer: int) -> torch.Generator:

@@ -126,6 +126,11 @@ def _record_attention_output(layer: nn.Module, store: list[torch.Tensor]) -> Ite
 def can_share_prefix(model: PreTrainedModel, length: int) -> bool:
     """Whether :func:`batched_by_depth` applies: RippleKV attention and full (not sliding) attention.
 
+    The shared-prefix rows are read by ripplekv's own attention functions only (``ripplekv_sdpa`` /
+    ``ripplekv_eager``, :func:`ripplekv.models.attention.uses_varlen_attention`). Under any other implementation,
+    FlashAttention included (kept as the user loaded it), this is False and profiling takes the exact generic path,
+    :func:`layer_by_layer`, which gives the same scores up to float rounding.
+
     Args:
         model: the profiled model.
         length: context plus continuation tokens.
@@ -189,6 +194,10 @@ def batched_by_depth(model: PreTrainedModel, clean: CleanPass, noise: NoiseSpec)
     copy of row 0 (layers below j cannot see a perturbation of layer j). Every row attends to layer j's clean
     prefix, read once for the whole batch; block j (the last rows) adds its noise to the prefix values. Same
     arithmetic as :func:`layer_by_layer`, a single pass over the layers, and no copy of the prefix per row.
+
+    Only ripplekv's attention functions serve the ``shared_prefix`` keyword (FlashAttention would ignore it and
+    attend to the new tokens alone): callers check :func:`can_share_prefix` and take :func:`layer_by_layer` when
+    it is False.
 
     Args:
         model: the profiled model (RippleKV attention, see :func:`can_share_prefix`).

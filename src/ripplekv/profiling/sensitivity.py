@@ -194,7 +194,7 @@ def _stop_ids(model: PreTrainedModel) -> set[int]:
 def greedy_continuation(
     model: PreTrainedModel, cache: DynamicCache, logits: torch.Tensor, position: int, max_tokens: int
 ) -> torch.Tensor:
-    """``(1, m)``: the model's greedy answer after a prefill, ``1 <= m <= max_tokens``.
+    """``(1, m)``: the model's greedy answer after a prefill, ``1 <= m <= max_tokens``, on the logits' device.
 
     Decoding stops after the model's end-of-sequence token (included, as in ``ripplekv eval``'s answers), which
     cannot be the first token (LongBench's ``min_length``). ``cache`` is extended in place.
@@ -221,7 +221,7 @@ def greedy_continuation(
         at = torch.tensor([position + step], device=logits.device)
         out = model(ids, past_key_values=cache, use_cache=True, cache_position=at, position_ids=at.unsqueeze(0))
         logits = out.logits[:, -1]
-    return torch.tensor([tokens], dtype=torch.long)
+    return torch.tensor([tokens], dtype=torch.long, device=logits.device)
 
 
 def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
