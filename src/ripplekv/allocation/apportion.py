@@ -8,18 +8,12 @@ largest-remainder rounding, so results are deterministic and platform-independen
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from fractions import Fraction
 
-import numpy as np
+from ripplekv.validation import is_integer
 
 __all__ = ["scale_to_total"]
-
-
-def is_integer(value: object) -> bool:
-    """True for integers (Python or NumPy), excluding ``bool``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:

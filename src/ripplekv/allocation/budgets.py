@@ -16,15 +16,14 @@ All of step 4 is done in exact rational arithmetic, so the result is determinist
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ripplekv.allocation.apportion import is_integer as _is_integer
 from ripplekv.allocation.apportion import scale_to_total
+from ripplekv.validation import is_integer, is_real
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -55,11 +54,6 @@ Measured with :data:`DEFAULT_RATIO` (see there): gamma = 2 loses half the needle
 """
 
 
-def _is_real(value: object) -> bool:
-    """True for real numbers (Python or NumPy), excluding ``bool``."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
 @dataclass(frozen=True)
 class AllocationConfig:
     """Hyper-parameters of the RippleKV allocation rule (RippleKV paper, 2026).
@@ -77,9 +71,9 @@ class AllocationConfig:
     gamma: float = DEFAULT_GAMMA
 
     def __post_init__(self) -> None:
-        if not _is_real(self.ratio) or not math.isfinite(self.ratio) or self.ratio <= 0:
+        if not is_real(self.ratio) or not math.isfinite(self.ratio) or self.ratio <= 0:
             raise ValueError(f"AllocationConfig.ratio must be a finite number > 0, got {self.ratio!r}")
-        if not _is_real(self.gamma) or not math.isfinite(self.gamma) or self.gamma < 1:
+        if not is_real(self.gamma) or not math.isfinite(self.gamma) or self.gamma < 1:
             raise ValueError(f"AllocationConfig.gamma must be a finite number >= 1, got {self.gamma!r}")
 
 
@@ -180,9 +174,9 @@ def resolve_average_budget(budget: float, prompt_tokens: int) -> int:
         ValueError: if ``budget`` is not a real number, is NaN, is ``<= 0``, or is ``> 1`` but not an integer
             value; or if ``prompt_tokens`` is not an integer ``>= 1``.
     """
-    if not _is_integer(prompt_tokens) or prompt_tokens < 1:
+    if not is_integer(prompt_tokens) or prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
-    if not _is_real(budget):
+    if not is_real(budget):
         raise ValueError(f"budget must be a real number (a fraction in (0, 1] or a token count), got {budget!r}")
     value = float(budget)
     if math.isnan(value):
@@ -302,7 +296,7 @@ def allocate(
     # Rounding ties between equal weights (clipped to the same bound, or equal up to float rounding) go to the
     # higher score (lower for ratio < 1), so a strictly more sensitive layer never gets fewer tokens.
     preference = array if config.ratio >= 1 else -array
-    if not _is_integer(min_tokens) or min_tokens < 0:
+    if not is_integer(min_tokens) or min_tokens < 0:
         raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
     average = resolve_average_budget(budget, prompt_tokens)
     total = len(weights) * average

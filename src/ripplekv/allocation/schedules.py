@@ -26,13 +26,12 @@ from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
     AllocationConfig,
-    _is_integer,
-    _is_real,
     _validate_scores,
     allocate_budgets,
     resolve_average_budget,
     scale_to_total,
 )
+from ripplekv.validation import is_integer, is_real
 
 __all__ = [
     "BudgetSchedule",
@@ -55,7 +54,7 @@ def check_budget(budget: object) -> float:
     Raises:
         ValueError: if ``budget`` is not a finite real number ``> 0``, or is ``> 1`` but not a whole number.
     """
-    if not _is_real(budget) or not math.isfinite(float(budget)) or float(budget) <= 0:  # type: ignore[arg-type]
+    if not is_real(budget) or not math.isfinite(float(budget)) or float(budget) <= 0:  # type: ignore[arg-type]
         raise ValueError(f"budget must be a fraction in (0, 1] or a whole token count > 1, got {budget!r}")
     value = float(budget)  # type: ignore[arg-type]
     if value > 1 and not value.is_integer():
@@ -64,9 +63,9 @@ def check_budget(budget: object) -> float:
 
 
 def _check_call(n_layers: int, floor: int) -> None:
-    if not _is_integer(n_layers) or n_layers < 1:
+    if not is_integer(n_layers) or n_layers < 1:
         raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
-    if not _is_integer(floor) or floor < 0:
+    if not is_integer(floor) or floor < 0:
         raise ValueError(f"floor must be an integer >= 0, got {floor!r}")
 
 
@@ -164,9 +163,9 @@ class PyramidSchedule(BudgetSchedule):
 
     def __post_init__(self) -> None:
         check_budget(self.budget)
-        if not _is_integer(self.window_size) or self.window_size < 1:
+        if not is_integer(self.window_size) or self.window_size < 1:
             raise ValueError(f"PyramidSchedule.window_size must be an integer >= 1, got {self.window_size!r}")
-        if not _is_integer(self.beta) or self.beta < 1:
+        if not is_integer(self.beta) or self.beta < 1:
             raise ValueError(f"PyramidSchedule.beta must be an integer >= 1, got {self.beta!r}")
 
     def capacities(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ripplekv.cli.args import _budget, _load_profile, _positive_int
+from ripplekv.cli.args import budget_arg, load_profile, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -38,16 +38,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     a.add_argument("--compare", action="store_true", help="one table of every schedule (ripplekv ones need --profile)")
     a.add_argument(
-        "--layers", type=_positive_int, default=None, help="number of layers for pyramidkv/uniform without --profile"
+        "--layers", type=positive_int, default=None, help="number of layers for pyramidkv/uniform without --profile"
     )
-    a.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="PyramidKV window W (default 64)")
-    a.add_argument("--budget", type=_budget, required=True, help="kept fraction (0.1) or average tokens per layer")
-    a.add_argument("--prompt-tokens", type=_positive_int, required=True, help="prompt length in tokens")
+    a.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="PyramidKV window W (default 64)")
+    a.add_argument("--budget", type=budget_arg, required=True, help="kept fraction (0.1) or average tokens per layer")
+    a.add_argument("--prompt-tokens", type=positive_int, required=True, help="prompt length in tokens")
     a.add_argument("--ratio", type=float, default=DEFAULT_RATIO, help=f"disparity r (default {DEFAULT_RATIO})")
     a.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help=f"clip bound (default {DEFAULT_GAMMA})")
     a.add_argument(
         "--min-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="smallest layer budget (default: the selection window, --window-size)",
     )
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     needs_profile = args.schedule in PROFILE_SCHEDULES and not args.compare
-    profile = _load_profile(args.profile, required=needs_profile)
+    profile = load_profile(args.profile, required=needs_profile)
     if profile is None and args.layers is None:
         raise SystemExit("error: give --profile (or --layers N for the pyramidkv and uniform schedules)")
     if profile is not None and args.layers is not None and args.layers != profile.num_layers:

@@ -13,10 +13,10 @@ from typing import Any
 
 from ripplekv.cli.args import (
     _comma_list,
-    _positive_int,
     add_fidelity_suite_args,
     add_summary_args,
     fidelity_eval_config,
+    positive_int,
 )
 
 __all__ = ["add_oracle_profile_argument", "add_parser", "run"]
@@ -63,7 +63,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_fidelity_suite_args(p, "kept fractions the one layer is compressed to (default 0.1,0.2,0.3)")
     p.add_argument("--profile", default=None, help="sensitivity profile JSON to compare (omitted: depth and pyramid)")
     p.add_argument(
-        "--top-k", type=_positive_int, default=DEFAULT_TOP_K, help=f"top layers compared (default {DEFAULT_TOP_K})"
+        "--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"top layers compared (default {DEFAULT_TOP_K})"
     )
     add_summary_args(p)
     p.add_argument("--no-plots", action="store_true", help="do not write OUT/plots")

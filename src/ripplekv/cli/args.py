@@ -2,7 +2,7 @@
 
 Imported by every command module at start-up, so it imports nothing heavy at its top. The argparse ``type``
 functions keep their names: argparse prints a type's ``__name__`` when it rejects a value (``invalid
-_positive_int value: 'x'``).
+positive_int value: 'x'``).
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ if TYPE_CHECKING:
     from ripplekv.profiling import SensitivityProfile
 
 __all__ = [
-    "_add_model_args",
-    "_add_ray_args",
-    "_budget",
+    "add_model_args",
+    "add_ray_args",
+    "budget_arg",
     "_comma_list",
-    "_load_profile",
-    "_on_ray",
-    "_positive_int",
+    "load_profile",
+    "on_ray",
+    "positive_int",
     "add_fidelity_suite_args",
     "fidelity_eval_config",
     "suite_options",
 ]
 
 
-def _budget(text: str) -> float:
+def budget_arg(text: str) -> float:
     """An argparse ``type``: a kept fraction in (0, 1] or a whole token count > 1."""
     try:
         value = float(text)
@@ -42,7 +42,7 @@ def _budget(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     """An argparse ``type``: an integer >= 1."""
     value = int(text)
     if value < 1:
@@ -65,7 +65,7 @@ def _comma_list(kind: Callable[[str], Any], name: str) -> Callable[[str], tuple[
     return parse
 
 
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--model``, ``--dtype`` and ``--device`` to ``parser``."""
     parser.add_argument(
         "--model",
@@ -76,11 +76,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
-def _add_ray_args(parser: argparse.ArgumentParser, units: str) -> None:
+def add_ray_args(parser: argparse.ArgumentParser, units: str) -> None:
     """Add ``--workers`` and ``--ray-address`` to ``parser``; ``units`` names what the workers share."""
     parser.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help=f"Ray actors sharing the {units}, one model each (default 1: in this process, without Ray); needs "
         "pip install 'ripplekv[ray]'",
@@ -92,12 +92,12 @@ def _add_ray_args(parser: argparse.ArgumentParser, units: str) -> None:
     )
 
 
-def _on_ray(args: argparse.Namespace) -> bool:
-    """Whether a command given :func:`_add_ray_args`'s options runs on Ray (``--workers N > 1`` or an address)."""
+def on_ray(args: argparse.Namespace) -> bool:
+    """Whether a command given :func:`add_ray_args`'s options runs on Ray (``--workers N > 1`` or an address)."""
     return args.workers > 1 or args.ray_address is not None
 
 
-def _load_profile(path: str | None, required: bool) -> SensitivityProfile | None:
+def load_profile(path: str | None, required: bool) -> SensitivityProfile | None:
     """The profile at ``path``; None when no path is given, unless ``required`` (then exit with an error)."""
     from ripplekv.profiling import SensitivityProfile
 
@@ -135,27 +135,29 @@ def add_fidelity_suite_args(parser: argparse.ArgumentParser, budgets_help: str) 
     from ripplekv.inference import PROTOCOLS
     from ripplekv.presses.registry import DEFAULT_WINDOW
 
-    _add_model_args(parser)
+    add_model_args(parser)
     p = parser
     p.add_argument("--suite", choices=tuple(runner.SUITES), required=True, help="the prompts, as for `ripplekv eval`")
     p.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
     p.add_argument("--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records')
     p.add_argument("--metric", choices=tuple(EVAL_METRICS), default=None, help="jsonl: the records' metric")
     p.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="samples per task, as for `ripplekv eval`")
-    p.add_argument("--budgets", type=_comma_list(_budget, "budgets"), default=runner.DEFAULT_BUDGETS, help=budgets_help)
+    p.add_argument("--limit", type=positive_int, default=None, help="samples per task, as for `ripplekv eval`")
+    p.add_argument(
+        "--budgets", type=_comma_list(budget_arg, "budgets"), default=runner.DEFAULT_BUDGETS, help=budgets_help
+    )
     p.add_argument("--chat-template", choices=CHAT_TEMPLATE_MODES, default="auto", help="as for `ripplekv eval`")
     p.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
-    p.add_argument("--context-tokens", type=_positive_int, default=None, help="ruler: context length")
+    p.add_argument("--context-tokens", type=positive_int, default=None, help="ruler: context length")
     p.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
-    p.add_argument("--max-length", type=_positive_int, default=None, help="longbench: truncation length")
-    p.add_argument("--needle-lengths", type=_comma_list(_positive_int, "lengths"), default=None, help="needle")
+    p.add_argument("--max-length", type=positive_int, default=None, help="longbench: truncation length")
+    p.add_argument("--needle-lengths", type=_comma_list(positive_int, "lengths"), default=None, help="needle")
     p.add_argument("--needle-depths", type=_comma_list(float, "depths"), default=None, help="needle")
-    p.add_argument("--needle-digits", type=_positive_int, default=None, help="needle")
-    p.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    p.add_argument("--needle-digits", type=positive_int, default=None, help="needle")
+    p.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
     p.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_ANSWER_TOKENS,
         help=f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
     )
@@ -173,7 +175,7 @@ def add_summary_args(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "--resamples",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_RESAMPLES,
         help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least 2000)",
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.cli.args import _add_model_args, _positive_int
+from ripplekv.cli.args import add_model_args, positive_int
 from ripplekv.models import cache_root, load_model, model_identity
 from ripplekv.models.loading import weights_fingerprint
 from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
@@ -33,12 +33,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "needle-in-a-haystack question in real essay text with full, snapkv, pyramidkv and ripplekv, print "
         "a side-by-side table and save a plot of the profile and the budgets.",
     )
-    _add_model_args(d)
+    add_model_args(d)
     d.add_argument(
         "--budgets", default="0.1,0.5", help="kept fractions, comma-separated (default 0.1,0.5; the first is plotted)"
     )
-    d.add_argument("--digits", type=_positive_int, default=4, help="digits of the needle's number (default 4)")
-    d.add_argument("--context-tokens", type=_positive_int, default=2048, help="haystack length (default 2048)")
+    d.add_argument("--digits", type=positive_int, default=4, help="digits of the needle's number (default 4)")
+    d.add_argument("--context-tokens", type=positive_int, default=2048, help="haystack length (default 2048)")
     d.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1] (default 0.5)")
     d.add_argument("--seed", type=int, default=0, help="needle seed (default 0)")
     d.add_argument("--out", default="ripplekv-demo", help="folder for the plot and results (default ripplekv-demo)")

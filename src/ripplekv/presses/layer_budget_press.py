@@ -11,9 +11,9 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.budgets import _is_integer
 from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
+from ripplekv.validation import is_integer
 
 __all__ = ["LayerBudgetPress", "check_compressible", "has_padding"]
 
@@ -95,7 +95,7 @@ class LayerBudgetPress(BasePress):
             raise TypeError(f"{type(self).__name__} wraps a kvpress ScorerPress, got {type(self.press).__name__}")
         if not isinstance(self.schedule, BudgetSchedule):
             raise TypeError(f"schedule must be a BudgetSchedule, got {type(self.schedule).__name__}")
-        if self.min_tokens is not None and (not _is_integer(self.min_tokens) or self.min_tokens < 1):
+        if self.min_tokens is not None and (not is_integer(self.min_tokens) or self.min_tokens < 1):
             raise ValueError(
                 "min_tokens must be an integer >= 1 (a layer keeping no token breaks the cache), "
                 f"got {self.min_tokens!r}"

@@ -1,0 +1,27 @@
+"""Type checks shared by every layer (a leaf module: it imports nothing of ripplekv)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = ["is_integer", "is_real"]
+
+
+def is_integer(value: object) -> bool:
+    """True for integers (Python or NumPy), excluding ``bool``.
+
+    Args:
+        value: any object.
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def is_real(value: object) -> bool:
+    """True for real numbers (Python or NumPy), excluding ``bool``.
+
+    Args:
+        value: any object.
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
