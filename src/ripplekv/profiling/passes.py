@@ -43,6 +43,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ripplekv.models.attention import uses_varlen_attention
 from ripplekv.models.cache import KVPair, PassThroughLayer, cache_from_layers
+from ripplekv.models.layer_types import sliding_layers
 from ripplekv.models.shared_prefix import SharedPrefix
 from ripplekv.profiling.divergence import ReferenceDistribution, kl_divergence, relative_change
 from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_adaptive_noise
@@ -263,14 +264,21 @@ def _record_attention_output(layer: nn.Module, store: list[torch.Tensor]) -> Ite
 
 
 def can_share_prefix(model: PreTrainedModel, length: int) -> bool:
-    """Whether :func:`batched_by_depth` applies: RippleKV attention and full (not sliding) attention.
+    """Whether :func:`batched_by_depth` applies: RippleKV attention, and every layer sees every key.
+
+    The shared-prefix attention shows every row the whole prefix, which a sliding-window layer of window ``W``
+    sees exactly while the sequence fits the window (its last position ``length - 1`` sees the ``W`` positions
+    up to it). A model with sliding-window layers and a longer sequence takes :func:`layer_by_layer`, whose
+    layers attend through the masks of the clean pass.
 
     Args:
         model: the profiled model.
         length: context plus continuation tokens.
     """
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
-    return uses_varlen_attention(model) and (window is None or window >= length)
+    config = model.config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    fits = window is None or window >= length or not any(sliding_layers(config))
+    return uses_varlen_attention(model) and fits
 
 
 def _layer_kwargs(call: tuple[tuple, dict], cache: DynamicCache) -> dict[str, Any]:
