@@ -8,20 +8,32 @@ through the noisy rows.
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from scipy.stats import spearmanr
+from transformers import (
+    DynamicCache,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from ripplekv.models import shared_prefix
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_from_tensors, cache_tensors
-from ripplekv.profiling import ProfilingConfig, score_sample
+from ripplekv.profiling import ProfilingConfig, passes, score_sample
 from ripplekv.profiling.divergence import kl_divergence, relative_change
 from ripplekv.profiling.noise import noise_generator, norm_adaptive_noise
-from ripplekv.profiling.passes import can_share_prefix
+from ripplekv.profiling.passes import Float32Head, Float32Layers, can_share_prefix
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,14 +43,22 @@ NEW = 12
 
 
 def _model(
-    arch: str = "llama", fast: bool = True, dtype: torch.dtype = torch.float32, seed: int = 0
+    arch: str = "llama",
+    fast: bool = True,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    layers: int = 4,
+    head_scale: float = 1.0,
 ) -> PreTrainedModel:
-    """A 4-layer model (hidden 64, GQA 4/2 heads, 8,192-token vocabulary, 4,096 positions)."""
+    """A model of ``layers`` layers (default 4; hidden 64, GQA 4/2 heads, 8,192-token vocabulary, 4,096 positions).
+
+    ``head_scale`` multiplies the output projection (2: logits up to ~16 in magnitude, as SmolLM2's).
+    """
     torch.manual_seed(seed)
     common = dict(
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=4,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=VOCAB,
@@ -51,6 +71,8 @@ def _model(
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
     model = model.eval().to(dtype)
     return enable_varlen_attention(model) if fast else model
 
@@ -163,6 +185,84 @@ def test_bfloat16_scores_track_float32() -> None:
         assert math.isclose(got, want, rel_tol=0.2), (half.kl, full.kl)
 
 
+def _agreement(got: list[float], want: list[float]) -> tuple[float, float, float]:
+    """Spearman rho, max and median relative error of the scores ``got`` against ``want``."""
+    got_, want_ = np.array(got), np.array(want)
+    relative = np.abs(got_ - want_) / want_
+    return float(spearmanr(got_, want_)[0]), float(relative.max()), float(np.median(relative))
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["batched_by_depth", "layer_by_layer"])
+def test_bfloat16_profile_equals_float32_profile_of_the_same_weights(fast: bool) -> None:
+    """An 8-layer model in bfloat16 scores every layer as the same weights in float32 do.
+
+    Logits up to ~16 in magnitude and scores down to ~5e-4 nats (alpha 0.1), where bfloat16 rounding of the
+    logits and of the continuation's hidden states shows: the tolerance fails when the final norm and output
+    projection run in bfloat16 (scores off by up to ~80%), and when only they run in float32 (~40%); the
+    remaining error is the bfloat16 prefill (the operating point), a few percent.
+    """
+    half = _model("llama", fast=fast, dtype=torch.bfloat16, layers=8, head_scale=2.0)
+    full = copy.deepcopy(half).float()  # the same (bfloat16-rounded) weights, float32 arithmetic
+    ctx, cont = _ids(256, 11), _ids(16, 12)
+    assert can_share_prefix(half, 272) is fast
+    with torch.no_grad():
+        assert float(full(ctx).logits.abs().max()) > 12  # the logit scale at which bfloat16 rounding shows
+    config = ProfilingConfig(alpha=0.1, repeats=2, seed=0)
+    want = score_sample(full, ctx, cont, config).kl
+    got = score_sample(half, ctx, cont, config).kl
+    assert min(want) < 1e-3, want  # scores as small as the least sensitive layers of a real model
+    rho, worst, median = _agreement(got, want)
+    assert rho >= 0.95 and worst < 0.2 and median < 0.1, (rho, worst, median, got, want)
+    for precision in ("model", "float32-head"):  # the tolerance catches bfloat16 arithmetic left in the passes
+        rounded = score_sample(half, ctx, cont, replace(config, precision=precision)).kl
+        _, worst, median = _agreement(rounded, want)
+        assert worst > 0.3 and median > 0.15, (precision, worst, median)
+
+
+def test_float32_head_is_the_models_own_head_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Norm, projection with bias, final logit soft-capping (Gemma 2/3 configs), whole or in vocabulary chunks."""
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=1000,
+        final_logit_softcapping=5.0,
+        initializer_range=0.5,
+        attn_implementation="sdpa",
+    )
+    model = Gemma3ForCausalLM(config).eval()
+    model.lm_head.bias = torch.nn.Parameter(torch.randn(1000))  # some checkpoints' heads have a bias
+    hidden = torch.randn(2, 3, 64) * 10
+    with torch.no_grad():
+        want = model.lm_head(model.model.norm(hidden))
+        want = torch.tanh(want / 5.0) * 5.0
+        assert float(want.abs().max()) > 4.5  # the cap binds
+        torch.testing.assert_close(Float32Head(model)(hidden), want)
+        monkeypatch.setattr(passes, "MAX_HEAD_BYTES", 64 * 4 * 300)  # chunks of 300 rows, the last one shorter
+        chunked = Float32Head(model)
+        assert chunked.chunk == 300
+        torch.testing.assert_close(chunked(hidden), want)
+        half = copy.deepcopy(model).to(torch.bfloat16)
+        logits = Float32Head(half)(hidden.to(torch.bfloat16))
+    assert logits.dtype == torch.float32
+    assert half.lm_head.weight.dtype == torch.bfloat16  # the model is left as it was
+
+
+def test_float32_layers_copy_low_precision_layers_only() -> None:
+    full = _model("llama")
+    layers = Float32Layers(full.model.layers)
+    assert layers[0] is full.model.layers[0]
+    half = _model("llama", dtype=torch.bfloat16)
+    kept, fresh = Float32Layers(half.model.layers), Float32Layers(half.model.layers, max_bytes=0)
+    assert kept[1] is kept[1] and fresh[1] is not fresh[1]
+    assert all(p.dtype == torch.float32 for p in kept[1].parameters())
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters())
+
+
 def _softmax64(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
@@ -205,3 +305,16 @@ def test_kl_ignores_tokens_masked_on_both_sides() -> None:
     torch.testing.assert_close(
         kl_divergence(masked_ref, masked_other), kl_divergence(reference[..., keep], other[..., keep])
     )
+
+
+def test_precision_is_validated_and_keys_the_checkpoint() -> None:
+    from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
+    from ripplekv.profiling.sensitivity import checkpoint_key
+
+    with pytest.raises(ValueError, match="precision must be one of"):
+        ProfilingConfig(precision="bfloat16")
+    calibration = CalibrationSet((CalibrationSample(context="a", continuation="b"),), "one")
+    identity = {"config_hash": "h"}
+    default = checkpoint_key(identity, "w", calibration, ProfilingConfig())
+    assert "precision" not in default
+    assert checkpoint_key(identity, "w", calibration, ProfilingConfig(precision="model"))["precision"] == "model"

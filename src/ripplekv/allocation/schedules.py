@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -101,6 +102,33 @@ class BudgetSchedule(ABC):
     def check_layers(self, n_layers: int) -> None:
         """Raise ``ValueError`` if the schedule cannot serve a model of ``n_layers`` layers."""
         _check_call(n_layers, 0)
+
+    def over_layers(self, layers: Sequence[int], n_layers: int) -> BudgetSchedule:
+        """The schedule of the compressed ``layers`` of a model of ``n_layers`` layers (its global layers).
+
+        A press that leaves some layers whole (sliding-window layers) spreads the budget of the compressed layers,
+        ``len(layers) * average``, over them alone: ``over_layers(...).layer_budgets(len(layers), ...)[k]`` is the
+        budget of layer ``layers[k]``. Uniform and pyramid budgets depend on the number of layers only (the
+        schedule itself); a profile schedule keeps the scores of those layers.
+
+        Args:
+            layers: indices of the compressed layers, increasing, within ``range(n_layers)``.
+            n_layers: layers of the model.
+
+        Raises:
+            ValueError: if the schedule cannot serve the model, or ``layers`` is not a non-empty increasing
+                subsequence of ``range(n_layers)``.
+        """
+        self.check_layers(n_layers)
+        _check_subset(layers, n_layers)
+        return self
+
+
+def _check_subset(layers: Sequence[int], n_layers: int) -> None:
+    if not layers or any(not is_integer(i) for i in layers) or list(layers) != sorted(set(layers)):
+        raise ValueError(f"compressed layers must be increasing layer indices, got {list(layers)!r}")
+    if layers[0] < 0 or layers[-1] >= n_layers:
+        raise ValueError(f"compressed layers {list(layers)!r} are not layers of a model of {n_layers} layers")
 
 
 @dataclass(frozen=True)
@@ -214,6 +242,9 @@ class ProfileSchedule(BudgetSchedule):
     ``w_l = ratio ** s_l``, clip to ``[1 / gamma, gamma]``, rescale to the global budget (water-filling,
     largest remainder).
 
+    On a model whose press leaves some layers whole (sliding-window layers, see :meth:`over_layers`) the scores
+    are one per model layer, of which the compressed layers' are used, or one per compressed layer.
+
     Attributes:
         budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
         scores: one finite sensitivity score per layer (stored as a tuple of floats).
@@ -237,6 +268,23 @@ class ProfileSchedule(BudgetSchedule):
         _check_call(n_layers, 0)
         if len(self.scores) != n_layers:
             raise ValueError(f"{len(self.scores)} layer scores for a model of {n_layers} layers")
+
+    def over_layers(self, layers: Sequence[int], n_layers: int) -> ProfileSchedule:
+        """The schedule of the scores of ``layers`` alone (itself when the scores are one per compressed layer).
+
+        Args:
+            layers: indices of the compressed layers, increasing, within ``range(n_layers)``.
+            n_layers: layers of the model.
+
+        Raises:
+            ValueError: unless there is one score per model layer or one per compressed layer.
+        """
+        _check_call(n_layers, 0)
+        _check_subset(layers, n_layers)
+        if len(self.scores) == len(layers):
+            return self
+        self.check_layers(n_layers)
+        return ProfileSchedule(self.budget, tuple(self.scores[i] for i in layers), self.ratio, self.gamma)
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
         """The RippleKV allocation of the scores (``floor`` is ``allocate_budgets``'s ``min_tokens``)."""

@@ -13,10 +13,13 @@ for batches without padding. A padded batch raises instead of attending to the w
 carries a ``key_validity`` (:class:`ripplekv.models.padded.KeyValidity`): several compressed caches of one prompt
 run as one batch, each layer's mask built from which cached entries each row may see.
 
-Sliding-window layers (Gemma 3's local layers, Mistral v0.1) attend to the last ``W`` positions only. A fitted
-mask makes every cached key visible, which equals the sliding window exactly while the whole sequence fits in it
-(position < ``W``); beyond it a pass raises :class:`SlidingWindowError` instead of attending to keys the model
-would not see. Compressing such a model is therefore supported on sequences of at most ``W`` tokens.
+Sliding-window layers (Gemma 3's local layers) attend to the last ``W`` positions only. They are never compressed
+(:mod:`ripplekv.models.layer_types`): their keys are the whole sequence (a ``DynamicLayer``) or its last ``W - 1``
+positions plus the new ones (transformers' ``DynamicSlidingWindowLayer``), contiguous positions ending at the
+pass's last token either way. A sliding layer therefore uses the library's own sliding mask as it is (built from
+the cache's sizes, window offset included) and is never fitted; when that mask was built for another layer's
+length (the cache's first layer is a compressed global one) it gets the model's sliding mask rebuilt for its own
+keys: query ``i`` sees the ``W`` keys ending at its own, bottom-right aligned (:func:`sliding_window_mask`).
 
 The functions are registered under new names through transformers' public ``AttentionInterface`` and
 ``AttentionMaskInterface`` (nothing of the library is patched): ``ripplekv_sdpa`` and ``ripplekv_eager``.
@@ -74,29 +77,62 @@ class PaddedBatchError(ValueError):
 
 
 class SlidingWindowError(ValueError):
-    """A sequence outgrew a sliding-window layer's window (the variable-length attention is exact within it)."""
+    """A pass that cannot serve a sliding-window layer beyond its window (the shared-prefix attention)."""
 
 
-def check_within_window(cache_position: torch.Tensor, window: int | None) -> None:
-    """Refuse a pass whose last position lies outside a sliding window of ``window`` positions.
+def sliding_window_mask(
+    query_len: int,
+    key_len: int,
+    window: int,
+    additive: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor | None:
+    """The sliding-window causal mask of a layer whose keys are contiguous positions ending at the last query.
+
+    Query ``i`` (the ``i``-th of the last ``query_len`` keys) sees the keys ``j`` with
+    ``i + key_len - query_len - window < j <= i + key_len - query_len``: transformers'
+    ``sliding_window_causal_mask_function`` (``kv_idx > q_idx - window``) in the layer's own key positions.
 
     Args:
-        cache_position: the positions of the pass's new tokens.
-        window: the sliding window (``None``: a global layer, nothing to check).
+        query_len: new tokens of the pass (the last ``query_len`` keys).
+        key_len: keys of the layer, its cached tokens plus the new ones.
+        window: the sliding window ``W``.
+        additive: build an additive float mask (eager) rather than a boolean one (sdpa).
+        dtype: float dtype of an additive mask.
+        device: where the mask is made (the device of the queries it is used with).
 
-    Raises:
-        SlidingWindowError: the sequence holds more than ``window`` tokens.
+    Returns:
+        A ``(1, 1, query_len, key_len)`` mask, or ``None`` when the keys fit the window and no mask is needed
+        (see :func:`fit_attention_mask`).
     """
-    if window is None or cache_position.numel() == 0:
-        return
-    length = int(cache_position[-1]) + 1
-    if length > window:
-        raise SlidingWindowError(
-            f"this model has sliding-window layers that attend to the last {window} tokens; ripplekv compresses "
-            f"and attends over such a model only while the whole sequence fits the window, and this one has "
-            f"{length} tokens: keep prompt plus answer within {window} tokens (e.g. --max-length, "
-            "--context-tokens, --max-new-tokens)"
-        )
+    if key_len <= window:
+        return fit_attention_mask(None, query_len, key_len, additive, dtype, device=device)
+    rows = torch.arange(query_len, device=device).unsqueeze(1) + (key_len - query_len)
+    cols = torch.arange(key_len, device=device).unsqueeze(0)
+    allowed = ((cols <= rows) & (cols > rows - window)).view(1, 1, query_len, key_len)
+    if not additive:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _sliding_layer_mask(
+    mask: torch.Tensor | None,
+    query_len: int,
+    key_len: int,
+    window: int,
+    additive: bool,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """A sliding layer's mask: the library's own when it was built for this layer's keys, else rebuilt.
+
+    A mask built for another length was built from a compressed first layer, which :func:`varlen_mask` allows for
+    unpadded batches only, so the rebuilt mask needs no padding.
+    """
+    if mask is not None and mask.shape[-1] == key_len:
+        return mask
+    return sliding_window_mask(query_len, key_len, window, additive, dtype, device)
 
 
 def _causal_mask(
@@ -151,38 +187,36 @@ def fit_attention_mask(
 
 
 def _plain_causal(kwargs: dict[str, Any]) -> bool:
-    """Whether a pass's mask is plain causal: no padding and no custom mask function.
-
-    Sliding-window and chunked masks (transformers passes their size as ``local_size``) count as plain: within
-    the window, which :func:`check_within_window` enforces, they equal the causal mask.
-    """
+    """Whether a pass's mask is plain causal: no padding, no custom mask function, no sliding window or chunk
+    (transformers passes their size as ``local_size``)."""
     if kwargs.get("attention_mask") is not None or kwargs.get("use_vmap", False):
         return False
     return (
-        kwargs.get("mask_function", causal_mask_function) is causal_mask_function
-        or kwargs.get("local_size") is not None
+        kwargs.get("local_size") is None and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
     )
 
 
 def _make_mask(base: Callable) -> Callable:
-    def varlen_mask(*, cache_position: torch.Tensor, kv_length: int, **kwargs: Any) -> torch.Tensor | None:
-        """Layer 0's mask, or ``None`` to let each layer's attention build its own causal offset.
+    def varlen_mask(
+        *, cache_position: torch.Tensor, kv_length: int, kv_offset: int = 0, **kwargs: Any
+    ) -> torch.Tensor | None:
+        """The mask of the layer transformers sized it from, or ``None`` to let each layer's attention build its own.
 
         An unpadded causal pass needs no mask from here: every layer's new queries see all of its cached keys and
         the new keys up to themselves (what the attention function does when it gets ``None``), whatever the
-        layer holds, so no host synchronisation is made. A padded batch (a 2D ``attention_mask`` with zeros) or a
-        custom mask function gets the library's own mask when layer 0 holds every past position; this costs one
-        host synchronisation per forward pass (reading ``cache_position[0]`` and whether the mask is all ones),
-        as transformers' own sdpa mask does. A padded batch over a compressed layer 0 raises.
-
-        A sliding-window mask (transformers passes its window as ``local_size``) is refused beyond the window.
+        layer holds, so no host synchronisation is made. A padded batch (a 2D ``attention_mask`` with zeros), a
+        custom mask function or a sliding-window mask (``local_size``) gets the library's own mask when the layer
+        it is sized from holds every past position from ``kv_offset`` on (a sliding-window cache layer holds its
+        window only); this costs one host synchronisation per forward pass (reading ``cache_position[0]`` and
+        whether the mask is all ones), as transformers' own sdpa mask does. A padded batch over a compressed layer
+        raises; a sliding layer handed ``None`` rebuilds its own sliding mask (sliding layers are never
+        compressed).
         """
-        check_within_window(cache_position, kwargs.get("local_size"))
         if _plain_causal(kwargs):
             return None
         query_len = cache_position.shape[0]
-        if int(cache_position[0]) == kv_length - query_len:  # layer 0 holds every past token
-            return base(cache_position=cache_position, kv_length=kv_length, **kwargs)
+        if int(cache_position[0]) - kv_offset == kv_length - query_len:  # the layer holds every past token
+            return base(cache_position=cache_position, kv_length=kv_length, kv_offset=kv_offset, **kwargs)
         padding = kwargs.get("attention_mask")
         if padding is not None and not bool(padding.bool().all()):
             raise PaddedBatchError(
@@ -263,8 +297,11 @@ def _validity_mask(
     )
 
 
-def _ragged_attention(module: torch.nn.Module, query: torch.Tensor, ragged: Any, scaling: float | None) -> torch.Tensor:
-    """Each row's queries over that row's own keys and values (a :class:`RaggedLayer` of ``ragged``)."""
+def _ragged_attention(
+    module: torch.nn.Module, query: torch.Tensor, ragged: Any, scaling: float | None, window: int | None = None
+) -> torch.Tensor:
+    """Each row's queries over that row's own keys and values (a :class:`RaggedLayer` of ``ragged``); a sliding
+    layer's (``window``) keys, never compressed, get its sliding mask too."""
     layer = ragged.layers[module.layer_idx]
     if not isinstance(layer, RaggedLayer):
         raise TypeError(f"ragged_cache layer {module.layer_idx} is a {type(layer).__name__}, not a RaggedLayer")
@@ -274,12 +311,16 @@ def _ragged_attention(module: torch.nn.Module, query: torch.Tensor, ragged: Any,
     outputs = []
     for row in range(query.shape[0]):
         keys, values = layer.row(row)
+        mask = layer.row_mask(row, query_len, heads)  # on the row's buffers' device
+        band = None if window is None else sliding_window_mask(query_len, keys.shape[2], window, device=keys.device)
+        if band is not None:
+            mask = band if mask is None else mask & band
         outputs.append(
             torch.nn.functional.scaled_dot_product_attention(
                 query[row : row + 1],
                 keys,
                 values,
-                attn_mask=layer.row_mask(row, query_len, heads),  # on the row's buffers' device
+                attn_mask=mask,
                 scale=scaling,
                 is_causal=False,
                 enable_gqa=heads != keys.shape[1],
@@ -297,18 +338,34 @@ def _make_attention(base_name: str, default: Callable, additive: bool) -> Callab
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        window = kwargs.get("sliding_window")  # a sliding-window layer's window (None: a global layer)
         shared = kwargs.pop("shared_prefix", None)
         if shared is not None:  # many rows over one shared cached prefix (see ripplekv.models.shared_prefix)
+            if window is not None and shared.keys.shape[-2] + key.shape[-2] > window:
+                raise SlidingWindowError(
+                    f"the shared-prefix attention sees every prefix key, a sliding-window layer only the last "
+                    f"{window}: profile such a sequence with the generic path (ripplekv.profiling.passes)"
+                )
             return shared_prefix_attention(query, key, value, shared, kwargs.get("scaling")), None
         ragged = kwargs.pop("ragged_cache", None)
         if ragged is not None:  # caches of their own lengths, attended row by row (see ripplekv.models.padded)
-            return _ragged_attention(module, query, ragged, kwargs.get("scaling")), None
+            return _ragged_attention(module, query, ragged, kwargs.get("scaling"), window), None
         validity = kwargs.pop("key_validity", None)
         masked = getattr(module, "masked_key_indices", None) is not None  # kvpress's head-wise wrapper is live
-        if base_name == "sdpa" and validity is None and attention_mask is None and not masked:
+        beyond_window = window is not None and key.shape[2] > window
+        if base_name == "sdpa" and validity is None and attention_mask is None and not masked and not beyond_window:
             return sdpa_gqa_forward(module, query, key, value, None, **kwargs)  # causal offset, no dense mask
         if validity is not None:  # a padded batch of compressed caches (see ripplekv.models.padded)
             mask = _validity_mask(module, validity, query, key)
+            band = None
+            if window is not None:
+                band = sliding_window_mask(query.shape[2], key.shape[2], window, device=mask.device)
+            if band is not None:  # sliding layers are whole in every row: the window counts from the end
+                mask = mask.masked_fill(~band, torch.finfo(mask.dtype).min)
+        elif window is not None:  # a sliding layer is never compressed: the model's own sliding mask
+            mask = _sliding_layer_mask(
+                attention_mask, query.shape[2], key.shape[2], window, additive, query.dtype, query.device
+            )
         else:
             mask = fit_attention_mask(
                 attention_mask, query.shape[2], key.shape[2], additive, query.dtype, device=query.device

@@ -1,6 +1,7 @@
 """KV-cache presses: per-layer budget schedules (SnapKV, PyramidKV, RippleKV, head-wise too), one name per method."""
 
 from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.registry import METHOD_DESCRIPTIONS, METHODS, make_press
@@ -10,6 +11,7 @@ __all__ = [
     "METHODS",
     "METHOD_DESCRIPTIONS",
     "FullPress",
+    "GlobalLayersPress",
     "LayerBudgetAdaPress",
     "LayerBudgetPress",
     "RippleKVPress",

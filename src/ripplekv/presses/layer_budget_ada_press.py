@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
-from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible
+from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv.validation import is_real
 
@@ -188,7 +188,7 @@ class LayerBudgetAdaPress(BasePress):
         """
         if self.profile is not None:
             self.profile.check_model(model, strict=self.strict_profile)
-        self.schedule.check_layers(int(model.config.get_text_config().num_hidden_layers))
+        global_schedule(self.schedule, model.config)
         if (self.evict_balanced or not self.schedule.uniform) and not supports_per_layer_lengths(model):
             current = model.config._attn_implementation
             try:
@@ -201,8 +201,13 @@ class LayerBudgetAdaPress(BasePress):
                 ) from error
         self.press.post_init_from_model(model)
 
-    def _layer_count(self, module: nn.Module, k_len: int) -> int:
-        return self.layer_budgets(k_len, int(module.config.num_hidden_layers))[module.layer_idx]
+    def _layer_count(self, module: nn.Module, k_len: int) -> int | None:
+        """The layer's average tokens per head; None for a sliding-window layer (left whole)."""
+        schedule, layers = global_schedule(self.schedule, module.config)
+        if module.layer_idx not in layers:
+            return None
+        budgets = schedule.layer_budgets(len(layers), k_len, self.layer_press.floor)
+        return budgets[layers.index(module.layer_idx)]
 
     def score(
         self,
@@ -215,7 +220,8 @@ class LayerBudgetAdaPress(BasePress):
     ) -> torch.Tensor:
         """The scorer's ``(batch, kv_heads, tokens)`` scores for this layer (called at the layer's own ratio)."""
         k_len = keys.shape[2]
-        scorer = replace(self.press, compression_ratio=1.0 - self._layer_count(module, k_len) / k_len)
+        n_kept = self._layer_count(module, k_len)
+        scorer = replace(self.press, compression_ratio=0.0 if n_kept is None else 1.0 - n_kept / k_len)
         return scorer.score(module, hidden_states, keys, values, attentions, kwargs)
 
     def compress(
@@ -228,9 +234,11 @@ class LayerBudgetAdaPress(BasePress):
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the layer's budget head-wise (see the class); masks dropped entries or evicts when balanced."""
-        check_compressible(self, kwargs, keys.shape[2], self.window)
         k_len = keys.shape[2]
         n_kept = self._layer_count(module, k_len)
+        if n_kept is None:  # a sliding-window layer: left whole (a padded batch is refused at the global layers)
+            return keys, values
+        check_compressible(self, kwargs, k_len, self.window)
         if n_kept >= k_len:
             return keys, values
         scores = self.score(module, hidden_states, keys, values, attentions, kwargs)

@@ -9,13 +9,14 @@ import torch
 from kvpress import ScorerPress, SnapKVPress
 from kvpress.presses.base_press import BasePress
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
+from ripplekv.models.layer_types import compressed_layers
 from ripplekv.validation import is_integer
 
-__all__ = ["LayerBudgetPress", "check_compressible", "has_padding"]
+__all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_padding"]
 
 
 def has_padding(attention_mask: torch.Tensor | None) -> bool:
@@ -30,8 +31,9 @@ def has_padding(attention_mask: torch.Tensor | None) -> bool:
 def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> None:
     """Raise unless one layer's prefill can be compressed: no padding, more tokens than the selection window.
 
-    Checked first, at every layer: a layer that keeps every token would otherwise let a padded batch through, and
-    the mask fitted over the compressed layers would then attend to the padding.
+    Checked first, at every global layer: a layer that keeps every token would otherwise let a padded batch
+    through, and the mask fitted over the compressed layers would then attend to the padding. (Sliding-window
+    layers are never compressed and their mask hides the tokens beyond the window, padding or not.)
 
     Args:
         press: the press (named in the messages).
@@ -49,6 +51,21 @@ def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> 
 
 def _num_layers(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config().num_hidden_layers)
+
+
+def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple[BudgetSchedule, tuple[int, ...]]:
+    """The schedule over a model's compressed (global) layers, and their indices (see ``BudgetSchedule.over_layers``).
+
+    Args:
+        schedule: the press's schedule.
+        config: the model's (or an attention module's) config.
+
+    Raises:
+        ValueError: if the schedule does not fit the model, or every layer is a sliding-window layer.
+    """
+    layers = compressed_layers(config)
+    n_layers = int(config.get_text_config().num_hidden_layers)
+    return schedule.over_layers(layers, n_layers), layers
 
 
 @dataclass
@@ -74,6 +91,11 @@ class LayerBudgetPress(BasePress):
 
     A padded batch is refused (:class:`~ripplekv.models.attention.PaddedBatchError`) at every layer, even one
     that keeps every token.
+
+    Only global layers are compressed (:mod:`ripplekv.models.layer_types`): a sliding-window layer (Gemma 3's
+    local layers) keeps its whole cache, as kvpress leaves Gemma 3's, and the schedule spreads the global budget
+    ``G * average`` over the ``G`` global layers alone (:meth:`BudgetSchedule.over_layers`; a profile's scores
+    of the global layers).
 
     Parameters
     ----------
@@ -120,8 +142,20 @@ class LayerBudgetPress(BasePress):
         return 1.0 - budget if budget <= 1 else math.nan
 
     def layer_budgets(self, prompt_tokens: int, n_layers: int) -> tuple[int, ...]:
-        """Tokens kept by each of ``n_layers`` layers for a prompt of ``prompt_tokens`` tokens."""
+        """Tokens kept by each of ``n_layers`` compressed layers for a prompt of ``prompt_tokens`` tokens."""
         return self.schedule.layer_budgets(n_layers, prompt_tokens, self.floor)
+
+    def model_budgets(self, config: PretrainedConfig, prompt_tokens: int) -> tuple[int, ...]:
+        """Tokens kept by every layer of a model: its budget for a global layer, the whole prompt for a sliding one.
+
+        Args:
+            config: the model's config.
+            prompt_tokens: tokens of the prompt.
+        """
+        schedule, layers = global_schedule(self.schedule, config)
+        budgets = dict(zip(layers, schedule.layer_budgets(len(layers), prompt_tokens, self.floor)))
+        n_layers = int(config.get_text_config().num_hidden_layers)
+        return tuple(budgets.get(i, prompt_tokens) for i in range(n_layers))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the schedule against the model and, unless budgets are uniform, enable variable-length attention.
@@ -134,7 +168,7 @@ class LayerBudgetPress(BasePress):
             ValueError: if the schedule does not fit the model (e.g. a profile of another depth), or if the
                 model's attention implementation has no variable-length variant.
         """
-        self.schedule.check_layers(_num_layers(model))
+        global_schedule(self.schedule, model.config)
         if not self.schedule.uniform and not supports_per_layer_lengths(model):
             current = model.config._attn_implementation
             try:
@@ -158,10 +192,15 @@ class LayerBudgetPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keep layer ``module.layer_idx``'s budget of the scorer's highest-scored tokens (see the class)."""
+        """Keep layer ``module.layer_idx``'s budget of the scorer's highest-scored tokens (see the class); a
+        sliding-window layer is left whole (its mask hides what lies beyond the window, padding or not: a padded
+        batch is refused at the global layers)."""
+        schedule, layers = global_schedule(self.schedule, module.config)
+        if module.layer_idx not in layers:
+            return keys, values
         check_compressible(self, kwargs, keys.shape[2], self.window)
         k_len = keys.shape[2]
-        n_kept = self.layer_budgets(k_len, int(module.config.num_hidden_layers))[module.layer_idx]
+        n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
         # Scorers such as StreamingLLM derive their scores from compression_ratio: score with a copy set to

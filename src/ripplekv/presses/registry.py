@@ -3,6 +3,10 @@
 SnapKV, PyramidKV and RippleKV are one press, :class:`LayerBudgetPress` over SnapKV's scorer, with three
 per-layer budget schedules (uniform, pyramid, profile); they keep the same total number of tokens at a given
 budget. kvpress's own PyramidKVPress stays available as ``pyramidkv-kvpress`` for comparison.
+
+Every method compresses a model's global layers only and leaves sliding-window layers whole (Gemma 3's local
+layers, :mod:`ripplekv.models.layer_types`): the schedules spread the global layers' budget over them, and
+kvpress's own presses are wrapped in :class:`GlobalLayersPress`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from kvpress.presses.base_press import BasePress
 
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, PyramidSchedule, UniformSchedule
 from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
@@ -47,8 +52,8 @@ def _ripplekv_ada(
 
 _BUILDERS: dict[str, Callable[..., BasePress]] = {
     "full": lambda budget, profile, window, ratio, gamma, strict: FullPress(),
-    "streamingllm": lambda budget, profile, window, ratio, gamma, strict: StreamingLLMPress(
-        compression_ratio=1 - _fraction("streamingllm", budget)
+    "streamingllm": lambda budget, profile, window, ratio, gamma, strict: GlobalLayersPress(
+        StreamingLLMPress(compression_ratio=1 - _fraction("streamingllm", budget))
     ),
     "snapkv": lambda budget, profile, window, ratio, gamma, strict: LayerBudgetPress(
         SnapKVPress(window_size=window), UniformSchedule(_fraction("snapkv", budget))
@@ -56,11 +61,11 @@ _BUILDERS: dict[str, Callable[..., BasePress]] = {
     "pyramidkv": lambda budget, profile, window, ratio, gamma, strict: LayerBudgetPress(
         SnapKVPress(window_size=window), PyramidSchedule(_fraction("pyramidkv", budget), window_size=window)
     ),
-    "pyramidkv-kvpress": lambda budget, profile, window, ratio, gamma, strict: PyramidKVPress(
-        compression_ratio=1 - _fraction("pyramidkv-kvpress", budget), window_size=window
+    "pyramidkv-kvpress": lambda budget, profile, window, ratio, gamma, strict: GlobalLayersPress(
+        PyramidKVPress(compression_ratio=1 - _fraction("pyramidkv-kvpress", budget), window_size=window)
     ),
-    "adakv": lambda budget, profile, window, ratio, gamma, strict: AdaKVPress(
-        SnapKVPress(compression_ratio=1 - _fraction("adakv", budget), window_size=window)
+    "adakv": lambda budget, profile, window, ratio, gamma, strict: GlobalLayersPress(
+        AdaKVPress(SnapKVPress(compression_ratio=1 - _fraction("adakv", budget), window_size=window))
     ),
     "ripplekv": lambda budget, profile, window, ratio, gamma, strict: RippleKVPress(
         press=SnapKVPress(window_size=window),

@@ -11,7 +11,7 @@ import torch
 from kvpress import ScorerPress, SnapKVPress
 from kvpress.presses.base_press import BasePress
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
 from ripplekv.allocation.schedules import ProfileSchedule
@@ -48,7 +48,9 @@ class RippleKVPress(BasePress):
     """RippleKV (2026): give each layer the KV-cache budget its measured sensitivity asks for.
 
     Offline, :func:`ripplekv.profiling.profile_model` measures how much the model's output distribution
-    moves when each layer's Value cache is perturbed. Here those scores become per-layer token budgets
+    moves when each layer's Value cache is perturbed (every layer, sliding-window ones included; on a model with
+    sliding-window layers the budgets are allocated from the global layers' scores, over the global layers).
+    Here those scores become per-layer token budgets
     (min-max normalise, ``w_l = ratio ** s_l``, clip to ``[1/gamma, gamma]``, rescale to the global budget;
     see :mod:`ripplekv.allocation`), and layer ``l`` keeps exactly its budget of the tokens ranked highest
     by the inner press's ``score()``. Token selection is the inner press's; only the count changes, and no
@@ -140,6 +142,11 @@ class RippleKVPress(BasePress):
         """
         n_layers = len(self.layer_scores) if n_layers is None else n_layers
         return self.layer_press.layer_budgets(int(prompt_tokens), n_layers)
+
+    def model_budgets(self, config: PretrainedConfig, prompt_tokens: int) -> tuple[int, ...]:
+        """Tokens kept by every layer of a model (sliding-window layers: the whole prompt); see
+        :meth:`LayerBudgetPress.model_budgets`."""
+        return self.layer_press.model_budgets(config, int(prompt_tokens))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the profile against ``model``, then apply :meth:`LayerBudgetPress.post_init_from_model`."""

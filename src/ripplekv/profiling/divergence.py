@@ -1,7 +1,10 @@
 """The two profiling signals, computed exactly: KL divergence of next-token distributions, relative change.
 
 Both are small numbers (a layer's KL under noise is often 1e-5 to 1e-3 nats), measured as the difference of
-two large ones, so they are computed in float64 from the model's raw outputs, whatever the model's dtype.
+two large ones, so they are computed in float64 from the outputs they are given, whatever their dtype. The
+profiling passes give them float32 logits and attention outputs whatever the model's dtype
+(:mod:`ripplekv.profiling.passes`): float64 here cannot undo a rounding already done, and bfloat16 logits
+(a multiple of 0.06 at magnitude 16) would carry a KL noise of ~1e-4 nats.
 
 Why not float32: ``KL(P || Q) = sum_v p_v (log p_v - log q_v)``. Written as ``sum p log p - (sum p z -
 logsumexp z)`` from raw logits ``z`` (a common shortcut), it relies on ``sum_v p_v = 1``; in float32 over a

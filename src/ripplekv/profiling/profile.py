@@ -45,6 +45,8 @@ class SensitivityProfile:
             ``config_hash`` is checked whenever the profile is used.
         scores: per-layer score ``s_l``: KL(P_full || P_perturbed) of the continuation's next-token
             distributions, averaged over positions, noise draws and calibration samples. The allocation uses it.
+            Every layer is scored, sliding-window layers included (a profile of a model is one score per layer,
+            as before); presses compress global layers only and allocate from the global layers' scores.
         sample_scores: the same per sample (rows: samples, columns: layers).
         local_scores: per-layer relative change of the layer's own attention output under the same
             perturbation (no downstream propagation): the paper's ``local`` ablation signal.

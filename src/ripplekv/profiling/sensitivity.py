@@ -12,7 +12,9 @@ For every calibration sample (a context and its continuation):
    averaged over the continuation positions. ``P_ref`` is the continuation over the clean cache computed in
    the same batch by the same arithmetic as the perturbed rows (:mod:`ripplekv.profiling.passes`), and the
    KL is taken in float64 from both sides' log-softmax (:mod:`ripplekv.profiling.divergence`), so noise-free
-   rows score 0 at every layer and in any dtype.
+   rows score 0 at every layer and in any dtype. The continuation passes and the logits run in float32 even
+   for a bfloat16 model (only the prefill keeps the model's dtype), so its scores are not buried under
+   rounding noise.
 
 Cost: one prefill per sample plus, per layer, ``(L - l) / L`` of a continuation pass, never L prefills.
 Keys and every other layer are never touched. The noise draws of a repeat are batched into one pass.
@@ -42,6 +44,7 @@ from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_adaptive_noise
 from ripplekv.profiling.passes import (
+    PRECISIONS,
     CleanPass,
     NoiseSpec,
     batched_by_depth,
@@ -71,8 +74,9 @@ __all__ = [
 
 DEFAULT_ALPHA = 0.5
 # Bumped whenever the arithmetic of a score changes, so a checkpoint of older scores is never resumed:
-# 2 = float64 KL from both log-softmaxes, reference computed in the perturbed rows' batch.
-SCORING_VERSION = 2
+# 2 = float64 KL from both log-softmaxes, reference computed in the perturbed rows' batch;
+# 3 = continuation passes, final norm and output projection in float32 for bfloat16 / float16 models.
+SCORING_VERSION = 3
 DEFAULT_REPEATS = 1  # benchmarks/profile_stability.py: rho 0.983 across noise seeds, 0.995 vs 4 repeats
 CONTINUATIONS = ("text", "model")
 DEFAULT_ANSWER_TOKENS = 32
@@ -99,6 +103,11 @@ class ProfilingConfig:
         max_continuation_tokens: text continuations are cut to their first ``max_continuation_tokens`` tokens
             (None, the default: each is taken whole). Bounds the profiling cost of calibration data with long
             answers (a teacher-forced continuation of ``m`` tokens costs up to ``layers * m`` token passes).
+        precision: arithmetic of the continuation passes (:data:`~ripplekv.profiling.passes.PRECISIONS`):
+            ``"float32"`` (default: decoder layers, final norm and output projection in float32 whatever the
+            model's dtype, over the prefill made in it), ``"float32-head"`` (only the norm and projection) or
+            ``"model"`` (the model's dtype throughout; in bfloat16 its rounding is a KL noise above the least
+            sensitive layers' scores). The two others exist to measure that (``benchmarks/profile_bf16.py``).
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -108,6 +117,7 @@ class ProfilingConfig:
     continuation: str = "text"
     answer_tokens: int = DEFAULT_ANSWER_TOKENS
     max_continuation_tokens: int | None = None
+    precision: str = "float32"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and np.isfinite(self.alpha) and self.alpha >= 0):
@@ -123,6 +133,8 @@ class ProfilingConfig:
         cap = self.max_continuation_tokens
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"max_continuation_tokens must be an integer >= 1 or None, got {cap!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
 
 
 @torch.no_grad()
@@ -179,7 +191,7 @@ def score_sample(
     clean_pass = CleanPass(clean, calls, n_cont)
     noise = NoiseSpec(float(config.alpha), config.repeats, config.seed, sample_index)
     run = batched_by_depth if can_share_prefix(model, n_ctx + n_cont) else layer_by_layer
-    kl_scores, local_scores = run(model, clean_pass, noise)
+    kl_scores, local_scores = run(model, clean_pass, noise, config.precision)
     return SampleScores(tuple(kl_scores), tuple(local_scores), n_ctx, n_cont)
 
 
@@ -279,6 +291,7 @@ def checkpoint_key(
         "seed": config.seed,
         "max_context_tokens": config.max_context_tokens,
         **_continuation_settings(config),
+        **({} if config.precision == "float32" else {"precision": config.precision}),
     }
 
 

@@ -1,0 +1,58 @@
+"""Which decoder layers attend through a sliding window, and which ones a press compresses.
+
+Models such as Gemma 3 mix global layers with sliding-window (local) layers that only ever attend to the last
+``sliding_window`` positions. Like kvpress (which skips Gemma 3's sliding layers), RippleKV compresses the global
+layers only: a sliding layer keeps its whole cache (transformers' own ``DynamicSlidingWindowLayer`` keeps its
+window), attends through the model's own sliding mask, and is left out of every budget schedule, which spreads
+the global budget over the global layers.
+"""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+__all__ = ["SLIDING_LAYER_TYPES", "NoGlobalLayersError", "compressed_layers", "sliding_layers"]
+
+SLIDING_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+"""``config.layer_types`` entries of layers that attend to a bounded span of recent positions."""
+
+
+class NoGlobalLayersError(ValueError):
+    """Every layer of the model attends through a sliding window: there is no layer to compress."""
+
+
+def sliding_layers(config: PretrainedConfig) -> tuple[bool, ...]:
+    """Per decoder layer, whether it attends through a sliding window.
+
+    From the text config's ``layer_types`` (Gemma 3, Qwen 2 with ``use_sliding_window``, ...); a config without
+    ``layer_types`` but with a ``sliding_window`` (Mistral v0.1) has every layer sliding, one without either none.
+
+    Args:
+        config: the model's config (a multimodal config's text config is used).
+    """
+    text = config.get_text_config()
+    n_layers = int(text.num_hidden_layers)
+    types = getattr(text, "layer_types", None)
+    if types is not None:
+        if len(types) != n_layers:
+            raise ValueError(f"config has {len(types)} layer_types for {n_layers} layers")
+        return tuple(kind in SLIDING_LAYER_TYPES for kind in types)
+    return (getattr(text, "sliding_window", None) is not None,) * n_layers
+
+
+def compressed_layers(config: PretrainedConfig) -> tuple[int, ...]:
+    """Indices of the layers a press compresses: the global (not sliding-window) layers, in order.
+
+    Args:
+        config: the model's config.
+
+    Raises:
+        NoGlobalLayersError: if every layer is a sliding-window layer.
+    """
+    layers = tuple(i for i, sliding in enumerate(sliding_layers(config)) if not sliding)
+    if not layers:
+        raise NoGlobalLayersError(
+            "every layer of this model attends through a sliding window: ripplekv compresses global layers only "
+            "(as kvpress does for Gemma 3), so there is nothing to compress"
+        )
+    return layers
