@@ -30,8 +30,9 @@ Deviations from the authors' code:
 
 * Deterministic clustering: scikit-learn's ``KMeans(n_clusters=3)`` with a random k-means++ start is replaced
   by :func:`kmeans_1d`, Lloyd iterations from a sorted start (the means of three equal runs of the sorted
-  values), so a prompt always gets the same budgets. Fewer distinct values than clusters give fewer clusters;
-  a single cluster (all similarities equal) gives uniform budgets.
+  values; an emptied cluster is re-seeded at the farthest value), so a prompt always gets the same budgets,
+  whatever the layers' order. Fewer distinct values than clusters give fewer clusters; a single cluster (all
+  similarities equal) gives uniform budgets.
 * Exact total and bounds: the code sets ``int(p_abs * n)`` and ``int(a * n)`` per layer (the sum misses the
   total by up to ``L`` tokens and nothing caps a layer at the prompt). Here class 3 has weight ``p`` and the
   others ``(L - |class 3| p) / (L - |class 3|)``, shared out by exact proportional water-filling within
@@ -46,6 +47,7 @@ Deviations from the authors' code:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -134,15 +136,21 @@ def squeeze_layer_statistic(residual_in: torch.Tensor, attention_output: torch.T
     return SqueezeStatistic(float((dot / norms).mean()))
 
 
+def _mean(values: np.ndarray) -> float:
+    """The correctly rounded mean (``math.fsum``), independent of the values' order."""
+    return math.fsum(values.tolist()) / values.size
+
+
 def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Deterministic 1-D KMeans: Lloyd iterations from a sorted start.
 
     The distinct values, sorted, are cut into ``k = min(n_clusters, distinct values)`` runs of (nearly) equal
     length (longer runs first), whose means are the initial centres (strictly increasing; for distinct values
     these are the means of ``k`` equal runs of the sorted values). Each Lloyd step assigns every value to its nearest
-    centre (a tie goes to the lower centre) and moves each centre to the mean of its values; it stops when the
-    assignment no longer changes. In one dimension the clusters stay runs of the sorted values, so equal values
-    always share a cluster. A cluster that empties is dropped.
+    centre (a tie goes to the lower-indexed centre) and moves each centre to the mean of its values; it stops when
+    the assignment no longer changes. A cluster left empty is re-seeded at the value farthest from its centre
+    (scikit-learn's rule), so there are always ``k`` clusters. In one dimension the clusters are runs of the
+    sorted values, so equal values always share a cluster.
 
     Args:
         values: the finite values to cluster (at least one).
@@ -163,17 +171,24 @@ def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, 
     k = min(int(n_clusters), int(ordered.size))
     sizes = [len(ordered) // k + (1 if i < len(ordered) % k else 0) for i in range(k)]
     edges = np.cumsum([0, *sizes])
-    centres = np.array([ordered[edges[i] : edges[i + 1]].mean() for i in range(k)])
+    centres = np.array([_mean(ordered[edges[i] : edges[i + 1]]) for i in range(k)])
     labels = np.full(array.size, -1)
     for _ in range(MAX_LLOYD_ITERATIONS):
         distance = np.abs(array[:, None] - centres[None, :])
         new_labels = np.argmin(distance, axis=1)  # the first (lowest) centre wins a tie
+        empty = [c for c in range(k) if not np.any(new_labels == c)]
+        if empty:  # re-seed each empty cluster at the value farthest from its centre (scikit-learn's rule)
+            far = distance[np.arange(array.size), new_labels]
+            used = set(centres.tolist())
+            seeds = [v for v in array[np.lexsort((array, -far))].tolist() if v not in used]  # farthest first
+            for cluster, seed in zip(empty, dict.fromkeys(seeds)):
+                centres[cluster] = seed
+            continue
         if np.array_equal(new_labels, labels):
             break
         labels = new_labels
-        kept = [c for c in range(len(centres)) if np.any(labels == c)]
-        centres = np.array([array[labels == c].mean() for c in kept])
-        labels = np.searchsorted(kept, labels)
+        centres = np.array([_mean(array[labels == c]) for c in range(k)])
+    labels = np.argmin(np.abs(array[:, None] - centres[None, :]), axis=1)  # the assignment of the final centres
     order = np.argsort(centres, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
