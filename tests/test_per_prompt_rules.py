@@ -302,6 +302,17 @@ def test_lava_statistic_by_hand() -> None:
     probs = [0.2, 0.2, 2 / 15, 1 / 6, 1 / 6, 2 / 15]
     assert abs(flat - (-sum(p * math.log(p) for p in probs) / math.log(6))) < 1e-12
     assert LavaRule(kernel_size=3).layer_statistic(WINDOW_ATTENTION, VALUES) == (entropy,)
+    # The value norm only matters between KV heads (one norm per layer scales every entry alike, and the entropy
+    # is scale-free). Two KV heads, one query head each (groups of 1): KV head 0 as above (max L1 norm 4; its L2
+    # norm max would be sqrt 10), KV head 1 with prefix tokens (2, 0), (1, 1), (0, 1): L1 norms 2, 2, 1 -> max 2
+    # (L2 max 2). Window tokens (100, 100) would give both heads 200.
+    # scores: head 0 (0.375, 0.375, 0.25) * 4 = (1.5, 1.5, 1.0), head 1 (0.3125, 0.3125, 0.25) * 2 =
+    # (0.625, 0.625, 0.5); sum 5.75, p = (6, 6, 4, 2.5, 2.5, 2) / 23, e = -sum p ln p / ln 6 = 0.9488445525...
+    two = torch.cat([VALUES, torch.tensor([[[[2.0, 0.0], [1.0, 1.0], [0.0, 1.0], [100.0, 100.0], [100.0, 100.0]]]])], 1)
+    (weighted,) = lava_layer_statistic(WINDOW_ATTENTION, two.to(torch.float64), kernel_size=3, pooling="maxpool")
+    probs = [6 / 23, 6 / 23, 4 / 23, 2.5 / 23, 2.5 / 23, 2 / 23]
+    assert abs(weighted - (-sum(p * math.log(p) for p in probs) / math.log(6))) < 1e-12
+    assert abs(weighted - 0.9488445525003624) < 1e-12
     # one entry: no normalised entropy, defined as 0
     assert lava_layer_statistic(WINDOW_ATTENTION[:, :1, :, :1], VALUES[:, :, :1], kernel_size=1) == (0.0,)
 
