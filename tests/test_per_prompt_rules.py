@@ -277,6 +277,8 @@ def test_dynamickv_rule_validation() -> None:
         DynamicKVRule(update_interval=0)
     with pytest.raises(ValueError, match="same number of heads"):
         DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.ones(3), 2)], 2, 10, 10, 0, 0)
+    with pytest.raises(ValueError, match="another prompt length or window"):
+        DynamicKVRule().layer_budgets([(np.ones(12), 1), (np.ones(3), 1)], 2, 10, 10, 0, 0)
 
 
 # ----------------------------------------------------------------------------------------------------------- LAVa
@@ -389,21 +391,21 @@ def test_fill_shares_hits_the_total_within_bounds(rows, total_seed: int) -> None
     assert all(lo <= x <= hi for x, lo, hi in zip(shares, lows, highs))
 
 
-def _cake_stats(values: list[float]) -> list[tuple[float, float]]:
+def _cake_stats(values: list[float], keys: int) -> list[tuple[float, float]]:
     return [(v, 1.0) for v in values]  # P = H with tau = 1 and V = 1
 
 
-def _squeeze_stats(values: list[float]) -> list[tuple[float]]:
+def _squeeze_stats(values: list[float], keys: int) -> list[tuple[float]]:
     return [(v,) for v in values]
 
 
-def _lava_stats(values: list[float]) -> list[tuple[float]]:
+def _lava_stats(values: list[float], keys: int) -> list[tuple[float]]:
     return [(v,) for v in values]
 
 
-def _dynamickv_stats(values: list[float]) -> list[tuple[np.ndarray, int]]:
-    # a layer of strength v: 2 heads x 8 keys of scores v * (1, 1/2, 1/3, ...)
-    return [(v * np.repeat(1.0 / np.arange(1, 9), 2), 2) for v in values]
+def _dynamickv_stats(values: list[float], keys: int) -> list[tuple[np.ndarray, int]]:
+    # a layer of strength v: 2 heads x `keys` prefix keys of scores v * (1, 1/2, 1/3, ...)
+    return [(v * np.repeat(1.0 / np.arange(1, keys + 1), 2), 2) for v in values]
 
 
 RULES = [
@@ -427,7 +429,7 @@ CALLS = dict(
 def test_budgets_sum_to_the_total_within_bounds(rule, make, values, prompt, budget, window, floor) -> None:
     n = len(values)
     schedule = PerPromptSchedule(rule, budget, window_size=window)
-    budgets = schedule.layer_budgets(make(values), n, prompt, floor)
+    budgets = schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
     total = schedule.total(n, prompt)
     assert len(budgets) == n and all(isinstance(b, int) for b in budgets)
     assert sum(budgets) == total
@@ -440,7 +442,7 @@ def test_budgets_sum_to_the_total_within_bounds(rule, make, values, prompt, budg
 @given(value=st.floats(0.0, 1.0), n=st.integers(1, 12), **{k: v for k, v in CALLS.items() if k != "values"})
 def test_equal_statistics_give_uniform_budgets(rule, make, value, n, prompt, budget, window, floor) -> None:
     schedule = PerPromptSchedule(rule, budget, window_size=window)
-    budgets = schedule.layer_budgets(make([value] * n), n, prompt, floor)
+    budgets = schedule.layer_budgets(make([value] * n, max(1, prompt - window)), n, prompt, floor)
     assert max(budgets) - min(budgets) <= 1
 
 
@@ -455,7 +457,8 @@ def test_budgets_are_monotone_in_the_preference(rule, make, sign, values, prompt
     # CAKE and LAVa: a larger preference never gets fewer tokens; SqueezeAttention: a larger similarity (a less
     # important layer) never gets more.
     n = len(values)
-    budgets = PerPromptSchedule(rule, budget, window_size=window).layer_budgets(make(values), n, prompt, floor)
+    schedule = PerPromptSchedule(rule, budget, window_size=window)
+    budgets = schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
     for i in range(n):
         for j in range(n):
             if values[i] > values[j]:

@@ -313,10 +313,16 @@ class DynamicKVRule(PerPromptRule):
             ValueError: on invalid arguments or statistics.
         """
         check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
-        _check_stats(stats)
         spare = total - n_layers * window
         if spare <= 0 or window >= prompt_tokens:
             return _even(total, n_layers)
+        arrays, heads = _check_stats(stats)
+        longest = max(a.size for a in arrays)
+        if longest > heads * (prompt_tokens - window):
+            raise ValueError(
+                f"a DynamicKV statistic has {longest} scores, more than heads * (prompt_tokens - window) = "
+                f"{heads} * {prompt_tokens - window}: it was computed for another prompt length or window"
+            )
         budget_size = min(int(float(self.radio_max) * Fraction(spare, n_layers)), prompt_tokens - window)
         caps, counts = self.progressive_caps(stats, n_layers, spare, budget_size)
         if sum(counts) == 0:

@@ -18,7 +18,6 @@ the offline schedules, so budgets are deterministic and platform-independent.
 from __future__ import annotations
 
 import math
-import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ripplekv.allocation.apportion import _largest_remainder, is_integer
-from ripplekv.allocation.budgets import resolve_average_budget
+from ripplekv.allocation.budgets import _is_real, resolve_average_budget
 from ripplekv.allocation.schedules import check_budget
 
 __all__ = [
@@ -272,10 +271,6 @@ def finite_array(values: Sequence[Any], what: str, *, nonnegative: bool = True) 
         kind = "finite and >= 0" if nonnegative else "finite"
         raise ValueError(f"{what} must be {kind}; layer {int(bad[0])} has {array[bad[0]]!r}")
     return array
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 def check_positive(owner: str, name: str, value: object, *, minimum: float = 0.0, strict: bool = True) -> None:
