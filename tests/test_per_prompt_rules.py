@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -472,3 +473,52 @@ def test_rule_metadata_names_the_inputs() -> None:
     assert LavaRule.statistic_inputs == ("window_attention", "values")
     assert CakeStatistic._fields == CakeRule.statistic_names
     assert {r.name for r, _ in RULES} == {"cake", "squeezeattention", "dynamickv", "lava"}
+
+
+@pytest.mark.slow
+def test_statistics_from_a_real_prefill(smollm2: dict[str, Any]) -> None:
+    """All four statistics from one SmolLM2-135M prefill (9 query heads, 3 KV heads), fed as a press would."""
+    from kvpress import SnapKVPress
+    from transformers import DynamicCache
+
+    model, tokenizer = smollm2["model"], smollm2["tokenizer"]
+    window = 16
+    rules = [CakeRule(), SqueezeAttentionRule(), DynamicKVRule(), LavaRule()]
+    stats: dict[str, list] = {rule.name: [] for rule in rules}
+    residual: dict[int, torch.Tensor] = {}
+
+    def layer_input(module, args, kwargs) -> None:  # the decoder layer's input: SqueezeAttention's h_in
+        residual[module.self_attn.layer_idx] = args[0] if args else kwargs["hidden_states"]
+
+    def attention_output(module, args, kwargs, output) -> None:
+        cache = kwargs.get("past_key_values") or kwargs.get("past_key_value")
+        keys, values = cache.layers[module.layer_idx].keys, cache.layers[module.layer_idx].values
+        attention = SnapKVPress.compute_window_attention(
+            module, kwargs["hidden_states"], keys, window, kwargs["position_embeddings"]
+        )
+        stats["cake"].append(rules[0].layer_statistic(attention))
+        stats["squeezeattention"].append(rules[1].layer_statistic(residual[module.layer_idx], output[0]))
+        stats["dynamickv"].append(rules[2].layer_statistic(attention))
+        stats["lava"].append(rules[3].layer_statistic(attention, values))
+
+    handles = []
+    for layer in model.model.layers:
+        handles.append(layer.register_forward_pre_hook(layer_input, with_kwargs=True))
+        handles.append(layer.self_attn.register_forward_hook(attention_output, with_kwargs=True))
+    text = " ".join(f"The key number {i} is {i * 37 % 101}." for i in range(12)) + " What is key number 7?"
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    try:
+        with torch.no_grad():
+            model(ids, past_key_values=DynamicCache(), use_cache=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    n_layers, prompt = len(model.model.layers), ids.shape[1]
+    assert stats["dynamickv"][0].heads == model.config.num_attention_heads
+    assert all(0 < s.similarity <= 1 for s in stats["squeezeattention"])
+    assert all(0 <= s.entropy <= 1 for s in stats["lava"])
+    for rule in rules:
+        schedule = PerPromptSchedule(rule, 0.3, window_size=window)
+        budgets = schedule.layer_budgets(stats[rule.name], n_layers, prompt, window)
+        assert sum(budgets) == schedule.total(n_layers, prompt)
+        assert all(window <= b <= prompt for b in budgets)
