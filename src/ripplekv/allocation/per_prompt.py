@@ -1,0 +1,366 @@
+"""Per-prompt per-layer budget rules: budgets decided from statistics every layer produces during the prefill.
+
+The schedules of :mod:`ripplekv.allocation.schedules` fix every layer's budget before the prompt is seen. The
+rules here (CAKE, SqueezeAttention, DynamicKV, LAVa; one module each) instead read a small statistic from each
+layer while the prefill runs, and decide all budgets once the last layer has produced its statistic. A press
+using them therefore (1) computes ``rule.layer_statistic(...)`` in every layer's ``compress`` hook and keeps the
+full KV cache, then (2) after the last layer calls :meth:`PerPromptSchedule.layer_budgets` and prunes each
+layer to its budget.
+
+Every rule spends exactly SnapKV's global budget for the same user-facing budget,
+``n_layers * resolve_average_budget(budget, prompt_tokens)`` tokens (:class:`PerPromptSchedule` computes it
+the way :class:`~ripplekv.allocation.UniformSchedule` does), gives every layer at least the observation window
+(and ``floor``) and at most the prompt. Real shares are solved exactly (rational arithmetic,
+:func:`fill_shares`) and rounded by largest remainder, as :func:`~ripplekv.allocation.scale_to_total` does for
+the offline schedules, so budgets are deterministic and platform-independent.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ripplekv.allocation.apportion import _largest_remainder, is_integer
+from ripplekv.allocation.budgets import _is_real, resolve_average_budget
+from ripplekv.allocation.schedules import check_budget
+
+__all__ = [
+    "PerPromptRule",
+    "PerPromptSchedule",
+    "apportion",
+    "check_rule_call",
+    "fill_shares",
+    "layer_floor",
+]
+
+
+class PerPromptRule(ABC):
+    """A per-prompt budget rule: a per-layer statistic and the budgets it implies once all layers are seen.
+
+    Subclasses are frozen dataclasses of the method's hyperparameters, validated at construction.
+
+    Attributes:
+        name: the method's short name (e.g. ``"cake"``).
+        statistic_inputs: the tensors :meth:`layer_statistic` takes, in order (e.g. ``("window_attention",)``).
+        statistic_names: the fields of the per-layer statistic :meth:`layer_statistic` returns.
+    """
+
+    name: ClassVar[str]
+    statistic_inputs: ClassVar[tuple[str, ...]]
+    statistic_names: ClassVar[tuple[str, ...]]
+
+    @abstractmethod
+    def layer_statistic(self, *tensors: Any) -> tuple[Any, ...]:
+        """The statistic of one layer, from the tensors named by ``statistic_inputs`` (see each rule)."""
+
+    @abstractmethod
+    def layer_budgets(
+        self,
+        stats: Sequence[Sequence[Any]],
+        n_layers: int,
+        prompt_tokens: int,
+        total: int,
+        window: int,
+        floor: int,
+    ) -> tuple[int, ...]:
+        """Tokens kept by each layer, from every layer's statistic.
+
+        Args:
+            stats: one statistic per layer, in layer order (a tuple with the fields ``statistic_names``).
+            n_layers: number of layers (``>= 1``, ``== len(stats)``).
+            prompt_tokens: prompt length (``>= 1``); also the per-layer cap.
+            total: the global number of kept tokens (``0 <= total <= n_layers * prompt_tokens``).
+            window: the scorer's observation window (``>= 0``), kept by every layer on top of its selection.
+            floor: smallest budget a layer should get (``>= 0``).
+
+        Returns:
+            ``n_layers`` integers summing exactly to ``total``, each in
+            ``[min(max(floor, window), prompt_tokens, total // n_layers), prompt_tokens]``
+            (see :func:`layer_floor`).
+
+        Raises:
+            ValueError: on an invalid argument or statistic.
+        """
+
+
+def check_rule_call(
+    stats: Sequence[Any], n_layers: int, prompt_tokens: int, total: int, window: int, floor: int
+) -> None:
+    """Validate the common arguments of :meth:`PerPromptRule.layer_budgets`.
+
+    Raises:
+        ValueError: if an argument is not an integer in range, or there is not one statistic per layer.
+    """
+    if not is_integer(n_layers) or n_layers < 1:
+        raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
+    if not is_integer(prompt_tokens) or prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
+    for name, value in (("window", window), ("floor", floor)):
+        if not is_integer(value) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if not is_integer(total) or not 0 <= total <= n_layers * prompt_tokens:
+        raise ValueError(
+            f"total must be an integer in [0, n_layers * prompt_tokens] = [0, {n_layers * prompt_tokens}], "
+            f"got {total!r}"
+        )
+    if len(stats) != n_layers:
+        raise ValueError(f"{len(stats)} layer statistics for a model of {n_layers} layers (need one per layer)")
+
+
+def layer_floor(n_layers: int, prompt_tokens: int, total: int, window: int, floor: int) -> int:
+    """The smallest budget every layer gets: ``min(max(floor, window), prompt_tokens)``, lowered if infeasible.
+
+    A layer always keeps the scorer's observation window (SnapKV's selection never drops it), so the window is
+    a floor like ``floor``. When ``n_layers`` such floors exceed ``total`` (a short prompt at a small budget),
+    the floor is lowered to the average ``total // n_layers``, as :func:`~ripplekv.allocation.scale_to_total`
+    does.
+    """
+    low = min(max(int(floor), int(window)), int(prompt_tokens))
+    return low if n_layers * low <= total else total // n_layers
+
+
+def _as_fraction(value: float | Fraction | int) -> Fraction:
+    return value if isinstance(value, Fraction) else Fraction(value)
+
+
+def fill_shares(
+    offsets: Sequence[float | Fraction],
+    slopes: Sequence[float | Fraction],
+    lows: Sequence[int],
+    highs: Sequence[int],
+    total: int,
+) -> list[Fraction]:
+    """Exact real shares ``x_l = clip(a_l + t * c_l, lo_l, hi_l)`` with ``sum(x) == total``.
+
+    One level ``t`` is shared by all entries: ``a = 0, c = w`` is proportional water-filling (entries at a bound
+    are fixed there, the others share the rest in proportion to ``w``), ``c = 1`` is additive water-filling
+    (the excess over a cap, or the deficit under a floor, is spread evenly). ``sum(x)`` is continuous and
+    non-decreasing in ``t``, so ``t`` is found exactly between two consecutive breakpoints. Entries with
+    ``c_l == 0`` stay at ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb ``total`` (all at their
+    bound): they then share what is left evenly (``c = 1`` among themselves).
+
+    Args:
+        offsets: ``a_l`` (finite).
+        slopes: ``c_l >= 0`` (finite).
+        lows: integer lower bounds.
+        highs: integer upper bounds, ``hi_l >= lo_l``.
+        total: the sum to reach, ``sum(lows) <= total <= sum(highs)``.
+
+    Returns:
+        One exact share per entry, within its bounds, summing exactly to ``total``.
+
+    Raises:
+        ValueError: on mismatched lengths, a negative or non-finite slope, crossed bounds or an unreachable total.
+    """
+    n = len(offsets)
+    if not n or len(slopes) != n or len(lows) != n or len(highs) != n:
+        raise ValueError("fill_shares needs equally long, non-empty offsets, slopes, lows and highs")
+    if any(not isinstance(v, Fraction) and not math.isfinite(float(v)) for v in [*offsets, *slopes]):
+        raise ValueError("fill_shares needs finite offsets and slopes")
+    a = [_as_fraction(v) for v in offsets]
+    c = [_as_fraction(v) for v in slopes]
+    if any(s < 0 for s in c):
+        raise ValueError(f"slopes must be >= 0, got {[float(s) for s in c]}")
+    if any(lo > hi for lo, hi in zip(lows, highs)):
+        raise ValueError("every lower bound must be <= its upper bound")
+    if not sum(lows) <= total <= sum(highs):
+        raise ValueError(f"a total of {total} is outside [sum(lows), sum(highs)] = [{sum(lows)}, {sum(highs)}]")
+
+    def share(i: int, t: Fraction) -> Fraction:
+        return min(max(a[i] + t * c[i], Fraction(lows[i])), Fraction(highs[i]))
+
+    moving = [i for i in range(n) if c[i] > 0]
+    if not moving:
+        return fill_shares([a[i] for i in range(n)], [1] * n, lows, highs, total)
+    fixed = [i for i in range(n) if c[i] == 0]
+    fixed_sum = sum((share(i, Fraction(0)) for i in fixed), Fraction(0))
+    top = fixed_sum + sum(highs[i] for i in moving)
+    bottom = fixed_sum + sum(lows[i] for i in moving)
+    if total > top or total < bottom:
+        # the moving entries all sit at one bound; the constant ones share the rest evenly among themselves
+        bound = highs if total > top else lows
+        rest = fill_shares(
+            [a[i] for i in fixed],
+            [1] * len(fixed),
+            [lows[i] for i in fixed],
+            [highs[i] for i in fixed],
+            total - sum(bound[i] for i in moving),
+        )
+        shares: list[Fraction] = [Fraction(0)] * n
+        for i in moving:
+            shares[i] = Fraction(bound[i])
+        for i, value in zip(fixed, rest):
+            shares[i] = value
+        return shares
+    points = sorted({(Fraction(bound) - a[i]) / c[i] for i in moving for bound in (lows[i], highs[i])})
+
+    def level_sum(t: Fraction) -> Fraction:
+        return sum((share(i, t) for i in range(n)), Fraction(0))
+
+    previous, previous_sum = points[0], level_sum(points[0])
+    level = points[-1]
+    if previous_sum >= total:
+        level = previous
+    else:
+        for point in points[1:]:
+            point_sum = level_sum(point)
+            if point_sum >= total:  # sum(x) is linear between two breakpoints
+                level = previous + (total - previous_sum) * (point - previous) / (point_sum - previous_sum)
+                break
+            previous, previous_sum = point, point_sum
+    return [share(i, level) for i in range(n)]
+
+
+def apportion(
+    offsets: Sequence[float | Fraction],
+    slopes: Sequence[float | Fraction],
+    total: int,
+    lows: Sequence[int],
+    highs: Sequence[int],
+    strength: Sequence[float | Fraction] | None = None,
+    preference: Sequence[float] | None = None,
+) -> tuple[int, ...]:
+    """Integer budgets from :func:`fill_shares`, rounded by largest remainder, summing exactly to ``total``.
+
+    Every entry gets ``floor(x_l)``; the leftover units go to the largest fractional remainders, ties broken by
+    larger ``strength`` (default: the slopes), then larger ``preference`` (default: none), then lower index. An
+    entry gets at most ``ceil(x_l)``, so the integer bounds hold for the integers too, and budgets are monotone
+    in ``strength`` wherever the real shares are.
+
+    Args:
+        offsets: ``a_l`` of :func:`fill_shares`.
+        slopes: ``c_l >= 0`` of :func:`fill_shares`.
+        total: the sum to reach.
+        lows: integer lower bounds.
+        highs: integer upper bounds.
+        strength: the first rounding tie-breaker (higher first).
+        preference: the second rounding tie-breaker (higher first).
+
+    Returns:
+        One integer per entry in ``[lo_l, hi_l]``, summing exactly to ``total``.
+
+    Raises:
+        ValueError: as :func:`fill_shares`.
+    """
+    shares = fill_shares(offsets, slopes, lows, highs, total)
+    ties = [_as_fraction(s) for s in (slopes if strength is None else strength)]
+    second = [0.0] * len(shares) if preference is None else [float(p) for p in preference]
+    return tuple(_largest_remainder(shares, ties, second, int(total)))
+
+
+def _even(total: int, n_layers: int) -> tuple[int, ...]:
+    """``total`` split as evenly as possible (the remainder to the first layers)."""
+    base, extra = divmod(int(total), int(n_layers))
+    return tuple(base + (1 if layer < extra else 0) for layer in range(n_layers))
+
+
+def finite_array(values: Sequence[Any], what: str, *, nonnegative: bool = True) -> np.ndarray:
+    """``values`` as a 1-D float64 array, raising ``ValueError`` (naming ``what``) if non-finite or negative."""
+    try:
+        array = np.asarray(values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{what} must be real numbers: {error}") from error
+    bad = np.flatnonzero(~np.isfinite(array) | ((array < 0) if nonnegative else False))
+    if bad.size:
+        kind = "finite and >= 0" if nonnegative else "finite"
+        raise ValueError(f"{what} must be {kind}; layer {int(bad[0])} has {array[bad[0]]!r}")
+    return array
+
+
+def check_positive(owner: str, name: str, value: object, *, minimum: float = 0.0, strict: bool = True) -> None:
+    """Raise ``ValueError`` naming ``owner.name`` unless ``value`` is a finite real ``> minimum`` (or ``>=``)."""
+    ok = _is_real(value) and math.isfinite(float(value))  # type: ignore[arg-type]
+    if ok:
+        ok = float(value) > minimum if strict else float(value) >= minimum  # type: ignore[arg-type]
+    if not ok:
+        relation = ">" if strict else ">="
+        raise ValueError(f"{owner}.{name} must be a finite number {relation} {minimum:g}, got {value!r}")
+
+
+def check_int(owner: str, name: str, value: object, minimum: int) -> None:
+    """Raise ``ValueError`` naming ``owner.name`` unless ``value`` is an integer ``>= minimum``."""
+    if not is_integer(value) or value < minimum:  # type: ignore[operator]
+        raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+POOLINGS: tuple[str, ...] = ("avgpool", "maxpool")
+"""The pooling of window-attention scores along the keys that DynamicKV and LAVa offer."""
+
+
+def check_pooling(owner: str, kernel_size: object, pooling: object) -> None:
+    """Raise ``ValueError`` naming ``owner`` unless ``kernel_size`` is an odd integer ``>= 1`` and ``pooling`` known."""
+    check_int(owner, "kernel_size", kernel_size, 1)
+    if int(kernel_size) % 2 == 0:  # type: ignore[call-overload]
+        raise ValueError(f"{owner}.kernel_size must be odd (pooling keeps the keys' length), got {kernel_size}")
+    if pooling not in POOLINGS:
+        raise ValueError(f"{owner}.pooling must be one of {POOLINGS}, got {pooling!r}")
+
+
+@dataclass(frozen=True)
+class PerPromptSchedule:
+    """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from layer statistics.
+
+    The global budget is ``n_layers * resolve_average_budget(budget, prompt_tokens)``, exactly the number of
+    tokens :class:`~ripplekv.allocation.UniformSchedule` (SnapKV) keeps, so every method is compared at the
+    same number of kept tokens. Unlike a :class:`~ripplekv.allocation.BudgetSchedule`, the budgets depend on
+    the prompt: :meth:`layer_budgets` takes every layer's statistic.
+
+    Attributes:
+        rule: the per-prompt rule (:class:`~ripplekv.allocation.cake.CakeRule`, ...).
+        budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
+        window_size: the scorer's observation window (``>= 0``; kvpress's SnapKV default is 64), which every
+            layer keeps and over which the statistics are computed.
+    """
+
+    rule: PerPromptRule
+    budget: float
+    window_size: int = 64
+    uniform: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rule, PerPromptRule):
+            raise TypeError(f"PerPromptSchedule.rule must be a PerPromptRule, got {type(self.rule).__name__}")
+        check_budget(self.budget)
+        check_int("PerPromptSchedule", "window_size", self.window_size, 0)
+
+    @property
+    def statistic_names(self) -> tuple[str, ...]:
+        """The fields of the rule's per-layer statistic."""
+        return self.rule.statistic_names
+
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ``ValueError`` if ``n_layers`` is not an integer ``>= 1``."""
+        if not is_integer(n_layers) or n_layers < 1:
+            raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
+
+    def total(self, n_layers: int, prompt_tokens: int) -> int:
+        """SnapKV's global budget: ``n_layers * resolve_average_budget(budget, prompt_tokens)``."""
+        self.check_layers(n_layers)
+        return int(n_layers) * resolve_average_budget(self.budget, prompt_tokens)
+
+    def layer_budgets(
+        self, stats: Sequence[Sequence[Any]], n_layers: int, prompt_tokens: int, floor: int
+    ) -> tuple[int, ...]:
+        """Tokens kept by each layer for this prompt.
+
+        Args:
+            stats: every layer's statistic, in layer order (from ``rule.layer_statistic``).
+            n_layers: number of layers (``>= 1``).
+            prompt_tokens: prompt length (``>= 1``); also the per-layer cap.
+            floor: smallest budget a layer should keep (``>= 0``).
+
+        Returns:
+            ``n_layers`` integers summing exactly to :meth:`total`, each in
+            ``[min(max(floor, window_size), prompt_tokens, average), prompt_tokens]``.
+
+        Raises:
+            ValueError: on an invalid argument or statistic.
+        """
+        total = self.total(n_layers, prompt_tokens)
+        return self.rule.layer_budgets(stats, n_layers, prompt_tokens, total, self.window_size, floor)
