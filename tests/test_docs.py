@@ -45,3 +45,13 @@ def test_link_checker_sees_a_broken_link(tmp_path: Path) -> None:
 def test_readme_reads_in_ten_minutes() -> None:
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= README_LINES, f"README.md has {lines} lines; reference and results belong in docs/"
+
+
+def test_the_cli_reference_is_generated_from_the_parser() -> None:
+    from ripplekv.cli.reference import BEGIN, END, options_reference
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    section = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert section == options_reference().strip(), "run `python -m ripplekv.cli.reference docs/cli.md`"
+    for flag in ("--strict-profile", "--budgets", "--score"):
+        assert f"`{flag}`" in section

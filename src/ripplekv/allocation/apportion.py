@@ -50,7 +50,7 @@ def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) ->
     return [share if share is not None else Fraction(0) for share in shares]
 
 
-def _largest_remainder(
+def largest_remainder(
     shares: Sequence[Fraction], weights: Sequence[Fraction], preference: Sequence[float], total: int
 ) -> list[int]:
     """Round exact shares summing to ``total`` to integers summing to ``total``.
@@ -114,4 +114,4 @@ def scale_to_total(
         low = total // n
     shares = _water_fill(exact, int(total), low, int(cap))
     ties = [0.0] * n if preference is None else [float(p) for p in preference]
-    return _largest_remainder(shares, exact, ties, int(total))
+    return largest_remainder(shares, exact, ties, int(total))

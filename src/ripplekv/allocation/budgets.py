@@ -81,7 +81,7 @@ DEFAULT_CONFIG = AllocationConfig()
 """The allocation configuration used when none is given (``DEFAULT_RATIO``, ``DEFAULT_GAMMA``)."""
 
 
-def _validate_scores(scores: Sequence[float]) -> np.ndarray:
+def validate_scores(scores: Sequence[float]) -> np.ndarray:
     """Return ``scores`` as a 1-D float64 array, raising ``ValueError`` if empty, malformed or non-finite."""
     try:
         array = np.asarray(scores, dtype=np.float64)
@@ -115,7 +115,7 @@ def normalize_scores(scores: Sequence[float]) -> np.ndarray:
     Raises:
         ValueError: if ``scores`` is empty, not one-dimensional or contains NaN / infinite values.
     """
-    array = _validate_scores(scores)
+    array = validate_scores(scores)
     low = float(array.min())
     high = float(array.max())
     if high == low:
@@ -290,7 +290,7 @@ def allocate(
     Raises:
         ValueError: on invalid scores, budget, prompt_tokens or min_tokens.
     """
-    array = _validate_scores(scores)
+    array = validate_scores(scores)
     normalized = normalize_scores(array)
     weights = _weights_from_normalized(normalized, config)
     # Rounding ties between equal weights (clipped to the same bound, or equal up to float rounding) go to the

@@ -26,9 +26,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ripplekv.allocation.apportion import _largest_remainder, is_integer
-from ripplekv.allocation.budgets import _is_real, resolve_average_budget
+from ripplekv.allocation.apportion import largest_remainder
+from ripplekv.allocation.budgets import resolve_average_budget
 from ripplekv.allocation.schedules import check_budget
+from ripplekv.validation import is_integer, is_real
 
 __all__ = [
     "PerPromptRule",
@@ -251,7 +252,7 @@ def apportion(
     shares = fill_shares(offsets, slopes, lows, highs, total)
     ties = [_as_fraction(s) for s in (slopes if strength is None else strength)]
     second = [0.0] * len(shares) if preference is None else [float(p) for p in preference]
-    return tuple(_largest_remainder(shares, ties, second, int(total)))
+    return tuple(largest_remainder(shares, ties, second, int(total)))
 
 
 def _even(total: int, n_layers: int) -> tuple[int, ...]:
@@ -275,7 +276,7 @@ def finite_array(values: Sequence[Any], what: str, *, nonnegative: bool = True) 
 
 def check_positive(owner: str, name: str, value: object, *, minimum: float = 0.0, strict: bool = True) -> None:
     """Raise ``ValueError`` naming ``owner.name`` unless ``value`` is a finite real ``> minimum`` (or ``>=``)."""
-    ok = _is_real(value) and math.isfinite(float(value))  # type: ignore[arg-type]
+    ok = is_real(value) and math.isfinite(float(value))  # type: ignore[arg-type]
     if ok:
         ok = float(value) > minimum if strict else float(value) >= minimum  # type: ignore[arg-type]
     if not ok:

@@ -27,10 +27,10 @@ from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
     AllocationConfig,
-    _validate_scores,
     allocate_budgets,
     resolve_average_budget,
     scale_to_total,
+    validate_scores,
 )
 from ripplekv.validation import is_integer, is_real
 
@@ -259,7 +259,7 @@ class ProfileSchedule(BudgetSchedule):
 
     def __post_init__(self) -> None:
         check_budget(self.budget)
-        array = _validate_scores(self.scores)
+        array = validate_scores(self.scores)
         object.__setattr__(self, "scores", tuple(float(s) for s in array))
         AllocationConfig(ratio=self.ratio, gamma=self.gamma)  # validates ratio and gamma
 
