@@ -1,0 +1,314 @@
+"""PerPromptBudgetPress: budgets decided per prompt from every layer's statistics (CAKE, SqueezeAttention, ...).
+
+The per-prompt rules of :mod:`ripplekv.allocation` (CAKE, SqueezeAttention, DynamicKV, LAVa) read a small
+statistic from each layer during the prefill and share SnapKV's global budget out once every layer has produced
+its own. kvpress compresses a layer in a forward hook that runs after the layer's attention, and a layer's
+compression only changes what *later passes* attend to, never the prefill's own hidden states: layer ``l + 1``
+attends over its own cache, computed from layer ``l``'s output, which compression does not touch. So every
+layer's statistic (and its token scores) can be collected first and all layers pruned after the last one, and the
+caches are exactly those of compressing each layer as soon as its budget is known (tested with a schedule whose
+budgets are known in advance).
+
+The press keeps each compressed layer's cache whole until the last compressed layer's hook, keeping only the
+layer's statistic and its token scores (``(batch, kv_heads, tokens)`` floats), then prunes every layer to its
+budget with the same top-k as :class:`~ripplekv.presses.LayerBudgetPress`. Sliding-window layers are left whole
+and the budgets are shared over the global layers.
+
+The shared prefill of the evaluation (:mod:`ripplekv.inference.shared`) derives the same caches from a prefill
+record: :meth:`PerPromptBudgetPress.derive` takes every layer's recorded compression inputs (and the recorded
+statistics a rule needs that the attention hook cannot see: SqueezeAttention's residual stream) and returns the
+pruned keys and values of every layer.
+
+Token scores are computed with the scorer as given (its ``compression_ratio`` untouched), so the scorer's scores
+must not depend on its compression ratio (SnapKV, ExpectedAttention, TOVA, KNorm, KeyDiff do not; StreamingLLM
+does, and is refused).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from kvpress import ScorerPress, SnapKVPress, StreamingLLMPress
+from kvpress.presses.base_press import BasePress
+from kvpress.utils import extract_keys_and_values
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from ripplekv.allocation.per_prompt import PerPromptSchedule
+from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
+from ripplekv.models.layer_types import compressed_layers
+from ripplekv.presses.layer_budget_press import check_compressible
+from ripplekv.validation import is_integer
+
+__all__ = ["RESIDUAL_STATISTICS", "PerPromptBudgetPress", "select_top"]
+
+RESIDUAL_STATISTICS = frozenset({"residual_in", "attention_output"})
+"""Statistic inputs the attention hook of kvpress does not receive as compression inputs: the decoder layer's
+input residual stream and the attention output. Rules reading them are computed while the prefill runs."""
+
+
+def select_top(keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, n_kept: int) -> tuple:
+    """Keep the ``n_kept`` highest-scored positions of every KV head (as kvpress's ScorerPress does).
+
+    Args:
+        keys, values: ``(batch, kv_heads, tokens, head_dim)``.
+        scores: ``(batch, kv_heads, tokens)``.
+        n_kept: positions kept per head (all of them when ``>= tokens``).
+    """
+    if n_kept >= keys.shape[2]:
+        return keys, values
+    indices = scores.topk(n_kept, dim=-1).indices.unsqueeze(-1)
+    return (
+        keys.gather(2, indices.expand(-1, -1, -1, keys.shape[-1])).contiguous(),
+        values.gather(2, indices.expand(-1, -1, -1, values.shape[-1])).contiguous(),
+    )
+
+
+@dataclass
+class _Pending:
+    """What one prefill has collected so far: per compressed layer, its statistic and token scores."""
+
+    stats: dict[int, Any] = field(default_factory=dict)
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)
+    residual: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class PerPromptBudgetPress(BasePress):
+    """Per-layer budgets decided per prompt by a per-prompt rule, tokens ranked by any kvpress scorer.
+
+    Args:
+        press: the token scorer (default ``SnapKVPress()``, window 64); its ``compression_ratio`` is ignored, and
+            its scores must not depend on it (StreamingLLM is refused).
+        schedule: the rule and the budget (:class:`~ripplekv.allocation.per_prompt.PerPromptSchedule`); its
+            ``window_size`` is the window over which window statistics are computed, and must equal the
+            scorer's ``window_size`` when the scorer has one.
+        min_tokens: smallest budget of a layer (``>= 1``); default the scorer's window, else 1.
+    """
+
+    press: ScorerPress = field(default_factory=SnapKVPress)
+    schedule: PerPromptSchedule | None = None
+    min_tokens: int | None = None
+    _pending: dict[int, _Pending] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    derives_all_layers = True
+    """Marks a press whose cache a prefill record derives with :meth:`derive` (all layers at once)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.press, ScorerPress):
+            raise TypeError(f"{type(self).__name__} wraps a kvpress ScorerPress, got {type(self.press).__name__}")
+        if isinstance(self.press, StreamingLLMPress):
+            raise ValueError(
+                "StreamingLLM's scores depend on its compression ratio, which a per-prompt schedule only knows "
+                "after the last layer: use a scorer whose scores do not (snapkv, expected_attention, knorm, ...)"
+            )
+        if not isinstance(self.schedule, PerPromptSchedule):
+            raise TypeError(f"schedule must be a PerPromptSchedule, got {type(self.schedule).__name__}")
+        scorer_window = getattr(self.press, "window_size", None)
+        if scorer_window is not None and int(scorer_window) != self.schedule.window_size:
+            raise ValueError(
+                f"the scorer's window ({scorer_window}) differs from the schedule's window_size "
+                f"({self.schedule.window_size}): statistics and selection must share one window"
+            )
+        if self.min_tokens is not None and (not is_integer(self.min_tokens) or self.min_tokens < 1):
+            raise ValueError(f"min_tokens must be an integer >= 1, got {self.min_tokens!r}")
+
+    @property
+    def window(self) -> int:
+        """The observation window of the statistics and of the scorer."""
+        return int(self.schedule.window_size)  # type: ignore[union-attr]
+
+    @property
+    def floor(self) -> int:
+        """The smallest budget a layer gets: ``min_tokens``, else the window, else 1."""
+        return int(self.min_tokens) if self.min_tokens is not None else max(1, self.window)
+
+    @property
+    def budget(self) -> float:
+        """The user-facing budget of the schedule."""
+        return float(self.schedule.budget)  # type: ignore[union-attr]
+
+    @property
+    def compression_ratio(self) -> float:
+        """Average fraction removed (kvpress convention): ``1 - budget`` for a kept fraction."""
+        if self.budget > 1:
+            raise ValueError("a token budget has no fixed compression ratio: it depends on the prompt length")
+        return 1.0 - self.budget
+
+    @property
+    def needs_residual(self) -> bool:
+        """Whether the rule reads the residual stream (computed during the prefill, recorded by the record)."""
+        return bool(RESIDUAL_STATISTICS & set(self.schedule.rule.statistic_inputs))  # type: ignore[union-attr]
+
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
+        """Enable variable-length attention where needed and let the scorer see the model."""
+        self.schedule.check_layers(len(compressed_layers(model.config)))  # type: ignore[union-attr]
+        if not supports_per_layer_lengths(model):
+            enable_varlen_attention(model)
+        self.press.post_init_from_model(model)
+
+    # ------------------------------------------------------------------------------------------- statistics
+
+    def layer_statistic(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        kwargs: Mapping[str, Any],
+        recorded: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """The rule's statistic of one layer.
+
+        Args:
+            module: the attention module.
+            hidden_states: its input (at least the last ``window + 1`` positions).
+            keys, values: the layer's full prefill cache.
+            kwargs: the attention layer's forward kwargs (``position_embeddings``).
+            recorded: inputs computed while the prefill ran (``residual_in``, ``attention_output``).
+        """
+        rule = self.schedule.rule  # type: ignore[union-attr]
+        inputs: list[Any] = []
+        for name in rule.statistic_inputs:
+            if name == "window_attention":
+                attention = SnapKVPress.compute_window_attention(
+                    module, hidden_states, keys, self.window, kwargs["position_embeddings"]
+                )
+                inputs.append(attention.float())
+            elif name == "values":
+                inputs.append(values)
+            elif recorded is not None and name in recorded:
+                inputs.append(recorded[name])
+            else:
+                raise ValueError(f"the {rule.name} statistic needs {name!r}, which this layer's inputs lack")
+        return rule.layer_statistic(*inputs)
+
+    def layer_scores(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor | None,
+        kwargs: Mapping[str, Any],
+    ) -> torch.Tensor:
+        """The scorer's token scores of one layer, ``(batch, kv_heads, tokens)``."""
+        return self.press.score(module, hidden_states, keys, values, attentions, dict(kwargs))
+
+    def budgets(self, stats: Sequence[Any], config: PretrainedConfig, prompt_tokens: int) -> dict[int, int]:
+        """Tokens kept by each compressed layer (a dict by layer index), from every compressed layer's statistic."""
+        layers = compressed_layers(config)
+        if len(stats) != len(layers):
+            raise ValueError(f"{len(stats)} layer statistics for {len(layers)} compressed layers")
+        budgets = self.schedule.layer_budgets(stats, len(layers), prompt_tokens, self.floor)  # type: ignore[union-attr]
+        return dict(zip(layers, budgets))
+
+    # --------------------------------------------------------------------------------------- direct prefill
+
+    @contextmanager
+    def __call__(self, model: PreTrainedModel) -> Iterator[None]:
+        """kvpress's context manager, plus, for rules that read the residual stream, a pre-hook on each decoder
+        layer that keeps its input for the statistic (released at once)."""
+        handles = []
+        if self.needs_residual:
+            decoder = model.model.language_model if hasattr(model.model, "language_model") else model.model
+            for layer in decoder.layers:
+                handles.append(layer.register_forward_pre_hook(self._residual_hook(layer), with_kwargs=True))
+        try:
+            with super().__call__(model):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            self._pending.clear()
+
+    def _residual_hook(self, layer: nn.Module) -> Callable:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            cache = kwargs.get("past_key_values")
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if cache is not None and hidden is not None:
+                pending = self._pending.setdefault(id(cache), _Pending())
+                pending.residual[layer.self_attn.layer_idx] = hidden
+
+        return hook
+
+    def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list) -> list:
+        """Collect this layer's statistic and scores; after the last compressed layer, prune every layer."""
+        hidden_states = kwargs["hidden_states"]
+        cache = kwargs["past_key_values"]
+        cache_position = kwargs["cache_position"]
+        if cache_position[-1] > hidden_states.shape[1]:  # decoding (kvpress's is_prefilling, without a sync)
+            return output
+        layers = compressed_layers(module.config)
+        index = module.layer_idx
+        if index not in layers:
+            return output
+        keys, values = extract_keys_and_values(cache, index)
+        check_compressible(self, kwargs, keys.shape[2], self.window)
+        pending = self._pending.setdefault(id(cache), _Pending())
+        recorded = {}
+        if self.needs_residual:
+            recorded = {"residual_in": pending.residual.pop(index), "attention_output": output[0]}
+        pending.stats[index] = self.layer_statistic(module, hidden_states, keys, values, kwargs, recorded)
+        pending.scores[index] = self.layer_scores(module, hidden_states, keys, values, output[1], kwargs)
+        if index != layers[-1]:
+            return output
+        del self._pending[id(cache)]
+        budgets = self.budgets([pending.stats[i] for i in layers], module.config, keys.shape[2])
+        for layer in layers:
+            layer_keys, layer_values = extract_keys_and_values(cache, layer)
+            kept = select_top(layer_keys, layer_values, pending.scores[layer], budgets[layer])
+            cache.layers[layer].keys, cache.layers[layer].values = kept
+        return output
+
+    # ------------------------------------------------------------------------------------------ from a record
+
+    def derive(self, layers: Sequence[Any], config: PretrainedConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's pruned keys and values from a prefill record's layers (see :mod:`ripplekv.inference.shared`).
+
+        Args:
+            layers: the record's :class:`~ripplekv.inference.shared.LayerRecord` of every layer (``module``,
+                ``hidden_states``, ``keys``, ``values``, ``attentions``, ``kwargs`` and ``statistics``: the
+                inputs recorded while the prefill ran, for rules that read the residual stream).
+            config: the model's config.
+        """
+        compressed = compressed_layers(config)
+        stats, scores = [], {}
+        for index in compressed:
+            layer = layers[index]
+            check_compressible(self, layer.kwargs, layer.keys.shape[2], self.window)
+            recorded = getattr(layer, "statistics", None) or {}
+            if self.needs_residual:
+                name = self.schedule.rule.name  # type: ignore[union-attr]
+                if name not in recorded:
+                    raise ValueError(f"the prefill record holds no {name} statistic: record it (see record_prefill)")
+                stats.append(recorded[name])
+            else:
+                stats.append(
+                    self.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, layer.kwargs)
+                )
+            scores[index] = self.layer_scores(
+                layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, layer.kwargs
+            )
+        budgets = self.budgets(stats, config, layers[compressed[0]].keys.shape[2])
+        out = []
+        for index, layer in enumerate(layers):
+            if index in budgets:
+                out.append(select_top(layer.keys, layer.values, scores[index], budgets[index]))
+            else:
+                out.append((layer.keys, layer.values))
+        return out
+
+    def recorded_statistic(self, residual_in: torch.Tensor, attention_output: torch.Tensor) -> Any:
+        """The statistic of a rule that reads the residual stream, computed while a record's prefill runs."""
+        return self.schedule.rule.layer_statistic(residual_in, attention_output)  # type: ignore[union-attr]
+
+    def __deepcopy__(self, memo: dict) -> PerPromptBudgetPress:
+        clone = copy.copy(self)
+        clone._pending = {}
+        return clone
