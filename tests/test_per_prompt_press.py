@@ -128,8 +128,21 @@ def test_budgets_follow_each_layers_own_statistic(rule: PerPromptRule) -> None:
     inputs = _layer_inputs(model, ids)
     stats = [rule.layer_statistic(*(layer[name] for name in rule.statistic_inputs)) for layer in inputs]
     expected = schedule.layer_budgets(stats, 4, 128, WINDOW)
-    kept = layer_lengths(prefill(model, ids, PerPromptBudgetPress(SnapKVPress(window_size=WINDOW), schedule)).cache)
+    press = PerPromptBudgetPress(SnapKVPress(window_size=WINDOW), schedule)
+    seen: list[Any] = []
+    original = press.layer_statistic
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+
+    object.__setattr__(press, "layer_statistic", spy)
+    kept = layer_lengths(prefill(model, ids, press).cache)
     assert tuple(kept) == expected
+    if rule.name != "squeezeattention":  # computed from the residual stream, not through layer_statistic's window
+        for mine, theirs in zip(seen, stats):
+            for a, b in zip(mine, theirs):
+                assert torch.allclose(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64))
     assert len(set(expected)) > 1 or rule.name == "squeezeattention"  # the rule does move budgets here
 
 
