@@ -215,9 +215,7 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def bca_interval(
-    point: float, replicates: np.ndarray, jackknife: np.ndarray, confidence: float
-) -> tuple[float, float]:
+def bca_interval(point: float, replicates: np.ndarray, jackknife: np.ndarray, confidence: float) -> tuple[float, float]:
     """The BCa interval (Efron 1987; Efron & Tibshirani 1993, ch. 14) from bootstrap replicates and jackknife values.
 
     ``z0`` (bias correction) is the normal quantile of the share of replicates below ``point`` (ties within rounding
