@@ -183,7 +183,6 @@ class SignFlip:
         need = max(1, math.ceil(self.alpha * vectors - 1e-9))  # delta is accepted when >= need vectors cover it
         low = float(total + np.sort(lo)[need - 1]) if need <= vectors else math.inf
         high = float(total + np.sort(hi)[::-1][need - 1]) if need <= vectors else -math.inf
-        low, high = min(low, observed), max(high, observed)  # rounding: the estimate is always inside
         return FlipTest(
             mean=observed,
             low=low,
