@@ -247,6 +247,24 @@ def test_bca_stretches_towards_the_skew() -> None:
     )
 
 
+def test_bca_acceleration_follows_the_skew_of_the_jackknife() -> None:
+    """Symmetric replicates (z0 = 0), right-skewed data: a > 0 moves both ends up by the Efron-Tibshirani formula.
+
+    Fails with the acceleration's sign flipped.
+    """
+    rng = np.random.default_rng(1)
+    data = _samples({"a": list(rng.lognormal(0, 1.0, 40))})
+    jackknife = Bootstrap.jackknife(data)
+    influence = jackknife.mean() - jackknife
+    a = float(np.sum(influence**3) / (6 * np.sum(influence**2) ** 1.5))
+    assert a > 0.01
+    replicates = np.random.default_rng(0).normal(0.0, 1.0, 200_000)
+    low, high = bca_interval(0.0, replicates, jackknife, 0.95)
+    z = 1.959964
+    assert low == pytest.approx(-z / (1 + a * z), abs=0.03) and high == pytest.approx(z / (1 - a * z), abs=0.03)
+    assert low > -z and high > z
+
+
 def test_jackknife_leaves_one_sample_out_of_its_task() -> None:
     data = _samples({"a": [1.0, 2.0, 6.0], "b": [0.0, 4.0], "c": [5.0]})
     expected = []

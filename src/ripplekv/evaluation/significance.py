@@ -120,10 +120,12 @@ class SignFlip:
         Args:
             keys: the prompts' (task, sample id), in the order of the values they will sign (part of the seed).
         """
-        return self._cached(keys)[0]
+        bits = self._cached(keys)[0].T
+        flips = np.unpackbits(bits, axis=1, count=len(keys), bitorder="little")
+        return (1 - 2 * flips.astype(np.int8)).astype(np.int8)
 
     def _cached(self, keys: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-        """The sign vectors of ``keys`` and which of them have all signs equal."""
+        """``(bytes, vectors)``: the sign vectors, 8 prompts a byte (bit set: flipped); and which are all equal."""
         key = tuple(keys)
         cached = self._signs.get(key)
         if cached is not None:
@@ -131,19 +133,42 @@ class SignFlip:
         n = len(key)
         if n == 0:
             raise ValueError("no paired differences to test")
-        if n <= self.exact_max:
-            codes = np.arange(2**n, dtype=np.int64)[:, None] >> np.arange(n, dtype=np.int64)[None, :]
-            signs = (1 - 2 * (codes & 1)).astype(np.int8)  # row 0 is the identity
+        groups = (n + 7) // 8
+        if n <= self.exact_max:  # vector c flips the prompts of c's set bits; c = 0 is the identity
+            codes = np.arange(2**n, dtype=np.int64)
+            bits = np.stack([(codes >> (8 * g)) & 0xFF for g in range(groups)], axis=1).astype(np.uint8)
         else:
             digest = zlib.crc32("\x1f".join(f"{t}\x1e{i}" for t, i in key).encode())
             rng = np.random.default_rng([self.seed, digest, n])
-            signs = np.ones((self.draws + 1, n), dtype=np.int8)
-            signs[1:] = 1 - 2 * rng.integers(0, 2, size=(self.draws, n), dtype=np.int8)
-        if len(self._signs) >= 4:  # a run's comparisons share few prompt sets; keep memory bounded
+            bits = np.zeros((self.draws + 1, groups), dtype=np.uint8)
+            bits[1:] = rng.integers(0, 256, size=(self.draws, groups), dtype=np.uint8)
+        last = np.uint8((1 << (n - 8 * (groups - 1))) - 1)  # the bits of the last byte that are prompts
+        bits[:, -1] &= last
+        none = np.all(bits[:, :-1] == 0, axis=1) & (bits[:, -1] == 0)
+        every = np.all(bits[:, :-1] == 0xFF, axis=1) & (bits[:, -1] == last)
+        if len(self._signs) >= 8:  # a run's comparisons share few prompt sets; keep memory bounded
             self._signs.pop(next(iter(self._signs)))
-        whole = np.all(signs == signs[:, :1], axis=1)  # all signs equal: |T_s(delta)| = |T(delta)| for every delta
-        self._signs[key] = (signs, whole)
-        return signs, whole
+        bits = np.ascontiguousarray(bits.T)  # (bytes, vectors): one contiguous row per byte for the look-ups
+        self._signs[key] = (bits, none | every)  # all signs equal: |T_s(delta)| = |T(delta)| for every delta
+        return bits, none | every
+
+    @staticmethod
+    def _signed_sums(bits: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """``(vectors, k)``: each sign vector (``bits``: ``(bytes, vectors)``) applied to each column of ``(n, k)``.
+
+        Per byte of 8 prompts a table of its 256 signed sums, then one look-up per byte and vector.
+        """
+        groups = bits.shape[0]
+        padded = np.zeros((8 * groups, columns.shape[1]))
+        padded[: columns.shape[0]] = columns
+        flips = (np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1
+        table = (1.0 - 2.0 * flips) @ padded.reshape(groups, 8, -1)  # (groups, 256, k)
+        out = np.zeros((columns.shape[1], bits.shape[1]))
+        for g in range(groups):
+            index = bits[g].astype(np.intp)
+            for k in range(columns.shape[1]):
+                out[k] += table[g, :, k].take(index)
+        return out.T
 
     def test(self, differences: Mapping[str, Mapping[str, float]]) -> FlipTest:
         """The test and the inverted interval of the macro mean of ``differences`` (task -> sample id -> d).
@@ -159,17 +184,14 @@ class SignFlip:
         if not np.all(np.isfinite(d)):
             raise ValueError("paired differences must be finite")
         w = np.concatenate([np.full(len(differences[t]), 1.0 / (len(tasks) * len(differences[t]))) for t in tasks])
-        signs, whole = self._cached(keys)
+        bits, whole = self._cached(keys)
         x = w * d
         observed = float(np.mean([np.mean([differences[t][s] for s in differences[t]]) for t in tasks]))
         total = float(x.sum())
         tol = _TIE * float(np.abs(x).sum())
         # u = T_s, the macro mean under each sign vector; v: that of all-ones, how a shift delta moves T_s
-        u, v = np.empty(signs.shape[0]), np.empty(signs.shape[0])
-        columns = np.column_stack([x, w])
-        for start in range(0, signs.shape[0], 4096):  # float64 BLAS on blocks (int8 matmul is slow)
-            block = signs[start : start + 4096].astype(np.float64) @ columns
-            u[start : start + 4096], v[start : start + 4096] = block[:, 0], block[:, 1]
+        sums = self._signed_sums(bits, np.column_stack([x, w]))
+        u, v = sums[:, 0], sums[:, 1]
         # |u - delta v| >= |total - delta| with e = delta - total, r = u - total v: |r - e v| >= |e|, |v| < 1, holds
         # for e between -r / (1 - v) and r / (1 + v) (the two roots, on either side of 0).
         r = u - total * v
@@ -177,7 +199,7 @@ class SignFlip:
             one, two = r / (1.0 + v), -r / (1.0 - v)
         lo = np.where(whole, -np.inf, np.minimum(one, two)) - tol
         hi = np.where(whole, np.inf, np.maximum(one, two)) + tol
-        vectors = signs.shape[0]
+        vectors = bits.shape[1]
         extreme = int(np.count_nonzero((lo <= -total) & (-total <= hi)))  # sign vectors with |T_s| >= |T| (ties in)
         p = extreme / vectors
         need = max(1, math.ceil(self.alpha * vectors - 1e-9))  # delta is accepted when >= need vectors cover it

@@ -463,6 +463,25 @@ def analyse_metric(
     if flip is None:
         flip = SignFlip(seed=bootstrap.seed, confidence=bootstrap.confidence)
     estimates = {key: bootstrap.estimate(samples) for key, samples in values.items() if samples}
+    done: dict[tuple[float, str, str], Comparison | None] = {}
+
+    def pair(budget: float, method: str, other: str) -> Comparison | None:
+        """``method - other``; the reverse of a pair already computed is that one negated (same test, same p)."""
+        back = done.get((budget, other, method))
+        if back is None:
+            c = compare(metric, method, other, values[method, budget], values[other, budget], flip, bootstrap)
+            done[budget, method, other] = c
+            return c
+        return replace(
+            back,
+            method=method,
+            other=other,
+            difference=_negated(back.difference),
+            bootstrap=None if back.bootstrap is None else _negated(back.bootstrap),
+            wins=back.losses,
+            losses=back.wins,
+        )
+
     result = MetricStats(metric, estimates, family=family)
     raw: dict[float, tuple[dict[str, dict[str, Comparison]], list[Comparison]]] = {}
     for budget in budgets:
@@ -478,9 +497,7 @@ def analyse_metric(
                 sign = 1.0 if metric.higher_is_better else -1.0
                 targets["best_other"] = max(others, key=lambda m: sign * estimates[m, budget].mean)
             for kind, other in targets.items():
-                comparison = compare(
-                    metric, method, other, values[method, budget], values[other, budget], flip, bootstrap
-                )
+                comparison = pair(budget, method, other)
                 if comparison is not None:
                     per_method.setdefault(method, {})[kind] = comparison
         for kind in ("baseline", "best_other"):  # pairs with the baseline read "method vs snapkv"
@@ -499,6 +516,10 @@ def analyse_metric(
                 m: {k: _settled(c, settled[b, c.pair]) for k, c in kinds.items()} for m, kinds in per_method.items()
             }
     return result
+
+
+def _negated(e: Estimate) -> Estimate:
+    return replace(e, mean=-e.mean, low=-e.high, high=-e.low)
 
 
 def _settled(c: Comparison, family_member: Comparison) -> Comparison:
