@@ -153,7 +153,7 @@ def _comparison_cell(c: dict, digits: int) -> str:
     d = c["difference"]
     verdict = "**significant**" if c["significant"] else "not significant"
     interval = f"{_fmt(d['mean'], digits, True)} [{_fmt(d['low'], digits, True)}, {_fmt(d['high'], digits, True)}]"
-    return f"{interval}, {c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.1g} (Holm {c['p_holm']:.1g}): {verdict}"
+    return f"{interval}, {c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.2g} (Holm {c['p_holm']:.2g}): {verdict}"
 
 
 def _test_line(result: dict) -> str:

@@ -186,7 +186,7 @@ class SignFlip:
         w = np.concatenate([np.full(len(differences[t]), 1.0 / (len(tasks) * len(differences[t]))) for t in tasks])
         bits, whole = self._cached(keys)
         x = w * d
-        observed = float(np.mean([np.mean([differences[t][s] for s in differences[t]]) for t in tasks]))
+        observed = float(np.mean([np.mean([differences[t][s] for s in sorted(differences[t])]) for t in tasks]))
         total = float(x.sum())
         tol = _TIE * float(np.abs(x).sum())
         # u = T_s, the macro mean under each sign vector; v: that of all-ones, how a shift delta moves T_s

@@ -309,7 +309,7 @@ def paired_differences(a: Samples, b: Samples) -> Samples:
     for task in sorted(a.keys() & b.keys()):
         common = a[task].keys() & b[task].keys()
         diffs = {}
-        for sample in common:
+        for sample in sorted(common):  # sorted: sums in a fixed order, the same digits on every run
             x, y = a[task][sample], b[task][sample]
             d = x - y
             diffs[sample] = 0.0 if abs(d) <= TIE_TOLERANCE * max(1.0, abs(x), abs(y)) else d
