@@ -21,6 +21,7 @@ from ripplekv.evaluation.stats import METRICS, Bootstrap, analyse_metric
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]
+FAMILY = ("budget", "metric")
 
 
 def _samples(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -203,9 +204,6 @@ def test_family_across_budgets_adjusts_over_every_budget() -> None:
             assert c.significant == (c.p_holm < 0.05) and (not c.significant or c.difference.excludes_zero())
     with pytest.raises(ValueError, match="family"):
         analyse_metric(KL, values, ["x", "snapkv"], [0.1], Bootstrap(), family="run")
-
-
-FAMILY = ("budget", "metric")
 
 
 # ---------------------------------------------------------------------------------------------------------- BCa

@@ -29,7 +29,7 @@ tests it, gives its interval from the same test, and adjusts for multiplicity:
 The BCa bootstrap (:func:`bca_interval`) of the same macro mean is kept alongside for reference
 (:class:`ripplekv.evaluation.stats.Bootstrap`); the verdict never depends on it.
 
-Only numpy (and the standard library): no torch.
+Only numpy, scipy.special (BCa's normal quantiles) and the standard library: no torch.
 """
 
 from __future__ import annotations
