@@ -2,11 +2,13 @@
 
 For every metric the run holds (task score, fidelity KL, top-1 agreement, gold-answer NLL change) it prints
 
-1. each method's mean at each budget with its 95% bootstrap interval (stratified by task), as ``ripplekv report``;
-2. the candidate's (default ``ripplekv``) paired difference ``candidate - baseline`` to each baseline at each budget,
-   with its 95% paired bootstrap interval, wins/ties/losses over samples and the Wilcoxon signed-rank p, Holm-adjusted
-   over the candidate's comparisons with the baselines at that budget and metric; the best baseline (by mean) is
-   named. **Significant** = the interval excludes 0 and the Holm p < 0.05 (the rule of ``ripplekv report``).
+1. each method's mean at each budget with its 95% BCa bootstrap interval (stratified by task), as ``ripplekv report``;
+2. the candidate's (default ``ripplekv``) paired difference ``candidate - baseline`` to each baseline at each budget:
+   the macro mean of the per-sample differences, wins/ties/losses over samples, the stratified sign-flip permutation
+   test of that macro mean and its inverted 95% interval (:mod:`ripplekv.evaluation.significance`), Holm-adjusted
+   over the candidate's comparisons with the baselines at that budget and metric (``--family budget``, default) or
+   at every budget of the metric (``--family metric``); the best baseline (by mean) is named. **Significant** = the
+   Holm p < 0.05 (the rule of ``ripplekv report``); a significant difference's interval excludes 0.
 
 Only samples holding every configuration enter (as in ``ripplekv report``). The statistics are the library's
 (:mod:`ripplekv.evaluation.stats`); this script only chooses the comparisons.
@@ -27,7 +29,18 @@ import numpy as np
 from ripplekv.evaluation.config import FULL_BUDGET
 from ripplekv.evaluation.report import load_run
 from ripplekv.evaluation.results import complete_samples
-from ripplekv.evaluation.stats import ALPHA, METRICS, Bootstrap, collect, holm, paired_differences, wilcoxon_p
+from ripplekv.evaluation.stats import (
+    ALPHA,
+    DEFAULT_DRAWS,
+    FAMILIES,
+    METRICS,
+    TEST_NAME,
+    Bootstrap,
+    SignFlip,
+    collect,
+    compare,
+    settle,
+)
 
 DEFAULT_BASELINES = "streamingllm,snapkv,pyramidkv,adakv"
 
@@ -36,7 +49,19 @@ def _pct(budget: float) -> str:
     return f"{budget * 100:g}%"
 
 
-def analyse(run: Path, candidate: str, baselines: list[str], resamples: int, seed: int) -> dict:
+def _interval(low: float, high: float) -> dict:
+    return {"low": low if np.isfinite(low) else None, "high": high if np.isfinite(high) else None}
+
+
+def analyse(
+    run: Path,
+    candidate: str,
+    baselines: list[str],
+    resamples: int,
+    seed: int,
+    draws: int = DEFAULT_DRAWS,
+    family: str = "budget",
+) -> dict:
     config, rows = load_run(run)
     methods = [m for m in config["config"]["methods"]]
     budgets = [float(b) for b in config["config"]["budgets"]]
@@ -45,37 +70,62 @@ def analyse(run: Path, candidate: str, baselines: list[str], resamples: int, see
         raise SystemExit(f"the run has no method(s) {', '.join(missing)} (it has {', '.join(methods)})")
     configurations = [(m, FULL_BUDGET) if m == "full" else (m, b) for m in methods for b in budgets]
     rows, incomplete = complete_samples(rows, configurations)
+    if family not in FAMILIES:
+        raise SystemExit(f"--family must be one of {', '.join(FAMILIES)}")
     bootstrap = Bootstrap(resamples=resamples, seed=seed)
+    flip = SignFlip(draws=draws, seed=seed)
     out: dict = {"run": str(run), "candidate": candidate, "baselines": baselines, "incomplete_samples": incomplete}
+    out["test"] = {
+        "name": TEST_NAME,
+        "draws": draws,
+        "seed": seed,
+        "exact_max_samples": flip.exact_max,
+        "family": family,
+        "family_description": "the candidate's comparisons with the baselines at one budget and metric"
+        if family == "budget"
+        else "the candidate's comparisons with the baselines over all budgets of one metric",
+        "adjustment": "holm",
+        "alpha": ALPHA,
+    }
     out["metrics"] = {}
     for name, metric in METRICS.items():
         values = collect(rows, metric, lambda row: str(row.get("task", "")))
         if not any(key[0] == candidate for key in values):
             continue
         estimates = {f"{m}@{b}": asdict(bootstrap.estimate(s)) for (m, b), s in values.items() if s}
-        per_budget = []
+        per_budget, raw = [], []
         for budget in budgets:
+            tests = [
+                compare(metric, candidate, b, values[candidate, budget], values[b, budget], flip, bootstrap)
+                for b in baselines
+            ]
+            raw.append(tests)
+        groups = [[i] for i in range(len(budgets))] if family == "budget" else [list(range(len(budgets)))]
+        for group in groups:
+            settled = iter(settle([c for i in group for c in raw[i]], ALPHA))
+            for i in group:
+                raw[i] = [next(settled) for _ in raw[i]]
+        for budget, tests in zip(budgets, raw):
             comparisons = []
-            for baseline in baselines:
-                diffs = paired_differences(values[candidate, budget], values[baseline, budget])
-                flat = np.array([d for task in diffs.values() for d in task.values()])
-                better = flat > 0 if metric.higher_is_better else flat < 0
-                worse = flat < 0 if metric.higher_is_better else flat > 0
+            for baseline, c in zip(baselines, tests):
+                d = c.difference
                 comparisons.append(
                     {
                         "baseline": baseline,
                         "baseline_mean": estimates[f"{baseline}@{budget}"]["mean"],
-                        "difference": asdict(bootstrap.estimate(diffs)),
-                        "wins": int(better.sum()),
-                        "ties": int((flat == 0).sum()),
-                        "losses": int(worse.sum()),
-                        "p": wilcoxon_p(flat),
+                        "difference": {"mean": d.mean, **_interval(d.low, d.high), "samples": d.samples}
+                        | {"tasks": d.tasks, "interval": d.method},
+                        "bootstrap_bca": _interval(c.bootstrap.low, c.bootstrap.high),
+                        "wins": c.wins,
+                        "ties": c.ties,
+                        "losses": c.losses,
+                        "p": c.p,
+                        "p_holm": c.p_holm,
+                        "significant": c.significant,
+                        "test": c.test,
+                        "sign_vectors": c.vectors,
                     }
                 )
-            for comparison, adjusted in zip(comparisons, holm([c["p"] for c in comparisons])):
-                d = comparison["difference"]
-                comparison["p_holm"] = adjusted
-                comparison["significant"] = bool((d["low"] > 0 or d["high"] < 0) and adjusted < ALPHA)
             sign = 1.0 if metric.higher_is_better else -1.0
             best = max(comparisons, key=lambda c: sign * c["baseline_mean"])["baseline"]
             per_budget.append({"budget": budget, "best_baseline": best, "comparisons": comparisons})
@@ -92,7 +142,9 @@ def analyse(run: Path, candidate: str, baselines: list[str], resamples: int, see
     return out
 
 
-def _fmt(value: float, digits: int, sign: bool = False) -> str:
+def _fmt(value: float | None, digits: int, sign: bool = False) -> str:
+    if value is None:
+        return "inf"  # an unbounded end (JSON null)
     text = f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
     return f"{0.0:.{digits}f}" if float(text) == 0.0 else text
 
@@ -101,11 +153,21 @@ def _comparison_cell(c: dict, digits: int) -> str:
     d = c["difference"]
     verdict = "**significant**" if c["significant"] else "not significant"
     interval = f"{_fmt(d['mean'], digits, True)} [{_fmt(d['low'], digits, True)}, {_fmt(d['high'], digits, True)}]"
-    return f"{interval}, {c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.1g} (Holm {c['p_holm']:.1g}): {verdict}"
+    return f"{interval}, {c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.2g} (Holm {c['p_holm']:.2g}): {verdict}"
+
+
+def _test_line(result: dict) -> str:
+    t = result["test"]
+    return (
+        f"Test: {t['name']}; exact up to {t['exact_max_samples']} samples, otherwise {t['draws']} random sign vectors "
+        f"+ the identity (seed {t['seed']}). Holm over {t['family_description']}; significant = Holm p < "
+        f"{t['alpha']:g}."
+    )
 
 
 def markdown(result: dict) -> str:
     lines = [f"{result['samples']} samples with every configuration ({result['incomplete_samples']} left out)", ""]
+    lines += [_test_line(result), ""]
     candidate = result["candidate"]
     for name, metric in result["metrics"].items():
         digits = 3 if name == "fidelity_kl" else metric["decimals"]
@@ -123,7 +185,7 @@ def markdown(result: dict) -> str:
                 cells.append(interval if e is None else f"{interval}{_fmt(e['high'], digits)}]")
             shown = f"**{method}**" if method == candidate else method
             lines.append(f"| {shown} | " + " | ".join(cells) + " |")
-        lines += ["", f"`{candidate} - baseline`, paired (95% interval; W/T/L over samples; Wilcoxon p, Holm):", ""]
+        lines += ["", f"`{candidate} - baseline`, paired (95% interval; W/T/L over samples; sign-flip p, Holm):", ""]
         lines += ["| budget | best baseline | vs best baseline | vs snapkv |", "|---|---|---|---|"]
         for entry in metric["budgets"]:
             by_name = {c["baseline"]: c for c in entry["comparisons"]}
@@ -141,13 +203,15 @@ def main() -> None:
     parser.add_argument("--baselines", default=DEFAULT_BASELINES)
     parser.add_argument("--resamples", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--permutations", type=int, default=DEFAULT_DRAWS, help="random sign vectors per comparison")
+    parser.add_argument("--family", choices=tuple(FAMILIES), default="budget", help="Holm's family (default budget)")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args()
     baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
-    result = analyse(args.run, args.candidate, baselines, args.resamples, args.seed)
+    result = analyse(args.run, args.candidate, baselines, args.resamples, args.seed, args.permutations, args.family)
     print(markdown(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
 
 
 if __name__ == "__main__":

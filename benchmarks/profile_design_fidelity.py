@@ -7,10 +7,13 @@ prompts, so **every** prompt is held out for this comparison (tune's own calibra
 and gamma, not used here).
 
 Per budget, for every variant: its macro mean KL (each task's mean, averaged over tasks), its paired difference to
-the reference profile with a stratified bootstrap interval, wins/ties/losses (a win: lower KL), a Wilcoxon p-value
-and Holm's adjustment over the family of variants at that budget. A variant beats the reference when its interval
-lies below 0 and its Holm-adjusted p is below 0.05. With ``--cost`` (a ``benchmarks/profile_design_cost.py`` JSON)
-each variant's profiling cost ratio is listed and a variant over the 1.5x bound is marked.
+the reference profile (the macro mean of the per-prompt differences) with wins/ties/losses (a win: lower KL), the
+stratified sign-flip permutation test of that macro mean, the interval inverting it
+(:mod:`ripplekv.evaluation.significance`) and Holm's adjustment over the family of variants at that budget
+(uniform SnapKV is listed, outside the family). A variant beats (is worse than) the reference when its
+Holm-adjusted p is below 0.05 and its difference is below (above) 0; its interval then excludes 0. With
+``--cost`` (a ``benchmarks/profile_design_cost.py`` JSON) each variant's profiling cost ratio is listed and a variant
+over the 1.5x bound is marked.
 
     python benchmarks/profile_design_fidelity.py benchmarks/results/profile-design/tune --reference default \\
         --cost benchmarks/results/profile-design/cost.json --json benchmarks/results/profile-design/fidelity.json
@@ -23,11 +26,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ripplekv.analysis.tuning_report import SNAPKV, candidate_samples, macro_mean, paired_comparison
+from ripplekv.analysis.tuning_report import SNAPKV, adjust, candidate_samples, macro_mean, paired_comparison
 from ripplekv.evaluation.results import ResultsLog
-from ripplekv.evaluation.stats import ALPHA, Bootstrap, holm
+from ripplekv.evaluation.stats import ALPHA, DEFAULT_DRAWS, TEST_NAME, Bootstrap, SignFlip
 
 COST_BOUND = 1.5
+
+
+def _end(value: float | None, unbounded: str) -> str:
+    return unbounded if value is None else f"{value:+.4f}"
 
 
 def variant_of(key: str) -> str:
@@ -35,7 +42,9 @@ def variant_of(key: str) -> str:
     return key.split("|", 1)[0]
 
 
-def compare(rows: list[dict[str, Any]], reference: str, resamples: int, seed: int) -> list[dict[str, Any]]:
+def compare(
+    rows: list[dict[str, Any]], reference: str, resamples: int, seed: int, draws: int = DEFAULT_DRAWS
+) -> list[dict[str, Any]]:
     """Per budget: each variant's mean KL and its paired difference to ``reference`` (see the module docstring)."""
     keys = list(rows[0]["kl"])
     labels = [variant_of(k) for k in keys]
@@ -43,6 +52,7 @@ def compare(rows: list[dict[str, Any]], reference: str, resamples: int, seed: in
         raise SystemExit(f"no candidate of profile {reference!r} in the rows; profiles: {', '.join(labels)}")
     ref_key = keys[labels.index(reference)]
     bootstrap = Bootstrap(resamples, seed)
+    flip = SignFlip(draws=draws, seed=seed)
     out = []
     for budget in sorted({float(r["budget"]) for r in rows}):
         at = [r for r in rows if float(r["budget"]) == budget]
@@ -52,14 +62,14 @@ def compare(rows: list[dict[str, Any]], reference: str, resamples: int, seed: in
             values = candidate_samples(at, None, key)
             entry: dict[str, Any] = {"variant": variant_of(key), "key": key, "kl": macro_mean(values)}
             if key != ref_key:
-                entry.update(paired_comparison(bootstrap, values, ref))
+                entry.update(paired_comparison(flip, values, ref, bootstrap))
                 entry.pop("significant")  # decided below, with Holm over the variants
             entries.append(entry)
         family = [e for e in entries if "p" in e and e["key"] != SNAPKV]
-        for e, adjusted in zip(family, holm([e["p"] for e in family])):
-            e["p_holm"] = adjusted
-            e["beats_reference"] = bool(e["high"] < 0 and adjusted < ALPHA)
-            e["worse_than_reference"] = bool(e["low"] > 0 and adjusted < ALPHA)
+        adjust(family, ALPHA)
+        for e in family:
+            e["beats_reference"] = bool(e.pop("significant") and e["difference"] < 0)
+            e["worse_than_reference"] = bool(e["p_holm"] < ALPHA and e["difference"] > 0)
         out.append({"budget": budget, "prompts": len({r["sample_id"] for r in at}), "entries": entries})
     return out
 
@@ -71,6 +81,7 @@ def main() -> None:
     parser.add_argument("--cost", type=Path, default=None, help="a benchmarks/profile_design_cost.py JSON")
     parser.add_argument("--resamples", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--permutations", type=int, default=DEFAULT_DRAWS, help="random sign vectors per comparison")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
     rows = ResultsLog(args.tune / "tune.jsonl").read()
@@ -79,7 +90,11 @@ def main() -> None:
     cost: dict[str, float] = {}
     if args.cost is not None:
         cost = {v["variant"]: float(v["ratio"]) for v in json.loads(args.cost.read_text())["variants"]}
-    result = compare(rows, args.reference, args.resamples, args.seed)
+    result = compare(rows, args.reference, args.resamples, args.seed, args.permutations)
+    print(
+        f"Test: {TEST_NAME} ({args.permutations} random sign vectors + the identity, seed {args.seed}); Holm over "
+        "the variants at each budget (uniform SnapKV outside the family); better / worse: Holm p < 0.05."
+    )
     for budget in result:
         print(f"\n## Budget {budget['budget']:g} ({budget['prompts']} held-out prompts)\n")
         print(f"| profile | mean KL | minus {args.reference} [95% CI] | W/T/L | Holm p | cost ratio |")
@@ -94,12 +109,30 @@ def main() -> None:
             verdict = " better" if e.get("beats_reference") else " worse" if e.get("worse_than_reference") else ""
             p_holm = f"{e['p_holm']:.3g}" if "p_holm" in e else f"{e['p']:.3g} (raw)"
             print(
-                f"| {name} | {e['kl']:.4f} | {e['difference']:+.4f} [{e['low']:+.4f}, {e['high']:+.4f}]{verdict} | "
+                f"| {name} | {e['kl']:.4f} | {e['difference']:+.4f} "
+                f"[{_end(e['low'], '-inf')}, {_end(e['high'], '+inf')}]{verdict} | "
                 f"{e['wins']}/{e['ties']}/{e['losses']} | {p_holm} | {ratio_text} |"
             )
     if args.json:
         args.json.write_text(
-            json.dumps({"tune": str(args.tune), "reference": args.reference, "cost": cost, "budgets": result}, indent=2)
+            json.dumps(
+                {
+                    "tune": str(args.tune),
+                    "reference": args.reference,
+                    "test": {
+                        "name": TEST_NAME,
+                        "draws": args.permutations,
+                        "seed": args.seed,
+                        "family": "the variants at one budget (uniform SnapKV outside)",
+                        "adjustment": "holm",
+                        "alpha": ALPHA,
+                    },
+                    "cost": cost,
+                    "budgets": result,
+                },
+                indent=2,
+                allow_nan=False,
+            )
             + "\n"
         )
 

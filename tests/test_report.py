@@ -1,4 +1,4 @@
-"""``ripplekv report`` statistics: bootstrap intervals, paired differences, Wilcoxon, Holm (no model needed).
+"""``ripplekv report`` statistics: bootstrap intervals, paired differences, sign-flip tests, Holm (no model needed).
 
 Runs are synthetic ``config.json`` + ``results.jsonl`` folders in the format the eval runner writes.
 """
@@ -236,18 +236,22 @@ def test_wins_ties_losses_follow_the_metric_direction(metric: Metric) -> None:
 
 
 @pytest.mark.parametrize(
-    ("differences", "interval_excludes_zero", "p_below_alpha"),
-    [([1.0, 1.0, 1.0], True, False), ([1.0] * 30 + [-1000.0], False, True)],
+    ("differences", "significant"),
+    [([1.0, 1.0, 1.0], False), ([1.0] * 30 + [-1000.0], False), ([1.0] * 6, True), ([0.5, 1.0, 1.5, 2.0] * 5, True)],
 )
-def test_significance_needs_both_the_interval_and_the_test(
-    differences: list[float], interval_excludes_zero: bool, p_below_alpha: bool
-) -> None:
+def test_the_verdict_follows_the_interval_of_the_same_mean(differences: list[float], significant: bool) -> None:
+    # Before, "significant" needed a percentile interval AND a pooled Wilcoxon p: [1, 1, 1] had an interval
+    # [1, 1] and p = 0.25, 30 x 1 and one -1000 an interval with 0 and p < 0.05. Now one test decides and the
+    # interval inverts it: 3 identical signs cannot reach p < 0.05 (2 of 8 sign vectors are as extreme), so no
+    # shift is rejected and the interval is the whole line.
     a = _samples({"t": differences})
     zero = _samples({"t": [0.0] * len(differences)})
     stats = analyse_metric(SCORE, {("x", 0.1): a, ("snapkv", 0.1): zero}, ["x", "snapkv"], [0.1], Bootstrap())
     c = stats.versus[0.1]["x"]["baseline"]
-    assert c.difference.excludes_zero() == interval_excludes_zero and (c.p_holm < 0.05) == p_below_alpha
-    assert not c.significant
+    assert c.significant == significant == c.difference.excludes_zero() == (c.p < 0.05)
+    assert c.p_holm == c.p  # a family of one
+    if differences == [1.0, 1.0, 1.0]:
+        assert (c.difference.low, c.difference.high, c.p, c.test) == (-math.inf, math.inf, 0.25, "exact")
 
 
 def test_planted_difference_is_significant_and_null_is_not(tmp_path: Path) -> None:
@@ -272,7 +276,9 @@ def test_planted_difference_is_significant_and_null_is_not(tmp_path: Path) -> No
     assert verdicts["- budget 10% (fidelity_kl, lower is better): pyramidkv vs snapkv"].endswith("not significant")
     assert verdicts["ripplekv vs snapkv"].endswith(": significant")
     assert "## fidelity_kl (lower is better): mean and 95% interval" in text
-    assert "Holm over the distinct comparisons" in text and "zero_method='wilcox'" in text
+    assert "Holm over the distinct comparisons of one metric at one budget" in text
+    assert "Test: stratified sign-flip permutation test of the macro-mean difference" in text
+    assert "(seed 0); Holm family: the distinct comparisons of one metric at one budget (`--family budget`)" in text
 
 
 # ---------------------------------------------------------------------------------- skipped metrics, old runs
@@ -333,7 +339,21 @@ def test_cli_json_metrics_seed_and_errors(tmp_path: Path, capsys: pytest.Capture
     document = json.loads(capsys.readouterr().out)
     statistics = document["statistics"]
     assert list(statistics["metrics"]) == ["fidelity_kl"] and statistics["seed"] == 5
-    assert statistics["resamples"] >= 2000 and statistics["zero_method"] == "wilcox"
+    assert statistics["resamples"] >= 2000 and statistics["interval_of_means"] == "stratified bca bootstrap"
+    test = statistics["test"]
+    assert test["name"].startswith("stratified sign-flip permutation test") and test["family"] == "budget"
+    assert (test["draws"], test["seed"], test["exact_max_samples"], test["adjustment"]) == (19999, 5, 16, "holm")
+    comparison = statistics["metrics"]["fidelity_kl"]["comparisons"][0]
+    assert comparison["test"] == "monte-carlo" and comparison["sign_vectors"] == 20000
+    assert comparison["difference"]["interval"] == "sign-flip inversion"
+    assert comparison["bootstrap_bca"]["interval"] == "bca"
+    assert main(["report", str(out), "--format", "json", "--family", "metric", "--permutations", "999"]) == 0
+    captured = capsys.readouterr()
+    test = json.loads(captured.out)["statistics"]["test"]
+    assert (test["family"], test["draws"]) == ("metric", 999)
+    assert "Holm over the distinct comparisons of one metric over all budgets" in captured.err
+    assert main(["report", str(out), "--permutations", "10"]) == 2
+    assert "draws must be an integer >= 999" in capsys.readouterr().err
     assert document["methods"]["snapkv"] == METHOD_DESCRIPTIONS["snapkv"]
     assert main(["report", str(out), "--metrics", "nope"]) == 2
     assert "unknown metric(s) nope" in capsys.readouterr().err

@@ -6,9 +6,12 @@ Per budget:
 - every candidate's mean KL on the calibration and the held-out prompts (the held-out means are shown, never used
   to choose);
 - ``best``: the candidate with the lowest calibration KL (ties: the earlier candidate in grid order);
-- held-out paired differences, each with a stratified bootstrap interval, wins/ties/losses (a win: lower KL) and a
-  Wilcoxon p-value: ``best - default`` (the gain of tuning), ``best - snapkv`` and ``default - snapkv``;
-  ``best - shared`` (the gain of tuning per budget over the one candidate chosen for all budgets).
+- held-out paired differences, each the macro mean of the per-prompt differences with wins/ties/losses (a win:
+  lower KL), the stratified sign-flip permutation test of that macro mean and the interval inverting it
+  (:mod:`ripplekv.evaluation.significance`): ``best - default`` (the gain of tuning), ``best - snapkv`` and
+  ``default - snapkv``; ``best - shared`` (the gain of tuning per budget over the one candidate chosen for all
+  budgets). Holm adjusts over the four comparisons of a budget (``family="budget"``, the default) or the twelve of
+  all budgets (``family="metric"``); **significant** = Holm-adjusted p < 0.05, and then the interval excludes 0.
 
 ``shared`` is the candidate with the lowest calibration KL averaged over the budgets: if ``best - shared`` is not
 significant at any budget, the best allocation does not depend on the budget (to this run's resolution).
@@ -16,14 +19,34 @@ significant at any budget, the best allocation does not depend on the budget (to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ripplekv.evaluation.stats import ALPHA, Bootstrap, Samples, paired_differences, wilcoxon_p
+from ripplekv.evaluation.stats import (
+    ALPHA,
+    DEFAULT_DRAWS,
+    DEFAULT_FAMILY,
+    FAMILIES,
+    TEST_NAME,
+    Bootstrap,
+    Samples,
+    SignFlip,
+    holm,
+    paired_differences,
+)
 
-__all__ = ["candidate_samples", "macro_mean", "paired_comparison", "summarize_tuning", "tuning_markdown"]
+__all__ = [
+    "COMPARISONS",
+    "adjust",
+    "candidate_samples",
+    "macro_mean",
+    "paired_comparison",
+    "summarize_tuning",
+    "tuning_markdown",
+]
 
 SNAPKV = "snapkv"
 
@@ -43,24 +66,49 @@ def macro_mean(samples: Samples) -> float:
     return float(np.mean([np.mean(list(values.values())) for values in samples.values() if values]))
 
 
-def paired_comparison(bootstrap: Bootstrap, a: Samples, b: Samples) -> dict[str, Any]:
-    """``a - b`` over the prompts both have: bootstrap interval, wins/ties/losses (a win: lower), Wilcoxon p."""
+COMPARISONS = ("best_minus_default", "best_minus_snapkv", "default_minus_snapkv", "best_minus_shared")
+
+
+def paired_comparison(flip: SignFlip, a: Samples, b: Samples, bootstrap: Bootstrap | None = None) -> dict[str, Any]:
+    """``a - b`` over the prompts both have: macro mean, inverted sign-flip interval, W/T/L (a win: lower), raw p.
+
+    ``significant`` is the raw verdict (``p < alpha``, the interval excludes 0); :func:`adjust` replaces it by
+    Holm's over a family.
+
+    Args:
+        flip: the sign-flip test (draws, seed, level).
+        a: task -> prompt id -> KL of the first candidate.
+        b: the same for the candidate it is compared with.
+        bootstrap: also give the BCa interval of the same mean (``bca_low``, ``bca_high``), or None.
+    """
     diffs = paired_differences(a, b)
     flat = [d for task in diffs.values() for d in task.values()]
     if not flat:
         raise ValueError("no held-out prompt has both candidates")
-    estimate = bootstrap.estimate(diffs)
-    p = wilcoxon_p(flat)
-    return {
-        "difference": estimate.mean,
-        "low": estimate.low,
-        "high": estimate.high,
+    test = flip.test(diffs)
+    out = {
+        "difference": test.mean,
+        "low": test.low if math.isfinite(test.low) else None,  # None: unbounded (5 prompts or fewer)
+        "high": test.high if math.isfinite(test.high) else None,
         "wins": sum(d < 0 for d in flat),
         "ties": sum(d == 0 for d in flat),
         "losses": sum(d > 0 for d in flat),
-        "p": p,
-        "significant": bool(estimate.excludes_zero() and p < ALPHA),
+        "p": test.p,
+        "test": test.method,
+        "sign_vectors": test.vectors,
+        "significant": bool(test.p < flip.alpha),
     }
+    if bootstrap is not None:
+        bca = bootstrap.estimate(diffs)
+        out.update({"bca_low": bca.low, "bca_high": bca.high})
+    return out
+
+
+def adjust(comparisons: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
+    """Set ``p_holm`` and ``significant`` (``p_holm < alpha``) of one family of :func:`paired_comparison` results."""
+    for c, adjusted in zip(comparisons, holm([c["p"] for c in comparisons])):
+        c["p_holm"] = adjusted
+        c["significant"] = bool(adjusted < alpha)
 
 
 def summarize_tuning(
@@ -72,6 +120,8 @@ def summarize_tuning(
     resamples: int,
     seed: int,
     context: Mapping[str, Any] | None = None,
+    draws: int = DEFAULT_DRAWS,
+    family: str = DEFAULT_FAMILY,
 ) -> dict[str, Any]:
     """The tuning summary of ``rows`` (see the module docstring).
 
@@ -81,10 +131,14 @@ def summarize_tuning(
         default: the defaults' key (one of ``candidates``).
         calibration: ids of the calibration prompts.
         heldout: ids of the held-out prompts.
-        resamples: bootstrap resamples.
-        seed: bootstrap seed.
+        resamples: bootstrap resamples (the BCa intervals kept for reference).
+        seed: seed of the bootstrap and of the sign-flip test.
         context: what ran (model, suite, ...), copied into the summary.
+        draws: random sign vectors per comparison (beyond the exact enumeration's 16 prompts).
+        family: Holm's family: ``budget`` (the four comparisons of a budget) or ``metric`` (all budgets').
     """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if default not in candidates:
         raise ValueError(f"the default {default!r} is not a candidate")
     if calibration & heldout:
@@ -93,6 +147,7 @@ def summarize_tuning(
     if not budgets:
         raise ValueError("no tuning rows to summarise")
     bootstrap = Bootstrap(resamples, seed)
+    flip = SignFlip(draws=draws, seed=seed)
     calibration_kl: dict[float, dict[str, float]] = {}
     per_budget: list[dict[str, Any]] = []
     for budget in budgets:
@@ -128,19 +183,33 @@ def summarize_tuning(
                     "heldout_kl": macro_mean(held[SNAPKV]),
                 },
                 "heldout": {
-                    "best_minus_default": paired_comparison(bootstrap, held[best], held[default]),
-                    "best_minus_snapkv": paired_comparison(bootstrap, held[best], held[SNAPKV]),
-                    "default_minus_snapkv": paired_comparison(bootstrap, held[default], held[SNAPKV]),
-                    "best_minus_shared": paired_comparison(bootstrap, held[best], held[shared]),
+                    name: paired_comparison(flip, held[x], held[y], bootstrap)
+                    for name, (x, y) in zip(
+                        COMPARISONS, ((best, default), (best, SNAPKV), (default, SNAPKV), (best, shared))
+                    )
                 },
             }
         )
+    groups = [[b] for b in out_budgets] if family == "budget" else [out_budgets]
+    for group in groups:
+        adjust([b["heldout"][name] for b in group for name in COMPARISONS])
     depends = any(b["heldout"]["best_minus_shared"]["significant"] for b in out_budgets)
     return {
         "format": "ripplekv-tune/1",
         "context": dict(context or {}),
         "default": default,
         "shared": shared,
+        "test": {
+            "name": TEST_NAME,
+            "draws": draws,
+            "seed": seed,
+            "family": family,
+            "family_description": "the four held-out comparisons of one budget"
+            if family == "budget"
+            else "the held-out comparisons of all budgets",
+            "adjustment": "holm",
+            "alpha": ALPHA,
+        },
         "budgets": out_budgets,
         "best_depends_on_budget": depends,
     }
@@ -148,9 +217,11 @@ def summarize_tuning(
 
 def _fmt(c: Mapping[str, Any]) -> str:
     mark = " (significant)" if c["significant"] else ""
+    holm_p = f", Holm p={c['p_holm']:.3g}" if "p_holm" in c else ""
+    low = "-inf" if c["low"] is None else f"{c['low']:+.4f}"
+    high = "+inf" if c["high"] is None else f"{c['high']:+.4f}"
     return (
-        f"{c['difference']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}], "
-        f"{c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.3g}{mark}"
+        f"{c['difference']:+.4f} [{low}, {high}], {c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.3g}{holm_p}{mark}"
     )
 
 
@@ -167,9 +238,16 @@ def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
         "",
         f"Defaults: `{summary['default']}`. One candidate for all budgets (lowest mean calibration KL): "
         f"`{summary['shared']}`. Mean KL(full || method) over the full cache's answer, nats (lower is better); "
-        "differences on held-out prompts: mean [95% CI], wins/ties/losses, Wilcoxon p.",
+        "differences on held-out prompts: mean [95% CI], wins/ties/losses, p and Holm p.",
         "",
     ]
+    test = summary.get("test")
+    if test is not None:
+        lines += [
+            f"Test: {test['name']} ({test['draws']} random sign vectors + the identity, seed {test['seed']}); "
+            f"Holm over {test['family_description']}; significant = Holm p < {test['alpha']:g}.",
+            "",
+        ]
     for entry in summary["budgets"]:
         lines += [
             f"## Budget {entry['budget']:g} ({entry['calibration_prompts']} calibration, "

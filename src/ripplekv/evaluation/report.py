@@ -9,9 +9,10 @@ tasks the report adds the official per-length view: each ``_e`` task's score wit
 ``score`` is null (compressed configurations of a ``--score fidelity`` run) do not enter the score tables.
 
 Statistics (:mod:`~ripplekv.evaluation.stats`, printed by :mod:`~ripplekv.evaluation.tables`): for ``score`` and
-each fidelity metric the rows hold, every (method, budget)'s macro mean with a stratified bootstrap interval, each
-method's paired difference to SnapKV and to the best other method, Wilcoxon p-values, Holm-adjusted significance,
-and one significance line per budget and metric. Strata are the rows' ``task`` (the needle suite's rows form one
+each fidelity metric the rows hold, every (method, budget)'s macro mean with a stratified BCa bootstrap interval,
+each method's paired difference to SnapKV and to the best other method with the stratified sign-flip permutation
+test of its macro mean and the interval inverting it, Holm-adjusted significance over a stated family, and one
+significance line per budget and metric. Strata are the rows' ``task`` (the needle suite's rows form one
 task: its length x depth cells hold too few samples to resample within). A legend says what each method computes.
 
 Formats: ``md`` (tables, statistics), ``csv`` (the score tables), ``json`` (everything, for generated READMEs).
@@ -33,7 +34,7 @@ from typing import Any
 
 from ripplekv.evaluation.longbench import LONGBENCH_E_BUCKETS, length_bucket
 from ripplekv.evaluation.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE, ResultsLog
-from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
+from ripplekv.evaluation.stats import DEFAULT_DRAWS, DEFAULT_FAMILY, DEFAULT_RESAMPLES
 from ripplekv.evaluation.tables import (
     AVERAGE,
     RunStats,
@@ -359,6 +360,8 @@ def report(
     metrics: Sequence[str] | None = None,
     seed: int = 0,
     resamples: int = DEFAULT_RESAMPLES,
+    draws: int = DEFAULT_DRAWS,
+    family: str = DEFAULT_FAMILY,
 ) -> str:
     """The report of an evaluation folder as text; plots go to ``plots`` when given.
 
@@ -367,8 +370,10 @@ def report(
         fmt: ``md`` (tables and statistics), ``csv`` (score tables) or ``json`` (everything).
         plots: a folder for the PNG plots, or ``None``.
         metrics: the metrics of the statistics (default: every metric the rows hold).
-        seed: the bootstrap seed.
-        resamples: bootstrap resamples per interval.
+        seed: the seed of the bootstrap and of the sign-flip test.
+        resamples: bootstrap resamples per interval of a mean.
+        draws: random sign vectors per comparison (beyond ``EXACT_MAX`` samples).
+        family: Holm's family (``budget``: one metric at one budget; ``metric``: one metric over all budgets).
     """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
@@ -378,5 +383,7 @@ def report(
         write_plots(summary, plots)
     if fmt == "csv":
         return format_csv(summary)
-    stats = analyse_run(rows, summary.methods, summary.budgets, metrics, seed=seed, resamples=resamples)
+    stats = analyse_run(
+        rows, summary.methods, summary.budgets, metrics, seed=seed, resamples=resamples, draws=draws, family=family
+    )
     return format_markdown(summary, stats) if fmt == "md" else format_json(summary, stats)

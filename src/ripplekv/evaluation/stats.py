@@ -1,23 +1,30 @@
-"""Statistics of ``ripplekv report``: stratified bootstrap intervals, paired differences, Wilcoxon tests, Holm.
+"""Statistics of ``ripplekv report``: macro means, their BCa intervals, paired comparisons, one test each, Holm.
 
 A metric's value for one (method, budget) is the macro average used throughout the report: the mean of each
 task's (stratum's) per-sample mean, averaged over the tasks. Uncertainty comes from the samples:
 
-- **Interval**: a percentile bootstrap (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13)
-  stratified by task: every resample draws each task's samples with replacement *within that task*, so a task
-  with few samples keeps its weight of ``1 / tasks`` in every resample. The draws depend only on the seed, the
-  task and the sample ids, so configurations holding the same samples are resampled identically.
-- **Paired difference** of method A and method B: per sample ``A - B`` over the samples both have, then the
-  same stratified bootstrap of its macro mean (both methods see the same resampled samples, so whatever a
-  sample does to both -- a hard sample, a long prompt -- cancels). Wins / ties / losses count the samples where
-  A is better / equal / worse by the metric's direction.
-- **Test**: the two-sided Wilcoxon signed-rank test of the paired differences (Wilcoxon 1945; scipy's
-  ``wilcoxon``, ``zero_method="wilcox"``: zero differences are dropped; ``method="auto"``: the exact null
-  distribution up to 50 samples without ties or zeros; with ties or zeros exact permutations up to 13 samples;
-  otherwise the tie-corrected normal approximation). All differences zero gives ``p = 1``.
-- **Multiplicity**: Holm's step-down adjustment (Holm 1979) over the distinct comparisons (unordered pairs) of
-  one budget and metric. A difference is *significant* when its interval excludes 0 AND its Holm-adjusted
-  p-value is below ``ALPHA``.
+- **Interval of a mean**: the BCa bootstrap (Efron 1987; Efron & Tibshirani, *An Introduction to the Bootstrap*,
+  1993, ch. 14) stratified by task: every resample draws each task's samples with replacement *within that task*,
+  so a task with few samples keeps its weight of ``1 / tasks`` in every resample; the acceleration is the
+  jackknife over the samples (leave one sample out of its task). The draws depend only on the seed, the task and
+  the sample ids, so configurations holding the same samples are resampled identically. Resampling a task of n
+  samples understates its variance by ``(n - 1) / n`` (a one-sample task gets none): the report warns below
+  ``FEW_SAMPLES`` (:mod:`~ripplekv.evaluation.tables`).
+- **Paired difference** of method A and method B: per sample ``A - B`` over the samples both have; its estimate is
+  the macro mean of the differences. Wins / ties / losses count the samples where A is better / equal / worse by
+  the metric's direction.
+- **Test and interval of a difference** (:mod:`~ripplekv.evaluation.significance`): the stratified sign-flip
+  permutation test of that macro mean (each sample's difference flipped independently, the macro mean recomputed
+  with the same task weights; exact up to ``EXACT_MAX`` samples, else Monte Carlo with the +1 correction), and the
+  interval that inverts it, so the raw p is below ``ALPHA`` exactly when the interval excludes 0. The BCa interval
+  of the same difference is kept as ``Comparison.bootstrap`` for reference.
+- **Multiplicity**: Holm's step-down adjustment over a family (``FAMILIES``; default ``budget``: the distinct
+  comparisons, unordered pairs, of one budget and metric; ``metric``: those of one metric over all its budgets).
+  A difference is *significant* when its Holm-adjusted p is below ``ALPHA`` -- and then its interval excludes 0.
+  An interval that excludes 0 with a Holm p >= ``ALPHA`` is a raw result that does not survive the family.
+
+:func:`wilcoxon_p` (the pooled Wilcoxon signed-rank test of earlier reports) is kept for comparison only; it tests
+the pooled samples, not the macro mean, and no verdict uses it.
 """
 
 from __future__ import annotations
@@ -25,17 +32,33 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from ripplekv.evaluation.significance import (
+    DEFAULT_DRAWS,
+    DEFAULT_FAMILY,
+    EXACT_MAX,
+    FAMILIES,
+    TEST_NAME,
+    SignFlip,
+    bca_interval,
+    holm,
+)
+
 __all__ = [
     "ALPHA",
     "CONFIDENCE",
+    "DEFAULT_DRAWS",
+    "DEFAULT_FAMILY",
     "DEFAULT_RESAMPLES",
+    "EXACT_MAX",
+    "FAMILIES",
     "METRICS",
     "MIN_RESAMPLES",
+    "TEST_NAME",
     "ZERO_METHOD",
     "Bootstrap",
     "Comparison",
@@ -43,10 +66,13 @@ __all__ = [
     "Metric",
     "MetricStats",
     "Samples",
+    "SignFlip",
     "analyse_metric",
     "collect",
+    "compare",
     "holm",
     "paired_differences",
+    "settle",
     "wilcoxon_p",
 ]
 
@@ -100,8 +126,10 @@ class Metric:
             value: the number.
             sign: print ``+`` before positive numbers.
         """
-        if value is None or not math.isfinite(value):
+        if value is None or math.isnan(value):
             return "nan"
+        if math.isinf(value):
+            return ("+inf" if sign else "inf") if value > 0 else "-inf"
         text = f"{value:+.{self.decimals}f}" if sign else f"{value:.{self.decimals}f}"
         return f"{0.0:.{self.decimals}f}" if float(text) == 0.0 else text  # no "-0.00"
 
@@ -124,20 +152,21 @@ METRICS: dict[str, Metric] = {
 
 @dataclass(frozen=True)
 class Estimate:
-    """A macro mean with its stratified percentile bootstrap interval."""
+    """A macro mean with its interval: ``method`` says which (``bca``, ``percentile``, ``sign-flip inversion``)."""
 
     mean: float
     low: float
     high: float
     samples: int
     tasks: int
+    method: str = "bca"
 
     def excludes_zero(self) -> bool:
         return self.low > 0 or self.high < 0
 
 
 class Bootstrap:
-    """Stratified percentile bootstrap of macro means.
+    """Stratified bootstrap of macro means: BCa intervals (percentile on request).
 
     Args:
         resamples: number of resamples (at least ``MIN_RESAMPLES``).
@@ -202,16 +231,45 @@ class Bootstrap:
             count += len(ids)
         return point / len(tasks), replicates / len(tasks), count, len(tasks)
 
-    def estimate(self, samples: Samples) -> Estimate:
-        """The macro mean of ``samples`` with its percentile interval.
+    @staticmethod
+    def jackknife(samples: Samples) -> np.ndarray:
+        """The leave-one-out macro means: each sample left out of its own task (tasks of one sample are skipped).
 
         Args:
             samples: task -> sample id -> value; tasks without samples are left out.
         """
+        tasks = [task for task in sorted(samples) if samples[task]]
+        means = {task: float(np.mean(list(samples[task].values()))) for task in tasks}
+        point = sum(means.values()) / len(tasks)
+        out = []
+        for task in tasks:
+            n = len(samples[task])
+            if n < 2:
+                continue
+            values = np.array([samples[task][i] for i in sorted(samples[task])], dtype=np.float64)
+            out.append(point + ((means[task] * n - values) / (n - 1) - means[task]) / len(tasks))
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def estimate(self, samples: Samples, method: str = "bca") -> Estimate:
+        """The macro mean of ``samples`` with its BCa (default) or percentile interval.
+
+        BCa (:func:`~ripplekv.evaluation.significance.bca_interval`): the percentile interval corrected for the
+        median bias of the replicates and for skewness (the jackknife acceleration over samples); with a symmetric,
+        unbiased bootstrap distribution both agree.
+
+        Args:
+            samples: task -> sample id -> value; tasks without samples are left out.
+            method: ``bca`` or ``percentile``.
+        """
         point, replicates, count, tasks = self.distribution(samples)
-        tail = 50.0 * (1.0 - self.confidence)
-        low, high = np.percentile(replicates, [tail, 100.0 - tail])
-        return Estimate(point, float(low), float(high), count, tasks)
+        if method == "percentile":
+            tail = 50.0 * (1.0 - self.confidence)
+            low, high = np.percentile(replicates, [tail, 100.0 - tail])
+        elif method == "bca":
+            low, high = bca_interval(point, replicates, self.jackknife(samples), self.confidence)
+        else:
+            raise ValueError(f"method must be 'bca' or 'percentile', got {method!r}")
+        return Estimate(point, float(low), float(high), count, tasks, method)
 
 
 def collect(
@@ -251,7 +309,7 @@ def paired_differences(a: Samples, b: Samples) -> Samples:
     for task in sorted(a.keys() & b.keys()):
         common = a[task].keys() & b[task].keys()
         diffs = {}
-        for sample in common:
+        for sample in sorted(common):  # sorted: sums in a fixed order, the same digits on every run
             x, y = a[task][sample], b[task][sample]
             d = x - y
             diffs[sample] = 0.0 if abs(d) <= TIE_TOLERANCE * max(1.0, abs(x), abs(y)) else d
@@ -261,7 +319,9 @@ def paired_differences(a: Samples, b: Samples) -> Samples:
 
 
 def wilcoxon_p(differences: Sequence[float]) -> float:
-    """Two-sided Wilcoxon signed-rank p-value of paired differences (``zero_method="wilcox"``); all zero -> 1.
+    """Two-sided Wilcoxon signed-rank p-value of pooled paired differences (``zero_method="wilcox"``); all zero -> 1.
+
+    Not used for any verdict (it tests the pooled samples, not the macro mean); kept to compare with earlier reports.
 
     Args:
         differences: the per-sample differences (at least one, finite).
@@ -279,28 +339,15 @@ def wilcoxon_p(differences: Sequence[float]) -> float:
     return min(1.0, p) if math.isfinite(p) else 1.0
 
 
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input order.
-
-    Args:
-        pvalues: the raw p-values of the family of comparisons, each in [0, 1].
-    """
-    p = [float(v) for v in pvalues]
-    for v in p:
-        if not 0.0 <= v <= 1.0:  # also rejects NaN
-            raise ValueError(f"p-values must lie in [0, 1], got {v}")
-    m = len(p)
-    adjusted = [0.0] * m
-    running = 0.0
-    for rank, i in enumerate(sorted(range(m), key=lambda j: p[j])):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted
-
-
 @dataclass(frozen=True)
 class Comparison:
-    """``method`` against ``other`` at one budget: the paired difference ``method - other`` and its test."""
+    """``method`` against ``other`` at one budget: the paired difference ``method - other`` and its test.
+
+    ``difference``: the macro mean of the differences with the interval inverting the sign-flip test (``method``
+    ``sign-flip inversion``); ``bootstrap``: the BCa interval of the same mean (reference only). ``p``: the raw
+    sign-flip p; ``test``: ``exact`` or ``monte-carlo``; ``vectors``: sign vectors used. ``p_holm`` and
+    ``significant`` (``p_holm < ALPHA``) are set by :func:`settle` over the comparison's family.
+    """
 
     method: str
     other: str
@@ -311,6 +358,9 @@ class Comparison:
     p: float
     p_holm: float = math.nan
     significant: bool = False
+    test: str = ""
+    vectors: int = 0
+    bootstrap: Estimate | None = None
 
     @property
     def pair(self) -> frozenset[str]:
@@ -323,34 +373,63 @@ class MetricStats:
 
     ``estimates``: (method, budget) -> macro mean and interval (``full`` at its own budget). ``versus``: budget ->
     method -> ``{"baseline": Comparison, "best_other": Comparison}`` (either absent when there is nothing to compare
-    with). ``tests``: budget -> the distinct comparisons (unordered pairs) Holm adjusts over: every method
-    against the baseline, then the best-other comparisons not already among them.
+    with). ``tests``: budget -> the distinct comparisons (unordered pairs) of that budget: every method against the
+    baseline, then the best-other comparisons not already among them. ``family``: what Holm adjusts over
+    (:data:`FAMILIES`).
     """
 
     metric: Metric
     estimates: dict[tuple[str, float], Estimate]
     versus: dict[float, dict[str, dict[str, Comparison]]] = field(default_factory=dict)
     tests: dict[float, list[Comparison]] = field(default_factory=dict)
+    family: str = DEFAULT_FAMILY
 
 
-def _compare(
-    metric: Metric, method: str, other: str, a: Samples, b: Samples, bootstrap: Bootstrap
+def compare(
+    metric: Metric, method: str, other: str, a: Samples, b: Samples, flip: SignFlip, bootstrap: Bootstrap | None = None
 ) -> Comparison | None:
+    """``method - other`` over the samples both have: estimate, inverted interval, raw p, W/T/L (None: no pairs).
+
+    Args:
+        metric: orients wins and losses.
+        method: the first method's name.
+        other: the name of the method it is compared with.
+        a: the first method's samples.
+        b: the other's.
+        flip: the sign-flip test (draws, seed, level).
+        bootstrap: also the BCa interval of the difference (``Comparison.bootstrap``), or None.
+    """
     diffs = paired_differences(a, b)
     if not diffs:
         return None
     flat = np.array([d for task in diffs.values() for d in task.values()])
     better = flat > 0 if metric.higher_is_better else flat < 0
     worse = flat < 0 if metric.higher_is_better else flat > 0
+    result = flip.test(diffs)
+    interval = Estimate(result.mean, result.low, result.high, result.samples, result.tasks, "sign-flip inversion")
     return Comparison(
         method=method,
         other=other,
-        difference=bootstrap.estimate(diffs),
+        difference=interval,
         wins=int(better.sum()),
         ties=int((flat == 0).sum()),
         losses=int(worse.sum()),
-        p=wilcoxon_p(flat),
+        p=result.p,
+        test=result.method,
+        vectors=result.vectors,
+        bootstrap=None if bootstrap is None else bootstrap.estimate(diffs),
     )
+
+
+def settle(comparisons: Sequence[Comparison], alpha: float = ALPHA) -> list[Comparison]:
+    """The family ``comparisons`` with their Holm-adjusted p and verdicts (``significant``: ``p_holm < alpha``).
+
+    Args:
+        comparisons: one family of distinct comparisons.
+        alpha: the family's level.
+    """
+    adjusted = holm([c.p for c in comparisons])
+    return [replace(c, p_holm=p, significant=p < alpha) for c, p in zip(comparisons, adjusted)]
 
 
 def analyse_metric(
@@ -361,6 +440,8 @@ def analyse_metric(
     bootstrap: Bootstrap,
     baseline: str = BASELINE,
     reference: str = REFERENCE,
+    flip: SignFlip | None = None,
+    family: str = DEFAULT_FAMILY,
 ) -> MetricStats:
     """Intervals, paired comparisons and Holm-adjusted significance of one metric.
 
@@ -370,12 +451,39 @@ def analyse_metric(
         methods: method names in report order; ``reference`` (the full cache) gets an interval but is never
             compared.
         budgets: the compression budgets compared.
-        bootstrap: the resampler (its seed and resample count).
+        bootstrap: the resampler of the means' intervals (its seed and resample count).
         baseline: the method every other method is compared with (SnapKV).
         reference: the uncompressed method, excluded from comparisons.
+        flip: the sign-flip test of the differences (default: ``SignFlip(seed=bootstrap.seed)`` at the bootstrap's
+            level).
+        family: Holm's family, one of :data:`FAMILIES` (default ``budget``).
     """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    if flip is None:
+        flip = SignFlip(seed=bootstrap.seed, confidence=bootstrap.confidence)
     estimates = {key: bootstrap.estimate(samples) for key, samples in values.items() if samples}
-    result = MetricStats(metric, estimates)
+    done: dict[tuple[float, str, str], Comparison | None] = {}
+
+    def pair(budget: float, method: str, other: str) -> Comparison | None:
+        """``method - other``; the reverse of a pair already computed is that one negated (same test, same p)."""
+        back = done.get((budget, other, method))
+        if back is None:
+            c = compare(metric, method, other, values[method, budget], values[other, budget], flip, bootstrap)
+            done[budget, method, other] = c
+            return c
+        return replace(
+            back,
+            method=method,
+            other=other,
+            difference=_negated(back.difference),
+            bootstrap=None if back.bootstrap is None else _negated(back.bootstrap),
+            wins=back.losses,
+            losses=back.wins,
+        )
+
+    result = MetricStats(metric, estimates, family=family)
+    raw: dict[float, tuple[dict[str, dict[str, Comparison]], list[Comparison]]] = {}
     for budget in budgets:
         present = [m for m in methods if m != reference and (m, budget) in estimates]
         per_method: dict[str, dict[str, Comparison]] = {}
@@ -389,23 +497,31 @@ def analyse_metric(
                 sign = 1.0 if metric.higher_is_better else -1.0
                 targets["best_other"] = max(others, key=lambda m: sign * estimates[m, budget].mean)
             for kind, other in targets.items():
-                comparison = _compare(metric, method, other, values[method, budget], values[other, budget], bootstrap)
+                comparison = pair(budget, method, other)
                 if comparison is not None:
                     per_method.setdefault(method, {})[kind] = comparison
         for kind in ("baseline", "best_other"):  # pairs with the baseline read "method vs snapkv"
             for kinds in per_method.values():
                 if kind in kinds:
                     unique.setdefault(kinds[kind].pair, kinds[kind])
-        tests = list(unique.values())
-        adjusted = dict(zip([c.pair for c in tests], holm([c.p for c in tests])))
-        result.versus[budget] = {
-            m: {k: _settle(c, adjusted[c.pair]) for k, c in kinds.items()} for m, kinds in per_method.items()
-        }
-        result.tests[budget] = [_settle(c, adjusted[c.pair]) for c in tests]
+        raw[budget] = (per_method, list(unique.values()))
+    families = [[b] for b in raw] if family == "budget" else [list(raw)]
+    for members in families:
+        keys = [(b, c.pair) for b in members for c in raw[b][1]]
+        settled = dict(zip(keys, settle([c for b in members for c in raw[b][1]], 1.0 - flip.confidence)))
+        for b in members:
+            per_method, tests = raw[b]
+            result.tests[b] = [settled[b, c.pair] for c in tests]
+            result.versus[b] = {
+                m: {k: _settled(c, settled[b, c.pair]) for k, c in kinds.items()} for m, kinds in per_method.items()
+            }
     return result
 
 
-def _settle(c: Comparison, p_holm: float) -> Comparison:
-    """``c`` with its Holm-adjusted p-value and the significance rule applied."""
-    significant = c.difference.excludes_zero() and p_holm < ALPHA
-    return Comparison(c.method, c.other, c.difference, c.wins, c.ties, c.losses, c.p, p_holm, significant)
+def _negated(e: Estimate) -> Estimate:
+    return replace(e, mean=-e.mean, low=-e.high, high=-e.low)
+
+
+def _settled(c: Comparison, family_member: Comparison) -> Comparison:
+    """``c`` (either direction of a pair) with the Holm p and verdict of its pair's family member."""
+    return replace(c, p_holm=family_member.p_holm, significant=family_member.significant)

@@ -21,14 +21,19 @@ from ripplekv.evaluation.stats import (
     ALPHA,
     BASELINE,
     CONFIDENCE,
+    DEFAULT_DRAWS,
+    DEFAULT_FAMILY,
     DEFAULT_RESAMPLES,
+    EXACT_MAX,
+    FAMILIES,
     METRICS,
     REFERENCE,
-    ZERO_METHOD,
+    TEST_NAME,
     Bootstrap,
     Comparison,
     Estimate,
     MetricStats,
+    SignFlip,
     analyse_metric,
     collect,
 )
@@ -47,6 +52,8 @@ __all__ = [
     "legend",
     "markdown_sections",
     "significance_lines",
+    "significance_method",
+    "significance_record",
     "stats_json",
 ]
 
@@ -69,6 +76,9 @@ class RunStats:
     skipped: dict[str, str]
     strata: dict[str, int]
     incomplete: int = 0  # samples left out because they lack some configuration (a running or interrupted run)
+    draws: int = DEFAULT_DRAWS  # random sign vectors of the sign-flip test (beyond EXACT_MAX samples)
+    family: str = DEFAULT_FAMILY  # Holm's family (stats.FAMILIES)
+    exact_max: int = EXACT_MAX
 
 
 def _task_of(row: Mapping[str, Any]) -> str:
@@ -82,6 +92,8 @@ def analyse_run(
     metrics: Sequence[str] | None = None,
     seed: int = 0,
     resamples: int = DEFAULT_RESAMPLES,
+    draws: int = DEFAULT_DRAWS,
+    family: str = DEFAULT_FAMILY,
 ) -> RunStats:
     """Intervals and paired comparisons of every requested metric (default: every metric the rows hold).
 
@@ -91,14 +103,19 @@ def analyse_run(
         budgets: the compression budgets.
         metrics: metric names to report; ``None`` for all that have values. A named metric without values is
             listed as skipped.
-        seed: the bootstrap seed.
-        resamples: bootstrap resamples per interval.
+        seed: the seed of the bootstrap and of the sign-flip test.
+        resamples: bootstrap resamples per interval of a mean.
+        draws: random sign vectors per comparison (used beyond ``EXACT_MAX`` samples).
+        family: Holm's family, one of :data:`~ripplekv.evaluation.stats.FAMILIES`.
     """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if metrics is not None:
         unknown = [m for m in metrics if m not in METRICS]
         if unknown:
             raise ValueError(f"unknown metric(s) {', '.join(unknown)}: choose from {', '.join(METRICS)}")
     bootstrap = Bootstrap(resamples=resamples, seed=seed, confidence=CONFIDENCE)
+    flip = SignFlip(draws=draws, seed=seed, confidence=CONFIDENCE)
     configurations = [(m, FULL_BUDGET) if m == REFERENCE else (m, float(b)) for m in methods for b in budgets]
     rows, incomplete = complete_samples(rows, configurations)
     analysed: dict[str, MetricStats] = {}
@@ -116,11 +133,11 @@ def analyse_run(
                 else "no row has a value (not recorded by this run)"
             )
             continue
-        analysed[name] = analyse_metric(metric, values, methods, budgets, bootstrap)
+        analysed[name] = analyse_metric(metric, values, methods, budgets, bootstrap, flip=flip, family=family)
         for samples in values.values():
             for task, per_sample in samples.items():
                 strata[task] = max(strata.get(task, 0), len(per_sample))
-    return RunStats(resamples, seed, CONFIDENCE, analysed, skipped, strata, incomplete)
+    return RunStats(resamples, seed, CONFIDENCE, analysed, skipped, strata, incomplete, draws, family, flip.exact_max)
 
 
 def legend(methods: Sequence[str]) -> list[str]:
@@ -168,6 +185,18 @@ def _describe(stats: MetricStats, c: Comparison) -> str:
     )
 
 
+def significance_method(run: RunStats) -> str:
+    """One line: the test, its sign vectors and seed, and Holm's family (printed by ``ripplekv report``).
+
+    Args:
+        run: the run's statistics.
+    """
+    return (
+        f"Test: {TEST_NAME}; exact up to {run.exact_max} samples, otherwise {run.draws} random sign vectors + the "
+        f"identity (seed {run.seed}); Holm family: {FAMILIES[run.family]} (`--family {run.family}`)."
+    )
+
+
 def significance_lines(stats: MetricStats) -> dict[float, str]:
     """Budget -> one line naming each distinct comparison of that budget, its numbers and whether it is significant.
 
@@ -186,21 +215,24 @@ def rule_text(run: RunStats) -> str:
     """How the intervals, tests and the significance rule are computed (printed above the significance lines).
 
     Args:
-        run: the run's statistics (their resamples, seed and level).
+        run: the run's statistics (their resamples, draws, seed, level and family).
     """
     level = f"{100 * run.confidence:g}%"
     return (
-        f"Intervals: {level} percentile bootstrap ({run.resamples} resamples, seed {run.seed}) of the macro mean "
+        f"Means: {level} BCa bootstrap intervals ({run.resamples} resamples, seed {run.seed}) of the macro mean "
         "(the mean over tasks of each task's mean), stratified by task: each resample draws every task's samples "
-        "with replacement within that task. Differences are `method - other` over the samples both have, paired: "
-        "the same resampled samples for both methods. W/T/L: samples where the method is better / equal / worse. "
-        f"p: two-sided Wilcoxon signed-rank test over the paired samples (scipy, zero_method='{ZERO_METHOD}': zero "
-        "differences are dropped; method='auto': exact up to 50 samples without ties or zeros, with them exact "
-        "permutations up to 13 samples, otherwise the normal approximation; all differences zero gives p = 1). "
-        f"Each method is compared with {BASELINE} and with the best other method at that budget (by "
-        f"the metric's mean, {REFERENCE} excluded). **Significant** means: the {level} interval of the difference "
-        f"excludes 0 AND the Holm-adjusted p < {ALPHA:g}, Holm over the distinct comparisons (unordered pairs) of "
-        "that budget and metric."
+        "with replacement within that task; the acceleration is the jackknife over samples. Differences are "
+        "`method - other` over the samples both have, paired; their estimate is the macro mean of the per-sample "
+        "differences. W/T/L: samples where the method is better / equal / worse. p: the two-sided stratified "
+        "sign-flip permutation test of that macro mean (each sample's difference flipped independently, the macro "
+        f"mean recomputed with the same task weights; all 2^n sign vectors up to {run.exact_max} samples, otherwise "
+        f"{run.draws} random ones plus the observed, p = (1 + #as extreme) / ({run.draws} + 1), seed {run.seed}). "
+        f"The {level} interval of a difference inverts that test (the shifts delta it does not reject at "
+        f"{1 - run.confidence:g}, same sign vectors), so the raw p < {ALPHA:g} exactly when it excludes 0. "
+        f"Each method is compared with {BASELINE} and with the best other method at that budget (by the metric's "
+        f"mean, {REFERENCE} excluded). **Significant** means: the Holm-adjusted p < {ALPHA:g}, Holm over "
+        f"{FAMILIES[run.family]} (unordered pairs). A significant difference's interval always excludes 0; an "
+        "interval that excludes 0 without significance is a raw p that does not survive Holm."
     )
 
 
@@ -212,7 +244,8 @@ def _caveat(run: RunStats) -> str | None:
     return (
         f"Caveat: {len(few)} of {len(run.strata)} tasks have fewer than {FEW_SAMPLES} samples (the smallest "
         f"{smallest}). Resampling within a task of n samples understates its variance by the factor (n - 1) / n "
-        "and gives a one-sample task none, so these intervals are optimistic and the tests have little power."
+        "and gives a one-sample task none, so the means' bootstrap intervals are optimistic there (BCa does not "
+        "fix that). The sign-flip tests and their intervals do not resample and hold at any task size."
     )
 
 
@@ -222,7 +255,7 @@ def markdown_significance(run: RunStats) -> list[str]:
     Args:
         run: the run's statistics.
     """
-    lines = ["## Significance", "", rule_text(run)]
+    lines = ["## Significance", "", significance_method(run), "", rule_text(run)]
     if run.incomplete:
         lines += [
             "",
@@ -293,8 +326,19 @@ def markdown_sections(run: RunStats, methods: Sequence[str], budgets: Sequence[f
     return lines
 
 
+def _number(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # JSON has no infinity: an unbounded end is null
+
+
 def _estimate_json(e: Estimate) -> dict[str, Any]:
-    return {"mean": e.mean, "low": e.low, "high": e.high, "samples": e.samples, "tasks": e.tasks}
+    return {
+        "mean": e.mean,
+        "low": _number(e.low),
+        "high": _number(e.high),
+        "samples": e.samples,
+        "tasks": e.tasks,
+        "interval": e.method,
+    }
 
 
 def _comparison_json(c: Comparison, against: str | None = None) -> dict[str, Any]:
@@ -309,6 +353,31 @@ def _comparison_json(c: Comparison, against: str | None = None) -> dict[str, Any
         "p": c.p,
         "p_holm": c.p_holm,
         "significant": c.significant,
+        "test": c.test,
+        "sign_vectors": c.vectors,
+        "bootstrap_bca": None if c.bootstrap is None else _estimate_json(c.bootstrap),
+    }
+
+
+def significance_record(run: RunStats) -> dict[str, Any]:
+    """The test of every comparison: its name, sign vectors, seed, level, Holm's family.
+
+    Args:
+        run: the run's statistics.
+    """
+    return {
+        "name": TEST_NAME,
+        "statistic": "macro mean of the paired differences (mean over tasks of each task's mean)",
+        "exact_max_samples": run.exact_max,
+        "draws": run.draws,
+        "seed": run.seed,
+        "p": "two-sided; exact: share of all 2^n sign vectors; monte-carlo: (1 + #as extreme) / (draws + 1)",
+        "interval": "inversion of the test at the report's confidence",
+        "family": run.family,
+        "family_description": FAMILIES[run.family],
+        "adjustment": "holm",
+        "alpha": ALPHA,
+        "significant": "holm-adjusted p < alpha",
     }
 
 
@@ -342,7 +411,8 @@ def stats_json(run: RunStats) -> dict[str, Any]:
         "seed": run.seed,
         "confidence": run.confidence,
         "alpha": ALPHA,
-        "zero_method": ZERO_METHOD,
+        "interval_of_means": "stratified bca bootstrap",
+        "test": significance_record(run),
         "baseline": BASELINE,
         "rule": rule_text(run),
         "caveat": _caveat(run),

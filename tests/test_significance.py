@@ -1,0 +1,320 @@
+"""The significance of a comparison: the sign-flip test of the macro-mean difference, its interval, BCa, Holm.
+
+No model needed. Each property test names the bug it was checked against (planted once in the code, seen to fail).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import wilcoxon
+
+from ripplekv.evaluation.significance import SignFlip, bca_interval, holm
+from ripplekv.evaluation.stats import METRICS, Bootstrap, analyse_metric
+
+ROOT = Path(__file__).resolve().parents[1]
+KL = METRICS["fidelity_kl"]
+FAMILY = ("budget", "metric")
+
+
+def _samples(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {task: {f"{task}/{i}": float(v) for i, v in enumerate(vs)} for task, vs in values.items()}
+
+
+def _compare(differences: dict[str, dict[str, float]]):  # noqa: ANN202 - a Comparison
+    zero = {t: dict.fromkeys(v, 0.0) for t, v in differences.items()}
+    values = {("x", 0.1): differences, ("snapkv", 0.1): zero}
+    return analyse_metric(KL, values, ["x", "snapkv"], [0.1], Bootstrap(4000, seed=0)).versus[0.1]["x"]["baseline"]
+
+
+# ------------------------------------------------------------------------------------- the test and its estimand
+
+
+def test_exact_p_is_the_share_of_sign_vectors_whose_macro_mean_is_as_extreme() -> None:
+    """Brute force: every sign vector, the macro mean recomputed task by task (strata of 3 and 9 prompts).
+
+    Fails with the pooled mean as the statistic (each prompt weighted 1/n instead of 1/(K n_k)) and with one sign
+    per task instead of one per prompt.
+    """
+    rng = np.random.default_rng(4)
+    data = {"small": [2.0, 1.5, 2.5], "big": list(rng.normal(-0.3, 0.5, 9))}
+    flat = [(task, v) for task, vs in data.items() for v in vs]
+    observed = np.mean([np.mean(vs) for vs in data.values()])
+    extreme = 0
+    for signs in itertools.product((1.0, -1.0), repeat=len(flat)):
+        flipped: dict[str, list[float]] = {task: [] for task in data}
+        for s, (task, v) in zip(signs, flat):
+            flipped[task].append(s * v)
+        extreme += abs(np.mean([np.mean(vs) for vs in flipped.values()])) >= abs(observed) - 1e-12
+    result = SignFlip().test(_samples(data))
+    assert result.method == "exact" and result.vectors == 2**12
+    assert result.p == pytest.approx(extreme / 2**12, abs=1e-12)
+    assert result.mean == pytest.approx(observed)
+
+
+def test_exact_enumeration_matches_monte_carlo() -> None:
+    rng = np.random.default_rng(11)
+    data = _samples({"a": list(rng.normal(0.25, 1.0, 9)), "b": list(rng.normal(0.1, 0.3, 5))})
+    exact = SignFlip().test(data)
+    sampled = SignFlip(draws=19999, exact_max=0).test(data)
+    assert (exact.method, sampled.method) == ("exact", "monte-carlo") and sampled.vectors == 20000
+    assert 0.04 < exact.p < 0.06  # near alpha, where the two could disagree
+    assert abs(sampled.p - exact.p) < 4 * math.sqrt(exact.p * (1 - exact.p) / 20000) + 1e-4
+    width = exact.high - exact.low
+    assert abs(sampled.low - exact.low) < 0.05 * width and abs(sampled.high - exact.high) < 0.05 * width
+
+
+def test_monte_carlo_p_counts_the_observed_signs() -> None:
+    """p = (1 + #as extreme) / (draws + 1): never 0. Fails without the +1 (p = #as extreme / draws)."""
+    data = _samples({"t": list(np.linspace(1.0, 2.0, 40))})  # every flip moves the mean below the observed one
+    result = SignFlip(draws=999).test(data)
+    assert result.p == 1 / 1000 and result.vectors == 1000
+
+
+def test_p_is_uniform_under_the_null() -> None:
+    """Symmetric differences (tasks of 4 to 20 prompts, unequal spreads): p is roughly uniform, exact or sampled."""
+    flip_mc, flip_exact = SignFlip(draws=999), SignFlip()
+    sampled, exact = [], []
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        data = {"a": rng.normal(0, 1, 4), "b": rng.normal(0, 3, 20), "c": rng.laplace(0, 0.2, 9)}
+        sampled.append(flip_mc.test(_samples(data)).p)
+        small = {"a": rng.normal(0, 1, 4), "b": rng.standard_t(3, 10)}
+        exact.append(flip_exact.test(_samples(small)).p)
+    for ps in (np.array(sampled), np.array(exact)):
+        assert 0.02 <= np.mean(ps <= 0.05) <= 0.09
+        assert 0.42 <= np.mean(ps <= 0.5) <= 0.58
+        assert 0.17 <= np.mean(ps <= 0.25) <= 0.33
+
+
+# ------------------------------------------------------------------------------- the interval: the test inverted
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_interval_is_the_set_of_shifts_the_test_does_not_reject(seed: int) -> None:
+    """p(delta) >= 0.05 inside the interval, < 0.05 just outside; raw p < 0.05 exactly when it excludes 0.
+
+    Fails when the interval is not the test's (e.g. the percentile bootstrap of the difference).
+    """
+    rng = np.random.default_rng(seed)
+    data = _samples({"a": list(rng.normal(0.4, 1.0, 25)), "b": list(rng.exponential(0.5, 7) - 0.2)})
+    flip = SignFlip(draws=1999)
+    result = flip.test(data)
+    assert (result.p < 0.05) == result.excludes_zero()
+    assert result.low < result.mean < result.high
+    width = result.high - result.low
+    for end, outward in ((result.low, -1.0), (result.high, 1.0)):
+        for step, rejected in ((-1e-6, False), (1e-6, True)):
+            delta = end + outward * step * width
+            shifted = {t: {s: v - delta for s, v in vs.items()} for t, vs in data.items()}
+            assert (flip.test(shifted).p < 0.05) == rejected
+
+
+def test_few_prompts_cannot_be_rejected_and_give_the_whole_line() -> None:
+    result = SignFlip().test(_samples({"t": [1.0, 1.1, 0.9, 1.2, 1.05]}))  # 2 of 32 sign vectors: p = 0.0625
+    assert (result.p, result.low, result.high) == (0.0625, -math.inf, math.inf)
+    result = SignFlip().test(_samples({"t": [1.0, 1.1, 0.9, 1.2, 1.05, 1.0]}))  # 2 of 64: p = 0.03125
+    assert result.p == 0.03125 and 0 < result.low < result.mean < result.high
+
+
+def test_ties_and_zero_differences() -> None:
+    zero = SignFlip().test(_samples({"t": [0.0] * 30}))
+    assert (zero.p, zero.low, zero.high, zero.mean) == (1.0, 0.0, 0.0, 0.0)
+    ties = SignFlip().test(_samples({"t": [0.0] * 20 + [1.0, -1.0] * 3}))  # discrete differences, many ties
+    assert ties.p == 1.0 and ties.low < 0 < ties.high
+
+
+# ------------------------------------------------------------------------ the two old estimands that disagreed
+
+
+def test_pooled_wilcoxon_significant_while_the_macro_mean_is_not() -> None:
+    """One large task, a tiny consistent gain; five small tasks, large differences of either sign around 0.
+
+    The old rule's two halves disagree (pooled Wilcoxon p ~ 1e-21, the percentile interval of the macro mean
+    contains 0); the new verdict is the test of the macro mean and follows its interval.
+    """
+    rng = np.random.default_rng(0)
+    data = {"big": list(0.01 + rng.uniform(0, 0.002, 200))}
+    data |= {f"small{k}": list(rng.normal(-0.02, 1.0, 6)) for k in range(5)}
+    differences = _samples(data)
+    pooled = [v for vs in data.values() for v in vs]
+    assert wilcoxon(pooled).pvalue < 1e-10
+    old = Bootstrap(4000, seed=0).estimate(differences, method="percentile")
+    assert old.low < 0 < old.high
+    c = _compare(differences)
+    assert c.difference.low < 0 < c.difference.high and c.p > 0.5 and not c.significant
+    assert c.bootstrap is not None and c.bootstrap.low < 0 < c.bootstrap.high  # BCa agrees
+
+
+def test_macro_mean_significant_while_the_pooled_wilcoxon_is_not() -> None:
+    """The reverse: small tasks with a large consistent gain, one large task of tiny mostly negative differences."""
+    rng = np.random.default_rng(0)
+    big = rng.uniform(0.001, 0.01, 200) * np.where(np.arange(200) < 140, -1.0, 1.0)
+    data = {"big": list(big)} | {f"small{k}": list(0.5 + rng.normal(0, 0.1, 6)) for k in range(5)}
+    differences = _samples(data)
+    assert wilcoxon([v for vs in data.values() for v in vs]).pvalue > 0.3
+    c = _compare(differences)
+    assert c.significant and c.difference.low > 0.3 and c.p == 1 / 20000
+    mean = np.mean([np.mean(vs) for vs in data.values()])
+    assert c.difference.mean == pytest.approx(mean) and c.difference.low < mean < c.difference.high
+
+
+# --------------------------------------------------------------------------------------------------------- Holm
+
+
+def test_holm_never_lowers_a_p_and_keeps_their_order() -> None:
+    """Fails without the cumulative maximum (the adjusted p of a larger raw p can fall below a smaller one's)."""
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.01, 0.011, 0.5]) == pytest.approx([0.03, 0.03, 0.5])  # 2 x 0.011 = 0.022 < 0.03: the max holds
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        m = int(rng.integers(1, 12))
+        p = list(rng.uniform(0, 1, m) ** rng.uniform(1, 6))
+        adjusted = holm(p)
+        assert all(a >= q for a, q in zip(adjusted, p))
+        assert all(a <= min(1.0, m * q) + 1e-15 for a, q in zip(adjusted, p))  # at most Bonferroni
+        order = np.argsort(p, kind="stable")
+        assert all(adjusted[i] <= adjusted[j] for i, j in zip(order, order[1:]))
+
+
+def test_family_across_budgets_adjusts_over_every_budget() -> None:
+    rng = np.random.default_rng(2)
+    values = {
+        (m, b): _samples({"t": list(rng.normal(shift, 1.0, 30)), "u": list(rng.normal(shift, 1.0, 30))})
+        for m, shift in (("snapkv", 0.0), ("x", 0.5), ("y", 0.2))
+        for b in (0.1, 0.2)
+    }
+    by = {f: analyse_metric(KL, values, ["x", "y", "snapkv"], [0.1, 0.2], Bootstrap(), family=f) for f in FAMILY}
+    per_budget, per_metric = by["budget"], by["metric"]
+    everything = [c for b in (0.1, 0.2) for c in per_metric.tests[b]]
+    assert len(everything) == sum(len(per_budget.tests[b]) for b in (0.1, 0.2)) >= 4
+    assert [c.p_holm for c in everything] == holm([c.p for c in everything])
+    for b in (0.1, 0.2):
+        tests = per_budget.tests[b]
+        assert [c.p_holm for c in tests] == holm([c.p for c in tests])
+        assert all(w.p_holm >= n.p_holm for w, n in zip(per_metric.tests[b], tests))
+        for c in tests:
+            assert c.significant == (c.p_holm < 0.05) and (not c.significant or c.difference.excludes_zero())
+    with pytest.raises(ValueError, match="family"):
+        analyse_metric(KL, values, ["x", "snapkv"], [0.1], Bootstrap(), family="run")
+
+
+# ---------------------------------------------------------------------------------------------------------- BCa
+
+
+def test_bca_is_the_percentile_interval_for_a_symmetric_unbiased_bootstrap() -> None:
+    rng = np.random.default_rng(5)
+    values = rng.normal(0.0, 1.0, 60)
+    data = _samples({"a": list(values - values.mean() + 1.0), "b": list(-(values - values.mean()) + 1.0)})
+    bootstrap = Bootstrap(4000, seed=0)
+    bca, percentile = bootstrap.estimate(data), bootstrap.estimate(data, method="percentile")
+    width = percentile.high - percentile.low
+    assert bca.method == "bca" and percentile.method == "percentile"
+    assert abs(bca.low - percentile.low) < 0.03 * width and abs(bca.high - percentile.high) < 0.03 * width
+
+
+def test_bca_corrects_a_biased_bootstrap_distribution() -> None:
+    """Replicates centred b above the estimate: z0 = -b, so BCa is the percentile interval moved 2b down.
+
+    Fails with the sign of z0 flipped.
+    """
+    replicates = np.random.default_rng(0).normal(0.3, 1.0, 200_000)  # estimate 0, bias +0.3, sd 1
+    low, high = bca_interval(0.0, replicates, np.zeros(0), 0.95)
+    assert low == pytest.approx(-0.3 - 1.96, abs=0.03) and high == pytest.approx(-0.3 + 1.96, abs=0.03)
+
+
+def test_bca_stretches_towards_the_skew() -> None:
+    """Right-skewed values: the jackknife acceleration is positive and BCa reaches further up than the percentile.
+
+    Fails with the acceleration's sign flipped.
+    """
+    rng = np.random.default_rng(8)
+    data = _samples({"a": list(rng.lognormal(0, 1.2, 25)), "b": list(rng.lognormal(0, 1.0, 12))})
+    bootstrap = Bootstrap(8000, seed=0)
+    bca, percentile = bootstrap.estimate(data), bootstrap.estimate(data, method="percentile")
+    assert bca.high > percentile.high and bca.low > percentile.low
+    assert (bca.high - bca.mean) / (bca.mean - bca.low) > (percentile.high - percentile.mean) / (
+        percentile.mean - percentile.low
+    )
+
+
+def test_bca_acceleration_follows_the_skew_of_the_jackknife() -> None:
+    """Symmetric replicates (z0 = 0), right-skewed data: a > 0 moves both ends up by the Efron-Tibshirani formula.
+
+    Fails with the acceleration's sign flipped.
+    """
+    rng = np.random.default_rng(1)
+    data = _samples({"a": list(rng.lognormal(0, 1.0, 40))})
+    jackknife = Bootstrap.jackknife(data)
+    influence = jackknife.mean() - jackknife
+    a = float(np.sum(influence**3) / (6 * np.sum(influence**2) ** 1.5))
+    assert a > 0.01
+    replicates = np.random.default_rng(0).normal(0.0, 1.0, 200_000)
+    low, high = bca_interval(0.0, replicates, jackknife, 0.95)
+    z = 1.959964
+    assert low == pytest.approx(-z / (1 + a * z), abs=0.03) and high == pytest.approx(z / (1 - a * z), abs=0.03)
+    assert low > -z and high > z
+
+
+def test_jackknife_leaves_one_sample_out_of_its_task() -> None:
+    data = _samples({"a": [1.0, 2.0, 6.0], "b": [0.0, 4.0], "c": [5.0]})
+    expected = []
+    for task in ("a", "b"):
+        for sample in sorted(data[task]):
+            kept = {t: [v for s, v in vs.items() if (t, s) != (task, sample)] for t, vs in data.items()}
+            expected.append(np.mean([np.mean(v) for v in kept.values()]))
+    assert Bootstrap.jackknife(data) == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------------------- seeds, checks, imports
+
+
+def test_sign_vectors_are_seeded_by_the_seed_and_the_prompts() -> None:
+    keys = [("t", str(i)) for i in range(30)]
+    first, again = SignFlip(draws=999, seed=3).signs(keys), SignFlip(draws=999, seed=3).signs(keys)
+    assert np.array_equal(first, again) and np.all(first[0] == 1)  # row 0: the observed signs
+    assert not np.array_equal(first, SignFlip(draws=999, seed=4).signs(keys))
+    assert not np.array_equal(first, SignFlip(draws=999, seed=3).signs([("u", k) for _, k in keys]))
+    for bad in ({"draws": 10}, {"seed": -1}, {"confidence": 1.0}, {"exact_max": 30}, {"draws": 999.0}):
+        with pytest.raises(ValueError, match="draws|seed|confidence|exact_max"):
+            SignFlip(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no paired differences"):
+        SignFlip().test({"t": {}})
+    with pytest.raises(ValueError, match="finite"):
+        SignFlip().test({"t": {"a": math.nan}})
+
+
+ALLOWED = {"__future__", "math", "zlib", "collections", "dataclasses", "typing", "numpy", "scipy", "ripplekv"}
+
+
+@pytest.mark.parametrize("module", ["significance", "stats"])
+def test_the_statistics_modules_import_no_torch(module: str) -> None:
+    """Only numpy, scipy and the standard library (and ``stats`` imports ``significance``, nothing else of ripplekv).
+
+    ``import ripplekv.evaluation.stats`` still loads torch today: ``ripplekv/__init__.py`` and
+    ``ripplekv/evaluation/__init__.py`` import the models and the runner (a package layout issue, not these modules).
+    """
+    tree = ast.parse((ROOT / "src" / "ripplekv" / "evaluation" / f"{module}.py").read_text())
+    imported = {
+        (node.module if isinstance(node, ast.ImportFrom) else alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert {name.split(".")[0] for name in imported} <= ALLOWED
+    assert {name for name in imported if name.startswith("ripplekv")} <= {"ripplekv.evaluation.significance"}
+    if module == "significance":  # load the file alone: no package __init__, no torch
+        code = (
+            "import importlib.util, sys; spec = importlib.util.spec_from_file_location('sig', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); sys.modules['sig'] = m; spec.loader.exec_module(m); "
+            "m.SignFlip().test({'t': {'a': 1.0, 'b': 2.0}}); assert 'torch' not in sys.modules"
+        )
+        path = str(ROOT / "src" / "ripplekv" / "evaluation" / "significance.py")
+        subprocess.run([sys.executable, "-c", code, path], check=True)
