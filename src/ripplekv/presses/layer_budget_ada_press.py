@@ -20,7 +20,7 @@ physically instead (each head its own positions, in position order), freeing the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from kvpress import ScorerPress, SnapKVPress
@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
-from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule
+from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule, scorer_at_ratio
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv.validation import is_real
 
@@ -221,7 +221,7 @@ class LayerBudgetAdaPress(BasePress):
         """The scorer's ``(batch, kv_heads, tokens)`` scores for this layer (called at the layer's own ratio)."""
         k_len = keys.shape[2]
         n_kept = self._layer_count(module, k_len)
-        scorer = replace(self.press, compression_ratio=0.0 if n_kept is None else 1.0 - n_kept / k_len)
+        scorer = scorer_at_ratio(self.press, 0.0 if n_kept is None else 1.0 - n_kept / k_len)
         return scorer.score(module, hidden_states, keys, values, attentions, kwargs)
 
     def compress(

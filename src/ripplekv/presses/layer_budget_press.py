@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from kvpress import ScorerPress, SnapKVPress
@@ -16,7 +17,29 @@ from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention,
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.validation import is_integer
 
-__all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_padding"]
+__all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_padding", "scorer_at_ratio"]
+
+
+def scorer_at_ratio(press: BasePress, ratio: float) -> BasePress:
+    """A copy of a scorer set to ``compression_ratio = ratio``, every other attribute kept.
+
+    Scorers such as StreamingLLM derive their scores from their ratio, so a layer is scored at its own. The copy
+    keeps state the scorer set up outside its constructor (``init=False`` fields filled in
+    ``post_init_from_model``: kvpress's ``QFilterPress`` filters, ``ExpectedAttentionStatsPress`` statistics),
+    which ``dataclasses.replace`` would drop by constructing a new object. A wrapped scorer (``press.press``, as
+    ``CriticalKVPress``, whose ratio is its inner press's) is copied too, so the caller's presses are never
+    modified.
+
+    Args:
+        press: the scorer.
+        ratio: the compression ratio of the copy.
+    """
+    clone = copy.copy(press)
+    inner = getattr(press, "press", None)
+    if isinstance(inner, BasePress):
+        clone.press = scorer_at_ratio(inner, ratio)  # type: ignore[attr-defined]
+    clone.compression_ratio = ratio  # type: ignore[attr-defined]
+    return clone
 
 
 def has_padding(attention_mask: torch.Tensor | None) -> bool:
@@ -203,9 +226,7 @@ class LayerBudgetPress(BasePress):
         n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
-        # Scorers such as StreamingLLM derive their scores from compression_ratio: score with a copy set to
-        # this layer's ratio (a new object: the caller's press is never modified).
-        scorer = replace(self.press, compression_ratio=1.0 - n_kept / k_len)
+        scorer = scorer_at_ratio(self.press, 1.0 - n_kept / k_len)  # a copy: the caller's press is never modified
         scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
         indices = scores.topk(n_kept, dim=-1).indices
         indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
