@@ -3,40 +3,50 @@
 Data flows one way through the package (``docs/architecture.md``; ``tests/test_imports.py`` enforces it):
 ``models``, ``distributed``, ``allocation`` -> ``profiling`` -> ``presses`` -> ``inference`` -> ``evaluation`` ->
 ``analysis`` -> ``cli``. A layer imports only the layers before it.
+
+The names below are resolved on first use (PEP 562), so importing a torch-free module of the package
+(``ripplekv.evaluation.stats``, ``ripplekv report``) does not import torch, transformers or kvpress.
 """
 
-from ripplekv.allocation import (
-    AllocationConfig,
-    BudgetSchedule,
-    ProfileSchedule,
-    PyramidSchedule,
-    UniformSchedule,
-    allocate,
-    allocate_budgets,
-)
-from ripplekv.inference import generate_answer
-from ripplekv.models import load_model, model_identity
-from ripplekv.presses import METHODS, LayerBudgetPress, RippleKVPress, make_press
-from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
-from ripplekv.version import __version__
+from __future__ import annotations
 
-__all__ = [
-    "METHODS",
-    "AllocationConfig",
-    "BudgetSchedule",
-    "LayerBudgetPress",
-    "ProfileSchedule",
-    "ProfilingConfig",
-    "PyramidSchedule",
-    "RippleKVPress",
-    "SensitivityProfile",
-    "UniformSchedule",
-    "__version__",
-    "allocate",
-    "allocate_budgets",
-    "generate_answer",
-    "load_model",
-    "make_press",
-    "model_identity",
-    "profile_model",
-]
+import importlib
+from typing import Any
+
+from ripplekv.version import __version__ as __version__
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "AllocationConfig": "ripplekv.allocation",
+    "BudgetSchedule": "ripplekv.allocation",
+    "ProfileSchedule": "ripplekv.allocation",
+    "PyramidSchedule": "ripplekv.allocation",
+    "UniformSchedule": "ripplekv.allocation",
+    "allocate": "ripplekv.allocation",
+    "allocate_budgets": "ripplekv.allocation",
+    "generate_answer": "ripplekv.inference",
+    "load_model": "ripplekv.models",
+    "model_identity": "ripplekv.models",
+    "METHODS": "ripplekv.presses",
+    "LayerBudgetPress": "ripplekv.presses",
+    "RippleKVPress": "ripplekv.presses",
+    "make_press": "ripplekv.presses",
+    "ProfilingConfig": "ripplekv.profiling",
+    "SensitivityProfile": "ripplekv.profiling",
+    "profile_model": "ripplekv.profiling",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ripplekv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -6,8 +6,6 @@ included), :mod:`~ripplekv.evaluation.results` (``config.json`` and ``results.js
 (:mod:`~ripplekv.evaluation.longbench`, :mod:`~ripplekv.evaluation.longbench_config`,
 :mod:`~ripplekv.evaluation.metrics`), the RULER-style tasks (:mod:`~ripplekv.evaluation.ruler` and its
 ``ruler_tasks`` / ``ruler_text``) and :mod:`~ripplekv.evaluation.report`.
+
+Nothing is imported here: import the modules by path (the statistics and the report need no torch).
 """
-
-from ripplekv.evaluation import config, longbench, metrics, report, results, rows, ruler, runner, suites
-
-__all__ = ["config", "longbench", "metrics", "report", "results", "rows", "ruler", "runner", "suites"]
