@@ -53,7 +53,10 @@ Every compressed cache derived from a record holds new tensors (``gather``) or, 
 write into the record; :func:`lean_extend`, :func:`lean_greedy_decode` and :func:`lean_teacher_forced_logprobs`
 run them over :class:`OverlayLayer` forks, which keep the cache by reference and the appended tokens apart (a
 ``DynamicLayer`` fork would keep a concatenated copy of every layer, one more full cache over the full or an
-AdaKV cache, for as long as the pass lasts).
+AdaKV cache, for as long as the pass lasts). They hand attention the very tensors the copying passes do, so results
+are unchanged under every attention implementation. (The shared-prefix attention of
+:mod:`ripplekv.models.shared_prefix` avoids even the one-layer concatenation, but it is given one layer's prefix per
+call, which a whole-model forward cannot pass per layer, and it rounds differently from the stock kernels.)
 """
 
 from __future__ import annotations
