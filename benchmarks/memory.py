@@ -171,6 +171,20 @@ def child(kind: str, length: int) -> dict[str, Any]:
         presses = _build_presses(config, load_run_profiles(config).profile, model)
         runner = SampleRunner(config, model, tokenizer, presses)
     baseline = _status("VmRSS")
+    phases: dict[str, int] = {}
+    if kind != "profile":  # the peak of the recorded prefill apart from the rest of the sample
+        from ripplekv.evaluation import rows as rows_module
+
+        recorded = rows_module.record_prefill
+
+        def record_prefill(*args: Any, **kwargs: Any) -> Any:
+            record = recorded(*args, **kwargs)
+            phases["prefill_peak_bytes"] = _status("VmHWM") - baseline
+            phases["record_bytes"] = record.nbytes()
+            _reset_peak()
+            return record
+
+        rows_module.record_prefill = record_prefill  # this child process only
     exact = _reset_peak()
     start = time.perf_counter()
     if kind == "profile":
@@ -182,6 +196,9 @@ def child(kind: str, length: int) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     peak = _status("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     full = full_cache_bytes(model, tokens)
+    if "prefill_peak_bytes" in phases and exact:
+        phases["after_prefill_peak_bytes"] = peak - baseline
+        peak = baseline + max(phases["prefill_peak_bytes"], phases["after_prefill_peak_bytes"])
     return {
         "kind": kind,
         "length": length,
@@ -196,6 +213,8 @@ def child(kind: str, length: int) -> dict[str, Any]:
         "ratio_to_weights_plus_cache": round((weights + peak - baseline) / (weights + full), 3),
         "extra_in_full_caches": round((peak - baseline) / full, 3),
         "seconds": round(seconds, 1),
+        **phases,
+        **{k.replace("_bytes", "_in_full_caches"): round(v / full, 3) for k, v in phases.items()},
     }
 
 
@@ -260,6 +279,18 @@ def report(measured: dict[str, dict[str, Any]], lengths: list[int]) -> str:
                 f" {_gib(row['baseline_rss_bytes']):>8} {_gib(row['peak_rss_bytes']):>8} {_gib(row['extra_bytes']):>9}"
                 f" {row['ratio_to_weights_plus_cache']:>15.3f} {row['extra_in_full_caches']:>7.3f}"
                 f" {row['seconds']:>6.0f}"
+            )
+    phased = [(k, measured[k]) for k in measured if "prefill_peak_in_full_caches" in measured[k]]
+    if phased:
+        lines += [
+            "",
+            "where it goes (extra over the baseline, in C): the recorded prefill's peak, the record it keeps, "
+            "the peak of everything after it",
+        ]
+        for key, row in sorted(phased, key=lambda item: (KINDS.index(item[1]["kind"]), item[1]["length"])):
+            lines.append(
+                f"{key:14} prefill peak {row['prefill_peak_in_full_caches']:.3f}  record "
+                f"{row['record_in_full_caches']:.3f}  after the prefill {row['after_prefill_peak_in_full_caches']:.3f}"
             )
     fidelity = [measured[k]["extra_in_full_caches"] for k in measured if k.startswith("fidelity@")]
     if fidelity:
