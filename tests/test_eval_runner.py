@@ -401,14 +401,14 @@ def test_report_timing_from_logged_seconds() -> None:
 
 
 class _DecodeCounter:
-    """Wraps the runner's ``greedy_decode``, counting calls (the answers are unchanged)."""
+    """Wraps the runner's ``lean_greedy_decode``, counting calls (the answers are unchanged)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from ripplekv.evaluation import rows as rows_module
 
         self.calls = 0
-        self._decode = rows_module.greedy_decode
-        monkeypatch.setattr(rows_module, "greedy_decode", self)
+        self._decode = rows_module.lean_greedy_decode
+        monkeypatch.setattr(rows_module, "lean_greedy_decode", self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[int]:
         self.calls += 1
@@ -581,3 +581,70 @@ def test_a_press_that_cannot_be_derived_is_a_clear_error(
         list(runner.run_sample(sample, [("snapkv", 0.3)]))
     with pytest.raises(ValueError, match="must hold the full cache's press"):
         SampleRunner(config, model, tokenizer, {})
+
+
+def test_decode_groups_stay_within_the_memory_bound(
+    needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Configurations are laid out and decoded in groups within --decode-memory; earlier groups are released,
+    and the rows are the reference run's whatever the bound (one group per row up to one group per sample)."""
+    import gc
+    import weakref
+
+    from ripplekv.evaluation import rows as rows_module
+    from ripplekv.evaluation.runner import _build_presses
+    from ripplekv.inference.generate import full_cache_bytes
+
+    model, tokenizer = loaded
+    reference, config = needle_run
+    built: list[weakref.ref] = []
+    derived: list[weakref.ref] = []
+    make_row, derive = rows_module.decode_row, rows_module.derived_prefill
+
+    def tracked_row(state: Any, room: int) -> Any:
+        row = make_row(state, room)
+        built.append(weakref.ref(row))
+        return row
+
+    def tracked_derive(record: Any, press: Any) -> Any:
+        state, seconds = derive(record, press)
+        derived.append(weakref.ref(state.cache))
+        return state, seconds
+
+    monkeypatch.setattr(rows_module, "decode_row", tracked_row)
+    monkeypatch.setattr(rows_module, "derived_prefill", tracked_derive)
+    sample = build_samples(config, tokenizer, model)[0]
+    presses = _build_presses(config, load_run_profiles(config).profile, model)
+    expected = _comparable([r for r in _rows(reference) if r["sample_id"] == sample.id])
+    full_bytes = full_cache_bytes(model, len(sample.input_ids))  # the default bound (question-aware)
+    sizes = []
+    for bound in (1, None, 10**12):
+        groups: list[int] = []
+
+        def on_group(nbytes: int, bound: int | None = bound, groups: list[int] = groups) -> None:
+            gc.collect()
+            live = [ref() for ref in built if ref() is not None]
+            assert sum(row.nbytes() for row in live) == nbytes  # rows of earlier groups were released
+            assert len([ref for ref in derived if ref() is not None]) <= 2  # the full cache and the one being scored
+            assert len(live) == 1 or nbytes <= (bound or full_bytes)
+            groups.append(len(live))
+
+        built.clear()
+        derived.clear()
+        runner = rows_module.SampleRunner(replace(config, decode_memory=bound), model, tokenizer, presses, on_group)
+        rows = list(runner.run_sample(sample, config.configurations))
+        assert _comparable(rows) == expected
+        assert [r["decode_rows"] for r in rows if r["method"] != "full"] == [n for n in groups for _ in range(n)]
+        sizes.append(groups)
+    assert sizes[0] == [1] * 6 and sizes[2] == [6]  # one row per group (a 1-byte bound) up to the whole sample
+    assert all(n >= 1 for n in sizes[1])
+
+
+def test_decode_memory_is_an_option(tmp_path: Path, needle_run: tuple[Path, EvalConfig]) -> None:
+    _, config = needle_run
+    with pytest.raises(ValueError, match="decode_memory must be an integer >= 1"):
+        replace(config, decode_memory=0)
+    from ripplekv.cli.main import build_parser
+
+    args = build_parser().parse_args(["eval", "--suite", "needle", "--out", str(tmp_path), "--decode-memory", "1.5GiB"])
+    assert args.decode_memory == 3 * 2**29

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from kvpress import PyramidKVPress, SnapKVPress, StreamingLLMPress
+from kvpress import ExpectedAttentionPress, KnormPress, PyramidKVPress, SnapKVPress, StreamingLLMPress, TOVAPress
 from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import DynamicCache
@@ -17,6 +17,8 @@ from ripplekv.inference.shared import (
     NotDerivableError,
     compress_recorded,
     derived_prefill,
+    hidden_states_needed,
+    hidden_states_tail,
     is_derivable,
     record_prefill,
 )
@@ -256,3 +258,79 @@ def test_record_memory_and_window_check() -> None:
     assert 2 * per_layer <= record.nbytes() < 2 * per_layer + 30 * 64 * 4 * 4
     with pytest.raises(ValueError, match="selection window"):
         compress_recorded(record, SnapKVPress(compression_ratio=0.5, window_size=30))
+
+
+def _tail_presses() -> dict[str, BasePress]:
+    return {
+        "snapkv": make_press("snapkv", budget=0.3, window_size=WINDOW),
+        "pyramidkv": make_press("pyramidkv", budget=0.3, window_size=WINDOW),
+        "pyramidkv-kvpress": make_press("pyramidkv-kvpress", budget=0.3, window_size=WINDOW),
+        "adakv": make_press("adakv", budget=0.3, window_size=WINDOW),
+        "streamingllm": make_press("streamingllm", budget=0.3),
+        "ripplekv": RippleKVPress(press=SnapKVPress(window_size=WINDOW), budget=0.3, scores=SCORES),
+        "ripplekv-streaming": RippleKVPress(press=StreamingLLMPress(), budget=0.25, scores=SCORES, min_tokens=4),
+        "knorm": KnormPress(compression_ratio=0.6),
+        "tova": TOVAPress(compression_ratio=0.6),
+        "full": FullPress(),
+    }
+
+
+def test_hidden_states_needed_reads_the_declared_windows() -> None:
+    presses = _tail_presses()
+    assert hidden_states_needed(presses["snapkv"]) == WINDOW + 1  # SnapKV checks q_len > window
+    assert hidden_states_needed(presses["adakv"]) == WINDOW + 1
+    assert hidden_states_needed(presses["tova"]) == 1
+    for name in ("streamingllm", "ripplekv-streaming", "knorm", "full"):
+        assert hidden_states_needed(presses[name]) == 0, name
+    assert hidden_states_needed(ExpectedAttentionPress(compression_ratio=0.5)) is None
+    assert hidden_states_needed(_InPlace()) is None  # not declared: the whole prompt
+    assert hidden_states_tail(presses.values()) == WINDOW + 1
+    assert hidden_states_tail([*presses.values(), ExpectedAttentionPress()]) is None
+    assert hidden_states_tail([]) == 0
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tail_record_derives_the_caches_of_a_full_record(attn: str) -> None:
+    model = enable_varlen_attention(tiny_model("llama", layers=LAYERS, attn=attn))
+    ids = random_ids(80, seed=12)
+    presses = {k: p for k, p in _tail_presses().items() if attn == "sdpa" or k != "adakv"}  # AdaKV refuses eager
+    tail = hidden_states_tail(presses.values())
+    full, lean = record_prefill(model, ids), record_prefill(model, ids, hidden_tail=tail)
+    assert lean.hidden_tokens == tail and full.hidden_tokens == 80
+    assert torch.equal(lean.next_logits, full.next_logits)
+    for name, press in presses.items():
+        a, b = derived_prefill(full, press)[0], derived_prefill(lean, press)[0]
+        _assert_same_cache(a.cache, b.cache)
+        assert len(a.attention_state) == len(b.attention_state), name
+        for x, y in zip(a.attention_state, b.attention_state):
+            assert x.layer == y.layer and x.attributes.keys() == y.attributes.keys()
+            for key in x.attributes:
+                assert all(torch.equal(u, v) for u, v in zip(x.attributes[key], y.attributes[key])), name
+        assert _decode(model, a) == _decode(model, b), name
+    # the whole prompt's hidden states of every layer are not held
+    assert lean.nbytes() < 0.6 * full.nbytes()
+    cache_bytes = sum(t.numel() * t.element_size() for layer in full.layers for t in (layer.keys, layer.values))
+    assert lean.nbytes() < (2.0 if attn == "eager" else 1.25) * cache_bytes  # eager: + tail attention weights
+
+
+@dataclass
+class _WholePrompt(SnapKVPress):
+    hidden_states_tail = None  # declares it reads every position
+
+
+def test_tail_record_refuses_a_press_needing_more() -> None:
+    model = enable_varlen_attention(tiny_model("llama", layers=LAYERS))
+    ids = random_ids(60, seed=13)
+    record = record_prefill(model, ids, hidden_tail=WINDOW + 1)
+    with pytest.raises(NotDerivableError, match="every prompt position.*last 9 of 60"):
+        derived_prefill(record, ExpectedAttentionPress(compression_ratio=0.5))
+    with pytest.raises(NotDerivableError, match="every prompt position"):
+        derived_prefill(record, _WholePrompt(compression_ratio=0.5, window_size=WINDOW))
+    with pytest.raises(NotDerivableError, match="last 17 prompt positions"):
+        derived_prefill(record, make_press("snapkv", budget=0.3, window_size=16))
+    # a record holding every position derives them all
+    whole = record_prefill(model, ids)
+    derived = derived_prefill(whole, _WholePrompt(compression_ratio=0.5, window_size=WINDOW))[0]
+    _assert_same_cache(derived.cache, prefill(model, ids, SnapKVPress(compression_ratio=0.5, window_size=WINDOW)).cache)
+    with pytest.raises(ValueError, match="hidden_tail must be"):
+        record_prefill(model, ids, hidden_tail=-1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from typing import Any
 
 from ripplekv.cli import analyze
@@ -16,7 +18,27 @@ from ripplekv.cli.args import (
     suite_options,
 )
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "memory_size", "run"]
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
+
+
+def memory_size(text: str) -> int:
+    """Bytes from ``text``: a number with an optional binary unit (``B``, ``K``/``KiB``, ``M``/``MiB``, ``G``/``GiB``).
+
+    Args:
+        text: e.g. ``"1073741824"``, ``"512MiB"``, ``"1.5G"``.
+
+    Raises:
+        argparse.ArgumentTypeError: if ``text`` is not a size of at least one byte.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {text!r}")
+    size = float(match.group(1)) * _UNITS[match.group(2)]
+    if not math.isfinite(size) or size < 1:
+        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
+    return int(size)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -94,7 +116,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--decode-rows",
         type=positive_int,
         default=None,
-        help="most configurations per decoding batch (default: all of a sample's; lower it to bound memory)",
+        help="most configurations per decoding batch (default: as many as --decode-memory allows)",
+    )
+    e.add_argument(
+        "--decode-memory",
+        type=memory_size,
+        default=None,
+        help="most memory of caches held for one batched decode, e.g. 2GiB (default: one full cache of the "
+        "sample): configurations are derived, scored and decoded in groups within it",
     )
     e.add_argument(
         "--chat-template",
@@ -177,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         score=args.score,
         decode=args.decode,
         decode_rows=args.decode_rows,
+        decode_memory=args.decode_memory,
         chat_template=args.chat_template,
         options=options,
         oracle_profile=args.oracle_profile,

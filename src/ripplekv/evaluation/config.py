@@ -88,7 +88,12 @@ class EvalConfig:
         decode: ``batched`` (default: with ``score="both"`` the compressed configurations of a sample decode as one
             batch, :mod:`ripplekv.inference.batched`) or ``sequential`` (one at a time). Same greedy tokens up to
             float rounding at near-ties; not part of the configuration compared on resume.
-        decode_rows: most configurations per decoding batch (None: all of a sample's at once).
+        decode_rows: most configurations per decoding batch (None: as many as ``decode_memory`` allows).
+        decode_memory: most bytes of caches a sample holds for one batched decode (each laid out for the batch,
+            :func:`~ripplekv.inference.batched.row_bytes`): the configurations are derived, scored and decoded in
+            groups within it, each released before the next is derived. None (default): the bytes of one full cache
+            of the sample's compressed part. A configuration larger than the bound decodes alone. Like ``decode``
+            and ``decode_rows``, not part of the configuration compared on resume.
         options: the suite's own options, a mapping of option name (the ``ripplekv eval`` flag with ``_`` for
             ``-``) to value; replaced by the suite's frozen options dataclass, defaults filled in.
     """
@@ -110,6 +115,7 @@ class EvalConfig:
     chat_template: str = "auto"
     decode: str = "batched"
     decode_rows: int | None = None
+    decode_memory: int | None = None
     options: Any = field(default_factory=dict)
     oracle_profile: tuple[str, ...] | None = None
     strict_profile: bool = False
@@ -145,6 +151,7 @@ class EvalConfig:
         if self.decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
         positive_int("decode_rows", self.decode_rows, allow_none=True)
+        positive_int("decode_memory", self.decode_memory, allow_none=True)
         if self.chat_template not in CHAT_TEMPLATE_MODES:
             modes = ", ".join(CHAT_TEMPLATE_MODES)
             raise ValueError(f"chat_template must be one of {modes}, got {self.chat_template!r}")

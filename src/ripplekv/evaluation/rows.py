@@ -20,18 +20,26 @@ One row per (sample, method, budget), written to ``results.jsonl``:
 ``answer_ids``      that answer's token ids, in the ``full`` row only (a resumed run reuses them)
 ``seconds``         wall time of this configuration (derivation, question, teacher forcing, decoding; a row decoded
                     in a batch counts its share, the batch's decoding time over its rows)
-``decode_rows``     configurations decoded together with this one in one batch (``--decode-rows`` bounds it; 1
-                    where caches cannot be batched); absent under ``--decode sequential`` and where nothing was
-                    decoded
+``decode_rows``     configurations decoded together with this one in one batch, its group (``--decode-rows`` and
+                    ``--decode-memory`` bound it; 1 where caches cannot be batched); absent under
+                    ``--decode sequential`` and where nothing was decoded
 ``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: always true
 ``meta``            the sample's metadata (LongBench length, needle depth, ...)
 ==================  =====================================================================================
+
+Memory: the sample's prefill record holds its full cache and, per layer, only the hidden states of the last
+positions the run's presses read (:func:`~ripplekv.inference.shared.hidden_states_tail`). The full cache's answer
+and every teacher-forced pass run over lean forks that never copy the cache they read
+(:func:`~ripplekv.inference.shared.lean_fork`). Under ``--score both`` with batched decoding the configurations are
+derived, scored and laid out for the batch (:func:`~ripplekv.inference.batched.decode_row`, their caches released
+at once) one at a time, and decoded in groups: a group is decoded and released before the next configuration that
+would take it over ``--decode-rows`` rows or ``--decode-memory`` bytes (default: one full cache) is laid out.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +49,26 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.evaluation.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv.evaluation.suites.base import encode
-from ripplekv.inference.batched import NotBatchableError, batched_greedy_decode
-from ripplekv.inference.fidelity import fidelity, mean_nll, teacher_forced_logprobs
-from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
-from ripplekv.inference.shared import NotDerivableError, PrefillRecord, derived_prefill, record_prefill
+from ripplekv.inference.batched import (
+    DecodeRow,
+    NotBatchableError,
+    batched_greedy_decode_rows,
+    decode_row,
+    row_bytes,
+)
+from ripplekv.inference.fidelity import fidelity, mean_nll
+from ripplekv.inference.generate import Prefill, eos_ids, kept_tokens
+from ripplekv.inference.shared import (
+    NotDerivableError,
+    PrefillRecord,
+    derived_prefill,
+    hidden_states_tail,
+    lean_extend,
+    lean_greedy_decode,
+    lean_teacher_forced_logprobs,
+    record_prefill,
+)
+from ripplekv.models.cache import cache_bytes
 
 __all__ = ["SampleRunner", "greedy_agreement"]
 
@@ -76,14 +100,14 @@ def greedy_agreement(
 
 @dataclass(frozen=True)
 class _Pending:
-    """A configuration scored by teacher forcing, waiting for the sample's batched decoding."""
+    """A configuration scored by teacher forcing, laid out for a batch, waiting for its group's decoding."""
 
     method: str
     budget: float
-    state: Prefill
+    row: DecodeRow
     kept: list[int]
     scores: dict[str, float | None]
-    seconds: float  # wall time spent on it so far (derivation, question, teacher forcing)
+    seconds: float  # wall time spent on it so far (derivation, question, teacher forcing, layout)
 
 
 class SampleRunner:
@@ -94,6 +118,8 @@ class SampleRunner:
         model: the model (variable-length attention enabled).
         tokenizer: its tokenizer.
         presses: the press of every (method, budget) of ``config.configurations`` and of ``("full", 1.0)``.
+        on_group: called with the bytes of each group of decode rows right before it is decoded (for tests and
+            measurements).
     """
 
     def __init__(
@@ -102,9 +128,12 @@ class SampleRunner:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         presses: dict[tuple[str, float], BasePress],
+        on_group: Callable[[int], None] | None = None,
     ) -> None:
         if ("full", FULL_BUDGET) not in presses:
             raise ValueError("presses must hold the full cache's press, ('full', 1.0)")
+        self.on_group = on_group
+        self.hidden_tail = hidden_states_tail(presses.values())  # what the presses read of the hidden states
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -115,7 +144,7 @@ class SampleRunner:
     def _with_question(self, sample: EvalSample, state: Prefill) -> Prefill:
         """Query-agnostic: run the question over the (compressed) context; question-aware: ``state`` as is."""
         tail = sample.input_ids[sample.question_start :] if self.config.protocol == "query-agnostic" else ()
-        return extend(self.model, state, torch.tensor([list(tail)], dtype=torch.long)) if tail else state
+        return lean_extend(self.model, state, torch.tensor([list(tail)], dtype=torch.long)) if tail else state
 
     def _derive(self, sample: EvalSample, method: str, budget: float, record: PrefillRecord) -> Prefill:
         try:
@@ -131,7 +160,7 @@ class SampleRunner:
 
     def _decode(self, sample: EvalSample, state: Prefill) -> list[int]:
         stops = self.eos | sample.extra_stop_ids
-        return greedy_decode(self.model, state, sample.max_new_tokens, stops, min_new_tokens=MIN_NEW_TOKENS)
+        return lean_greedy_decode(self.model, state, sample.max_new_tokens, stops, min_new_tokens=MIN_NEW_TOKENS)
 
     def run_sample(
         self, sample: EvalSample, pending: Sequence[tuple[str, float]], answer: Sequence[int] | None = None
@@ -148,33 +177,36 @@ class SampleRunner:
         prefix = sample.input_ids if prefix is None else prefix
         if not prefix:
             raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
-        record = record_prefill(self.model, torch.tensor([list(prefix)], dtype=torch.long))
+        record = record_prefill(self.model, torch.tensor([list(prefix)], dtype=torch.long), self.hidden_tail)
+        prefill_seconds = record.seconds
         started = time.perf_counter()
         full = self._derive(sample, "full", FULL_BUDGET, record)
         full_kept = kept_tokens(full)
         full = self._with_question(sample, full)
         tokens = list(answer) if answer else self._decode(sample, full)
-        reference = teacher_forced_logprobs(self.model, full, tokens)
+        reference = lean_teacher_forced_logprobs(self.model, full, tokens)
         gold = encode(self.tokenizer, sample.gold) if sample.gold else []
-        full_gold_nll = mean_nll(teacher_forced_logprobs(self.model, full, gold), gold) if gold else None
-        common = {"prompt_tokens": len(sample.input_ids), "compressed_tokens": len(prefix)}
-        common["answer_tokens"] = len(tokens)
+        full_gold_nll = mean_nll(lean_teacher_forced_logprobs(self.model, full, gold), gold) if gold else None
+        common: dict[str, Any] = {"prompt_tokens": len(sample.input_ids), "compressed_tokens": len(prefix)}
+        common.update(answer_tokens=len(tokens), prefill_seconds=prefill_seconds)
         if ("full", FULL_BUDGET) in pending:
             prediction = self.tokenizer.decode(tokens, skip_special_tokens=True)
             scores = {"kl": 0.0, "top1": 1.0, "gold_nll": full_gold_nll, "delta": 0.0 if gold else None}
-            row = self._row(sample, "full", FULL_BUDGET, prediction, tokens, full_kept, scores, common, started, record)
+            row = self._row(sample, "full", FULL_BUDGET, prediction, tokens, full_kept, scores, common, started)
             yield {**row, "answer_ids": tokens}
         stops = self.eos | sample.extra_stop_ids
         batched = self.config.score == "both" and self.config.decode == "batched"
-        waiting: list[_Pending] = []
-        for method, budget in pending:
-            if method == "full":
-                continue
+        bound = self.config.decode_memory or cache_bytes(record.full_cache())
+        group: list[_Pending] = []
+        others = [(method, budget) for method, budget in pending if method != "full"]
+        for index, (method, budget) in enumerate(others):
             started = time.perf_counter()
             state = self._derive(sample, method, budget, record)
+            if index == len(others) - 1:  # the last derivation: the record (and the full cache) can go
+                del record, full
             kept = kept_tokens(state)
             state = self._with_question(sample, state)
-            candidate = teacher_forced_logprobs(self.model, state, tokens)
+            candidate = lean_teacher_forced_logprobs(self.model, state, tokens)
             scores = {
                 "kl": fidelity(reference, candidate, tokens).kl,
                 "top1": greedy_agreement(candidate, tokens, stops),
@@ -183,41 +215,52 @@ class SampleRunner:
             }
             del candidate
             if gold:
-                scores["gold_nll"] = mean_nll(teacher_forced_logprobs(self.model, state, gold), gold)
+                scores["gold_nll"] = mean_nll(lean_teacher_forced_logprobs(self.model, state, gold), gold)
                 scores["delta"] = scores["gold_nll"] - full_gold_nll
-            if batched:  # decoded together once every configuration of the sample has its cache
-                waiting.append(_Pending(method, budget, state, kept, scores, time.perf_counter() - started))
-                continue
+            if batched:
+                try:
+                    size = row_bytes(state, sample.max_new_tokens)
+                except NotBatchableError:
+                    size = None
+                held = sum(item.row.nbytes() for item in group)
+                if group and (size is None or held + size > bound):
+                    yield from self._decode_group(sample, group, common)  # released before the next row is built
+                    group = []
+                if size is not None:
+                    row = decode_row(state, sample.max_new_tokens)
+                    del state  # the row holds what the batch needs
+                    group.append(_Pending(method, budget, row, kept, scores, time.perf_counter() - started))
+                    if len(group) == self.config.decode_rows:
+                        yield from self._decode_group(sample, group, common)
+                        group = []
+                    continue
             decoded = self._decode(sample, state) if self.config.score == "both" else None
+            del state
             prediction = None if decoded is None else self.tokenizer.decode(decoded, skip_special_tokens=True)
-            yield self._row(sample, method, budget, prediction, decoded, kept, scores, common, started, record)
-        if waiting:
-            yield from self._decode_together(sample, waiting, common, record)
+            row = self._row(sample, method, budget, prediction, decoded, kept, scores, common, started)
+            yield {**row, "decode_rows": 1} if batched else row
+        if group:
+            yield from self._decode_group(sample, group, common)
 
-    def _decode_together(
-        self, sample: EvalSample, waiting: list[_Pending], common: dict[str, int], record: PrefillRecord
+    def _decode_group(
+        self, sample: EvalSample, group: Sequence[_Pending], common: dict[str, Any]
     ) -> Iterator[dict[str, Any]]:
-        """Rows of configurations whose caches decode as one batch (one at a time if they cannot be batched)."""
+        """Rows of configurations whose decode rows decode as one batch (``decode_rows``: the group's size)."""
+        if self.on_group is not None:
+            self.on_group(sum(item.row.nbytes() for item in group))
         stops = self.eos | sample.extra_stop_ids
-        states = [item.state for item in waiting]
         start = time.perf_counter()
-        try:
-            size = self.config.decode_rows or len(states)
-            answers = batched_greedy_decode(
-                self.model, states, sample.max_new_tokens, stops, MIN_NEW_TOKENS, max_rows=size
-            )
-            sizes = [min(size, len(states) - start) for start in range(0, len(states), size) for _ in range(size)]
-            sizes = sizes[: len(states)]
-        except NotBatchableError:
-            answers, sizes = [self._decode(sample, state) for state in states], [1] * len(states)
-        share = (time.perf_counter() - start) / len(states)  # each row's part of the batch's decoding time
-        for item, decoded, size in zip(waiting, answers, sizes):
+        rows = [item.row for item in group]
+        answers = batched_greedy_decode_rows(self.model, rows, sample.max_new_tokens, stops, MIN_NEW_TOKENS)
+        del rows
+        share = (time.perf_counter() - start) / len(group)  # each row's part of the batch's decoding time
+        for item, decoded in zip(group, answers):
             prediction = self.tokenizer.decode(decoded, skip_special_tokens=True)
             started = time.perf_counter() - item.seconds - share
             row = self._row(
-                sample, item.method, item.budget, prediction, decoded, item.kept, item.scores, common, started, record
+                sample, item.method, item.budget, prediction, decoded, item.kept, item.scores, common, started
             )
-            yield {**row, "decode_rows": size}
+            yield {**row, "decode_rows": len(group)}
 
     def _row(
         self,
@@ -228,9 +271,8 @@ class SampleRunner:
         decoded: list[int] | None,
         kept: list[int],
         scores: dict[str, float | None],
-        common: dict[str, int],
+        common: dict[str, Any],
         started: float,
-        record: PrefillRecord,
     ) -> dict[str, Any]:
         return {
             "sample_id": sample.id,
@@ -250,7 +292,7 @@ class SampleRunner:
             "gold_nll_delta": scores["delta"],
             "answer_tokens": common["answer_tokens"],
             "seconds": round(time.perf_counter() - started, 4),
-            "prefill_seconds": round(record.seconds, 4),
+            "prefill_seconds": round(common["prefill_seconds"], 4),
             "shared_prefill": True,
             "meta": dict(sample.meta),
         }

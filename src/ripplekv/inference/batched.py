@@ -34,11 +34,20 @@ back to one cache at a time under such a model itself.
 
 Devices: every tensor is made on the device of the caches and logits it is combined with. Each decoding step reads
 the greedy picks on the host once (to stop rows at their stop tokens); nothing else synchronises per step.
+
+Memory: a ragged batch holds each row's entries (head-wise masked layers compacted) plus room for the answer in
+buffers of its own, a copy of the caches it was built from. :func:`decode_row` lays one cache out that way on its
+own and :func:`row_bytes` says what that costs before building it, so a caller can hold decode rows instead of
+their caches and decode them in groups bounded by memory (:func:`batched_greedy_decode_rows`), releasing each
+cache as soon as its row is built. :func:`batched_greedy_decode` builds the rows of one ``max_rows`` batch at a
+time. Caches whose layers are :class:`~ripplekv.inference.shared.OverlayLayer` forks (a question run over a
+derived cache by :func:`~ripplekv.inference.shared.lean_extend`) are read layer by layer, never copied whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -47,16 +56,21 @@ from transformers.cache_utils import DynamicLayer
 from ripplekv.inference.fidelity import teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill
 from ripplekv.inference.module_state import ABSENT, MASKED_KEYS
+from ripplekv.inference.shared import OverlayLayer
 from ripplekv.models.attention import unsupported_implementation_message, uses_varlen_attention
-from ripplekv.models.cache import cache_from_layers, cache_from_tensors
+from ripplekv.models.cache import KVPair, cache_from_layers, cache_from_tensors
 from ripplekv.models.padded import KeyValidity, RaggedLayer, compact_heads, pad_layers
 
 __all__ = [
+    "DecodeRow",
     "NotBatchableError",
     "batched_greedy_decode",
+    "batched_greedy_decode_rows",
     "batched_teacher_forced_logprobs",
+    "decode_row",
     "padded_batch",
     "plan_batches",
+    "row_bytes",
 ]
 
 
@@ -68,6 +82,11 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _layer_kv(layer: DynamicLayer) -> KVPair:
+    """A batchable layer's keys and values (an :class:`OverlayLayer`'s base and appended tokens together)."""
+    return layer.whole() if isinstance(layer, OverlayLayer) else (layer.keys, layer.values)
 
 
 def _row_validity(state: Prefill, row: int) -> dict[int, torch.Tensor]:
@@ -83,7 +102,7 @@ def _row_validity(state: Prefill, row: int) -> dict[int, torch.Tensor]:
             if value is None or value is ABSENT:
                 continue
             layer = state.cache.layers[module_state.layer]
-            kv_heads, length = layer.keys.shape[1], layer.keys.shape[2]
+            kv_heads, length = layer.keys.shape[1], layer.get_seq_length()
             batch, head, position = value
             if batch.numel() and int(batch.max()) > 0:
                 raise NotBatchableError(f"row {row}: head-wise masked keys of a batch larger than one")
@@ -108,7 +127,7 @@ def _check_states(states: Sequence[Prefill]) -> None:
             layers = len(state.cache.layers)
             raise NotBatchableError(f"row {row} has {layers} layers, row 0 has {len(first.cache.layers)}")
         for index, layer in enumerate(state.cache.layers):
-            if type(layer) is not DynamicLayer:
+            if type(layer) not in (DynamicLayer, OverlayLayer):
                 raise NotBatchableError(
                     f"row {row}, layer {index}: a {type(layer).__name__} cannot be padded into a batch "
                     "(only full-attention DynamicLayer caches can)"
@@ -133,11 +152,9 @@ def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
     for index in range(len(states[0].cache.layers)):
         rows = []
         for row, state in enumerate(states):
-            layer = state.cache.layers[index]
+            keys, values = _layer_kv(state.cache.layers[index])
             keep = validity[row].get(index)
-            rows.append(
-                (layer.keys, layer.values, None) if keep is None else compact_heads(layer.keys, layer.values, keep)
-            )
+            rows.append((keys, values, None) if keep is None else compact_heads(keys, values, keep))
         keys, values, valid = pad_layers(rows)
         layers.append(_dynamic(keys, values))
         masks.append(valid)
@@ -155,17 +172,117 @@ def ragged_batch(states: Sequence[Prefill], room: int) -> DynamicCache:
         room: tokens that will be appended to every row.
     """
     _check_states(states)
-    validity = [_row_validity(state, row) for row, state in enumerate(states)]
-    layers = []
-    for index in range(len(states[0].cache.layers)):
-        rows = []
-        for row, state in enumerate(states):
-            layer = state.cache.layers[index]
-            keep = validity[row].get(index)
-            rows.append(
-                (layer.keys, layer.values, None) if keep is None else compact_heads(layer.keys, layer.values, keep)
+    return _ragged_cache([decode_row(state, room) for state in states])
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One cache laid out for a batched decode: per layer, its entries in buffers with room for the answer.
+
+    Built by :func:`decode_row`; it shares no tensor with the cache it was built from, which can be released while
+    the row waits for its batch. A decode writes the answer's entries into the buffers' room (the row can be
+    decoded again: each decode starts at ``lengths``).
+
+    Args:
+        buffers: per layer ``(keys, values)`` of shape ``(1, kv_heads, length + room, head_dim)``.
+        lengths: per layer, the cached entries at the start of the buffers.
+        valid: per layer, None or the ``(kv_heads, length)`` entries the row may see (compacted head-wise masks).
+        next_logits: ``(vocab,)`` logits of the first answer token.
+        prompt_tokens: the position of the first answer token.
+        room: tokens the buffers can take after ``lengths``.
+    """
+
+    buffers: tuple[KVPair, ...]
+    lengths: tuple[int, ...]
+    valid: tuple[torch.Tensor | None, ...]
+    next_logits: torch.Tensor
+    prompt_tokens: int
+    room: int
+
+    def nbytes(self) -> int:
+        """Bytes of the row's buffers and validity masks."""
+        tensors = [t for pair in self.buffers for t in pair] + [v for v in self.valid if v is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def row_bytes(state: Prefill, room: int) -> int:
+    """What :func:`decode_row` of ``state`` will hold (:meth:`DecodeRow.nbytes`), without building it.
+
+    Args:
+        state: a prefilled (compressed) cache (see :func:`padded_batch`).
+        room: tokens that will be appended.
+    """
+    _check_states([state])
+    _check_int("room", room, 0)
+    validity = _row_validity(state, 0)
+    total = 0
+    for index, (layer, length) in enumerate(zip(state.cache.layers, _row_lengths(state, 0))):
+        kv_heads = layer.keys.shape[1]
+        per_token = kv_heads * (layer.keys.shape[3] + layer.values.shape[3]) * layer.keys.element_size()
+        total += per_token * (length + room) + (kv_heads * length if index in validity else 0)
+    return total
+
+
+def decode_row(state: Prefill, room: int) -> DecodeRow:
+    """``state``'s cache laid out for :func:`batched_greedy_decode_rows`, head-wise masked layers compacted.
+
+    Args:
+        state: a prefilled (compressed) cache (see :func:`padded_batch`); left unchanged.
+        room: tokens that will be appended (the answer's length).
+
+    Raises:
+        NotBatchableError: for a cache that cannot join a batch (see the module docstring).
+    """
+    _check_states([state])
+    _check_int("room", room, 0)
+    validity = _row_validity(state, 0)
+    buffers, lengths, valid = [], [], []
+    for index, layer in enumerate(state.cache.layers):
+        keys, values = _layer_kv(layer)
+        keep = validity.get(index)
+        mask = None
+        if keep is not None:
+            keys, values, mask = compact_heads(keys, values, keep)
+        n = keys.shape[2]
+        key_buffer = keys.new_empty((1, keys.shape[1], n + room, keys.shape[3]))
+        value_buffer = values.new_empty((1, values.shape[1], n + room, values.shape[3]))
+        key_buffer[:, :, :n] = keys
+        value_buffer[:, :, :n] = values
+        del keys, values  # an OverlayLayer's whole layer is a temporary: one layer at a time
+        buffers.append((key_buffer, value_buffer))
+        lengths.append(n)
+        valid.append(mask)
+    return DecodeRow(tuple(buffers), tuple(lengths), tuple(valid), state.next_logits, state.prompt_tokens, room)
+
+
+def _check_rows(rows: Sequence[DecodeRow], room: int) -> None:
+    if not rows:
+        raise ValueError("no rows to decode")
+    first = rows[0]
+    for index, row in enumerate(rows):
+        if not isinstance(row, DecodeRow):
+            raise TypeError(f"row {index} is a {type(row).__name__}, not a DecodeRow")
+        if row.prompt_tokens != first.prompt_tokens:
+            raise NotBatchableError(
+                f"row {index} continues at position {row.prompt_tokens}, row 0 at {first.prompt_tokens}: "
+                "a batch decodes every row at the same positions"
             )
-        layers.append(RaggedLayer(rows, room))
+        if len(row.buffers) != len(first.buffers):
+            raise NotBatchableError(f"row {index} has {len(row.buffers)} layers, row 0 has {len(first.buffers)}")
+        if row.room < room:
+            raise ValueError(f"row {index} has room for {row.room} tokens, {room} may be decoded")
+
+
+def _ragged_cache(rows: Sequence[DecodeRow]) -> DynamicCache:
+    """One :class:`~ripplekv.models.padded.RaggedLayer` per layer over the rows' buffers (not copied)."""
+    layers = []
+    for index in range(len(rows[0].buffers)):
+        first_keys, first_values = rows[0].buffers[index]
+        length = rows[0].lengths[index]
+        like = _dynamic(first_keys[:, :, :length], first_values[:, :, :length])  # dtype and device; never attended
+        buffers = [row.buffers[index] for row in rows]
+        lengths = [row.lengths[index] for row in rows]
+        layers.append(RaggedLayer._of(buffers, lengths, [row.valid[index] for row in rows], like))
     return cache_from_layers(layers)
 
 
@@ -182,7 +299,7 @@ SmolLM2-135M on the 2-core CPU: about 60 ms per step whatever the rows, plus abo
 
 def _row_lengths(state: Prefill, row: int) -> list[int]:
     """Entries per layer the row occupies in a batch (head-wise masked layers compacted)."""
-    lengths = [layer.keys.shape[2] for layer in state.cache.layers]
+    lengths = [layer.get_seq_length() for layer in state.cache.layers]
     for layer, keep in _row_validity(state, row).items():
         lengths[layer] = int(keep.sum(dim=-1).max())
     return lengths
@@ -269,21 +386,46 @@ def batched_greedy_decode(
     size = len(states) if max_rows is None else max_rows
     results: list[list[int]] = []
     for start in range(0, len(states), size):
-        chunk = states[start : start + size]
-        results.extend(_decode_batch(model, chunk, max_new_tokens, stop_ids, min_new_tokens))
+        rows = [decode_row(state, max_new_tokens) for state in states[start : start + size]]
+        results.extend(batched_greedy_decode_rows(model, rows, max_new_tokens, stop_ids, min_new_tokens))
     return results
 
 
-def _decode_batch(
-    model: PreTrainedModel, states: Sequence[Prefill], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int
+@torch.no_grad()
+def batched_greedy_decode_rows(
+    model: PreTrainedModel,
+    rows: Sequence[DecodeRow],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    min_new_tokens: int = 0,
 ) -> list[list[int]]:
-    cache = ragged_batch(states, room=max_new_tokens)
-    logits = torch.stack([state.next_logits for state in states])
+    """Greedy tokens after each of ``rows`` (built by :func:`decode_row`), decoded as one batch.
+
+    What :func:`batched_greedy_decode` returns for the caches the rows were built from, as one batch.
+
+    Args:
+        model: the model the caches were prefilled with (variable-length attention enabled).
+        rows: the rows, of one prompt, each with room for ``max_new_tokens``.
+        max_new_tokens: most tokens per row (>= 1).
+        stop_ids: token ids that end a row's answer (included in it).
+        min_new_tokens: for a row's first ``min_new_tokens`` tokens the stop ids cannot be chosen.
+    """
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    _check_int("min_new_tokens", min_new_tokens, 0)
+    _check_rows(rows, max_new_tokens)
+    return _decode_batch(model, rows, max_new_tokens, stop_ids, min_new_tokens)
+
+
+def _decode_batch(
+    model: PreTrainedModel, rows: Sequence[DecodeRow], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int
+) -> list[list[int]]:
+    cache = _ragged_cache(rows)
+    logits = torch.stack([row.next_logits for row in rows])
     device, vocab = logits.device, logits.shape[-1]
     banned = torch.tensor(sorted(i for i in stop_ids if 0 <= i < vocab), dtype=torch.long, device=device)
-    tokens: list[list[int]] = [[] for _ in states]
-    active = list(range(len(states)))
-    position = states[0].prompt_tokens
+    tokens: list[list[int]] = [[] for _ in rows]
+    active = list(range(len(rows)))
+    position = rows[0].prompt_tokens
     while True:
         if len(tokens[active[0]]) < min_new_tokens and banned.numel():
             logits = logits.index_fill(-1, banned, float("-inf"))

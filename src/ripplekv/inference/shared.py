@@ -34,45 +34,161 @@ refuses such presses; use :func:`derived_prefill`.
 FullPress, StreamingLLM, SnapKV, PyramidKV (kvpress's and the authors' schedule), AdaKV and RippleKV (any scorer)
 are derivable.
 
-Memory: a record holds one full (uncompressed) KV cache plus each layer's input hidden states, i.e. about
-``n_tokens * n_layers * (2 * kv_heads * head_dim + hidden_size)`` elements (attention weights too when the
-attention implementation returns them, as ``eager`` does: use ``sdpa``). Every compressed cache derived from it
-holds new tensors (``gather``) or, for layers a press leaves whole, the record's own tensors by reference;
-decoding appends through ``torch.cat`` and never writes into the record.
+Memory: a record holds one full (uncompressed) KV cache, the next token's logits and, per layer, the *last*
+``hidden_tail`` input hidden states (all of them when ``hidden_tail`` is None), with the forward kwargs indexed
+by query position (``position_embeddings``, ``position_ids``, ``cache_position``, a 4D ``attention_mask``) and the
+attention weights (when the attention implementation returns them, as ``eager`` does: use ``sdpa``) cut to the
+same positions, so a scorer sees consistent queries. The tail is copied out of each layer's hidden states as the
+prefill runs, so the whole prompt's hidden states of every layer (``n_tokens * n_layers * hidden_size``
+elements, more than the cache itself on small models) are never held at once. What a press reads of them is
+declared (:func:`hidden_states_needed`): SnapKV and the presses built on its scorer (PyramidKV, AdaKV,
+RippleKV) read the last ``window_size`` positions and check the query length exceeds the window, so they need
+``window_size + 1``; TOVA the last position; KNorm, KeyDiff, StreamingLLM, QFilter, Random and the full cache
+none; ExpectedAttention (query statistics over the prompt) and any press not declared all of them.
+:func:`hidden_states_tail` takes the most that a run's presses need, for the caller to pass to
+:func:`record_prefill`; deriving a press that needs more than a record holds raises :class:`NotDerivableError`.
+
+Every compressed cache derived from a record holds new tensors (``gather``) or, for layers a press leaves whole
+(the full cache, AdaKV's masked layers), the record's own tensors by reference. Passes over a derived cache never
+write into the record; :func:`lean_extend`, :func:`lean_greedy_decode` and :func:`lean_teacher_forced_logprobs`
+run them over :class:`OverlayLayer` forks, which keep the cache by reference and the appended tokens apart (a
+``DynamicLayer`` fork would keep a concatenated copy of every layer, one more full cache over the full or an
+AdaKV cache, for as long as the pass lasts). They hand attention the very tensors the copying passes do, so results
+are unchanged under every attention implementation. (The shared-prefix attention of
+:mod:`ripplekv.models.shared_prefix` avoids even the one-layer concatenation, but it is given one layer's prefix per
+call, which a whole-model forward cannot pass per layer, and it rounds differently from the stock kernels.)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from kvpress import (
+    AdaKVPress,
+    ExpectedAttentionPress,
+    KeyDiffPress,
+    KnormPress,
+    PyramidKVPress,
+    QFilterPress,
+    RandomPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
 from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from ripplekv.inference.generate import Prefill, prefill
-from ripplekv.inference.module_state import ModuleState, capture_state
-from ripplekv.models.cache import cache_from_tensors
+from ripplekv.inference.module_state import ModuleState, applied_state, capture_state
+from ripplekv.models.cache import KVPair, cache_from_layers, cache_from_tensors, fork_cache
+from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.registry import check_prompt_length
+from ripplekv.presses.ripplekv_press import RippleKVPress
 
 __all__ = [
+    "HIDDEN_STATES_ATTRIBUTE",
     "LayerRecord",
     "NotDerivableError",
+    "OverlayLayer",
     "PrefillRecord",
     "RecordingPress",
     "compress_recorded",
     "derive_cache",
     "derived_prefill",
+    "hidden_states_needed",
+    "hidden_states_tail",
     "is_derivable",
+    "lean_extend",
+    "lean_fork",
+    "lean_greedy_decode",
+    "lean_teacher_forced_logprobs",
     "record_prefill",
 ]
 
 # Forward kwargs of the attention layer that are not recorded: the live cache (a derived cache is being built
 # instead) and the hidden states (recorded as their own field).
 _NOT_RECORDED = frozenset({"hidden_states", "past_key_values", "past_key_value"})
+
+HIDDEN_STATES_ATTRIBUTE = "hidden_states_tail"
+"""A press may declare, as this attribute (or property), how many of the last prompt positions of the hidden
+states its ``compress`` reads: an int >= 0, or None for all of them. It overrides :func:`hidden_states_needed`'s
+table, and a subclass of a listed press that reads more must declare it."""
+
+_UNDECLARED = object()
+
+
+def _snapkv_tail(press: Any) -> int:
+    # score() reads hidden_states[:, -window_size:] (and position_embeddings cut the same way) and checks
+    # hidden_states.shape[1] > window_size
+    return int(press.window_size) + 1
+
+
+# What the score (or compress) of these exact classes reads of the hidden states: the last n positions, or None
+# for all of them. A subclass is not matched: it may read more, and declares HIDDEN_STATES_ATTRIBUTE instead.
+_SCORER_TAILS: dict[type, Callable[[Any], int | None]] = {
+    SnapKVPress: _snapkv_tail,
+    PyramidKVPress: _snapkv_tail,  # SnapKV's score, its own per-layer counts
+    TOVAPress: lambda press: 1,  # the last query's attention (compute_window_attention with a window of 1)
+    KnormPress: lambda press: 0,  # keys only
+    KeyDiffPress: lambda press: 0,
+    StreamingLLMPress: lambda press: 0,  # positions only
+    QFilterPress: lambda press: 0,
+    RandomPress: lambda press: 0,
+    ExpectedAttentionPress: lambda press: None,  # query mean and covariance over every position after the sinks
+    FullPress: lambda press: 0,
+}
+# Presses whose compress reads the hidden states only through their wrapped ``press``'s score.
+_WRAPPERS: tuple[type, ...] = (AdaKVPress, LayerBudgetPress, LayerBudgetAdaPress, RippleKVPress)
+
+
+def hidden_states_needed(press: BasePress) -> int | None:
+    """How many of the last prompt positions of each layer's input hidden states ``press.compress`` reads.
+
+    A press's own declaration (:data:`HIDDEN_STATES_ATTRIBUTE`) comes first; then kvpress's scorers and RippleKV's
+    presses as read from their code (see the module docstring; wrappers answer for their wrapped scorer); any
+    other press reads them all.
+
+    Args:
+        press: a press.
+
+    Returns:
+        The number of trailing positions (0: none), or None for the whole prompt.
+    """
+    declared = getattr(press, HIDDEN_STATES_ATTRIBUTE, _UNDECLARED)
+    if declared is not _UNDECLARED:
+        if declared is not None and (isinstance(declared, bool) or not isinstance(declared, int) or declared < 0):
+            raise ValueError(
+                f"{type(press).__name__}.{HIDDEN_STATES_ATTRIBUTE} must be an int >= 0 or None, got {declared!r}"
+            )
+        return declared
+    kind = type(press)
+    if kind in _WRAPPERS:
+        return hidden_states_needed(press.press)
+    rule = _SCORER_TAILS.get(kind)
+    return None if rule is None else rule(press)
+
+
+def hidden_states_tail(presses: Iterable[BasePress]) -> int | None:
+    """The ``hidden_tail`` a record needs to derive every one of ``presses``: the most any needs, None for all.
+
+    Args:
+        presses: the presses that will be derived from the record.
+    """
+    most = 0
+    for press in presses:
+        need = hidden_states_needed(press)
+        if need is None:
+            return None
+        most = max(most, need)
+    return most
 
 
 class NotDerivableError(ValueError):
@@ -91,7 +207,7 @@ class LayerRecord:
     """What one layer's ``compress`` received during the recorded prefill (all tensors by reference)."""
 
     module: nn.Module
-    hidden_states: torch.Tensor  # (batch, tokens, hidden): the attention layer's input
+    hidden_states: torch.Tensor  # (batch, tail, hidden): the attention layer's input at the last `tail` positions
     keys: torch.Tensor  # (batch, kv_heads, tokens, head_dim): the full cache of the layer
     values: torch.Tensor
     attentions: torch.Tensor | None  # attention weights when the implementation returns them (eager), else None
@@ -108,6 +224,11 @@ class PrefillRecord:
     prompt_tokens: int
     seconds: float  # wall time of the recorded prefill
     invalid: str | None = field(default=None, compare=False)  # set when a press wrote into the recorded tensors
+
+    @property
+    def hidden_tokens(self) -> int:
+        """Trailing prompt positions whose hidden states the record holds (``prompt_tokens``: all of them)."""
+        return int(self.layers[0].hidden_states.shape[1])
 
     def full_cache(self) -> DynamicCache:
         """The uncompressed cache (references to the recorded tensors)."""
@@ -131,9 +252,39 @@ class PrefillRecord:
 
 @dataclass
 class RecordingPress(BasePress):
-    """A press that compresses nothing and records, per layer, what ``compress`` receives."""
+    """A press that compresses nothing and records, per layer, what ``compress`` receives.
 
+    Args:
+        hidden_tail: keep the last ``hidden_tail`` positions of the hidden states (and of the kwargs and attention
+            weights indexed by query position), copied out so the layer's whole hidden states are freed; None
+            keeps them all, by reference.
+    """
+
+    hidden_tail: int | None = None
     layers: dict[int, LayerRecord] = field(default_factory=dict)
+    _cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        tail = self.hidden_tail
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise ValueError(f"hidden_tail must be an int >= 0 or None, got {tail!r}")
+
+    def _cut(self, tensor: torch.Tensor, dim: int, tail: int) -> torch.Tensor:
+        """The last ``tail`` entries of ``tensor`` along ``dim``, copied once per tensor (shared by the layers)."""
+        held = self._cuts.get(id(tensor))
+        if held is None or held[0] is not tensor:
+            held = (tensor, tensor.narrow(dim, tensor.shape[dim] - tail, tail).clone())
+            self._cuts[id(tensor)] = held
+        return held[1]
+
+    def _cut_kwarg(self, key: str, value: Any, tokens: int, tail: int) -> Any:
+        if key == "position_embeddings" and isinstance(value, tuple):
+            return tuple(self._cut(t, 1, tail) if t.dim() >= 2 and t.shape[1] == tokens else t for t in value)
+        if key in ("position_ids", "cache_position") and isinstance(value, torch.Tensor) and value.shape[-1] == tokens:
+            return self._cut(value, value.dim() - 1, tail)
+        if key == "attention_mask" and isinstance(value, torch.Tensor) and value.dim() == 4:
+            return self._cut(value, 2, tail) if value.shape[2] == tokens else value
+        return value
 
     def compress(
         self,
@@ -145,19 +296,35 @@ class RecordingPress(BasePress):
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         recorded = {key: value for key, value in kwargs.items() if key not in _NOT_RECORDED}
+        tokens = hidden_states.shape[1]
+        if self.hidden_tail is not None and self.hidden_tail < tokens:
+            tail = self.hidden_tail
+            hidden_states = hidden_states[:, tokens - tail :].clone()
+            if attentions is not None:
+                attentions = attentions[..., tokens - tail :, :].clone()
+            recorded = {key: self._cut_kwarg(key, value, tokens, tail) for key, value in recorded.items()}
         self.layers[module.layer_idx] = LayerRecord(module, hidden_states, keys, values, attentions, recorded)
         return keys, values
 
 
-def record_prefill(model: PreTrainedModel, input_ids: torch.Tensor) -> PrefillRecord:
-    """Prefill ``input_ids`` (shape ``(1, n)``) once, recording every layer's compression inputs."""
-    press = RecordingPress()
+def record_prefill(model: PreTrainedModel, input_ids: torch.Tensor, hidden_tail: int | None = None) -> PrefillRecord:
+    """Prefill ``input_ids`` (shape ``(1, n)``) once, recording every layer's compression inputs.
+
+    Args:
+        model: the model.
+        input_ids: the prompt (or its context part), one unpadded sequence.
+        hidden_tail: hidden states kept per layer, the last ``hidden_tail`` positions (None: all of them). Pass
+            :func:`hidden_states_tail` of every press to be derived: the record then holds what they read and no
+            more (see the module docstring).
+    """
+    press = RecordingPress(hidden_tail=hidden_tail)
     state = prefill(model, input_ids, press)
     n_layers = model.config.get_text_config().num_hidden_layers
     missing = [i for i in range(n_layers) if i not in press.layers]
     if missing:
         raise ValueError(f"the prefill recorded no attention output for layer(s) {missing}: unsupported model")
     layers = tuple(press.layers[i] for i in range(n_layers))
+    press._cuts.clear()
     return PrefillRecord(model, layers, state.next_logits, state.prompt_tokens, state.seconds)
 
 
@@ -202,6 +369,16 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache,
             "its cache cannot be derived from a prefill record"
         )
     check_prompt_length(press, record.prompt_tokens)
+    held = record.hidden_tokens
+    if held < record.prompt_tokens:
+        need = hidden_states_needed(press)
+        if need is None or need > held:
+            reads = "every prompt position" if need is None else f"the last {need} prompt positions"
+            raise NotDerivableError(
+                f"{type(press).__name__} reads {reads} of the hidden states, but the record holds the last {held} of "
+                f"{record.prompt_tokens}: record with record_prefill(..., hidden_tail=hidden_states_tail(presses)) "
+                "over every press to derive (None keeps them all)"
+            )
     press.post_init_from_model(record.model)
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     states: list[ModuleState] = []
@@ -258,3 +435,178 @@ def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, f
     seconds = time.perf_counter() - start
     prefill_state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds, states)
     return prefill_state, seconds
+
+
+class OverlayLayer(DynamicLayer):
+    """A cache layer over another layer's tensors, held by reference, with the tokens appended since kept apart.
+
+    ``update`` appends the new tokens to the layer's own (short) tensors and returns the whole layer, base then
+    appended, as a new tensor it does not keep. A pass therefore allocates one layer's concatenation at a time and
+    frees it after that layer's attention, where a ``DynamicLayer`` fork (``torch.cat`` into its own storage)
+    keeps a copy of every layer, one more full cache for a pass over the full cache, for as long as the fork
+    lives. Attention receives the same tensors either way, under any attention implementation (each step also
+    copies the layer once, as ``DynamicLayer.update`` does).
+
+    Args:
+        keys, values: the base layer's ``(batch, kv_heads, n, head_dim)`` tensors (never written).
+        appended: tokens appended after them, as ``(keys, values)`` (default: none).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, appended: KVPair | None = None) -> None:
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.base_keys, self.base_values = keys, values
+        if appended is None:
+            empty = (*keys.shape[:2], 0)
+            appended = (keys.new_empty((*empty, keys.shape[3])), values.new_empty((*empty, values.shape[3])))
+        self.keys, self.values = appended
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        return self.whole()
+
+    def whole(self) -> KVPair:
+        """The layer's keys and values, base then appended (a new tensor when tokens were appended)."""
+        if not self.keys.shape[-2]:
+            return self.base_keys, self.base_values
+        return torch.cat([self.base_keys, self.keys], dim=-2), torch.cat([self.base_values, self.values], dim=-2)
+
+    def get_seq_length(self) -> int:
+        return int(self.base_keys.shape[-2] + self.keys.shape[-2])
+
+    def fork(self) -> OverlayLayer:
+        """A new layer over the same base and appended tensors (by reference)."""
+        return OverlayLayer(self.base_keys, self.base_values, (self.keys, self.values))
+
+
+def lean_fork(cache: DynamicCache) -> DynamicCache:
+    """A fork of ``cache`` that holds its tensors by reference and what a pass appends apart (no copy).
+
+    ``DynamicLayer`` and :class:`OverlayLayer` layers become :class:`OverlayLayer`; any other layer (a sliding
+    window's, which crops itself) is forked as :func:`~ripplekv.models.cache.fork_cache` forks it, the exact
+    copying path. Running over the fork never changes ``cache``.
+
+    Args:
+        cache: the cache to fork.
+    """
+    layers: list[DynamicLayer] = []
+    for layer in cache.layers:
+        if type(layer) is DynamicLayer:
+            layers.append(OverlayLayer(layer.keys, layer.values))
+        elif isinstance(layer, OverlayLayer):
+            layers.append(layer.fork())
+        else:
+            layers.append(fork_cache(cache_from_layers([layer])).layers[0])
+    return cache_from_layers(layers)
+
+
+def _positions(state: Prefill, count: int) -> torch.Tensor:
+    start = state.prompt_tokens
+    return torch.arange(start, start + count, device=state.next_logits.device)
+
+
+@torch.no_grad()
+def lean_extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
+    """:func:`~ripplekv.inference.generate.extend` over a :func:`lean_fork`: ``state``'s cache is not copied.
+
+    The result's cache holds ``state``'s tensors by reference and the new tokens apart (:class:`OverlayLayer`);
+    :func:`lean_greedy_decode`, :func:`lean_teacher_forced_logprobs` and
+    :func:`~ripplekv.inference.batched.decode_row` take it. Same logits as ``extend``.
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt; left unchanged.
+        input_ids: the new tokens, shape ``(1, n)``.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"expected new tokens of shape (1, n), n >= 1, got {tuple(input_ids.shape)}")
+    positions = _positions(state, input_ids.shape[1])
+    cache = lean_fork(state.cache)
+    start = time.perf_counter()
+    with applied_state(model, state.attention_state):
+        logits = model(
+            input_ids.to(positions.device),
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+            logits_to_keep=1,
+        ).logits
+    seconds = state.seconds + time.perf_counter() - start
+    return Prefill(cache, logits[0, -1], int(positions[-1]) + 1, seconds, state.attention_state)
+
+
+@torch.no_grad()
+def lean_teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequence[int]) -> torch.Tensor:
+    """:func:`~ripplekv.inference.fidelity.teacher_forced_logprobs` over a :func:`lean_fork` (same result).
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt; left unchanged.
+        tokens: the forced tokens (at least one).
+
+    Returns:
+        ``(len(tokens), vocab)`` float64 log-softmax, on the CPU.
+    """
+    vocab = state.next_logits.shape[-1]
+    ids = [int(t) for t in tokens]
+    if not ids or any(not 0 <= t < vocab for t in ids):
+        raise ValueError(f"tokens must be a non-empty sequence of ids in [0, {vocab})")
+    rows = [state.next_logits.reshape(1, vocab).to("cpu", torch.float64)]
+    if len(ids) > 1:
+        positions = _positions(state, len(ids) - 1)
+        with applied_state(model, state.attention_state):
+            logits = model(
+                torch.tensor([ids[:-1]], device=positions.device),
+                past_key_values=lean_fork(state.cache),
+                use_cache=True,
+                cache_position=positions,
+                position_ids=positions.unsqueeze(0),
+            ).logits
+        rows.append(logits[0].to("cpu", torch.float64))
+        del logits
+    return torch.log_softmax(torch.cat(rows, dim=0), dim=-1)
+
+
+@torch.no_grad()
+def lean_greedy_decode(
+    model: PreTrainedModel, state: Prefill, max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0
+) -> list[int]:
+    """:func:`~ripplekv.inference.generate.greedy_decode` over a :func:`lean_fork` (same tokens).
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt; left unchanged.
+        max_new_tokens: most tokens to generate (>= 1).
+        stop_ids: token ids that end the answer (included in it).
+        min_new_tokens: for the first ``min_new_tokens`` tokens the stop ids cannot be chosen.
+    """
+    for name, value, minimum in (("max_new_tokens", max_new_tokens, 1), ("min_new_tokens", min_new_tokens, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    device = state.next_logits.device
+    vocab = state.next_logits.shape[-1]
+    banned = torch.tensor(sorted(i for i in stop_ids if 0 <= i < vocab), dtype=torch.long, device=device)
+    cache = lean_fork(state.cache)
+    tokens: list[int] = []
+    logits = state.next_logits
+    position = state.prompt_tokens
+    with applied_state(model, state.attention_state):
+        while True:
+            if len(tokens) < min_new_tokens and banned.numel():
+                logits = logits.index_fill(-1, banned, float("-inf"))
+            tokens.append(int(logits.argmax()))
+            if tokens[-1] in stop_ids or len(tokens) == max_new_tokens:
+                return tokens
+            pos = torch.tensor([position], device=device)
+            logits = model(
+                torch.tensor([[tokens[-1]]], device=device),
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=pos,
+                position_ids=pos.unsqueeze(0),
+            ).logits[0, -1]
+            position += 1
