@@ -157,3 +157,27 @@ def test_refusals() -> None:
     model = tiny_model("llama", layers=2)
     with pytest.raises(ValueError, match="selection window"):
         prefill(model, random_ids(WINDOW), PerPromptBudgetPress(SnapKVPress(window_size=WINDOW), schedule))
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+@pytest.mark.parametrize("scorer", ["snapkv", "knorm"])
+def test_a_prefill_record_derives_the_direct_prefills_caches(rule: PerPromptRule, scorer: str) -> None:
+    from ripplekv.inference.shared import hidden_states_tail, record_prefill, residual_statistics_of
+
+    model = tiny_model("llama", layers=4, seed=1)
+    ids = random_ids(96, seed=2)
+    inner = SnapKVPress(window_size=WINDOW) if scorer == "snapkv" else KnormPress()
+    press = PerPromptBudgetPress(inner, PerPromptSchedule(rule, 0.3, window_size=WINDOW))
+    direct = _caches(model, ids, press)
+    record = record_prefill(model, ids, hidden_states_tail([press]), residual_statistics_of([press]))
+    assert record.hidden_tokens == WINDOW + 1  # the record holds the window's tail only
+    from ripplekv.inference.shared import derive_cache
+
+    derived, states = derive_cache(record, press)
+    assert states == ()
+    for (kd, vd), layer in zip(direct, derived.layers):
+        assert torch.equal(kd, layer.keys) and torch.equal(vd, layer.values)
+    if rule.name == "squeezeattention":
+        bare = record_prefill(model, ids, hidden_states_tail([press]))
+        with pytest.raises(ValueError, match="no squeezeattention statistic"):
+            derive_cache(bare, press)

@@ -67,6 +67,7 @@ from ripplekv.inference.shared import (
     lean_greedy_decode,
     lean_teacher_forced_logprobs,
     record_prefill,
+    residual_statistics_of,
 )
 from ripplekv.models.cache import cache_bytes
 
@@ -134,6 +135,7 @@ class SampleRunner:
             raise ValueError("presses must hold the full cache's press, ('full', 1.0)")
         self.on_group = on_group
         self.hidden_tail = hidden_states_tail(presses.values())  # what the presses read of the hidden states
+        self.residual_statistics = residual_statistics_of(presses.values())  # per-prompt rules of the residual
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -177,7 +179,8 @@ class SampleRunner:
         prefix = sample.input_ids if prefix is None else prefix
         if not prefix:
             raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
-        record = record_prefill(self.model, torch.tensor([list(prefix)], dtype=torch.long), self.hidden_tail)
+        ids = torch.tensor([list(prefix)], dtype=torch.long)
+        record = record_prefill(self.model, ids, self.hidden_tail, self.residual_statistics)
         prefill_seconds = record.seconds
         started = time.perf_counter()
         full = self._derive(sample, "full", FULL_BUDGET, record)

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -88,6 +88,7 @@ from ripplekv.inference.generate import Prefill, prefill
 from ripplekv.inference.module_state import ModuleState, applied_state, capture_state
 from ripplekv.models.cache import KVPair, cache_from_layers, cache_from_tensors, fork_cache
 from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.registry import check_prompt_length
@@ -111,6 +112,7 @@ __all__ = [
     "lean_greedy_decode",
     "lean_teacher_forced_logprobs",
     "record_prefill",
+    "residual_statistics_of",
 ]
 
 # Forward kwargs of the attention layer that are not recorded: the live cache (a derived cache is being built
@@ -146,7 +148,7 @@ _SCORER_TAILS: dict[type, Callable[[Any], int | None]] = {
     FullPress: lambda press: 0,
 }
 # Presses whose compress reads the hidden states only through their wrapped ``press``'s score.
-_WRAPPERS: tuple[type, ...] = (AdaKVPress, LayerBudgetPress, LayerBudgetAdaPress, RippleKVPress)
+_WRAPPERS: tuple[type, ...] = (AdaKVPress, GlobalLayersPress, LayerBudgetPress, LayerBudgetAdaPress, RippleKVPress)
 
 
 def hidden_states_needed(press: BasePress) -> int | None:
@@ -172,6 +174,9 @@ def hidden_states_needed(press: BasePress) -> int | None:
     kind = type(press)
     if kind in _WRAPPERS:
         return hidden_states_needed(press.press)
+    if getattr(press, "derives_all_layers", False):  # a per-prompt press: its scorer's, and its window's statistics
+        inner = hidden_states_needed(press.press)
+        return None if inner is None else max(inner, int(press.window) + 1)
     rule = _SCORER_TAILS.get(kind)
     return None if rule is None else rule(press)
 
@@ -212,6 +217,7 @@ class LayerRecord:
     values: torch.Tensor
     attentions: torch.Tensor | None  # attention weights when the implementation returns them (eager), else None
     kwargs: Mapping[str, Any]  # forward kwargs (position_embeddings, attention_mask, cache_position, ...)
+    statistics: Mapping[str, Any] = field(default_factory=dict)  # per-layer statistics computed while prefilling
 
 
 @dataclass
@@ -307,7 +313,12 @@ class RecordingPress(BasePress):
         return keys, values
 
 
-def record_prefill(model: PreTrainedModel, input_ids: torch.Tensor, hidden_tail: int | None = None) -> PrefillRecord:
+def record_prefill(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    hidden_tail: int | None = None,
+    residual_statistics: Mapping[str, Callable[[torch.Tensor, torch.Tensor], Any]] | None = None,
+) -> PrefillRecord:
     """Prefill ``input_ids`` (shape ``(1, n)``) once, recording every layer's compression inputs.
 
     Args:
@@ -316,16 +327,58 @@ def record_prefill(model: PreTrainedModel, input_ids: torch.Tensor, hidden_tail:
         hidden_tail: hidden states kept per layer, the last ``hidden_tail`` positions (None: all of them). Pass
             :func:`hidden_states_tail` of every press to be derived: the record then holds what they read and no
             more (see the module docstring).
+        residual_statistics: per-layer statistics of the residual stream, computed while the prefill runs and kept
+            in each :class:`LayerRecord`'s ``statistics`` under their name: ``fn(residual_in, attention_output)``
+            of the decoder layer's input and its attention output, both ``(batch, tokens, hidden)`` (what a
+            per-prompt press such as SqueezeAttention reads and a record of the attention's inputs cannot give).
+            Each layer's tensors are released as soon as its statistics are computed.
     """
     press = RecordingPress(hidden_tail=hidden_tail)
-    state = prefill(model, input_ids, press)
+    statistics: dict[int, dict[str, Any]] = {}
+    handles = []
+    if residual_statistics:
+        residual: dict[int, torch.Tensor] = {}
+        decoder = model.model.language_model if hasattr(model.model, "language_model") else model.model
+        for index, layer in enumerate(decoder.layers):
+
+            def keep(module: nn.Module, args: tuple, kwargs: dict, index: int = index) -> None:
+                residual[index] = args[0] if args else kwargs["hidden_states"]
+
+            def compute(module: nn.Module, args: tuple, output: Any, index: int = index) -> None:
+                attention = output[0] if isinstance(output, tuple) else output
+                inputs = residual.pop(index)
+                statistics[index] = {name: fn(inputs, attention) for name, fn in residual_statistics.items()}
+
+            handles.append(layer.register_forward_pre_hook(keep, with_kwargs=True))
+            handles.append(layer.self_attn.register_forward_hook(compute))
+    try:
+        state = prefill(model, input_ids, press)
+    finally:
+        for handle in handles:
+            handle.remove()
     n_layers = model.config.get_text_config().num_hidden_layers
     missing = [i for i in range(n_layers) if i not in press.layers]
     if missing:
         raise ValueError(f"the prefill recorded no attention output for layer(s) {missing}: unsupported model")
-    layers = tuple(press.layers[i] for i in range(n_layers))
+    layers = tuple(
+        replace(press.layers[i], statistics=statistics[i]) if i in statistics else press.layers[i]
+        for i in range(n_layers)
+    )
     press._cuts.clear()
     return PrefillRecord(model, layers, state.next_logits, state.prompt_tokens, state.seconds)
+
+
+def residual_statistics_of(presses: Iterable[BasePress]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], Any]]:
+    """The residual-stream statistics a record needs to derive every one of ``presses`` (see :func:`record_prefill`).
+
+    Args:
+        presses: the presses that will be derived from the record.
+    """
+    found: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {}
+    for press in presses:
+        if getattr(press, "derives_all_layers", False) and press.needs_residual:
+            found[press.schedule.rule.name] = press.recorded_statistic
+    return found
 
 
 def is_derivable(press: BasePress) -> bool:
@@ -336,6 +389,8 @@ def is_derivable(press: BasePress) -> bool:
     """
     if not getattr(press, "derivable_from_record", True):
         return False
+    if getattr(press, "derives_all_layers", False):  # a per-prompt press derives every layer at once (``derive``)
+        return True
     cls = type(press)
     return cls.forward_hook is BasePress.forward_hook and cls.__call__ is BasePress.__call__
 
@@ -380,7 +435,14 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache,
                 "over every press to derive (None keeps them all)"
             )
     press.post_init_from_model(record.model)
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if getattr(press, "derives_all_layers", False):  # statistics of every layer first, then every layer's budget
+        versions = [_tensor_versions(layer) for layer in record.layers]
+        pairs = press.derive(record.layers, record.model.config)
+        if [_tensor_versions(layer) for layer in record.layers] != versions:
+            record.invalid = f"{type(press).__name__}.derive wrote into the recorded tensors in place"
+            raise NotDerivableError(record.invalid)
+        return cache_from_tensors(pairs), ()
+    pairs = []
     states: list[ModuleState] = []
     for index, layer in enumerate(record.layers):
         versions = _tensor_versions(layer)
