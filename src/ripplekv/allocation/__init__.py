@@ -2,7 +2,8 @@
 
 See :mod:`ripplekv.allocation.budgets` for the RippleKV rule and its guarantees, and
 :mod:`ripplekv.allocation.schedules` for the per-layer budget schedules (uniform/SnapKV, pyramid/PyramidKV,
-profile/RippleKV) that :class:`ripplekv.presses.LayerBudgetPress` applies.
+profile/RippleKV) that :class:`ripplekv.presses.LayerBudgetPress` applies. A budget is ``budget=`` (a kept
+fraction in ``(0, 1]``) or ``tokens=`` (an average token count per layer), never both (:class:`BudgetSpec`).
 """
 
 from ripplekv.allocation.budgets import (
@@ -11,19 +12,24 @@ from ripplekv.allocation.budgets import (
     DEFAULT_RATIO,
     Allocation,
     AllocationConfig,
+    BudgetSpec,
+    TokenBudgetError,
     allocate,
     allocate_budgets,
+    budget_value,
+    check_budget,
+    kept_ratio,
     layer_weights,
     normalize_scores,
     resolve_average_budget,
     scale_to_total,
+    validate_scores,
 )
 from ripplekv.allocation.schedules import (
     BudgetSchedule,
     ProfileSchedule,
     PyramidSchedule,
     UniformSchedule,
-    check_budget,
 )
 
 __all__ = [
@@ -33,14 +39,19 @@ __all__ = [
     "Allocation",
     "AllocationConfig",
     "BudgetSchedule",
+    "BudgetSpec",
     "ProfileSchedule",
     "PyramidSchedule",
+    "TokenBudgetError",
     "UniformSchedule",
     "allocate",
     "allocate_budgets",
+    "budget_value",
     "check_budget",
+    "kept_ratio",
     "layer_weights",
     "normalize_scores",
     "resolve_average_budget",
     "scale_to_total",
+    "validate_scores",
 ]
