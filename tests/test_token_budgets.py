@@ -223,3 +223,48 @@ def test_eval_rows_store_token_budgets_as_whole_numbers(
     assert "budget 0.5" in text and "budget 40" in text
     assert main(["report", str(out), "--format", "csv"]) == 0
     assert "snapkv,40," in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def profile_path(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ripplekv.models import load_model
+    from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
+
+    model, tokenizer = load_model(str(model_dir), device="cpu")
+    text = essays()[0][1]
+    calibration = CalibrationSet(
+        samples=tuple(
+            CalibrationSample(context=text[i * 700 : i * 700 + 600], continuation=" and so on") for i in (0, 1)
+        ),
+        description="tiny",
+    )
+    profile = profile_model(model, tokenizer, calibration, ProfilingConfig(alpha=0.5, repeats=1))
+    return profile.save(tmp_path_factory.mktemp("profile") / "tiny.profile.json")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_analyze_and_tune_at_token_budgets(
+    model_dir: Path, profile_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = ["--model", str(model_dir), "--suite", "needle", "--needle-lengths", "160", "--needle-depths", "0.25,0.75"]
+    suite += ["--window-size", str(WINDOW), "--max-new-tokens", "3", "--tokens", "40", "--no-progress"]
+    out = tmp_path / "analysis"
+    analyze = ["analyze", *suite, "--profile", str(profile_path), "--top-k", "2", "--no-plots"]
+    assert main([*analyze, "--format", "json", "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["budgets"]) == {"40"}  # --tokens alone: no default fractions
+    rows = [json.loads(line) for line in (out / "damage.jsonl").read_text().splitlines()]
+    assert rows and all(r["budget"] == 40 and type(r["budget"]) is int for r in rows)
+    assert (out / "damage_profile_b40.json").is_file()
+    out = tmp_path / "tune"
+    assert (
+        main(
+            ["tune", *suite, "--budgets", "0.5", "--ratios", "2", "--gammas", "2"]
+            + ["--profile", f"p={profile_path}", "--format", "json", "--out", str(out)]
+        )
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
+    assert sorted(entry["budget"] for entry in summary["budgets"]) == [0.5, 40]
+    rows = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
+    assert {type(r["budget"]) for r in rows if r["budget"] == 40} == {int}
