@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpress import AdaKVPress, SnapKVPress
 
-from ripplekv.allocation import ProfileSchedule, UniformSchedule, resolve_average_budget
+from ripplekv.allocation import ProfileSchedule, TokenBudgetError, UniformSchedule, resolve_average_budget
 from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill, teacher_forced_logprobs
 from ripplekv.inference.shared import derived_prefill, is_derivable, record_prefill
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
@@ -61,6 +61,22 @@ def test_uniform_schedule_masks_what_kvpress_adakv_masks(arch: str, budget: floa
     assert _masked(ours) == _masked(theirs) and len(_masked(ours)) == LAYERS
     assert kept_tokens(ours) == kept_tokens(theirs) == [resolve_average_budget(budget, 100)] * LAYERS
     assert greedy_decode(model, ours, 6, set()) == greedy_decode(model, theirs, 6, set())
+
+
+@pytest.mark.parametrize("tokens", [1, 17, 40])
+def test_token_budget_masks_what_kvpress_adakv_masks_at_its_ratio(tokens: int) -> None:
+    """``UniformSchedule(tokens=N)``: kvpress's AdaKV at ``compression_ratio_for(prompt)`` keeps the same entries."""
+    model = enable_varlen_attention(tiny_model("llama", layers=LAYERS))
+    ids = random_ids(100, seed=4)
+    press = _ada(UniformSchedule(tokens=tokens), 0.2, evict_balanced=False, min_tokens=1)
+    ratio = press.compression_ratio_for(100)
+    assert ratio == pytest.approx(1 - tokens / 100)
+    with pytest.raises(TokenBudgetError, match="compression_ratio_for"):
+        _ = press.compression_ratio
+    theirs = prefill(model, ids, AdaKVPress(SnapKVPress(ratio, window_size=WINDOW), alpha_safeguard=0.2))
+    ours = prefill(model, ids, press)
+    assert _masked(ours) == _masked(theirs)
+    assert kept_tokens(ours) == kept_tokens(theirs) == [tokens] * LAYERS
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

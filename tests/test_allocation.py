@@ -9,14 +9,21 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvpress.utils import compute_n_kept
 
 from ripplekv.allocation import (
+    DEFAULT_CONFIG,
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
     Allocation,
     AllocationConfig,
+    BudgetSpec,
+    TokenBudgetError,
     allocate,
     allocate_budgets,
+    budget_value,
+    check_budget,
+    kept_ratio,
     layer_weights,
     normalize_scores,
     resolve_average_budget,
@@ -33,14 +40,25 @@ score_lists = st.one_of(
         lambda pool: st.lists(st.sampled_from(pool), min_size=1, max_size=64)
     ),
 )
+# A budget as keyword arguments: a kept fraction (budget=) or an average token count per layer (tokens=).
 budgets = st.one_of(
-    st.floats(min_value=0.0, max_value=1.0, exclude_min=True),  # a kept fraction of the prompt
-    st.integers(min_value=2, max_value=20_000),  # an average token count
-    st.integers(min_value=2, max_value=20_000).map(float),  # ... given as an integer-valued float
+    st.floats(min_value=0.0, max_value=1.0, exclude_min=True).map(lambda b: {"budget": b}),
+    st.integers(min_value=1, max_value=20_000).map(lambda t: {"tokens": t}),
+    st.integers(min_value=1, max_value=20_000).map(lambda t: {"tokens": np.int64(t)}),  # a NumPy integer
 )
 prompt_lengths = st.integers(min_value=1, max_value=10_000)
 configs = st.builds(AllocationConfig, ratio=st.floats(1.0, 20.0), gamma=st.floats(1.0, 10.0))
 min_token_counts = st.integers(min_value=0, max_value=128)
+
+
+def alloc(scores, budget, prompt_tokens, config=DEFAULT_CONFIG, min_tokens=1):
+    """``allocate_budgets`` with a drawn budget (``{"budget": f}`` or ``{"tokens": n}``)."""
+    return allocate_budgets(scores, prompt_tokens=prompt_tokens, config=config, min_tokens=min_tokens, **budget)
+
+
+def average_of(budget, prompt_tokens):
+    """``resolve_average_budget`` of a drawn budget."""
+    return resolve_average_budget(prompt_tokens=prompt_tokens, **budget)
 
 
 def effective_floor(n_layers: int, average: int, prompt_tokens: int, min_tokens: int) -> int:
@@ -68,8 +86,8 @@ def reference_shares(weights: np.ndarray, total: int, low: int, high: int) -> np
 @PROPERTY
 @given(score_lists, budgets, prompt_lengths, configs, min_token_counts)
 def test_sum_and_bounds(scores, budget, prompt_tokens, config, min_tokens):
-    result = allocate_budgets(scores, budget, prompt_tokens, config, min_tokens)
-    average = resolve_average_budget(budget, prompt_tokens)
+    result = alloc(scores, budget, prompt_tokens, config, min_tokens)
+    average = average_of(budget, prompt_tokens)
     floor = effective_floor(len(scores), average, prompt_tokens, min_tokens)
     assert len(result) == len(scores)
     assert all(isinstance(b, int) for b in result)
@@ -80,7 +98,7 @@ def test_sum_and_bounds(scores, budget, prompt_tokens, config, min_tokens):
 @PROPERTY
 @given(score_lists, budgets, prompt_lengths, configs, min_token_counts)
 def test_monotone_in_score(scores, budget, prompt_tokens, config, min_tokens):
-    result = allocate_budgets(scores, budget, prompt_tokens, config, min_tokens)
+    result = alloc(scores, budget, prompt_tokens, config, min_tokens)
     for i, (s_i, b_i) in enumerate(zip(scores, result, strict=True)):
         for s_j, b_j in zip(scores[:i], result[:i], strict=True):
             if s_i > s_j:
@@ -95,8 +113,8 @@ def test_monotone_in_score(scores, budget, prompt_tokens, config, min_tokens):
 @given(score_lists, budgets, prompt_lengths, configs, min_token_counts)
 def test_proportional_to_weights_with_water_filling(scores, budget, prompt_tokens, config, min_tokens):
     """Each budget is its real share clip(t * w_l, floor, cap), rounded down or up."""
-    result = np.array(allocate_budgets(scores, budget, prompt_tokens, config, min_tokens))
-    average = resolve_average_budget(budget, prompt_tokens)
+    result = np.array(alloc(scores, budget, prompt_tokens, config, min_tokens))
+    average = average_of(budget, prompt_tokens)
     floor = effective_floor(len(scores), average, prompt_tokens, min_tokens)
     shares = reference_shares(layer_weights(scores, config), len(scores) * average, floor, prompt_tokens)
     assert np.all(np.abs(result - shares) < 1 + 1e-6 * prompt_tokens), (result, shares)
@@ -120,8 +138,8 @@ def test_uniform_cases(n_layers, value, scores, budget, prompt_tokens, config, m
         config = AllocationConfig(ratio=1.0, gamma=config.gamma)
     else:
         config = AllocationConfig(ratio=config.ratio, gamma=1.0)
-    average = resolve_average_budget(budget, prompt_tokens)
-    assert allocate_budgets(scores, budget, prompt_tokens, config, min_tokens) == [average] * len(scores)
+    average = average_of(budget, prompt_tokens)
+    assert alloc(scores, budget, prompt_tokens, config, min_tokens) == [average] * len(scores)
 
 
 @PROPERTY
@@ -135,8 +153,8 @@ def test_uniform_cases(n_layers, value, scores, budget, prompt_tokens, config, m
 )
 def test_gamma_bounds_the_disparity(scores, budget, prompt_tokens, ratio, gamma, min_tokens):
     config = AllocationConfig(ratio=ratio, gamma=gamma)
-    result = allocate_budgets(scores, budget, prompt_tokens, config, min_tokens)
-    average = resolve_average_budget(budget, prompt_tokens)
+    result = alloc(scores, budget, prompt_tokens, config, min_tokens)
+    average = average_of(budget, prompt_tokens)
     floor = effective_floor(len(scores), average, prompt_tokens, min_tokens)
     if all(floor < b < prompt_tokens for b in result) and min(result) > 0:
         disparity = (max(result) - 1) / (min(result) + 1)
@@ -165,10 +183,10 @@ def test_weights_follow_the_rule(scores, _unused, ratio, gamma):
 @PROPERTY
 @given(score_lists, budgets, prompt_lengths, configs, min_token_counts)
 def test_deterministic_and_consistent(scores, budget, prompt_tokens, config, min_tokens):
-    first = allocate_budgets(scores, budget, prompt_tokens, config, min_tokens)
-    assert allocate_budgets(list(scores), budget, prompt_tokens, config, min_tokens) == first
-    assert allocate_budgets(np.array(scores), budget, prompt_tokens, config, min_tokens) == first
-    full = allocate(tuple(scores), budget, prompt_tokens, config, min_tokens)
+    first = alloc(scores, budget, prompt_tokens, config, min_tokens)
+    assert alloc(list(scores), budget, prompt_tokens, config, min_tokens) == first
+    assert alloc(np.array(scores), budget, prompt_tokens, config, min_tokens) == first
+    full = allocate(tuple(scores), prompt_tokens=prompt_tokens, config=config, min_tokens=min_tokens, **budget)
     assert list(full.budgets) == first
     assert full.total == sum(first) == len(scores) * full.average_budget
     assert full.weights == tuple(layer_weights(scores, config).tolist())
@@ -187,7 +205,7 @@ def test_deterministic_and_consistent(scores, budget, prompt_tokens, config, min
 def test_invariant_to_affine_rescaling(scores, scale, shift, budget, prompt_tokens, config, min_tokens):
     """Min-max normalisation makes the allocation independent of the scores' unit and offset."""
     moved = [scale * s + shift for s in scores]  # exact in float64 for these values
-    assert allocate_budgets(moved, budget, prompt_tokens, config, min_tokens) == allocate_budgets(
+    assert alloc(moved, budget, prompt_tokens, config, min_tokens) == alloc(
         scores, budget, prompt_tokens, config, min_tokens
     )
 
@@ -195,13 +213,18 @@ def test_invariant_to_affine_rescaling(scores, scale, shift, budget, prompt_toke
 @PROPERTY
 @given(budgets, prompt_lengths)
 def test_resolve_average_budget_range(budget, prompt_tokens):
-    average = resolve_average_budget(budget, prompt_tokens)
+    average = average_of(budget, prompt_tokens)
     assert isinstance(average, int)
     assert 1 <= average <= prompt_tokens
-    if budget <= 1:
-        assert average == max(1, int(prompt_tokens * (1 - (1 - budget))))  # kvpress's compute_n_kept
+    if "budget" in budget:
+        fraction = budget["budget"]
+        assert average == max(1, int(prompt_tokens * (1 - (1 - fraction))))  # kvpress's compute_n_kept
     else:
-        assert average == min(int(budget), prompt_tokens)
+        assert average == min(int(budget["tokens"]), prompt_tokens)
+    # compression_ratio_for is defined for both kinds, in [0, 1), and kvpress keeps exactly the average with it
+    ratio = BudgetSpec(**budget).compression_ratio_for(prompt_tokens)
+    assert 0 <= ratio < 1 and not math.isnan(ratio)
+    assert compute_n_kept(prompt_tokens, ratio) == average
 
 
 # -------------------------------------------------------------------------------------------- plain cases
@@ -227,15 +250,19 @@ def test_cap_redistributes_the_excess():
 def test_floor_redistributes_the_deficit():
     # weights [1, 10]; B = 20; shares [1.8, 18.2]; the floor of 5 lifts layer 0, layer 1 gets the rest.
     config = AllocationConfig(ratio=10.0, gamma=10.0)
-    assert allocate_budgets([0.0, 1.0], 10, 1000, config, min_tokens=5) == [5, 15]
-    assert allocate_budgets([0.0, 1.0], 10, 1000, config, min_tokens=0) == [2, 18]
+    assert allocate_budgets([0.0, 1.0], None, 1000, config, min_tokens=5, tokens=10) == [5, 15]
+    assert allocate_budgets([0.0, 1.0], prompt_tokens=1000, config=config, min_tokens=0, tokens=10) == [2, 18]
     # A floor above the average (50 > 10) cannot hold for every layer: it is lowered to B // L = 10.
-    assert allocate_budgets([0.0, 1.0], 10, 1000, config, min_tokens=50) == [10, 10]
+    assert allocate_budgets([0.0, 1.0], prompt_tokens=1000, config=config, min_tokens=50, tokens=10) == [10, 10]
 
 
 def test_rounding_tie_breaks():
     # weights [1, 1, 2], B = 6: shares [1.5, 1.5, 3]; equal weights -> lower layer index gets the token.
-    assert allocate_budgets([0.0, 0.0, 1.0], 2, 100, AllocationConfig(ratio=2.0, gamma=10.0)) == [2, 1, 3]
+    assert allocate_budgets([0.0, 0.0, 1.0], prompt_tokens=100, config=AllocationConfig(2.0, 10.0), tokens=2) == [
+        2,
+        1,
+        3,
+    ]
     # weights [1, 3], B = 2: shares [0.5, 1.5]; equal remainders -> the larger weight gets the token.
     config = AllocationConfig(ratio=3.0, gamma=10.0)
     assert allocate_budgets([0.0, 1.0], 0.1, 10, config, min_tokens=0) == [0, 2]
@@ -267,19 +294,149 @@ def test_resolve_average_budget_examples():
     assert resolve_average_budget(0.001, 10) == 1  # never below one token
     assert resolve_average_budget(1, 37) == 37  # 1 is the fraction 100%
     assert resolve_average_budget(1.0, 37) == 37
-    assert resolve_average_budget(2, 1000) == 2
-    assert resolve_average_budget(512, 1000) == 512
-    assert resolve_average_budget(512.0, 1000) == 512
-    assert resolve_average_budget(np.float64(512.0), 100) == 100  # capped at the prompt
-    assert resolve_average_budget(np.int64(512), 100) == 100
+    assert resolve_average_budget(prompt_tokens=37, tokens=1) == 1  # one token per layer: never read as 100%
+    assert resolve_average_budget(prompt_tokens=1000, tokens=2) == 2
+    assert resolve_average_budget(None, 1000, tokens=512) == 512
+    assert resolve_average_budget(prompt_tokens=100, tokens=512) == 100  # capped at the prompt
+    assert resolve_average_budget(prompt_tokens=100, tokens=np.int64(512)) == 100
 
 
-@pytest.mark.parametrize("budget", [0, 0.0, -1, -0.5, 1.5, 512.5, math.nan, math.inf, -math.inf, "0.5", None, True])
+@pytest.mark.parametrize("budget", [0, 0.0, -1, -0.5, 1.5, 512.5, math.nan, math.inf, -math.inf, "0.5", True])
 def test_invalid_budget(budget):
     with pytest.raises(ValueError, match="budget"):
         resolve_average_budget(budget, 100)
     with pytest.raises(ValueError, match="budget"):
         allocate_budgets([0.0, 1.0], budget, 100)
+
+
+@pytest.mark.parametrize("budget", [2, 512, 512.0, 1.0000001, np.float64(512.0)])
+def test_budget_above_one_points_to_tokens(budget):
+    """A value above 1 is never read as a token count: the error says to use tokens=."""
+    with pytest.raises(ValueError, match=r"above 1.*tokens="):
+        resolve_average_budget(budget, 1000)
+    with pytest.raises(ValueError, match=r"above 1.*tokens="):
+        allocate([0.0, 1.0], budget, 1000)
+
+
+def test_budget_and_tokens_exactly_one():
+    with pytest.raises(ValueError, match="not both"):
+        allocate_budgets([0.0, 1.0], 0.5, 100, tokens=10)
+    with pytest.raises(ValueError, match="no budget given"):
+        allocate_budgets([0.0, 1.0], prompt_tokens=100)
+    with pytest.raises(ValueError, match="no budget given"):
+        resolve_average_budget(None, 100)
+
+
+# ------------------------------------------------------------------------------- BudgetSpec, at each boundary
+
+BOUNDARY_ERRORS = [
+    # (kwargs, what the message must say)
+    ({"budget": 0}, r"budget must be > 0"),
+    ({"budget": 0.0}, r"budget must be > 0"),
+    ({"budget": -0.1}, r"budget must be > 0"),
+    ({"budget": 1.0000001}, r"above 1.*tokens=N"),
+    ({"budget": 2}, r"above 1.*tokens=2"),
+    ({"budget": math.nan}, r"budget is NaN"),
+    ({"budget": math.inf}, r"budget is inf \(infinite\)"),
+    ({"budget": -math.inf}, r"budget is -inf \(infinite\)"),
+    ({"budget": True}, r"budget must be a real number"),
+    ({"budget": np.bool_(True)}, r"budget must be a real number"),
+    ({"budget": "0.5"}, r"budget must be a real number"),
+    ({"tokens": 0}, r"tokens must be >= 1"),
+    ({"tokens": -5}, r"tokens must be >= 1"),
+    ({"tokens": True}, r"tokens must be an integer >= 1 .*got a bool"),
+    ({"tokens": False}, r"tokens must be an integer >= 1 .*got a bool"),
+    ({"tokens": 512.0}, r"tokens must be an integer"),
+    ({"tokens": 1.5}, r"tokens must be an integer"),
+    ({"tokens": math.nan}, r"tokens must be an integer"),
+    ({"tokens": math.inf}, r"tokens must be an integer"),
+    ({"budget": 0.5, "tokens": 10}, r"not both"),
+    ({}, r"no budget given"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BOUNDARY_ERRORS, ids=[str(k) for k, _ in BOUNDARY_ERRORS])
+def test_budget_spec_refuses(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BudgetSpec(**kwargs)
+    with pytest.raises(ValueError, match=f"^Owner: .*{message}"):
+        check_budget(**kwargs, owner="Owner")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"budget": 1}, BudgetSpec(budget=1.0)),  # the upper bound is a fraction: keep everything
+        ({"budget": 1.0}, BudgetSpec(budget=1.0)),
+        ({"budget": 5e-324}, BudgetSpec(budget=5e-324)),  # the smallest float above 0
+        ({"budget": np.float32(0.5)}, BudgetSpec(budget=0.5)),
+        ({"tokens": 1}, BudgetSpec(tokens=1)),  # the lower bound of a token count
+        ({"tokens": np.int64(7)}, BudgetSpec(tokens=7)),
+    ],
+)
+def test_budget_spec_accepts_the_bounds(kwargs, expected):
+    spec = BudgetSpec(**kwargs)
+    assert spec == expected
+    assert type(spec.budget if spec.budget is not None else spec.tokens) in (float, int)
+
+
+def test_fraction_one_and_one_token_differ():
+    """The confusion this API removes: 1.0 keeps every token, tokens=1 keeps one per layer."""
+    assert BudgetSpec(budget=1.0).average(500) == 500
+    assert BudgetSpec(tokens=1).average(500) == 1
+    assert BudgetSpec(budget=1.0) != BudgetSpec(tokens=1)
+    assert BudgetSpec(budget=1.0).label == "100%" and BudgetSpec(tokens=1).label == "1 token per layer"
+    assert BudgetSpec(tokens=512).label == "512 tokens per layer"
+
+
+def test_compression_ratio_of_each_kind():
+    assert BudgetSpec(budget=0.1).compression_ratio == pytest.approx(0.9)
+    assert BudgetSpec(budget=1.0).compression_ratio == 0.0
+    with pytest.raises(TokenBudgetError, match=r"compression_ratio_for\(prompt_tokens\)"):
+        _ = BudgetSpec(tokens=512).compression_ratio
+    assert isinstance(TokenBudgetError("x"), ValueError)  # not an AttributeError: getattr(...) does not hide it
+    assert BudgetSpec(tokens=512).compression_ratio_for(2048) == 0.75
+    assert BudgetSpec(tokens=512).compression_ratio_for(100) == 0.0  # every token kept
+    assert BudgetSpec(budget=0.5).compression_ratio_for(1000) == 0.5
+    # 10% of 100 tokens keeps 9 (kvpress's rounding), so 91% is removed, and kvpress keeps 9 at that ratio
+    ratio = BudgetSpec(budget=0.1).compression_ratio_for(100)
+    assert ratio == pytest.approx(0.91) and compute_n_kept(100, ratio) == 9
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        BudgetSpec(tokens=5).compression_ratio_for(0)
+
+
+@PROPERTY
+@given(st.integers(1, 100_000).flatmap(lambda n: st.tuples(st.integers(1, n), st.just(n))))
+def test_kept_ratio_round_trips_through_kvpress(pair):
+    kept, total = pair
+    ratio = kept_ratio(kept, total)
+    assert 0 <= ratio < 1
+    assert ratio == pytest.approx(1 - kept / total, abs=1e-12)
+    assert compute_n_kept(total, ratio) == kept
+
+
+@pytest.mark.parametrize(("kept", "total"), [(0, 10), (11, 10), (1, 0), (1.0, 10), (True, 10)])
+def test_kept_ratio_refuses(kept, total):
+    with pytest.raises(ValueError):
+        kept_ratio(kept, total)
+
+
+def test_budget_values_of_rows():
+    """The numeric row column: a fraction <= 1 as a float, a token count > 1 as an int; tokens=1 has none."""
+    assert BudgetSpec(budget=0.1).value == 0.1 and type(BudgetSpec(budget=1).value) is float
+    assert BudgetSpec(tokens=512).value == 512 and type(BudgetSpec(tokens=512).value) is int
+    with pytest.raises(ValueError, match="tokens=1 has no numeric budget value"):
+        _ = BudgetSpec(tokens=1).value
+    assert BudgetSpec.from_value(1.0) == BudgetSpec(budget=1.0)
+    assert BudgetSpec.from_value(0.3) == BudgetSpec(budget=0.3)
+    assert BudgetSpec.from_value(512) == BudgetSpec.from_value(512.0) == BudgetSpec(tokens=512)
+    assert BudgetSpec.from_value(2) == BudgetSpec(tokens=2)
+    for bad in (0, -1, 1.5, math.nan, math.inf, True, "2"):
+        with pytest.raises(ValueError):
+            BudgetSpec.from_value(bad)
+    assert budget_value(512.0) == 512 and type(budget_value(512.0)) is int
+    assert type(budget_value(0.2)) is float
+    assert BudgetSpec(tokens=512).kwargs() == {"tokens": 512} and BudgetSpec(budget=0.2).kwargs() == {"budget": 0.2}
 
 
 def test_nan_budget_message():
@@ -361,7 +518,7 @@ def test_defaults_and_allocation_record():
 
 def test_single_layer_gets_the_average():
     assert allocate_budgets([7.0], 0.25, 999) == [249]
-    assert allocate_budgets([7.0], 4096, 999) == [999]
+    assert allocate_budgets([7.0], prompt_tokens=999, tokens=4096) == [999]
 
 
 # ----------------------------------------------------------------------------------------- scale_to_total

@@ -37,7 +37,7 @@ from ripplekv.cli.main import main
 from ripplekv.evaluation.config import EvalConfig
 from ripplekv.evaluation.results import RESULTS_FILE, ConfigMismatchError, ResultsLog
 from ripplekv.evaluation.rows import SampleRunner
-from ripplekv.evaluation.runner import _build_presses, build_samples, resolve_config, run_eval
+from ripplekv.evaluation.runner import build_presses, build_samples, resolve_config, run_eval
 from ripplekv.inference import extend, fidelity, prefill, teacher_forced_logprobs
 from ripplekv.inference.shared import derived_prefill, record_prefill
 from ripplekv.models import load_model, model_identity
@@ -291,7 +291,7 @@ def test_damage_rows_agree_with_the_eval_rows(loaded: tuple[Any, Any], data_path
     config = _eval_config(data_path)
     sample = build_samples(config, tokenizer, model)[0]
     rows = list(DamageRunner(config, model, tokenizer).run_sample(sample, [0.3, 0.5]))
-    presses = _build_presses(config, None, model)
+    presses = build_presses(config, None, model)
     evaluated = {
         row["method"]: row
         for row in SampleRunner(config, model, tokenizer, presses).run_sample(sample, [("full", 1.0), ("snapkv", 0.5)])

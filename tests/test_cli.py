@@ -91,7 +91,7 @@ def test_generate_prints_answer_and_cache_sizes(
 def test_bad_input_is_a_clear_error(profile_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["allocate", "--profile", str(profile_path), "--budget", "1.5", "--prompt-tokens", "100"])
-    assert "budget 1.5 out of range" in capsys.readouterr().err
+    assert "budget 1.5 is above 1" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(profile_path.read_text().replace('"scores": [', '"scores": [NaN, ', 1))
     code = main(["allocate", "--profile", str(bad), "--budget", "0.2", "--prompt-tokens", "100"])

@@ -337,7 +337,7 @@ def test_bad_options_are_clear_errors(profile_path: Path, tmp_path: Path) -> Non
         EvalConfig(suite="needle", methods=("full", "nope"))
     with pytest.raises(ValueError, match="needs --data-dir"):
         EvalConfig(suite="longbench")
-    with pytest.raises(ValueError, match="budget 1.5 out of range"):
+    with pytest.raises(ValueError, match="budget 1.5 is above 1"):
         EvalConfig(suite="needle", budgets=(1.5,))
     with pytest.raises(ValueError, match="unknown RULER task"):
         EvalConfig(suite="ruler", tasks=("nope",))

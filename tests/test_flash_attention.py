@@ -23,7 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ripplekv.evaluation.config import EvalConfig, EvalSample
 from ripplekv.evaluation.rows import SampleRunner
-from ripplekv.evaluation.runner import _build_presses
+from ripplekv.evaluation.runner import build_presses
 from ripplekv.inference import generate_answer, greedy_decode
 from ripplekv.inference.batched import NotBatchableError, batched_greedy_decode, batched_teacher_forced_logprobs
 from ripplekv.inference.fidelity import teacher_forced_logprobs
@@ -202,7 +202,7 @@ def test_eval_rows_under_flash_attention_decode_one_at_a_time(flash: Any) -> Non
     pending = [("full", 1.0)] + [(m, 0.3) for m in config.methods if m != "full"]
     rows = {}
     for which, net in (("flash", model), ("sdpa", reference)):
-        presses = _build_presses(config, None, net)
+        presses = build_presses(config, None, net)
         rows[which] = {
             r["method"]: r for r in SampleRunner(config, net, _Tokenizer(), presses).run_sample(sample, pending)
         }

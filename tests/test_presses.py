@@ -9,15 +9,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvpress import SnapKVPress, StreamingLLMPress
+from kvpress import AdaKVPress, ChunkPress, ComposedPress, KeyRerotationPress, SnapKVPress, StreamingLLMPress
 
-from ripplekv.allocation import ProfileSchedule, PyramidSchedule, UniformSchedule
+from ripplekv.allocation import ProfileSchedule, PyramidSchedule, TokenBudgetError, UniformSchedule
 from ripplekv.inference import extend, greedy_decode, prefill
 from ripplekv.inference.generate import kept_tokens
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
 from ripplekv.models.cache import cache_tensors, layer_lengths
 from ripplekv.models.identity import cached_weights_fingerprint
-from ripplekv.presses import METHOD_DESCRIPTIONS, METHODS, LayerBudgetPress, RippleKVPress, make_press
+from ripplekv.presses import (
+    FRACTION_ONLY_METHODS,
+    METHOD_DESCRIPTIONS,
+    METHODS,
+    FullPress,
+    GlobalLayersPress,
+    LayerBudgetPress,
+    RippleKVPress,
+    make_press,
+)
 from ripplekv.profiling import ProfileError, ProfileWeightsWarning, ProfilingConfig
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, make_damage_profile
 from ripplekv.profiling.sensitivity import profile_model
@@ -311,7 +320,7 @@ def test_bad_arguments_are_clear_errors() -> None:
             make_press("snapkv", budget=bad)
     with pytest.raises(ValueError, match="budget"):
         RippleKVPress(budget=0.0, scores=(1.0,))
-    with pytest.raises(ValueError, match="whole number"):
+    with pytest.raises(ValueError, match=r"RippleKVPress: budget=12.5 is above 1.*tokens="):
         RippleKVPress(budget=12.5, scores=(1.0,))
     with pytest.raises(ValueError, match="NaN"):
         RippleKVPress(budget=0.2, scores=(1.0, float("nan")))
@@ -333,3 +342,99 @@ def test_prompt_not_longer_than_the_window_is_a_clear_error() -> None:
     direct = RippleKVPress(press=SnapKVPress(window_size=16), budget=0.5, scores=(1.0, 2.0))
     with pytest.raises(ValueError, match="selection window"), torch.no_grad(), direct(model):
         model(random_ids(10))  # used as a plain kvpress press, the press itself refuses
+
+
+# --------------------------------------------------------------------------- token budgets (tokens=) in presses
+
+
+def test_token_budget_keeps_that_many_tokens_per_layer() -> None:
+    """``UniformSchedule(tokens=N)`` keeps what kvpress's SnapKV keeps at ``compression_ratio_for(prompt)``."""
+    model, ids = tiny_model("llama", layers=3), random_ids(90, 2)
+    press = LayerBudgetPress(SnapKVPress(window_size=8), UniformSchedule(tokens=20))
+    state = prefill(model, ids, press)
+    assert layer_lengths(state.cache) == [20] * 3
+    ratio = press.compression_ratio_for(90)
+    assert ratio == pytest.approx(1 - 20 / 90)
+    _assert_same_tensors(state.cache, prefill(model, ids, SnapKVPress(compression_ratio=ratio, window_size=8)).cache)
+    ripple = RippleKVPress(press=SnapKVPress(window_size=8), scores=SCORES_4[:3], tokens=20)
+    lengths = layer_lengths(prefill(enable_varlen_attention(model), ids, ripple).cache)
+    assert sum(lengths) == 60 and lengths == list(ripple.layer_budgets(90))
+    assert make_press("snapkv", tokens=20, window_size=8).layer_budgets(90, 3) == (20, 20, 20)
+    assert layer_lengths(prefill(model, ids, make_press("snapkv", tokens=500, window_size=8)).cache) == [90] * 3
+
+
+def test_compression_ratio_is_never_nan() -> None:
+    fraction = LayerBudgetPress(SnapKVPress(window_size=8), UniformSchedule(0.25))
+    tokens = LayerBudgetPress(SnapKVPress(window_size=8), UniformSchedule(tokens=32))
+    ripple = RippleKVPress(scores=SCORES_4, tokens=32)
+    assert fraction.compression_ratio == 0.75 and fraction.compression_ratio_for(200) == 0.75
+    for press in (tokens, ripple, make_press("pyramidkv", tokens=32)):
+        with pytest.raises(TokenBudgetError, match=r"tokens=32 .*compression_ratio_for\(prompt_tokens\)"):
+            _ = press.compression_ratio
+        assert press.compression_ratio_for(128) == 0.75
+    assert RippleKVPress(scores=SCORES_4, budget=0.1).compression_ratio == pytest.approx(0.9)
+    # kvpress's wrapper reads the inner press's ratio with getattr(..., 0.0): the error is not swallowed
+    with pytest.raises(TokenBudgetError):
+        _ = GlobalLayersPress(tokens).compression_ratio
+    assert GlobalLayersPress(fraction).compression_ratio == 0.75
+
+
+def test_kvpress_composed_press_reads_our_ratio() -> None:
+    """kvpress's ComposedPress multiplies its presses' compression_ratio after every layer (kvpress 0.5.5)."""
+    model, ids = tiny_model("llama", layers=2), random_ids(64, 3)
+    composed = ComposedPress([LayerBudgetPress(SnapKVPress(window_size=8), UniformSchedule(0.5))])
+    assert layer_lengths(prefill(model, ids, composed).cache) == [32, 32]
+    assert composed.compression_ratio == 0.5  # a number, not NaN
+    by_tokens = ComposedPress([LayerBudgetPress(SnapKVPress(window_size=8), UniformSchedule(tokens=16))])
+    with pytest.raises(TokenBudgetError, match="compression_ratio_for"):
+        prefill(model, ids, by_tokens)
+
+
+def test_kvpress_wrappers_that_set_the_ratio_refuse_our_presses() -> None:
+    """kvpress's wrappers that assign ``press.compression_ratio`` take a ScorerPress, which ours are not."""
+    ours = LayerBudgetPress(SnapKVPress(window_size=8), UniformSchedule(tokens=16))
+    for wrapper in (AdaKVPress, ChunkPress, KeyRerotationPress):
+        with pytest.raises(AssertionError):
+            wrapper(ours)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"budget": 2}, r"RippleKVPress: budget=2 is above 1.*use tokens=2"),
+        ({"budget": 1.0000001}, r"above 1"),
+        ({"budget": 0}, r"budget must be > 0"),
+        ({"tokens": 0}, r"tokens must be >= 1"),
+        ({"tokens": True}, r"tokens must be an integer"),
+        ({"tokens": 8.0}, r"tokens must be an integer"),
+        ({"budget": 0.2, "tokens": 8}, r"not both"),
+    ],
+)
+def test_ripplekv_press_budget_errors(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        RippleKVPress(scores=SCORES_4, **kwargs)
+
+
+def test_ripplekv_press_default_and_replace() -> None:
+    press = RippleKVPress(scores=SCORES_4)
+    assert press.spec.budget == 0.2 and press.compression_ratio == pytest.approx(0.8)  # the default fraction
+    by_tokens = dataclasses.replace(press, tokens=16)
+    assert by_tokens.layer_budgets(100) == ProfileSchedule(scores=SCORES_4, tokens=16).layer_budgets(4, 100, 64)
+    assert RippleKVPress(scores=SCORES_4, tokens=1, min_tokens=1).layer_budgets(100) == (1, 1, 1, 1)
+    assert RippleKVPress(scores=SCORES_4, budget=1.0).layer_budgets(100) == (100,) * 4
+
+
+def test_make_press_budget_or_tokens() -> None:
+    with pytest.raises(ValueError, match=r"make_press\('snapkv'\): budget=512 is above 1.*tokens=512"):
+        make_press("snapkv", 512)
+    with pytest.raises(ValueError, match="not both"):
+        make_press("snapkv", 0.2, tokens=16)
+    for name in FRACTION_ONLY_METHODS:
+        with pytest.raises(ValueError, match=f"{name} is kvpress's own press.*not tokens=16"):
+            make_press(name, tokens=16)
+        assert make_press(name, budget=0.5).compression_ratio == 0.5
+    assert isinstance(make_press("full", tokens=16), FullPress)
+    with pytest.raises(ValueError, match="tokens must be >= 1"):
+        make_press("full", tokens=0)
+    assert make_press("snapkv").compression_ratio == 0.0  # neither given: the documented default, 1.0
+    assert make_press("pyramidkv", tokens=40, window_size=8).layer_budgets(400, 4)[0] > 40

@@ -8,6 +8,7 @@ from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from ripplekv.allocation import (
     BudgetSchedule,
     ProfileSchedule,
     PyramidSchedule,
+    TokenBudgetError,
     UniformSchedule,
     allocate_budgets,
     resolve_average_budget,
@@ -25,9 +27,10 @@ from ripplekv.allocation import (
 
 PROPERTY = settings(max_examples=300, deadline=None)
 
+# A budget as keyword arguments: a kept fraction (budget=) or an average token count per layer (tokens=).
 budgets = st.one_of(
-    st.floats(min_value=0.0, max_value=1.0, exclude_min=True),
-    st.integers(min_value=2, max_value=20_000),
+    st.floats(min_value=0.0, max_value=1.0, exclude_min=True).map(lambda b: {"budget": b}),
+    st.integers(min_value=1, max_value=20_000).map(lambda t: {"tokens": t}),
 )
 layer_counts = st.integers(min_value=1, max_value=64)
 prompt_lengths = st.integers(min_value=1, max_value=10_000)
@@ -39,7 +42,8 @@ score_lists = st.lists(st.floats(-10, 10), min_size=1, max_size=64)
 
 def _check_invariants(schedule: BudgetSchedule, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
     """Exact total, every budget in [min(floor, prompt, average), prompt]."""
-    average = resolve_average_budget(schedule.budget, prompt_tokens)
+    average = resolve_average_budget(schedule.budget, prompt_tokens, tokens=schedule.tokens)
+    assert schedule.average(prompt_tokens) == average
     result = schedule.layer_budgets(n_layers, prompt_tokens, floor)
     assert isinstance(result, tuple) and len(result) == n_layers
     assert all(isinstance(b, int) for b in result)
@@ -52,15 +56,15 @@ def _check_invariants(schedule: BudgetSchedule, n_layers: int, prompt_tokens: in
 @PROPERTY
 @given(budgets, layer_counts, prompt_lengths, floors)
 def test_uniform_invariants(budget, n_layers, prompt_tokens, floor):
-    result = _check_invariants(UniformSchedule(budget), n_layers, prompt_tokens, floor)
-    assert set(result) == {resolve_average_budget(budget, prompt_tokens)}
+    result = _check_invariants(UniformSchedule(**budget), n_layers, prompt_tokens, floor)
+    assert set(result) == {resolve_average_budget(prompt_tokens=prompt_tokens, **budget)}
 
 
 @PROPERTY
 @given(budgets, layer_counts, prompt_lengths, floors, windows, betas)
 def test_pyramid_invariants(budget, n_layers, prompt_tokens, floor, window, beta):
-    schedule = PyramidSchedule(budget, window_size=window, beta=beta)
-    average = resolve_average_budget(budget, prompt_tokens)
+    schedule = PyramidSchedule(**budget, window_size=window, beta=beta)
+    average = resolve_average_budget(prompt_tokens=prompt_tokens, **budget)
     if average <= window:  # nothing beyond the window to distribute: SnapKV's uniform budgets
         assert schedule.layer_budgets(n_layers, prompt_tokens, floor) == (average,) * n_layers
         return
@@ -79,10 +83,12 @@ def test_pyramid_invariants(budget, n_layers, prompt_tokens, floor, window, beta
 @PROPERTY
 @given(budgets, score_lists, prompt_lengths, floors, st.floats(1.0, 20.0), st.floats(1.0, 10.0))
 def test_profile_invariants_and_unchanged_rule(budget, scores, prompt_tokens, floor, ratio, gamma):
-    schedule = ProfileSchedule(budget, scores, ratio=ratio, gamma=gamma)
+    schedule = ProfileSchedule(**budget, scores=scores, ratio=ratio, gamma=gamma)
     result = _check_invariants(schedule, len(scores), prompt_tokens, floor)
     config = AllocationConfig(ratio=ratio, gamma=gamma)
-    assert list(result) == allocate_budgets(scores, budget, prompt_tokens, config, min_tokens=floor)
+    assert list(result) == allocate_budgets(
+        scores, prompt_tokens=prompt_tokens, config=config, min_tokens=floor, **budget
+    )
 
 
 def test_pyramid_at_2048_tokens_and_10_percent_is_a_strict_pyramid_with_snapkvs_total():
@@ -116,7 +122,7 @@ def test_pyramid_capacities_follow_the_authors_code():
 def test_pyramid_window_not_smaller_than_the_budget_keeps_snapkv_budgets():
     """No tokens beyond the window to distribute (the authors' code asserts): every layer keeps C, as SnapKV."""
     assert PyramidSchedule(0.03, window_size=64).layer_budgets(30, 2048, 64) == (61,) * 30
-    assert PyramidSchedule(64, window_size=64).layer_budgets(30, 2048, 64) == (64,) * 30
+    assert PyramidSchedule(tokens=64, window_size=64).layer_budgets(30, 2048, 64) == (64,) * 30
     assert PyramidSchedule(0.1, window_size=64).layer_budgets(30, 284, 64) == (28,) * 30  # a short LongBench prompt
     assert PyramidSchedule(0.1, window_size=64).layer_budgets(30, 2048, 64)[0] == 333  # a real pyramid above it
 
@@ -130,11 +136,81 @@ def test_profile_schedule_checks_the_number_of_layers():
         schedule.check_layers(2)
 
 
-@pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.5, float("nan"), float("inf"), "0.1", None, True])
-def test_invalid_budgets(bad):
-    for make in (UniformSchedule, lambda b: PyramidSchedule(b), lambda b: ProfileSchedule(b, (1.0, 2.0))):
-        with pytest.raises(ValueError, match="budget"):
-            make(bad)
+SCHEDULES = {
+    "uniform": lambda **kw: UniformSchedule(**kw),
+    "pyramid": lambda **kw: PyramidSchedule(**kw, window_size=8),
+    "profile": lambda **kw: ProfileSchedule(**kw, scores=(1.0, 2.0)),
+}
+
+# (kwargs, what the message says); every schedule names itself first
+BOUNDARY_ERRORS = [
+    ({"budget": 0}, r"budget must be > 0"),
+    ({"budget": 0.0}, r"budget must be > 0"),
+    ({"budget": -0.5}, r"budget must be > 0"),
+    ({"budget": 1.0000001}, r"above 1.*use tokens=N"),
+    ({"budget": 1.5}, r"above 1.*use tokens=N"),
+    ({"budget": 2}, r"above 1.*use tokens=2"),
+    ({"budget": 512.0}, r"above 1.*use tokens=512"),
+    ({"budget": float("nan")}, r"budget is NaN"),
+    ({"budget": float("inf")}, r"budget is inf \(infinite\)"),
+    ({"budget": "0.1"}, r"budget must be a real number"),
+    ({"budget": True}, r"budget must be a real number"),
+    ({"tokens": 0}, r"tokens must be >= 1"),
+    ({"tokens": True}, r"tokens must be an integer >= 1.*a bool"),
+    ({"tokens": 2.0}, r"tokens must be an integer >= 1"),
+    ({"tokens": float("nan")}, r"tokens must be an integer >= 1"),
+    ({"tokens": float("inf")}, r"tokens must be an integer >= 1"),
+    ({"budget": 0.1, "tokens": 5}, r"not both"),
+    ({}, r"no budget given"),
+]
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEDULES))
+@pytest.mark.parametrize(("kwargs", "message"), BOUNDARY_ERRORS, ids=[str(k) for k, _ in BOUNDARY_ERRORS])
+def test_invalid_budgets(kind, kwargs, message):
+    make = SCHEDULES[kind]
+    with pytest.raises(ValueError, match=message) as error:
+        make(**kwargs)
+    assert str(error.value).startswith(f"{type(make(budget=0.5)).__name__}: ")
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEDULES))
+def test_budget_bounds_and_kinds(kind):
+    make = SCHEDULES[kind]
+    assert make(budget=1).budget == 1.0 and isinstance(make(budget=1).budget, float)  # the fraction 100%
+    assert make(budget=1).layer_budgets(2, 50, 1) == (50, 50)
+    one = make(tokens=1)  # one token per layer: the smallest token budget, never the fraction 1.0
+    assert (one.budget, one.tokens) == (None, 1) and one.layer_budgets(2, 50, 1) == (1, 1)
+    assert make(tokens=np.int64(3)).tokens == 3 and type(make(tokens=np.int64(3)).tokens) is int
+    assert make(budget=0.5) != make(tokens=25)  # same counts at 50 tokens, different budgets
+    assert make(budget=0.5).layer_budgets(2, 50, 1) == make(tokens=25).layer_budgets(2, 50, 1)
+    with pytest.raises(TypeError):
+        UniformSchedule(0.1, 5)  # tokens is keyword only: a second number is never read as a token count
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEDULES))
+def test_compression_ratio_of_both_kinds(kind):
+    make = SCHEDULES[kind]
+    assert make(budget=0.25).compression_ratio == 0.75
+    assert make(budget=0.25).compression_ratio_for(1000) == 0.75
+    with pytest.raises(TokenBudgetError, match=r"tokens=100 .*compression_ratio_for\(prompt_tokens\)"):
+        _ = make(tokens=100).compression_ratio
+    assert make(tokens=100).compression_ratio_for(400) == 0.75
+    assert make(tokens=100).compression_ratio_for(50) == 0.0
+
+
+def test_positional_budget_still_a_fraction():
+    assert UniformSchedule(0.1) == UniformSchedule(budget=0.1)
+    assert PyramidSchedule(0.1, 32, 10) == PyramidSchedule(budget=0.1, window_size=32, beta=10)
+    assert ProfileSchedule(0.1, (1.0, 2.0)) == ProfileSchedule(budget=0.1, scores=(1.0, 2.0))
+    with pytest.raises(ValueError, match="empty"):
+        ProfileSchedule(tokens=5)  # scores are required
+
+
+def test_token_budget_over_layers_keeps_tokens():
+    schedule = ProfileSchedule(scores=(1.0, 5.0, 2.0, 9.0), tokens=40).over_layers([1, 3], 4)
+    assert schedule == ProfileSchedule(scores=(5.0, 9.0), tokens=40)
+    assert sum(schedule.layer_budgets(2, 1000, 1)) == 80
 
 
 def test_invalid_arguments():

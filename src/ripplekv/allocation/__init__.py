@@ -2,10 +2,11 @@
 
 See :mod:`ripplekv.allocation.budgets` for the RippleKV rule and its guarantees, and
 :mod:`ripplekv.allocation.schedules` for the per-layer budget schedules (uniform/SnapKV, pyramid/PyramidKV,
-profile/RippleKV) that :class:`ripplekv.presses.LayerBudgetPress` applies. The per-prompt rules (CAKE,
-SqueezeAttention, DynamicKV, LAVa: :mod:`ripplekv.allocation.cake`, ``squeezeattention``, ``dynamickv``,
-``lava``) decide budgets from statistics every layer produces during the prefill
-(:mod:`ripplekv.allocation.per_prompt`, :class:`PerPromptSchedule`).
+profile/RippleKV) that :class:`ripplekv.presses.LayerBudgetPress` applies. A budget is ``budget=`` (a kept
+fraction in ``(0, 1]``) or ``tokens=`` (an average token count per layer), never both (:class:`BudgetSpec`).
+The per-prompt rules (CAKE, SqueezeAttention, DynamicKV, LAVa: :mod:`ripplekv.allocation.cake`,
+``squeezeattention``, ``dynamickv``, ``lava``) decide budgets from statistics every layer produces during the
+prefill (:mod:`ripplekv.allocation.per_prompt`, :class:`PerPromptSchedule`).
 """
 
 from ripplekv.allocation.budgets import (
@@ -14,12 +15,18 @@ from ripplekv.allocation.budgets import (
     DEFAULT_RATIO,
     Allocation,
     AllocationConfig,
+    BudgetSpec,
+    TokenBudgetError,
     allocate,
     allocate_budgets,
+    budget_value,
+    check_budget,
+    kept_ratio,
     layer_weights,
     normalize_scores,
     resolve_average_budget,
     scale_to_total,
+    validate_scores,
 )
 from ripplekv.allocation.cake import CakeRule, CakeStatistic, cake_layer_statistic
 from ripplekv.allocation.dynamickv import (
@@ -35,7 +42,6 @@ from ripplekv.allocation.schedules import (
     ProfileSchedule,
     PyramidSchedule,
     UniformSchedule,
-    check_budget,
 )
 from ripplekv.allocation.squeezeattention import (
     SqueezeAttentionRule,
@@ -51,6 +57,7 @@ __all__ = [
     "Allocation",
     "AllocationConfig",
     "BudgetSchedule",
+    "BudgetSpec",
     "CakeRule",
     "CakeStatistic",
     "DynamicKVRule",
@@ -63,13 +70,16 @@ __all__ = [
     "PyramidSchedule",
     "SqueezeAttentionRule",
     "SqueezeStatistic",
+    "TokenBudgetError",
     "UniformSchedule",
     "allocate",
     "allocate_budgets",
+    "budget_value",
     "cake_layer_statistic",
     "check_budget",
     "dynamickv_layer_statistic",
     "dynamickv_pooled_scores",
+    "kept_ratio",
     "kmeans_1d",
     "lava_layer_statistic",
     "layer_weights",
@@ -77,4 +87,5 @@ __all__ = [
     "resolve_average_budget",
     "scale_to_total",
     "squeeze_layer_statistic",
+    "validate_scores",
 ]

@@ -9,16 +9,17 @@ only in how many tokens each layer keeps. Each method is therefore a *schedule*,
   code computes it), rescaled to SnapKV's total;
 * :class:`ProfileSchedule`: budgets from measured per-layer sensitivities (the RippleKV rule, 2026).
 
-Every schedule spends exactly the same global budget ``L * resolve_average_budget(budget, prompt_tokens)``
-(SnapKV's number of kept tokens), so methods are always compared at the same number of kept tokens.
+Every schedule spends exactly the same global budget ``L * average`` (SnapKV's number of kept tokens), so methods
+are always compared at the same number of kept tokens. The budget is given as ``budget=`` (a kept fraction in
+``(0, 1]``; the first field, so ``UniformSchedule(0.1)`` is 10%) or as ``tokens=`` (an average token count per
+layer, keyword only), exactly one of the two (:class:`~ripplekv.allocation.budgets.BudgetSpec`).
 """
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import lru_cache
 from typing import ClassVar
@@ -27,40 +28,20 @@ from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
     AllocationConfig,
+    BudgetSpec,
     allocate_budgets,
-    resolve_average_budget,
+    check_budget,
     scale_to_total,
     validate_scores,
 )
-from ripplekv.validation import is_integer, is_real
+from ripplekv.validation import is_integer
 
 __all__ = [
     "BudgetSchedule",
     "ProfileSchedule",
     "PyramidSchedule",
     "UniformSchedule",
-    "check_budget",
 ]
-
-
-def check_budget(budget: object) -> float:
-    """Validate a user-facing budget without a prompt length (see :func:`resolve_average_budget`).
-
-    Args:
-        budget: a kept fraction of the prompt in ``(0, 1]`` or an integer-valued average token count ``> 1``.
-
-    Returns:
-        The budget as a float.
-
-    Raises:
-        ValueError: if ``budget`` is not a finite real number ``> 0``, or is ``> 1`` but not a whole number.
-    """
-    if not is_real(budget) or not math.isfinite(float(budget)) or float(budget) <= 0:  # type: ignore[arg-type]
-        raise ValueError(f"budget must be a fraction in (0, 1] or a whole token count > 1, got {budget!r}")
-    value = float(budget)  # type: ignore[arg-type]
-    if value > 1 and not value.is_integer():
-        raise ValueError(f"a budget above 1 is a token count and must be a whole number, got {budget!r}")
-    return value
 
 
 def _check_call(n_layers: int, floor: int) -> None:
@@ -71,15 +52,52 @@ def _check_call(n_layers: int, floor: int) -> None:
 
 
 class BudgetSchedule(ABC):
-    """A per-layer budget schedule: frozen, validated at construction, with a ``budget`` attribute.
+    """A per-layer budget schedule: frozen, validated at construction, with ``budget`` and ``tokens`` attributes.
 
-    ``budget`` is the user-facing budget (a kept fraction in ``(0, 1]`` or an average token count ``> 1``);
-    the schedule spends ``n_layers * resolve_average_budget(budget, prompt_tokens)`` tokens in all.
+    Exactly one of ``budget`` (a kept fraction in ``(0, 1]``) and ``tokens`` (an average token count per layer,
+    an integer ``>= 1``) is set; the other is None. The schedule spends ``n_layers * average(prompt_tokens)``
+    tokens in all.
+
+    ``compression_ratio`` is kvpress's ``1 - budget`` for a fraction; for a token budget it raises
+    :class:`~ripplekv.allocation.budgets.TokenBudgetError`, there being no ratio without the prompt length;
+    ``compression_ratio_for(prompt_tokens)`` is defined for both (see :class:`BudgetSpec`).
     """
 
-    budget: float
+    budget: float | None
+    tokens: int | None
     uniform: ClassVar[bool] = False
     """True when every layer always keeps the same number of tokens (no variable-length attention needed)."""
+
+    def _check_budget(self) -> None:
+        """Validate and normalise ``budget`` / ``tokens`` (called by each subclass's ``__post_init__``)."""
+        spec = check_budget(self.budget, self.tokens, owner=type(self).__name__)
+        object.__setattr__(self, "budget", spec.budget)
+        object.__setattr__(self, "tokens", spec.tokens)
+
+    @property
+    def spec(self) -> BudgetSpec:
+        """The budget as a :class:`~ripplekv.allocation.budgets.BudgetSpec`."""
+        return BudgetSpec(self.budget, self.tokens)
+
+    def average(self, prompt_tokens: int) -> int:
+        """Kept tokens per layer on average for a prompt of ``prompt_tokens`` tokens (see :class:`BudgetSpec`)."""
+        return self.spec.average(prompt_tokens)
+
+    @property
+    def compression_ratio(self) -> float:
+        """``1 - budget`` for a kept fraction.
+
+        Raises:
+            TokenBudgetError: for a token budget (use :meth:`compression_ratio_for`).
+        """
+        return self.spec.compression_ratio
+
+    def compression_ratio_for(self, prompt_tokens: int) -> float:
+        """The fraction of a ``prompt_tokens``-token prompt removed on average over the layers, for both kinds.
+
+        ``1 - average(prompt_tokens) / prompt_tokens`` (see :meth:`BudgetSpec.compression_ratio_for`).
+        """
+        return self.spec.compression_ratio_for(prompt_tokens)
 
     @abstractmethod
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
@@ -92,8 +110,8 @@ class BudgetSchedule(ABC):
                 lowered to the average when ``n_layers * floor`` exceeds the global budget.
 
         Returns:
-            ``n_layers`` integers summing exactly to ``n_layers * resolve_average_budget(budget,
-            prompt_tokens)``, each in ``[min(floor, prompt_tokens, average), prompt_tokens]``.
+            ``n_layers`` integers summing exactly to ``n_layers * average(prompt_tokens)``, each in
+            ``[min(floor, prompt_tokens, average), prompt_tokens]``.
 
         Raises:
             ValueError: on an invalid argument, or one the schedule cannot serve.
@@ -135,23 +153,26 @@ def _check_subset(layers: Sequence[int], n_layers: int) -> None:
 class UniformSchedule(BudgetSchedule):
     """SnapKV's schedule (Li et al., 2024, arXiv:2404.14469): every layer keeps the same number of tokens.
 
-    Each layer keeps ``resolve_average_budget(budget, prompt_tokens)`` tokens, i.e. kvpress's exact
-    ``int(prompt_tokens * (1 - compression_ratio))`` with ``compression_ratio = 1 - budget``.
+    Each layer keeps ``average(prompt_tokens)`` tokens: for a fraction kvpress's exact
+    ``int(prompt_tokens * (1 - compression_ratio))`` with ``compression_ratio = 1 - budget``; for a token count
+    ``min(tokens, prompt_tokens)``.
 
     Attributes:
-        budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
+        budget: kept fraction of the prompt in ``(0, 1]``, or None when ``tokens`` is given.
+        tokens: average kept tokens per layer (an integer ``>= 1``; keyword only), or None.
     """
 
-    budget: float
+    budget: float | None = None
+    tokens: int | None = field(default=None, kw_only=True)
     uniform: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        check_budget(self.budget)
+        self._check_budget()
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
         """``n_layers`` copies of the average budget (``floor`` never binds: the average already meets it)."""
         _check_call(n_layers, floor)
-        return (resolve_average_budget(self.budget, prompt_tokens),) * n_layers
+        return (self.average(prompt_tokens),) * n_layers
 
 
 @dataclass(frozen=True)
@@ -179,18 +200,20 @@ class PyramidSchedule(BudgetSchedule):
     distribute (the authors' code asserts ``C > W``), and every layer keeps ``C`` tokens, as SnapKV does.
 
     Attributes:
-        budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
+        budget: kept fraction of the prompt in ``(0, 1]``, or None when ``tokens`` is given.
         window_size: SnapKV's observation window ``W`` (``>= 1``), always kept by every layer.
         beta: the pyramid's steepness (an integer ``>= 1``; the authors' default is 20): the last layer's
             selected tokens are about ``1 / beta`` of the average's.
+        tokens: average kept tokens per layer (an integer ``>= 1``; keyword only), or None.
     """
 
-    budget: float
+    budget: float | None = None
     window_size: int = 64
     beta: int = 20
+    tokens: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        check_budget(self.budget)
+        self._check_budget()
         if not is_integer(self.window_size) or self.window_size < 1:
             raise ValueError(f"PyramidSchedule.window_size must be an integer >= 1, got {self.window_size!r}")
         if not is_integer(self.beta) or self.beta < 1:
@@ -202,7 +225,7 @@ class PyramidSchedule(BudgetSchedule):
         When the uniform budget ``C`` is not larger than the window, ``C`` for every layer (see the class).
         """
         _check_call(n_layers, 0)
-        per_layer = resolve_average_budget(self.budget, prompt_tokens)
+        per_layer = self.average(prompt_tokens)
         window = int(self.window_size)
         if per_layer <= window or n_layers == 1:
             return (per_layer,) * n_layers
@@ -218,16 +241,14 @@ class PyramidSchedule(BudgetSchedule):
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
         """The capacities rescaled to ``L * C`` (see the class docstring); non-increasing in depth."""
         _check_call(n_layers, floor)
-        return _pyramid_budgets(self.budget, self.window_size, self.beta, n_layers, prompt_tokens, floor)
+        return _pyramid_budgets(self, n_layers, prompt_tokens, floor)
 
 
 @lru_cache(maxsize=256)
-def _pyramid_budgets(
-    budget: float, window: int, beta: int, n_layers: int, prompt_tokens: int, floor: int
-) -> tuple[int, ...]:
-    schedule = PyramidSchedule(budget, window, beta)
+def _pyramid_budgets(schedule: PyramidSchedule, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+    window = int(schedule.window_size)
     capacities = schedule.capacities(n_layers, prompt_tokens)
-    total = n_layers * resolve_average_budget(budget, prompt_tokens)
+    total = n_layers * schedule.average(prompt_tokens)
     if len(set(capacities)) == 1:  # a flat pyramid (e.g. C <= W: nothing beyond the window): every layer keeps C
         return (total // n_layers,) * n_layers
     weights = [Fraction(c) for c in capacities]
@@ -246,19 +267,21 @@ class ProfileSchedule(BudgetSchedule):
     are one per model layer, of which the compressed layers' are used, or one per compressed layer.
 
     Attributes:
-        budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
-        scores: one finite sensitivity score per layer (stored as a tuple of floats).
+        budget: kept fraction of the prompt in ``(0, 1]``, or None when ``tokens`` is given.
+        scores: one finite sensitivity score per layer (stored as a tuple of floats; required, non-empty).
         ratio: disparity ``r`` of the multipliers (finite, ``> 0``; ``1`` gives uniform budgets).
         gamma: clip bound of the multipliers (finite, ``>= 1``).
+        tokens: average kept tokens per layer (an integer ``>= 1``; keyword only), or None.
     """
 
-    budget: float
-    scores: tuple[float, ...]
+    budget: float | None = None
+    scores: tuple[float, ...] = ()
     ratio: float = DEFAULT_RATIO
     gamma: float = DEFAULT_GAMMA
+    tokens: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        check_budget(self.budget)
+        self._check_budget()
         array = validate_scores(self.scores)
         object.__setattr__(self, "scores", tuple(float(s) for s in array))
         AllocationConfig(ratio=self.ratio, gamma=self.gamma)  # validates ratio and gamma
@@ -284,18 +307,20 @@ class ProfileSchedule(BudgetSchedule):
         if len(self.scores) == len(layers):
             return self
         self.check_layers(n_layers)
-        return ProfileSchedule(self.budget, tuple(self.scores[i] for i in layers), self.ratio, self.gamma)
+        return replace(self, scores=tuple(self.scores[i] for i in layers))
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
         """The RippleKV allocation of the scores (``floor`` is ``allocate_budgets``'s ``min_tokens``)."""
         _check_call(n_layers, floor)
         self.check_layers(n_layers)
-        return _profile_budgets(self.scores, float(self.budget), prompt_tokens, self.ratio, self.gamma, floor)
+        return _profile_budgets(self, prompt_tokens, floor)
 
 
 @lru_cache(maxsize=256)
-def _profile_budgets(
-    scores: tuple[float, ...], budget: float, prompt_tokens: int, ratio: float, gamma: float, floor: int
-) -> tuple[int, ...]:
-    config = AllocationConfig(ratio=ratio, gamma=gamma)
-    return tuple(allocate_budgets(scores, budget, prompt_tokens, config, min_tokens=floor))
+def _profile_budgets(schedule: ProfileSchedule, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+    config = AllocationConfig(ratio=schedule.ratio, gamma=schedule.gamma)
+    return tuple(
+        allocate_budgets(
+            schedule.scores, schedule.budget, prompt_tokens, config, min_tokens=floor, tokens=schedule.tokens
+        )
+    )

@@ -31,6 +31,7 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from ripplekv.allocation.budgets import BudgetSpec, budget_value
 from ripplekv.evaluation.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv.evaluation.rows import greedy_agreement
 from ripplekv.inference.fidelity import fidelity, teacher_forced_logprobs
@@ -213,7 +214,8 @@ class DamageRunner:
         self.eos = eos_ids(model, tokenizer)
         self.full = make_press("full")
         self.presses = {
-            float(b): make_press(DAMAGE_METHOD, budget=b, window_size=config.window_size) for b in config.budgets
+            float(b): make_press(DAMAGE_METHOD, **BudgetSpec.from_value(b).kwargs(), window_size=config.window_size)
+            for b in config.budget_values
         }
 
     def run_sample(
@@ -252,7 +254,7 @@ class DamageRunner:
                 "sample_id": sample.id,
                 "task": sample.task,
                 "method": DAMAGE_METHOD,
-                "budget": float(budget),
+                "budget": budget_value(budget),
                 "prompt_tokens": len(sample.input_ids),
                 "compressed_tokens": len(prefix),
                 "kept_tokens": damage.kept,

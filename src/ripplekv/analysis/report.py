@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ripplekv.allocation.budgets import BudgetSpec
 from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.analysis.correlation import bootstrap_rho, per_prompt_rho, resample_weights, top_k_layers, top_k_overlap
 from ripplekv.profiling.profile import SensitivityProfile
@@ -48,7 +49,7 @@ def _num(value: float) -> float | None:
 
 
 def _pyramid_shares(budget: float, window_size: int, layers: int, lengths: Sequence[int]) -> np.ndarray:
-    schedule = PyramidSchedule(budget, window_size=window_size)
+    schedule = PyramidSchedule(**BudgetSpec.from_value(budget).kwargs(), window_size=window_size)
     rows = []
     for length in lengths:
         budgets = np.array(schedule.layer_budgets(layers, int(length), max(1, window_size)), dtype=np.float64)

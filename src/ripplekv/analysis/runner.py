@@ -101,7 +101,7 @@ class AnalysisConfig:
             raise ValueError(f"bootstrap_seed must be an integer >= 0, got {self.bootstrap_seed!r}")
         if not isinstance(self.plots, bool):
             raise TypeError(f"plots must be a bool, got {type(self.plots).__name__}")
-        if not self.eval.budgets:
+        if not self.eval.budget_values:
             raise ValueError("no budgets given")
         for budget in self.eval.budgets:
             if not 0 < float(budget) <= 1:
@@ -168,7 +168,7 @@ def run_analysis(
     sources = {"model": options.model, **get_suite(options.suite).sources(options), "profile": options.profile}
     folder = open_results(out, resolved, sources, rows_file=DAMAGE_FILE, answers_from=None)
     out = folder.out
-    budgets = [float(b) for b in options.budgets]
+    budgets = list(options.budget_values)
 
     configurations = [(DAMAGE_METHOD, b) for b in budgets]
     written = run_pending(

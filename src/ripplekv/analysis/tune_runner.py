@@ -105,7 +105,7 @@ def run_tune(
     sources = {"model": options.model, **get_suite(options.suite).sources(options), "profiles": dict(config.profiles)}
     folder = open_results(out, resolved, sources, rows_file=TUNE_FILE, answers_from=None)
     out = folder.out
-    budgets = [float(b) for b in options.budgets]
+    budgets = list(options.budget_values)
 
     configurations = [(TUNE_METHOD, b) for b in budgets]
     written = run_pending(

@@ -31,7 +31,7 @@ import torch
 from kvpress import SnapKVPress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
+from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, BudgetSpec, budget_value
 from ripplekv.evaluation.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv.evaluation.rows import greedy_agreement
 from ripplekv.evaluation.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
@@ -145,11 +145,11 @@ class TuneConfig:
             raise ValueError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {self.resamples!r}")
         if isinstance(self.bootstrap_seed, bool) or not isinstance(self.bootstrap_seed, int) or self.bootstrap_seed < 0:
             raise ValueError(f"bootstrap_seed must be an integer >= 0, got {self.bootstrap_seed!r}")
-        if not self.eval.budgets:
+        if not self.eval.budget_values:
             raise ValueError("no budgets given")
         for budget in self.eval.budgets:
             if not 0 < float(budget) < 1:
-                raise ValueError(f"budget {budget} out of range: tune takes kept fractions in (0, 1)")
+                raise ValueError(f"budget {budget} out of range: tune takes kept fractions in (0, 1) (or tokens)")
         candidates = tuple(
             Candidate(label, r, g) for label in self.profiles for r in sorted(ratios) for g in sorted(gammas)
         )
@@ -214,17 +214,18 @@ class TuneRunner:
         self.n_layers = int(model.config.get_text_config().num_hidden_layers)
         self.full = make_press("full")
         window = config.eval.window_size
-        self.uniform = {float(b): make_press("snapkv", budget=b, window_size=window) for b in config.eval.budgets}
+        budgets = {float(b): BudgetSpec.from_value(b).kwargs() for b in config.eval.budget_values}
+        self.uniform = {b: make_press("snapkv", **given, window_size=window) for b, given in budgets.items()}
         self.presses = {
-            (c.key, float(b)): RippleKVPress(
+            (c.key, b): RippleKVPress(
                 SnapKVPress(window_size=window),
-                budget=float(b),
+                **given,
                 profile=profiles[c.profile],
                 ratio=c.ratio,
                 gamma=c.gamma,
             )
             for c in config.candidates
-            for b in config.eval.budgets
+            for b, given in budgets.items()
         }
 
     def run_sample(
@@ -279,7 +280,7 @@ class TuneRunner:
                 "sample_id": sample.id,
                 "task": sample.task,
                 "method": TUNE_METHOD,
-                "budget": float(budget),
+                "budget": budget_value(budget),
                 "prompt_tokens": len(sample.input_ids),
                 "compressed_tokens": len(prefix),
                 "kl": kl,

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ripplekv.cli.args import budget_arg, load_profile, positive_int
+from ripplekv.cli.args import add_budget_args, load_profile, positive_int, resolve_budget
 
 __all__ = ["add_parser", "run"]
 
@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--layers", type=positive_int, default=None, help="number of layers for pyramidkv/uniform without --profile"
     )
     a.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="PyramidKV window W (default 64)")
-    a.add_argument("--budget", type=budget_arg, required=True, help="kept fraction (0.1) or average tokens per layer")
+    add_budget_args(a)
     a.add_argument("--prompt-tokens", type=positive_int, required=True, help="prompt length in tokens")
     a.add_argument("--ratio", type=float, default=DEFAULT_RATIO, help=f"disparity r (default {DEFAULT_RATIO})")
     a.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help=f"clip bound (default {DEFAULT_GAMMA})")
@@ -61,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv allocate`` with parsed ``args``: print the budgets table (or JSON); return the exit status."""
     from ripplekv.allocation import (
         AllocationConfig,
+        BudgetSpec,
         ProfileSchedule,
         PyramidSchedule,
         UniformSchedule,
         allocate,
-        resolve_average_budget,
     )
 
     needs_profile = args.schedule in PROFILE_SCHEDULES and not args.compare
@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("error: --plot draws the profile's scores: give --profile")
     n_layers = profile.num_layers if profile is not None else args.layers
     config = AllocationConfig(ratio=args.ratio, gamma=args.gamma)
+    given = resolve_budget(args)  # {"budget": F} or {"tokens": N}
+    spec = BudgetSpec(**given)
     floor = args.window_size if args.min_tokens is None else args.min_tokens  # what make_press's presses use
 
     def signal_scores(name: str) -> tuple[float, ...]:
@@ -88,18 +90,19 @@ def run(args: argparse.Namespace) -> int:
 
     def budgets_of(name: str) -> tuple[int, ...]:
         if name == "uniform":
-            schedule: Any = UniformSchedule(args.budget)
+            schedule: Any = UniformSchedule(**given)
         elif name == "pyramidkv":
-            schedule = PyramidSchedule(args.budget, window_size=args.window_size)
+            schedule = PyramidSchedule(**given, window_size=args.window_size)
         else:
-            schedule = ProfileSchedule(args.budget, signal_scores(name), ratio=args.ratio, gamma=args.gamma)
+            schedule = ProfileSchedule(**given, scores=signal_scores(name), ratio=args.ratio, gamma=args.gamma)
         return schedule.layer_budgets(n_layers, args.prompt_tokens, floor)
 
     names = [args.schedule] if not args.compare else ["uniform", "pyramidkv"]
     if args.compare and profile is not None:
         names += list(PROFILE_SCHEDULES)
     table = {name: budgets_of(name) for name in names}
-    average = resolve_average_budget(args.budget, args.prompt_tokens)
+    average = spec.average(args.prompt_tokens)
+    shown = spec.label if spec.is_tokens else str(spec.budget)
     if args.plot:
         from ripplekv.cli.plots import plot_profile_and_budgets
 
@@ -109,15 +112,15 @@ def run(args: argparse.Namespace) -> int:
             signal_scores("ripplekv"),
             {("uniform (snapkv)" if name == "uniform" else name): values for name, values in plotted.items()},
             args.plot,
-            title=f"{profile.model['name_or_path']}: budget {args.budget} of {args.prompt_tokens} tokens",
+            title=f"{profile.model['name_or_path']}: budget {shown} of {args.prompt_tokens} tokens",
         )
-    header = f"{n_layers} layers, budget {args.budget} of {args.prompt_tokens} prompt tokens: "
+    header = f"{n_layers} layers, budget {shown} of {args.prompt_tokens} prompt tokens: "
     header += f"{average} tokens per layer on average, {average * n_layers} in all"
     if args.schedule in PROFILE_SCHEDULES and not args.compare:
         scores = signal_scores(args.schedule)
-        allocation = allocate(scores, args.budget, args.prompt_tokens, config, floor)
+        allocation = allocate(scores, prompt_tokens=args.prompt_tokens, config=config, min_tokens=floor, **given)
         if args.json:
-            extra = {"ratio": args.ratio, "gamma": args.gamma, "budget": args.budget, "schedule": args.schedule}
+            extra = {"ratio": args.ratio, "gamma": args.gamma, **_budget_json(spec), "schedule": args.schedule}
             print(json.dumps({**allocation.to_dict(), **extra}))
             return 0
         print(header)
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{allocation.weights[i]:6.3f}  {allocation.budgets[i]:6d}"
             )
     elif args.json:
-        common = {"budget": args.budget, "prompt_tokens": args.prompt_tokens, "average_budget": average}
+        common = {**_budget_json(spec), "prompt_tokens": args.prompt_tokens, "average_budget": average}
         common["total"] = average * n_layers
         if args.compare:
             print(json.dumps({**common, "budgets": {name: list(values) for name, values in table.items()}}))
@@ -145,3 +148,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot saved to {args.plot}")
     return 0
+
+
+def _budget_json(spec: Any) -> dict[str, Any]:
+    """The budget of the JSON output: ``budget`` (the fraction, or None) and ``tokens`` (the count, or None)."""
+    return {"budget": spec.budget, "tokens": spec.tokens}

@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 from ripplekv.cli.args import (
-    _comma_list,
     add_fidelity_suite_args,
     add_summary_args,
+    comma_list,
     fidelity_eval_config,
     positive_int,
 )
@@ -30,7 +30,7 @@ def add_oracle_profile_argument(parser: argparse.ArgumentParser) -> None:
     """
     parser.add_argument(
         "--oracle-profile",
-        type=_comma_list(str, "oracle profiles"),
+        type=comma_list(str, "oracle profiles"),
         default=None,
         help="ripplekv-oracle: damage profile(s) from `ripplekv analyze` (OUT/damage_profile_b<budget>.json), "
         "comma-separated: one is used at every budget, several are each used at the budget they were measured at",
@@ -60,7 +60,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "budget (OUT/damage_profile_b<budget>.json) for `ripplekv eval --methods ripplekv-oracle --oracle-profile`. "
         "Rows go to OUT/damage.jsonl as they finish; re-running the same command resumes.",
     )
-    add_fidelity_suite_args(p, "kept fractions the one layer is compressed to (default 0.1,0.2,0.3)")
+    add_fidelity_suite_args(
+        p, "kept fractions the one layer is compressed to (default 0.1,0.2,0.3 unless --tokens is given alone)"
+    )
     p.add_argument("--profile", default=None, help="sensitivity profile JSON to compare (omitted: depth and pyramid)")
     p.add_argument(
         "--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"top layers compared (default {DEFAULT_TOP_K})"

@@ -16,30 +16,104 @@ if TYPE_CHECKING:
     from ripplekv.profiling import SensitivityProfile
 
 __all__ = [
+    "add_budget_args",
     "add_model_args",
     "add_ray_args",
     "budget_arg",
-    "_comma_list",
+    "comma_list",
     "load_profile",
     "on_ray",
     "positive_int",
     "add_fidelity_suite_args",
     "fidelity_eval_config",
+    "resolve_budget",
+    "resolve_budgets",
+    "row_tokens_arg",
     "suite_options",
+    "tokens_arg",
 ]
 
 
 def budget_arg(text: str) -> float:
-    """An argparse ``type``: a kept fraction in (0, 1] or a whole token count > 1."""
+    """An argparse ``type``: a kept fraction in (0, 1] (``--budget``, ``--budgets``); token counts are ``--tokens``."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"budget must be a number, got {text!r}") from None
-    if not (value > 0) or (value > 1 and not value.is_integer()):
+    if value > 1:
+        hint = f"--tokens {int(value)}" if value.is_integer() else "--tokens N (a whole number)"
         raise argparse.ArgumentTypeError(
-            f"budget {text} out of range: a kept fraction in (0, 1] (0.1 = 10%) or a whole token count > 1"
+            f"budget {text} is above 1: a budget is a kept fraction in (0, 1] (0.1 = 10%); for an average number "
+            f"of tokens per layer use {hint}"
+        )
+    if not (value > 0):  # also NaN
+        raise argparse.ArgumentTypeError(f"budget {text} out of range: a kept fraction in (0, 1] (0.1 = 10%)")
+    return value
+
+
+def tokens_arg(text: str) -> int:
+    """An argparse ``type``: an average number of kept tokens per layer, a whole number >= 1 (``--tokens``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"tokens must be a whole number of tokens per layer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"tokens must be >= 1 (tokens kept per layer on average), got {text}")
+    return value
+
+
+def row_tokens_arg(text: str) -> int:
+    """An argparse ``type``: a token count of a run whose rows store budgets as numbers (``eval``, ``analyze``,
+    ``tune``): a whole number >= 2, since 1 would read back as the kept fraction 1.0 (the full cache's budget)."""
+    value = tokens_arg(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"--tokens {text}: results rows store a budget as one number, and {value} is the kept fraction 1.0 "
+            "(the full cache's row); use 2 or more tokens per layer (or --budgets 1.0 to keep everything)"
         )
     return value
+
+
+def add_budget_args(parser: argparse.ArgumentParser, default_budget: float | None = None) -> None:
+    """Add ``--budget F`` (a kept fraction) and ``--tokens N`` (tokens per layer), mutually exclusive.
+
+    Args:
+        parser: the command's parser.
+        default_budget: the fraction used when neither is given (None: one of them is required).
+    """
+    group = parser.add_mutually_exclusive_group(required=default_budget is None)
+    default = "" if default_budget is None else f" (default {default_budget:g} when --tokens is not given)"
+    group.add_argument(
+        "--budget", type=budget_arg, default=None, help=f"kept fraction of the prompt in (0, 1], 0.1 = 10%%{default}"
+    )
+    group.add_argument(
+        "--tokens", type=tokens_arg, default=None, help="instead of --budget: average tokens kept per layer (>= 1)"
+    )
+    parser.set_defaults(default_budget=default_budget)
+
+
+def resolve_budget(args: argparse.Namespace) -> dict[str, float | int]:
+    """``{"budget": F}`` or ``{"tokens": N}`` of :func:`add_budget_args`' options (for ``make_press`` and schedules).
+
+    Args:
+        args: the parsed arguments.
+    """
+    if args.tokens is not None:
+        return {"tokens": int(args.tokens)}
+    budget = args.budget if args.budget is not None else args.default_budget
+    return {"budget": float(budget)}
+
+
+def resolve_budgets(args: argparse.Namespace, default: tuple[float, ...]) -> tuple[float, ...]:
+    """The fractions of ``--budgets``: as given; else ``default``, unless ``--tokens`` was given alone.
+
+    Args:
+        args: the parsed arguments (``budgets`` None when ``--budgets`` was not given; ``tokens`` a tuple or None).
+        default: the fractions run when neither option is given.
+    """
+    if args.budgets is not None:
+        return tuple(args.budgets)
+    return () if args.tokens else tuple(default)
 
 
 def positive_int(text: str) -> int:
@@ -50,7 +124,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _comma_list(kind: Callable[[str], Any], name: str) -> Callable[[str], tuple[Any, ...]]:
+def comma_list(kind: Callable[[str], Any], name: str) -> Callable[[str], tuple[Any, ...]]:
     """An argparse ``type`` for a comma-separated list whose items are parsed by ``kind``."""
 
     def parse(text: str) -> tuple[Any, ...]:
@@ -141,18 +215,23 @@ def add_fidelity_suite_args(parser: argparse.ArgumentParser, budgets_help: str) 
     p.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
     p.add_argument("--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records')
     p.add_argument("--metric", choices=tuple(EVAL_METRICS), default=None, help="jsonl: the records' metric")
-    p.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
+    p.add_argument("--tasks", type=comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
     p.add_argument("--limit", type=positive_int, default=None, help="samples per task, as for `ripplekv eval`")
+    p.add_argument("--budgets", type=comma_list(budget_arg, "budgets"), default=None, help=budgets_help)
     p.add_argument(
-        "--budgets", type=_comma_list(budget_arg, "budgets"), default=runner.DEFAULT_BUDGETS, help=budgets_help
+        "--tokens",
+        type=comma_list(row_tokens_arg, "token counts"),
+        default=None,
+        help="comma-separated average tokens kept per layer (each >= 2), run besides --budgets (alone when "
+        "--budgets is not given)",
     )
     p.add_argument("--chat-template", choices=CHAT_TEMPLATE_MODES, default="auto", help="as for `ripplekv eval`")
     p.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
     p.add_argument("--context-tokens", type=positive_int, default=None, help="ruler: context length")
     p.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
     p.add_argument("--max-length", type=positive_int, default=None, help="longbench: truncation length")
-    p.add_argument("--needle-lengths", type=_comma_list(positive_int, "lengths"), default=None, help="needle")
-    p.add_argument("--needle-depths", type=_comma_list(float, "depths"), default=None, help="needle")
+    p.add_argument("--needle-lengths", type=comma_list(positive_int, "lengths"), default=None, help="needle")
+    p.add_argument("--needle-depths", type=comma_list(float, "depths"), default=None, help="needle")
     p.add_argument("--needle-digits", type=positive_int, default=None, help="needle")
     p.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
     p.add_argument(
@@ -190,13 +269,14 @@ def fidelity_eval_config(args: argparse.Namespace, profile: str | None) -> EvalC
         args: the parsed arguments.
         profile: the sensitivity profile path the command compares (None: none).
     """
-    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.config import DEFAULT_BUDGETS, EvalConfig
 
     return EvalConfig(
         suite=args.suite,
         model=args.model,
         methods=("snapkv",),
-        budgets=tuple(args.budgets),
+        budgets=resolve_budgets(args, DEFAULT_BUDGETS),
+        tokens=tuple(args.tokens or ()),
         tasks=args.tasks,
         limit=args.limit,
         profile=profile,

@@ -9,12 +9,14 @@ from typing import Any
 
 from ripplekv.cli import analyze
 from ripplekv.cli.args import (
-    _comma_list,
     add_model_args,
     add_ray_args,
     budget_arg,
+    comma_list,
     on_ray,
     positive_int,
+    resolve_budgets,
+    row_tokens_arg,
     suite_options,
 )
 
@@ -79,17 +81,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--methods",
-        type=_comma_list(str, "methods"),
+        type=comma_list(str, "methods"),
         default=runner.DEFAULT_METHODS,
         help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)})",
     )
     e.add_argument(
         "--budgets",
-        type=_comma_list(budget_arg, "budgets"),
-        default=runner.DEFAULT_BUDGETS,
-        help="comma-separated kept fractions (default 0.1,0.2,0.3); full always runs once at 1.0",
+        type=comma_list(budget_arg, "budgets"),
+        default=None,
+        help="comma-separated kept fractions in (0, 1] (default 0.1,0.2,0.3 unless --tokens is given alone); full "
+        "always runs once at 1.0",
     )
-    e.add_argument("--tasks", type=_comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
+    e.add_argument(
+        "--tokens",
+        type=comma_list(row_tokens_arg, "token counts"),
+        default=None,
+        help="comma-separated average tokens kept per layer (each >= 2), run besides --budgets; rows record them in "
+        "their budget column as whole numbers (a budget above 1 is a token count); not for kvpress's own presses "
+        "(streamingllm, adakv, pyramidkv-kvpress)",
+    )
+    e.add_argument("--tasks", type=comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
     e.add_argument(
         "--limit",
         type=positive_int,
@@ -153,13 +164,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--needle-lengths",
-        type=_comma_list(positive_int, "lengths"),
+        type=comma_list(positive_int, "lengths"),
         default=None,
         help="needle: context lengths in tokens (default 1024,2048,4096)",
     )
     e.add_argument(
         "--needle-depths",
-        type=_comma_list(float, "depths"),
+        type=comma_list(float, "depths"),
         default=None,
         help="needle: depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
     )
@@ -186,6 +197,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
     print the summary and return the exit status."""
+    from ripplekv.evaluation import runner
     from ripplekv.evaluation.runner import EvalConfig, run_eval
 
     options = suite_options(args)
@@ -193,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
         suite=args.suite,
         model=args.model,
         methods=tuple(args.methods),
-        budgets=tuple(args.budgets),
+        budgets=resolve_budgets(args, runner.DEFAULT_BUDGETS),
+        tokens=tuple(args.tokens or ()),
         tasks=args.tasks,
         limit=args.limit,
         profile=args.profile,

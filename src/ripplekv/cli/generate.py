@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ripplekv.cli.args import add_model_args, budget_arg, load_profile, positive_int
+from ripplekv.cli.args import add_budget_args, add_model_args, load_profile, positive_int, resolve_budget
 
 __all__ = ["add_parser", "run"]
 
@@ -32,7 +32,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="a profile measured on other weights than the model's is an error, not a warning",
     )
-    g.add_argument("--budget", type=budget_arg, default=0.2, help="kept fraction or tokens per layer (default 0.2)")
+    add_budget_args(g, default_budget=0.2)
     g.add_argument("--context-file", required=True, help="text file with the long context")
     g.add_argument("--question", required=True, help="the question")
     g.add_argument("--max-new-tokens", type=positive_int, default=64, help="answer length limit (default 64)")
@@ -49,9 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from ripplekv.presses import make_press
 
     profile = load_profile(args.profile, required=args.method.startswith("ripplekv"))
+    given = resolve_budget(args)  # {"budget": F} or {"tokens": N}
     press = make_press(
         args.method,
-        budget=args.budget,
+        **given,
         profile=profile,
         window_size=args.window_size,
         strict_profile=args.strict_profile,
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "method": args.method,
-                    "budget": args.budget,
+                    "budget": given.get("budget"),
+                    "tokens": given.get("tokens"),
                     "answer": result.text,
                     "prompt_tokens": result.prompt_tokens,
                     "layer_tokens": list(result.layer_tokens),

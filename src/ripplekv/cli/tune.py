@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv.cli.args import (
-    _comma_list,
     add_fidelity_suite_args,
     add_summary_args,
+    comma_list,
     fidelity_eval_config,
 )
 
@@ -63,7 +63,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bootstrap intervals, Wilcoxon). Rows go to OUT/tune.jsonl as they finish; the summary to OUT/tune.json; "
         "re-running the same command resumes.",
     )
-    add_fidelity_suite_args(p, "kept fractions to tune at (default 0.1,0.2,0.3)")
+    add_fidelity_suite_args(p, "kept fractions to tune at (default 0.1,0.2,0.3 unless --tokens is given alone)")
     p.add_argument(
         "--profile",
         action="append",
@@ -73,13 +73,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ratios",
-        type=_comma_list(_grid_value, "ratios"),
+        type=comma_list(_grid_value, "ratios"),
         default=DEFAULT_RATIOS,
         help="grid of r (default " + ",".join(f"{r:g}" for r in DEFAULT_RATIOS) + "; 4 is always included)",
     )
     p.add_argument(
         "--gammas",
-        type=_comma_list(_grid_value, "gammas"),
+        type=comma_list(_grid_value, "gammas"),
         default=DEFAULT_GAMMAS,
         help="grid of gamma (default " + ",".join(f"{g:g}" for g in DEFAULT_GAMMAS) + "; 3 is always included)",
     )

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS
+from ripplekv.allocation.budgets import BudgetSpec
+from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS
 
 __all__ = [
     "CHAT_TEMPLATE_MODES",
@@ -65,7 +66,10 @@ class EvalConfig:
         model: model path, hub id, ``.gguf`` file or alias.
         methods: method names of :data:`ripplekv.presses.registry.METHODS`; ``full`` runs once per sample at
             budget 1.0 whatever ``budgets`` holds.
-        budgets: kept fractions in (0, 1] or whole token counts > 1.
+        budgets: kept fractions in (0, 1] (a value above 1 is an error: token counts go in ``tokens``).
+        tokens: average token counts kept per layer (integers >= 2: a row stores its budget as one number, and 1
+            would read as the fraction 1.0, the full cache's); run after the fractions. Not taken by kvpress's own
+            presses (:data:`ripplekv.presses.registry.FRACTION_ONLY_METHODS`).
         tasks: the suite's tasks to run (default: the suite's own default; a suite without tasks refuses them).
         limit: at most this many samples per task; what it counts is the suite's (see each suite).
         profile: sensitivity profile JSON (the ripplekv methods need it).
@@ -102,6 +106,7 @@ class EvalConfig:
     model: str = "smollm2-135m"
     methods: tuple[str, ...] = DEFAULT_METHODS
     budgets: tuple[float, ...] = DEFAULT_BUDGETS
+    tokens: tuple[int, ...] = ()
     tasks: tuple[str, ...] | None = None
     limit: int | None = None
     profile: str | None = None
@@ -135,15 +140,35 @@ class EvalConfig:
             raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods contain duplicates: {', '.join(self.methods)}")
-        if any(m != "full" for m in self.methods) and not self.budgets:
-            raise ValueError("no budgets given")
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        if any(m != "full" for m in self.methods) and not self.budgets and not self.tokens:
+            raise ValueError("no budgets given (budgets: kept fractions; tokens: token counts per layer)")
         for budget in self.budgets:
             if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
                 raise ValueError(f"budget must be a number, got {budget!r}")
-            if budget <= 0 or (budget > 1 and budget != int(budget)):
-                raise ValueError(f"budget {budget} out of range: a kept fraction in (0, 1] or a whole token count > 1")
+            if budget > 1:
+                raise ValueError(
+                    f"budget {budget} is above 1: budgets are kept fractions in (0, 1]; give token counts per layer "
+                    "in tokens (--tokens)"
+                )
+            if budget <= 0:
+                raise ValueError(f"budget {budget} out of range: a kept fraction in (0, 1]")
+        for count in self.tokens:
+            if BudgetSpec(tokens=count).tokens < BudgetSpec.ROW_TOKENS_MIN:  # type: ignore[operator]
+                raise ValueError(
+                    f"tokens {count}: a row stores its budget as one number, and {count} is the kept fraction 1.0 "
+                    "(the full cache's row); evaluate 2 or more tokens per layer"
+                )
         if len(set(self.budgets)) != len(self.budgets):
             raise ValueError(f"budgets contain duplicates: {self.budgets}")
+        if len(set(self.tokens)) != len(self.tokens):
+            raise ValueError(f"tokens contain duplicates: {self.tokens}")
+        by_fraction = [m for m in self.methods if m in FRACTION_ONLY_METHODS]
+        if self.tokens and by_fraction:
+            raise ValueError(
+                f"{', '.join(by_fraction)} (kvpress's own presses) take kept fractions only, not token counts: "
+                "drop them from the methods or drop tokens"
+            )
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
         if self.score not in SCORE_MODES:
@@ -176,10 +201,19 @@ class EvalConfig:
         suite.check_tasks(self.tasks)
 
     @property
+    def budget_values(self) -> tuple[float | int, ...]:
+        """Every budget as results rows store it: the fractions (floats <= 1), then the token counts (ints >= 2)."""
+        return tuple(float(b) for b in self.budgets) + tuple(int(t) for t in self.tokens)
+
+    @property
     def configurations(self) -> list[tuple[str, float]]:
-        """The (method, budget) pairs run on every sample: ``full`` once at 1.0, the others at every budget."""
+        """The (method, budget) pairs run on every sample: ``full`` once at 1.0, the others at every budget.
+
+        A budget is a number as in the rows (:attr:`budget_values`): a kept fraction ``<= 1`` or a token count
+        ``> 1`` (an int); :meth:`ripplekv.allocation.BudgetSpec.from_value` reads it back.
+        """
         pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
-        pairs += [(m, float(b)) for m in self.methods if m != "full" for b in self.budgets]
+        pairs += [(m, b) for m in self.methods if m != "full" for b in self.budget_values]
         return pairs
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ripplekv.allocation.budgets import budget_value
 from ripplekv.distributed import (
     DEFAULT_MAX_ATTEMPTS,
     StreamWorker,
@@ -42,7 +43,7 @@ from ripplekv.evaluation.results import row_key
 from ripplekv.evaluation.rows import SampleRunner
 from ripplekv.evaluation.runner import (
     EvalSummary,
-    _build_presses,
+    build_presses,
     build_samples,
     load_run_profiles,
     open_run_folder,
@@ -89,7 +90,7 @@ class EvalWorker(StreamWorker):
 
         model, tokenizer = self.model_factory()
         enable_varlen_attention(model)
-        presses = _build_presses(self.config, self.profile, model, self.oracles)
+        presses = build_presses(self.config, self.profile, model, self.oracles)
         samples = build_samples(self.config, tokenizer, model)
         self.samples = {sample.id: sample for sample in samples}
         self.runner = SampleRunner(self.config, model, tokenizer, presses)
@@ -106,7 +107,7 @@ class EvalWorker(StreamWorker):
         if self.runner is None:
             raise RuntimeError("EvalWorker.items called before setup")
         pending, answer = args
-        return self.runner.run_sample(self.samples[str(key)], [(m, float(b)) for m, b in pending], answer)
+        return self.runner.run_sample(self.samples[str(key)], [(m, budget_value(b)) for m, b in pending], answer)
 
 
 def run_eval_ray(

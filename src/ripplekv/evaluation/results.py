@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ripplekv.allocation.budgets import budget_value
 from ripplekv.profiling.profile import write_json_atomic
 
 __all__ = [
@@ -327,7 +328,7 @@ def run_pending(
     from tqdm import tqdm
 
     planned = [
-        (sample, [(m, float(b)) for m, b in configurations if (sample.id, m, float(b)) not in folder.done])
+        (sample, [(m, budget_value(b)) for m, b in configurations if (sample.id, m, float(b)) not in folder.done])
         for sample in samples
     ]
     total = len(samples) * len(configurations)

@@ -43,6 +43,7 @@ from typing import Any
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ripplekv.allocation.budgets import BudgetSpec
 from ripplekv.evaluation.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
 from ripplekv.evaluation.results import (
     CONFIG_FILE,
@@ -190,6 +191,7 @@ def resolve_config(
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "methods": list(config.methods),
         "budgets": [float(b) for b in config.budgets],
+        **({"tokens": [int(t) for t in config.tokens]} if config.tokens else {}),  # absent: old runs resume
         "protocol": config.protocol,
         "window_size": config.window_size,
         "max_new_tokens": config.max_new_tokens,
@@ -210,19 +212,30 @@ def resolve_config(
     return json.loads(json.dumps(resolved))  # tuples -> lists, as read back from the file
 
 
-def _build_presses(
+def build_presses(
     config: EvalConfig,
     profile: SensitivityProfile | None,
     model: PreTrainedModel,
     oracles: Sequence[SensitivityProfile] | None = None,
 ) -> dict[tuple[str, float], BasePress]:
+    """The press of every configuration of ``config`` (and of ``("full", 1.0)``), checked against ``model``.
+
+    A configuration's budget is a number as in the rows: a kept fraction (``<= 1``) or a token count (``> 1``),
+    passed to :func:`~ripplekv.presses.registry.make_press` as ``budget=`` or ``tokens=``.
+
+    Args:
+        config: the evaluation.
+        profile: the sensitivity profile, if the methods use one.
+        model: the model (every press's ``post_init_from_model`` runs on it).
+        oracles: the damage profiles of ``ripplekv-oracle``; None loads them from ``config``.
+    """
     oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     presses = {}
     for method, budget in [("full", FULL_BUDGET), *config.configurations]:
         given = select_oracle_profile(oracles, budget) if method == ORACLE_METHOD else profile
         press = make_press(
             method,
-            budget=budget,
+            **BudgetSpec.from_value(budget).kwargs(),
             profile=given,
             window_size=config.window_size,
             strict_profile=config.strict_profile,
@@ -323,7 +336,7 @@ def run_eval(
 
         model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
     enable_varlen_attention(model)
-    presses = _build_presses(config, profiles.profile, model, profiles.oracles)
+    presses = build_presses(config, profiles.profile, model, profiles.oracles)
     samples = build_samples(config, tokenizer, model)
     resolved = resolve_config(config, model, samples, profiles.profile, profiles.oracles)
     folder = open_run_folder(config, out, resolved, profiles)

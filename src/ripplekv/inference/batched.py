@@ -2,7 +2,7 @@
 
 An evaluation derives one compressed cache per (method, budget) from the same prefill. Decoding them one at a
 time costs one forward pass per token per configuration, and on a CPU a decoding step of a small model is mostly
-fixed cost (SmolLM2-135M: 62-77 ms for one row, 183-379 ms for 19 rows). Here the caches run as one batch:
+fixed cost (reading the weights; the step costs are in docs/results.md). Here the caches run as one batch:
 
 * **decoding** (:func:`batched_greedy_decode`): every row keeps its own length (:func:`ragged_batch`, one
   :class:`~ripplekv.models.padded.RaggedLayer` per layer). The embeddings, projections and MLPs of a step run
@@ -17,8 +17,8 @@ fixed cost (SmolLM2-135M: 62-77 ms for one row, 183-379 ms for 19 rows). Here th
 * every row runs at the same positions (the caches come from one prompt); a row that generates a stop token or
   reaches ``max_new_tokens`` leaves the batch, which shrinks to the rows still decoding.
 
-Padding every row to the longest cache was tried for decoding first and measured slower than one row at a time
-at 4K tokens (attention and cache updates are memory-bound and cost what the padded size holds); see the README.
+Padding every row to the longest cache was tried for decoding first and was slower than one row at a time at 4K
+tokens (attention and cache updates are memory-bound and cost what the padded size holds); see docs/results.md.
 
 The result is the same greedy tokens as :func:`~ripplekv.inference.generate.greedy_decode` on each cache alone,
 up to float rounding: a batched matrix product and a longer (masked) reduction may round differently, which can
@@ -293,8 +293,9 @@ def _dynamic(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
 STEP_COST_TOKENS = 8192
 """The fixed cost of one decoding step (reading the weights, launching every kernel), in cached tokens per row.
 
-A batch's step costs about ``STEP_COST_TOKENS + rows x padded tokens`` (averaged over layers). Measured on
-SmolLM2-135M on the 2-core CPU: about 60 ms per step whatever the rows, plus about 6 us per cached token per row."""
+A batch's step costs about ``STEP_COST_TOKENS + rows x padded tokens`` (averaged over layers): the fixed cost of a
+step over the cost of one cached token of one row, from the step costs in docs/results.md ("Decoding every
+configuration of a prompt as one batch")."""
 
 
 def _row_lengths(state: Prefill, row: int) -> list[int]:

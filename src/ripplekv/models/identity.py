@@ -70,8 +70,8 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     it holds, so results measured on one set of weights are not mixed with another's (e.g. a profiling
     checkpoint resumed with a fine-tuned copy of the same architecture). Parameters are hashed in
     ``named_parameters()`` order (tied weights once); buffers are derived from the config and left out.
-    Hashes the raw bytes (no conversion), about 0.3 s for SmolLM2-135M's 538 MB of float32 on one CPU core;
-    parameters on an accelerator are copied to the CPU one at a time.
+    Hashes the raw bytes (no conversion; its cost is in docs/results.md, "Profiling cost"); parameters on an
+    accelerator are copied to the CPU one at a time.
 
     Args:
         model: any torch module (a transformers model in practice).

@@ -4,10 +4,11 @@ from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
-from ripplekv.presses.registry import METHOD_DESCRIPTIONS, METHODS, make_press
+from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHOD_DESCRIPTIONS, METHODS, make_press
 from ripplekv.presses.ripplekv_press import RippleKVPress
 
 __all__ = [
+    "FRACTION_ONLY_METHODS",
     "METHODS",
     "METHOD_DESCRIPTIONS",
     "FullPress",

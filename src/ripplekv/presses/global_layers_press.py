@@ -25,10 +25,8 @@ class GlobalLayersPress(BasePress):
     (:mod:`ripplekv.inference.shared`) like the press it wraps. On a model without sliding layers it compresses
     exactly what ``press`` does.
 
-    Parameters
-    ----------
-    press : BasePress
-        The kvpress press applied to the global layers (e.g. StreamingLLM, AdaKV, kvpress's PyramidKV).
+    Args:
+        press: the kvpress press applied to the global layers (e.g. StreamingLLM, AdaKV, kvpress's PyramidKV).
     """
 
     press: BasePress

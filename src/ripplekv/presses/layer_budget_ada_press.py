@@ -28,6 +28,7 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PreTrainedModel
 
+from ripplekv.allocation.budgets import kept_ratio
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule, scorer_at_ratio
@@ -107,28 +108,27 @@ class LayerBudgetAdaPress(BasePress):
     nor to padded batches. The scorer is never mutated. The press keeps kvpress's forward hook, so its cache can be
     derived from a shared prefill record (:mod:`ripplekv.inference.shared`).
 
-    Parameters
-    ----------
-    press : ScorerPress
-        Token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored; scorers whose
-        scores depend on it are called on a copy set to the layer's own ratio.
-    schedule : BudgetSchedule
-        Per-layer budgets (default ``UniformSchedule(0.2)``, i.e. kvpress's AdaKV at 20%).
-    alpha_safeguard : float
-        Fraction in ``[0, 1]`` of a layer's per-head budget that every head keeps (AdaKV's safeguard; default 0.2,
-        kvpress's). ``1`` gives every head the same count: SnapKV's per-head selection, evicted physically.
-    min_tokens : int | None
-        Smallest per-head average budget a layer may get (as :class:`~ripplekv.presses.LayerBudgetPress`); default
-        the scorer's ``window_size`` if it has one, else 1.
-    evict_balanced : bool
-        Evict physically when every head of a layer keeps the same number of tokens (default True); False always
-        masks, as kvpress's AdaKV does.
-    profile : SensitivityProfile | None
-        The profile a :class:`~ripplekv.allocation.ProfileSchedule` was allocated from, checked against the model
-        when the press is applied (``ripplekv-ada`` passes it); ``None`` skips the check.
-    strict_profile : bool
-        A profile of other weights than the model's raises instead of warning once (see
-        :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
+    ``compression_ratio`` and :meth:`compression_ratio_for` are those of the per-layer counts (per head on
+    average), as :class:`~ripplekv.presses.LayerBudgetPress` defines them: a token budget has no
+    ``compression_ratio`` (:class:`~ripplekv.allocation.budgets.TokenBudgetError`), only a ratio for a known
+    prompt length.
+
+    Args:
+        press: token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored; scorers
+            whose scores depend on it are called on a copy set to the layer's own ratio.
+        schedule: per-layer budgets (default ``UniformSchedule(0.2)``, i.e. kvpress's AdaKV at 20%; or a token
+            budget, ``UniformSchedule(tokens=512)``).
+        alpha_safeguard: fraction in ``[0, 1]`` of a layer's per-head budget that every head keeps (AdaKV's
+            safeguard; default 0.2, kvpress's). ``1`` gives every head the same count: SnapKV's per-head
+            selection, evicted physically.
+        min_tokens: smallest per-head average budget a layer may get (as :class:`~ripplekv.presses.LayerBudgetPress`);
+            default (None): the scorer's ``window_size`` if it has one, else 1.
+        evict_balanced: evict physically when every head of a layer keeps the same number of tokens (default
+            True); False always masks, as kvpress's AdaKV does.
+        profile: the profile a :class:`~ripplekv.allocation.ProfileSchedule` was allocated from, checked against
+            the model when the press is applied (``ripplekv-ada`` passes it); None skips the check.
+        strict_profile: a profile of other weights than the model's raises instead of warning once (see
+            :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -169,8 +169,16 @@ class LayerBudgetAdaPress(BasePress):
 
     @property
     def compression_ratio(self) -> float:
-        """Average fraction removed, when the budget is a fraction (kvpress convention); NaN for token counts."""
+        """Average fraction removed for a kept fraction: ``1 - budget`` (kvpress's convention).
+
+        Raises:
+            TokenBudgetError: for a token budget (use :meth:`compression_ratio_for`).
+        """
         return self.layer_press.compression_ratio
+
+    def compression_ratio_for(self, prompt_tokens: int) -> float:
+        """Average fraction of a ``prompt_tokens``-token prompt removed, for both kinds (``1 - average / prompt``)."""
+        return self.layer_press.compression_ratio_for(prompt_tokens)
 
     def layer_budgets(self, prompt_tokens: int, n_layers: int) -> tuple[int, ...]:
         """Average tokens kept per head by each of ``n_layers`` layers (the layer keeps that times its KV heads)."""
@@ -221,7 +229,8 @@ class LayerBudgetAdaPress(BasePress):
         """The scorer's ``(batch, kv_heads, tokens)`` scores for this layer (called at the layer's own ratio)."""
         k_len = keys.shape[2]
         n_kept = self._layer_count(module, k_len)
-        scorer = scorer_at_ratio(self.press, 0.0 if n_kept is None else 1.0 - n_kept / k_len)
+        ratio = 0.0 if n_kept is None else kept_ratio(max(1, min(n_kept, k_len)), k_len)
+        scorer = scorer_at_ratio(self.press, ratio)
         return scorer.score(module, hidden_states, keys, values, attentions, kwargs)
 
     def compress(

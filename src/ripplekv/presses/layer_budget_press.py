@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -12,6 +11,7 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from ripplekv.allocation.budgets import kept_ratio
 from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
@@ -120,15 +120,21 @@ class LayerBudgetPress(BasePress):
     ``G * average`` over the ``G`` global layers alone (:meth:`BudgetSchedule.over_layers`; a profile's scores
     of the global layers).
 
-    Parameters
-    ----------
-    press : ScorerPress
-        Token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored.
-    schedule : BudgetSchedule
-        Per-layer budgets (default: ``UniformSchedule(0.2)``).
-    min_tokens : int | None
-        Smallest budget a layer may get (``>= 1``; a layer with no token would break the cache); default: the
-        scorer's ``window_size`` if it has one (SnapKV always keeps its observation window), else 1.
+    ``compression_ratio`` is the schedule's: kvpress's ``1 - budget`` for a kept fraction (the average over the
+    compressed layers), and for a token budget (``UniformSchedule(tokens=512)``) a
+    :class:`~ripplekv.allocation.budgets.TokenBudgetError` naming :meth:`compression_ratio_for`, which gives the
+    ratio of a known prompt length for both kinds. It is never NaN: kvpress code that reads an inner press's ratio
+    (``ComposedPress`` multiplies the retained fractions of its presses after each layer) then works on a fraction
+    budget and stops with that error on a token budget, instead of carrying NaN along. kvpress's wrappers that
+    assign ``compression_ratio`` (``AdaKVPress``, ``ChunkPress``, ``KeyRerotationPress``, ``DecodingPress``, ...)
+    accept a ``ScorerPress`` only, which this press is not.
+
+    Args:
+        press: token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored.
+        schedule: per-layer budgets (default: ``UniformSchedule(0.2)``).
+        min_tokens: smallest budget a layer may get (``>= 1``; a layer with no token would break the cache);
+            default (None): the scorer's ``window_size`` if it has one (SnapKV always keeps its observation window),
+            else 1.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -160,9 +166,21 @@ class LayerBudgetPress(BasePress):
 
     @property
     def compression_ratio(self) -> float:
-        """Average fraction removed, when the budget is a fraction (kvpress convention); NaN for token counts."""
-        budget = float(self.schedule.budget)
-        return 1.0 - budget if budget <= 1 else math.nan
+        """Average fraction removed over the compressed layers, for a kept fraction: ``1 - budget`` (as kvpress).
+
+        Raises:
+            TokenBudgetError: for a token budget, which has no ratio without the prompt length (use
+                :meth:`compression_ratio_for`).
+        """
+        return self.schedule.compression_ratio
+
+    def compression_ratio_for(self, prompt_tokens: int) -> float:
+        """Average fraction of a ``prompt_tokens``-token prompt removed over the compressed layers, for both kinds.
+
+        ``1 - average / prompt_tokens``, ``average`` the schedule's kept tokens per layer (the floor and the
+        per-layer cap do not change the average: the schedules keep ``layers * average`` tokens in all).
+        """
+        return self.schedule.compression_ratio_for(prompt_tokens)
 
     def layer_budgets(self, prompt_tokens: int, n_layers: int) -> tuple[int, ...]:
         """Tokens kept by each of ``n_layers`` compressed layers for a prompt of ``prompt_tokens`` tokens."""
@@ -226,7 +244,7 @@ class LayerBudgetPress(BasePress):
         n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
-        scorer = scorer_at_ratio(self.press, 1.0 - n_kept / k_len)  # a copy: the caller's press is never modified
+        scorer = scorer_at_ratio(self.press, kept_ratio(n_kept, k_len))  # a copy: the caller's press is untouched
         scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
         indices = scores.topk(n_kept, dim=-1).indices
         indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)

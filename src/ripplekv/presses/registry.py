@@ -1,4 +1,4 @@
-"""One name per method: ``make_press(name, budget=..., profile=...)``.
+"""One name per method: ``make_press(name, budget=..., profile=...)`` or ``make_press(name, tokens=..., ...)``.
 
 SnapKV, PyramidKV and RippleKV are one press, :class:`LayerBudgetPress` over SnapKV's scorer, with three
 per-layer budget schedules (uniform, pyramid, profile); they keep the same total number of tokens at a given
@@ -7,18 +7,28 @@ budget. kvpress's own PyramidKVPress stays available as ``pyramidkv-kvpress`` fo
 Every method compresses a model's global layers only and leaves sliding-window layers whole (Gemma 3's local
 layers, :mod:`ripplekv.models.layer_types`): the schedules spread the global layers' budget over them, and
 kvpress's own presses are wrapped in :class:`GlobalLayersPress`.
+
+A budget is ``budget=`` (a kept fraction in ``(0, 1]``) or ``tokens=`` (an average token count per layer). The
+methods built on the per-layer schedules take either; kvpress's own presses (:data:`FRACTION_ONLY_METHODS`) are
+configured by a compression ratio and take a fraction only.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 
 from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
-from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, PyramidSchedule, UniformSchedule
+from ripplekv.allocation import (
+    DEFAULT_GAMMA,
+    DEFAULT_RATIO,
+    BudgetSpec,
+    PyramidSchedule,
+    UniformSchedule,
+    check_budget,
+)
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
@@ -30,10 +40,20 @@ from ripplekv.profiling.profile import SensitivityProfile
 DEFAULT_WINDOW = 64
 
 
-def _fraction(name: str, budget: float) -> float:
-    if not (isinstance(budget, (int, float)) and math.isfinite(budget) and 0 < budget <= 1):
-        raise ValueError(f"{name} takes a budget as a kept fraction in (0, 1], got {budget!r}")
-    return float(budget)
+FRACTION_ONLY_METHODS: tuple[str, ...] = ("streamingllm", "pyramidkv-kvpress", "adakv")
+"""kvpress's own presses: configured by ``compression_ratio``, they take a kept fraction, not ``tokens``."""
+
+DEFAULT_PRESS_BUDGET = 1.0
+"""The kept fraction of :func:`make_press` given neither ``budget`` nor ``tokens`` (nothing is compressed)."""
+
+
+def _fraction(name: str, spec: BudgetSpec) -> float:
+    if spec.budget is None:
+        raise ValueError(
+            f"{name} is kvpress's own press, configured by a compression ratio: it takes a kept fraction "
+            f"(budget=), not tokens={spec.tokens}"
+        )
+    return float(spec.budget)
 
 
 def _needs_profile(name: str, profile: SensitivityProfile | None) -> SensitivityProfile:
@@ -43,53 +63,53 @@ def _needs_profile(name: str, profile: SensitivityProfile | None) -> Sensitivity
 
 
 def _ripplekv_ada(
-    budget: float, profile: SensitivityProfile, window: int, ratio: float, gamma: float, strict: bool
+    spec: BudgetSpec, profile: SensitivityProfile, window: int, ratio: float, gamma: float, strict: bool
 ) -> BasePress:
     """RippleKV's per-layer budgets (the ``ripplekv`` schedule, same floor) with AdaKV's head-wise allocation."""
-    ripple = RippleKVPress(SnapKVPress(window_size=window), budget=budget, profile=profile, ratio=ratio, gamma=gamma)
+    ripple = RippleKVPress(SnapKVPress(window_size=window), **spec.kwargs(), profile=profile, ratio=ratio, gamma=gamma)
     return LayerBudgetAdaPress(SnapKVPress(window_size=window), ripple.schedule, profile=profile, strict_profile=strict)
 
 
 _BUILDERS: dict[str, Callable[..., BasePress]] = {
-    "full": lambda budget, profile, window, ratio, gamma, strict: FullPress(),
-    "streamingllm": lambda budget, profile, window, ratio, gamma, strict: GlobalLayersPress(
-        StreamingLLMPress(compression_ratio=1 - _fraction("streamingllm", budget))
+    "full": lambda spec, profile, window, ratio, gamma, strict: FullPress(),
+    "streamingllm": lambda spec, profile, window, ratio, gamma, strict: GlobalLayersPress(
+        StreamingLLMPress(compression_ratio=1 - _fraction("streamingllm", spec))
     ),
-    "snapkv": lambda budget, profile, window, ratio, gamma, strict: LayerBudgetPress(
-        SnapKVPress(window_size=window), UniformSchedule(_fraction("snapkv", budget))
+    "snapkv": lambda spec, profile, window, ratio, gamma, strict: LayerBudgetPress(
+        SnapKVPress(window_size=window), UniformSchedule(**spec.kwargs())
     ),
-    "pyramidkv": lambda budget, profile, window, ratio, gamma, strict: LayerBudgetPress(
-        SnapKVPress(window_size=window), PyramidSchedule(_fraction("pyramidkv", budget), window_size=window)
+    "pyramidkv": lambda spec, profile, window, ratio, gamma, strict: LayerBudgetPress(
+        SnapKVPress(window_size=window), PyramidSchedule(**spec.kwargs(), window_size=window)
     ),
-    "pyramidkv-kvpress": lambda budget, profile, window, ratio, gamma, strict: GlobalLayersPress(
-        PyramidKVPress(compression_ratio=1 - _fraction("pyramidkv-kvpress", budget), window_size=window)
+    "pyramidkv-kvpress": lambda spec, profile, window, ratio, gamma, strict: GlobalLayersPress(
+        PyramidKVPress(compression_ratio=1 - _fraction("pyramidkv-kvpress", spec), window_size=window)
     ),
-    "adakv": lambda budget, profile, window, ratio, gamma, strict: GlobalLayersPress(
-        AdaKVPress(SnapKVPress(compression_ratio=1 - _fraction("adakv", budget), window_size=window))
+    "adakv": lambda spec, profile, window, ratio, gamma, strict: GlobalLayersPress(
+        AdaKVPress(SnapKVPress(compression_ratio=1 - _fraction("adakv", spec), window_size=window))
     ),
-    "ripplekv": lambda budget, profile, window, ratio, gamma, strict: RippleKVPress(
+    "ripplekv": lambda spec, profile, window, ratio, gamma, strict: RippleKVPress(
         press=SnapKVPress(window_size=window),
-        budget=budget,
+        **spec.kwargs(),
         profile=_needs_profile("ripplekv", profile),
         ratio=ratio,
         gamma=gamma,
         strict_profile=strict,
     ),
-    "ripplekv-local": lambda budget, profile, window, ratio, gamma, strict: RippleKVPress(
+    "ripplekv-local": lambda spec, profile, window, ratio, gamma, strict: RippleKVPress(
         press=SnapKVPress(window_size=window),
-        budget=budget,
+        **spec.kwargs(),
         profile=_needs_profile("ripplekv-local", profile),
         signal="local",
         ratio=ratio,
         gamma=gamma,
         strict_profile=strict,
     ),
-    "ripplekv-ada": lambda budget, profile, window, ratio, gamma, strict: _ripplekv_ada(
-        budget, _needs_profile("ripplekv-ada", profile), window, ratio, gamma, strict
+    "ripplekv-ada": lambda spec, profile, window, ratio, gamma, strict: _ripplekv_ada(
+        spec, _needs_profile("ripplekv-ada", profile), window, ratio, gamma, strict
     ),
-    ORACLE_METHOD: lambda budget, profile, window, ratio, gamma, strict: RippleKVPress(
+    ORACLE_METHOD: lambda spec, profile, window, ratio, gamma, strict: RippleKVPress(
         press=SnapKVPress(window_size=window),
-        budget=budget,
+        **spec.kwargs(),
         profile=require_damage_profile(ORACLE_METHOD, profile),
         ratio=ratio,
         gamma=gamma,
@@ -135,12 +155,14 @@ def check_prompt_length(press: BasePress | None, prompt_tokens: int) -> None:
 
 def make_press(
     name: str,
-    budget: float = 1.0,
+    budget: float | None = None,
     profile: SensitivityProfile | str | os.PathLike[str] | None = None,
     window_size: int = DEFAULT_WINDOW,
     ratio: float = DEFAULT_RATIO,
     gamma: float = DEFAULT_GAMMA,
     strict_profile: bool = False,
+    *,
+    tokens: int | None = None,
 ) -> BasePress:
     """Build the press of a method by name (see :data:`METHOD_DESCRIPTIONS`).
 
@@ -153,8 +175,8 @@ def make_press(
             written by ``ripplekv analyze``, passed as ``profile``: see :mod:`ripplekv.profiling.damage_profile`);
             ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
             presses).
-        budget: kept fraction of the prompt in (0, 1]; ``ripplekv`` also takes an average token count > 1.
-            Ignored by ``full``.
+        budget: kept fraction of the prompt in (0, 1] (a value above 1 is an error: use ``tokens``); with
+            neither ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET` (1.0). Ignored by ``full``.
         profile: sensitivity profile, or the path of its JSON file; required by the ``ripplekv`` methods
             (``ripplekv-oracle``: a damage profile).
         window_size: SnapKV observation window (every method with SnapKV's scorer, AdaKV).
@@ -162,9 +184,13 @@ def make_press(
         gamma: RippleKV clip bound.
         strict_profile: a profile measured on other weights than the model's (its weights fingerprint differs) is
             an error instead of a warning (see :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
+        tokens: instead of ``budget``, the average number of tokens kept per layer (an integer ``>= 1``; keyword
+            only). Taken by every method but kvpress's own presses (:data:`FRACTION_ONLY_METHODS`); validated, then
+            ignored, by ``full``.
 
     Raises:
-        ValueError: for an unknown name, a bad budget or window, or a missing profile.
+        ValueError: for an unknown name, a bad budget or window, both ``budget`` and ``tokens``, ``tokens`` for
+            one of :data:`FRACTION_ONLY_METHODS`, or a missing profile.
         TypeError: if ``profile`` is neither a :class:`SensitivityProfile`, a path nor ``None``.
     """
     key = name.lower()
@@ -172,4 +198,7 @@ def make_press(
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
-    return _BUILDERS[key](budget, resolve_profile(profile), window_size, ratio, gamma, bool(strict_profile))
+    if budget is None and tokens is None:
+        budget = DEFAULT_PRESS_BUDGET
+    spec = check_budget(budget, tokens, owner=f"make_press({name!r})")
+    return _BUILDERS[key](spec, resolve_profile(profile), window_size, ratio, gamma, bool(strict_profile))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,13 +13,17 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
+from ripplekv.allocation.budgets import BudgetSpec, check_budget
 from ripplekv.allocation.schedules import ProfileSchedule
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.profiling.profile import SensitivityProfile
 
-__all__ = ["SIGNALS", "RippleKVPress", "resolve_profile"]
+__all__ = ["DEFAULT_BUDGET", "SIGNALS", "RippleKVPress", "resolve_profile"]
 
 SIGNALS = ("kl", "local")
+
+DEFAULT_BUDGET = 0.2
+"""The kept fraction of a :class:`RippleKVPress` given neither ``budget`` nor ``tokens``."""
 
 
 def resolve_profile(profile: object) -> SensitivityProfile | None:
@@ -57,40 +60,38 @@ class RippleKVPress(BasePress):
     extra model pass is run at inference.
 
     This is the profile-schedule case of :class:`~ripplekv.presses.LayerBudgetPress`: every call is delegated
-    to ``LayerBudgetPress(press, ProfileSchedule(budget, scores, ratio, gamma), min_tokens)``
+    to ``LayerBudgetPress(press, ProfileSchedule(budget, scores, ratio, gamma, tokens=tokens), min_tokens)``
     (:attr:`layer_press`, rebuilt from the fields on each use), so both compress, check padding and switch
     the model to variable-length attention in the same way. The inner press is never mutated, so one instance
     can serve several models or threads.
 
-    Parameters
-    ----------
-    press : ScorerPress
-        Token scorer (default: ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored.
-    budget : float
-        Kept fraction of the prompt in (0, 1] (the paper's 10/20/30%), or, when > 1, the average number of
-        tokens kept per layer. The global budget is ``num_layers`` times that average.
-    profile : SensitivityProfile | str | os.PathLike | None
-        Sensitivity profile of the model, or the path of its JSON file (loaded at construction); checked
-        against the model when the press is applied.
-    scores : Sequence[float] | None
-        Raw per-layer scores instead of a profile (exactly one of ``profile`` and ``scores``).
-    signal : str
-        Which profile signal to allocate from: ``"kl"`` (downstream KL, the method) or ``"local"``
-        (the ablation using the layer's own attention-output change).
-    ratio : float
-        Disparity ``r`` of the multipliers ``r ** s_l`` (``1`` gives uniform budgets).
-    gamma : float
-        Multipliers are clipped to ``[1/gamma, gamma]``.
-    min_tokens : int | None
-        Smallest budget a layer may get (``>= 1``); default: the inner press's ``window_size`` if it has one
-        (SnapKV always keeps its observation window), else 1.
-    strict_profile : bool
-        A profile of other weights than the model's (same architecture, another weights fingerprint: a
-        fine-tune, another dtype) raises instead of warning once.
+    The budget is ``budget`` (a kept fraction) or ``tokens`` (an average token count per layer), not both;
+    with neither, ``budget`` is :data:`DEFAULT_BUDGET` (0.2). ``compression_ratio`` is ``1 - budget`` for a
+    fraction and raises :class:`~ripplekv.allocation.budgets.TokenBudgetError` for a token budget;
+    :meth:`compression_ratio_for` takes the prompt length and serves both (see
+    :class:`~ripplekv.presses.LayerBudgetPress` for how kvpress code reading the ratio behaves).
+
+    Args:
+        press: token scorer (default: ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored.
+        budget: kept fraction of the prompt in (0, 1] (the paper's 10/20/30%); a value above 1 is an error
+            (use ``tokens``). The global budget is ``num_layers`` times the average it keeps per layer.
+        profile: sensitivity profile of the model (a :class:`SensitivityProfile`), or the path of its JSON file
+            (loaded at construction); checked against the model when the press is applied.
+        scores: raw per-layer scores instead of a profile (exactly one of ``profile`` and ``scores``).
+        signal: which profile signal to allocate from: ``"kl"`` (downstream KL, the method) or ``"local"``
+            (the ablation using the layer's own attention-output change).
+        ratio: disparity ``r`` of the multipliers ``r ** s_l`` (``1`` gives uniform budgets).
+        gamma: multipliers are clipped to ``[1/gamma, gamma]``.
+        min_tokens: smallest budget a layer may get (``>= 1``); default (None): the inner press's
+            ``window_size`` if it has one (SnapKV always keeps its observation window), else 1.
+        strict_profile: a profile of other weights than the model's (same architecture, another weights
+            fingerprint: a fine-tune, another dtype) raises instead of warning once.
+        tokens: instead of ``budget``, the average number of tokens kept per layer (an integer ``>= 1``; keyword
+            only).
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
-    budget: float = 0.2
+    budget: float | None = None
     profile: SensitivityProfile | str | os.PathLike[str] | None = None  # a path is loaded in __post_init__
     scores: Sequence[float] | None = None
     signal: str = "kl"
@@ -98,6 +99,7 @@ class RippleKVPress(BasePress):
     gamma: float = DEFAULT_GAMMA
     min_tokens: int | None = None
     strict_profile: bool = False
+    tokens: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         self.profile = resolve_profile(self.profile)
@@ -105,7 +107,8 @@ class RippleKVPress(BasePress):
             raise ValueError("give exactly one of `profile` and `scores`")
         if self.signal not in SIGNALS:
             raise ValueError(f"signal must be one of {SIGNALS}, got {self.signal!r}")
-        LayerBudgetPress(self.press, self.schedule, self.min_tokens)  # validates scorer, budget, scores, min_tokens
+        # self.schedule validates budget and tokens (the message naming this press), then the scores
+        LayerBudgetPress(self.press, self.schedule, self.min_tokens)  # validates scorer and min_tokens
 
     @property
     def layer_scores(self) -> tuple[float, ...]:
@@ -115,9 +118,21 @@ class RippleKVPress(BasePress):
         return tuple(float(s) for s in self.scores or ())
 
     @property
+    def spec(self) -> BudgetSpec:
+        """The budget of the current fields (:data:`DEFAULT_BUDGET` when neither ``budget`` nor ``tokens`` is set).
+
+        Raises:
+            ValueError: if both are set, or the one set is invalid.
+        """
+        if self.budget is None and self.tokens is None:
+            return BudgetSpec(budget=DEFAULT_BUDGET)
+        return check_budget(self.budget, self.tokens, owner=type(self).__name__)
+
+    @property
     def schedule(self) -> ProfileSchedule:
         """The RippleKV schedule of the current fields."""
-        return ProfileSchedule(self.budget, self.layer_scores, self.ratio, self.gamma)
+        spec = self.spec
+        return ProfileSchedule(spec.budget, self.layer_scores, self.ratio, self.gamma, tokens=spec.tokens)
 
     @property
     def layer_press(self) -> LayerBudgetPress:
@@ -131,8 +146,16 @@ class RippleKVPress(BasePress):
 
     @property
     def compression_ratio(self) -> float:
-        """Average fraction removed, when the budget is a fraction (kvpress convention)."""
-        return 1.0 - self.budget if self.budget <= 1 else math.nan
+        """Average fraction removed for a kept fraction: ``1 - budget`` (kvpress's convention).
+
+        Raises:
+            TokenBudgetError: for a token budget (use :meth:`compression_ratio_for`).
+        """
+        return self.spec.compression_ratio
+
+    def compression_ratio_for(self, prompt_tokens: int) -> float:
+        """Average fraction of a ``prompt_tokens``-token prompt removed, for both kinds (``1 - average / prompt``)."""
+        return self.spec.compression_ratio_for(prompt_tokens)
 
     def layer_budgets(self, prompt_tokens: int, n_layers: int | None = None) -> tuple[int, ...]:
         """Tokens kept by each layer for a prompt of ``prompt_tokens`` tokens.
