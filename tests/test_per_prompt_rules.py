@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ripplekv.allocation import (
+    BudgetSpec,
     CakeRule,
     CakeStatistic,
     DynamicKVRule,
@@ -347,8 +348,9 @@ def test_lava_rule_validation() -> None:
 
 def test_schedule_spends_snapkvs_total() -> None:
     for budget, prompt in ((0.1, 100), (0.2, 284), (0.5, 1001), (64, 500), (1.0, 37)):
-        uniform = sum(UniformSchedule(budget).layer_budgets(30, prompt, 64))
-        schedule = PerPromptSchedule(LavaRule(), budget)
+        spec = BudgetSpec.from_value(budget).kwargs()
+        uniform = sum(UniformSchedule(**spec).layer_budgets(30, prompt, 64))
+        schedule = PerPromptSchedule(LavaRule(), **spec)
         assert schedule.total(30, prompt) == uniform
         budgets = schedule.layer_budgets([(0.5 + layer / 100,) for layer in range(30)], 30, prompt, 64)
         assert sum(budgets) == uniform
@@ -429,7 +431,7 @@ CALLS = dict(
 @given(**CALLS)
 def test_budgets_sum_to_the_total_within_bounds(rule, make, values, prompt, budget, window, floor) -> None:
     n = len(values)
-    schedule = PerPromptSchedule(rule, budget, window_size=window)
+    schedule = PerPromptSchedule(rule, window_size=window, **BudgetSpec.from_value(budget).kwargs())
     budgets = schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
     total = schedule.total(n, prompt)
     assert len(budgets) == n and all(isinstance(b, int) for b in budgets)
@@ -442,7 +444,7 @@ def test_budgets_sum_to_the_total_within_bounds(rule, make, values, prompt, budg
 @settings(max_examples=40, deadline=None)
 @given(value=st.floats(0.0, 1.0), n=st.integers(1, 12), **{k: v for k, v in CALLS.items() if k != "values"})
 def test_equal_statistics_give_uniform_budgets(rule, make, value, n, prompt, budget, window, floor) -> None:
-    schedule = PerPromptSchedule(rule, budget, window_size=window)
+    schedule = PerPromptSchedule(rule, window_size=window, **BudgetSpec.from_value(budget).kwargs())
     budgets = schedule.layer_budgets(make([value] * n, max(1, prompt - window)), n, prompt, floor)
     assert max(budgets) - min(budgets) <= 1
 
@@ -458,7 +460,7 @@ def test_budgets_are_monotone_in_the_preference(rule, make, sign, values, prompt
     # CAKE and LAVa: a larger preference never gets fewer tokens; SqueezeAttention: a larger similarity (a less
     # important layer) never gets more.
     n = len(values)
-    schedule = PerPromptSchedule(rule, budget, window_size=window)
+    schedule = PerPromptSchedule(rule, window_size=window, **BudgetSpec.from_value(budget).kwargs())
     budgets = schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
     for i in range(n):
         for j in range(n):

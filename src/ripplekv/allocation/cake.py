@@ -55,10 +55,10 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from ripplekv.allocation.per_prompt import (
     PerPromptRule,
-    _even,
     apportion,
     check_positive,
     check_rule_call,
+    even_split,
     finite_array,
     layer_floor,
 )
@@ -201,7 +201,7 @@ class CakeRule(PerPromptRule):
         low = layer_floor(n_layers, prompt_tokens, total, window, floor)
         spare = total - n_layers * window
         if spare <= 0 or window >= prompt_tokens or sum(preference) == 0:
-            return _even(total, n_layers)
+            return even_split(total, n_layers)
         exact = [Fraction(p) for p in preference]
         mass = sum(exact)
         offsets = [window + p * spare / mass for p in exact]

@@ -71,12 +71,12 @@ import numpy as np
 
 from ripplekv.allocation.per_prompt import (
     PerPromptRule,
-    _even,
     apportion,
     check_int,
     check_pooling,
     check_positive,
     check_rule_call,
+    even_split,
     layer_floor,
 )
 
@@ -315,7 +315,7 @@ class DynamicKVRule(PerPromptRule):
         check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
         spare = total - n_layers * window
         if spare <= 0 or window >= prompt_tokens:
-            return _even(total, n_layers)
+            return even_split(total, n_layers)
         arrays, heads = _check_stats(stats)
         longest = max(a.size for a in arrays)
         if longest > heads * (prompt_tokens - window):
@@ -326,7 +326,7 @@ class DynamicKVRule(PerPromptRule):
         budget_size = min(int(float(self.radio_max) * Fraction(spare, n_layers)), prompt_tokens - window)
         caps, counts = self.progressive_caps(stats, n_layers, spare, budget_size)
         if sum(counts) == 0:
-            return _even(total, n_layers)
+            return even_split(total, n_layers)
         low = layer_floor(n_layers, prompt_tokens, total, window, floor)
         for limit in (caps, (budget_size,) * n_layers, (prompt_tokens,) * n_layers):
             highs = [max(low, min(prompt_tokens, window + cap)) for cap in limit]

@@ -55,10 +55,10 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from ripplekv.allocation.per_prompt import (
     PerPromptRule,
-    _even,
     apportion,
     check_pooling,
     check_rule_call,
+    even_split,
     finite_array,
     layer_floor,
 )
@@ -209,7 +209,7 @@ class LavaRule(PerPromptRule):
         entropy = finite_array([tuple(s)[0] for s in stats], "LAVa entropies e_l")
         spare = total - n_layers * window
         if spare <= 0 or window >= prompt_tokens or not entropy.any():
-            return _even(total, n_layers)
+            return even_split(total, n_layers)
         low = layer_floor(n_layers, prompt_tokens, total, window, floor)
         weights = [Fraction(float(e)) for e in entropy]
         return apportion([window] * n_layers, weights, total, [low] * n_layers, [prompt_tokens] * n_layers)

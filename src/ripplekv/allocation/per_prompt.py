@@ -20,15 +20,14 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ripplekv.allocation.apportion import largest_remainder
-from ripplekv.allocation.budgets import resolve_average_budget
-from ripplekv.allocation.schedules import check_budget
+from ripplekv.allocation.budgets import BudgetSpec
 from ripplekv.validation import is_integer, is_real
 
 __all__ = [
@@ -255,7 +254,7 @@ def apportion(
     return tuple(largest_remainder(shares, ties, second, int(total)))
 
 
-def _even(total: int, n_layers: int) -> tuple[int, ...]:
+def even_split(total: int, n_layers: int) -> tuple[int, ...]:
     """``total`` split as evenly as possible (the remainder to the first layers)."""
     base, extra = divmod(int(total), int(n_layers))
     return tuple(base + (1 if layer < extra else 0) for layer in range(n_layers))
@@ -314,21 +313,29 @@ class PerPromptSchedule:
 
     Attributes:
         rule: the per-prompt rule (:class:`~ripplekv.allocation.cake.CakeRule`, ...).
-        budget: kept fraction of the prompt in ``(0, 1]`` or an integer average token count ``> 1``.
+        budget: kept fraction of the prompt in ``(0, 1]``, or None when ``tokens`` is given.
         window_size: the scorer's observation window (``>= 0``; kvpress's SnapKV default is 64), which every
             layer keeps and over which the statistics are computed.
+        tokens: average kept tokens per layer (an integer ``>= 1``; keyword only), or None.
     """
 
     rule: PerPromptRule
-    budget: float
+    budget: float | None = None
     window_size: int = 64
+    _: KW_ONLY
+    tokens: int | None = None
     uniform: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.rule, PerPromptRule):
             raise TypeError(f"PerPromptSchedule.rule must be a PerPromptRule, got {type(self.rule).__name__}")
-        check_budget(self.budget)
+        BudgetSpec(self.budget, self.tokens)  # exactly one, each valid
         check_int("PerPromptSchedule", "window_size", self.window_size, 0)
+
+    @property
+    def spec(self) -> BudgetSpec:
+        """The budget as a :class:`~ripplekv.allocation.BudgetSpec`."""
+        return BudgetSpec(self.budget, self.tokens)
 
     @property
     def statistic_names(self) -> tuple[str, ...]:
@@ -343,7 +350,7 @@ class PerPromptSchedule:
     def total(self, n_layers: int, prompt_tokens: int) -> int:
         """SnapKV's global budget: ``n_layers * resolve_average_budget(budget, prompt_tokens)``."""
         self.check_layers(n_layers)
-        return int(n_layers) * resolve_average_budget(self.budget, prompt_tokens)
+        return int(n_layers) * self.spec.average(prompt_tokens)
 
     def layer_budgets(
         self, stats: Sequence[Sequence[Any]], n_layers: int, prompt_tokens: int, floor: int

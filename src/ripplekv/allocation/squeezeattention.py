@@ -57,11 +57,11 @@ import numpy as np
 
 from ripplekv.allocation.per_prompt import (
     PerPromptRule,
-    _even,
     apportion,
     check_int,
     check_positive,
     check_rule_call,
+    even_split,
     finite_array,
     layer_floor,
 )
@@ -285,7 +285,7 @@ class SqueezeAttentionRule(PerPromptRule):
         similarity = finite_array([tuple(s)[0] for s in stats], "SqueezeAttention similarities", nonnegative=False)
         weights = self.weights(similarity)
         if len(set(weights)) == 1:
-            return _even(total, n_layers)
+            return even_split(total, n_layers)
         low = layer_floor(n_layers, prompt_tokens, total, window, floor)
         bounds = ([low] * n_layers, [prompt_tokens] * n_layers)
         return apportion([0] * n_layers, weights, total, *bounds, preference=[-s for s in similarity])
