@@ -1,7 +1,8 @@
 """The import contract of docs/architecture.md: layers import one way, and no module circles.
 
 Read from the source with ``ast`` (every import statement, including those inside functions), so a lazy import
-that runs back up a layer counts like a top-level one.
+that runs back up a layer counts like a top-level one; imports under ``if TYPE_CHECKING:`` never run and do not
+count.
 """
 
 from __future__ import annotations
@@ -48,7 +49,17 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
 def imported(path: Path, known: set[str]) -> Iterator[str]:
     """The ripplekv modules ``path`` imports (``from a.b import c`` names ``a.b.c`` when that is a module)."""
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {  # imports under ``if TYPE_CHECKING:`` never run
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names if alias.name in known)
         elif isinstance(node, ast.ImportFrom):

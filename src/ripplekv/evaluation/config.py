@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ripplekv.allocation.budgets import BudgetSpec
+from ripplekv.evaluation.sample import FULL_BUDGET, MIN_NEW_TOKENS, EvalSample, positive_int
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS
 
 __all__ = [
@@ -36,25 +36,9 @@ DECODE_MODES = ("batched", "sequential")
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 DEFAULT_BUDGETS = (0.1, 0.2, 0.3)
-FULL_BUDGET = 1.0
-MIN_NEW_TOKENS = 1
 """Tokens generated before a stop token may be chosen, for every task: the first generated token is never a stop
 token. LongBench's ``pred.py`` passes ``min_length=context_length + 1`` for samsum, where a model that starts with
 a newline (its stop token) otherwise answers nothing; the same can happen on any task with an end-of-sequence."""
-
-
-def positive_int(name: str, value: object, allow_none: bool = False) -> None:
-    """Raise ValueError unless ``value`` is an integer >= 1 (or None when ``allow_none``).
-
-    Args:
-        name: the option's name, for the message.
-        value: the value to check.
-        allow_none: whether None is accepted.
-    """
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -215,31 +199,3 @@ class EvalConfig:
         pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
         pairs += [(m, b) for m in self.methods if m != "full" for b in self.budget_values]
         return pairs
-
-
-@dataclass(frozen=True)
-class EvalSample:
-    """One prompt, ready to prefill, and how to score an answer to it.
-
-    Args:
-        id: unique within the run.
-        task: the task it belongs to (rows are grouped by it).
-        input_ids: the whole prompt's token ids.
-        question_start: first token of the question part (query-agnostic: the context is
-            ``input_ids[:question_start]``).
-        max_new_tokens: answer length.
-        score: the suite's metric, prediction text -> score.
-        gold: the gold answer text teacher-forced for ``gold_nll`` (None: the suite has none).
-        extra_stop_ids: stop tokens besides the model's end-of-sequence ids.
-        meta: copied into every row.
-    """
-
-    id: str
-    task: str
-    input_ids: tuple[int, ...]
-    question_start: int
-    max_new_tokens: int
-    score: Callable[[str], float] = field(compare=False, repr=False)
-    gold: str | None = None
-    extra_stop_ids: frozenset[int] = frozenset()
-    meta: Mapping[str, Any] = field(default_factory=dict)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ripplekv.evaluation.results import complete_samples
-from ripplekv.evaluation.runner import FULL_BUDGET
+from ripplekv.evaluation.sample import FULL_BUDGET
 from ripplekv.evaluation.stats import (
     ALPHA,
     BASELINE,
@@ -37,10 +37,11 @@ from ripplekv.evaluation.stats import (
     analyse_metric,
     collect,
 )
+from ripplekv.evaluation.summary import AVERAGE
 from ripplekv.presses.registry import METHOD_DESCRIPTIONS
 
 if TYPE_CHECKING:
-    from ripplekv.evaluation.report import RunSummary
+    from ripplekv.evaluation.summary import RunSummary
 
 __all__ = [
     "AVERAGE",
@@ -58,7 +59,6 @@ __all__ = [
 ]
 
 FEW_SAMPLES = 5  # tasks with fewer samples get the small-sample caveat
-AVERAGE = "average"  # the task name of the macro average in score tables
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from ripplekv.inference.generate import chat_prompt_parts
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv.evaluation.config import EvalConfig, EvalSample
+    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.sample import EvalSample
 
 __all__ = [
     "Suite",

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.evaluation.config import EvalSample
 from ripplekv.evaluation.jsonlines import iter_json_lines
 from ripplekv.evaluation.metrics import METRICS
+from ripplekv.evaluation.sample import EvalSample
 from ripplekv.evaluation.suites.base import Suite, prompt_parts, split_prompt
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ripplekv.evaluation import longbench
-from ripplekv.evaluation.config import EvalSample, positive_int
+from ripplekv.evaluation.sample import EvalSample, positive_int
 from ripplekv.evaluation.suites.base import Suite, cap_new_tokens, default_max_length
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.evaluation.config import EvalSample, positive_int
+from ripplekv.evaluation.sample import EvalSample, positive_int
 from ripplekv.evaluation.suites.base import Suite, cap_new_tokens, prompt_parts, split_prompt
 from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt
 

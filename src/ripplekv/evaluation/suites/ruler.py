@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ripplekv.evaluation import ruler
-from ripplekv.evaluation.config import EvalSample, positive_int
+from ripplekv.evaluation.sample import EvalSample, positive_int
 from ripplekv.evaluation.suites.base import Suite, cap_new_tokens, split_prompt, use_chat_template
 from ripplekv.inference.generate import chat_prompt_parts
 
