@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvpress import AdaKVPress, ChunkPress, ComposedPress, KeyRerotationPress, SnapKVPress, StreamingLLMPress
+from kvpress import (
+    AdaKVPress,
+    ChunkPress,
+    ComposedPress,
+    KeyRerotationPress,
+    KnormPress,
+    SnapKVPress,
+    StreamingLLMPress,
+)
 
 from ripplekv.allocation import ProfileSchedule, PyramidSchedule, TokenBudgetError, UniformSchedule
 from ripplekv.inference import extend, greedy_decode, prefill
@@ -27,6 +35,7 @@ from ripplekv.presses import (
     RippleKVPress,
     make_press,
 )
+from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.profiling import ProfileError, ProfileWeightsWarning, ProfilingConfig
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, make_damage_profile
 from ripplekv.profiling.sensitivity import profile_model
@@ -303,6 +312,8 @@ def test_make_press_every_method() -> None:
             assert kept_tokens(state) == list(press.layer_budgets(64, 3)) and sum(kept_tokens(state)) == 3 * 16
         elif name in ("snapkv", "streamingllm", "pyramidkv-kvpress"):  # kvpress's pyramid falls back to uniform
             assert lengths == [16] * 3
+        elif isinstance(press, PerPromptBudgetPress):  # budgets decided per prompt: SnapKV's total exactly
+            assert sum(lengths) == 3 * 16 and all(4 <= n <= 64 for n in lengths)
         else:  # per-layer schedules spend exactly SnapKV's total
             assert isinstance(press, (LayerBudgetPress, RippleKVPress))
             assert sum(lengths) == 3 * 16 and lengths == list(press.layer_budgets(64, 3))
@@ -438,3 +449,24 @@ def test_make_press_budget_or_tokens() -> None:
         make_press("full", tokens=0)
     assert make_press("snapkv").compression_ratio == 0.0  # neither given: the documented default, 1.0
     assert make_press("pyramidkv", tokens=40, window_size=8).layer_budgets(400, 4)[0] > 40
+
+
+@pytest.mark.parametrize("name", ["snapkv", "pyramidkv", "ripplekv", "adakv", "ripplekv-ada", "cake", "lava"])
+def test_make_press_takes_any_scorer(name: str) -> None:
+    model = tiny_model("llama", layers=3)
+    profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
+    scorer = KnormPress()
+    press = make_press(name, budget=0.25, profile=profile, window_size=4, scorer=scorer)
+    scorers = []
+    inner = press
+    while inner is not None:
+        scorers.append(type(inner).__name__)
+        inner = getattr(inner, "press", None)
+    assert "KnormPress" in scorers and "SnapKVPress" not in scorers
+    state = prefill(enable_varlen_attention(model), random_ids(64, 9), press)
+    assert sum(kept_tokens(state)) == 3 * 16
+    assert scorer.compression_ratio == 0.0  # the caller's scorer is never modified
+    with pytest.raises(ValueError, match="no token scorer"):
+        make_press("streamingllm", budget=0.25, scorer=scorer)
+    with pytest.raises(TypeError, match="ScorerPress"):
+        make_press(name, budget=0.25, profile=profile, scorer=object())  # type: ignore[arg-type]

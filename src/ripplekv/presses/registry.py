@@ -15,10 +15,11 @@ configured by a compression ratio and take a fraction only.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 
-from kvpress import AdaKVPress, PyramidKVPress, SnapKVPress, StreamingLLMPress
+from kvpress import AdaKVPress, PyramidKVPress, ScorerPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
 from ripplekv.allocation import (
@@ -29,10 +30,16 @@ from ripplekv.allocation import (
     UniformSchedule,
     check_budget,
 )
+from ripplekv.allocation.cake import CakeRule
+from ripplekv.allocation.dynamickv import DynamicKVRule
+from ripplekv.allocation.lava import LavaRule
+from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
+from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
-from ripplekv.presses.layer_budget_press import LayerBudgetPress
+from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
+from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 from ripplekv.profiling.profile import SensitivityProfile
@@ -63,40 +70,56 @@ def _needs_profile(name: str, profile: SensitivityProfile | None) -> Sensitivity
 
 
 def _ripplekv_ada(
-    spec: BudgetSpec, profile: SensitivityProfile, window: int, ratio: float, gamma: float, strict: bool
+    spec: BudgetSpec,
+    profile: SensitivityProfile,
+    scorer: Callable[[], ScorerPress],
+    ratio: float,
+    gamma: float,
+    strict: bool,
 ) -> BasePress:
     """RippleKV's per-layer budgets (the ``ripplekv`` schedule, same floor) with AdaKV's head-wise allocation."""
-    ripple = RippleKVPress(SnapKVPress(window_size=window), **spec.kwargs(), profile=profile, ratio=ratio, gamma=gamma)
-    return LayerBudgetAdaPress(SnapKVPress(window_size=window), ripple.schedule, profile=profile, strict_profile=strict)
+    ripple = RippleKVPress(scorer(), **spec.kwargs(), profile=profile, ratio=ratio, gamma=gamma)
+    return LayerBudgetAdaPress(scorer(), ripple.schedule, profile=profile, strict_profile=strict)
+
+
+def _per_prompt(rule: PerPromptRule) -> Callable[..., BasePress]:
+    """The builder of a per-prompt schedule's method: the rule over the scorer, SnapKV's total, one window."""
+
+    def build(spec: BudgetSpec, profile, window, ratio, gamma, strict, scorer) -> BasePress:  # noqa: ANN001
+        inner = scorer()
+        shared = int(getattr(inner, "window_size", None) or window)
+        return PerPromptBudgetPress(inner, PerPromptSchedule(rule, **spec.kwargs(), window_size=shared))
+
+    return build
 
 
 _BUILDERS: dict[str, Callable[..., BasePress]] = {
-    "full": lambda spec, profile, window, ratio, gamma, strict: FullPress(),
-    "streamingllm": lambda spec, profile, window, ratio, gamma, strict: GlobalLayersPress(
+    "full": lambda spec, profile, window, ratio, gamma, strict, scorer: FullPress(),
+    "streamingllm": lambda spec, profile, window, ratio, gamma, strict, scorer: GlobalLayersPress(
         StreamingLLMPress(compression_ratio=1 - _fraction("streamingllm", spec))
     ),
-    "snapkv": lambda spec, profile, window, ratio, gamma, strict: LayerBudgetPress(
-        SnapKVPress(window_size=window), UniformSchedule(**spec.kwargs())
+    "snapkv": lambda spec, profile, window, ratio, gamma, strict, scorer: LayerBudgetPress(
+        scorer(), UniformSchedule(**spec.kwargs())
     ),
-    "pyramidkv": lambda spec, profile, window, ratio, gamma, strict: LayerBudgetPress(
-        SnapKVPress(window_size=window), PyramidSchedule(**spec.kwargs(), window_size=window)
+    "pyramidkv": lambda spec, profile, window, ratio, gamma, strict, scorer: LayerBudgetPress(
+        scorer(), PyramidSchedule(**spec.kwargs(), window_size=window)
     ),
-    "pyramidkv-kvpress": lambda spec, profile, window, ratio, gamma, strict: GlobalLayersPress(
+    "pyramidkv-kvpress": lambda spec, profile, window, ratio, gamma, strict, scorer: GlobalLayersPress(
         PyramidKVPress(compression_ratio=1 - _fraction("pyramidkv-kvpress", spec), window_size=window)
     ),
-    "adakv": lambda spec, profile, window, ratio, gamma, strict: GlobalLayersPress(
-        AdaKVPress(SnapKVPress(compression_ratio=1 - _fraction("adakv", spec), window_size=window))
+    "adakv": lambda spec, profile, window, ratio, gamma, strict, scorer: GlobalLayersPress(
+        AdaKVPress(scorer_at_ratio(scorer(), 1 - _fraction("adakv", spec)))
     ),
-    "ripplekv": lambda spec, profile, window, ratio, gamma, strict: RippleKVPress(
-        press=SnapKVPress(window_size=window),
+    "ripplekv": lambda spec, profile, window, ratio, gamma, strict, scorer: RippleKVPress(
+        press=scorer(),
         **spec.kwargs(),
         profile=_needs_profile("ripplekv", profile),
         ratio=ratio,
         gamma=gamma,
         strict_profile=strict,
     ),
-    "ripplekv-local": lambda spec, profile, window, ratio, gamma, strict: RippleKVPress(
-        press=SnapKVPress(window_size=window),
+    "ripplekv-local": lambda spec, profile, window, ratio, gamma, strict, scorer: RippleKVPress(
+        press=scorer(),
         **spec.kwargs(),
         profile=_needs_profile("ripplekv-local", profile),
         signal="local",
@@ -104,11 +127,15 @@ _BUILDERS: dict[str, Callable[..., BasePress]] = {
         gamma=gamma,
         strict_profile=strict,
     ),
-    "ripplekv-ada": lambda spec, profile, window, ratio, gamma, strict: _ripplekv_ada(
-        spec, _needs_profile("ripplekv-ada", profile), window, ratio, gamma, strict
+    "ripplekv-ada": lambda spec, profile, window, ratio, gamma, strict, scorer: _ripplekv_ada(
+        spec, _needs_profile("ripplekv-ada", profile), scorer, ratio, gamma, strict
     ),
-    ORACLE_METHOD: lambda spec, profile, window, ratio, gamma, strict: RippleKVPress(
-        press=SnapKVPress(window_size=window),
+    "cake": _per_prompt(CakeRule()),
+    "squeezeattention": _per_prompt(SqueezeAttentionRule()),
+    "dynamickv": _per_prompt(DynamicKVRule()),
+    "lava": _per_prompt(LavaRule()),
+    ORACLE_METHOD: lambda spec, profile, window, ratio, gamma, strict, scorer: RippleKVPress(
+        press=scorer(),
         **spec.kwargs(),
         profile=require_damage_profile(ORACLE_METHOD, profile),
         ratio=ratio,
@@ -130,6 +157,10 @@ METHOD_DESCRIPTIONS: dict[str, str] = {
     "ripplekv-local": "SnapKV scorer, RippleKV budgets from the profile's local signal (ablation)",
     "ripplekv-ada": "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
     ORACLE_METHOD: "SnapKV scorer, RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
+    "cake": "SnapKV scorer, CAKE budgets per prompt (window attention's entropy x variance per layer), SnapKV's total",
+    "squeezeattention": "SnapKV scorer, SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
+    "dynamickv": "SnapKV scorer, DynamicKV budgets per prompt (global top-k of window attention over layers)",
+    "lava": "SnapKV scorer, LAVa budgets per prompt (value-weighted entropy of window attention per layer)",
 }
 """One line per method name: what it computes (used by reports so every table says which is which)."""
 
@@ -163,6 +194,7 @@ def make_press(
     strict_profile: bool = False,
     *,
     tokens: int | None = None,
+    scorer: ScorerPress | None = None,
 ) -> BasePress:
     """Build the press of a method by name (see :data:`METHOD_DESCRIPTIONS`).
 
@@ -187,6 +219,11 @@ def make_press(
         tokens: instead of ``budget``, the average number of tokens kept per layer (an integer ``>= 1``; keyword
             only). Taken by every method but kvpress's own presses (:data:`FRACTION_ONLY_METHODS`); validated, then
             ignored, by ``full``.
+        scorer: the token scorer (any kvpress ``ScorerPress``, keyword only) of every method built on a scorer:
+            the schedules (``snapkv``, ``pyramidkv``, ``ripplekv``, ``ripplekv-local``, ``ripplekv-oracle``, the
+            per-prompt ``cake``, ``squeezeattention``, ``dynamickv``, ``lava``), ``adakv`` and ``ripplekv-ada``.
+            Default SnapKV with ``window_size``. ``streamingllm``, ``pyramidkv-kvpress`` and ``full`` take none.
+            Each press gets its own copy, so one scorer can build many presses.
 
     Raises:
         ValueError: for an unknown name, a bad budget or window, both ``budget`` and ``tokens``, ``tokens`` for
@@ -201,4 +238,20 @@ def make_press(
     if budget is None and tokens is None:
         budget = DEFAULT_PRESS_BUDGET
     spec = check_budget(budget, tokens, owner=f"make_press({name!r})")
-    return _BUILDERS[key](spec, resolve_profile(profile), window_size, ratio, gamma, bool(strict_profile))
+    if scorer is not None:
+        if key in _NO_SCORER:
+            raise ValueError(f"method {name!r} has no token scorer to replace (scorer= applies to {_with_scorer()})")
+        if not isinstance(scorer, ScorerPress):
+            raise TypeError(f"scorer must be a kvpress ScorerPress, got {type(scorer).__name__}")
+
+    def build_scorer() -> ScorerPress:
+        return SnapKVPress(window_size=window_size) if scorer is None else copy.copy(scorer)
+
+    return _BUILDERS[key](spec, resolve_profile(profile), window_size, ratio, gamma, bool(strict_profile), build_scorer)
+
+
+_NO_SCORER = frozenset({"full", "streamingllm", "pyramidkv-kvpress"})
+
+
+def _with_scorer() -> str:
+    return ", ".join(name for name in METHODS if name not in _NO_SCORER)
