@@ -592,7 +592,7 @@ def test_decode_groups_stay_within_the_memory_bound(
     import weakref
 
     from ripplekv.evaluation import rows as rows_module
-    from ripplekv.evaluation.runner import _build_presses
+    from ripplekv.evaluation.runner import build_presses
     from ripplekv.inference.generate import full_cache_bytes
 
     model, tokenizer = loaded
@@ -614,7 +614,7 @@ def test_decode_groups_stay_within_the_memory_bound(
     monkeypatch.setattr(rows_module, "decode_row", tracked_row)
     monkeypatch.setattr(rows_module, "derived_prefill", tracked_derive)
     sample = build_samples(config, tokenizer, model)[0]
-    presses = _build_presses(config, load_run_profiles(config).profile, model)
+    presses = build_presses(config, load_run_profiles(config).profile, model)
     expected = _comparable([r for r in _rows(reference) if r["sample_id"] == sample.id])
     full_bytes = full_cache_bytes(model, len(sample.input_ids))  # the default bound (question-aware)
     sizes = []

@@ -53,6 +53,7 @@ from ripplekv.inference.batched import (
     DecodeRow,
     NotBatchableError,
     batched_greedy_decode_rows,
+    can_batch,
     decode_row,
     row_bytes,
 )
@@ -198,7 +199,9 @@ class SampleRunner:
             row = self._row(sample, "full", FULL_BUDGET, prediction, tokens, full_kept, scores, common, started)
             yield {**row, "answer_ids": tokens}
         stops = self.eos | sample.extra_stop_ids
-        batched = self.config.score == "both" and self.config.decode == "batched"
+        asked = self.config.score == "both" and self.config.decode == "batched"
+        # a ragged batch needs ripplekv's attention (FlashAttention as loaded decodes each cache alone: rows of 1)
+        batched = asked and can_batch(self.model)
         bound = self.config.decode_memory or cache_bytes(record.full_cache())
         group: list[_Pending] = []
         others = [(method, budget) for method, budget in pending if method != "full"]
@@ -241,7 +244,7 @@ class SampleRunner:
             del state
             prediction = None if decoded is None else self.tokenizer.decode(decoded, skip_special_tokens=True)
             row = self._row(sample, method, budget, prediction, decoded, kept, scores, common, started)
-            yield {**row, "decode_rows": 1} if batched else row
+            yield {**row, "decode_rows": 1} if asked else row
         if group:
             yield from self._decode_group(sample, group, common)
 

@@ -67,6 +67,7 @@ __all__ = [
     "batched_greedy_decode",
     "batched_greedy_decode_rows",
     "batched_teacher_forced_logprobs",
+    "can_batch",
     "decode_row",
     "padded_batch",
     "plan_batches",
@@ -411,10 +412,23 @@ def batched_greedy_decode_rows(
         stop_ids: token ids that end a row's answer (included in it).
         min_new_tokens: for a row's first ``min_new_tokens`` tokens the stop ids cannot be chosen.
     """
+    if not can_batch(model):
+        raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))
     _check_int("max_new_tokens", max_new_tokens, 1)
     _check_int("min_new_tokens", min_new_tokens, 0)
     _check_rows(rows, max_new_tokens)
     return _decode_batch(model, rows, max_new_tokens, stop_ids, min_new_tokens)
+
+
+def can_batch(model: PreTrainedModel) -> bool:
+    """Whether ``model`` can decode a ragged batch of caches: it runs ripplekv's attention functions, which alone read
+    a batched step's ``ragged_cache`` (FlashAttention, kept as loaded, would attend each row over its new token only).
+    Check it before laying caches out as decode rows: a row cannot fall back to decoding alone.
+
+    Args:
+        model: the model.
+    """
+    return uses_varlen_attention(model)
 
 
 def _decode_batch(
