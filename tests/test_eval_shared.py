@@ -21,6 +21,7 @@ from ripplekv.inference.shared import (
     hidden_states_tail,
     is_derivable,
     record_prefill,
+    residual_statistics_of,
 )
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_tensors, layer_lengths
@@ -95,11 +96,10 @@ def test_query_agnostic_extend_over_derived_caches(model) -> None:
 def test_make_press_methods_are_derivable() -> None:
     model = enable_varlen_attention(tiny_model("llama", layers=LAYERS))
     ids = random_ids(70, seed=6)
-    record = record_prefill(model, ids)
-    for method in METHODS:
-        if method.startswith("ripplekv"):
-            continue  # needs a profile: RippleKVPress is covered by _presses()
-        press = make_press(method, budget=0.2, window_size=WINDOW)
+    # the ripplekv methods need a profile: RippleKVPress is covered by _presses()
+    presses = {m: make_press(m, budget=0.2, window_size=WINDOW) for m in METHODS if not m.startswith("ripplekv")}
+    record = record_prefill(model, ids, residual_statistics=residual_statistics_of(presses.values()))
+    for method, press in presses.items():
         assert is_derivable(press), method
         derived, direct = derived_prefill(record, press)[0], prefill(model, ids, press)
         _assert_same_cache(derived.cache, direct.cache)
