@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -168,7 +169,12 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = 
 
 @torch.no_grad()
 def greedy_decode(
-    model: PreTrainedModel, state: Prefill, max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0
+    model: PreTrainedModel,
+    state: Prefill,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    min_new_tokens: int = 0,
+    fork: Callable[[DynamicCache], DynamicCache] | None = None,
 ) -> list[int]:
     """Greedy tokens after a prefill, ending with the first id of ``stop_ids`` generated (included) if any.
 
@@ -183,6 +189,8 @@ def greedy_decode(
         min_new_tokens: for the first ``min_new_tokens`` tokens the stop ids cannot be chosen (their logits are
             set to -inf before the argmax), as transformers' ``MinNewTokensLengthLogitsProcessor`` and
             LongBench's ``pred.py`` (``min_length``) do.
+        fork: how the decoding cache is made from ``state.cache``, which is left unchanged (default
+            :func:`~ripplekv.models.cache.fork_cache`; the shared prefill passes its by-reference fork).
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -191,7 +199,7 @@ def greedy_decode(
     device = state.next_logits.device
     vocab = state.next_logits.shape[-1]
     banned = torch.tensor(sorted(i for i in stop_ids if 0 <= i < vocab), dtype=torch.long, device=device)
-    cache = fork_cache(state.cache)
+    cache = (fork or fork_cache)(state.cache)
     tokens: list[int] = []
     logits = state.next_logits
     position = state.prompt_tokens

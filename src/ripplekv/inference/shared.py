@@ -84,7 +84,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from ripplekv.inference.generate import Prefill, prefill
+from ripplekv.inference.generate import Prefill, greedy_decode, prefill
 from ripplekv.inference.module_state import ModuleState, applied_state, capture_state
 from ripplekv.models.cache import KVPair, cache_from_layers, cache_from_tensors, fork_cache
 from ripplekv.presses.full_press import FullPress
@@ -646,29 +646,4 @@ def lean_greedy_decode(
         stop_ids: token ids that end the answer (included in it).
         min_new_tokens: for the first ``min_new_tokens`` tokens the stop ids cannot be chosen.
     """
-    for name, value, minimum in (("max_new_tokens", max_new_tokens, 1), ("min_new_tokens", min_new_tokens, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    device = state.next_logits.device
-    vocab = state.next_logits.shape[-1]
-    banned = torch.tensor(sorted(i for i in stop_ids if 0 <= i < vocab), dtype=torch.long, device=device)
-    cache = lean_fork(state.cache)
-    tokens: list[int] = []
-    logits = state.next_logits
-    position = state.prompt_tokens
-    with applied_state(model, state.attention_state):
-        while True:
-            if len(tokens) < min_new_tokens and banned.numel():
-                logits = logits.index_fill(-1, banned, float("-inf"))
-            tokens.append(int(logits.argmax()))
-            if tokens[-1] in stop_ids or len(tokens) == max_new_tokens:
-                return tokens
-            pos = torch.tensor([position], device=device)
-            logits = model(
-                torch.tensor([[tokens[-1]]], device=device),
-                past_key_values=cache,
-                use_cache=True,
-                cache_position=pos,
-                position_ids=pos.unsqueeze(0),
-            ).logits[0, -1]
-            position += 1
+    return greedy_decode(model, state, max_new_tokens, stop_ids, min_new_tokens, fork=lean_fork)
