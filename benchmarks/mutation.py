@@ -12,10 +12,11 @@ number increased by one, ``True``/``False`` flipped, ``break``/``continue`` swap
 strings, f-strings and the messages of ``raise`` and of logging or warning calls are never mutated (a changed
 message is a changed message, not a bug). The module is compiled from the mutated tree and imported in place of
 its file, in a process forked from one that has already imported torch, transformers and kvpress, and the
-module's test files (:data:`MODULES`, ``-x``, real-model and GPU tests deselected) run under pytest there. A test
-failure (or an error while importing the mutated module) kills the mutant; a run past its time limit (three times
-the unmutated run plus 10 s) is a timeout, counted as killed. Mutants of lines the unmutated run never executes
-are survivors without a run ("no coverage").
+module's tests run under pytest there (``-x``, real-model and GPU tests deselected): of its test files
+(:data:`MODULES`), the tests that executed the mutated lines in the unmutated run (traced once per module), fastest
+first; every test for a line run at import. A test failure (or an error while importing the mutated module) kills
+the mutant; a run past its time limit (15 s plus twice the selected tests' traced time) is a timeout, counted as
+killed. Mutants of lines no test executes are survivors without a run ("no coverage").
 
 Results are appended to ``benchmarks/results/mutation/results.jsonl`` one mutant at a time, keyed by the digest
 of the module's source and of its test files, so an interrupted run resumes where it stopped; a module whose
@@ -346,6 +347,35 @@ def _install(module: str, code: Any) -> None:
     sys.meta_path.insert(0, Finder())
 
 
+class _Tracer:
+    """Lines of one file executed during each test (``"<collect>"``: during collection and import), and each
+    test's duration, recorded in the baseline run."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.current = "<collect>"
+        self.lines: dict[str, set[int]] = {}
+        self.seconds: dict[str, float] = {}
+
+    def local(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.lines.setdefault(self.current, set()).add(frame.f_lineno)
+        return self.local
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename == self.file:
+            self.lines.setdefault(self.current, set()).add(frame.f_lineno)
+            return self.local
+        return None
+
+    # pytest hooks: the plugin attributes lines to the test running
+    def pytest_runtest_setup(self, item: Any) -> None:
+        self.current = item.nodeid
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+
 def _child(module: str, code: Any, tests: tuple[str, ...], trace: Path | None, log: Path | None) -> None:
     """In the forked process: run ``tests`` over ``code`` as ``module``; never returns."""
     rc = 3
@@ -362,27 +392,15 @@ def _child(module: str, code: Any, tests: tuple[str, ...], trace: Path | None, l
         if trace is None:
             rc = int(pytest.main([*tests, *PYTEST_ARGS]))
         else:
-            file = str(SRC / module.partition("::")[0])
-            lines: set[int] = set()
-
-            def local(frame: Any, event: str, arg: Any) -> Any:
-                if event == "line":
-                    lines.add(frame.f_lineno)
-                return local
-
-            def tracer(frame: Any, event: str, arg: Any) -> Any:
-                if frame.f_code.co_filename == file:
-                    lines.add(frame.f_lineno)
-                    return local
-                return None
-
             import threading
 
+            tracer = _Tracer(str(SRC / module.partition("::")[0]))
             threading.settrace(tracer)
             sys.settrace(tracer)
-            rc = int(pytest.main([*tests, *PYTEST_ARGS]))
+            rc = int(pytest.main([*tests, *PYTEST_ARGS], plugins=[tracer]))
             sys.settrace(None)
-            trace.write_text(json.dumps(sorted(lines)))
+            lines = {test: sorted(found) for test, found in tracer.lines.items()}
+            trace.write_text(json.dumps({"lines": lines, "seconds": tracer.seconds}))
     except BaseException:  # noqa: BLE001 - any failure before or inside pytest is a failed run
         import traceback
 
@@ -466,14 +484,14 @@ def mutate_module(module: str, results: dict[tuple[str, int, str], dict[str, Any
         return
     trace = OUT / "coverage.tmp.json"
     OUT.mkdir(parents=True, exist_ok=True)
-    status, baseline, rc = run_forked(module, mutated_code(module, None), tests, 1800, trace, OUT / "baseline.log")
+    status, traced, rc = run_forked(module, mutated_code(module, None), tests, 3600, trace, OUT / "baseline.log")
     if status != "pass":
         raise SystemExit(f"{module}: the unmutated tests do not pass (exit {rc}): see {OUT / 'baseline.log'}")
-    covered = set(json.loads(trace.read_text()))
+    coverage = json.loads(trace.read_text())
     trace.unlink()
-    _, baseline, _ = run_forked(module, mutated_code(module, None), tests, 1800)  # without the tracer's cost
-    limit = 3 * baseline + 10
-    print(f"  unmutated tests: {baseline:.1f} s; limit {limit:.0f} s", flush=True)
+    lines = {test: set(found) for test, found in coverage["lines"].items()}
+    seconds = coverage["seconds"]
+    print(f"  unmutated tests (traced): {traced:.1f} s, {len(seconds)} tests", flush=True)
     for n, site in enumerate(todo, 1):
         row = {
             **asdict(site),
@@ -481,7 +499,13 @@ def mutate_module(module: str, results: dict[tuple[str, int, str], dict[str, Any
             "tests_sha": tests_sha,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
-        if not covered & set(range(site.line, site.end_line + 1)):
+        span = set(range(site.line, site.end_line + 1))
+        # the tests that execute the mutated lines, fastest first; a line run at import: every test
+        if span & lines.get("<collect>", set()):
+            selected = tuple(sorted(seconds, key=seconds.get))
+        else:
+            selected = tuple(sorted((t for t in seconds if span & lines.get(t, set())), key=seconds.get))
+        if not selected:
             row.update(status="no coverage", seconds=0.0)
         else:
             try:
@@ -489,11 +513,16 @@ def mutate_module(module: str, results: dict[tuple[str, int, str], dict[str, Any
             except (SyntaxError, ValueError, TypeError) as err:  # e.g. a constant the compiler refuses
                 row.update(status="killed", seconds=0.0, note=f"does not compile: {err}")
             else:
-                status, seconds, rc = run_forked(module, code, tests, limit)
+                limit = 15 + 2 * sum(seconds[t] for t in selected)
+                status, took, rc = run_forked(module, code, selected, limit)
+                if rc in (4, 5):  # a test id pytest cannot select again: run the whole files instead
+                    limit = 15 + 2 * sum(seconds.values())
+                    status, took, rc = run_forked(module, code, tests, limit)
                 row.update(
                     status={"pass": "survived", "fail": "killed", "timeout": "timeout"}[status],
-                    seconds=round(seconds, 2),
+                    seconds=round(took, 2),
                     exit_code=rc,
+                    tests=len(selected),
                 )
         _append(row)
         results[(module, site.index, source_sha)] = row
