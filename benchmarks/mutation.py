@@ -51,15 +51,16 @@ EQUIVALENT = ROOT / "benchmarks" / "mutation_equivalent.tsv"
 
 # The files in scope and the fast tests that cover each: the one place to update when modules move. An entry
 # "path::name" mutates only the top-level function or class ``name`` of that file.
-ALLOCATION_TESTS = ("tests/test_allocation.py", "tests/test_schedules.py", "tests/test_mutation_relations.py")
-PER_PROMPT_TESTS = ("tests/test_per_prompt_rules.py", "tests/test_mutation_relations.py")
+RELATIONS = ("tests/test_mutation_relations.py", "tests/test_contracts.py")  # run for every module
+ALLOCATION_TESTS = ("tests/test_allocation.py", "tests/test_schedules.py", *RELATIONS)
+PER_PROMPT_TESTS = ("tests/test_per_prompt_rules.py", *RELATIONS)
 PROFILING_TESTS = (
     "tests/test_profiling.py",
     "tests/test_profiling_numerics.py",
     "tests/test_profiling_continuation.py",
-    "tests/test_mutation_relations.py",
+    *RELATIONS,
 )
-STATS_TESTS = ("tests/test_significance.py", "tests/test_report.py", "tests/test_mutation_relations.py")
+STATS_TESTS = ("tests/test_significance.py", "tests/test_report.py", *RELATIONS)
 MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/allocation/apportion.py": PER_PROMPT_TESTS + ("tests/test_allocation.py",),
     "ripplekv/allocation/budgets.py": ALLOCATION_TESTS,
@@ -75,11 +76,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/profiling/passes.py": PROFILING_TESTS,
     "ripplekv/profiling/noise.py": PROFILING_TESTS,
     "ripplekv/profiling/divergence.py": PROFILING_TESTS,
-    "ripplekv/profiling/damage_profile.py": ("tests/test_analysis.py", "tests/test_mutation_relations.py"),
-    "ripplekv/profiling/calibration.py": ("tests/test_calibration.py", "tests/test_mutation_relations.py"),
-    "ripplekv/profiling/haystack.py": ("tests/test_calibration.py", "tests/test_mutation_relations.py"),
-    "ripplekv/inference/fidelity.py": ("tests/test_fidelity.py", "tests/test_mutation_relations.py"),
-    "ripplekv/evaluation/rows.py::greedy_agreement": ("tests/test_fidelity.py", "tests/test_mutation_relations.py"),
+    "ripplekv/profiling/damage_profile.py": ("tests/test_analysis.py", *RELATIONS),
+    "ripplekv/profiling/calibration.py": ("tests/test_calibration.py", *RELATIONS),
+    "ripplekv/profiling/haystack.py": ("tests/test_calibration.py", *RELATIONS),
+    "ripplekv/inference/fidelity.py": ("tests/test_fidelity.py", *RELATIONS),
+    "ripplekv/evaluation/rows.py::greedy_agreement": ("tests/test_fidelity.py", *RELATIONS),
     "ripplekv/evaluation/significance.py": STATS_TESTS,
     "ripplekv/evaluation/stats.py": STATS_TESTS,
 }
@@ -599,14 +600,18 @@ def preload() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--module", action="append", default=[], help="run the modules whose path contains this")
+    parser.add_argument(
+        "--module", action="append", default=[], help="modules whose path has this (repeatable, run in order)"
+    )
     parser.add_argument("--max-mutants", type=int, default=None, help="at most this many new mutants per module")
     parser.add_argument("--summary", action="store_true", help="only write the summary of the results so far")
     parser.add_argument("--list", action="store_true", help="print the mutants of the selected modules")
     args = parser.parse_args()
     sys.path.insert(0, str(SRC))
     sys.path.insert(0, str(ROOT))
-    modules = [m for m in MODULES if not args.module or any(s in m for s in args.module)]
+    # in the order of the --module arguments (each module once), else in the order of MODULES
+    modules = list(MODULES) if not args.module else [m for s in args.module for m in MODULES if s in m]
+    modules = list(dict.fromkeys(modules))
     if args.list:
         for module in modules:
             for site in sites_of(module):
