@@ -6,10 +6,14 @@ Each test names, in its docstring, the mutants it kills.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
@@ -18,8 +22,14 @@ from ripplekv.allocation.budgets import (
     BudgetSpec,
     allocate,
     kept_ratio,
+    normalize_scores,
 )
+from ripplekv.evaluation import stats
+from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
+from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
+from ripplekv.profiling.profile import ProfileError, SensitivityProfile
+from tests.conftest import VOCAB, random_ids, tiny_model
 
 # ------------------------------------------------------------------------------------------------ checkpoint
 
@@ -109,3 +119,141 @@ def test_budget_spec_kind_and_immutability() -> None:
     assert hash(BudgetSpec(budget=0.5)) == hash(BudgetSpec(budget=0.5))
     with pytest.raises(dataclasses.FrozenInstanceError):
         BudgetSpec(budget=0.5).budget = 0.2  # type: ignore[misc]
+
+
+def test_huge_scores_normalise_without_overflow() -> None:
+    """A span that overflows is halved first: the middle score keeps its place. Kills ``array * 2`` for
+    ``array / 2`` in that branch."""
+    assert normalize_scores([-1e308, 1e307, 1e308]) == pytest.approx([0.0, 0.55, 1.0], rel=1e-12)
+
+
+def test_a_row_value_of_zero_is_refused_as_a_row_value() -> None:
+    """Kills ``float(value) < 0`` for ``<= 0`` in :meth:`BudgetSpec.from_value` (0 then fails later, as a fraction)."""
+    with pytest.raises(ValueError, match="a budget value is a kept fraction in"):
+        BudgetSpec.from_value(0.0)
+
+
+# ------------------------------------------------------------------------------------------------ profile
+
+
+def _profile(**changes: Any) -> SensitivityProfile:
+    fields = {
+        "model": {"num_hidden_layers": 1, "config_hash": "h"},
+        "scores": (0.5,),
+        "sample_scores": ((0.5,),),
+        "local_scores": (0.1,),
+        "alpha": 0.5,
+        "repeats": 1,
+        "seed": 0,
+        "calibration": {},
+        "library_version": "0",
+        "created": "now",
+    }
+    return SensitivityProfile(**{**fields, **changes})
+
+
+def test_a_profile_needs_at_least_one_layer() -> None:
+    """A one-layer profile is valid; zero layers or a count that is not an integer are refused with the identity's
+    message. Kills ``or -> and``, ``< -> <=`` and ``1 -> 2`` in the ``num_hidden_layers`` check."""
+    assert _profile().num_layers == 1
+    for bad in (0, "1", None):
+        with pytest.raises(ProfileError, match="lacks num_hidden_layers"):
+            _profile(model={"num_hidden_layers": bad, "config_hash": "h"}, scores=(), sample_scores=(), local_scores=())
+
+
+def test_a_profile_is_frozen() -> None:
+    """Kills ``@dataclass(frozen=False)`` on :class:`SensitivityProfile`."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _profile().seed = 1  # type: ignore[misc]
+
+
+def test_a_profile_is_saved_as_indented_strict_json_in_a_new_folder(tmp_path: Path) -> None:
+    """The file is ``json.dumps(profile, indent=2)`` and a line end, in a folder made for it; a value JSON cannot
+    hold (NaN in ``extra``) refuses to save and leaves no file behind. Kills ``parents=False``, ``indent=3`` and
+    ``allow_nan=True`` in :func:`write_json_atomic`."""
+    profile = _profile(extra={"note": [1, 2]})
+    path = profile.save(tmp_path / "new" / "folder" / "p.json")
+    assert path.read_text() == json.dumps(profile.to_dict(), indent=2) + "\n"
+    with pytest.raises(ValueError, match="JSON compliant"):
+        _profile(extra={"bad": math.nan}).save(tmp_path / "nan.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
+# ------------------------------------------------------------------------------------------------ fidelity
+
+
+def test_fidelity_refuses_what_is_not_a_matrix_of_log_probabilities() -> None:
+    """A list or a one-dimensional tensor is refused as such (not by a later error). Kills ``or -> and`` in
+    :func:`~ripplekv.inference.fidelity._check_logprobs`."""
+    rows = torch.zeros(2, 3, dtype=torch.float64)
+    for bad in ([[0.0, 0.0, 0.0]] * 2, torch.zeros(3, dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"must be a \(positions, vocab\) tensor"):
+            fidelity(bad, rows, [0, 1])  # type: ignore[arg-type]
+
+
+def test_a_fidelity_is_frozen() -> None:
+    """Kills ``@dataclass(frozen=False)`` on :class:`Fidelity`."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Fidelity(kl=0.0, top1=1.0, positions=1).kl = 1.0  # type: ignore[misc]
+
+
+def test_teacher_forcing_two_tokens_runs_the_second_position() -> None:
+    """Two forced tokens give two rows, the second the model's distribution after the first. Kills
+    ``len(ids) > 2`` for ``> 1``."""
+    model = enable_varlen_attention(tiny_model("llama", layers=2))
+    state = prefill(model, random_ids(12, seed=1))
+    rows = teacher_forced_logprobs(model, state, [5, 7])
+    after = extend(model, state, torch.tensor([[5]]))
+    assert rows.shape == (2, VOCAB)
+    torch.testing.assert_close(rows[1], torch.log_softmax(after.next_logits.double(), dim=-1), atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+def test_the_levels_and_resamples_are_the_documented_ones() -> None:
+    """95% intervals, level 0.05, 4000 resamples (docs/cli.md, docs/results.md). Kills ``ALPHA = 1.05`` and
+    ``DEFAULT_RESAMPLES = 4001``."""
+    assert (stats.CONFIDENCE, stats.ALPHA, stats.DEFAULT_RESAMPLES) == (0.95, 0.05, 4000)
+    assert stats.Bootstrap().resamples == 4000
+
+
+def test_settle_marks_significant_below_the_level_only() -> None:
+    """A comparison is not significant until :func:`settle` says so, and then exactly when ``p_holm < 0.05``.
+    Kills ``significant: bool = True`` and ``ALPHA`` changed."""
+    estimate = stats.Estimate(mean=0.0, low=-1.0, high=1.0, samples=4, tasks=1)
+    unsettled = stats.Comparison("a", "b", estimate, wins=1, ties=0, losses=1, p=0.01)
+    assert not unsettled.significant and unsettled.vectors == 0 and math.isnan(unsettled.p_holm)
+    low, high = stats.settle([unsettled, dataclasses.replace(unsettled, other="c", p=0.049)])
+    assert (low.p_holm, high.p_holm) == (0.02, 0.049) and low.significant and high.significant
+    (alone,) = stats.settle([dataclasses.replace(unsettled, p=0.05)])
+    assert not alone.significant
+
+
+def test_metric_validation_and_format_at_their_bounds() -> None:
+    """Kills ``or -> and`` in the scale check (an infinite scale), ``decimals <= 0``, ``sign: bool = True``, and
+    ``and`` for ``or`` in the missing-value check."""
+    assert stats.Metric("m", True, 1.0, 0, "d").fmt(2.4) == "2"
+    for scale in (math.inf, 0.0, -1.0):
+        with pytest.raises(ValueError, match="scale"):
+            stats.Metric("m", True, scale, 2, "d")
+    with pytest.raises(ValueError, match="decimals"):
+        stats.Metric("m", True, 1.0, -1, "d")
+    metric = stats.Metric("m", True, 1.0, 2, "d")
+    assert metric.fmt(1.5) == "1.50" and metric.fmt(1.5, sign=True) == "+1.50"
+    assert metric.fmt(None) == "nan" and metric.fmt(math.nan) == "nan"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        metric.decimals = 3  # type: ignore[misc]
+
+
+def test_the_metrics_of_the_results_contract() -> None:
+    """Direction, scale and decimals of every reported metric. Kills any of them changed in :data:`METRICS`."""
+    table = {name: (m.higher_is_better, m.scale, m.decimals) for name, m in stats.METRICS.items()}
+    assert table == {
+        "score": (True, 100.0, 2),
+        "fidelity_kl": (False, 1.0, 4),
+        "top1_agreement": (True, 1.0, 3),
+        "gold_nll_delta": (False, 1.0, 4),
+    }
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.Estimate(mean=0.0, low=0.0, high=0.0, samples=1, tasks=1).mean = 1.0  # type: ignore[misc]
