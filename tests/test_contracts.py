@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -257,3 +258,95 @@ def test_the_metrics_of_the_results_contract() -> None:
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.Estimate(mean=0.0, low=0.0, high=0.0, samples=1, tasks=1).mean = 1.0  # type: ignore[misc]
+
+
+def test_bootstrap_defaults_and_bounds() -> None:
+    """Seed 0 by default; a confidence of 0 is refused; a task of one sample resamples that sample; the
+    percentile interval cuts 2.5% at each end. Kills ``seed: int = 1``, ``0.0 <= confidence``, ``n == 1`` for
+    ``n == 0``, and ``51.0 * (1 - confidence)`` for ``50.0``."""
+    assert stats.Bootstrap().seed == 0
+    with pytest.raises(ValueError, match="confidence"):
+        stats.Bootstrap(confidence=0.0)
+    bootstrap = stats.Bootstrap(2000)
+    assert (bootstrap.weights("t", ["only"]) == 1.0).all()
+    with pytest.raises(ValueError, match="no samples"):
+        bootstrap.weights("t", [])
+    samples = {"t": {str(i): float(i * i) for i in range(9)}}
+    _, replicates, _, _ = bootstrap.distribution(samples)
+    low, high = np.percentile(replicates, [2.5, 97.5])
+    estimate = bootstrap.estimate(samples, method="percentile")
+    assert (estimate.low, estimate.high) == pytest.approx((low, high), rel=1e-12, abs=0)
+    assert estimate.low != pytest.approx(np.percentile(replicates, 2.55), rel=1e-6)
+
+
+def test_jackknife_skips_tasks_of_one_sample_only() -> None:
+    """Kills ``continue -> break`` after a task of one sample and ``np.zeros(1)`` for the empty result."""
+    samples = {"a": {"x": 1.0}, "b": {"y": 2.0, "z": 4.0}}
+    point = (1.0 + 3.0) / 2
+    assert stats.Bootstrap.jackknife(samples).tolist() == [point + (4.0 - 3.0) / 2, point + (2.0 - 3.0) / 2]
+    assert stats.Bootstrap.jackknife({"a": {"x": 1.0}}).size == 0
+
+
+def test_estimate_excludes_zero_strictly() -> None:
+    """An interval touching 0 does not exclude it. Kills ``>=``/``<=`` and ``high < 1`` in ``excludes_zero``."""
+    make = lambda low, high: stats.Estimate(mean=0.0, low=low, high=high, samples=2, tasks=1)  # noqa: E731
+    assert make(1e-9, 1.0).excludes_zero() and make(-1.0, -1e-9).excludes_zero()
+    assert not make(0.0, 1.0).excludes_zero() and not make(-1.0, 0.0).excludes_zero()
+    assert not make(-1.0, 0.5).excludes_zero()
+
+
+def test_collect_skips_missing_values_and_refuses_bad_ones() -> None:
+    """A null value is skipped without ending the rows; booleans, strings and infinities are refused. Kills
+    ``continue -> break`` and ``or -> and`` in :func:`collect`."""
+    metric = stats.METRICS["fidelity_kl"]
+    rows = [
+        {"sample_id": "a", "method": "m", "budget": 0.1, "fidelity_kl": None},
+        {"sample_id": "b", "method": "m", "budget": 0.1, "fidelity_kl": 0.5},
+    ]
+    assert stats.collect(rows, metric, lambda row: "t") == {("m", 0.1): {"t": {"b": 0.5}}}
+    for bad in (True, "0.5", math.inf):
+        with pytest.raises(ValueError, match="must be a finite number"):
+            stats.collect([{**rows[1], "fidelity_kl": bad}], metric, lambda row: "t")
+
+
+def test_paired_differences_tie_at_the_relative_tolerance() -> None:
+    """A difference of exactly ``1e-12 x max(1, |x|, |y|)`` is a tie, one just above it is not, and the tolerance
+    grows with the values. Kills ``<`` for ``<=``, ``/`` for ``*`` and ``max(2.0, ...)``."""
+
+    def diff(x: float, y: float) -> float:
+        return stats.paired_differences({"t": {"s": x}}, {"t": {"s": y}})["t"]["s"]
+
+    assert stats.TIE_TOLERANCE == 1e-12
+    assert diff(1e-12, 0.0) == 0.0
+    assert diff(1.5e-12, 0.0) == 1.5e-12
+    assert diff(1e6, 1e6 + 1e-7) == 0.0
+    assert diff(3.0, 1.0) == 2.0
+
+
+def test_metric_format_of_infinities() -> None:
+    """Kills ``value >= 0`` (and ``> 1``) in the infinite branch of :meth:`Metric.fmt`."""
+    metric = stats.METRICS["fidelity_kl"]
+    assert (metric.fmt(math.inf), metric.fmt(math.inf, sign=True), metric.fmt(-math.inf)) == ("inf", "+inf", "-inf")
+
+
+def test_a_reversed_comparison_is_the_negated_one() -> None:
+    """SnapKV's best other method is the method compared with SnapKV: the same pair negated (difference and
+    bootstrap interval), with wins and losses swapped; a method without rows at a budget is left out there. Kills
+    ``low=e.high`` in :func:`_negated`, ``is not None`` for the reversed bootstrap, ``or`` for ``and`` in the
+    methods present, and a mutable :class:`Comparison` or :class:`MetricStats`."""
+    metric = stats.METRICS["fidelity_kl"]
+    x = {"t": {str(i): 0.1 * i for i in range(6)}}
+    y = {"t": {str(i): 0.1 * i + 0.05 * (i % 3) + 0.01 for i in range(6)}}
+    values = {("ripplekv", 0.2): x, ("snapkv", 0.2): y, ("adakv", 0.3): y}
+    result = stats.analyse_metric(metric, values, ["ripplekv", "snapkv", "adakv"], [0.2], stats.Bootstrap(2000))
+    forward = result.versus[0.2]["ripplekv"]["baseline"]
+    back = result.versus[0.2]["snapkv"]["best_other"]
+    for a, b in ((forward.difference, back.difference), (forward.bootstrap, back.bootstrap)):
+        assert b is not None and a is not None
+        assert (b.mean, b.low, b.high) == (-a.mean, -a.high, -a.low) and a.low != -a.high
+    assert (back.wins, back.losses) == (forward.losses, forward.wins) and back.p == forward.p
+    assert set(result.versus[0.2]) == {"ripplekv", "snapkv"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        forward.p = 0.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.family = "all"  # type: ignore[misc]
