@@ -25,7 +25,7 @@ from ripplekv.allocation.budgets import (
     kept_ratio,
     normalize_scores,
 )
-from ripplekv.evaluation import stats
+from ripplekv.evaluation import significance, stats
 from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
@@ -350,3 +350,49 @@ def test_a_reversed_comparison_is_the_negated_one() -> None:
         forward.p = 0.0  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.family = "all"  # type: ignore[misc]
+
+
+def test_bca_degenerate_and_one_sided_replicates() -> None:
+    """No replicates, or replicates within ``1e-12 x max(1, |values|)`` of each other (that bound included), give
+    ``(point, point)``; just above it they do not; a point above every replicate still gives a finite interval.
+    Kills ``and`` for ``or``, ``<`` for ``<=`` and ``/`` for ``*`` in the degenerate check, ``max(2.0, ...)``, and
+    ``1 + 0.5 / n`` for the cap on the share below the point."""
+    empty = np.zeros(0)
+    assert significance.bca_interval(1.0, empty, empty, 0.95) == (1.0, 1.0)
+    assert significance.bca_interval(0.0, np.array([0.0, 1e-12] * 50), empty, 0.95) == (0.0, 0.0)
+    big = 1e6 + np.array([0.0, 1e-7] * 50)
+    assert significance.bca_interval(1e6, big, empty, 0.95) == (1e6, 1e6)
+    low, high = significance.bca_interval(0.5, 0.5 + np.array([0.0, 1.5e-12] * 50), empty, 0.95)
+    assert low == 0.5 and high > 0.5
+    low, high = significance.bca_interval(2.0, np.arange(100) / 100, empty, 0.95)
+    assert math.isfinite(low) and low < 1.0 and high == 2.0
+
+
+def test_sign_flip_bounds_and_defaults() -> None:
+    """Seed 0; ``exact_max`` up to 20; a confidence of 0 refused; one prompt is testable; ``exact_max`` prompts are
+    enumerated exactly; the cache of sign vectors keeps at most 8 prompt sets. Kills ``seed: int = 1``,
+    ``exact_max >= 20`` and ``> 21``, ``0.0 <= confidence``, ``n == 1`` for ``n == 0``, ``n < exact_max`` and
+    ``> 8`` / ``>= 9`` in the cache bound."""
+    assert significance.SignFlip().seed == 0
+    assert significance.SignFlip(exact_max=20).exact_max == 20
+    with pytest.raises(ValueError, match="at most 20"):
+        significance.SignFlip(exact_max=21)
+    with pytest.raises(ValueError, match="confidence"):
+        significance.SignFlip(confidence=0.0)
+    one = significance.SignFlip().test({"t": {"a": 1.0}})
+    assert (one.p, one.vectors, one.method) == (1.0, 2, "exact")
+    flip = significance.SignFlip(exact_max=3)
+    three = flip.test({"t": {"a": 1.0, "b": 2.0, "c": 3.0}})
+    assert (three.method, three.vectors, three.p) == ("exact", 8, 0.25)
+    for n in range(1, 13):
+        flip.test({"t": {str(i): 1.0 + i for i in range(n)}})
+    assert len(flip._signs) == 8
+
+
+def test_flip_test_is_frozen_and_excludes_zero_strictly() -> None:
+    """Kills ``@dataclass(frozen=False)`` on :class:`FlipTest` and ``>=``/``<=`` in its ``excludes_zero``."""
+    make = lambda low, high: significance.FlipTest(0.0, low, high, 1.0, "exact", 2, 1, 1)  # noqa: E731
+    assert make(1e-9, 1.0).excludes_zero() and make(-1.0, -1e-9).excludes_zero()
+    assert not make(0.0, 1.0).excludes_zero() and not make(-1.0, 0.0).excludes_zero()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        make(0.0, 1.0).p = 0.0  # type: ignore[misc]
