@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from scipy.special import ndtr, ndtri
 
 from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
@@ -364,8 +365,10 @@ def test_bca_degenerate_and_one_sided_replicates() -> None:
     assert significance.bca_interval(1e6, big, empty, 0.95) == (1e6, 1e6)
     low, high = significance.bca_interval(0.5, 0.5 + np.array([0.0, 1.5e-12] * 50), empty, 0.95)
     assert low == 0.5 and high > 0.5
-    low, high = significance.bca_interval(2.0, np.arange(100) / 100, empty, 0.95)
-    assert math.isfinite(low) and low < 1.0 and high == 2.0
+    reps = np.arange(100) / 100
+    low, high = significance.bca_interval(2.0, reps, empty, 0.95)
+    z0 = ndtri(1.0 - 0.5 / 100)  # every replicate is below the point: the share is capped at 1 - 1 / (2n)
+    assert low == pytest.approx(np.quantile(reps, ndtr(2 * z0 + ndtri(0.025))), rel=1e-12) and high == 2.0
 
 
 def test_sign_flip_bounds_and_defaults() -> None:
@@ -396,3 +399,21 @@ def test_flip_test_is_frozen_and_excludes_zero_strictly() -> None:
     assert not make(0.0, 1.0).excludes_zero() and not make(-1.0, 0.0).excludes_zero()
     with pytest.raises(dataclasses.FrozenInstanceError):
         make(0.0, 1.0).p = 0.0  # type: ignore[misc]
+
+
+def test_sign_flip_interval_at_extreme_levels() -> None:
+    """A level so strict that no shift can be rejected (one sign vector is needed, the identity covers every shift)
+    gives the whole line, and so does a level whose every vector is needed over one prompt. Kills ``max(2, ...)``
+    for ``max(1, ...)`` and ``need < vectors`` for ``<=``."""
+    prompts = {"t": {str(i): 1.0 + i for i in range(20)}}  # no random vector is all-equal
+    strict = significance.SignFlip(draws=999, confidence=0.9999, exact_max=0).test(prompts)
+    assert (strict.low, strict.high) == (-math.inf, math.inf) and strict.method == "monte-carlo"
+    loose = significance.SignFlip(confidence=0.3).test({"t": {"a": 1.0}})
+    assert (loose.low, loose.high) == (-math.inf, math.inf)
+
+
+def test_holm_accepts_the_bounds_of_a_p_value() -> None:
+    """Kills ``0.0 < v`` for ``0.0 <= v``."""
+    assert significance.holm([0.0, 1.0]) == [0.0, 1.0]
+    with pytest.raises(ValueError, match="p-values"):
+        significance.holm([math.nextafter(0.0, -1.0)])
