@@ -417,3 +417,36 @@ def test_holm_accepts_the_bounds_of_a_p_value() -> None:
     assert significance.holm([0.0, 1.0]) == [0.0, 1.0]
     with pytest.raises(ValueError, match="p-values"):
         significance.holm([math.nextafter(0.0, -1.0)])
+
+
+def _bca_by_hand(point: float, reps: np.ndarray, below: float) -> tuple[float, float]:
+    """The BCa interval without acceleration from the count of replicates below the point (ties count half)."""
+    share = min(max(below / reps.size, 0.5 / reps.size), 1.0 - 0.5 / reps.size)
+    z0 = ndtri(share)
+    low, high = np.quantile(reps, [ndtr(2 * z0 + ndtri(0.025)), ndtr(2 * z0 + ndtri(0.975))])
+    return float(min(low, point)), float(max(high, point))
+
+
+def test_bca_counts_replicates_below_the_point_and_ties_as_half() -> None:
+    """A replicate exactly one tie tolerance below the point is a tie (half), not below; a point under every
+    replicate takes the share floor ``1 / (2n)``. Kills ``<=`` for ``<`` in the count below and ``1.5 / n`` for the
+    floor."""
+    empty = np.zeros(0)
+    reps = np.append(np.linspace(-1.0, 1.0, 200), -1e-12)
+    expected = _bca_by_hand(0.0, reps, below=100 + 0.5)
+    assert significance.bca_interval(0.0, reps, empty, 0.95) == pytest.approx(expected, rel=1e-12)
+    assert expected != pytest.approx(_bca_by_hand(0.0, reps, below=101 + 0.5), rel=1e-9)
+    above = np.arange(100) / 100
+    expected = _bca_by_hand(-2.0, above, below=0.0)
+    assert significance.bca_interval(-2.0, above, empty, 0.95) == pytest.approx(expected, rel=1e-12)
+    assert expected[1] != pytest.approx(_bca_by_hand(-2.0, above, below=1.0)[1], rel=1e-9)
+
+
+def test_sign_vectors_are_plus_or_minus_one_and_their_draws_uniform_bytes() -> None:
+    """The first vector is the identity, every entry is +1 or -1, and the random draws are uniform bytes (an
+    all-zero byte, the identity again, among 999 draws of 8 prompts). Kills ``1 + 2 * flips`` and
+    ``integers(1, 256)``."""
+    keys = [("t", str(i)) for i in range(8)]
+    signs = significance.SignFlip(draws=999, exact_max=0).signs(keys)
+    assert signs.shape == (1000, 8) and set(np.unique(signs)) == {-1, 1}
+    assert (signs[0] == 1).all() and (signs[1:] == 1).all(axis=1).any()
