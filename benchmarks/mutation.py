@@ -34,6 +34,7 @@ import ast
 import hashlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -467,7 +468,7 @@ def _append(row: dict[str, Any]) -> None:
         f.flush()
 
 
-def mutate_module(module: str, results: dict[tuple[str, int, str], dict[str, Any]], max_mutants: int | None) -> None:
+def mutate_module(module: str, results: dict[tuple[str, int, str], dict[str, Any]], sample: int | None) -> None:
     """Run every mutant of ``module`` that has no result for its current source and tests yet."""
     tests = MODULES[module]
     source_sha = digest([SRC / module.partition("::")[0]])
@@ -478,8 +479,9 @@ def mutate_module(module: str, results: dict[tuple[str, int, str], dict[str, Any
         old = results.get((module, site.index, source_sha))
         if old is None or (old["status"] in ("survived", "no coverage") and old["tests_sha"] != tests_sha):
             todo.append(site)
-    if max_mutants is not None:
-        todo = todo[:max_mutants]
+    if sample is not None and sample < len(todo):  # a seeded random sample of the mutants not run yet
+        chosen = set(random.Random(f"{module}:{source_sha}").sample(range(len(todo)), sample))
+        todo = [site for i, site in enumerate(todo) if i in chosen]
     print(f"{module}: {len(sites)} mutants, {len(todo)} to run", flush=True)
     if not todo:
         return
@@ -603,7 +605,7 @@ def main() -> None:
     parser.add_argument(
         "--module", action="append", default=[], help="modules whose path has this (repeatable, run in order)"
     )
-    parser.add_argument("--max-mutants", type=int, default=None, help="at most this many new mutants per module")
+    parser.add_argument("--sample", type=int, default=None, help="run a seeded random sample of this many per module")
     parser.add_argument("--summary", action="store_true", help="only write the summary of the results so far")
     parser.add_argument("--list", action="store_true", help="print the mutants of the selected modules")
     args = parser.parse_args()
@@ -621,7 +623,7 @@ def main() -> None:
         preload()
         results = load_results()
         for module in modules:
-            mutate_module(module, results, args.max_mutants)
+            mutate_module(module, results, args.sample)
     summarize(list(MODULES))
 
 

@@ -29,6 +29,7 @@ from ripplekv.allocation.budgets import (
 from ripplekv.evaluation import significance, stats
 from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
 from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.profiling import CalibrationSample, ProfilingConfig, sensitivity
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.profile import ProfileError, SensitivityProfile
 from tests.conftest import VOCAB, random_ids, tiny_model
@@ -450,3 +451,63 @@ def test_sign_vectors_are_plus_or_minus_one_and_their_draws_uniform_bytes() -> N
     signs = significance.SignFlip(draws=999, exact_max=0).signs(keys)
     assert signs.shape == (1000, 8) and set(np.unique(signs)) == {-1, 1}
     assert (signs[0] == 1).all() and (signs[1:] == 1).all(axis=1).any()
+
+
+def test_bca_with_an_acceleration_past_the_normal_range() -> None:
+    """A skewed jackknife (acceleration about +-1/6) at a 99.99% level makes ``1 - a (z0 + z)`` negative: that end
+    of the interval is the replicates' extreme (level 1 above, 0 below). Kills ``2.0`` for ``1.0`` and ``1.0`` for
+    ``0.0`` in that branch."""
+    reps = np.arange(2000) / 2000.0
+    high_end = significance.bca_interval(1.5, reps, np.array([0.0] * 99 + [-1.0]), 0.9999)
+    assert high_end[1] == 1.5 and 0.99 < high_end[0] < 1.0
+    low_end = significance.bca_interval(0.001, reps, np.array([0.0] * 99 + [1.0]), 0.9999)
+    assert low_end[0] == 0.0 and 0.001 < low_end[1] < 1.0
+
+
+def test_exact_sign_vectors_over_more_than_one_byte_are_all_distinct() -> None:
+    """Ten prompts enumerate their 1024 sign vectors, each once. Kills ``codes >> (9 * g)`` for ``8 * g``."""
+    signs = significance.SignFlip(exact_max=16).signs([("t", str(i)) for i in range(10)])
+    assert signs.shape == (1024, 10) and len({row.tobytes() for row in signs}) == 1024
+
+
+# ------------------------------------------------------------------------------------------------ sensitivity
+
+
+def test_profiling_defaults_are_the_documented_ones() -> None:
+    """alpha 0.5, 32 answer tokens (docs/cli.md), scoring version 3 (bump it, and this test, when the arithmetic
+    of a score changes: it keys every checkpoint). Kills each of those constants changed."""
+    assert (sensitivity.DEFAULT_ALPHA, sensitivity.DEFAULT_ANSWER_TOKENS, sensitivity.SCORING_VERSION) == (0.5, 32, 3)
+    config = ProfilingConfig()
+    assert (config.alpha, config.answer_tokens) == (0.5, 32)
+
+
+def test_score_sample_defaults_to_sample_zero_and_checks_its_shapes() -> None:
+    """Kills ``sample_index: int = 1`` and ``and`` for ``or`` in both shape checks of :func:`score_sample`."""
+    model = tiny_model("llama", layers=2)
+    context, continuation, config = random_ids(10, seed=2), random_ids(3, seed=3), ProfilingConfig()
+    assert sensitivity.score_sample(model, context, continuation, config) == sensitivity.score_sample(
+        model, context, continuation, config, sample_index=0
+    )
+    for bad_context, bad_continuation in (
+        (torch.cat([context, context]), continuation),  # two rows
+        (context[0], continuation),  # one dimension
+        (context, continuation[0]),
+    ):
+        with pytest.raises(ValueError, match="one sample"):
+            sensitivity.score_sample(model, bad_context, bad_continuation, config)
+    for bad_context, bad_continuation in ((context[:, :0], continuation), (context, continuation[:, :0])):
+        with pytest.raises(ValueError, match="at least one token"):
+            sensitivity.score_sample(model, bad_context, bad_continuation, config)
+
+
+def test_a_continuation_cap_is_ignored_for_the_models_own_answers() -> None:
+    """Kills ``or`` for ``and`` in the cap of :func:`calibration_ids` (None cannot be cut)."""
+
+    class Chars:
+        def __call__(self, text: str, add_special_tokens: bool = False, return_tensors: str | None = None) -> dict:
+            return {"input_ids": torch.tensor([[min(ord(c), 255) for c in text]])}
+
+    sample = CalibrationSample(context="a context", continuation="and more", question=" why?")
+    config = ProfilingConfig(continuation="model", max_continuation_tokens=2)
+    context_ids, continuation_ids = sensitivity.calibration_ids(tiny_model("llama", layers=2), Chars(), sample, config)
+    assert continuation_ids is None and context_ids.shape == (1, len("a context why?"))
