@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.special import ndtr, ndtri
+from transformers import DynamicCache
 
 from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
@@ -511,3 +512,53 @@ def test_a_continuation_cap_is_ignored_for_the_models_own_answers() -> None:
     config = ProfilingConfig(continuation="model", max_continuation_tokens=2)
     context_ids, continuation_ids = sensitivity.calibration_ids(tiny_model("llama", layers=2), Chars(), sample, config)
     assert continuation_ids is None and context_ids.shape == (1, len("a context why?"))
+
+
+def test_one_token_contexts_and_continuations_are_scored() -> None:
+    """Kills ``<= 1`` for ``< 1`` (and ``< 2``) in the length check of :func:`score_sample`."""
+    model = tiny_model("llama", layers=2)
+    scores = sensitivity.score_sample(model, random_ids(1, seed=4), random_ids(1, seed=5), ProfilingConfig())
+    assert (scores.context_tokens, scores.continuation_tokens) == (1, 1) and len(scores.kl) == 2
+
+
+def test_a_model_without_a_position_limit_keeps_its_context_whole() -> None:
+    """Kills ``or`` for ``and`` in the cut of :func:`calibration_ids` (no limit: nothing to compare with), and a
+    mutable :class:`ProfilingConfig`."""
+    model = tiny_model("llama", layers=2)
+    model.config.max_position_embeddings = None
+    sample = CalibrationSample(context="x" * 50, continuation="yz")
+    context_ids, continuation_ids = sensitivity.calibration_ids(model, _Chars(), sample, ProfilingConfig())
+    assert context_ids.shape == (1, 50) and continuation_ids.shape == (1, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ProfilingConfig().seed = 1  # type: ignore[misc]
+
+
+class _Chars:
+    """One token per character; with special tokens, a BOS id 1 first (as real tokenizers add one)."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None) -> dict:
+        ids = ([1] if add_special_tokens else []) + [min(ord(c), 255) for c in text]
+        return {"input_ids": torch.tensor([ids])}
+
+
+def test_calibration_text_is_tokenized_without_special_tokens() -> None:
+    """Kills ``add_special_tokens=True`` in :func:`calibration_ids`."""
+    sample = CalibrationSample(context="abc", continuation="de")
+    ids = sensitivity.calibration_ids(tiny_model("llama", layers=2), _Chars(), sample, ProfilingConfig())
+    assert [t.tolist() for t in ids] == [[[97, 98, 99]], [[100, 101]]]
+
+
+def test_the_models_own_answer_bans_its_stop_ids_at_the_first_token_only() -> None:
+    """Stop ids 0 (the first argmax) and ``vocab`` (outside the vocabulary, ignored) at the first step; the last
+    token is not run into the cache. Kills ``0 < i`` / ``1 <= i`` and ``i <= vocab`` in the banned ids and
+    ``max_tokens + 1`` for the last step."""
+    model = tiny_model("llama", layers=2)
+    model.generation_config.eos_token_id = [0, VOCAB]
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 0], logits[0, 7] = 5.0, 4.0  # the argmax is stop id 0, then 7
+    prompt = random_ids(6, seed=6)
+    cache = DynamicCache()
+    model(prompt, past_key_values=cache, use_cache=True)
+    answer = sensitivity.greedy_continuation(model, cache, logits, 6, max_tokens=3)
+    assert answer[0, 0].item() == 7 and 1 <= answer.shape[1] <= 3
+    assert cache.get_seq_length() == 6 + answer.shape[1] - 1
