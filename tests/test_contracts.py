@@ -27,9 +27,12 @@ from ripplekv.allocation.budgets import (
     kept_ratio,
     normalize_scores,
 )
+from ripplekv.allocation.cake import CakeRule
+from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, UniformSchedule
 from ripplekv.evaluation import significance, stats
 from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
 from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.presses.registry import DEFAULT_WINDOW
 from ripplekv.profiling import CalibrationSample, ProfilingConfig, sensitivity
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.profile import ProfileError, SensitivityProfile
@@ -562,3 +565,36 @@ def test_the_models_own_answer_bans_its_stop_ids_at_the_first_token_only() -> No
     answer = sensitivity.greedy_continuation(model, cache, logits, 6, max_tokens=3)
     assert answer[0, 0].item() == 7 and 1 <= answer.shape[1] <= 3
     assert cache.get_seq_length() == 6 + answer.shape[1] - 1
+
+
+# ------------------------------------------------------------------------------------------------ schedules
+
+
+def test_a_schedule_over_layers_takes_exactly_the_increasing_subsequences() -> None:
+    """Kills ``and`` for ``or`` in both checks of the compressed layers, ``>`` for ``>=`` at the last layer,
+    ``layers[0] < 1``, and ``layers[1]`` / ``layers[-2]`` for ``layers[-1]``."""
+    schedule = UniformSchedule(budget=0.5)
+    assert schedule.over_layers([0, 3], 4) is schedule and schedule.over_layers([1, 2], 4) is schedule
+    for bad in ([], [2, 1], [0.5], [-1, 0], [0, 4], [0, 1, 4]):
+        with pytest.raises(ValueError, match="compressed layers"):
+            schedule.over_layers(bad, 4)
+
+
+def test_schedule_defaults_and_keyword_only_tokens() -> None:
+    """PyramidKV's window is SnapKV's (64); ``tokens`` is keyword only; schedules are frozen. Kills
+    ``window_size: int = 65``, ``kw_only=False`` and a mutable :class:`UniformSchedule`."""
+    assert PyramidSchedule(budget=0.1).window_size == DEFAULT_WINDOW == 64
+    with pytest.raises(TypeError):
+        PyramidSchedule(None, 64, 20, 512)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ProfileSchedule(None, (1.0,), 4.0, 3.0, 512)  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        UniformSchedule(budget=0.5).budget = 0.2  # type: ignore[misc]
+
+
+def test_cake_spends_a_single_spare_token_by_preference() -> None:
+    """One token beyond the windows goes to the preferred layer, not to the first. Kills ``spare <= 1`` for
+    ``<= 0``, and a mutable :class:`CakeRule`."""
+    assert CakeRule().layer_budgets([(0.0, 1.0), (1.0, 1.0)], 2, 100, 9, 4, 0) == (4, 5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CakeRule().tau1 = 2.0  # type: ignore[misc]
