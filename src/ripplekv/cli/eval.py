@@ -51,7 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from ripplekv.evaluation.suites.jsonl import DEFAULT_JSONL_METRIC, JSONL_MAX_NEW_TOKENS
     from ripplekv.inference import PROTOCOLS
     from ripplekv.presses import METHODS
-    from ripplekv.presses.registry import DEFAULT_WINDOW
+    from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS_WITHOUT_SCORER
+    from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
 
     e = subparsers.add_parser(
         "eval",
@@ -84,6 +85,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=comma_list(str, "methods"),
         default=runner.DEFAULT_METHODS,
         help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)})",
+    )
+    e.add_argument(
+        "--scorers",
+        type=comma_list(str, "scorers"),
+        default=(DEFAULT_SCORER,),
+        help=f"comma-separated token scorers, from {', '.join(SCORERS)} (default {DEFAULT_SCORER}): every method "
+        "built on a scorer runs under each (rows record method and scorer; reports name it method@scorer, the "
+        f"default scorer's plain); {', '.join(METHODS_WITHOUT_SCORER)} run once",
     )
     e.add_argument(
         "--budgets",
@@ -205,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         suite=args.suite,
         model=args.model,
         methods=tuple(args.methods),
+        scorers=tuple(args.scorers),
         budgets=resolve_budgets(args, runner.DEFAULT_BUDGETS),
         tokens=tuple(args.tokens or ()),
         tasks=args.tasks,

@@ -13,8 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ripplekv.allocation.budgets import BudgetSpec
-from ripplekv.evaluation.sample import FULL_BUDGET, MIN_NEW_TOKENS, EvalSample, positive_int
-from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS
+from ripplekv.evaluation.sample import (
+    DEFAULT_SCORER,
+    FULL_BUDGET,
+    MIN_NEW_TOKENS,
+    EvalSample,
+    configuration_name,
+    positive_int,
+)
+from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
+from ripplekv.presses.scorers import SCORERS
 
 __all__ = [
     "CHAT_TEMPLATE_MODES",
@@ -54,6 +62,11 @@ class EvalConfig:
         tokens: average token counts kept per layer (integers >= 2: a row stores its budget as one number, and 1
             would read as the fraction 1.0, the full cache's); run after the fractions. Not taken by kvpress's own
             presses (:data:`ripplekv.presses.registry.FRACTION_ONLY_METHODS`).
+        scorers: the token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs
+            under each, a configuration per (method, scorer, budget) named ``method@scorer`` (the default scorer,
+            SnapKV, keeps the plain method name); the methods without a scorer
+            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. Every configuration of a sample
+            is derived from the sample's one prefill.
         tasks: the suite's tasks to run (default: the suite's own default; a suite without tasks refuses them).
         limit: at most this many samples per task; what it counts is the suite's (see each suite).
         profile: sensitivity profile JSON (the ripplekv methods need it).
@@ -91,6 +104,7 @@ class EvalConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     budgets: tuple[float, ...] = DEFAULT_BUDGETS
     tokens: tuple[int, ...] = ()
+    scorers: tuple[str, ...] = (DEFAULT_SCORER,)
     tasks: tuple[str, ...] | None = None
     limit: int | None = None
     profile: str | None = None
@@ -125,6 +139,14 @@ class EvalConfig:
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods contain duplicates: {', '.join(self.methods)}")
         object.__setattr__(self, "tokens", tuple(self.tokens))
+        object.__setattr__(self, "scorers", tuple(self.scorers))
+        if not self.scorers:
+            raise ValueError("no scorers given (the default is snapkv)")
+        unknown = [s for s in self.scorers if s not in SCORERS]
+        if unknown:
+            raise ValueError(f"unknown scorer(s) {', '.join(map(str, unknown))}; choose from {', '.join(SCORERS)}")
+        if len(set(self.scorers)) != len(self.scorers):
+            raise ValueError(f"scorers contain duplicates: {', '.join(self.scorers)}")
         if any(m != "full" for m in self.methods) and not self.budgets and not self.tokens:
             raise ValueError("no budgets given (budgets: kept fractions; tokens: token counts per layer)")
         for budget in self.budgets:
@@ -191,11 +213,18 @@ class EvalConfig:
 
     @property
     def configurations(self) -> list[tuple[str, float]]:
-        """The (method, budget) pairs run on every sample: ``full`` once at 1.0, the others at every budget.
+        """The (configuration name, budget) pairs run on every sample: ``full`` once at 1.0, the others at every
+        budget, each method built on a scorer once per scorer (scorer by scorer, in the given order).
 
-        A budget is a number as in the rows (:attr:`budget_values`): a kept fraction ``<= 1`` or a token count
+        A name is :func:`~ripplekv.evaluation.sample.configuration_name`'s (``ripplekv``, ``ripplekv@tova``); a
+        budget is a number as in the rows (:attr:`budget_values`): a kept fraction ``<= 1`` or a token count
         ``> 1`` (an int); :meth:`ripplekv.allocation.BudgetSpec.from_value` reads it back.
         """
         pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
-        pairs += [(m, b) for m in self.methods if m != "full" for b in self.budget_values]
+        for index, scorer in enumerate(self.scorers):
+            for method in self.methods:
+                if method == "full" or (method in METHODS_WITHOUT_SCORER and index > 0):
+                    continue
+                name = method if method in METHODS_WITHOUT_SCORER else configuration_name(method, scorer)
+                pairs += [(name, b) for b in self.budget_values]
         return pairs

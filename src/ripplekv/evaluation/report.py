@@ -15,6 +15,9 @@ test of its macro mean and the interval inverting it, Holm-adjusted significance
 significance line per budget and metric. Strata are the rows' ``task`` (the needle suite's rows form one
 task: its length x depth cells hold too few samples to resample within). A legend says what each method computes.
 
+A run over several token scorers (``eval --scorers``) is analysed per scorer (:mod:`~ripplekv.evaluation.by_scorer`):
+the allocation x scorer matrices, one verdict line per scorer and budget, and the statistics of each scorer.
+
 Formats: ``md`` (tables, statistics), ``csv`` (the score tables), ``json`` (everything, for generated READMEs).
 Plots: :mod:`~ripplekv.evaluation.plots`.
 """
@@ -24,9 +27,10 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ripplekv.evaluation.by_scorer import analyse_by_scorer, markdown_by_scorer, row_scorers, scorers_json
 from ripplekv.evaluation.sample import FULL_BUDGET
 from ripplekv.evaluation.stats import DEFAULT_DRAWS, DEFAULT_FAMILY, DEFAULT_RESAMPLES
 from ripplekv.evaluation.summary import RunSummary, Timing, load_run, needle_task, summarize
@@ -38,6 +42,7 @@ from ripplekv.evaluation.tables import (
     legend,
     markdown_sections,
     markdown_significance,
+    scorer_legend,
 )
 
 __all__ = [
@@ -74,12 +79,19 @@ def _md_table(summary: RunSummary, task: str) -> list[str]:
     return lines
 
 
-def format_markdown(summary: RunSummary, stats: RunStats | None = None) -> str:
+def format_markdown(
+    summary: RunSummary,
+    stats: RunStats | None = None,
+    by_scorer: Mapping[str, tuple[RunStats, list[str]]] | None = None,
+) -> str:
     """Markdown: the methods, the significance lines and statistics (with ``stats``), then the score tables.
 
     Args:
         summary: the run's score tables.
         stats: the run's statistics (:func:`ripplekv.evaluation.tables.analyse_run`), or ``None`` to leave them out.
+        by_scorer: a run over several token scorers: each scorer's statistics and methods
+            (:func:`ripplekv.evaluation.by_scorer.analyse_by_scorer`), printed as the allocation x scorer matrices
+            and one statistics part per scorer (instead of ``stats``).
     """
     lines = [f"# {summary.suite} evaluation: {summary.model} ({summary.protocol})", ""]
     lines.append(
@@ -102,12 +114,21 @@ def format_markdown(summary: RunSummary, stats: RunStats | None = None) -> str:
             f"{t.shared_prefill + t.derived:.1f} s ({t.speedup_estimate:.2f}x, estimated from the logged prefill "
             "times).",
         ]
-    lines += ["", "## Methods", "", *legend(summary.methods)]
-    if stats is not None:
+    if by_scorer:
+        plain = dict.fromkeys(m for _, names in by_scorer.values() for m in names)
+        lines += ["", "## Methods (schedules)", "", *legend(list(plain))]
+        lines += ["", "## Token scorers", "", *scorer_legend(list(by_scorer))]
+        lines += ["", *markdown_by_scorer(by_scorer, summary.budgets)]
+    else:
+        lines += ["", "## Methods", "", *legend(summary.methods)]
+    if stats is not None and not by_scorer:
         lines += ["", *markdown_significance(stats)]
     lines += ["", f"## Average over {len(summary.tasks)} tasks", "", *_md_table(summary, AVERAGE)]
-    if stats is not None:
+    if stats is not None and not by_scorer:
         lines += markdown_sections(stats, summary.methods, summary.budgets)
+    for scorer, (run, names) in (by_scorer or {}).items():
+        suffix = f" (scorer {scorer})"
+        lines += ["", *markdown_significance(run, suffix), *markdown_sections(run, names, summary.budgets, suffix)]
     for group, (n_tasks, n_samples) in summary.group_sizes.items():
         title = f"## {group} words: average over {n_tasks} `_e` tasks ({n_samples} samples)"
         lines += ["", title, "", *_md_table(summary, group)]
@@ -179,7 +200,11 @@ def report(
         write_plots(summary, plots)
     if fmt == "csv":
         return format_csv(summary)
-    stats = analyse_run(
-        rows, summary.methods, summary.budgets, metrics, seed=seed, resamples=resamples, draws=draws, family=family
-    )
+    options = {"seed": seed, "resamples": resamples, "draws": draws, "family": family}
+    if len(row_scorers(rows)) > 1:  # statistics per scorer: schedules compared over one scorer at a time
+        by_scorer = analyse_by_scorer(rows, summary.methods, summary.budgets, metrics, **options)
+        if fmt == "md":
+            return format_markdown(summary, None, by_scorer)
+        return format_json(summary, None, scorers_json(by_scorer))
+    stats = analyse_run(rows, summary.methods, summary.budgets, metrics, **options)
     return format_markdown(summary, stats) if fmt == "md" else format_json(summary, stats)

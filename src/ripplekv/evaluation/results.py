@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv.allocation.budgets import budget_value
+from ripplekv.evaluation.sample import row_configuration
 from ripplekv.profiling.profile import write_json_atomic
 
 __all__ = [
@@ -57,12 +58,12 @@ def complete_samples(
 
     Args:
         rows: result rows (``results.jsonl``).
-        configurations: the (method, budget) pairs every sample of the run gets.
+        configurations: the (configuration name, budget) pairs every sample of the run gets.
     """
     expected = {(str(m), float(b)) for m, b in configurations}
     seen: dict[str, set[tuple[str, float]]] = {}
     for row in rows:
-        seen.setdefault(str(row["sample_id"]), set()).add((str(row["method"]), float(row["budget"])))
+        seen.setdefault(str(row["sample_id"]), set()).add((row_configuration(row), float(row["budget"])))
     complete = {sample for sample, have in seen.items() if expected <= have}
     return [row for row in rows if str(row["sample_id"]) in complete], len(seen) - len(complete)
 
@@ -81,12 +82,13 @@ def sha256_json(data: Any) -> str:
 
 
 def row_key(row: Mapping[str, Any]) -> RowKey:
-    """``(sample_id, method, budget)`` of a row: what identifies it on resume.
+    """``(sample_id, configuration, budget)`` of a row: what identifies it on resume (the configuration is its
+    method under its scorer, :func:`~ripplekv.evaluation.sample.row_configuration`).
 
     Args:
         row: a result row.
     """
-    return (str(row["sample_id"]), str(row["method"]), float(row["budget"]))
+    return (str(row["sample_id"]), row_configuration(row), float(row["budget"]))
 
 
 def _versions() -> dict[str, str]:

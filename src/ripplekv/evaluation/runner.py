@@ -57,6 +57,7 @@ from ripplekv.evaluation.results import (
     sha256_json,
 )
 from ripplekv.evaluation.rows import SampleRunner
+from ripplekv.evaluation.sample import DEFAULT_SCORER, split_configuration
 from ripplekv.evaluation.suites import SUITES, get_suite
 from ripplekv.evaluation.suites.needle import DEFAULT_NEEDLE_DEPTHS, DEFAULT_NEEDLE_DIGITS, DEFAULT_NEEDLE_LENGTHS
 from ripplekv.evaluation.suites.ruler import DEFAULT_CONTEXT_TOKENS, DEFAULT_RULER_SAMPLES
@@ -109,7 +110,7 @@ class EvalSummary:
         rows: rows in ``results.jsonl`` at the end.
         new_rows: rows written by this call.
         samples: samples of the run.
-        configurations: (method, budget) pairs per sample.
+        configurations: (configuration name, budget) pairs per sample.
         seconds: wall time of the call.
     """
 
@@ -192,6 +193,7 @@ def resolve_config(
         "methods": list(config.methods),
         "budgets": [float(b) for b in config.budgets],
         **({"tokens": [int(t) for t in config.tokens]} if config.tokens else {}),  # absent: old runs resume
+        **({"scorers": list(config.scorers)} if config.scorers != (DEFAULT_SCORER,) else {}),  # likewise
         "protocol": config.protocol,
         "window_size": config.window_size,
         "max_new_tokens": config.max_new_tokens,
@@ -220,8 +222,10 @@ def build_presses(
 ) -> dict[tuple[str, float], BasePress]:
     """The press of every configuration of ``config`` (and of ``("full", 1.0)``), checked against ``model``.
 
-    A configuration's budget is a number as in the rows: a kept fraction (``<= 1``) or a token count (``> 1``),
-    passed to :func:`~ripplekv.presses.registry.make_press` as ``budget=`` or ``tokens=``.
+    A configuration's name is a method or ``method@scorer`` (:func:`~ripplekv.evaluation.sample.split_configuration`:
+    the scorer by name, built with ``config.window_size``); its budget a number as in the rows: a kept fraction
+    (``<= 1``) or a token count (``> 1``), passed to :func:`~ripplekv.presses.registry.make_press` as ``budget=``
+    or ``tokens=``.
 
     Args:
         config: the evaluation.
@@ -231,7 +235,8 @@ def build_presses(
     """
     oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     presses = {}
-    for method, budget in [("full", FULL_BUDGET), *config.configurations]:
+    for name, budget in [("full", FULL_BUDGET), *config.configurations]:
+        method, scorer = split_configuration(name)
         given = select_oracle_profile(oracles, budget) if method == ORACLE_METHOD else profile
         press = make_press(
             method,
@@ -239,9 +244,10 @@ def build_presses(
             profile=given,
             window_size=config.window_size,
             strict_profile=config.strict_profile,
+            scorer=scorer,
         )
         press.post_init_from_model(model)  # checks a profile against the model before any work
-        presses[method, budget] = press
+        presses[name, budget] = press
     return presses
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ripplekv.evaluation.sample import row_configuration
 from ripplekv.evaluation.significance import (
     DEFAULT_DRAWS,
     DEFAULT_FAMILY,
@@ -292,7 +293,7 @@ def collect(
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"row {row.get('sample_id')!r}: {metric.name} must be a finite number, got {value!r}")
-        key = (str(row["method"]), float(row["budget"]))
+        key = (row_configuration(row), float(row["budget"]))
         task = values.setdefault(key, {}).setdefault(task_of(row), {})
         task[str(row["sample_id"])] = metric.scale * float(value)
     return values

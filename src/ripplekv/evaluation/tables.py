@@ -39,6 +39,7 @@ from ripplekv.evaluation.stats import (
 )
 from ripplekv.evaluation.summary import AVERAGE
 from ripplekv.presses.registry import METHOD_DESCRIPTIONS
+from ripplekv.presses.scorers import SCORER_DESCRIPTIONS
 
 if TYPE_CHECKING:
     from ripplekv.evaluation.summary import RunSummary
@@ -52,6 +53,7 @@ __all__ = [
     "format_json",
     "legend",
     "markdown_sections",
+    "scorer_legend",
     "significance_lines",
     "significance_method",
     "significance_record",
@@ -152,6 +154,18 @@ def legend(methods: Sequence[str]) -> list[str]:
     return lines
 
 
+def scorer_legend(scorers: Sequence[str]) -> list[str]:
+    """A markdown table: each token scorer and what it ranks tokens by.
+
+    Args:
+        scorers: scorer names; names without a description print as they are.
+    """
+    lines = ["| scorer | what it ranks tokens by |", "|---|---|"]
+    for scorer in scorers:
+        lines.append(f"| {scorer} | {SCORER_DESCRIPTIONS.get(scorer, scorer)} |")
+    return lines
+
+
 def budget_label(budget: float) -> str:
     """``10%`` for a kept fraction, ``512 tokens per layer`` for a token budget.
 
@@ -249,13 +263,14 @@ def _caveat(run: RunStats) -> str | None:
     )
 
 
-def markdown_significance(run: RunStats) -> list[str]:
+def markdown_significance(run: RunStats, suffix: str = "") -> list[str]:
     """The significance section: the rule, a small-sample caveat if needed, one bullet per metric and budget.
 
     Args:
         run: the run's statistics.
+        suffix: appended to the section's title (a run over several scorers: which one).
     """
-    lines = ["## Significance", "", significance_method(run), "", rule_text(run)]
+    lines = [f"## Significance{suffix}", "", significance_method(run), "", rule_text(run)]
     if run.incomplete:
         lines += [
             "",
@@ -293,25 +308,27 @@ def _comparison_cells(stats: MetricStats, c: Comparison | None) -> list[str]:
     return [_interval(stats, c.difference, sign=True) + mark, f"{c.wins}/{c.ties}/{c.losses}", _p(c.p), _p(c.p_holm)]
 
 
-def markdown_sections(run: RunStats, methods: Sequence[str], budgets: Sequence[float]) -> list[str]:
+def markdown_sections(run: RunStats, methods: Sequence[str], budgets: Sequence[float], suffix: str = "") -> list[str]:
     """Per metric: the table of means and intervals, then one table of paired differences per budget.
 
     Args:
         run: the run's statistics.
         methods: method names in report order.
         budgets: the compression budgets (table columns).
+        suffix: appended to every title (a run over several scorers: which one).
     """
     lines: list[str] = []
     for name, stats in run.metrics.items():
         metric = stats.metric
-        lines += ["", f"## {name} ({metric.direction}): mean and {100 * run.confidence:g}% interval", ""]
+        lines += ["", f"## {name} ({metric.direction}): mean and {100 * run.confidence:g}% interval{suffix}", ""]
         lines += [f"{metric.description[0].upper()}{metric.description[1:]}. The full cache is its own budget.", ""]
         lines += _estimate_table(stats, methods, budgets)
         for budget in budgets:
             versus = stats.versus.get(budget, {})
             if not versus:
                 continue
-            lines += ["", f"### {name} at budget {budget:g}: paired differences (`method - other`; * significant)", ""]
+            title = f"### {name} at budget {budget:g}{suffix}: paired differences (`method - other`; * significant)"
+            lines += ["", title, ""]
             lines.append(
                 f"| method | vs {BASELINE} | W/T/L | p | Holm p | best other | vs best other | W/T/L | p | Holm p |"
             )
@@ -439,12 +456,14 @@ def _score_records(summary: RunSummary) -> list[dict[str, Any]]:
     return records
 
 
-def format_json(summary: RunSummary, stats: RunStats | None = None) -> str:
+def format_json(summary: RunSummary, stats: RunStats | None = None, by_scorer: Mapping[str, Any] | None = None) -> str:
     """JSON: the run, the methods and what they compute, every score-table cell, the timing and the statistics.
 
     Args:
         summary: the run's score tables (:func:`ripplekv.evaluation.report.summarize`).
         stats: the run's statistics, or ``None`` to leave them out.
+        by_scorer: a run over several scorers: each scorer's methods and statistics
+            (:func:`ripplekv.evaluation.by_scorer.scorers_json`), stored under ``statistics_by_scorer``.
     """
     timing = summary.timing
     document = {
@@ -471,5 +490,6 @@ def format_json(summary: RunSummary, stats: RunStats | None = None) -> str:
             "speedup_estimate": None if math.isnan(timing.speedup_estimate) else timing.speedup_estimate,
         },
         "statistics": None if stats is None else stats_json(stats),
+        **({} if by_scorer is None else {"statistics_by_scorer": dict(by_scorer)}),
     }
     return json.dumps(document, indent=1, allow_nan=False) + "\n"
