@@ -12,7 +12,14 @@ import pytest
 
 from ripplekv.evaluation import report as report_module
 from ripplekv.evaluation.results import complete_samples, row_key
-from ripplekv.evaluation.runner import EvalConfig, ResultsLog, build_samples, resolve_config, run_eval
+from ripplekv.evaluation.runner import (
+    ConfigMismatchError,
+    EvalConfig,
+    ResultsLog,
+    build_samples,
+    resolve_config,
+    run_eval,
+)
 from ripplekv.evaluation.sample import DEFAULT_SCORER, configuration_name, row_configuration, split_configuration
 from ripplekv.presses import make_press
 from ripplekv.presses import scorers as scorer_registry
@@ -29,8 +36,9 @@ pytestmark = [
 
 __all__ = ["loaded", "model_dir", "profile_path"]  # fixtures used here
 
-SCORERS = ("snapkv", "tova", "knorm")
-METHODS = ("full", "streamingllm", "snapkv", "ripplekv", "cake")
+SCORERS = ("snapkv", "expected_attention", "tova")
+SCHEDULES = ("snapkv", "pyramidkv", "ripplekv", "cake", "squeezeattention", "dynamickv", "lava")
+METHODS = ("full", "streamingllm", *SCHEDULES)
 
 
 def _config(profile: Path, **changes: Any) -> EvalConfig:
@@ -73,18 +81,12 @@ def test_configurations_run_every_scored_method_under_every_scorer(profile_path:
     assert names == [
         "full",
         "streamingllm",  # no scorer: once
-        "snapkv",
-        "ripplekv",
-        "cake",
-        "snapkv@tova",
-        "ripplekv@tova",
-        "cake@tova",
-        "snapkv@knorm",
-        "ripplekv@knorm",
-        "cake@knorm",
+        *SCHEDULES,
+        *(f"{m}@expected_attention" for m in SCHEDULES),
+        *(f"{m}@tova" for m in SCHEDULES),
     ]
     default = _config(profile_path, scorers=("snapkv",))
-    assert [n for n, _ in default.configurations] == ["full", "streamingllm", "snapkv", "ripplekv", "cake"]
+    assert [n for n, _ in default.configurations] == list(METHODS)
 
 
 @pytest.mark.parametrize(
@@ -137,9 +139,7 @@ def test_rows_record_method_and_scorer_and_match_direct_prefills(
         press = make_press(row["method"], row["budget"], profile=profile, window_size=WINDOW, scorer=row["scorer"])
         sample = samples[row["sample_id"]]
         assert row["prediction"] == _direct_prediction(model, tokenizer, sample, press, config.protocol), row
-    assert seen == {("full", None), ("streamingllm", None)} | {
-        (m, s) for m in ("snapkv", "ripplekv", "cake") for s in SCORERS
-    }
+    assert seen == {("full", None), ("streamingllm", None)} | {(m, s) for m in SCHEDULES for s in SCORERS}
     kl = {(r["sample_id"], r["method"], r["scorer"]): r["fidelity_kl"] for r in rows}
     assert any(kl[sid, m, "tova"] != kl[sid, m, "snapkv"] for sid, m, s in kl if s == "snapkv"), (
         "the scorers must change the caches"
@@ -186,12 +186,34 @@ def test_report_analyses_each_scorer_on_its_own(scored_run: tuple[Path, EvalConf
         assert f"## Significance (scorer {scorer})" in text
         assert f"| {scorer} |" in text  # the scorers' legend
     # within a scorer the schedules are compared over that scorer only: never a name of another scorer
-    part = text.split("## Significance (scorer tova)")[1].split("## Significance (scorer knorm)")[0]
+    part = text.split("## Significance (scorer expected_attention)")[1].split("## Significance (scorer tova)")[0]
     assert "@" not in part and "ripplekv vs snapkv" in part
     document = json.loads(report_module.report(out, fmt="json", resamples=2000))
     assert document["statistics"] is None
     by_scorer = document["statistics_by_scorer"]
     assert list(by_scorer) == list(SCORERS)
-    assert by_scorer["tova"]["methods"] == ["full", "streamingllm", "snapkv", "ripplekv", "cake"]
-    estimates = by_scorer["knorm"]["statistics"]["metrics"]["fidelity_kl"]["estimates"]
-    assert {e["method"] for e in estimates} == {"full", "streamingllm", "snapkv", "ripplekv", "cake"}
+    assert by_scorer["tova"]["methods"] == list(METHODS)
+    estimates = by_scorer["expected_attention"]["statistics"]["metrics"]["fidelity_kl"]["estimates"]
+    assert {e["method"] for e in estimates} == set(METHODS)
+
+
+def test_a_run_extended_with_scorers_keeps_its_rows_and_runs_only_the_new(
+    loaded: tuple[Any, Any], profile_path: Path, tmp_path: Path
+) -> None:
+    model, tokenizer = loaded
+    narrow = _config(profile_path, scorers=("snapkv",), methods=("full", "snapkv", "cake"))
+    out = tmp_path / "grow"
+    first = run_eval(narrow, out, model, tokenizer, progress=False)
+    before = _keyed(_rows(out))
+    wide = replace(narrow, scorers=("snapkv", "tova"), budgets=(0.3, 0.5))
+    summary = run_eval(wide, out, model, tokenizer, progress=False)
+    assert summary.new_rows == 2 * len(wide.configurations) - first.rows  # only the new configurations ran
+    after = _keyed(_rows(out))
+    assert {k: after[k] for k in before} == before
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["config"]["scorers"] == ["snapkv", "tova"] and len(saved["extended_from"]) == 1
+    assert "scorers" not in saved["extended_from"][0]["config"]
+    with pytest.raises(ConfigMismatchError, match="window_size"):  # not an extension: another setting
+        run_eval(replace(wide, window_size=WINDOW + 1), out, model, tokenizer, progress=False)
+    with pytest.raises(ConfigMismatchError, match="scorers"):  # fewer scorers than the folder holds
+        run_eval(narrow, out, model, tokenizer, progress=False)

@@ -27,7 +27,8 @@ Output folder (:mod:`ripplekv.evaluation.results`)::
 
 Re-running the same command resumes: rows already in ``results.jsonl`` are skipped, a truncated last line (an
 interrupted write) is dropped and redone, and a folder whose ``config.json`` holds a different configuration is
-refused. An interruption loses at most the configuration in flight.
+refused, but for one that only adds methods, budgets, token counts or scorers (:data:`EXTENDABLE`): that run
+extends the folder, keeping its rows. An interruption loses at most the configuration in flight.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ __all__ = [
     "ConfigMismatchError",
     "EvalConfig",
     "EvalSample",
+    "EXTENDABLE",
     "EvalSummary",
     "ResultsLog",
     "RunFolder",
@@ -251,6 +253,13 @@ def build_presses(
     return presses
 
 
+EXTENDABLE: dict[str, list[Any]] = {"methods": [], "budgets": [], "tokens": [], "scorers": [DEFAULT_SCORER]}
+"""The configuration keys a resumed ``eval`` may extend (more methods, budgets, token counts or scorers over the
+same samples and settings; every other key must match): rows already written stay, the new configurations run.
+A method that brings a profile the run did not have (``ripplekv`` added to a run without it) changes the ``profile``
+key and is refused."""
+
+
 # The steps every evaluation run shares, in process (run_eval) and on Ray (run_eval_ray), so the two cannot drift:
 # load_run_profiles before the model is loaded, open_run_folder once the resolved configuration is known.
 
@@ -314,7 +323,7 @@ def open_run_folder(
     sources = {"model": config.model, **get_suite(config.suite).sources(config), "profile": config.profile}
     if profiles.oracles:
         sources["oracle_profile"] = list(config.oracle_profile or ())
-    return open_results(out, resolved, sources)
+    return open_results(out, resolved, sources, extendable=EXTENDABLE)
 
 
 def run_eval(
