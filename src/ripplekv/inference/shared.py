@@ -93,6 +93,7 @@ from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.registry import check_prompt_length
 from ripplekv.presses.ripplekv_press import RippleKVPress
+from ripplekv.presses.score_memo import ScoreMemo, memoized
 
 __all__ = [
     "HIDDEN_STATES_ATTRIBUTE",
@@ -230,6 +231,7 @@ class PrefillRecord:
     prompt_tokens: int
     seconds: float  # wall time of the recorded prefill
     invalid: str | None = field(default=None, compare=False)  # set when a press wrote into the recorded tensors
+    memo: ScoreMemo = field(default_factory=ScoreMemo, compare=False, repr=False)  # scores shared by derivations
 
     @property
     def hidden_tokens(self) -> int:
@@ -435,6 +437,11 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache,
                 "over every press to derive (None keeps them all)"
             )
     press.post_init_from_model(record.model)
+    with memoized(record.memo):  # a scorer's scores (a rule's statistics) computed once per record
+        return _derive(record, press)
+
+
+def _derive(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache, tuple[ModuleState, ...]]:
     if getattr(press, "derives_all_layers", False):  # statistics of every layer first, then every layer's budget
         versions = [_tensor_versions(layer) for layer in record.layers]
         pairs = press.derive(record.layers, record.model.config)
