@@ -217,3 +217,28 @@ def test_a_run_extended_with_scorers_keeps_its_rows_and_runs_only_the_new(
         run_eval(replace(wide, window_size=WINDOW + 1), out, model, tokenizer, progress=False)
     with pytest.raises(ConfigMismatchError, match="scorers"):  # fewer scorers than the folder holds
         run_eval(narrow, out, model, tokenizer, progress=False)
+
+
+def test_query_agnostic_rows_of_every_scorer_match_direct_prefills(
+    loaded: tuple[Any, Any], profile_path: Path, tmp_path: Path
+) -> None:
+    """kvpress's protocol: the context compressed before the question is seen, for per-prompt schedules under
+    several scorers too (the statistics come from the context's own window)."""
+    model, tokenizer = loaded
+    config = _config(
+        profile_path,
+        protocol="query-agnostic",
+        methods=("full", "cake", "squeezeattention", "ripplekv"),
+        scorers=("snapkv", "tova"),
+    )
+    out = tmp_path / "qa"
+    run_eval(config, out, model, tokenizer, progress=False)
+    samples = {s.id: s for s in build_samples(config, tokenizer, model)}
+    profile = SensitivityProfile.load(config.profile)
+    rows = [r for r in _rows(out) if r["method"] != "full"]
+    assert len(rows) == 2 * 3 * 2
+    for row in rows:
+        sample = samples[row["sample_id"]]
+        assert row["compressed_tokens"] == sample.question_start < row["prompt_tokens"]
+        press = make_press(row["method"], row["budget"], profile=profile, window_size=WINDOW, scorer=row["scorer"])
+        assert row["prediction"] == _direct_prediction(model, tokenizer, sample, press, "query-agnostic"), row
