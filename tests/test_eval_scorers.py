@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ripplekv.evaluation import report as report_module
-from ripplekv.evaluation.results import complete_samples, row_key
-from ripplekv.evaluation.runner import (
+from ripplekv.evaluation.reporting import report as report_module
+from ripplekv.evaluation.running.results import complete_samples, row_key
+from ripplekv.evaluation.running.runner import (
     ConfigMismatchError,
     EvalConfig,
     ResultsLog,

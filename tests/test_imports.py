@@ -168,7 +168,7 @@ def test_the_contract_catches_a_backward_import_and_a_circle(tmp_path: Path) -> 
     assert circles(edges) == [["ripplekv.presses.b", "ripplekv.presses.c"]]
 
 
-@pytest.mark.parametrize("module", ["ripplekv.evaluation.stats", "ripplekv.cli.report"])
+@pytest.mark.parametrize("module", ["ripplekv.evaluation.reporting.stats", "ripplekv.cli.report"])
 def test_json_only_modules_import_without_torch(module: str) -> None:
     code = (
         f"import sys, {module}; bad = [m for m in ('torch', 'transformers', 'kvpress') if m in sys.modules]; print(bad)"

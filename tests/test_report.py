@@ -17,9 +17,8 @@ import pytest
 from scipy.stats import wilcoxon
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation import report as report_module
-from ripplekv.evaluation.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
-from ripplekv.evaluation.stats import (
+from ripplekv.evaluation.reporting import report as report_module
+from ripplekv.evaluation.reporting.stats import (
     METRICS,
     Bootstrap,
     Metric,
@@ -28,7 +27,8 @@ from ripplekv.evaluation.stats import (
     paired_differences,
     wilcoxon_p,
 )
-from ripplekv.evaluation.tables import analyse_run, budget_label, legend, significance_lines
+from ripplekv.evaluation.reporting.tables import analyse_run, budget_label, legend, significance_lines
+from ripplekv.evaluation.running.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
 from ripplekv.presses.registry import METHOD_DESCRIPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ripplekv.evaluation.results import (
+from ripplekv.evaluation.running.results import (
     ConfigMismatchError,
     open_results,
     resume_state,

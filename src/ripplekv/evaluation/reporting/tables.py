@@ -1,7 +1,7 @@
 """The statistics part of ``ripplekv report``: which metrics a run has, their analysis, and how it is printed.
 
-:func:`analyse_run` runs :mod:`ripplekv.evaluation.stats` over every metric of the results contract that the rows
-hold (``score``, ``fidelity_kl``, ``top1_agreement``, ``gold_nll_delta``); :func:`markdown_sections`,
+:func:`analyse_run` runs :mod:`ripplekv.evaluation.reporting.stats` over every metric of the results contract that the
+rows hold (``score``, ``fidelity_kl``, ``top1_agreement``, ``gold_nll_delta``); :func:`markdown_sections`,
 :func:`significance_lines` and :func:`stats_json` print it. :func:`legend` says what each method computes
 (``ripplekv.presses.registry.METHOD_DESCRIPTIONS``; unknown names print as they are).
 """
@@ -15,9 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.evaluation.results import complete_samples
-from ripplekv.evaluation.sample import FULL_BUDGET
-from ripplekv.evaluation.stats import (
+from ripplekv.evaluation.reporting.stats import (
     ALPHA,
     BASELINE,
     CONFIDENCE,
@@ -37,12 +35,14 @@ from ripplekv.evaluation.stats import (
     analyse_metric,
     collect,
 )
-from ripplekv.evaluation.summary import AVERAGE
+from ripplekv.evaluation.reporting.summary import AVERAGE
+from ripplekv.evaluation.running.results import complete_samples
+from ripplekv.evaluation.sample import FULL_BUDGET
 from ripplekv.presses.registry import METHOD_DESCRIPTIONS
 from ripplekv.presses.scorers import SCORER_DESCRIPTIONS
 
 if TYPE_CHECKING:
-    from ripplekv.evaluation.summary import RunSummary
+    from ripplekv.evaluation.reporting.summary import RunSummary
 
 __all__ = [
     "AVERAGE",
@@ -67,8 +67,8 @@ FEW_SAMPLES = 5  # tasks with fewer samples get the small-sample caveat
 class RunStats:
     """The statistics of one run.
 
-    ``metrics``: metric name -> its analysis, in :data:`~ripplekv.evaluation.stats.METRICS` order; ``skipped``:
-    metric name -> why it is not reported; ``strata``: task -> samples (the most any configuration has).
+    ``metrics``: metric name -> its analysis, in :data:`~ripplekv.evaluation.reporting.stats.METRICS` order;
+    ``skipped``: metric name -> why it is not reported; ``strata``: task -> samples (the most any configuration has).
     """
 
     resamples: int
@@ -108,7 +108,7 @@ def analyse_run(
         seed: the seed of the bootstrap and of the sign-flip test.
         resamples: bootstrap resamples per interval of a mean.
         draws: random sign vectors per comparison (used beyond ``EXACT_MAX`` samples).
-        family: Holm's family, one of :data:`~ripplekv.evaluation.stats.FAMILIES`.
+        family: Holm's family, one of :data:`~ripplekv.evaluation.reporting.stats.FAMILIES`.
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
@@ -460,10 +460,10 @@ def format_json(summary: RunSummary, stats: RunStats | None = None, by_scorer: M
     """JSON: the run, the methods and what they compute, every score-table cell, the timing and the statistics.
 
     Args:
-        summary: the run's score tables (:func:`ripplekv.evaluation.report.summarize`).
+        summary: the run's score tables (:func:`ripplekv.evaluation.reporting.report.summarize`).
         stats: the run's statistics, or ``None`` to leave them out.
         by_scorer: a run over several scorers: each scorer's methods and statistics
-            (:func:`ripplekv.evaluation.by_scorer.scorers_json`), stored under ``statistics_by_scorer``.
+            (:func:`ripplekv.evaluation.reporting.by_scorer.scorers_json`), stored under ``statistics_by_scorer``.
     """
     timing = summary.timing
     document = {

@@ -1,4 +1,4 @@
-"""The RULER-style task generators (:mod:`ripplekv.evaluation.ruler`): needle retrieval in several flavours,
+"""The RULER-style task generators (:mod:`ripplekv.evaluation.tasks.ruler`): needle retrieval in several flavours,
 variable tracking, common-words extraction and frequent-words extraction (Hsieh et al., 2024, "RULER: What's the
 Real Context Size of Your Long-Context Language Models?").
 
@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ripplekv.evaluation.ruler_text import (
+from ripplekv.evaluation.tasks.ruler_text import (
     MIN_HAYSTACK_TOKENS,
     NOISE,
     Batch,

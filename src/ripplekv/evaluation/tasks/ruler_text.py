@@ -1,4 +1,5 @@
-"""Filler text for the RULER-style tasks (:mod:`ripplekv.evaluation.ruler`): word lists, token accounting, haystacks.
+"""Filler text for the RULER-style tasks (:mod:`ripplekv.evaluation.tasks.ruler`): word lists, token accounting,
+haystacks.
 
 Every context is sized in tokens of the tokenizer it is generated for. Filler pieces (haystack words or sentences,
 list entries, coded words) are tokenized once and their counts summed to pick a size (:class:`Units`); the whole

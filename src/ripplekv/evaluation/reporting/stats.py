@@ -9,11 +9,11 @@ task's (stratum's) per-sample mean, averaged over the tasks. Uncertainty comes f
   jackknife over the samples (leave one sample out of its task). The draws depend only on the seed, the task and
   the sample ids, so configurations holding the same samples are resampled identically. Resampling a task of n
   samples understates its variance by ``(n - 1) / n`` (a one-sample task gets none): the report warns below
-  ``FEW_SAMPLES`` (:mod:`~ripplekv.evaluation.tables`).
+  ``FEW_SAMPLES`` (:mod:`~ripplekv.evaluation.reporting.tables`).
 - **Paired difference** of method A and method B: per sample ``A - B`` over the samples both have; its estimate is
   the macro mean of the differences. Wins / ties / losses count the samples where A is better / equal / worse by
   the metric's direction.
-- **Test and interval of a difference** (:mod:`~ripplekv.evaluation.significance`): the stratified sign-flip
+- **Test and interval of a difference** (:mod:`~ripplekv.evaluation.reporting.significance`): the stratified sign-flip
   permutation test of that macro mean (each sample's difference flipped independently, the macro mean recomputed
   with the same task weights; exact up to ``EXACT_MAX`` samples, else Monte Carlo with the +1 correction), and the
   interval that inverts it, so the raw p is below ``ALPHA`` exactly when the interval excludes 0. The BCa interval
@@ -37,8 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv.evaluation.sample import row_configuration
-from ripplekv.evaluation.significance import (
+from ripplekv.evaluation.reporting.significance import (
     DEFAULT_DRAWS,
     DEFAULT_FAMILY,
     EXACT_MAX,
@@ -48,6 +47,7 @@ from ripplekv.evaluation.significance import (
     bca_interval,
     holm,
 )
+from ripplekv.evaluation.sample import row_configuration
 
 __all__ = [
     "ALPHA",
@@ -254,8 +254,8 @@ class Bootstrap:
     def estimate(self, samples: Samples, method: str = "bca") -> Estimate:
         """The macro mean of ``samples`` with its BCa (default) or percentile interval.
 
-        BCa (:func:`~ripplekv.evaluation.significance.bca_interval`): the percentile interval corrected for the
-        median bias of the replicates and for skewness (the jackknife acceleration over samples); with a symmetric,
+        BCa (:func:`~ripplekv.evaluation.reporting.significance.bca_interval`): the percentile interval corrected for
+        the median bias of the replicates and for skewness (the jackknife acceleration over samples); with a symmetric,
         unbiased bootstrap distribution both agree.
 
         Args:
