@@ -27,19 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ripplekv.evaluation.reporting.comparisons import compare, settle
 from ripplekv.evaluation.reporting.report import load_run
-from ripplekv.evaluation.reporting.stats import (
-    ALPHA,
-    DEFAULT_DRAWS,
-    FAMILIES,
-    METRICS,
-    TEST_NAME,
-    Bootstrap,
-    SignFlip,
-    collect,
-    compare,
-    settle,
-)
+from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, FAMILIES, TEST_NAME, SignFlip
+from ripplekv.evaluation.reporting.stats import ALPHA, METRICS, Bootstrap, collect
 from ripplekv.evaluation.running.config import FULL_BUDGET
 from ripplekv.evaluation.running.results import complete_samples
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv.analysis.tuning_report import SNAPKV, adjust, candidate_samples, macro_mean, paired_comparison
-from ripplekv.evaluation.reporting.stats import ALPHA, DEFAULT_DRAWS, TEST_NAME, Bootstrap, SignFlip
+from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, TEST_NAME, SignFlip
+from ripplekv.evaluation.reporting.stats import ALPHA, Bootstrap
 from ripplekv.evaluation.running.results import ResultsLog
 
 COST_BOUND = 1.5

@@ -25,18 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv.evaluation.reporting.stats import (
-    ALPHA,
+from ripplekv.evaluation.reporting.comparisons import paired_differences
+from ripplekv.evaluation.reporting.significance import (
     DEFAULT_DRAWS,
     DEFAULT_FAMILY,
     FAMILIES,
     TEST_NAME,
-    Bootstrap,
-    Samples,
     SignFlip,
     holm,
-    paired_differences,
 )
+from ripplekv.evaluation.reporting.stats import ALPHA, Bootstrap, Samples
 
 __all__ = [
     "COMPARISONS",

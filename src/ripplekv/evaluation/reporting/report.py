@@ -1,5 +1,4 @@
-"""``ripplekv report``: tables, statistics and plots of an evaluation folder
-(:mod:`~ripplekv.evaluation.running.runner`).
+"""``ripplekv report``: tables, statistics and plots of an evaluation folder (``ripplekv eval``'s output).
 
 A task's score for one (method, budget) is ``100 * mean`` of its sample scores (LongBench's ``task_score``; RULER's
 string match and needle retrieval alike); the average is the mean over the tasks. Every cell also gives the
@@ -9,12 +8,14 @@ tasks the report adds the official per-length view: each ``_e`` task's score wit
 ``length`` in words: 0-4k, 4-8k, 8k+), averaged over the ``_e`` tasks with samples in that bucket. Rows whose
 ``score`` is null (compressed configurations of a ``--score fidelity`` run) do not enter the score tables.
 
-Statistics (:mod:`~ripplekv.evaluation.reporting.stats`, printed by :mod:`~ripplekv.evaluation.reporting.tables`): for
-``score`` and each fidelity metric the rows hold, every (method, budget)'s macro mean with a stratified BCa bootstrap
-interval, each method's paired difference to SnapKV and to the best other method with the stratified sign-flip
-permutation test of its macro mean and the interval inverting it, Holm-adjusted significance over a stated family, and
-one significance line per budget and metric. Strata are the rows' ``task`` (the needle suite's rows form one
-task: its length x depth cells hold too few samples to resample within). A legend says what each method computes.
+Statistics (:mod:`~ripplekv.evaluation.reporting.run_stats` over :mod:`~ripplekv.evaluation.reporting.stats` and
+:mod:`~ripplekv.evaluation.reporting.comparisons`, printed by :mod:`~ripplekv.evaluation.reporting.tables` and
+:mod:`~ripplekv.evaluation.reporting.json_format`): for ``score`` and each fidelity metric the rows hold, every (method,
+budget)'s macro mean with a stratified BCa bootstrap interval, each method's paired difference to SnapKV and to the best
+other method with the stratified sign-flip permutation test of its macro mean and the interval inverting it,
+Holm-adjusted significance over a stated family, and one significance line per budget and metric. Strata are the rows'
+``task`` (the needle suite's rows form one task: its length x depth cells hold too few samples to resample within). A
+legend says what each method computes.
 
 A run over several token scorers (``eval --scorers``) is analysed per scorer
 (:mod:`~ripplekv.evaluation.reporting.by_scorer`): the allocation x scorer matrices, one verdict line per scorer and
@@ -33,18 +34,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ripplekv.evaluation.reporting.by_scorer import analyse_by_scorer, markdown_by_scorer, row_scorers, scorers_json
-from ripplekv.evaluation.reporting.stats import DEFAULT_DRAWS, DEFAULT_FAMILY, DEFAULT_RESAMPLES
-from ripplekv.evaluation.reporting.summary import RunSummary, Timing, load_run, needle_task, summarize
-from ripplekv.evaluation.reporting.tables import (
-    AVERAGE,
-    RunStats,
-    analyse_run,
-    format_json,
-    legend,
-    markdown_sections,
-    markdown_significance,
-    scorer_legend,
-)
+from ripplekv.evaluation.reporting.json_format import format_json
+from ripplekv.evaluation.reporting.run_stats import RunStats, analyse_run
+from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, DEFAULT_FAMILY
+from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES
+from ripplekv.evaluation.reporting.summary import AVERAGE, RunSummary, Timing, load_run, needle_task, summarize
+from ripplekv.evaluation.reporting.tables import legend, markdown_sections, markdown_significance, scorer_legend
 from ripplekv.evaluation.sample import FULL_BUDGET
 
 __all__ = [
@@ -90,7 +85,7 @@ def format_markdown(
 
     Args:
         summary: the run's score tables.
-        stats: the run's statistics (:func:`ripplekv.evaluation.reporting.tables.analyse_run`), or ``None`` to leave
+        stats: the run's statistics (:func:`ripplekv.evaluation.reporting.run_stats.analyse_run`), or ``None`` to leave
             them out.
         by_scorer: a run over several token scorers: each scorer's statistics and methods
             (:func:`ripplekv.evaluation.reporting.by_scorer.analyse_by_scorer`), printed as the allocation x scorer
