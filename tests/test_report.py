@@ -24,7 +24,7 @@ from ripplekv.evaluation.reporting.significance import holm
 from ripplekv.evaluation.reporting.stats import METRICS, Bootstrap, Metric
 from ripplekv.evaluation.reporting.tables import budget_label, legend, significance_lines
 from ripplekv.evaluation.running.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
-from ripplekv.presses.registry import METHOD_DESCRIPTIONS
+from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]

@@ -14,7 +14,7 @@ from ripplekv.evaluation.reporting.stats import ALPHA, Estimate
 from ripplekv.evaluation.reporting.summary import AVERAGE
 from ripplekv.evaluation.reporting.tables import rule_text, significance_lines, small_sample_caveat
 from ripplekv.evaluation.sample import FULL_BUDGET
-from ripplekv.presses.registry import METHOD_DESCRIPTIONS
+from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS
 
 if TYPE_CHECKING:
     from ripplekv.evaluation.reporting.summary import RunSummary

@@ -2,7 +2,7 @@
 
 :func:`markdown_significance`, :func:`markdown_sections` and :func:`significance_lines` print a run's statistics
 (:func:`~ripplekv.evaluation.reporting.run_stats.analyse_run`). :func:`legend` says what each method computes
-(``ripplekv.presses.registry.METHOD_DESCRIPTIONS``; unknown names print as they are).
+(``ripplekv.presses.descriptions.METHOD_DESCRIPTIONS``; unknown names print as they are).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from ripplekv.evaluation.reporting.comparisons import BASELINE, REFERENCE, Compa
 from ripplekv.evaluation.reporting.run_stats import RunStats
 from ripplekv.evaluation.reporting.significance import FAMILIES, TEST_NAME
 from ripplekv.evaluation.reporting.stats import ALPHA, Estimate
-from ripplekv.presses.registry import METHOD_DESCRIPTIONS
-from ripplekv.presses.scorers import SCORER_DESCRIPTIONS
+from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS, SCORER_DESCRIPTIONS
 
 __all__ = [
     "FEW_SAMPLES",
