@@ -202,6 +202,19 @@ def test_evaluation_files_and_packages_stay_small() -> None:
     assert oversized() == []
 
 
+def test_reporting_reads_only_the_results_log_of_running() -> None:
+    """``evaluation.reporting`` needs no torch: of ``evaluation.running`` it imports the results log alone."""
+    edges = graph()
+    running = {
+        target
+        for source, targets in edges.items()
+        if source.startswith("ripplekv.evaluation.reporting")
+        for target in targets
+        if target.startswith("ripplekv.evaluation.running")
+    }
+    assert running <= {"ripplekv.evaluation.running", "ripplekv.evaluation.running.results"}
+
+
 def test_no_import_runs_back_up_a_layer() -> None:
     assert backward_imports(graph()) == []
 

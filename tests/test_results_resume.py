@@ -1,4 +1,4 @@
-"""The resume-and-run loop shared by ``eval``, ``analyze`` and ``tune`` (``evaluation/results.py``)."""
+"""The resume-and-run loop shared by ``eval``, ``analyze`` and ``tune`` (``evaluation/running/results.py``)."""
 
 from __future__ import annotations
 
