@@ -60,7 +60,7 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from ripplekv.evaluation.efficiency import (
+from ripplekv.evaluation.running.efficiency import (
     KVShape,
     cache_footprint,
     computed_kv_table,

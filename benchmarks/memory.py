@@ -112,7 +112,7 @@ def _reset_peak() -> bool:
 
 
 def _eval_config(kind: str, length: int, skip: int) -> Any:
-    from ripplekv.evaluation.runner import EvalConfig
+    from ripplekv.evaluation.running.runner import EvalConfig
 
     return EvalConfig(
         suite="longbench",
@@ -130,7 +130,7 @@ def _eval_config(kind: str, length: int, skip: int) -> Any:
 
 def _long_record(tokenizer: Any, model: Any, length: int) -> tuple[int, int]:
     """The first record of the task whose prompt fills the length (``skip``, prompt tokens)."""
-    from ripplekv.evaluation.runner import build_samples
+    from ripplekv.evaluation.running.runner import build_samples
 
     for skip in range(50):
         samples = build_samples(_eval_config("fidelity", length, skip), tokenizer, model)
@@ -160,8 +160,8 @@ def child(kind: str, length: int) -> dict[str, Any]:
         calibration = default_calibration(tokenizer, n_samples=1, context_tokens=length, continuation_tokens=32)
         tokens, skip = length, None
     else:
-        from ripplekv.evaluation.rows import SampleRunner
-        from ripplekv.evaluation.runner import _build_presses, build_samples, load_run_profiles
+        from ripplekv.evaluation.running.rows import SampleRunner
+        from ripplekv.evaluation.running.runner import _build_presses, build_samples, load_run_profiles
         from ripplekv.models.attention import enable_varlen_attention
 
         enable_varlen_attention(model)
@@ -173,7 +173,7 @@ def child(kind: str, length: int) -> dict[str, Any]:
     baseline = _status("VmRSS")
     phases: dict[str, int] = {}
     if kind != "profile":  # the peak of the recorded prefill apart from the rest of the sample
-        from ripplekv.evaluation import rows as rows_module
+        from ripplekv.evaluation.running import rows as rows_module
 
         recorded = rows_module.record_prefill
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ripplekv.evaluation import report as report_module
-from ripplekv.evaluation.results import complete_samples, row_key
-from ripplekv.evaluation.runner import (
+from ripplekv.evaluation.reporting import report as report_module
+from ripplekv.evaluation.running.results import complete_samples, row_key
+from ripplekv.evaluation.running.runner import (
     ConfigMismatchError,
     EvalConfig,
     ResultsLog,
@@ -23,6 +23,7 @@ from ripplekv.evaluation.runner import (
 from ripplekv.evaluation.sample import DEFAULT_SCORER, configuration_name, row_configuration, split_configuration
 from ripplekv.presses import make_press
 from ripplekv.presses import scorers as scorer_registry
+from ripplekv.presses.descriptions import SCORER_DESCRIPTIONS
 from ripplekv.profiling import SensitivityProfile
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND
 from tests.test_eval_runner import RESULTS_FILE, TIMING, WINDOW, _direct_prediction, loaded, model_dir, profile_path
@@ -65,7 +66,7 @@ def _keyed(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
 
 def test_the_default_scorer_keeps_every_name_and_the_registries_agree() -> None:
     assert DEFAULT_SCORER == scorer_registry.DEFAULT_SCORER == scorer_registry.SCORERS[0]
-    assert set(scorer_registry.SCORER_DESCRIPTIONS) == set(scorer_registry.SCORERS)
+    assert set(SCORER_DESCRIPTIONS) == set(scorer_registry.SCORERS)
     assert configuration_name("ripplekv", "snapkv") == "ripplekv" == configuration_name("ripplekv", None)
     assert configuration_name("ripplekv", "tova") == "ripplekv@tova"
     assert split_configuration("ripplekv@tova") == ("ripplekv", "tova")

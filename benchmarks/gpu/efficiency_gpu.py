@@ -65,7 +65,7 @@ from benchmarks.efficiency import (
     rows_for,
     write_result,
 )
-from ripplekv.evaluation.efficiency import synchronize
+from ripplekv.evaluation.running.efficiency import synchronize
 from ripplekv.inference import prefill
 from ripplekv.models import model_identity
 from ripplekv.models.attention import enable_varlen_attention

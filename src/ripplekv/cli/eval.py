@@ -45,10 +45,10 @@ def memory_size(text: str) -> int:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
-    from ripplekv.evaluation import runner
-    from ripplekv.evaluation.config import CHAT_TEMPLATE_MODES, DECODE_MODES, SCORE_MODES
-    from ripplekv.evaluation.metrics import METRICS as EVAL_METRICS
+    from ripplekv.evaluation.running import runner
+    from ripplekv.evaluation.running.config import CHAT_TEMPLATE_MODES, DECODE_MODES, SCORE_MODES
     from ripplekv.evaluation.suites.jsonl import DEFAULT_JSONL_METRIC, JSONL_MAX_NEW_TOKENS
+    from ripplekv.evaluation.tasks.metrics import METRICS as EVAL_METRICS
     from ripplekv.inference import PROTOCOLS
     from ripplekv.presses import METHODS
     from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS_WITHOUT_SCORER
@@ -206,8 +206,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
     print the summary and return the exit status."""
-    from ripplekv.evaluation import runner
-    from ripplekv.evaluation.runner import EvalConfig, run_eval
+    from ripplekv.evaluation.running import runner
+    from ripplekv.evaluation.running.runner import EvalConfig, run_eval
 
     options = suite_options(args)
     config = EvalConfig(
@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         strict_profile=args.strict_profile,
     )
     if on_ray(args):
-        from ripplekv.evaluation.distributed import run_eval_ray
+        from ripplekv.evaluation.running.distributed import run_eval_ray
 
         summary = run_eval_ray(config, args.out, args.workers, args.ray_address, progress=not args.no_progress)
     else:

@@ -1,7 +1,8 @@
 """What one evaluation sample is (:class:`EvalSample`) and the validators and constants every suite shares.
 
-A leaf module of :mod:`ripplekv.evaluation`: suites, the runner and the rows import it; it imports nothing of the
-package, so the suites never import :mod:`ripplekv.evaluation.config` back.
+A leaf module of :mod:`ripplekv.evaluation` that every subpackage may import (the suites, the runner and the rows,
+the report); it imports nothing of the package, so the suites never import
+:mod:`ripplekv.evaluation.running.config` back.
 """
 
 from __future__ import annotations

@@ -152,24 +152,6 @@ _BUILDERS: dict[str, Callable[..., BasePress]] = {
 
 METHODS: tuple[str, ...] = tuple(_BUILDERS)
 
-METHOD_DESCRIPTIONS: dict[str, str] = {
-    "full": "full cache (no compression)",
-    "streamingllm": "StreamingLLM (kvpress): attention sinks + recent tokens, uniform budgets",
-    "snapkv": "SnapKV scorer, uniform per-layer budgets",
-    "pyramidkv": "SnapKV scorer, PyramidKV schedule (authors' code: linear in depth, beta 20), SnapKV's total",
-    "pyramidkv-kvpress": "kvpress 0.5.5 PyramidKVPress (falls back to uniform when prompt x budget / 20 < window)",
-    "adakv": "AdaKV (kvpress): SnapKV scores, head-wise budgets within each layer (keys masked, not freed)",
-    "ripplekv": "SnapKV scorer, RippleKV budgets from the profile's downstream-KL scores",
-    "ripplekv-local": "SnapKV scorer, RippleKV budgets from the profile's local signal (ablation)",
-    "ripplekv-ada": "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
-    ORACLE_METHOD: "SnapKV scorer, RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
-    "cake": "SnapKV scorer, CAKE budgets per prompt (window attention's entropy x variance per layer), SnapKV's total",
-    "squeezeattention": "SnapKV scorer, SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
-    "dynamickv": "SnapKV scorer, DynamicKV budgets per prompt (global top-k of window attention over layers)",
-    "lava": "SnapKV scorer, LAVa budgets per prompt (value-weighted entropy of window attention per layer)",
-}
-"""One line per method name: what it computes (used by reports so every table says which is which)."""
-
 
 def selection_window(press: BasePress | None) -> int:
     """The observation window a press needs at the end of the prompt (0 if none), its wrapped press's included."""
@@ -202,7 +184,7 @@ def make_press(
     tokens: int | None = None,
     scorer: ScorerPress | str | None = None,
 ) -> BasePress:
-    """Build the press of a method by name (see :data:`METHOD_DESCRIPTIONS`).
+    """Build the press of a method by name (see :data:`~ripplekv.presses.descriptions.METHOD_DESCRIPTIONS`).
 
     Args:
         name: one of :data:`METHODS`: ``full``; ``snapkv``, ``pyramidkv``, ``ripplekv`` and ``ripplekv-local``

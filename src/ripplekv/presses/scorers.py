@@ -4,7 +4,8 @@ A method is a per-layer budget schedule (uniform ``snapkv``, ``pyramidkv``, ``ri
 ``cake``, ...) over a token scorer, a kvpress ``ScorerPress`` that ranks the prompt's tokens within each layer.
 The schedule decides how many tokens a layer keeps, the scorer which ones. SnapKV's scorer is the default (the
 paper's setting); every name here builds a fresh scorer with kvpress 0.5.5's defaults, except where a default
-would make a run irreproducible or depend on the hub (noted in :data:`SCORER_DESCRIPTIONS`).
+would make a run irreproducible or depend on the hub (noted in
+:data:`~ripplekv.presses.descriptions.SCORER_DESCRIPTIONS`).
 
 Scorers of kvpress 0.5.5 not registered here, and why (``tests/test_scorers.py`` tries every one):
 ``QFilterPress``, ``ExpectedAttentionStatsPress`` and ``KVzapPress`` download their filters, statistics or
@@ -35,7 +36,7 @@ from kvpress import (
     TOVAPress,
 )
 
-__all__ = ["DEFAULT_SCORER", "SCORERS", "SCORER_DESCRIPTIONS", "make_scorer"]
+__all__ = ["DEFAULT_SCORER", "SCORERS", "make_scorer"]
 
 DEFAULT_SCORER = "snapkv"
 """The scorer of every method unless another is named (the paper's: SnapKV over the observation window)."""
@@ -59,24 +60,6 @@ _FACTORIES: dict[str, Callable[[int], ScorerPress]] = {
 
 SCORERS: tuple[str, ...] = tuple(_FACTORIES)
 """Every registered scorer name, the default first."""
-
-SCORER_DESCRIPTIONS: dict[str, str] = {
-    "snapkv": "SnapKV: attention of the last window_size queries, pooled (the window itself always kept)",
-    "expected_attention": "ExpectedAttention: attention expected from future queries' statistics, value norms",
-    "tova": "TOVA: the last query's attention, averaged over heads",
-    "knorm": "Knorm: keys of smallest L2 norm kept",
-    "keydiff": "KeyDiff: keys least similar to the mean key kept",
-    "streaming_llm": "StreamingLLM's rule as a scorer: the first 4 tokens and the most recent",
-    "random": "random scores (seed 0, a floor for any scorer)",
-    "lagkv": "LagKV: each chunk's keys and values against the next chunk's statistics",
-    "leverage": "leverage scores of a random sketch of the keys",
-    "cur": "CUR: leverage of the key-value product, local approximation",
-    "compactor": "Compactor: leverage scores blended with non-causal chunked attention",
-    "non_causal_attention": "attention within chunks of the prompt, non-causal",
-    "critical_snapkv": "CriticalKV over SnapKV: SnapKV scores re-weighted by each value's projected norm",
-    "observed_attention": "attention received during the prefill (needs eager attention)",
-}
-"""One line per scorer name: what it ranks tokens by (reports and ``docs/cli.md``)."""
 
 
 def make_scorer(name: str, window_size: int) -> ScorerPress:

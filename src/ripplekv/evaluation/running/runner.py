@@ -15,12 +15,12 @@ budget) cache is derived from that record (AdaKV's head-wise masks included). Th
 
 Decoding never stops at the first generated token (``min_new_tokens=1``, LongBench ``pred.py``'s ``min_length``,
 applied to every task). The full cache is decoded even when ``full`` is not among the methods (it is the
-reference); its row is written only when it is. Rows are described in :mod:`ripplekv.evaluation.rows`.
+reference); its row is written only when it is. Rows are described in :mod:`ripplekv.evaluation.running.rows`.
 
 Protocols: ``question-aware`` (default) prefills and compresses the whole prompt; ``query-agnostic`` prefills and
 compresses the context part only, then runs the question over each derived cache with ``extend``.
 
-Output folder (:mod:`ripplekv.evaluation.results`)::
+Output folder (:mod:`ripplekv.evaluation.running.results`)::
 
     config.json     the resolved configuration (compared on resume), library and dependency versions
     results.jsonl   one row per (sample, method, budget), appended, flushed and fsynced as soon as it finishes
@@ -45,8 +45,8 @@ from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.allocation.budgets import BudgetSpec
-from ripplekv.evaluation.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
-from ripplekv.evaluation.results import (
+from ripplekv.evaluation.running.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
+from ripplekv.evaluation.running.results import (
     CONFIG_FILE,
     RESULTS_FILE,
     ConfigMismatchError,
@@ -57,7 +57,7 @@ from ripplekv.evaluation.results import (
     run_pending,
     sha256_json,
 )
-from ripplekv.evaluation.rows import SampleRunner
+from ripplekv.evaluation.running.rows import SampleRunner
 from ripplekv.evaluation.sample import DEFAULT_SCORER, split_configuration
 from ripplekv.evaluation.suites import SUITES, get_suite
 from ripplekv.evaluation.suites.needle import DEFAULT_NEEDLE_DEPTHS, DEFAULT_NEEDLE_DIGITS, DEFAULT_NEEDLE_LENGTHS
@@ -318,7 +318,8 @@ def open_run_folder(
             ``ripplekv-oracle`` runs.
 
     Raises:
-        ConfigMismatchError: ``out`` holds another run (see :func:`~ripplekv.evaluation.results.check_or_write_config`).
+        ConfigMismatchError: ``out`` holds another run (see
+            :func:`~ripplekv.evaluation.running.results.check_or_write_config`).
     """
     sources = {"model": config.model, **get_suite(config.suite).sources(config), "profile": config.profile}
     if profiles.oracles:

@@ -15,9 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ripplekv.evaluation.reporting.comparisons import REFERENCE
+from ripplekv.evaluation.reporting.json_format import stats_json
+from ripplekv.evaluation.reporting.run_stats import RunStats, analyse_run
+from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, DEFAULT_FAMILY
+from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES
+from ripplekv.evaluation.reporting.tables import budget_label
 from ripplekv.evaluation.sample import DEFAULT_SCORER, split_configuration
-from ripplekv.evaluation.stats import DEFAULT_DRAWS, DEFAULT_FAMILY, DEFAULT_RESAMPLES, REFERENCE
-from ripplekv.evaluation.tables import RunStats, analyse_run, budget_label, stats_json
 
 __all__ = ["PRIMARY", "analyse_by_scorer", "markdown_by_scorer", "row_scorers", "rows_of_scorer", "scorers_json"]
 
@@ -68,7 +72,7 @@ def analyse_by_scorer(
     draws: int = DEFAULT_DRAWS,
     family: str = DEFAULT_FAMILY,
 ) -> dict[str, tuple[RunStats, list[str]]]:
-    """Per scorer of the rows: its statistics (:func:`~ripplekv.evaluation.tables.analyse_run` over
+    """Per scorer of the rows: its statistics (:func:`~ripplekv.evaluation.reporting.run_stats.analyse_run` over
     :func:`rows_of_scorer`) and its method names.
 
     Args:
@@ -167,7 +171,8 @@ def markdown_by_scorer(by_scorer: Mapping[str, tuple[RunStats, list[str]]], budg
 
 
 def scorers_json(by_scorer: Mapping[str, tuple[RunStats, list[str]]]) -> dict[str, Any]:
-    """Per scorer: its methods and its statistics as :func:`~ripplekv.evaluation.tables.stats_json` gives them.
+    """Per scorer: its methods and its statistics as :func:`~ripplekv.evaluation.reporting.json_format.stats_json` gives
+    them.
 
     Args:
         by_scorer: :func:`analyse_by_scorer`'s result.

@@ -1,6 +1,6 @@
 """A run's rows summarised: :class:`RunSummary` (mean score per task, method and budget, the timing it logged).
 
-Read by the report, its tables and its plots alike (:mod:`ripplekv.evaluation.report`, ``tables``, ``plots``),
+Read by the report, its tables and its plots alike (:mod:`ripplekv.evaluation.reporting.report`, ``tables``, ``plots``),
 which is why it sits in a module of its own: none of them imports another to get it.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ripplekv.evaluation.longbench import LONGBENCH_E_BUCKETS, length_bucket
-from ripplekv.evaluation.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
+from ripplekv.evaluation.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
 from ripplekv.evaluation.sample import DEFAULT_SCORER, FULL_BUDGET, configuration_name, row_configuration
+from ripplekv.evaluation.tasks.longbench import LONGBENCH_E_BUCKETS, length_bucket
 
 __all__ = ["AVERAGE", "RunSummary", "Timing", "load_run", "needle_task", "summarize"]
 

@@ -49,7 +49,7 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.evaluation.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv.evaluation.running.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv.evaluation.sample import DEFAULT_SCORER, split_configuration
 from ripplekv.evaluation.suites.base import encode
 from ripplekv.inference.batched import (
@@ -117,7 +117,7 @@ class _Pending:
 
 
 class SampleRunner:
-    """Runs the pending configurations of one sample at a time (see :mod:`ripplekv.evaluation.runner`).
+    """Runs the pending configurations of one sample at a time (see :mod:`ripplekv.evaluation.running.runner`).
 
     Args:
         config: the evaluation.
