@@ -12,10 +12,11 @@ same scorer and the same samples:
 * ``local signal``: ``ripplekv-local`` (RippleKV's own ablation).
 
 Each difference gets the stratified sign-flip permutation test of its macro mean and the interval inverting it
-(:mod:`ripplekv.evaluation.significance`), Holm-adjusted over the five comparisons of one scorer, budget and metric;
-**significant** = Holm p < 0.05. The thesis line of a budget says, per scorer, whether RippleKV is significantly
-better than both the attention-statistics and the representation-change representative (*holds*), significantly
-worse than either (*fails*), or neither (*not shown*). Only samples holding every configuration of the scorer enter.
+(:mod:`ripplekv.evaluation.reporting.significance`), Holm-adjusted over the five comparisons of one scorer, budget
+and metric; **significant** = Holm p < 0.05. The thesis line of a budget says, per scorer, whether RippleKV is
+significantly better than both the attention-statistics and the representation-change representative (*holds*),
+significantly worse than either (*fails*), or neither (*not shown*). Only samples holding every configuration of
+the scorer enter.
 
     python benchmarks/allocators_verdict.py benchmarks/results/allocators-longbench
     python benchmarks/allocators_verdict.py RUN --metrics fidelity_kl --json RUN/verdict.json --md RUN/verdict.md
@@ -28,21 +29,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ripplekv.evaluation.by_scorer import row_scorers, rows_of_scorer
-from ripplekv.evaluation.results import complete_samples
+from ripplekv.evaluation.reporting.by_scorer import row_scorers, rows_of_scorer
+from ripplekv.evaluation.reporting.comparisons import compare, settle
+from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, TEST_NAME, SignFlip
+from ripplekv.evaluation.reporting.stats import ALPHA, METRICS, Bootstrap, collect
+from ripplekv.evaluation.reporting.summary import load_run, summarize
+from ripplekv.evaluation.running.results import complete_samples
 from ripplekv.evaluation.sample import FULL_BUDGET
-from ripplekv.evaluation.stats import (
-    ALPHA,
-    DEFAULT_DRAWS,
-    METRICS,
-    TEST_NAME,
-    Bootstrap,
-    SignFlip,
-    collect,
-    compare,
-    settle,
-)
-from ripplekv.evaluation.summary import load_run, summarize
 
 CANDIDATE = "ripplekv"
 FAMILIES: dict[str, tuple[str, ...]] = {
