@@ -27,6 +27,7 @@ resumes where it stopped and a checkpoint of other weights is never mixed in.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -292,7 +293,19 @@ def checkpoint_key(
         "max_context_tokens": config.max_context_tokens,
         **_continuation_settings(config),
         **({} if config.precision == "float32" else {"precision": config.precision}),
+        # the model's own answers follow the prompts' questions, which the set's sha256 leaves out
+        **({"questions": _questions_sha256(calibration)} if config.continuation == "model" else {}),
     }
+
+
+def _questions_sha256(calibration: CalibrationSet) -> str:
+    """Hex digest over the samples' questions, in order."""
+    digest = hashlib.sha256()
+    for sample in calibration.samples:
+        data = sample.question.encode("utf-8")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def _continuation_settings(config: ProfilingConfig) -> dict[str, Any]:

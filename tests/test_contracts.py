@@ -1,0 +1,600 @@
+"""Promises of the core that surviving mutants showed untested (``benchmarks/mutation.py``, ``docs/mutation.md``).
+
+Each test names, in its docstring, the mutants it kills.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import ndtr, ndtri
+from transformers import DynamicCache
+
+from ripplekv.allocation.budgets import (
+    DEFAULT_GAMMA,
+    DEFAULT_RATIO,
+    AllocationConfig,
+    BudgetSpec,
+    allocate,
+    kept_ratio,
+    normalize_scores,
+)
+from ripplekv.allocation.cake import CakeRule
+from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, UniformSchedule
+from ripplekv.evaluation import significance, stats
+from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.presses.registry import DEFAULT_WINDOW
+from ripplekv.profiling import CalibrationSample, ProfilingConfig, sensitivity
+from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
+from ripplekv.profiling.profile import ProfileError, SensitivityProfile
+from tests.conftest import VOCAB, random_ids, tiny_model
+
+# ------------------------------------------------------------------------------------------------ checkpoint
+
+ONE = SampleScores(kl=(0.1, 0.2), local=(0.3, 0.4), context_tokens=5, continuation_tokens=2)
+
+
+def test_sample_scores_are_frozen_and_hashable() -> None:
+    """Kills ``@dataclass(frozen=False)`` on :class:`SampleScores`."""
+    assert hash(ONE) == hash(dataclasses.replace(ONE))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ONE.kl = ()  # type: ignore[misc]
+
+
+def test_a_checkpoint_in_a_new_folder_is_created(tmp_path: Path) -> None:
+    """Kills ``mkdir(parents=False)``."""
+    path = tmp_path / "a" / "b" / "run.partial.jsonl"
+    Checkpoint(path, {"k": 1}).add(0, ONE)
+    assert Checkpoint(path, {"k": 1}).done == {0: ONE}
+
+
+def test_nothing_after_an_unreadable_line_is_trusted(tmp_path: Path) -> None:
+    """A resumed run appends after a cut line, so that line and every later one are redone, not read. Kills
+    ``break -> continue`` at the unreadable line."""
+    path = tmp_path / "run.jsonl"
+    first = Checkpoint(path, {"k": 1})
+    first.add(0, ONE)
+    with path.open("a") as f:
+        f.write('{"sample": 1, "kl": [0.1\n')
+    first.add(2, ONE)
+    assert Checkpoint(path, {"k": 1}).done.keys() == {0}
+
+
+def test_the_warning_names_a_setting_only_one_run_has(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A key that gained a field (``precision``) is named among the differences. Kills ``set(header) & set(key)``
+    for ``|``."""
+    path = tmp_path / "run.jsonl"
+    Checkpoint(path, {"seed": 0}).add(0, ONE)
+    with caplog.at_level(logging.WARNING, logger="ripplekv.profiling.checkpoint"):
+        assert Checkpoint(path, {"seed": 0, "precision": "model"}).done == {}
+    assert "(precision differ)" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------ allocation
+
+
+def test_default_ratio_and_gamma_are_the_documented_ones() -> None:
+    """``--ratio`` 4.0 and ``--gamma`` 3.0 (docs/cli.md). Kills ``DEFAULT_RATIO = 5.0``, ``DEFAULT_GAMMA = 4.0``."""
+    assert (DEFAULT_RATIO, DEFAULT_GAMMA) == (4.0, 3.0)
+    assert AllocationConfig() == AllocationConfig(ratio=4.0, gamma=3.0)
+
+
+def test_allocate_keeps_one_token_per_layer_by_default() -> None:
+    """Kills ``min_tokens: int = 2`` in :func:`allocate`."""
+    scores, steep = [0.0, 1.0, 2.0, 3.0], AllocationConfig(ratio=1000.0, gamma=1000.0)
+    default = allocate(scores, tokens=1, prompt_tokens=100, config=steep)
+    assert default.budgets == allocate(scores, tokens=1, prompt_tokens=100, min_tokens=1, config=steep).budgets
+    assert default.budgets == (1, 1, 1, 1)
+    assert allocate(scores, tokens=1, prompt_tokens=100, min_tokens=0, config=steep).budgets == (0, 0, 0, 4)
+
+
+def test_allocation_is_frozen() -> None:
+    """Kills ``@dataclass(frozen=False)`` on :class:`Allocation`."""
+    result = allocate([0.0, 1.0], budget=0.5, prompt_tokens=10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.total = 0  # type: ignore[misc]
+
+
+def test_kept_ratio_names_a_bad_prompt_length() -> None:
+    """Kills ``or -> and`` in the ``prompt_tokens`` check of :func:`kept_ratio`."""
+    with pytest.raises(ValueError, match="prompt_tokens must be an integer >= 1, got 0"):
+        kept_ratio(1, 0)
+
+
+def test_rounding_ties_go_to_the_less_sensitive_layer_when_ratio_is_below_one() -> None:
+    """Equal clipped weights, one leftover token short for three layers: with ``ratio < 1`` the lower scores win it
+    (the mirror of ``ratio > 1``). Kills ``-array -> array`` in the tie-breaking preference."""
+    scores = [0.0, 0.5, 0.9, 1.0]
+    below = allocate(scores, tokens=2, prompt_tokens=100, config=AllocationConfig(ratio=0.01, gamma=2.0))
+    above = allocate(scores, tokens=2, prompt_tokens=100, config=AllocationConfig(ratio=100.0, gamma=2.0))
+    assert below.weights == (1.0, 0.5, 0.5, 0.5) and below.budgets == (3, 2, 2, 1)
+    assert above.weights == (1.0, 2.0, 2.0, 2.0) and above.budgets == (1, 2, 2, 3)
+
+
+def test_budget_spec_kind_and_immutability() -> None:
+    """Kills ``tokens is None`` for ``is not None`` in ``is_tokens`` and ``@dataclass(frozen=False)``."""
+    assert BudgetSpec(tokens=5).is_tokens and not BudgetSpec(budget=0.5).is_tokens
+    assert hash(BudgetSpec(budget=0.5)) == hash(BudgetSpec(budget=0.5))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BudgetSpec(budget=0.5).budget = 0.2  # type: ignore[misc]
+
+
+def test_huge_scores_normalise_without_overflow() -> None:
+    """A span that overflows is halved first: the middle score keeps its place. Kills ``array * 2`` for
+    ``array / 2`` in that branch."""
+    assert normalize_scores([-1e308, 1e307, 1e308]) == pytest.approx([0.0, 0.55, 1.0], rel=1e-12)
+
+
+def test_a_row_value_of_zero_is_refused_as_a_row_value() -> None:
+    """Kills ``float(value) < 0`` for ``<= 0`` in :meth:`BudgetSpec.from_value` (0 then fails later, as a fraction)."""
+    with pytest.raises(ValueError, match="a budget value is a kept fraction in"):
+        BudgetSpec.from_value(0.0)
+
+
+# ------------------------------------------------------------------------------------------------ profile
+
+
+def _profile(**changes: Any) -> SensitivityProfile:
+    fields = {
+        "model": {"num_hidden_layers": 1, "config_hash": "h"},
+        "scores": (0.5,),
+        "sample_scores": ((0.5,),),
+        "local_scores": (0.1,),
+        "alpha": 0.5,
+        "repeats": 1,
+        "seed": 0,
+        "calibration": {},
+        "library_version": "0",
+        "created": "now",
+    }
+    return SensitivityProfile(**{**fields, **changes})
+
+
+def test_a_profile_needs_at_least_one_layer() -> None:
+    """A one-layer profile is valid; zero layers or a count that is not an integer are refused with the identity's
+    message. Kills ``or -> and``, ``< -> <=`` and ``1 -> 2`` in the ``num_hidden_layers`` check."""
+    assert _profile().num_layers == 1
+    for bad in (0, "1", None):
+        with pytest.raises(ProfileError, match="lacks num_hidden_layers"):
+            _profile(model={"num_hidden_layers": bad, "config_hash": "h"}, scores=(), sample_scores=(), local_scores=())
+
+
+def test_a_profile_is_frozen() -> None:
+    """Kills ``@dataclass(frozen=False)`` on :class:`SensitivityProfile`."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _profile().seed = 1  # type: ignore[misc]
+
+
+def test_a_profile_is_saved_as_indented_strict_json_in_a_new_folder(tmp_path: Path) -> None:
+    """The file is ``json.dumps(profile, indent=2)`` and a line end, in a folder made for it; a value JSON cannot
+    hold (NaN in ``extra``) refuses to save and leaves no file behind. Kills ``parents=False``, ``indent=3`` and
+    ``allow_nan=True`` in :func:`write_json_atomic`."""
+    profile = _profile(extra={"note": [1, 2]})
+    path = profile.save(tmp_path / "new" / "folder" / "p.json")
+    assert path.read_text() == json.dumps(profile.to_dict(), indent=2) + "\n"
+    with pytest.raises(ValueError, match="JSON compliant"):
+        _profile(extra={"bad": math.nan}).save(tmp_path / "nan.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
+# ------------------------------------------------------------------------------------------------ fidelity
+
+
+def test_fidelity_refuses_what_is_not_a_matrix_of_log_probabilities() -> None:
+    """A list or a one-dimensional tensor is refused as such (not by a later error). Kills ``or -> and`` in
+    :func:`~ripplekv.inference.fidelity._check_logprobs`."""
+    rows = torch.zeros(2, 3, dtype=torch.float64)
+    for bad in ([[0.0, 0.0, 0.0]] * 2, torch.zeros(3, dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"must be a \(positions, vocab\) tensor"):
+            fidelity(bad, rows, [0, 1])  # type: ignore[arg-type]
+
+
+def test_a_fidelity_is_frozen() -> None:
+    """Kills ``@dataclass(frozen=False)`` on :class:`Fidelity`."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Fidelity(kl=0.0, top1=1.0, positions=1).kl = 1.0  # type: ignore[misc]
+
+
+def test_teacher_forcing_two_tokens_runs_the_second_position() -> None:
+    """Two forced tokens give two rows, the second the model's distribution after the first. Kills
+    ``len(ids) > 2`` for ``> 1``."""
+    model = enable_varlen_attention(tiny_model("llama", layers=2))
+    state = prefill(model, random_ids(12, seed=1))
+    rows = teacher_forced_logprobs(model, state, [5, 7])
+    after = extend(model, state, torch.tensor([[5]]))
+    assert rows.shape == (2, VOCAB)
+    torch.testing.assert_close(rows[1], torch.log_softmax(after.next_logits.double(), dim=-1), atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+def test_the_levels_and_resamples_are_the_documented_ones() -> None:
+    """95% intervals, level 0.05, 4000 resamples (docs/cli.md, docs/results.md). Kills ``ALPHA = 1.05`` and
+    ``DEFAULT_RESAMPLES = 4001``."""
+    assert (stats.CONFIDENCE, stats.ALPHA, stats.DEFAULT_RESAMPLES) == (0.95, 0.05, 4000)
+    assert stats.Bootstrap().resamples == 4000
+
+
+def test_settle_marks_significant_below_the_level_only() -> None:
+    """A comparison is not significant until :func:`settle` says so, and then exactly when ``p_holm < 0.05``.
+    Kills ``significant: bool = True`` and ``ALPHA`` changed."""
+    estimate = stats.Estimate(mean=0.0, low=-1.0, high=1.0, samples=4, tasks=1)
+    unsettled = stats.Comparison("a", "b", estimate, wins=1, ties=0, losses=1, p=0.01)
+    assert not unsettled.significant and unsettled.vectors == 0 and math.isnan(unsettled.p_holm)
+    low, high = stats.settle([unsettled, dataclasses.replace(unsettled, other="c", p=0.049)])
+    assert (low.p_holm, high.p_holm) == (0.02, 0.049) and low.significant and high.significant
+    (alone,) = stats.settle([dataclasses.replace(unsettled, p=0.05)])
+    assert not alone.significant
+
+
+def test_metric_validation_and_format_at_their_bounds() -> None:
+    """Kills ``or -> and`` in the scale check (an infinite scale), ``decimals <= 0``, ``sign: bool = True``, and
+    ``and`` for ``or`` in the missing-value check."""
+    assert stats.Metric("m", True, 1.0, 0, "d").fmt(2.4) == "2"
+    for scale in (math.inf, 0.0, -1.0):
+        with pytest.raises(ValueError, match="scale"):
+            stats.Metric("m", True, scale, 2, "d")
+    with pytest.raises(ValueError, match="decimals"):
+        stats.Metric("m", True, 1.0, -1, "d")
+    metric = stats.Metric("m", True, 1.0, 2, "d")
+    assert metric.fmt(1.5) == "1.50" and metric.fmt(1.5, sign=True) == "+1.50"
+    assert metric.fmt(None) == "nan" and metric.fmt(math.nan) == "nan"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        metric.decimals = 3  # type: ignore[misc]
+
+
+def test_the_metrics_of_the_results_contract() -> None:
+    """Direction, scale and decimals of every reported metric. Kills any of them changed in :data:`METRICS`."""
+    table = {name: (m.higher_is_better, m.scale, m.decimals) for name, m in stats.METRICS.items()}
+    assert table == {
+        "score": (True, 100.0, 2),
+        "fidelity_kl": (False, 1.0, 4),
+        "top1_agreement": (True, 1.0, 3),
+        "gold_nll_delta": (False, 1.0, 4),
+    }
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.Estimate(mean=0.0, low=0.0, high=0.0, samples=1, tasks=1).mean = 1.0  # type: ignore[misc]
+
+
+def test_bootstrap_defaults_and_bounds() -> None:
+    """Seed 0 by default; a confidence of 0 is refused; a task of one sample resamples that sample; the
+    percentile interval cuts 2.5% at each end. Kills ``seed: int = 1``, ``0.0 <= confidence``, ``n == 1`` for
+    ``n == 0``, and ``51.0 * (1 - confidence)`` for ``50.0``."""
+    assert stats.Bootstrap().seed == 0
+    with pytest.raises(ValueError, match="confidence"):
+        stats.Bootstrap(confidence=0.0)
+    bootstrap = stats.Bootstrap(2000)
+    assert (bootstrap.weights("t", ["only"]) == 1.0).all()
+    with pytest.raises(ValueError, match="no samples"):
+        bootstrap.weights("t", [])
+    samples = {"t": {str(i): float(i * i) for i in range(9)}}
+    _, replicates, _, _ = bootstrap.distribution(samples)
+    low, high = np.percentile(replicates, [2.5, 97.5])
+    estimate = bootstrap.estimate(samples, method="percentile")
+    assert (estimate.low, estimate.high) == pytest.approx((low, high), rel=1e-12, abs=0)
+    assert estimate.low != pytest.approx(np.percentile(replicates, 2.55), rel=1e-6)
+
+
+def test_jackknife_skips_tasks_of_one_sample_only() -> None:
+    """Kills ``continue -> break`` after a task of one sample and ``np.zeros(1)`` for the empty result."""
+    samples = {"a": {"x": 1.0}, "b": {"y": 2.0, "z": 4.0}}
+    point = (1.0 + 3.0) / 2
+    assert stats.Bootstrap.jackknife(samples).tolist() == [point + (4.0 - 3.0) / 2, point + (2.0 - 3.0) / 2]
+    assert stats.Bootstrap.jackknife({"a": {"x": 1.0}}).size == 0
+
+
+def test_estimate_excludes_zero_strictly() -> None:
+    """An interval touching 0 does not exclude it. Kills ``>=``/``<=`` and ``high < 1`` in ``excludes_zero``."""
+    make = lambda low, high: stats.Estimate(mean=0.0, low=low, high=high, samples=2, tasks=1)  # noqa: E731
+    assert make(1e-9, 1.0).excludes_zero() and make(-1.0, -1e-9).excludes_zero()
+    assert not make(0.0, 1.0).excludes_zero() and not make(-1.0, 0.0).excludes_zero()
+    assert not make(-1.0, 0.5).excludes_zero()
+
+
+def test_collect_skips_missing_values_and_refuses_bad_ones() -> None:
+    """A null value is skipped without ending the rows; booleans, strings and infinities are refused. Kills
+    ``continue -> break`` and ``or -> and`` in :func:`collect`."""
+    metric = stats.METRICS["fidelity_kl"]
+    rows = [
+        {"sample_id": "a", "method": "m", "budget": 0.1, "fidelity_kl": None},
+        {"sample_id": "b", "method": "m", "budget": 0.1, "fidelity_kl": 0.5},
+    ]
+    assert stats.collect(rows, metric, lambda row: "t") == {("m", 0.1): {"t": {"b": 0.5}}}
+    for bad in (True, "0.5", math.inf):
+        with pytest.raises(ValueError, match="must be a finite number"):
+            stats.collect([{**rows[1], "fidelity_kl": bad}], metric, lambda row: "t")
+
+
+def test_paired_differences_tie_at_the_relative_tolerance() -> None:
+    """A difference of exactly ``1e-12 x max(1, |x|, |y|)`` is a tie, one just above it is not, and the tolerance
+    grows with the values. Kills ``<`` for ``<=``, ``/`` for ``*`` and ``max(2.0, ...)``."""
+
+    def diff(x: float, y: float) -> float:
+        return stats.paired_differences({"t": {"s": x}}, {"t": {"s": y}})["t"]["s"]
+
+    assert stats.TIE_TOLERANCE == 1e-12
+    assert diff(1e-12, 0.0) == 0.0
+    assert diff(1.5e-12, 0.0) == 1.5e-12
+    assert diff(1e6, 1e6 + 1e-7) == 0.0
+    assert diff(3.0, 1.0) == 2.0
+
+
+def test_metric_format_of_infinities() -> None:
+    """Kills ``value >= 0`` (and ``> 1``) in the infinite branch of :meth:`Metric.fmt`."""
+    metric = stats.METRICS["fidelity_kl"]
+    assert (metric.fmt(math.inf), metric.fmt(math.inf, sign=True), metric.fmt(-math.inf)) == ("inf", "+inf", "-inf")
+
+
+def test_a_reversed_comparison_is_the_negated_one() -> None:
+    """SnapKV's best other method is the method compared with SnapKV: the same pair negated (difference and
+    bootstrap interval), with wins and losses swapped; a method without rows at a budget is left out there. Kills
+    ``low=e.high`` in :func:`_negated`, ``is not None`` for the reversed bootstrap, ``or`` for ``and`` in the
+    methods present, and a mutable :class:`Comparison` or :class:`MetricStats`."""
+    metric = stats.METRICS["fidelity_kl"]
+    x = {"t": {str(i): 0.1 * i for i in range(6)}}
+    y = {"t": {str(i): 0.1 * i + 0.05 * (i % 3) + 0.01 for i in range(6)}}
+    values = {("ripplekv", 0.2): x, ("snapkv", 0.2): y, ("adakv", 0.3): y}
+    result = stats.analyse_metric(metric, values, ["ripplekv", "snapkv", "adakv"], [0.2], stats.Bootstrap(2000))
+    forward = result.versus[0.2]["ripplekv"]["baseline"]
+    back = result.versus[0.2]["snapkv"]["best_other"]
+    for a, b in ((forward.difference, back.difference), (forward.bootstrap, back.bootstrap)):
+        assert b is not None and a is not None
+        assert (b.mean, b.low, b.high) == (-a.mean, -a.high, -a.low) and a.low != -a.high
+    assert (back.wins, back.losses) == (forward.losses, forward.wins) and back.p == forward.p
+    assert set(result.versus[0.2]) == {"ripplekv", "snapkv"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        forward.p = 0.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.family = "all"  # type: ignore[misc]
+
+
+def test_bca_degenerate_and_one_sided_replicates() -> None:
+    """No replicates, or replicates within ``1e-12 x max(1, |values|)`` of each other (that bound included), give
+    ``(point, point)``; just above it they do not; a point above every replicate still gives a finite interval.
+    Kills ``and`` for ``or``, ``<`` for ``<=`` and ``/`` for ``*`` in the degenerate check, ``max(2.0, ...)``, and
+    ``1 + 0.5 / n`` for the cap on the share below the point."""
+    empty = np.zeros(0)
+    assert significance.bca_interval(1.0, empty, empty, 0.95) == (1.0, 1.0)
+    assert significance.bca_interval(0.0, np.array([0.0, 1e-12] * 50), empty, 0.95) == (0.0, 0.0)
+    big = 1e6 + np.array([0.0, 1e-7] * 50)
+    assert significance.bca_interval(1e6, big, empty, 0.95) == (1e6, 1e6)
+    low, high = significance.bca_interval(0.5, 0.5 + np.array([0.0, 1.5e-12] * 50), empty, 0.95)
+    assert low == 0.5 and high > 0.5
+    reps = np.arange(100) / 100
+    low, high = significance.bca_interval(2.0, reps, empty, 0.95)
+    z0 = ndtri(1.0 - 0.5 / 100)  # every replicate is below the point: the share is capped at 1 - 1 / (2n)
+    assert low == pytest.approx(np.quantile(reps, ndtr(2 * z0 + ndtri(0.025))), rel=1e-12) and high == 2.0
+
+
+def test_sign_flip_bounds_and_defaults() -> None:
+    """Seed 0; ``exact_max`` up to 20; a confidence of 0 refused; one prompt is testable; ``exact_max`` prompts are
+    enumerated exactly; the cache of sign vectors keeps at most 8 prompt sets. Kills ``seed: int = 1``,
+    ``exact_max >= 20`` and ``> 21``, ``0.0 <= confidence``, ``n == 1`` for ``n == 0``, ``n < exact_max`` and
+    ``> 8`` / ``>= 9`` in the cache bound."""
+    assert significance.SignFlip().seed == 0
+    assert significance.SignFlip(exact_max=20).exact_max == 20
+    with pytest.raises(ValueError, match="at most 20"):
+        significance.SignFlip(exact_max=21)
+    with pytest.raises(ValueError, match="confidence"):
+        significance.SignFlip(confidence=0.0)
+    one = significance.SignFlip().test({"t": {"a": 1.0}})
+    assert (one.p, one.vectors, one.method) == (1.0, 2, "exact")
+    flip = significance.SignFlip(exact_max=3)
+    three = flip.test({"t": {"a": 1.0, "b": 2.0, "c": 3.0}})
+    assert (three.method, three.vectors, three.p) == ("exact", 8, 0.25)
+    for n in range(1, 13):
+        flip.test({"t": {str(i): 1.0 + i for i in range(n)}})
+    assert len(flip._signs) == 8
+
+
+def test_flip_test_is_frozen_and_excludes_zero_strictly() -> None:
+    """Kills ``@dataclass(frozen=False)`` on :class:`FlipTest` and ``>=``/``<=`` in its ``excludes_zero``."""
+    make = lambda low, high: significance.FlipTest(0.0, low, high, 1.0, "exact", 2, 1, 1)  # noqa: E731
+    assert make(1e-9, 1.0).excludes_zero() and make(-1.0, -1e-9).excludes_zero()
+    assert not make(0.0, 1.0).excludes_zero() and not make(-1.0, 0.0).excludes_zero()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        make(0.0, 1.0).p = 0.0  # type: ignore[misc]
+
+
+def test_sign_flip_interval_at_extreme_levels() -> None:
+    """A level so strict that no shift can be rejected (one sign vector is needed, the identity covers every shift)
+    gives the whole line, and so does a level whose every vector is needed over one prompt. Kills ``max(2, ...)``
+    for ``max(1, ...)`` and ``need < vectors`` for ``<=``."""
+    prompts = {"t": {str(i): 1.0 + i for i in range(20)}}  # no random vector is all-equal
+    strict = significance.SignFlip(draws=999, confidence=0.9999, exact_max=0).test(prompts)
+    assert (strict.low, strict.high) == (-math.inf, math.inf) and strict.method == "monte-carlo"
+    loose = significance.SignFlip(confidence=0.3).test({"t": {"a": 1.0}})
+    assert (loose.low, loose.high) == (-math.inf, math.inf)
+
+
+def test_holm_accepts_the_bounds_of_a_p_value() -> None:
+    """Kills ``0.0 < v`` for ``0.0 <= v``."""
+    assert significance.holm([0.0, 1.0]) == [0.0, 1.0]
+    with pytest.raises(ValueError, match="p-values"):
+        significance.holm([math.nextafter(0.0, -1.0)])
+
+
+def _bca_by_hand(point: float, reps: np.ndarray, below: float) -> tuple[float, float]:
+    """The BCa interval without acceleration from the count of replicates below the point (ties count half)."""
+    share = min(max(below / reps.size, 0.5 / reps.size), 1.0 - 0.5 / reps.size)
+    z0 = ndtri(share)
+    low, high = np.quantile(reps, [ndtr(2 * z0 + ndtri(0.025)), ndtr(2 * z0 + ndtri(0.975))])
+    return float(min(low, point)), float(max(high, point))
+
+
+def test_bca_counts_replicates_below_the_point_and_ties_as_half() -> None:
+    """A replicate exactly one tie tolerance below the point is a tie (half), not below; a point under every
+    replicate takes the share floor ``1 / (2n)``. Kills ``<=`` for ``<`` in the count below and ``1.5 / n`` for the
+    floor."""
+    empty = np.zeros(0)
+    reps = np.append(np.linspace(-1.0, 1.0, 200), -1e-12)
+    expected = _bca_by_hand(0.0, reps, below=100 + 0.5)
+    assert significance.bca_interval(0.0, reps, empty, 0.95) == pytest.approx(expected, rel=1e-12)
+    assert expected != pytest.approx(_bca_by_hand(0.0, reps, below=101 + 0.5), rel=1e-9)
+    above = np.arange(100) / 100
+    expected = _bca_by_hand(-2.0, above, below=0.0)
+    assert significance.bca_interval(-2.0, above, empty, 0.95) == pytest.approx(expected, rel=1e-12)
+    assert expected[1] != pytest.approx(_bca_by_hand(-2.0, above, below=1.0)[1], rel=1e-9)
+
+
+def test_sign_vectors_are_plus_or_minus_one_and_their_draws_uniform_bytes() -> None:
+    """The first vector is the identity, every entry is +1 or -1, and the random draws are uniform bytes (an
+    all-zero byte, the identity again, among 999 draws of 8 prompts). Kills ``1 + 2 * flips`` and
+    ``integers(1, 256)``."""
+    keys = [("t", str(i)) for i in range(8)]
+    signs = significance.SignFlip(draws=999, exact_max=0).signs(keys)
+    assert signs.shape == (1000, 8) and set(np.unique(signs)) == {-1, 1}
+    assert (signs[0] == 1).all() and (signs[1:] == 1).all(axis=1).any()
+
+
+def test_bca_with_an_acceleration_past_the_normal_range() -> None:
+    """A skewed jackknife (acceleration about +-1/6) at a 99.99% level makes ``1 - a (z0 + z)`` negative: that end
+    of the interval is the replicates' extreme (level 1 above, 0 below). Kills ``2.0`` for ``1.0`` and ``1.0`` for
+    ``0.0`` in that branch."""
+    reps = np.arange(2000) / 2000.0
+    high_end = significance.bca_interval(1.5, reps, np.array([0.0] * 99 + [-1.0]), 0.9999)
+    assert high_end[1] == 1.5 and 0.99 < high_end[0] < 1.0
+    low_end = significance.bca_interval(0.001, reps, np.array([0.0] * 99 + [1.0]), 0.9999)
+    assert low_end[0] == 0.0 and 0.001 < low_end[1] < 1.0
+
+
+def test_exact_sign_vectors_over_more_than_one_byte_are_all_distinct() -> None:
+    """Ten prompts enumerate their 1024 sign vectors, each once. Kills ``codes >> (9 * g)`` for ``8 * g``."""
+    signs = significance.SignFlip(exact_max=16).signs([("t", str(i)) for i in range(10)])
+    assert signs.shape == (1024, 10) and len({row.tobytes() for row in signs}) == 1024
+
+
+# ------------------------------------------------------------------------------------------------ sensitivity
+
+
+def test_profiling_defaults_are_the_documented_ones() -> None:
+    """alpha 0.5, 32 answer tokens (docs/cli.md), scoring version 3 (bump it, and this test, when the arithmetic
+    of a score changes: it keys every checkpoint). Kills each of those constants changed."""
+    assert (sensitivity.DEFAULT_ALPHA, sensitivity.DEFAULT_ANSWER_TOKENS, sensitivity.SCORING_VERSION) == (0.5, 32, 3)
+    config = ProfilingConfig()
+    assert (config.alpha, config.answer_tokens) == (0.5, 32)
+
+
+def test_score_sample_defaults_to_sample_zero_and_checks_its_shapes() -> None:
+    """Kills ``sample_index: int = 1`` and ``and`` for ``or`` in both shape checks of :func:`score_sample`."""
+    model = tiny_model("llama", layers=2)
+    context, continuation, config = random_ids(10, seed=2), random_ids(3, seed=3), ProfilingConfig()
+    assert sensitivity.score_sample(model, context, continuation, config) == sensitivity.score_sample(
+        model, context, continuation, config, sample_index=0
+    )
+    for bad_context, bad_continuation in (
+        (torch.cat([context, context]), continuation),  # two rows
+        (context[0], continuation),  # one dimension
+        (context, continuation[0]),
+    ):
+        with pytest.raises(ValueError, match="one sample"):
+            sensitivity.score_sample(model, bad_context, bad_continuation, config)
+    for bad_context, bad_continuation in ((context[:, :0], continuation), (context, continuation[:, :0])):
+        with pytest.raises(ValueError, match="at least one token"):
+            sensitivity.score_sample(model, bad_context, bad_continuation, config)
+
+
+def test_a_continuation_cap_is_ignored_for_the_models_own_answers() -> None:
+    """Kills ``or`` for ``and`` in the cap of :func:`calibration_ids` (None cannot be cut)."""
+
+    class Chars:
+        def __call__(self, text: str, add_special_tokens: bool = False, return_tensors: str | None = None) -> dict:
+            return {"input_ids": torch.tensor([[min(ord(c), 255) for c in text]])}
+
+    sample = CalibrationSample(context="a context", continuation="and more", question=" why?")
+    config = ProfilingConfig(continuation="model", max_continuation_tokens=2)
+    context_ids, continuation_ids = sensitivity.calibration_ids(tiny_model("llama", layers=2), Chars(), sample, config)
+    assert continuation_ids is None and context_ids.shape == (1, len("a context why?"))
+
+
+def test_one_token_contexts_and_continuations_are_scored() -> None:
+    """Kills ``<= 1`` for ``< 1`` (and ``< 2``) in the length check of :func:`score_sample`."""
+    model = tiny_model("llama", layers=2)
+    scores = sensitivity.score_sample(model, random_ids(1, seed=4), random_ids(1, seed=5), ProfilingConfig())
+    assert (scores.context_tokens, scores.continuation_tokens) == (1, 1) and len(scores.kl) == 2
+
+
+def test_a_model_without_a_position_limit_keeps_its_context_whole() -> None:
+    """Kills ``or`` for ``and`` in the cut of :func:`calibration_ids` (no limit: nothing to compare with), and a
+    mutable :class:`ProfilingConfig`."""
+    model = tiny_model("llama", layers=2)
+    model.config.max_position_embeddings = None
+    sample = CalibrationSample(context="x" * 50, continuation="yz")
+    context_ids, continuation_ids = sensitivity.calibration_ids(model, _Chars(), sample, ProfilingConfig())
+    assert context_ids.shape == (1, 50) and continuation_ids.shape == (1, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ProfilingConfig().seed = 1  # type: ignore[misc]
+
+
+class _Chars:
+    """One token per character; with special tokens, a BOS id 1 first (as real tokenizers add one)."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None) -> dict:
+        ids = ([1] if add_special_tokens else []) + [min(ord(c), 255) for c in text]
+        return {"input_ids": torch.tensor([ids])}
+
+
+def test_calibration_text_is_tokenized_without_special_tokens() -> None:
+    """Kills ``add_special_tokens=True`` in :func:`calibration_ids`."""
+    sample = CalibrationSample(context="abc", continuation="de")
+    ids = sensitivity.calibration_ids(tiny_model("llama", layers=2), _Chars(), sample, ProfilingConfig())
+    assert [t.tolist() for t in ids] == [[[97, 98, 99]], [[100, 101]]]
+
+
+def test_the_models_own_answer_bans_its_stop_ids_at_the_first_token_only() -> None:
+    """Stop ids 0 (the first argmax) and ``vocab`` (outside the vocabulary, ignored) at the first step; the last
+    token is not run into the cache. Kills ``0 < i`` / ``1 <= i`` and ``i <= vocab`` in the banned ids and
+    ``max_tokens + 1`` for the last step."""
+    model = tiny_model("llama", layers=2)
+    model.generation_config.eos_token_id = [0, VOCAB]
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 0], logits[0, 7] = 5.0, 4.0  # the argmax is stop id 0, then 7
+    prompt = random_ids(6, seed=6)
+    cache = DynamicCache()
+    model(prompt, past_key_values=cache, use_cache=True)
+    answer = sensitivity.greedy_continuation(model, cache, logits, 6, max_tokens=3)
+    assert answer[0, 0].item() == 7 and 1 <= answer.shape[1] <= 3
+    assert cache.get_seq_length() == 6 + answer.shape[1] - 1
+
+
+# ------------------------------------------------------------------------------------------------ schedules
+
+
+def test_a_schedule_over_layers_takes_exactly_the_increasing_subsequences() -> None:
+    """Kills ``and`` for ``or`` in both checks of the compressed layers, ``>`` for ``>=`` at the last layer,
+    ``layers[0] < 1``, and ``layers[1]`` / ``layers[-2]`` for ``layers[-1]``."""
+    schedule = UniformSchedule(budget=0.5)
+    assert schedule.over_layers([0, 3], 4) is schedule and schedule.over_layers([1, 2], 4) is schedule
+    for bad in ([], [2, 1], [0.5], [-1, 0], [0, 4], [0, 1, 4]):
+        with pytest.raises(ValueError, match="compressed layers"):
+            schedule.over_layers(bad, 4)
+
+
+def test_schedule_defaults_and_keyword_only_tokens() -> None:
+    """PyramidKV's window is SnapKV's (64); ``tokens`` is keyword only; schedules are frozen. Kills
+    ``window_size: int = 65``, ``kw_only=False`` and a mutable :class:`UniformSchedule`."""
+    assert PyramidSchedule(budget=0.1).window_size == DEFAULT_WINDOW == 64
+    with pytest.raises(TypeError):
+        PyramidSchedule(None, 64, 20, 512)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ProfileSchedule(None, (1.0,), 4.0, 3.0, 512)  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        UniformSchedule(budget=0.5).budget = 0.2  # type: ignore[misc]
+
+
+def test_cake_spends_a_single_spare_token_by_preference() -> None:
+    """One token beyond the windows goes to the preferred layer, not to the first. Kills ``spare <= 1`` for
+    ``<= 0``, and a mutable :class:`CakeRule`."""
+    assert CakeRule().layer_budgets([(0.0, 1.0), (1.0, 1.0)], 2, 100, 9, 4, 0) == (4, 5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CakeRule().tau1 = 2.0  # type: ignore[misc]
