@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from ripplekv.allocation.budgets import AllocationConfig, BudgetSpec, check_budget, kept_ratio
-from ripplekv.evaluation.rows import greedy_agreement
+from ripplekv.evaluation.running.rows import greedy_agreement
 from ripplekv.inference import Fidelity, extend, fidelity, greedy_decode, kept_tokens, prefill, teacher_forced_logprobs
 from ripplekv.inference.shared import derived_prefill, record_prefill, residual_statistics_of
 from ripplekv.models.attention import enable_varlen_attention
