@@ -85,6 +85,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from ripplekv.allocation.per_prompt import TokenStatistic
+from ripplekv.inference.fidelity import logprob_rows
 from ripplekv.inference.generate import Prefill, greedy_decode, prefill
 from ripplekv.inference.module_state import ModuleState, applied_state, capture_state
 from ripplekv.models.cache import OverlayLayer, cache_from_tensors, lean_fork
@@ -416,16 +417,21 @@ class RecordingPress(BasePress):
         def masked_value(mask: torch.Tensor) -> bool | float:
             return False if mask.dtype == torch.bool else torch.finfo(mask.dtype).min
 
+        rows_made: dict[tuple[Any, ...], torch.Tensor] = {}
+
         def visible(piece: _Piece, like: torch.Tensor) -> torch.Tensor:
-            """The mask rows of a pass that had none: query ``p`` sees the keys ``<= p``."""
-            rows = torch.arange(piece.first, piece.end, device=like.device).unsqueeze(1)
-            allowed = torch.arange(piece.end, device=like.device).unsqueeze(0) <= rows
-            allowed = allowed.view(1, 1, piece.end - piece.first, piece.end)
-            if like.dtype == torch.bool:
-                return allowed
-            return torch.zeros(allowed.shape, dtype=like.dtype, device=like.device).masked_fill(
-                ~allowed, masked_value(like)
-            )
+            """The mask rows of a pass that had none: query ``p`` sees the keys ``<= p`` (made once, shared)."""
+            key = (piece.first, piece.end, like.dtype, like.device)
+            if key not in rows_made:
+                rows = torch.arange(piece.first, piece.end, device=like.device).unsqueeze(1)
+                allowed = torch.arange(piece.end, device=like.device).unsqueeze(0) <= rows
+                allowed = allowed.view(1, 1, piece.end - piece.first, piece.end)
+                if like.dtype != torch.bool:
+                    allowed = torch.zeros(allowed.shape, dtype=like.dtype, device=like.device).masked_fill(
+                        ~allowed, masked_value(like)
+                    )
+                rows_made[key] = allowed
+            return rows_made[key]
 
         def join_kwarg(key: str, values: list[Any], pieces: list[_Piece]) -> Any:
             if all(value is values[0] for value in values):
@@ -744,20 +750,18 @@ def lean_teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens:
     ids = [int(t) for t in tokens]
     if not ids or any(not 0 <= t < vocab for t in ids):
         raise ValueError(f"tokens must be a non-empty sequence of ids in [0, {vocab})")
-    rows = [state.next_logits.reshape(1, vocab).to("cpu", torch.float64)]
-    if len(ids) > 1:
-        positions = _positions(state, len(ids) - 1)
-        with applied_state(model, state.attention_state):
-            logits = model(
-                torch.tensor([ids[:-1]], device=positions.device),
-                past_key_values=lean_fork(state.cache),
-                use_cache=True,
-                cache_position=positions,
-                position_ids=positions.unsqueeze(0),
-            ).logits
-        rows.append(logits[0].to("cpu", torch.float64))
-        del logits
-    return torch.log_softmax(torch.cat(rows, dim=0), dim=-1)
+    if len(ids) == 1:
+        return logprob_rows(state.next_logits, None)
+    positions = _positions(state, len(ids) - 1)
+    with applied_state(model, state.attention_state):
+        logits = model(
+            torch.tensor([ids[:-1]], device=positions.device),
+            past_key_values=lean_fork(state.cache),
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+        ).logits
+    return logprob_rows(state.next_logits, logits[0])
 
 
 @torch.no_grad()
