@@ -381,3 +381,21 @@ def test_log_softmax_and_kl_by_row_blocks_are_bit_identical(threads: int, vocab:
             assert all(b - a >= 2 for a, b in row_blocks(rows)) or rows == 1
     finally:
         torch.set_num_threads(previous)
+
+
+def test_the_chunk_is_part_of_the_resumed_configuration_only_where_a_sample_is_cut() -> None:
+    """Prompts within the chunk give the results of one pass whatever the chunk (no key: older runs resume); a
+    longer compressed part (the whole prompt, or the context under query-agnostic) puts the chunk in the key."""
+    from ripplekv.evaluation.runner import resolve_config
+    from ripplekv.evaluation.sample import EvalSample
+
+    model = tiny_model("llama", layers=2)
+    samples = [EvalSample("a/0", "a", tuple(range(50)), 40, 3, score=lambda prediction: 0.0)]
+
+    def key(chunk: int | None, protocol: str = "question-aware") -> Any:
+        config = EvalConfig(suite="needle", methods=("full",), protocol=protocol, prefill_chunk=chunk)
+        return resolve_config(config, model, samples, None).get("prefill_chunk", "absent")
+
+    assert key(DEFAULT_PREFILL_CHUNK) == key(50) == key(None) == "absent"
+    assert key(49) == 49 and key(45) == 45
+    assert key(45, "query-agnostic") == "absent" and key(39, "query-agnostic") == 39
