@@ -48,6 +48,21 @@ none; ExpectedAttention (query statistics over the prompt) and any press not dec
 :func:`hidden_states_tail` takes the most that a run's presses need, for the caller to pass to
 :func:`record_prefill`; deriving a press that needs more than a record holds raises :class:`NotDerivableError`.
 
+Chunked prefill: a prompt longer than ``prefill_chunk`` (default
+:data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`, 8,192 tokens) is recorded in chunks of at most that
+many tokens over its growing cache, so the prefill holds one chunk's activations on top of the cache instead of the
+whole prompt's. kvpress's hook only acts on a first pass, so :class:`RecordingPress` records each chunk's pass
+itself: the positions of the chunk that fall in the kept tail, their kwargs cut the same way and their attention
+weights. :meth:`RecordingPress.assemble` joins them into the one-pass record: the hidden states and the per-query
+kwargs concatenated over the chunks, each chunk's attention weights and 4D mask padded to the prompt's keys as one
+pass has them (zero weight, masked key), tensors every layer shares joined once. The keys and values are the
+cache the chunks filled (one buffer per layer, :class:`~ripplekv.models.cache.ReservedLayer`). Residual statistics
+are :class:`~ripplekv.allocation.per_prompt.TokenStatistic` values: per-token values of every chunk, reduced once
+over the prompt (SqueezeAttention's mean over tokens, never a mean of chunk means). Since presses score at
+derivation, from the record, chunk boundaries change nothing they see; the record equals a one-pass record up to
+float rounding (tested tensor for tensor, and every derivable method keeps the same tokens), and a prompt within
+the chunk is recorded in one pass, bit for bit as without chunking.
+
 Every compressed cache derived from a record holds new tensors (``gather``) or, for layers a press leaves whole
 (the full cache, AdaKV's masked layers), the record's own tensors by reference. Passes over a derived cache never
 write into the record; :func:`lean_extend`, :func:`lean_greedy_decode` and :func:`lean_teacher_forced_logprobs`
