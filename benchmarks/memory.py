@@ -14,9 +14,11 @@ kernel's high-water mark (``/proc/self/clear_refs``) and runs the sample (``Samp
 ``ripplekv eval`` runs per sample; ``profile_model``); its peak is then ``VmHWM`` (``getrusage(RUSAGE_SELF)
 .ru_maxrss`` where the reset is unavailable, which then includes loading). ``extra`` = peak - baseline: what
 the sample allocates over the loaded model. Reported as ``(weights + extra) / (weights + one full cache)`` and as
-``extra / one full cache``. glibc's mmap threshold is fixed at 1 MiB in the children (``MALLOC_MMAP_THRESHOLD_``)
-so freed large tensors leave the resident set instead of being kept by the allocator, which would otherwise
-inflate the peaks of later allocations.
+``extra / one full cache``. glibc's mmap threshold is fixed at 128 KiB in the children (``MALLOC_MMAP_THRESHOLD_``,
+recorded per row) so freed tensors leave the resident set instead of being kept by the allocator, which would
+otherwise inflate the peaks of later allocations. The rows measured before chunked prefills used 1 MiB; a prefill in
+chunks of 1K tokens makes per-head tensors under 1 MiB (256 KiB on SmolLM2), which glibc's heap then kept: a profiling
+sample at 2K tokens read 2.14 C at 1 MiB and 1.74 C at 128 KiB, the same code.
 
 ``--prefill-chunk`` sets the most tokens per prefill pass (``EvalConfig.prefill_chunk`` and
 ``ProfilingConfig.prefill_chunk``; default the library's, 8,192; ``none``: one pass): a longer prompt is prefilled in
@@ -98,6 +100,7 @@ MODELS: dict[str, dict[str, Any]] = {
 BF16 = 2
 GIB = 2**30
 DEFAULT_CHUNK = 8192  # ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK (checked in main)
+MMAP_THRESHOLD = 128 * 2**10  # glibc's MALLOC_MMAP_THRESHOLD_ in the children (see the module docstring)
 
 
 # ----------------------------------------------------------------------------------------------- the children
@@ -213,6 +216,7 @@ def child(kind: str, length: int, prefill_chunk: int | None) -> dict[str, Any]:
         "kind": kind,
         "length": length,
         "prefill_chunk": prefill_chunk,
+        "malloc_mmap_threshold": int(os.environ.get("MALLOC_MMAP_THRESHOLD_", "0")) or None,
         "prompt_tokens": tokens,
         "longbench_skip": skip,
         "weights_bytes": weights,
@@ -315,7 +319,8 @@ def report(measured: dict[str, dict[str, Any]]) -> str:
         "",
         "extra = peak RSS - RSS after loading the model; C = one full cache of the prompt; W = weights",
         "chunk = --prefill-chunk (most tokens per prefill pass; '(1 pass)': the prompt fits one chunk); before = "
-        "measured before chunked prefills existed (one pass, profiling's clean pass over a copy of the cache)",
+        "measured before chunked prefills existed (one pass, profiling's clean pass over a copy of the cache, "
+        "teacher forcing's float64 rows at once, glibc mmap threshold 1 MiB; the other rows: 128 KiB)",
         "",
         f"{'kind':9} {'tokens':>6} {'chunk':>12} {'W GiB':>6} {'C GiB':>6} {'base GiB':>8} {'peak GiB':>8} "
         f"{'extra GiB':>9} {'(W+extra)/(W+C)':>15} {'extra/C':>7} {'s':>6}",
@@ -439,7 +444,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "memory.json"
     measured: dict[str, dict[str, Any]] = json.loads(path.read_text())["measured"] if path.exists() else {}
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "TOKENIZERS_PARALLELISM": "false"}
     chunk = args.prefill_chunk
     for length in lengths:
         for kind in kinds:
