@@ -20,7 +20,7 @@ from ripplekv.cli.args import (
     suite_options,
 )
 
-__all__ = ["add_parser", "memory_size", "run"]
+__all__ = ["add_parser", "memory_size", "prefill_chunk_arg", "run"]
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
 
@@ -43,6 +43,26 @@ def memory_size(text: str) -> int:
     return int(size)
 
 
+def prefill_chunk_arg(text: str) -> int | None:
+    """``--prefill-chunk``: an integer >= 1 (tokens per prefill pass) or ``none`` (one pass whatever the length).
+
+    Args:
+        text: e.g. ``"8192"`` or ``"none"``.
+
+    Raises:
+        argparse.ArgumentTypeError: if ``text`` is neither.
+    """
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (tokens per chunk) or none, got {text!r}")
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
     from ripplekv.evaluation.running import runner
@@ -50,6 +70,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from ripplekv.evaluation.suites.jsonl import DEFAULT_JSONL_METRIC, JSONL_MAX_NEW_TOKENS
     from ripplekv.evaluation.tasks.metrics import METRICS as EVAL_METRICS
     from ripplekv.inference import PROTOCOLS
+    from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
     from ripplekv.presses import METHODS
     from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS_WITHOUT_SCORER
     from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
@@ -146,6 +167,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "sample): configurations are derived, scored and decoded in groups within it",
     )
     e.add_argument(
+        "--prefill-chunk",
+        type=prefill_chunk_arg,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"most tokens per prefill pass (default {DEFAULT_PREFILL_CHUNK}; none: one pass): a longer prompt is "
+        "prefilled in chunks over its growing cache, bounding the prefill's activations by the chunk (the same cache "
+        "up to float rounding; prompts within the chunk run exactly as one pass)",
+    )
+    e.add_argument(
         "--chat-template",
         choices=CHAT_TEMPLATE_MODES,
         default="auto",
@@ -230,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
         decode=args.decode,
         decode_rows=args.decode_rows,
         decode_memory=args.decode_memory,
+        prefill_chunk=args.prefill_chunk,
         chat_template=args.chat_template,
         options=options,
         oracle_profile=args.oracle_profile,

@@ -39,7 +39,7 @@ from kvpress.utils import extract_keys_and_values
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ripplekv.allocation.per_prompt import PerPromptSchedule
+from ripplekv.allocation.per_prompt import PerPromptSchedule, TokenStatistic
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.layer_budget_press import check_compressible
@@ -326,6 +326,21 @@ class PerPromptBudgetPress(BasePress):
     def recorded_statistic(self, residual_in: torch.Tensor, attention_output: torch.Tensor) -> Any:
         """The statistic of a rule that reads the residual stream, computed while a record's prefill runs."""
         return self.schedule.rule.layer_statistic(residual_in, attention_output)  # type: ignore[union-attr]
+
+    @property
+    def residual_statistic(self) -> TokenStatistic | Callable[[torch.Tensor, torch.Tensor], Any]:
+        """What a prefill record computes for this press's residual-stream rule (see ``record_prefill``).
+
+        A :class:`~ripplekv.allocation.per_prompt.TokenStatistic` when the rule reduces per-token values (it has
+        ``token_statistic`` and ``statistic_from_tokens``, as SqueezeAttention's mean over tokens), which a prefill
+        in chunks accumulates over the whole prompt; else :meth:`recorded_statistic` alone (one-pass prefills only).
+        """
+        rule = self.schedule.rule  # type: ignore[union-attr]
+        per_token = getattr(rule, "token_statistic", None)
+        reduce = getattr(rule, "statistic_from_tokens", None)
+        if per_token is None or reduce is None:
+            return self.recorded_statistic
+        return TokenStatistic(self.recorded_statistic, per_token, reduce)
 
     def __deepcopy__(self, memo: dict) -> PerPromptBudgetPress:
         clone = copy.copy(self)

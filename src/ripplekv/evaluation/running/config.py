@@ -21,6 +21,7 @@ from ripplekv.evaluation.sample import (
     configuration_name,
     positive_int,
 )
+from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
 from ripplekv.presses.scorers import SCORERS
 
@@ -95,6 +96,11 @@ class EvalConfig:
             groups within it, each released before the next is derived. None (default): the bytes of one full cache
             of the sample's compressed part. A configuration larger than the bound decodes alone. Like ``decode``
             and ``decode_rows``, not part of the configuration compared on resume.
+        prefill_chunk: most tokens per prefill pass of a sample's shared prefill (an integer >= 1; None: one pass):
+            a longer compressed part is recorded in chunks over its growing cache, bounding the prefill's activations
+            by the chunk (:func:`~ripplekv.inference.shared.record_prefill`). A part within it (default 8,192
+            tokens) is prefilled exactly as in one pass; a longer one differs from one pass by float rounding, so the
+            chunk is part of the configuration compared on resume when some sample is longer than it.
         options: the suite's own options, a mapping of option name (the ``ripplekv eval`` flag with ``_`` for
             ``-``) to value; replaced by the suite's frozen options dataclass, defaults filled in.
     """
@@ -119,6 +125,7 @@ class EvalConfig:
     decode: str = "batched"
     decode_rows: int | None = None
     decode_memory: int | None = None
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK
     options: Any = field(default_factory=dict)
     oracle_profile: tuple[str, ...] | None = None
     strict_profile: bool = False
@@ -183,6 +190,7 @@ class EvalConfig:
             raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
         positive_int("decode_rows", self.decode_rows, allow_none=True)
         positive_int("decode_memory", self.decode_memory, allow_none=True)
+        check_prefill_chunk(self.prefill_chunk)
         if self.chat_template not in CHAT_TEMPLATE_MODES:
             modes = ", ".join(CHAT_TEMPLATE_MODES)
             raise ValueError(f"chat_template must be one of {modes}, got {self.chat_template!r}")

@@ -186,7 +186,7 @@ class SampleRunner:
         if not prefix:
             raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
         ids = torch.tensor([list(prefix)], dtype=torch.long)
-        record = record_prefill(self.model, ids, self.hidden_tail, self.residual_statistics)
+        record = record_prefill(self.model, ids, self.hidden_tail, self.residual_statistics, self.config.prefill_chunk)
         prefill_seconds = record.seconds
         started = time.perf_counter()
         full = self._derive(sample, "full", FULL_BUDGET, record)

@@ -206,6 +206,10 @@ def resolve_config(
     }
     if oracles:
         resolved["oracle_profile"] = [{"sha256": sha256_json(p.to_dict()), "budget": damage_budget(p)} for p in oracles]
+    agnostic = config.protocol == "query-agnostic"
+    prefilled = (len(s.input_ids[: s.question_start] if agnostic else s.input_ids) for s in samples)
+    if config.prefill_chunk is not None and max(prefilled, default=0) > config.prefill_chunk:
+        resolved["prefill_chunk"] = config.prefill_chunk  # absent where no sample is cut into chunks: same results
     resolved.update(get_suite(config.suite).resolve(config, model))
     resolved["samples"] = {
         "count": len(samples),
