@@ -120,6 +120,7 @@ CONFIG_CASES: dict[str, tuple[ProfilingConfig, ProfilingConfig]] = {
     "answer_tokens": (MODEL_BASE, dataclasses.replace(MODEL_BASE, answer_tokens=8)),  # only the model's answers
     "max_continuation_tokens": (BASE, dataclasses.replace(BASE, max_continuation_tokens=4)),
     "precision": (BASE, dataclasses.replace(BASE, precision="model")),
+    "prefill_chunk": (BASE, dataclasses.replace(BASE, prefill_chunk=64)),  # chunks round otherwise: in the key
 }
 IDENTITY = {"num_hidden_layers": 2, "config_hash": "arch"}
 
