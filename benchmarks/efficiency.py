@@ -1,12 +1,15 @@
-"""Efficiency of full, SnapKV, PyramidKV, AdaKV and RippleKV: time, decoding speed, cache bytes and peak memory.
+"""Efficiency of full, SnapKV, PyramidKV, AdaKV, RippleKV and the per-prompt schedules (CAKE, SqueezeAttention,
+DynamicKV, LAVa): time, decoding speed, cache bytes and peak memory.
 
 The paper's efficiency section, measured in one run on the default model (SmolLM2-135M, float32, CPU) at each prompt
 length (``--lengths``, essay text) and budget (``--budgets``):
 
 1. **prefill-and-compress wall time**: a real ``prefill(model, ids, press)`` per configuration (the forward pass
    with the press's hooks and its compression; nothing derived from a shared record), ``--repeats`` times, the
-   median, and its ratio to SnapKV's at the same length and budget (goal: RippleKV <= 1.02). The configurations'
-   repeats are interleaved, each round in a rotated order, so drift on a shared machine hits every method alike;
+   median, and its ratio to SnapKV's at the same length and budget (goal: RippleKV <= 1.02; the per-prompt
+   schedules compute per-layer statistics during the prefill, which RippleKV, allocating offline, does not). The
+   configurations' repeats are interleaved, each round in a rotated order, so drift on a shared machine hits every
+   method alike;
 2. **decoding milliseconds per step**: greedy decoding over the compressed cache, exactly ``--steps`` forward passes
    of one token (stop tokens banned), median over the repeats;
 3. **bytes the cache holds** against the full cache: the key/value tensors really held (kvpress's AdaKV keeps
@@ -35,6 +38,8 @@ compared with each other; each length records when it was measured.
 
     python benchmarks/efficiency.py --out benchmarks/results/efficiency.json --plots benchmarks/results
     python benchmarks/efficiency.py --quick          # smoke test: 1K tokens, 1 repeat, 10% only
+    python benchmarks/efficiency.py --methods snapkv,ripplekv,cake,squeezeattention,dynamickv,lava --skip-memory \
+        --lengths 1024,2048,4096 --out benchmarks/results/efficiency-per-prompt.json
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from ripplekv.evaluation.efficiency import (
+from ripplekv.evaluation.running.efficiency import (
     KVShape,
     cache_footprint,
     computed_kv_table,
@@ -71,7 +76,8 @@ from ripplekv.profiling import SensitivityProfile
 from ripplekv.profiling.haystack import essays, token_stream
 
 DEFAULT_PROFILE = Path(__file__).parent / "results" / "smollm2-135m.profile.json"
-METHODS = ("full", "snapkv", "pyramidkv", "adakv", "ripplekv")
+METHODS = ("full", "snapkv", "pyramidkv", "adakv", "ripplekv", "cake", "squeezeattention", "dynamickv", "lava")
+PER_PROMPT = ("cake", "squeezeattention", "dynamickv", "lava")  # schedules computing statistics at inference
 GOAL = 1.02  # RippleKV's prefill-and-compress time over SnapKV's
 MIB = 2**20
 
@@ -96,9 +102,10 @@ def prompt_ids(tokenizer: Any, length: int) -> torch.Tensor:
     return torch.tensor([ids[:length]])
 
 
-def configurations(budgets: tuple[float, ...]) -> list[tuple[str, float]]:
-    """``full`` once, then every compressed method at every budget."""
-    return [("full", 1.0)] + [(m, b) for b in budgets for m in METHODS if m != "full"]
+def configurations(budgets: tuple[float, ...], methods: tuple[str, ...]) -> list[tuple[str, float]]:
+    """``full`` once (where it is among ``methods``), then every compressed method at every budget."""
+    head = [("full", 1.0)] if "full" in methods else []
+    return head + [(m, b) for b in budgets for m in methods if m != "full"]
 
 
 def build_press(method: str, budget: float, profile: SensitivityProfile | None) -> Any:
@@ -215,12 +222,14 @@ def peak_memory(args: Any, length: int, config: tuple[str, float]) -> dict[str, 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def rows_for(length: int, measured: dict, memory: dict, budgets: tuple[float, ...], steps: int) -> list[dict]:
+def rows_for(
+    length: int, measured: dict, memory: dict, budgets: tuple[float, ...], steps: int, methods: tuple[str, ...]
+) -> list[dict]:
     """One row per (method, budget) at one length; ``full`` is repeated at each budget (its ratio to that SnapKV)."""
     rows = []
     median = {c: statistics.median(v) for c, v in measured["times"].items()}
     for budget in budgets:
-        for method in METHODS:
+        for method in methods:
             config = ("full", 1.0) if method == "full" else (method, budget)
             fp, mem = measured["footprints"][config], memory.get(config)
             decode = measured["decodes"][config]
@@ -279,7 +288,7 @@ def print_computed(rows: list[dict]) -> None:
         )
 
 
-def save_plots(rows: list[dict], folder: Path, budgets: tuple[float, ...]) -> list[Path]:
+def save_plots(rows: list[dict], folder: Path, budgets: tuple[float, ...], methods: tuple[str, ...]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -298,7 +307,7 @@ def save_plots(rows: list[dict], folder: Path, budgets: tuple[float, ...]) -> li
             continue
         fig, axes = plt.subplots(1, len(budgets), figsize=(4.5 * len(budgets), 3.6), squeeze=False)
         for ax, budget in zip(axes[0], budgets):
-            for method in METHODS:
+            for method in methods:
                 points = [(r["tokens"], r[key]) for r in rows if r["budget"] == budget and r["method"] == method]
                 ax.plot(*zip(*points), marker="o", label=method)
             if key == "time_ratio_to_snapkv":
@@ -367,6 +376,9 @@ def main() -> None:
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE), help="profile for ripplekv")
     parser.add_argument("--lengths", default="1024,2048,4096,8192", help="prompt tokens (comma-separated)")
     parser.add_argument("--budgets", default="0.1,0.2,0.3", help="kept fractions (comma-separated)")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help=f"methods, snapkv among them (default {','.join(METHODS)})"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per configuration (median)")
     parser.add_argument("--steps", type=int, default=32, help="decoding steps timed per configuration")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -382,6 +394,9 @@ def main() -> None:
         args.lengths, args.repeats, args.budgets = "1024", 1, "0.1"
     lengths = tuple(int(n) for n in args.lengths.split(","))
     budgets = tuple(float(b) for b in args.budgets.split(","))
+    methods = tuple(args.methods.split(","))
+    if "snapkv" not in methods or len(set(methods)) != len(methods):
+        parser.error("--methods must name snapkv (every ratio is to it) and no method twice")
     if args.repeats < 1 or args.steps < 1 or any(n < 128 for n in lengths) or not all(0 < b <= 1 for b in budgets):
         parser.error("--repeats and --steps must be >= 1, lengths >= 128 and budgets in (0, 1]")
     if args.threads is not None:
@@ -390,7 +405,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     model, tokenizer = load_model(args.model)
     profile = SensitivityProfile.load(args.profile)
-    configs = configurations(budgets)
+    configs = configurations(budgets, methods)
     print(
         f"{args.model} ({model.dtype}, {torch.get_num_threads()} threads): {len(configs)} configurations x "
         f"{args.repeats} interleaved rounds at {', '.join(map(str, lengths))} tokens; {args.steps} decoding steps"
@@ -402,6 +417,7 @@ def main() -> None:
         "repeats": args.repeats,
         "decode_steps": args.steps,
         "budgets": list(budgets),
+        "methods": list(methods),
         "profile_sha256": hashlib.sha256(Path(args.profile).read_bytes()).hexdigest(),
         "memory": not args.skip_memory,
     }
@@ -417,18 +433,22 @@ def main() -> None:
             print(f"{length} tokens: peak memory, one subprocess per configuration", flush=True)
             memory.update({c: peak_memory(args, length, c) for c in configs})
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        rows += [{**row, "measured_at": stamp} for row in rows_for(length, measured, memory, budgets, args.steps)]
+        new = rows_for(length, measured, memory, budgets, args.steps, methods)
+        rows += [{**row, "measured_at": stamp} for row in new]
         if args.out:
             write_result(args.out, {"settings": settings, "complete": False, "measured": rows})
-    rows.sort(key=lambda r: (lengths.index(r["tokens"]), r["budget"], METHODS.index(r["method"])))
+    rows.sort(key=lambda r: (lengths.index(r["tokens"]), r["budget"], methods.index(r["method"])))
     print("\nMEASURED (prefill: median of the rounds; held/kept/mask idx: fractions of the full cache's bytes)")
     print_measured(rows)
-    ripple = [r for r in rows if r["method"] == "ripplekv"]
-    worst = max(r["time_ratio_to_snapkv"] for r in ripple)
-    ratios = ", ".join(f"{r['tokens'] // 1024}K@{r['budget']:.0%} {r['time_ratio_to_snapkv']:.3f}" for r in ripple)
-    print(f"\nRippleKV / SnapKV prefill-and-compress time: {ratios}")
-    print(f"worst {worst:.3f} (goal <= {GOAL}): {'met' if worst <= GOAL else 'NOT met'}")
-    for method in METHODS:
+    worst = None
+    for method in [m for m in methods if m not in ("full", "snapkv")]:
+        of = [r for r in rows if r["method"] == method]
+        ratios = ", ".join(f"{r['tokens'] // 1024}K@{r['budget']:.0%} {r['time_ratio_to_snapkv']:.3f}" for r in of)
+        print(f"\n{method} / SnapKV prefill-and-compress time: {ratios}")
+        if method == "ripplekv":
+            worst = max(r["time_ratio_to_snapkv"] for r in of)
+            print(f"worst {worst:.3f} (goal <= {GOAL}): {'met' if worst <= GOAL else 'NOT met'}")
+    for method in methods:
         held = sorted({r["held_fraction"] for r in rows if r["method"] == method})
         kept = sorted({r["kept_fraction"] for r in rows if r["method"] == method})
         print(f"  {method:10s} held fraction {held}  kept fraction {kept}")
@@ -453,7 +473,7 @@ def main() -> None:
         write_result(args.out, result)
         print(f"wrote {args.out}")
     if args.plots:
-        for path in save_plots(rows, Path(args.plots), budgets):
+        for path in save_plots(rows, Path(args.plots), budgets, methods):
             print(f"saved {path}")
 
 

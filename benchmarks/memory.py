@@ -14,19 +14,28 @@ kernel's high-water mark (``/proc/self/clear_refs``) and runs the sample (``Samp
 ``ripplekv eval`` runs per sample; ``profile_model``); its peak is then ``VmHWM`` (``getrusage(RUSAGE_SELF)
 .ru_maxrss`` where the reset is unavailable, which then includes loading). ``extra`` = peak - baseline: what
 the sample allocates over the loaded model. Reported as ``(weights + extra) / (weights + one full cache)`` and as
-``extra / one full cache``. glibc's mmap threshold is fixed at 1 MiB in the children (``MALLOC_MMAP_THRESHOLD_``)
-so freed large tensors leave the resident set instead of being kept by the allocator, which would otherwise
-inflate the peaks of later allocations.
+``extra / one full cache``. glibc's mmap threshold is fixed at 128 KiB in the children (``MALLOC_MMAP_THRESHOLD_``,
+recorded per row) so freed tensors leave the resident set instead of being kept by the allocator, which would
+otherwise inflate the peaks of later allocations. The rows measured before chunked prefills used 1 MiB; a prefill in
+chunks of 1K tokens makes per-head tensors under 1 MiB (256 KiB on SmolLM2), which glibc's heap then kept: a profiling
+sample at 2K tokens read 2.14 C at 1 MiB and 1.74 C at 128 KiB, the same code.
+
+``--prefill-chunk`` sets the most tokens per prefill pass (``EvalConfig.prefill_chunk`` and
+``ProfilingConfig.prefill_chunk``; default the library's, 8,192; ``none``: one pass): a longer prompt is prefilled in
+chunks over its growing cache. Every row records the chunk it ran with; the rows measured before chunked prefills
+existed (keys without ``/chunk=``) are kept and marked ``before`` (one pass, and profiling's clean continuation over
+a copy of the cache).
 
 Computed: the same budget for Llama-3.1-8B, Qwen2.5-7B and Mistral-7B-v0.3 (their ``config.json`` values, bf16) at
 32K and 128K tokens: weights, one full cache, what a prefill record held per layer before (every layer's input
-hidden states) and holds now (the last ``window_size + 1``), and whether an 8B fidelity sample at 128K fits one
-80 GB GPU.
+hidden states) and holds now (the last ``window_size + 1``), one layer's activations of an unchunked prefill and of
+a prefill in chunks of the default size, and whether an 8B fidelity sample at 128K fits one 80 GB GPU.
 
-Results go to ``benchmarks/results/memory.json`` and ``memory.txt``; finished (kind, length) pairs are kept and a
-rerun measures only the missing ones.
+Results go to ``benchmarks/results/memory.json`` and ``memory.txt``; finished (kind, length, chunk) rows are kept and
+a rerun measures only the missing ones.
 
-    python benchmarks/memory.py                        # 2048, 4096, 8192 tokens
+    python benchmarks/memory.py                        # 2048, 4096, 8192 tokens, the default chunk
+    python benchmarks/memory.py --prefill-chunk 1024   # the same prefilled in chunks of 1,024 tokens
     python benchmarks/memory.py --lengths 2048 --kinds fidelity
 """
 
@@ -90,6 +99,8 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 BF16 = 2
 GIB = 2**30
+DEFAULT_CHUNK = 8192  # ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK (checked in main)
+MMAP_THRESHOLD = 128 * 2**10  # glibc's MALLOC_MMAP_THRESHOLD_ in the children (see the module docstring)
 
 
 # ----------------------------------------------------------------------------------------------- the children
@@ -111,10 +122,11 @@ def _reset_peak() -> bool:
     return True
 
 
-def _eval_config(kind: str, length: int, skip: int) -> Any:
-    from ripplekv.evaluation.runner import EvalConfig
+def _eval_config(kind: str, length: int, skip: int, prefill_chunk: int | None = DEFAULT_CHUNK) -> Any:
+    from ripplekv.evaluation.running.runner import EvalConfig
 
     return EvalConfig(
+        prefill_chunk=prefill_chunk,
         suite="longbench",
         model="smollm2-135m",
         methods=METHODS,
@@ -130,7 +142,7 @@ def _eval_config(kind: str, length: int, skip: int) -> Any:
 
 def _long_record(tokenizer: Any, model: Any, length: int) -> tuple[int, int]:
     """The first record of the task whose prompt fills the length (``skip``, prompt tokens)."""
-    from ripplekv.evaluation.runner import build_samples
+    from ripplekv.evaluation.running.runner import build_samples
 
     for skip in range(50):
         samples = build_samples(_eval_config("fidelity", length, skip), tokenizer, model)
@@ -139,7 +151,7 @@ def _long_record(tokenizer: Any, model: Any, length: int) -> tuple[int, int]:
     raise RuntimeError(f"no {TASK} record of {length} tokens in the first 50")
 
 
-def child(kind: str, length: int) -> dict[str, Any]:
+def child(kind: str, length: int, prefill_chunk: int | None) -> dict[str, Any]:
     """Measure one sample in this (fresh) process; see the module docstring."""
     import torch
     from transformers.utils import logging as hf_logging
@@ -158,22 +170,23 @@ def child(kind: str, length: int) -> dict[str, Any]:
         from ripplekv.profiling.calibration import default_calibration
 
         calibration = default_calibration(tokenizer, n_samples=1, context_tokens=length, continuation_tokens=32)
+        profiling = ProfilingConfig(prefill_chunk=prefill_chunk)
         tokens, skip = length, None
     else:
-        from ripplekv.evaluation.rows import SampleRunner
-        from ripplekv.evaluation.runner import _build_presses, build_samples, load_run_profiles
+        from ripplekv.evaluation.running.rows import SampleRunner
+        from ripplekv.evaluation.running.runner import build_presses, build_samples, load_run_profiles
         from ripplekv.models.attention import enable_varlen_attention
 
         enable_varlen_attention(model)
         skip, tokens = _long_record(tokenizer, model, length)
-        config = _eval_config(kind, length, skip)
+        config = _eval_config(kind, length, skip, prefill_chunk)
         sample = build_samples(config, tokenizer, model)[0]  # the data is read before the baseline
-        presses = _build_presses(config, load_run_profiles(config).profile, model)
+        presses = build_presses(config, load_run_profiles(config).profile, model)
         runner = SampleRunner(config, model, tokenizer, presses)
     baseline = _status("VmRSS")
     phases: dict[str, int] = {}
     if kind != "profile":  # the peak of the recorded prefill apart from the rest of the sample
-        from ripplekv.evaluation import rows as rows_module
+        from ripplekv.evaluation.running import rows as rows_module
 
         recorded = rows_module.record_prefill
 
@@ -188,7 +201,7 @@ def child(kind: str, length: int) -> dict[str, Any]:
     exact = _reset_peak()
     start = time.perf_counter()
     if kind == "profile":
-        profile_model(model, tokenizer, calibration, ProfilingConfig())
+        profile_model(model, tokenizer, calibration, profiling)
     else:  # what `ripplekv eval` runs for one sample (run_pending writes each row as it comes)
         rows = list(runner.run_sample(sample, config.configurations))
         if len(rows) != len(config.configurations):
@@ -202,6 +215,8 @@ def child(kind: str, length: int) -> dict[str, Any]:
     return {
         "kind": kind,
         "length": length,
+        "prefill_chunk": prefill_chunk,
+        "malloc_mmap_threshold": int(os.environ.get("MALLOC_MMAP_THRESHOLD_", "0")) or None,
         "prompt_tokens": tokens,
         "longbench_skip": skip,
         "weights_bytes": weights,
@@ -221,8 +236,19 @@ def child(kind: str, length: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- the computed budget
 
 
-def budget(spec: dict[str, Any], tokens: int) -> dict[str, Any]:
-    """The bf16 memory of a fidelity sample of ``tokens`` tokens, before and after the record keeps a tail."""
+def chunk_activations(spec: dict[str, Any], tokens: int) -> int:
+    """bf16 bytes of one decoder layer's activations over a pass of ``tokens`` queries (the prefill's peak on top of
+    the cache): the MLP's three live ``tokens x intermediate`` tensors (``act(gate)``, ``up``, their product), four
+    ``tokens x hidden`` (the residual, its norm, the attention output and its projection) and the queries, keys and
+    values with their rotated copies. FlashAttention-2's (or sdpa's fused kernels') workspace, linear in the queries,
+    is left out; a dense ``tokens x keys`` score matrix (eager attention) would come on top."""
+    qkv = (spec["heads"] + 2 * spec["kv_heads"]) * spec["head_dim"]
+    return tokens * (3 * spec["intermediate"] + 4 * spec["hidden"] + 2 * qkv) * BF16
+
+
+def budget(spec: dict[str, Any], tokens: int, chunk: int = DEFAULT_CHUNK) -> dict[str, Any]:
+    """The bf16 memory of a fidelity sample of ``tokens`` tokens, before and after the record keeps a tail, with
+    an unchunked prefill's and a chunked prefill's activations (chunks of ``chunk`` tokens)."""
     layers, hidden, inter, vocab = spec["layers"], spec["hidden"], spec["intermediate"], spec["vocab"]
     attention = (
         hidden * (spec["heads"] + 2 * spec["kv_heads"]) * spec["head_dim"] + spec["heads"] * spec["head_dim"] * hidden
@@ -234,6 +260,7 @@ def budget(spec: dict[str, Any], tokens: int) -> dict[str, Any]:
     hidden_tail = layers * hidden * (WINDOW + 1) * BF16
     layer_copy = cache // layers  # a lean pass concatenates one layer at a time
     mlp = 3 * tokens * inter * BF16  # one layer's MLP activations in an unchunked prefill (gate, up, product)
+    chunked = chunk_activations(spec, min(tokens, chunk))  # one layer's activations over one chunk
     before = weights + cache + hidden_all + cache  # + every layer's hidden states + a DynamicLayer fork's copy
     after = weights + cache + hidden_tail + layer_copy
     return {
@@ -244,12 +271,16 @@ def budget(spec: dict[str, Any], tokens: int) -> dict[str, Any]:
         "hidden_states_tail_bytes": hidden_tail,
         "one_layer_copy_bytes": layer_copy,
         "unchunked_prefill_mlp_bytes": mlp,
+        "prefill_chunk": chunk,
+        "chunked_prefill_activation_bytes": chunked,
         "before_bytes": before,
         "after_bytes": after,
         "after_with_unchunked_prefill_bytes": after + mlp,
+        "after_with_chunked_prefill_bytes": after + chunked,
         "fits_80gb_before": before <= GPU_BYTES,
         "fits_80gb_after": after <= GPU_BYTES,
         "fits_80gb_after_unchunked_prefill": after + mlp <= GPU_BYTES,
+        "fits_80gb_after_chunked_prefill": after + chunked <= GPU_BYTES,
     }
 
 
@@ -260,63 +291,100 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.2f}"
 
 
-def report(measured: dict[str, dict[str, Any]], lengths: list[int]) -> str:
+def row_key(kind: str, length: int, chunk: int | None) -> str:
+    """The results key of a measurement: ``kind@length/chunk=N`` (``none``: one pass)."""
+    return f"{kind}@{length}/chunk={'none' if chunk is None else chunk}"
+
+
+def _chunk_label(row: dict[str, Any]) -> str:
+    if "prefill_chunk" not in row:
+        return "before"  # measured before chunked prefills (one pass; profiling's clean pass over a cache copy)
+    chunk = row["prefill_chunk"]
+    if chunk is None or row["prompt_tokens"] <= chunk:
+        return f"{'none' if chunk is None else chunk} (1 pass)"
+    return str(chunk)
+
+
+def _order(item: tuple[str, dict[str, Any]]) -> tuple[int, int, int, int]:
+    row = item[1]
+    before = "prefill_chunk" not in row
+    chunk = row.get("prefill_chunk") or 0
+    return (KINDS.index(row["kind"]), row["length"], 0 if before else 1, -chunk)
+
+
+def report(measured: dict[str, dict[str, Any]]) -> str:
+    rows = sorted(measured.items(), key=_order)
     lines = [
         "Peak memory of one sample, SmolLM2-135M float32 on this CPU, each in a fresh process (benchmarks/memory.py)",
         "",
         "extra = peak RSS - RSS after loading the model; C = one full cache of the prompt; W = weights",
+        "chunk = --prefill-chunk (most tokens per prefill pass; '(1 pass)': the prompt fits one chunk); before = "
+        "measured before chunked prefills existed (one pass, profiling's clean pass over a copy of the cache, "
+        "teacher forcing's float64 rows at once, glibc mmap threshold 1 MiB; the other rows: 128 KiB)",
         "",
-        f"{'kind':9} {'tokens':>6} {'W GiB':>6} {'C GiB':>6} {'base GiB':>8} {'peak GiB':>8} {'extra GiB':>9} "
-        f"{'(W+extra)/(W+C)':>15} {'extra/C':>7} {'s':>6}",
+        f"{'kind':9} {'tokens':>6} {'chunk':>12} {'W GiB':>6} {'C GiB':>6} {'base GiB':>8} {'peak GiB':>8} "
+        f"{'extra GiB':>9} {'(W+extra)/(W+C)':>15} {'extra/C':>7} {'s':>6}",
     ]
-    for kind in KINDS:
-        for length in lengths:
-            row = measured.get(f"{kind}@{length}")
-            if row is None:
-                continue
-            lines.append(
-                f"{kind:9} {row['prompt_tokens']:>6} {_gib(row['weights_bytes']):>6} {_gib(row['full_cache_bytes']):>6}"
-                f" {_gib(row['baseline_rss_bytes']):>8} {_gib(row['peak_rss_bytes']):>8} {_gib(row['extra_bytes']):>9}"
-                f" {row['ratio_to_weights_plus_cache']:>15.3f} {row['extra_in_full_caches']:>7.3f}"
-                f" {row['seconds']:>6.0f}"
-            )
-    phased = [(k, measured[k]) for k in measured if "prefill_peak_in_full_caches" in measured[k]]
+    for _, row in rows:
+        lines.append(
+            f"{row['kind']:9} {row['prompt_tokens']:>6} {_chunk_label(row):>12} {_gib(row['weights_bytes']):>6} "
+            f"{_gib(row['full_cache_bytes']):>6} {_gib(row['baseline_rss_bytes']):>8} {_gib(row['peak_rss_bytes']):>8}"
+            f" {_gib(row['extra_bytes']):>9} {row['ratio_to_weights_plus_cache']:>15.3f}"
+            f" {row['extra_in_full_caches']:>7.3f} {row['seconds']:>6.0f}"
+        )
+    phased = [(k, r) for k, r in rows if "prefill_peak_in_full_caches" in r]
     if phased:
         lines += [
             "",
             "where it goes (extra over the baseline, in C): the recorded prefill's peak, the record it keeps, "
             "the peak of everything after it",
         ]
-        for key, row in sorted(phased, key=lambda item: (KINDS.index(item[1]["kind"]), item[1]["length"])):
+        for _, row in phased:
+            label = f"{row['kind']}@{row['length']} {_chunk_label(row)}"
             lines.append(
-                f"{key:14} prefill peak {row['prefill_peak_in_full_caches']:.3f}  record "
+                f"{label:28} prefill peak {row['prefill_peak_in_full_caches']:.3f}  record "
                 f"{row['record_in_full_caches']:.3f}  after the prefill {row['after_prefill_peak_in_full_caches']:.3f}"
             )
-    fidelity = [measured[k]["extra_in_full_caches"] for k in measured if k.startswith("fidelity@")]
-    if fidelity:
-        verdict = "met" if max(fidelity) <= 1.5 else "NOT met"
-        lines += ["", f"goal: fidelity extra <= 1.5 C: {verdict} (largest {max(fidelity):.3f} C)"]
+    by_chunk: dict[str, list[float]] = {}
+    for _, row in rows:
+        if row["kind"] == "fidelity":
+            chunk = "before" if "prefill_chunk" not in row else str(row["prefill_chunk"])
+            by_chunk.setdefault(chunk, []).append(row["extra_in_full_caches"])
+    if by_chunk:
+        lines += ["", "goal: fidelity extra <= 1.5 C"]
+        for chunk, extras in by_chunk.items():
+            verdict = "met" if max(extras) <= 1.5 else "NOT met"
+            lines.append(f"  chunk {chunk:>6}: {verdict} (largest {max(extras):.3f} C)")
     lines += [
         "",
         f"Computed budget of a fidelity sample, bf16 (config.json values), window {WINDOW}: GiB",
         "before: W + C + every layer's hidden states + a DynamicLayer fork's copy of C; "
-        "after: W + C + the last window+1 hidden states + one layer's transient copy",
+        "after: W + C + the last window+1 hidden states + one layer's transient copy;",
+        f"+unchunked: after + one layer's MLP activations over the whole prompt; +chunked: after + one layer's "
+        f"activations over a chunk of {DEFAULT_CHUNK} tokens (MLP, residual, q/k/v; FlashAttention's workspace not "
+        "counted)",
         "",
         f"{'model':26} {'tokens':>6} {'W':>6} {'C':>6} {'hidden all':>10} {'tail':>6} {'before':>7} "
-        f"{'after':>6} {'+prefill MLP':>12} {'fits 80GB before/after/unchunked':>33}",
+        f"{'after':>6} {'+unchunked':>10} {'+chunked':>8} {'fits 80GB before/after/unchunked/chunked':>41}",
     ]
     for name, spec in MODELS.items():
         for tokens in (32 * 1024, 128 * 1024):
             b = budget(spec, tokens)
             fits = "/".join(
                 "yes" if b[key] else "no"
-                for key in ("fits_80gb_before", "fits_80gb_after", "fits_80gb_after_unchunked_prefill")
+                for key in (
+                    "fits_80gb_before",
+                    "fits_80gb_after",
+                    "fits_80gb_after_unchunked_prefill",
+                    "fits_80gb_after_chunked_prefill",
+                )
             )
             lines.append(
                 f"{name:26} {tokens // 1024:>5}K {_gib(b['weights_bytes']):>6} {_gib(b['full_cache_bytes']):>6} "
                 f"{_gib(b['hidden_states_all_layers_bytes']):>10} {_gib(b['hidden_states_tail_bytes']):>6} "
                 f"{_gib(b['before_bytes']):>7} {_gib(b['after_bytes']):>6} "
-                f"{_gib(b['after_with_unchunked_prefill_bytes']):>12} {fits:>33}"
+                f"{_gib(b['after_with_unchunked_prefill_bytes']):>10} {_gib(b['after_with_chunked_prefill_bytes']):>8} "
+                f"{fits:>41}"
             )
     llama = budget(MODELS["meta-llama/Llama-3.1-8B"], 128 * 1024)
     lines += [
@@ -324,23 +392,49 @@ def report(measured: dict[str, dict[str, Any]], lengths: list[int]) -> str:
         f"Llama-3.1-8B at 128K on one 80 GB GPU ({GPU_BYTES / GIB:.1f} GiB): before {_gib(llama['before_bytes'])} GiB "
         f"({'fits' if llama['fits_80gb_before'] else 'does not fit'}), after {_gib(llama['after_bytes'])} GiB "
         f"({'fits' if llama['fits_80gb_after'] else 'does not fit'}); with one layer's unchunked prefill MLP "
-        f"activations {_gib(llama['after_with_unchunked_prefill_bytes'])} GiB "
-        f"({'fits' if llama['fits_80gb_after_unchunked_prefill'] else 'does not fit'}). Activations, the attention "
-        "kernel's workspace and the allocator's slack come on top.",
+        f"activations {_gib(llama['after_with_unchunked_prefill_bytes'])} GiB, with a prefill in chunks of "
+        f"{DEFAULT_CHUNK} tokens {_gib(llama['after_with_chunked_prefill_bytes'])} GiB "
+        f"(chunk activations {_gib(llama['chunked_prefill_activation_bytes'])} GiB = "
+        f"{llama['chunked_prefill_activation_bytes'] / llama['full_cache_bytes']:.3f} C). The attention kernel's "
+        "workspace, the derived caches (a 30% budget: 0.3 C) and the allocator's slack come on top.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _chunk_arg(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or none, got {text!r}")
+    return value
+
+
+def _computed() -> dict[str, Any]:
+    return {name: {str(t): budget(spec, t) for t in (32 * 1024, 128 * 1024)} for name, spec in MODELS.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="2048,4096,8192", help="prompt lengths in tokens (comma-separated)")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"from {', '.join(KINDS)}")
+    parser.add_argument(
+        "--prefill-chunk",
+        type=_chunk_arg,
+        default=DEFAULT_CHUNK,
+        help=f"most tokens per prefill pass (default {DEFAULT_CHUNK}, the library's; none: one pass)",
+    )
     parser.add_argument("--out", default=str(RESULTS), help="folder of memory.json and memory.txt")
-    parser.add_argument("--child", nargs=2, metavar=("KIND", "LENGTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "LENGTH", "CHUNK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child[0], int(args.child[1]))), flush=True)
+        kind, length, chunk = args.child[0], int(args.child[1]), _chunk_arg(args.child[2])
+        print("RESULT " + json.dumps(child(kind, length, chunk)), flush=True)
         return
+    from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
+
+    if DEFAULT_PREFILL_CHUNK != DEFAULT_CHUNK:
+        raise SystemExit(f"DEFAULT_CHUNK {DEFAULT_CHUNK} is not the library's default chunk {DEFAULT_PREFILL_CHUNK}")
     lengths = [int(x) for x in args.lengths.split(",")]
     kinds = [k.strip() for k in args.kinds.split(",")]
     unknown = [k for k in kinds if k not in KINDS]
@@ -350,30 +444,30 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "memory.json"
     measured: dict[str, dict[str, Any]] = json.loads(path.read_text())["measured"] if path.exists() else {}
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "TOKENIZERS_PARALLELISM": "false"}
+    chunk = args.prefill_chunk
     for length in lengths:
         for kind in kinds:
-            key = f"{kind}@{length}"
+            key = row_key(kind, length, chunk)
             if key in measured:
                 print(f"{key}: done before", flush=True)
                 continue
             print(f"{key}: measuring", flush=True)
             done = subprocess.run(
-                [sys.executable, __file__, "--child", kind, str(length)], env=env, capture_output=True, text=True
+                [sys.executable, __file__, "--child", kind, str(length), "none" if chunk is None else str(chunk)],
+                env=env,
+                capture_output=True,
+                text=True,
             )
             results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
             if done.returncode or not results:
                 raise SystemExit(f"{key} failed ({done.returncode}):\n{done.stderr[-4000:]}")
             measured[key] = json.loads(results[-1].removeprefix("RESULT "))
             print(f"{key}: extra {measured[key]['extra_in_full_caches']} C", flush=True)
-            computed = {
-                name: {str(t): budget(spec, t) for t in (32 * 1024, 128 * 1024)} for name, spec in MODELS.items()
-            }
-            path.write_text(json.dumps({"measured": measured, "computed": computed, "models": MODELS}, indent=2))
-            (out / "memory.txt").write_text(report(measured, sorted({int(k.split("@")[1]) for k in measured})))
-    computed = {name: {str(t): budget(spec, t) for t in (32 * 1024, 128 * 1024)} for name, spec in MODELS.items()}
-    path.write_text(json.dumps({"measured": measured, "computed": computed, "models": MODELS}, indent=2))
-    text = report(measured, sorted({int(k.split("@")[1]) for k in measured}))
+            path.write_text(json.dumps({"measured": measured, "computed": _computed(), "models": MODELS}, indent=2))
+            (out / "memory.txt").write_text(report(measured))
+    path.write_text(json.dumps({"measured": measured, "computed": _computed(), "models": MODELS}, indent=2))
+    text = report(measured)
     (out / "memory.txt").write_text(text)
     print(text)
 

@@ -81,9 +81,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/profiling/calibration.py": ("tests/test_calibration.py", *RELATIONS),
     "ripplekv/profiling/haystack.py": ("tests/test_calibration.py", *RELATIONS),
     "ripplekv/inference/fidelity.py": ("tests/test_fidelity.py", *RELATIONS),
-    "ripplekv/evaluation/rows.py::greedy_agreement": ("tests/test_fidelity.py", *RELATIONS),
-    "ripplekv/evaluation/significance.py": STATS_TESTS,
-    "ripplekv/evaluation/stats.py": STATS_TESTS,
+    "ripplekv/evaluation/running/rows.py::greedy_agreement": ("tests/test_fidelity.py", *RELATIONS),
+    "ripplekv/evaluation/reporting/significance.py": STATS_TESTS,
+    "ripplekv/evaluation/reporting/stats.py": STATS_TESTS,
+    "ripplekv/evaluation/reporting/comparisons.py": STATS_TESTS,
 }
 PYTEST_ARGS = ("-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu", "--no-header", "-o", "addopts=")
 PRELOAD = ("torch", "numpy", "scipy.stats", "transformers", "kvpress", "pytest", "hypothesis", "matplotlib.pyplot")

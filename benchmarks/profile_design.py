@@ -21,7 +21,7 @@ import numpy as np
 
 from ripplekv.analysis.correlation import bootstrap_rho, resample_weights, spearman, spearman_rows
 from ripplekv.analysis.runner import DAMAGE_FILE
-from ripplekv.evaluation.results import ResultsLog
+from ripplekv.evaluation.running.results import ResultsLog
 from ripplekv.profiling.profile import SensitivityProfile
 
 

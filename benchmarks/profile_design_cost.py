@@ -32,7 +32,7 @@ from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from ripplekv.analysis.damage import DAMAGE_METHOD, layer_damage
-from ripplekv.evaluation.config import MIN_NEW_TOKENS
+from ripplekv.evaluation.running.config import MIN_NEW_TOKENS
 from ripplekv.inference.fidelity import teacher_forced_logprobs
 from ripplekv.inference.generate import eos_ids, greedy_decode
 from ripplekv.inference.shared import derived_prefill, record_prefill

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from ripplekv.evaluation.runner import RESULTS_FILE, EvalConfig, ResultsLog, run_eval
+from ripplekv.evaluation.running.runner import RESULTS_FILE, EvalConfig, ResultsLog, run_eval
 from ripplekv.inference import generate_answer
 from ripplekv.models import load_model
 from ripplekv.presses import make_press

@@ -34,10 +34,10 @@ from ripplekv.analysis.damage import (
 from ripplekv.analysis.report import summarize, to_markdown
 from ripplekv.analysis.runner import DAMAGE_FILE, AnalysisConfig, damage_profile_name, run_analysis
 from ripplekv.cli.main import main
-from ripplekv.evaluation.config import EvalConfig
-from ripplekv.evaluation.results import RESULTS_FILE, ConfigMismatchError, ResultsLog
-from ripplekv.evaluation.rows import SampleRunner
-from ripplekv.evaluation.runner import build_presses, build_samples, resolve_config, run_eval
+from ripplekv.evaluation.running.config import EvalConfig
+from ripplekv.evaluation.running.results import RESULTS_FILE, ConfigMismatchError, ResultsLog
+from ripplekv.evaluation.running.rows import SampleRunner
+from ripplekv.evaluation.running.runner import build_presses, build_samples, resolve_config, run_eval
 from ripplekv.inference import extend, fidelity, prefill, teacher_forced_logprobs
 from ripplekv.inference.shared import derived_prefill, record_prefill
 from ripplekv.models import load_model, model_identity

@@ -123,7 +123,7 @@ def test_demo_runs_the_main_job(model_dir: Path, tmp_path: Path, monkeypatch: py
 def test_demo_profile_cache_is_keyed_by_weights_and_scoring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cached demo profile is never reused for other weights of the same architecture or an older scoring."""
     from ripplekv.cli import demo
-    from ripplekv.profiling import ProfilingConfig
+    from ripplekv.profiling import ProfilingConfig, sensitivity
     from tests.conftest import tiny_model
 
     monkeypatch.setenv("RIPPLEKV_CACHE", str(tmp_path / "cache"))
@@ -131,5 +131,5 @@ def test_demo_profile_cache_is_keyed_by_weights_and_scoring(tmp_path: Path, monk
     first = demo.default_profile_path(tiny_model("llama", seed=0), config)
     assert demo.default_profile_path(tiny_model("llama", seed=0), config) == first  # same weights: same file
     assert demo.default_profile_path(tiny_model("llama", seed=1), config) != first  # same architecture, new weights
-    monkeypatch.setattr(demo, "SCORING_VERSION", demo.SCORING_VERSION + 1)
+    monkeypatch.setattr(sensitivity, "SCORING_VERSION", sensitivity.SCORING_VERSION + 1)
     assert demo.default_profile_path(tiny_model("llama", seed=0), config) != first  # a new scoring

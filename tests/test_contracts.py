@@ -29,7 +29,7 @@ from ripplekv.allocation.budgets import (
 )
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, UniformSchedule
-from ripplekv.evaluation import significance, stats
+from ripplekv.evaluation.reporting import comparisons, significance, stats
 from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.registry import DEFAULT_WINDOW
@@ -229,11 +229,11 @@ def test_settle_marks_significant_below_the_level_only() -> None:
     """A comparison is not significant until :func:`settle` says so, and then exactly when ``p_holm < 0.05``.
     Kills ``significant: bool = True`` and ``ALPHA`` changed."""
     estimate = stats.Estimate(mean=0.0, low=-1.0, high=1.0, samples=4, tasks=1)
-    unsettled = stats.Comparison("a", "b", estimate, wins=1, ties=0, losses=1, p=0.01)
+    unsettled = comparisons.Comparison("a", "b", estimate, wins=1, ties=0, losses=1, p=0.01)
     assert not unsettled.significant and unsettled.vectors == 0 and math.isnan(unsettled.p_holm)
-    low, high = stats.settle([unsettled, dataclasses.replace(unsettled, other="c", p=0.049)])
+    low, high = comparisons.settle([unsettled, dataclasses.replace(unsettled, other="c", p=0.049)])
     assert (low.p_holm, high.p_holm) == (0.02, 0.049) and low.significant and high.significant
-    (alone,) = stats.settle([dataclasses.replace(unsettled, p=0.05)])
+    (alone,) = comparisons.settle([dataclasses.replace(unsettled, p=0.05)])
     assert not alone.significant
 
 
@@ -320,9 +320,9 @@ def test_paired_differences_tie_at_the_relative_tolerance() -> None:
     grows with the values. Kills ``<`` for ``<=``, ``/`` for ``*`` and ``max(2.0, ...)``."""
 
     def diff(x: float, y: float) -> float:
-        return stats.paired_differences({"t": {"s": x}}, {"t": {"s": y}})["t"]["s"]
+        return comparisons.paired_differences({"t": {"s": x}}, {"t": {"s": y}})["t"]["s"]
 
-    assert stats.TIE_TOLERANCE == 1e-12
+    assert comparisons.TIE_TOLERANCE == 1e-12
     assert diff(1e-12, 0.0) == 0.0
     assert diff(1.5e-12, 0.0) == 1.5e-12
     assert diff(1e6, 1e6 + 1e-7) == 0.0
@@ -344,7 +344,7 @@ def test_a_reversed_comparison_is_the_negated_one() -> None:
     x = {"t": {str(i): 0.1 * i for i in range(6)}}
     y = {"t": {str(i): 0.1 * i + 0.05 * (i % 3) + 0.01 for i in range(6)}}
     values = {("ripplekv", 0.2): x, ("snapkv", 0.2): y, ("adakv", 0.3): y}
-    result = stats.analyse_metric(metric, values, ["ripplekv", "snapkv", "adakv"], [0.2], stats.Bootstrap(2000))
+    result = comparisons.analyse_metric(metric, values, ["ripplekv", "snapkv", "adakv"], [0.2], stats.Bootstrap(2000))
     forward = result.versus[0.2]["ripplekv"]["baseline"]
     back = result.versus[0.2]["snapkv"]["best_other"]
     for a, b in ((forward.difference, back.difference), (forward.bootstrap, back.bootstrap)):

@@ -9,7 +9,7 @@ from kvpress import SnapKVPress
 
 from benchmarks.efficiency import COMPUTED_BUDGETS, COMPUTED_LENGTHS, PUBLISHED, resumed_rows, write_result
 from ripplekv.allocation import ProfileSchedule
-from ripplekv.evaluation.efficiency import (
+from ripplekv.evaluation.running.efficiency import (
     INDEX_BYTES,
     CacheFootprint,
     KVShape,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation import report as report_module
-from ripplekv.evaluation.runner import (
+from ripplekv.evaluation.reporting import report as report_module
+from ripplekv.evaluation.running.runner import (
     CONFIG_FILE,
     RESULTS_FILE,
     ConfigMismatchError,
@@ -404,7 +404,7 @@ class _DecodeCounter:
     """Wraps the runner's ``lean_greedy_decode``, counting calls (the answers are unchanged)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from ripplekv.evaluation import rows as rows_module
+        from ripplekv.evaluation.running import rows as rows_module
 
         self.calls = 0
         self._decode = rows_module.lean_greedy_decode
@@ -564,7 +564,7 @@ def test_first_generated_token_is_never_a_stop_token(
 def test_a_press_that_cannot_be_derived_is_a_clear_error(
     needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any]
 ) -> None:
-    from ripplekv.evaluation.rows import SampleRunner
+    from ripplekv.evaluation.running.rows import SampleRunner
     from ripplekv.presses.full_press import FullPress
 
     class HookPress(FullPress):
@@ -591,8 +591,8 @@ def test_decode_groups_stay_within_the_memory_bound(
     import gc
     import weakref
 
-    from ripplekv.evaluation import rows as rows_module
-    from ripplekv.evaluation.runner import build_presses
+    from ripplekv.evaluation.running import rows as rows_module
+    from ripplekv.evaluation.running.runner import build_presses
     from ripplekv.inference.generate import full_cache_bytes
 
     model, tokenizer = loaded

@@ -21,9 +21,9 @@ from kvpress.attention_patch import attention_patch
 from torch.nn.attention.bias import causal_lower_right
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ripplekv.evaluation.config import EvalConfig, EvalSample
-from ripplekv.evaluation.rows import SampleRunner
-from ripplekv.evaluation.runner import build_presses
+from ripplekv.evaluation.running.config import EvalConfig, EvalSample
+from ripplekv.evaluation.running.rows import SampleRunner
+from ripplekv.evaluation.running.runner import build_presses
 from ripplekv.inference import generate_answer, greedy_decode
 from ripplekv.inference.batched import NotBatchableError, batched_greedy_decode, batched_teacher_forced_logprobs
 from ripplekv.inference.fidelity import teacher_forced_logprobs

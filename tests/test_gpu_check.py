@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.efficiency import METHODS
 from benchmarks.gpu.efficiency_gpu import (
+    METHODS,
     RESULT_NAME,
     ROW_KEYS,
     SCHEMA,

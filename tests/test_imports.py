@@ -2,12 +2,17 @@
 
 Read from the source with ``ast`` (every import statement, including those inside functions), so a lazy import
 that runs back up a layer counts like a top-level one; imports under ``if TYPE_CHECKING:`` never run and do not
-count.
+count. Inside ``evaluation`` the subpackages are ranked the same way (``SUBLAYER_RANKS``), and no file there
+exceeds ``MAX_LINES`` lines nor any of its packages ``MAX_MODULES`` modules. ``ripplekv report`` runs without
+torch, transformers or kvpress.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,6 +40,21 @@ RANKS = {
     "cli": 6,
     "ripplekv": 7,
 }
+
+# inside a layer whose package is cut into subpackages: the rank of each subpackage (or leaf module), by the same
+# rule. ``evaluation.sample`` is a leaf every subpackage may import; ``evaluation`` (its __init__) only documents.
+SUBLAYER_RANKS = {
+    "evaluation": {"sample": -1, "tasks": 0, "suites": 1, "running": 2, "reporting": 3, "evaluation": 4},
+}
+
+# size limits of the packages in SIZE_LIMITED (docs/architecture.md): lines per file, and modules per package
+# (its ``__init__`` not counted, a subpackage counted as one module)
+SIZE_LIMITED = ("evaluation",)
+MAX_LINES = 400
+MAX_MODULES = 12
+
+# commands and modules that read JSON only: they must not import these
+HEAVY = ("torch", "transformers", "kvpress")
 
 
 def module_name(path: Path) -> str:
@@ -84,11 +104,30 @@ def layer(name: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
+def sublayer(name: str) -> str:
+    """``ripplekv.evaluation.running.rows`` -> ``running``; a layer's own ``__init__`` is named by its layer."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 else parts[-1]
+
+
+def backward_sublayer_import(source: str, target: str, ranks: dict[str, int]) -> list[str]:
+    """``[problem]`` when ``source`` may not import ``target`` of its own layer under ``ranks``, else ``[]``."""
+    a, b = sublayer(source), sublayer(target)
+    if a == b:
+        return []
+    if a not in ranks or b not in ranks:
+        return [f"{source} -> {target}: sublayer {a if a not in ranks else b} of {layer(source)} has no rank"]
+    return [f"{source} -> {target}"] if ranks[b] != -1 and ranks[b] >= ranks[a] else []
+
+
 def backward_imports(edges: dict[str, set[str]]) -> list[str]:
     bad = []
     for source, targets in sorted(edges.items()):
         for target in sorted(targets):
             a, b = layer(source), layer(target)
+            if a == b and a in SUBLAYER_RANKS:
+                bad += backward_sublayer_import(source, target, SUBLAYER_RANKS[a])
+                continue
             if a == b or b in ("version", "validation"):
                 continue
             if a not in RANKS or b not in RANKS:
@@ -134,8 +173,46 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def oversized(root: Path = PACKAGE) -> list[str]:
+    """Each file over ``MAX_LINES`` lines and each package over ``MAX_MODULES`` modules in ``SIZE_LIMITED``."""
+    found = []
+    for name in SIZE_LIMITED:
+        packages = sorted(path.parent for path in (root / name).rglob("__init__.py"))
+        for path in sorted((root / name).rglob("*.py")):
+            lines = len(path.read_text().splitlines())
+            if lines > MAX_LINES:
+                found.append(f"{path.relative_to(root)}: {lines} lines (at most {MAX_LINES})")
+        for package in packages:
+            members = [p for p in package.iterdir() if p.suffix == ".py" and p.name != "__init__.py" or p in packages]
+            if len(members) > MAX_MODULES:
+                found.append(f"{package.relative_to(root)}: {len(members)} modules (at most {MAX_MODULES})")
+    return found
+
+
 def test_every_layer_has_a_rank() -> None:
     assert {layer(name) for name in modules()} <= set(RANKS)
+
+
+def test_every_subpackage_of_a_cut_layer_has_a_rank() -> None:
+    for name, ranks in SUBLAYER_RANKS.items():
+        assert {sublayer(module) for module in modules() if layer(module) == name} <= set(ranks)
+
+
+def test_evaluation_files_and_packages_stay_small() -> None:
+    assert oversized() == []
+
+
+def test_reporting_reads_only_the_results_log_of_running() -> None:
+    """``evaluation.reporting`` needs no torch: of ``evaluation.running`` it imports the results log alone."""
+    edges = graph()
+    running = {
+        target
+        for source, targets in edges.items()
+        if source.startswith("ripplekv.evaluation.reporting")
+        for target in targets
+        if target.startswith("ripplekv.evaluation.running")
+    }
+    assert running <= {"ripplekv.evaluation.running", "ripplekv.evaluation.running.results"}
 
 
 def test_no_import_runs_back_up_a_layer() -> None:
@@ -168,10 +245,97 @@ def test_the_contract_catches_a_backward_import_and_a_circle(tmp_path: Path) -> 
     assert circles(edges) == [["ripplekv.presses.b", "ripplekv.presses.c"]]
 
 
-@pytest.mark.parametrize("module", ["ripplekv.evaluation.stats", "ripplekv.cli.report"])
-def test_json_only_modules_import_without_torch(module: str) -> None:
-    code = (
-        f"import sys, {module}; bad = [m for m in ('torch', 'transformers', 'kvpress') if m in sys.modules]; print(bad)"
+def test_the_contract_catches_a_backward_import_between_subpackages(tmp_path: Path) -> None:
+    root = tmp_path / "ripplekv"
+    for name, text in {
+        "__init__.py": "",
+        "evaluation/__init__.py": "",
+        "evaluation/sample.py": "",
+        "evaluation/suites/__init__.py": "",
+        "evaluation/suites/s.py": "from ripplekv.evaluation.sample import X\n",  # the leaf: allowed
+        "evaluation/running/__init__.py": "",
+        "evaluation/running/r.py": "from ripplekv.evaluation.suites.s import Y\n",  # running -> suites: allowed
+        "evaluation/reporting/__init__.py": "",
+        "evaluation/reporting/p.py": "from ripplekv.evaluation.running.r import Z\n",  # reporting -> running: allowed
+        "evaluation/tasks/__init__.py": "",
+        "evaluation/tasks/t.py": "def f():\n    from ripplekv.evaluation.reporting import p\n",  # tasks -> reporting
+        "evaluation/extra.py": "from ripplekv.evaluation.sample import X\n",  # no rank
+    }.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    global SRC
+    saved, SRC = SRC, tmp_path
+    try:
+        edges = graph(root)
+    finally:
+        SRC = saved
+    assert backward_imports(edges) == [
+        "ripplekv.evaluation.extra -> ripplekv.evaluation.sample: sublayer extra of evaluation has no rank",
+        "ripplekv.evaluation.tasks.t -> ripplekv.evaluation.reporting",
+        "ripplekv.evaluation.tasks.t -> ripplekv.evaluation.reporting.p",
+    ]
+
+
+def test_the_size_check_catches_a_long_file_and_a_crowded_package(tmp_path: Path) -> None:
+    package = tmp_path / "evaluation" / "running"
+    package.mkdir(parents=True)
+    for directory in (tmp_path / "evaluation", package):
+        (directory / "__init__.py").write_text("")
+    for i in range(MAX_MODULES):
+        (package / f"m{i}.py").write_text("x = 1\n")
+    (tmp_path / "evaluation" / "long.py").write_text("x = 1\n" * MAX_LINES)
+    assert oversized(tmp_path) == []  # at the limits
+    (package / "one_more.py").write_text("")
+    (tmp_path / "evaluation" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert oversized(tmp_path) == [
+        f"evaluation/long.py: {MAX_LINES + 1} lines (at most {MAX_LINES})",
+        f"evaluation/running: {MAX_MODULES + 1} modules (at most {MAX_MODULES})",
+    ]
+
+
+def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code args`` on this checkout's ``src`` (whatever ripplekv is installed)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=True, cwd=SRC.parent, env=env
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SRC.parent)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "ripplekv.evaluation.reporting.stats",
+        "ripplekv.evaluation.reporting.comparisons",
+        "ripplekv.evaluation.reporting.report",
+        "ripplekv.evaluation.reporting.plots",
+        "ripplekv.evaluation.running.results",
+        "ripplekv.evaluation.tasks.longbench",
+        "ripplekv.presses.descriptions",
+        "ripplekv.profiling.profile",
+        "ripplekv.cli.report",
+        "ripplekv.cli.main",
+    ],
+)
+def test_json_only_modules_import_without_torch(module: str) -> None:
+    code = f"import sys, {module}; bad = [m for m in {HEAVY!r} if m in sys.modules]; print(bad)"
+    out = run_python(code)
     assert out.stdout.strip() == "[]", f"importing {module} loads {out.stdout.strip()}"
+
+
+@pytest.mark.parametrize("fmt", ["md", "json", "csv"])
+def test_ripplekv_report_runs_without_torch(fmt: str, tmp_path: Path) -> None:
+    """``ripplekv report`` of a committed run, as the ``ripplekv`` script runs it (``cli.main``, plots included):
+    torch, transformers and kvpress are not in ``sys.modules`` when the process exits."""
+    run = SRC.parent / "benchmarks" / "results" / "ruler-4k-fidelity"
+    code = (
+        "import atexit, runpy, sys; "
+        f"atexit.register(lambda: print('loaded:', [m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)); "
+        "sys.argv = ['ripplekv', *sys.argv[1:]]; runpy.run_module('ripplekv.cli.main', run_name='__main__')"
+    )
+    plots = ["--plots", str(tmp_path / "plots")] if fmt == "md" and importlib.util.find_spec("matplotlib") else []
+    out = run_python(code, "report", str(run), "--format", fmt, *plots)
+    assert out.stderr.strip().splitlines()[-1] == "loaded: []", out.stderr
+    if fmt == "json":
+        assert json.loads(out.stdout)["format"] == "ripplekv-report/1"
+    else:
+        assert "niah_single_noise_number" in out.stdout

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation.config import EvalConfig
-from ripplekv.evaluation.metrics import code_sim_score, qa_f1_score
-from ripplekv.evaluation.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
-from ripplekv.evaluation.runner import build_samples
+from ripplekv.evaluation.running.config import EvalConfig
+from ripplekv.evaluation.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
+from ripplekv.evaluation.running.runner import build_samples
 from ripplekv.evaluation.suites.jsonl import JSONL_MAX_NEW_TOKENS, JsonlRecord, load_jsonl
+from ripplekv.evaluation.tasks.metrics import code_sim_score, qa_f1_score
 from ripplekv.models import load_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from tests.conftest import save_tiny_model_dir

@@ -13,8 +13,8 @@ import pytest
 from tokenizers import processors
 from transformers import PreTrainedTokenizerFast
 
-from ripplekv.evaluation import longbench as lb
-from ripplekv.evaluation import metrics as m
+from ripplekv.evaluation.tasks import longbench as lb
+from ripplekv.evaluation.tasks import metrics as m
 from tests._tokenizers import train_byte_level_bpe
 
 DATA_DIR = Path("/work/shared/data/longbench")

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from ripplekv.allocation.budgets import AllocationConfig, BudgetSpec, check_budget, kept_ratio
-from ripplekv.evaluation.rows import greedy_agreement
+from ripplekv.evaluation.running.rows import greedy_agreement
 from ripplekv.inference import Fidelity, extend, fidelity, greedy_decode, kept_tokens, prefill, teacher_forced_logprobs
 from ripplekv.inference.shared import derived_prefill, record_prefill, residual_statistics_of
 from ripplekv.models.attention import enable_varlen_attention
@@ -120,6 +120,7 @@ CONFIG_CASES: dict[str, tuple[ProfilingConfig, ProfilingConfig]] = {
     "answer_tokens": (MODEL_BASE, dataclasses.replace(MODEL_BASE, answer_tokens=8)),  # only the model's answers
     "max_continuation_tokens": (BASE, dataclasses.replace(BASE, max_continuation_tokens=4)),
     "precision": (BASE, dataclasses.replace(BASE, precision="model")),
+    "prefill_chunk": (BASE, dataclasses.replace(BASE, prefill_chunk=64)),  # chunks round otherwise: in the key
 }
 IDENTITY = {"num_hidden_layers": 2, "config_hash": "arch"}
 

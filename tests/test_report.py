@@ -17,19 +17,14 @@ import pytest
 from scipy.stats import wilcoxon
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation import report as report_module
-from ripplekv.evaluation.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
-from ripplekv.evaluation.stats import (
-    METRICS,
-    Bootstrap,
-    Metric,
-    analyse_metric,
-    holm,
-    paired_differences,
-    wilcoxon_p,
-)
-from ripplekv.evaluation.tables import analyse_run, budget_label, legend, significance_lines
-from ripplekv.presses.registry import METHOD_DESCRIPTIONS
+from ripplekv.evaluation.reporting import report as report_module
+from ripplekv.evaluation.reporting.comparisons import analyse_metric, paired_differences, wilcoxon_p
+from ripplekv.evaluation.reporting.run_stats import analyse_run
+from ripplekv.evaluation.reporting.significance import holm
+from ripplekv.evaluation.reporting.stats import METRICS, Bootstrap, Metric
+from ripplekv.evaluation.reporting.tables import budget_label, legend, significance_lines
+from ripplekv.evaluation.running.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
+from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]

@@ -1,4 +1,4 @@
-"""The resume-and-run loop shared by ``eval``, ``analyze`` and ``tune`` (``evaluation/results.py``)."""
+"""The resume-and-run loop shared by ``eval``, ``analyze`` and ``tune`` (``evaluation/running/results.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ripplekv.evaluation.results import (
+from ripplekv.evaluation.running.results import (
     ConfigMismatchError,
     open_results,
     resume_state,

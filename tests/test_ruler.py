@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 from _tokenizers import train_byte_level_bpe
 
-from ripplekv.evaluation import ruler_text
-from ripplekv.evaluation.ruler import TASKS, SyntheticSample, generate, generate_suite, score
+from ripplekv.evaluation.tasks import ruler_text
+from ripplekv.evaluation.tasks.ruler import TASKS, SyntheticSample, generate, generate_suite, score
 from ripplekv.profiling import haystack
 from ripplekv.profiling.haystack import encode, essays
 

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from scipy.stats import wilcoxon
 
-from ripplekv.evaluation.significance import SignFlip, bca_interval, holm
-from ripplekv.evaluation.stats import METRICS, Bootstrap, analyse_metric
+from ripplekv.evaluation.reporting.comparisons import analyse_metric
+from ripplekv.evaluation.reporting.significance import SignFlip, bca_interval, holm
+from ripplekv.evaluation.reporting.stats import METRICS, Bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]
@@ -294,14 +295,12 @@ def test_sign_vectors_are_seeded_by_the_seed_and_the_prompts() -> None:
 ALLOWED = {"__future__", "math", "zlib", "collections", "dataclasses", "typing", "numpy", "scipy", "ripplekv"}
 
 
-@pytest.mark.parametrize("module", ["significance", "stats"])
+@pytest.mark.parametrize("module", ["significance", "stats", "comparisons"])
 def test_the_statistics_modules_import_no_torch(module: str) -> None:
-    """Only numpy, scipy and the standard library (and ``stats`` imports ``significance``, nothing else of ripplekv).
-
-    ``import ripplekv.evaluation.stats`` still loads torch today: ``ripplekv/__init__.py`` and
-    ``ripplekv/evaluation/__init__.py`` import the models and the runner (a package layout issue, not these modules).
-    """
-    tree = ast.parse((ROOT / "src" / "ripplekv" / "evaluation" / f"{module}.py").read_text())
+    """Only numpy, scipy and the standard library; of ripplekv, ``stats`` imports ``significance`` and the rows'
+    naming rule of :mod:`ripplekv.evaluation.sample` (a leaf of the standard library only), ``comparisons`` imports
+    ``significance`` and ``stats``, nothing else."""
+    tree = ast.parse((ROOT / "src" / "ripplekv" / "evaluation" / "reporting" / f"{module}.py").read_text())
     imported = {
         (node.module if isinstance(node, ast.ImportFrom) else alias.name)
         for node in ast.walk(tree)
@@ -309,12 +308,17 @@ def test_the_statistics_modules_import_no_torch(module: str) -> None:
         for alias in node.names
     }
     assert {name.split(".")[0] for name in imported} <= ALLOWED
-    assert {name for name in imported if name.startswith("ripplekv")} <= {"ripplekv.evaluation.significance"}
+    own = {
+        "ripplekv.evaluation.reporting.significance",
+        "ripplekv.evaluation.reporting.stats",
+        "ripplekv.evaluation.sample",
+    }
+    assert {name for name in imported if name.startswith("ripplekv")} <= own
     if module == "significance":  # load the file alone: no package __init__, no torch
         code = (
             "import importlib.util, sys; spec = importlib.util.spec_from_file_location('sig', sys.argv[1]); "
             "m = importlib.util.module_from_spec(spec); sys.modules['sig'] = m; spec.loader.exec_module(m); "
             "m.SignFlip().test({'t': {'a': 1.0, 'b': 2.0}}); assert 'torch' not in sys.modules"
         )
-        path = str(ROOT / "src" / "ripplekv" / "evaluation" / "significance.py")
+        path = str(ROOT / "src" / "ripplekv" / "evaluation" / "reporting" / "significance.py")
         subprocess.run([sys.executable, "-c", code, path], check=True)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation.config import EvalConfig, EvalSample
-from ripplekv.evaluation.results import RESULTS_FILE, ResultsLog
-from ripplekv.evaluation.runner import build_samples, resolve_config, run_eval
+from ripplekv.evaluation.running.config import EvalConfig, EvalSample
+from ripplekv.evaluation.running.results import RESULTS_FILE, ResultsLog
+from ripplekv.evaluation.running.runner import build_samples, resolve_config, run_eval
 from ripplekv.evaluation.suites import SUITES, Suite, get_suite, register_suite
 from ripplekv.evaluation.suites.base import split_prompt
 from ripplekv.evaluation.suites.needle import NeedleOptions

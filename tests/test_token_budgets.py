@@ -14,7 +14,7 @@ import pytest
 from ripplekv.allocation import BudgetSpec, PyramidSchedule
 from ripplekv.cli.args import budget_arg, row_tokens_arg, tokens_arg
 from ripplekv.cli.main import build_parser, main
-from ripplekv.evaluation.config import DEFAULT_BUDGETS, FULL_BUDGET, EvalConfig
+from ripplekv.evaluation.running.config import DEFAULT_BUDGETS, FULL_BUDGET, EvalConfig
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from tests.conftest import save_tiny_model_dir
 

@@ -15,10 +15,10 @@ from ripplekv.analysis.tuning import Candidate, TuneConfig, TuneRunner, split_sa
 from ripplekv.analysis.tuning_report import summarize_tuning, tuning_markdown
 from ripplekv.cli.main import main
 from ripplekv.cli.tune import parse_profiles
-from ripplekv.evaluation.config import EvalConfig, EvalSample
-from ripplekv.evaluation.results import ConfigMismatchError, ResultsLog
-from ripplekv.evaluation.rows import SampleRunner
-from ripplekv.evaluation.runner import build_samples
+from ripplekv.evaluation.running.config import EvalConfig, EvalSample
+from ripplekv.evaluation.running.results import ConfigMismatchError, ResultsLog
+from ripplekv.evaluation.running.rows import SampleRunner
+from ripplekv.evaluation.running.runner import build_samples
 from ripplekv.models import load_model
 from ripplekv.presses import make_press
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, SensitivityProfile, profile_model

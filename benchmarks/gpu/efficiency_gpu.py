@@ -57,7 +57,6 @@ from transformers.utils import logging as hf_logging
 
 from benchmarks.efficiency import (
     GOAL,
-    METHODS,
     configurations,
     decode_seconds,
     measure_length,
@@ -65,7 +64,7 @@ from benchmarks.efficiency import (
     rows_for,
     write_result,
 )
-from ripplekv.evaluation.efficiency import synchronize
+from ripplekv.evaluation.running.efficiency import synchronize
 from ripplekv.inference import prefill
 from ripplekv.models import model_identity
 from ripplekv.models.attention import enable_varlen_attention
@@ -106,6 +105,10 @@ ROW_KEYS = (
     "measured_at",
 )
 """Every row holds these keys (the GPU memory ones are null off CUDA)."""
+
+METHODS = ("full", "snapkv", "pyramidkv", "adakv", "ripplekv")
+"""The methods timed on the GPU: the paper's efficiency set (the per-prompt schedules of the CPU benchmark would not fit
+the device's 15 minutes at 128K tokens)."""
 
 
 def _version(name: str) -> str | None:
@@ -215,7 +218,7 @@ def gpu_rows(length: int, measured: dict, budgets: tuple[float, ...], steps: int
     """``benchmarks.efficiency.rows_for``'s rows with the GPU allocator's bytes added (null off CUDA)."""
     rows = []
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    for row in rows_for(length, measured, {}, budgets, steps):
+    for row in rows_for(length, measured, {}, budgets, steps, METHODS):
         config = ("full", 1.0) if row["method"] == "full" else (row["method"], row["budget"])
         memory = measured["device_memory"].get(config, {})
         before, peak = memory.get("before"), memory.get("peak")
@@ -271,13 +274,13 @@ def plan_length(
 
     Returns ``(repeats, budgets, predicted seconds)``, or None where even the first budget alone does not fit.
     """
-    configs = len(configurations(budgets))
+    configs = len(configurations(budgets, METHODS))
     for rounds in range(repeats, 0, -1):
         predicted = predicted_seconds(history, length, configs, rounds)
         if predicted <= left:
             return rounds, budgets, predicted
     for keep in range(len(budgets) - 1, 0, -1):
-        predicted = predicted_seconds(history, length, len(configurations(budgets[:keep])), 1)
+        predicted = predicted_seconds(history, length, len(configurations(budgets[:keep], METHODS)), 1)
         if predicted <= left:
             return 1, budgets[:keep], predicted
     return None
@@ -415,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     build_s = time.perf_counter() - build_start
     parameters = sum(p.numel() for p in model.parameters())
     profile = synthetic_profile(model)
-    configs = configurations(budgets)
+    configs = configurations(budgets, METHODS)
     result.update(
         model={
             "config": str(config_path.relative_to(REPO)) if config_path.is_relative_to(REPO) else str(config_path),
@@ -518,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             model,
             None,
             random_prompt(length, vocab),
-            configurations(planned_budgets),
+            configurations(planned_budgets, METHODS),
             profile,
             SimpleNamespace(repeats=planned, steps=steps),
             warmup=False,

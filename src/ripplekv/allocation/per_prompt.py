@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -33,6 +33,7 @@ from ripplekv.validation import is_integer, is_real
 __all__ = [
     "PerPromptRule",
     "PerPromptSchedule",
+    "TokenStatistic",
     "apportion",
     "check_rule_call",
     "fill_shares",
@@ -87,6 +88,35 @@ class PerPromptRule(ABC):
         Raises:
             ValueError: on an invalid argument or statistic.
         """
+
+
+@dataclass(frozen=True)
+class TokenStatistic:
+    """A per-layer statistic that reduces per-token values, so it can be computed over a prompt in chunks.
+
+    Called as a function, it is the statistic of the whole prompt at once, ``whole(*inputs)``. A prefill run in
+    chunks calls ``per_token(*inputs)`` on each chunk's inputs (values indexed by token along the last dimension)
+    and ``reduce(parts)`` once over every chunk's values, in prompt order: the same reduction over the same per-token
+    values as ``whole`` (a mean over tokens is one mean over all of them, never a mean of chunk means).
+
+    Args:
+        whole: the statistic of the whole prompt.
+        per_token: the per-token values of a part of the prompt.
+        reduce: the statistic from the per-token values of consecutive parts covering the prompt.
+    """
+
+    whole: Callable[..., Any]
+    per_token: Callable[..., Any]
+    reduce: Callable[[Sequence[Any]], Any]
+
+    def __post_init__(self) -> None:
+        for name in ("whole", "per_token", "reduce"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"TokenStatistic.{name} must be callable, got {getattr(self, name)!r}")
+
+    def __call__(self, *inputs: Any) -> Any:
+        """The statistic of the whole prompt: ``whole(*inputs)``."""
+        return self.whole(*inputs)
 
 
 def check_rule_call(

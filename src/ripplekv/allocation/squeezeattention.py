@@ -76,6 +76,8 @@ __all__ = [
     "kmeans_1d",
     "squeeze_groups",
     "squeeze_layer_statistic",
+    "squeeze_statistic_of_similarities",
+    "squeeze_token_similarities",
 ]
 
 DEFAULT_SQUEEZE_P: float = 8 / 21
@@ -98,6 +100,57 @@ class SqueezeStatistic(NamedTuple):
     similarity: float
 
 
+def squeeze_token_similarities(residual_in: torch.Tensor, attention_output: torch.Tensor) -> torch.Tensor:
+    """SqueezeAttention's per-token similarities ``cos(h_in[t], h_in[t] + o[t])`` of one layer, in float64.
+
+    What :func:`squeeze_layer_statistic` averages; a prefill run in chunks computes them per chunk and averages
+    them once over the prompt (:func:`squeeze_statistic_of_similarities`).
+
+    Args:
+        residual_in: ``h_in``, the residual stream entering the layer, ``(batch, tokens, hidden)``.
+        attention_output: ``o``, the attention block's output for the same tokens, ``(batch, tokens, hidden)``.
+
+    Returns:
+        ``(batch, tokens)`` float64 cosines.
+
+    Raises:
+        ValueError: if the shapes differ, are not 3-D, have no token, or hold non-finite values.
+    """
+    import torch
+
+    if residual_in.dim() != 3 or residual_in.shape != attention_output.shape:
+        raise ValueError(
+            "residual_in and attention_output must both be (batch, tokens, hidden), got shapes "
+            f"{tuple(residual_in.shape)} and {tuple(attention_output.shape)}"
+        )
+    if residual_in.shape[1] < 1:
+        raise ValueError("residual_in has no token")
+    before = residual_in.detach().to(torch.float64)
+    after = before + attention_output.detach().to(torch.float64)
+    if not bool(torch.isfinite(after).all()) or not bool(torch.isfinite(before).all()):
+        raise ValueError("residual_in and attention_output must be finite")
+    dot = (before * after).sum(dim=-1)
+    norms = before.norm(dim=-1).clamp_min(COSINE_EPS) * after.norm(dim=-1).clamp_min(COSINE_EPS)
+    return dot / norms
+
+
+def squeeze_statistic_of_similarities(parts: Sequence[torch.Tensor]) -> SqueezeStatistic:
+    """The similarity ``s_l`` from the per-token similarities of consecutive parts of the prompt.
+
+    One mean over every token of every part (the parts joined in order), the same reduction
+    :func:`squeeze_layer_statistic` makes over the whole prompt: never a mean of the parts' means.
+
+    Args:
+        parts: ``(batch, tokens_i)`` similarities (:func:`squeeze_token_similarities`), at least one.
+    """
+    import torch
+
+    if not parts:
+        raise ValueError("no per-token similarities to average")
+    similarities = parts[0] if len(parts) == 1 else torch.cat(list(parts), dim=-1)
+    return SqueezeStatistic(float(similarities.mean()))
+
+
 def squeeze_layer_statistic(residual_in: torch.Tensor, attention_output: torch.Tensor) -> SqueezeStatistic:
     """SqueezeAttention's similarity of one layer: how little its attention turns the residual stream.
 
@@ -118,22 +171,7 @@ def squeeze_layer_statistic(residual_in: torch.Tensor, attention_output: torch.T
     Raises:
         ValueError: if the shapes differ, are not 3-D, have no token, or hold non-finite values.
     """
-    import torch
-
-    if residual_in.dim() != 3 or residual_in.shape != attention_output.shape:
-        raise ValueError(
-            "residual_in and attention_output must both be (batch, tokens, hidden), got shapes "
-            f"{tuple(residual_in.shape)} and {tuple(attention_output.shape)}"
-        )
-    if residual_in.shape[1] < 1:
-        raise ValueError("residual_in has no token")
-    before = residual_in.detach().to(torch.float64)
-    after = before + attention_output.detach().to(torch.float64)
-    if not bool(torch.isfinite(after).all()) or not bool(torch.isfinite(before).all()):
-        raise ValueError("residual_in and attention_output must be finite")
-    dot = (before * after).sum(dim=-1)
-    norms = before.norm(dim=-1).clamp_min(COSINE_EPS) * after.norm(dim=-1).clamp_min(COSINE_EPS)
-    return SqueezeStatistic(float((dot / norms).mean()))
+    return squeeze_statistic_of_similarities([squeeze_token_similarities(residual_in, attention_output)])
 
 
 def _mean(values: np.ndarray) -> float:
@@ -242,6 +280,23 @@ class SqueezeAttentionRule(PerPromptRule):
     ) -> SqueezeStatistic:
         """:func:`squeeze_layer_statistic` (the caller supplies the decoder layer's input, see there)."""
         return squeeze_layer_statistic(residual_in, attention_output)
+
+    def token_statistic(self, residual_in: torch.Tensor, attention_output: torch.Tensor) -> torch.Tensor:
+        """:func:`squeeze_token_similarities`: the per-token values :meth:`layer_statistic` averages.
+
+        Args:
+            residual_in: the decoder layer's input, ``(batch, tokens, hidden)``.
+            attention_output: its attention output, ``(batch, tokens, hidden)``.
+        """
+        return squeeze_token_similarities(residual_in, attention_output)
+
+    def statistic_from_tokens(self, parts: Sequence[torch.Tensor]) -> SqueezeStatistic:
+        """:func:`squeeze_statistic_of_similarities`: the statistic from every part's :meth:`token_statistic`.
+
+        Args:
+            parts: per-token similarities of consecutive parts of the prompt, in order.
+        """
+        return squeeze_statistic_of_similarities(parts)
 
     def weights(self, similarities: Sequence[float]) -> tuple[Fraction, ...]:
         """Each layer's budget relative to the average: ``p`` in class 3, ``(L - m p) / (L - m)`` elsewhere."""

@@ -1,9 +1,9 @@
 """Per-layer damage: the fidelity loss of compressing one layer alone, for every layer, from one prefill.
 
-The damage of layer ``l`` at budget ``b`` on a prompt is ``fidelity_kl`` exactly as :mod:`ripplekv.evaluation.rows`
-computes it (mean KL(full || candidate) in nats over the full cache's own greedy answer, teacher-forced, float64)
-for a candidate cache in which **only layer l** is compressed (SnapKV's scorer, keeping the tokens SnapKV keeps at
-``b``) and every other layer is the full cache.
+The damage of layer ``l`` at budget ``b`` on a prompt is ``fidelity_kl`` exactly as
+:mod:`ripplekv.evaluation.running.rows` computes it (mean KL(full || candidate) in nats over the full cache's own greedy
+answer, teacher-forced, float64) for a candidate cache in which **only layer l** is compressed (SnapKV's scorer, keeping
+the tokens SnapKV keeps at ``b``) and every other layer is the full cache.
 
 All of it comes from one prefill per prompt. kvpress compresses a layer in a hook that runs *after* the layer's
 attention, so compressing layer ``l`` never changes the hidden states any layer sees during the prefill, nor the
@@ -32,8 +32,8 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.allocation.budgets import BudgetSpec, budget_value
-from ripplekv.evaluation.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
-from ripplekv.evaluation.rows import greedy_agreement
+from ripplekv.evaluation.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv.evaluation.running.rows import greedy_agreement
 from ripplekv.inference.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode
 from ripplekv.inference.shared import NotDerivableError, PrefillRecord, derive_cache, derived_prefill, record_prefill

@@ -1,7 +1,7 @@
 """``ripplekv analyze``: per-layer damage on a suite's prompts, its rank agreement with a profile, oracle profiles.
 
-The prompts are those of ``ripplekv eval`` (:func:`ripplekv.evaluation.runner.build_samples`, same options). Each is
-prefilled once; the full cache's greedy answer is decoded once; then, at every budget, each layer is compressed
+The prompts are those of ``ripplekv eval`` (:func:`ripplekv.evaluation.running.runner.build_samples`, same options).
+Each is prefilled once; the full cache's greedy answer is decoded once; then, at every budget, each layer is compressed
 alone and the answer teacher-forced over that cache (:mod:`ripplekv.analysis.damage`).
 
 Output folder::
@@ -35,10 +35,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.analysis.damage import DAMAGE_METHOD, DamageRunner
 from ripplekv.analysis.report import summarize
-from ripplekv.evaluation.config import EvalConfig
-from ripplekv.evaluation.results import budgets_of, open_results, run_pending
-from ripplekv.evaluation.runner import build_samples, resolve_config
-from ripplekv.evaluation.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
+from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
+from ripplekv.evaluation.running.config import EvalConfig
+from ripplekv.evaluation.running.results import budgets_of, open_results, run_pending
+from ripplekv.evaluation.running.runner import build_samples, resolve_config
 from ripplekv.evaluation.suites import get_suite
 from ripplekv.profiling.damage_profile import make_damage_profile
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic

@@ -23,8 +23,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
 from ripplekv.analysis.tuning_report import summarize_tuning
-from ripplekv.evaluation.results import budgets_of, open_results, run_pending
-from ripplekv.evaluation.runner import build_samples, resolve_config
+from ripplekv.evaluation.running.results import budgets_of, open_results, run_pending
+from ripplekv.evaluation.running.runner import build_samples, resolve_config
 from ripplekv.evaluation.suites import get_suite
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
 

@@ -3,9 +3,10 @@
 RippleKV's budgets come from a profile and two numbers: the disparity ``r`` (multipliers ``r ** s_l``) and the
 clip ``gamma`` (multipliers in ``[1/gamma, gamma]``). This module scores every candidate of a grid -- every given
 profile crossed with every ``r`` and ``gamma`` -- on a suite's prompts, by the fidelity of
-:mod:`ripplekv.evaluation.rows` (mean KL(full || candidate) over the full cache's own greedy answer, teacher-forced,
-float64), picks the candidate with the lowest mean KL on a calibration split, and measures its gain over the
-defaults (the first profile, ``r = 4``, ``gamma = 3``) on the held-out split (:mod:`ripplekv.analysis.tuning_report`).
+:mod:`ripplekv.evaluation.running.rows` (mean KL(full || candidate) over the full cache's own greedy answer,
+teacher-forced, float64), picks the candidate with the lowest mean KL on a calibration split, and measures its gain over
+the defaults (the first profile, ``r = 4``, ``gamma = 3``) on the held-out split
+(:mod:`ripplekv.analysis.tuning_report`).
 
 Per prompt there is one prefill and one decoded answer, shared by every budget and candidate. Each candidate's
 cache is derived from the recorded prefill (:func:`ripplekv.inference.shared.derived_prefill`); candidates whose
@@ -32,9 +33,9 @@ from kvpress import SnapKVPress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, BudgetSpec, budget_value
-from ripplekv.evaluation.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
-from ripplekv.evaluation.rows import greedy_agreement
-from ripplekv.evaluation.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
+from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
+from ripplekv.evaluation.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv.evaluation.running.rows import greedy_agreement
 from ripplekv.inference.batched import batched_teacher_forced_logprobs
 from ripplekv.inference.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode

@@ -1,14 +1,14 @@
 """The summary of ``ripplekv tune``: selection on the calibration split, gains on the held-out split.
 
-Every mean is the report's macro mean (each task's mean, averaged over tasks; :mod:`ripplekv.evaluation.stats`).
-Per budget:
+Every mean is the report's macro mean (each task's mean, averaged over tasks;
+:mod:`ripplekv.evaluation.reporting.stats`). Per budget:
 
 - every candidate's mean KL on the calibration and the held-out prompts (the held-out means are shown, never used
   to choose);
 - ``best``: the candidate with the lowest calibration KL (ties: the earlier candidate in grid order);
 - held-out paired differences, each the macro mean of the per-prompt differences with wins/ties/losses (a win:
   lower KL), the stratified sign-flip permutation test of that macro mean and the interval inverting it
-  (:mod:`ripplekv.evaluation.significance`): ``best - default`` (the gain of tuning), ``best - snapkv`` and
+  (:mod:`ripplekv.evaluation.reporting.significance`): ``best - default`` (the gain of tuning), ``best - snapkv`` and
   ``default - snapkv``; ``best - shared`` (the gain of tuning per budget over the one candidate chosen for all
   budgets). Holm adjusts over the four comparisons of a budget (``family="budget"``, the default) or the twelve of
   all budgets (``family="metric"``); **significant** = Holm-adjusted p < 0.05, and then the interval excludes 0.
@@ -25,18 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv.evaluation.stats import (
-    ALPHA,
+from ripplekv.evaluation.reporting.comparisons import paired_differences
+from ripplekv.evaluation.reporting.significance import (
     DEFAULT_DRAWS,
     DEFAULT_FAMILY,
     FAMILIES,
     TEST_NAME,
-    Bootstrap,
-    Samples,
     SignFlip,
     holm,
-    paired_differences,
 )
+from ripplekv.evaluation.reporting.stats import ALPHA, Bootstrap, Samples
 
 __all__ = [
     "COMPARISONS",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.running.config import EvalConfig
     from ripplekv.profiling import SensitivityProfile
 
 __all__ = [
@@ -203,9 +203,9 @@ def add_fidelity_suite_args(parser: argparse.ArgumentParser, budgets_help: str) 
         budgets_help: the help text of ``--budgets``.
     """
     from ripplekv.analysis.runner import DEFAULT_ANSWER_TOKENS
-    from ripplekv.evaluation import runner
-    from ripplekv.evaluation.config import CHAT_TEMPLATE_MODES
-    from ripplekv.evaluation.metrics import METRICS as EVAL_METRICS
+    from ripplekv.evaluation.running import runner
+    from ripplekv.evaluation.running.config import CHAT_TEMPLATE_MODES
+    from ripplekv.evaluation.tasks.metrics import METRICS as EVAL_METRICS
     from ripplekv.inference import PROTOCOLS
     from ripplekv.presses.registry import DEFAULT_WINDOW
 
@@ -250,7 +250,7 @@ def add_summary_args(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: the subcommand's parser.
     """
-    from ripplekv.evaluation.stats import DEFAULT_RESAMPLES
+    from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES
 
     parser.add_argument(
         "--resamples",
@@ -263,13 +263,13 @@ def add_summary_args(parser: argparse.ArgumentParser) -> None:
 
 
 def fidelity_eval_config(args: argparse.Namespace, profile: str | None) -> EvalConfig:
-    """The :class:`~ripplekv.evaluation.config.EvalConfig` of :func:`add_fidelity_suite_args`' options.
+    """The :class:`~ripplekv.evaluation.running.config.EvalConfig` of :func:`add_fidelity_suite_args`' options.
 
     Args:
         args: the parsed arguments.
         profile: the sensitivity profile path the command compares (None: none).
     """
-    from ripplekv.evaluation.config import DEFAULT_BUDGETS, EvalConfig
+    from ripplekv.evaluation.running.config import DEFAULT_BUDGETS, EvalConfig
 
     return EvalConfig(
         suite=args.suite,

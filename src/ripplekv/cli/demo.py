@@ -6,17 +6,14 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from ripplekv.cli.args import add_model_args, positive_int
-from ripplekv.models import cache_root, load_model, model_identity
-from ripplekv.models.loading import weights_fingerprint
-from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
-from ripplekv.profiling.calibration import default_calibration
-from ripplekv.profiling.haystack import build_needle_prompt
-from ripplekv.profiling.sensitivity import SCORING_VERSION
+
+if TYPE_CHECKING:  # imported where used: ``ripplekv report`` imports this module and no torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from ripplekv.profiling import ProfilingConfig, SensitivityProfile
 
 __all__ = ["DEMO_METHODS", "add_parser", "cached_default_profile", "default_profile_path", "run"]
 
@@ -47,10 +44,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def default_profile_path(model: PreTrainedModel, config: ProfilingConfig) -> Path:
     """Where :func:`cached_default_profile` keeps the profile of ``model`` (architecture, weights, scoring, config)."""
+    from ripplekv.models import cache_root, model_identity
+    from ripplekv.models.loading import weights_fingerprint
+    from ripplekv.profiling import sensitivity
+
     identity = model_identity(model)
     weights = weights_fingerprint(model).removeprefix("sha256:")[:16]
     name = (
-        f"{identity['config_hash'][:16]}-w{weights}-v{SCORING_VERSION}-default"
+        f"{identity['config_hash'][:16]}-w{weights}-v{sensitivity.SCORING_VERSION}-default"
         f"-a{config.alpha}-r{config.repeats}-s{config.seed}.json"
     )
     return cache_root() / "profiles" / name
@@ -64,8 +65,12 @@ def cached_default_profile(
     The cache file is named by the architecture, the weights' fingerprint and the scoring version, so a
     profile measured on other weights of the same architecture, or by an older scoring, is never reused.
     """
-    config = config or ProfilingConfig()
     from tqdm import tqdm
+
+    from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
+    from ripplekv.profiling.calibration import default_calibration
+
+    config = config or ProfilingConfig()
 
     path = default_profile_path(model, config)
     if path.exists():
@@ -95,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
     status."""
     from ripplekv.cli.plots import plot_profile_and_budgets
     from ripplekv.inference import generate_answer
+    from ripplekv.models import load_model
     from ripplekv.presses import make_press
+    from ripplekv.profiling.haystack import build_needle_prompt
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

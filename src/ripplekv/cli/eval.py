@@ -20,7 +20,7 @@ from ripplekv.cli.args import (
     suite_options,
 )
 
-__all__ = ["add_parser", "memory_size", "run"]
+__all__ = ["add_parser", "memory_size", "prefill_chunk_arg", "run"]
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
 
@@ -43,15 +43,37 @@ def memory_size(text: str) -> int:
     return int(size)
 
 
+def prefill_chunk_arg(text: str) -> int | None:
+    """``--prefill-chunk``: an integer >= 1 (tokens per prefill pass) or ``none`` (one pass whatever the length).
+
+    Args:
+        text: e.g. ``"8192"`` or ``"none"``.
+
+    Raises:
+        argparse.ArgumentTypeError: if ``text`` is neither.
+    """
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (tokens per chunk) or none, got {text!r}")
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
-    from ripplekv.evaluation import runner
-    from ripplekv.evaluation.config import CHAT_TEMPLATE_MODES, DECODE_MODES, SCORE_MODES
-    from ripplekv.evaluation.metrics import METRICS as EVAL_METRICS
+    from ripplekv.evaluation.running import runner
+    from ripplekv.evaluation.running.config import CHAT_TEMPLATE_MODES, DECODE_MODES, SCORE_MODES
     from ripplekv.evaluation.suites.jsonl import DEFAULT_JSONL_METRIC, JSONL_MAX_NEW_TOKENS
+    from ripplekv.evaluation.tasks.metrics import METRICS as EVAL_METRICS
     from ripplekv.inference import PROTOCOLS
+    from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
     from ripplekv.presses import METHODS
-    from ripplekv.presses.registry import DEFAULT_WINDOW
+    from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS_WITHOUT_SCORER
+    from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
 
     e = subparsers.add_parser(
         "eval",
@@ -84,6 +106,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=comma_list(str, "methods"),
         default=runner.DEFAULT_METHODS,
         help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)})",
+    )
+    e.add_argument(
+        "--scorers",
+        type=comma_list(str, "scorers"),
+        default=(DEFAULT_SCORER,),
+        help=f"comma-separated token scorers, from {', '.join(SCORERS)} (default {DEFAULT_SCORER}): every method "
+        "built on a scorer runs under each (rows record method and scorer; reports name it method@scorer, the "
+        f"default scorer's plain); {', '.join(METHODS_WITHOUT_SCORER)} run once",
     )
     e.add_argument(
         "--budgets",
@@ -135,6 +165,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="most memory of caches held for one batched decode, e.g. 2GiB (default: one full cache of the "
         "sample): configurations are derived, scored and decoded in groups within it",
+    )
+    e.add_argument(
+        "--prefill-chunk",
+        type=prefill_chunk_arg,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"most tokens per prefill pass (default {DEFAULT_PREFILL_CHUNK}; none: one pass): a longer prompt is "
+        "prefilled in chunks over its growing cache, bounding the prefill's activations by the chunk (the same cache "
+        "up to float rounding; prompts within the chunk run exactly as one pass)",
     )
     e.add_argument(
         "--chat-template",
@@ -197,14 +235,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
     print the summary and return the exit status."""
-    from ripplekv.evaluation import runner
-    from ripplekv.evaluation.runner import EvalConfig, run_eval
+    from ripplekv.evaluation.running import runner
+    from ripplekv.evaluation.running.runner import EvalConfig, run_eval
 
     options = suite_options(args)
     config = EvalConfig(
         suite=args.suite,
         model=args.model,
         methods=tuple(args.methods),
+        scorers=tuple(args.scorers),
         budgets=resolve_budgets(args, runner.DEFAULT_BUDGETS),
         tokens=tuple(args.tokens or ()),
         tasks=args.tasks,
@@ -220,13 +259,14 @@ def run(args: argparse.Namespace) -> int:
         decode=args.decode,
         decode_rows=args.decode_rows,
         decode_memory=args.decode_memory,
+        prefill_chunk=args.prefill_chunk,
         chat_template=args.chat_template,
         options=options,
         oracle_profile=args.oracle_profile,
         strict_profile=args.strict_profile,
     )
     if on_ray(args):
-        from ripplekv.evaluation.distributed import run_eval_ray
+        from ripplekv.evaluation.running.distributed import run_eval_ray
 
         summary = run_eval_ray(config, args.out, args.workers, args.ray_address, progress=not args.no_progress)
     else:

@@ -21,7 +21,7 @@ from ripplekv.cli import allocate, analyze, demo, generate, profile, report, tun
 from ripplekv.cli import eval as evaluate
 from ripplekv.version import __version__
 
-__all__ = ["COMMANDS", "EXAMPLES", "build_parser", "main"]
+__all__ = ["COMMANDS", "EXAMPLES", "JSON_ONLY_COMMANDS", "build_parser", "main"]
 
 EXAMPLES = """examples:
   ripplekv demo
@@ -52,9 +52,17 @@ COMMANDS = {
 }
 """The commands, in the order ``ripplekv --help`` lists them: each module's ``add_parser`` and ``run``."""
 
+JSON_ONLY_COMMANDS = frozenset({"report"})
+"""Commands that read JSON files only and run without importing torch, transformers or kvpress (tested): :func:`main`
+parses them without the other commands' parsers and leaves transformers' logging alone."""
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``ripplekv`` argument parser, with every command of :data:`COMMANDS`."""
+
+def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``ripplekv`` argument parser, with every command of :data:`COMMANDS` (or only ``commands``).
+
+    Args:
+        commands: the names of the commands to add, or None for all of them.
+    """
     parser = argparse.ArgumentParser(
         prog="ripplekv",
         description="RippleKV: per-layer KV-cache budgets from downstream sensitivity profiling.",
@@ -63,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ripplekv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS.values():
-        command.add_parser(sub)
+    for name in COMMANDS if commands is None else commands:
+        COMMANDS[name].add_parser(sub)
     return parser
 
 
@@ -73,12 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ripplekv.distributed import WorkerLostError
     from ripplekv.profiling.haystack import EssayCorpusMissingError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # a JSON-only command parses with its own parser alone: the other commands' options (their choices and
+    # defaults) import torch, transformers and kvpress
+    parser = build_parser([argv[0]] if argv and argv[0] in JSON_ONLY_COMMANDS else None)
     args = parser.parse_args(argv)
-    from transformers.utils import logging as hf_logging
+    if args.command not in JSON_ONLY_COMMANDS:
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()  # the CLI prints its own progress; silence weight-loading bars and warnings
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()  # the CLI prints its own progress; silence weight-loading bars and warnings
+        hf_logging.disable_progress_bar()
     try:
         return COMMANDS[args.command].run(args)
     except (ValueError, OSError, ImportError, EssayCorpusMissingError, WorkerLostError) as err:

@@ -1,7 +1,8 @@
 """What one evaluation sample is (:class:`EvalSample`) and the validators and constants every suite shares.
 
-A leaf module of :mod:`ripplekv.evaluation`: suites, the runner and the rows import it; it imports nothing of the
-package, so the suites never import :mod:`ripplekv.evaluation.config` back.
+A leaf module of :mod:`ripplekv.evaluation` that every subpackage may import (the suites, the runner and the rows,
+the report); it imports nothing of the package, so the suites never import
+:mod:`ripplekv.evaluation.running.config` back.
 """
 
 from __future__ import annotations
@@ -10,12 +11,58 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FULL_BUDGET", "MIN_NEW_TOKENS", "EvalSample", "positive_int"]
+__all__ = [
+    "DEFAULT_SCORER",
+    "FULL_BUDGET",
+    "MIN_NEW_TOKENS",
+    "SCORER_SEPARATOR",
+    "EvalSample",
+    "configuration_name",
+    "positive_int",
+    "row_configuration",
+    "split_configuration",
+]
 
 FULL_BUDGET = 1.0
 """The budget recorded in the ``full`` cache's rows."""
 MIN_NEW_TOKENS = 1
 """Greedy decoding never stops on a stop token before this many new tokens (LongBench pred.py's ``min_length``)."""
+DEFAULT_SCORER = "snapkv"
+"""The token scorer whose configurations keep the method's plain name (``ripplekv.presses.scorers.DEFAULT_SCORER``,
+repeated here so that reading results never imports torch; a test checks the two agree)."""
+SCORER_SEPARATOR = "@"
+
+
+def configuration_name(method: str, scorer: str | None) -> str:
+    """The name a (method, scorer) pair has in reports and on resume: ``method`` under the default scorer (SnapKV)
+    or where the method has no scorer (``scorer`` None), ``method@scorer`` otherwise (``ripplekv@tova``).
+
+    Args:
+        method: the method (its per-layer schedule: ``snapkv`` is the uniform one).
+        scorer: the token scorer's name, or None for a method without one.
+    """
+    return method if scorer is None or scorer == DEFAULT_SCORER else f"{method}{SCORER_SEPARATOR}{scorer}"
+
+
+def split_configuration(name: str) -> tuple[str, str | None]:
+    """``(method, scorer)`` of a configuration name (:func:`configuration_name`); the scorer is None for a plain
+    name, which is the method under the default scorer or a method without one.
+
+    Args:
+        name: a configuration name.
+    """
+    method, sep, scorer = name.partition(SCORER_SEPARATOR)
+    return (method, scorer) if sep else (method, None)
+
+
+def row_configuration(row: Mapping[str, Any]) -> str:
+    """The configuration name of a result row: its ``method`` under its ``scorer`` (rows written before the
+    ``scorer`` field existed ran SnapKV's).
+
+    Args:
+        row: a result row.
+    """
+    return configuration_name(str(row["method"]), row.get("scorer"))
 
 
 def positive_int(name: str, value: object, allow_none: bool = False) -> None:

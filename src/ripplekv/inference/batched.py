@@ -365,7 +365,7 @@ def batched_greedy_decode(
     (``ripplekv_sdpa`` / ``ripplekv_eager``, :func:`ripplekv.models.attention.enable_varlen_attention`): under
     another implementation (FlashAttention, which is kept as loaded) this raises :class:`NotBatchableError`, and
     the caller decodes each cache alone with :func:`~ripplekv.inference.generate.greedy_decode` (exact), as
-    :mod:`ripplekv.evaluation.rows` does.
+    :mod:`ripplekv.evaluation.running.rows` does.
 
     Args:
         model: the model the states were prefilled with.

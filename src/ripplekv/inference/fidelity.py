@@ -7,7 +7,11 @@ token (top-1 agreement). The mean NLL of a gold answer teacher-forced over a cac
 is the same output-level signal RippleKV's profiling measures for perturbed caches (:mod:`ripplekv.profiling`),
 here taken over the positions of the answer.
 
-Everything is float64 (log-softmax of the model's logits cast to float64); no per-position clamping.
+Everything is float64 (log-softmax of the model's logits cast to float64); no per-position clamping. The
+``(positions, vocab)`` float64 rows are computed in blocks of :data:`ROW_BLOCK` rows: each row's log-softmax and each
+row's KL sum reduce along the row alone, so the values are those of the whole-tensor computation bit for bit
+(tested), with temporaries of one block instead of several ``(positions, vocab)`` float64 tensors (on a small model
+with a large vocabulary they outweigh a short prompt's cache).
 """
 
 from __future__ import annotations
@@ -22,7 +26,53 @@ from ripplekv.inference.generate import Prefill
 from ripplekv.inference.module_state import applied_state
 from ripplekv.models.cache import fork_cache
 
-__all__ = ["Fidelity", "fidelity", "mean_nll", "teacher_forced_logprobs"]
+__all__ = ["ROW_BLOCK", "Fidelity", "fidelity", "logprob_rows", "mean_nll", "row_blocks", "teacher_forced_logprobs"]
+
+ROW_BLOCK = 2
+"""Rows of ``(positions, vocab)`` float64 tensors computed at once (see the module docstring)."""
+
+
+def row_blocks(rows: int) -> list[tuple[int, int]]:
+    """``(start, end)`` blocks of :data:`ROW_BLOCK` rows covering ``rows`` rows, none of a single row.
+
+    A lone last row is merged into the block before it (the only block of more rows): a one-row reduction on the
+    CPU may be split across threads along the row (another summation order), where a block of several rows reduces
+    each row whole, as the whole tensor does. A single row in all (``rows == 1``) is the whole tensor.
+
+    Args:
+        rows: number of rows (>= 1).
+    """
+    if rows <= ROW_BLOCK:
+        return [(0, rows)]
+    blocks = [(start, min(start + ROW_BLOCK, rows)) for start in range(0, rows, ROW_BLOCK)]
+    if blocks[-1][1] - blocks[-1][0] == 1:
+        blocks[-2:] = [(blocks[-2][0], rows)]
+    return blocks
+
+
+def logprob_rows(next_logits: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
+    """``log_softmax`` in float64, on the CPU, of ``next_logits`` then the rows of ``logits``.
+
+    The same values as ``torch.log_softmax(torch.cat([next_logits[None], logits]).to("cpu", torch.float64), -1)``,
+    written into one float64 tensor and normalised in place by blocks of rows (:func:`row_blocks`): at most the
+    result and ``logits`` are held at once.
+
+    Args:
+        next_logits: ``(vocab,)`` logits of the first position (the prefill's next token).
+        logits: ``(n, vocab)`` logits of the following positions, or None.
+
+    Returns:
+        ``(1 + n, vocab)`` float64 log-probabilities on the CPU.
+    """
+    vocab = next_logits.shape[-1]
+    rows = 1 + (0 if logits is None else int(logits.shape[0]))
+    out = torch.empty((rows, vocab), dtype=torch.float64, device="cpu")
+    out[0].copy_(next_logits.reshape(vocab))
+    if logits is not None:
+        out[1:].copy_(logits)
+    for start, end in row_blocks(rows):
+        out[start:end] = torch.log_softmax(out[start:end], dim=-1)
+    return out
 
 
 def _check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
@@ -56,7 +106,6 @@ def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequ
     """
     vocab = state.next_logits.shape[-1]
     ids = _check_tokens(tokens, vocab)
-    rows = [state.next_logits.reshape(1, vocab).to("cpu", torch.float64)]
     if len(ids) > 1:
         device = state.next_logits.device
         positions = torch.arange(state.prompt_tokens, state.prompt_tokens + len(ids) - 1, device=device)
@@ -70,8 +119,8 @@ def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequ
             ).logits
         if logits.shape[1] != len(ids) - 1:
             raise ValueError(f"the model returned logits for {logits.shape[1]} of {len(ids) - 1} positions")
-        rows.append(logits[0].to("cpu", torch.float64))
-    return torch.log_softmax(torch.cat(rows, dim=0), dim=-1)
+        return logprob_rows(state.next_logits, logits[0])
+    return logprob_rows(state.next_logits, None)
 
 
 @dataclass(frozen=True)
@@ -124,9 +173,13 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
     ids = _check_tokens(tokens, ref.shape[-1])
     if ref.shape != cand.shape:
         raise ValueError(f"reference {tuple(ref.shape)} and candidate {tuple(cand.shape)} differ in shape")
-    p = ref.exp()
-    terms = torch.where(p > 0, p * (ref - cand), torch.zeros((), dtype=torch.float64, device=p.device))
-    kl = float(terms.sum(dim=-1).mean())
+    sums = torch.empty(ref.shape[0], dtype=torch.float64, device=ref.device)
+    zero = torch.zeros((), dtype=torch.float64, device=ref.device)
+    for start, end in row_blocks(ref.shape[0]):  # the whole tensor's values, one block's temporaries
+        block, other = ref[start:end], cand[start:end]
+        p = block.exp()
+        sums[start:end] = torch.where(p > 0, p * (block - other), zero).sum(dim=-1)
+    kl = float(sums.mean())
     target = torch.tensor(ids, device=cand.device)
     top1 = float((cand.argmax(dim=-1) == target).to(torch.float64).mean())
     return Fidelity(kl=kl, top1=top1, positions=len(ids))

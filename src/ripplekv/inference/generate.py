@@ -13,6 +13,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from ripplekv.inference.module_state import ABSENT, ModuleState, applied_state, attention_modules, capture_state
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_bytes, fork_cache, layer_lengths
+from ripplekv.models.chunked_prefill import check_prefill_chunk, chunk_bounds, prefill_in_chunks
 from ripplekv.presses.registry import check_prompt_length
 
 PROTOCOLS = ("question-aware", "query-agnostic")
@@ -76,6 +77,7 @@ def prefill(
     input_ids: torch.Tensor,
     press: BasePress | None = None,
     cache: DynamicCache | None = None,
+    prefill_chunk: int | None = None,
 ) -> Prefill:
     """Run ``input_ids`` (shape ``(1, n)``) into ``cache`` (a new one by default), compressing with ``press``.
 
@@ -88,10 +90,24 @@ def prefill(
         press: a kvpress press compressing the cache during the pass (None: no compression).
         cache: the cache to fill (written in place); a new ``DynamicCache`` by default. To run tokens after a
             (compressed) context at their true positions use :func:`extend` instead.
+        prefill_chunk: without a press, a prompt longer than this is run in chunks of at most ``prefill_chunk``
+            tokens over the growing cache (:func:`~ripplekv.models.chunked_prefill.prefill_in_chunks`: activations
+            of one chunk; the cache equal to a one-pass prefill's up to float rounding). None (default): one pass.
+            A press compresses each layer inside its one pass (kvpress's hook compresses a first pass only), so
+            with a press a prompt longer than the chunk raises ValueError: record it in chunks and derive the
+            press's cache instead (``derived_prefill(record_prefill(..., prefill_chunk=N), press)`` in
+            :mod:`ripplekv.inference.shared`).
     """
     _check_single(input_ids)
+    chunks = chunk_bounds(int(input_ids.shape[1]), check_prefill_chunk(prefill_chunk))
+    if press is not None and len(chunks) > 1:
+        raise ValueError(
+            f"prefill_chunk={prefill_chunk} would cut the {input_ids.shape[1]}-token prompt into {len(chunks)} passes, "
+            f"but {type(press).__name__} compresses within one pass: prefill it in one pass (prefill_chunk=None), or "
+            "derive its cache from a chunked record (derived_prefill(record_prefill(..., prefill_chunk=N), press))"
+        )
     check_prompt_length(press, input_ids.shape[1])
-    cache = cache if cache is not None else DynamicCache()
+    cache = cache if cache is not None else (DynamicCache() if len(chunks) == 1 else None)
     device = next(model.parameters()).device
     captured: list[ModuleState] = []
     start = time.perf_counter()
@@ -99,7 +115,7 @@ def prefill(
         with capture_state(attention_modules(model), captured), press(model):
             logits = model(input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
     else:
-        logits = model(input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        cache, logits = prefill_in_chunks(model, input_ids.to(device), prefill_chunk, cache)
     return Prefill(cache, logits[0, -1], input_ids.shape[1], time.perf_counter() - start, tuple(captured))
 
 

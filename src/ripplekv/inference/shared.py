@@ -48,6 +48,21 @@ none; ExpectedAttention (query statistics over the prompt) and any press not dec
 :func:`hidden_states_tail` takes the most that a run's presses need, for the caller to pass to
 :func:`record_prefill`; deriving a press that needs more than a record holds raises :class:`NotDerivableError`.
 
+Chunked prefill: a prompt longer than ``prefill_chunk`` (default
+:data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`, 8,192 tokens) is recorded in chunks of at most that
+many tokens over its growing cache, so the prefill holds one chunk's activations on top of the cache instead of the
+whole prompt's. kvpress's hook only acts on a first pass, so :class:`RecordingPress` records each chunk's pass
+itself: the positions of the chunk that fall in the kept tail, their kwargs cut the same way and their attention
+weights. :meth:`RecordingPress.assemble` joins them into the one-pass record: the hidden states and the per-query
+kwargs concatenated over the chunks, each chunk's attention weights and 4D mask padded to the prompt's keys as one
+pass has them (zero weight, masked key), tensors every layer shares joined once. The keys and values are the
+cache the chunks filled (one buffer per layer, :class:`~ripplekv.models.cache.ReservedLayer`). Residual statistics
+are :class:`~ripplekv.allocation.per_prompt.TokenStatistic` values: per-token values of every chunk, reduced once
+over the prompt (SqueezeAttention's mean over tokens, never a mean of chunk means). Since presses score at
+derivation, from the record, chunk boundaries change nothing they see; the record equals a one-pass record up to
+float rounding (tested tensor for tensor, and every derivable method keeps the same tokens), and a prompt within
+the chunk is recorded in one pass, bit for bit as without chunking.
+
 Every compressed cache derived from a record holds new tensors (``gather``) or, for layers a press leaves whole
 (the full cache, AdaKV's masked layers), the record's own tensors by reference. Passes over a derived cache never
 write into the record; :func:`lean_extend`, :func:`lean_greedy_decode` and :func:`lean_teacher_forced_logprobs`
@@ -67,6 +82,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from kvpress import (
     AdaKVPress,
     ExpectedAttentionPress,
@@ -82,17 +98,20 @@ from kvpress import (
 from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
 
+from ripplekv.allocation.per_prompt import TokenStatistic
+from ripplekv.inference.fidelity import logprob_rows
 from ripplekv.inference.generate import Prefill, greedy_decode, prefill
 from ripplekv.inference.module_state import ModuleState, applied_state, capture_state
-from ripplekv.models.cache import KVPair, cache_from_layers, cache_from_tensors, fork_cache
+from ripplekv.models.cache import OverlayLayer, cache_from_tensors, lean_fork
+from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds, prefill_in_chunks
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.registry import check_prompt_length
 from ripplekv.presses.ripplekv_press import RippleKVPress
+from ripplekv.presses.score_memo import ScoreMemo, memoized
 
 __all__ = [
     "HIDDEN_STATES_ATTRIBUTE",
@@ -230,6 +249,7 @@ class PrefillRecord:
     prompt_tokens: int
     seconds: float  # wall time of the recorded prefill
     invalid: str | None = field(default=None, compare=False)  # set when a press wrote into the recorded tensors
+    memo: ScoreMemo = field(default_factory=ScoreMemo, compare=False, repr=False)  # scores shared by derivations
 
     @property
     def hidden_tokens(self) -> int:
@@ -256,9 +276,36 @@ class PrefillRecord:
         return sum(seen.values())
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """What one chunk's pass gave one layer at the prompt positions ``[first, end)`` a chunked record keeps."""
+
+    module: nn.Module
+    first: int
+    end: int
+    hidden_states: torch.Tensor
+    attentions: torch.Tensor | None
+    kwargs: dict[str, Any]
+
+
+def _token_tensors(values: Sequence[Any], pieces: Sequence[_Piece], dim: int) -> bool:
+    """Whether every value is a tensor indexed along ``dim`` by its piece's positions."""
+    for value, piece in zip(values, pieces):
+        if not isinstance(value, torch.Tensor) or value.dim() < (dim + 1 if dim >= 0 else -dim):
+            return False
+        if value.shape[dim] != piece.end - piece.first:
+            return False
+    return True
+
+
 @dataclass
 class RecordingPress(BasePress):
     """A press that compresses nothing and records, per layer, what ``compress`` receives.
+
+    In one pass (a prompt prefilled at once) it records in ``compress``. In a chunked prefill (see
+    :func:`record_prefill`) kvpress's hook compresses the first chunk only, so this press's own hook records every
+    chunk's pass instead (:meth:`begin_chunk` says which positions it runs) and :meth:`assemble` joins the chunks
+    into what one pass would have recorded.
 
     Args:
         hidden_tail: keep the last ``hidden_tail`` positions of the hidden states (and of the kwargs and attention
@@ -269,27 +316,30 @@ class RecordingPress(BasePress):
     hidden_tail: int | None = None
     layers: dict[int, LayerRecord] = field(default_factory=dict)
     _cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+    _chunk: tuple[int, int, int] | None = field(default=None, repr=False)  # (start, end, prompt tokens)
+    _pieces: dict[int, list[_Piece]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         tail = self.hidden_tail
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise ValueError(f"hidden_tail must be an int >= 0 or None, got {tail!r}")
 
-    def _cut(self, tensor: torch.Tensor, dim: int, tail: int) -> torch.Tensor:
-        """The last ``tail`` entries of ``tensor`` along ``dim``, copied once per tensor (shared by the layers)."""
+    def _cut(self, tensor: torch.Tensor, dim: int, start: int) -> torch.Tensor:
+        """``tensor`` from entry ``start`` on along ``dim``, copied once per tensor (shared by the layers)."""
         held = self._cuts.get(id(tensor))
         if held is None or held[0] is not tensor:
-            held = (tensor, tensor.narrow(dim, tensor.shape[dim] - tail, tail).clone())
+            held = (tensor, tensor.narrow(dim, start, tensor.shape[dim] - start).clone())
             self._cuts[id(tensor)] = held
         return held[1]
 
-    def _cut_kwarg(self, key: str, value: Any, tokens: int, tail: int) -> Any:
+    def _cut_kwarg(self, key: str, value: Any, tokens: int, start: int) -> Any:
+        """A kwarg of a pass over ``tokens`` queries, from query ``start`` on where it is indexed by query."""
         if key == "position_embeddings" and isinstance(value, tuple):
-            return tuple(self._cut(t, 1, tail) if t.dim() >= 2 and t.shape[1] == tokens else t for t in value)
+            return tuple(self._cut(t, 1, start) if t.dim() >= 2 and t.shape[1] == tokens else t for t in value)
         if key in ("position_ids", "cache_position") and isinstance(value, torch.Tensor) and value.shape[-1] == tokens:
-            return self._cut(value, value.dim() - 1, tail)
+            return self._cut(value, value.dim() - 1, start)
         if key == "attention_mask" and isinstance(value, torch.Tensor) and value.dim() == 4:
-            return self._cut(value, 2, tail) if value.shape[2] == tokens else value
+            return self._cut(value, 2, start) if value.shape[2] == tokens else value
         return value
 
     def compress(
@@ -308,9 +358,127 @@ class RecordingPress(BasePress):
             hidden_states = hidden_states[:, tokens - tail :].clone()
             if attentions is not None:
                 attentions = attentions[..., tokens - tail :, :].clone()
-            recorded = {key: self._cut_kwarg(key, value, tokens, tail) for key, value in recorded.items()}
+            recorded = {key: self._cut_kwarg(key, value, tokens, tokens - tail) for key, value in recorded.items()}
         self.layers[module.layer_idx] = LayerRecord(module, hidden_states, keys, values, attentions, recorded)
         return keys, values
+
+    # ------------------------------------------------------------------------------------------- chunked prefill
+
+    def begin_chunk(self, start: int, end: int, tokens: int) -> None:
+        """Record the next pass as the chunk ``[start, end)`` of a ``tokens``-token prompt.
+
+        Args:
+            start: the chunk's first prompt position.
+            end: one past its last.
+            tokens: the whole prompt's length.
+        """
+        if not 0 <= start < end <= tokens:
+            raise ValueError(f"chunk [{start}, {end}) is not a non-empty part of a {tokens}-token prompt")
+        self._chunk = (start, end, tokens)
+
+    def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list) -> list:
+        """kvpress's hook in one pass; in a chunked prefill, record this chunk's positions within the tail."""
+        if self._chunk is None:
+            return super().forward_hook(module, input, kwargs, output)
+        start, end, tokens = self._chunk
+        first = start if self.hidden_tail is None else min(end, max(start, tokens - self.hidden_tail))
+        if first == end and end < tokens:  # nothing of this chunk is kept (the last chunk always gives a piece)
+            return output
+        local = first - start
+        hidden = kwargs["hidden_states"]
+        attentions = output[1] if len(output) > 1 else None
+        recorded = {key: value for key, value in kwargs.items() if key not in _NOT_RECORDED}
+        if local:  # copied out, so the chunk's own tensors are freed
+            hidden = hidden[:, local:].clone()
+            if attentions is not None:
+                attentions = attentions[..., local:, :].clone()
+            recorded = {key: self._cut_kwarg(key, value, end - start, local) for key, value in recorded.items()}
+        pieces = self._pieces.setdefault(module.layer_idx, [])
+        pieces.append(_Piece(module, first, end, hidden, attentions, recorded))
+        return output
+
+    def assemble(self, cache: DynamicCache, tokens: int) -> None:
+        """Join the recorded chunks into one :class:`LayerRecord` per layer, over ``cache``'s keys and values.
+
+        The hidden states, the kwargs indexed by query position and the attention weights of the kept positions
+        are concatenated along the query positions. A chunk's attention weights and 4D attention mask span the keys
+        up to its end; they are padded to the prompt's keys as a one-pass prefill has them: zero weight, masked key
+        (``False``, or the dtype's minimum in an additive mask). A chunk whose pass had no mask (its queries see
+        every key up to their own) gets those rows made explicit when another chunk's pass had one. Tensors every
+        layer shares (position embeddings, masks) are joined once and shared. Any other kwarg is the last chunk's.
+
+        Args:
+            cache: the cache the chunked prefill filled.
+            tokens: the prompt's length.
+        """
+        memo: dict[tuple[int, ...], tuple[Any, torch.Tensor]] = {}
+
+        def shared(key: tuple[int, ...], inputs: Any, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+            held = memo.get(key)
+            if held is None:
+                held = (inputs, make())  # the inputs are held so that their ids stay theirs
+                memo[key] = held
+            return held[1]
+
+        def join(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+            if len(parts) == 1:
+                return parts[0]
+            return shared((0, dim, *map(id, parts)), parts, lambda: torch.cat(list(parts), dim=dim))
+
+        def padded(tensor: torch.Tensor, fill: bool | float) -> torch.Tensor:
+            room = tokens - tensor.shape[-1]
+            if not room:
+                return tensor
+            return shared((1, id(tensor)), tensor, lambda: F.pad(tensor, (0, room), value=fill))
+
+        def masked_value(mask: torch.Tensor) -> bool | float:
+            return False if mask.dtype == torch.bool else torch.finfo(mask.dtype).min
+
+        rows_made: dict[tuple[Any, ...], torch.Tensor] = {}
+
+        def visible(piece: _Piece, like: torch.Tensor) -> torch.Tensor:
+            """The mask rows of a pass that had none: query ``p`` sees the keys ``<= p`` (made once, shared)."""
+            key = (piece.first, piece.end, like.dtype, like.device)
+            if key not in rows_made:
+                rows = torch.arange(piece.first, piece.end, device=like.device).unsqueeze(1)
+                allowed = torch.arange(piece.end, device=like.device).unsqueeze(0) <= rows
+                allowed = allowed.view(1, 1, piece.end - piece.first, piece.end)
+                if like.dtype != torch.bool:
+                    allowed = torch.zeros(allowed.shape, dtype=like.dtype, device=like.device).masked_fill(
+                        ~allowed, masked_value(like)
+                    )
+                rows_made[key] = allowed
+            return rows_made[key]
+
+        def join_kwarg(key: str, values: list[Any], pieces: list[_Piece]) -> Any:
+            if all(value is values[0] for value in values):
+                return values[-1]
+            if key == "position_embeddings" and all(isinstance(v, tuple) and len(v) == len(values[-1]) for v in values):
+                parts = [[v[j] for v in values] for j in range(len(values[-1]))]
+                return tuple(join(p, 1) if _token_tensors(p, pieces, 1) else p[-1] for p in parts)
+            if key in ("position_ids", "cache_position") and _token_tensors(values, pieces, -1):
+                return join(values, -1)
+            masks_4d = all(v is None or (isinstance(v, torch.Tensor) and v.dim() == 4) for v in values)
+            if key == "attention_mask" and masks_4d:
+                like = next(v for v in values if v is not None)
+                masks = [visible(p, like) if v is None else v for v, p in zip(values, pieces)]
+                if _token_tensors(masks, pieces, 2):
+                    return join([padded(m, masked_value(like)) for m in masks], 2)
+            return values[-1]
+
+        for index, pieces in sorted(self._pieces.items()):
+            attentions = None
+            if any(p.attentions is not None for p in pieces):
+                if not all(p.attentions is not None for p in pieces):
+                    raise ValueError(f"layer {index} returned attention weights in some chunks of the prefill only")
+                attentions = join([padded(p.attentions, 0.0) for p in pieces], -2)  # type: ignore[arg-type]
+            last = pieces[-1]
+            kwargs = {key: join_kwarg(key, [p.kwargs.get(key) for p in pieces], pieces) for key in last.kwargs}
+            layer = cache.layers[index]
+            hidden = join([p.hidden_states for p in pieces], 1)
+            self.layers[index] = LayerRecord(last.module, hidden, layer.keys, layer.values, attentions, kwargs)
+        self._pieces.clear()
+        self._chunk = None
 
 
 def record_prefill(
@@ -318,8 +486,16 @@ def record_prefill(
     input_ids: torch.Tensor,
     hidden_tail: int | None = None,
     residual_statistics: Mapping[str, Callable[[torch.Tensor, torch.Tensor], Any]] | None = None,
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
 ) -> PrefillRecord:
     """Prefill ``input_ids`` (shape ``(1, n)``) once, recording every layer's compression inputs.
+
+    A prompt longer than ``prefill_chunk`` is prefilled in chunks of at most ``prefill_chunk`` tokens over the
+    growing cache (:mod:`ripplekv.models.chunked_prefill`), so the prefill's activations are those of one chunk; the
+    record holds what a one-pass prefill's holds (the full cache, the last ``hidden_tail`` hidden states, the
+    kwargs and attention weights cut to them, the residual statistics), joined from the chunks and equal to it up
+    to float rounding: presses derived from it see the same inputs, however the prompt was cut. A prompt within
+    ``prefill_chunk`` is prefilled in one pass, exactly as without chunking.
 
     Args:
         model: the model.
@@ -331,10 +507,28 @@ def record_prefill(
             in each :class:`LayerRecord`'s ``statistics`` under their name: ``fn(residual_in, attention_output)``
             of the decoder layer's input and its attention output, both ``(batch, tokens, hidden)`` (what a
             per-prompt press such as SqueezeAttention reads and a record of the attention's inputs cannot give).
-            Each layer's tensors are released as soon as its statistics are computed.
+            Each layer's tensors are released as soon as its statistics are computed. A chunked prefill needs each
+            to be a :class:`~ripplekv.allocation.per_prompt.TokenStatistic` (per-token values of every chunk,
+            reduced once over the whole prompt; :func:`residual_statistics_of` gives them), else raises ValueError.
+        prefill_chunk: most tokens per prefill pass (an integer >= 1; default
+            :data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`); None: one pass whatever the length.
     """
+    chunk = check_prefill_chunk(prefill_chunk)
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"expected one non-empty unpadded sequence of shape (1, n), got {tuple(input_ids.shape)}")
+    tokens = int(input_ids.shape[1])
+    chunked = len(chunk_bounds(tokens, chunk)) > 1
+    if chunked and residual_statistics:
+        plain = sorted(name for name, fn in residual_statistics.items() if not isinstance(fn, TokenStatistic))
+        if plain:
+            raise ValueError(
+                f"residual statistic(s) {', '.join(plain)} cannot be computed over a prefill in chunks of {chunk} "
+                f"tokens ({tokens} in the prompt): give them as TokenStatistic (per-token values and their "
+                "reduction), or pass prefill_chunk=None"
+            )
     press = RecordingPress(hidden_tail=hidden_tail)
     statistics: dict[int, dict[str, Any]] = {}
+    token_values: dict[int, dict[str, list[torch.Tensor]]] = {}
     handles = []
     if residual_statistics:
         residual: dict[int, torch.Tensor] = {}
@@ -347,15 +541,33 @@ def record_prefill(
             def compute(module: nn.Module, args: tuple, output: Any, index: int = index) -> None:
                 attention = output[0] if isinstance(output, tuple) else output
                 inputs = residual.pop(index)
-                statistics[index] = {name: fn(inputs, attention) for name, fn in residual_statistics.items()}
+                if not chunked:
+                    statistics[index] = {name: fn(inputs, attention) for name, fn in residual_statistics.items()}
+                    return
+                held = token_values.setdefault(index, {})
+                for name, fn in residual_statistics.items():
+                    held.setdefault(name, []).append(fn.per_token(inputs, attention))  # type: ignore[attr-defined]
 
             handles.append(layer.register_forward_pre_hook(keep, with_kwargs=True))
             handles.append(layer.self_attn.register_forward_hook(compute))
     try:
-        state = prefill(model, input_ids, press)
+        if chunked:
+            device = next(model.parameters()).device
+            start = time.perf_counter()
+            with press(model):
+                cache, logits = prefill_in_chunks(
+                    model, input_ids.to(device), chunk, before_chunk=lambda a, b: press.begin_chunk(a, b, tokens)
+                )
+            press.assemble(cache, tokens)
+            next_logits, seconds = logits[0, -1], time.perf_counter() - start
+        else:
+            state = prefill(model, input_ids, press)
+            next_logits, seconds = state.next_logits, state.seconds
     finally:
         for handle in handles:
             handle.remove()
+    for index, held in token_values.items():
+        statistics[index] = {name: residual_statistics[name].reduce(parts) for name, parts in held.items()}  # type: ignore[index,union-attr]
     n_layers = model.config.get_text_config().num_hidden_layers
     missing = [i for i in range(n_layers) if i not in press.layers]
     if missing:
@@ -365,11 +577,15 @@ def record_prefill(
         for i in range(n_layers)
     )
     press._cuts.clear()
-    return PrefillRecord(model, layers, state.next_logits, state.prompt_tokens, state.seconds)
+    return PrefillRecord(model, layers, next_logits, tokens, seconds)
 
 
 def residual_statistics_of(presses: Iterable[BasePress]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], Any]]:
     """The residual-stream statistics a record needs to derive every one of ``presses`` (see :func:`record_prefill`).
+
+    Each is the press's :attr:`~ripplekv.presses.per_prompt_press.PerPromptBudgetPress.residual_statistic`: a
+    :class:`~ripplekv.allocation.per_prompt.TokenStatistic` where the rule's statistic reduces per-token values (so
+    a chunked prefill can compute it), else the plain function.
 
     Args:
         presses: the presses that will be derived from the record.
@@ -377,7 +593,7 @@ def residual_statistics_of(presses: Iterable[BasePress]) -> dict[str, Callable[[
     found: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {}
     for press in presses:
         if getattr(press, "derives_all_layers", False) and press.needs_residual:
-            found[press.schedule.rule.name] = press.recorded_statistic
+            found[press.schedule.rule.name] = press.residual_statistic
     return found
 
 
@@ -435,6 +651,11 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache,
                 "over every press to derive (None keeps them all)"
             )
     press.post_init_from_model(record.model)
+    with memoized(record.memo):  # a scorer's scores (a rule's statistics) computed once per record
+        return _derive(record, press)
+
+
+def _derive(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache, tuple[ModuleState, ...]]:
     if getattr(press, "derives_all_layers", False):  # statistics of every layer first, then every layer's budget
         versions = [_tensor_versions(layer) for layer in record.layers]
         pairs = press.derive(record.layers, record.model.config)
@@ -499,72 +720,6 @@ def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, f
     return prefill_state, seconds
 
 
-class OverlayLayer(DynamicLayer):
-    """A cache layer over another layer's tensors, held by reference, with the tokens appended since kept apart.
-
-    ``update`` appends the new tokens to the layer's own (short) tensors and returns the whole layer, base then
-    appended, as a new tensor it does not keep. A pass therefore allocates one layer's concatenation at a time and
-    frees it after that layer's attention, where a ``DynamicLayer`` fork (``torch.cat`` into its own storage)
-    keeps a copy of every layer, one more full cache for a pass over the full cache, for as long as the fork
-    lives. Attention receives the same tensors either way, under any attention implementation (each step also
-    copies the layer once, as ``DynamicLayer.update`` does).
-
-    Args:
-        keys, values: the base layer's ``(batch, kv_heads, n, head_dim)`` tensors (never written).
-        appended: tokens appended after them, as ``(keys, values)`` (default: none).
-    """
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, appended: KVPair | None = None) -> None:
-        super().__init__()
-        self.lazy_initialization(keys, values)
-        self.base_keys, self.base_values = keys, values
-        if appended is None:
-            empty = (*keys.shape[:2], 0)
-            appended = (keys.new_empty((*empty, keys.shape[3])), values.new_empty((*empty, values.shape[3])))
-        self.keys, self.values = appended
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        return self.whole()
-
-    def whole(self) -> KVPair:
-        """The layer's keys and values, base then appended (a new tensor when tokens were appended)."""
-        if not self.keys.shape[-2]:
-            return self.base_keys, self.base_values
-        return torch.cat([self.base_keys, self.keys], dim=-2), torch.cat([self.base_values, self.values], dim=-2)
-
-    def get_seq_length(self) -> int:
-        return int(self.base_keys.shape[-2] + self.keys.shape[-2])
-
-    def fork(self) -> OverlayLayer:
-        """A new layer over the same base and appended tensors (by reference)."""
-        return OverlayLayer(self.base_keys, self.base_values, (self.keys, self.values))
-
-
-def lean_fork(cache: DynamicCache) -> DynamicCache:
-    """A fork of ``cache`` that holds its tensors by reference and what a pass appends apart (no copy).
-
-    ``DynamicLayer`` and :class:`OverlayLayer` layers become :class:`OverlayLayer`; any other layer (a sliding
-    window's, which crops itself) is forked as :func:`~ripplekv.models.cache.fork_cache` forks it, the exact
-    copying path. Running over the fork never changes ``cache``.
-
-    Args:
-        cache: the cache to fork.
-    """
-    layers: list[DynamicLayer] = []
-    for layer in cache.layers:
-        if type(layer) is DynamicLayer:
-            layers.append(OverlayLayer(layer.keys, layer.values))
-        elif isinstance(layer, OverlayLayer):
-            layers.append(layer.fork())
-        else:
-            layers.append(fork_cache(cache_from_layers([layer])).layers[0])
-    return cache_from_layers(layers)
-
-
 def _positions(state: Prefill, count: int) -> torch.Tensor:
     start = state.prompt_tokens
     return torch.arange(start, start + count, device=state.next_logits.device)
@@ -617,20 +772,18 @@ def lean_teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens:
     ids = [int(t) for t in tokens]
     if not ids or any(not 0 <= t < vocab for t in ids):
         raise ValueError(f"tokens must be a non-empty sequence of ids in [0, {vocab})")
-    rows = [state.next_logits.reshape(1, vocab).to("cpu", torch.float64)]
-    if len(ids) > 1:
-        positions = _positions(state, len(ids) - 1)
-        with applied_state(model, state.attention_state):
-            logits = model(
-                torch.tensor([ids[:-1]], device=positions.device),
-                past_key_values=lean_fork(state.cache),
-                use_cache=True,
-                cache_position=positions,
-                position_ids=positions.unsqueeze(0),
-            ).logits
-        rows.append(logits[0].to("cpu", torch.float64))
-        del logits
-    return torch.log_softmax(torch.cat(rows, dim=0), dim=-1)
+    if len(ids) == 1:
+        return logprob_rows(state.next_logits, None)
+    positions = _positions(state, len(ids) - 1)
+    with applied_state(model, state.attention_state):
+        logits = model(
+            torch.tensor([ids[:-1]], device=positions.device),
+            past_key_values=lean_fork(state.cache),
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+        ).logits
+    return logprob_rows(state.next_logits, logits[0])
 
 
 @torch.no_grad()

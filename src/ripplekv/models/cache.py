@@ -4,6 +4,11 @@ A transformers ``DynamicCache`` grows by concatenation (``torch.cat`` allocates 
 whose layers *reference* the tensors of a prefilled cache can be run over and extended without ever
 writing into the prefill. This is how profiling runs many continuations over one prefill, and how one
 prefill can feed several compressed caches.
+
+:class:`OverlayLayer` (and :func:`lean_fork`) goes one step further: it keeps the cache it runs over by reference
+and the tokens a pass appends apart, so a pass over the fork never holds a second copy of the cache.
+:class:`ReservedLayer` is the cache of a prompt prefilled in chunks: one buffer per layer, the prompt's size,
+written chunk by chunk.
 """
 
 from __future__ import annotations
@@ -123,4 +128,111 @@ def fork_cache(cache: DynamicCache) -> DynamicCache:
                 "DynamicSlidingWindowLayer append without writing into their tensors"
             )
         layers.append(copy.copy(layer))
+    return cache_from_layers(layers)
+
+
+class ReservedLayer(DynamicLayer):
+    """A cache layer that reserves room for ``tokens`` tokens on its first update and writes every update into it.
+
+    For a prompt of known length run in chunks (:func:`ripplekv.models.chunked_prefill.prefill_in_chunks`): each
+    layer holds one buffer of the prompt's size from the first chunk on, instead of a ``DynamicLayer``'s
+    concatenation per chunk (a new copy of the layer each time, and on an accelerator a caching allocator left with
+    blocks of every intermediate size). ``keys`` and ``values`` are views of the buffers up to the tokens written;
+    after the last chunk they are the whole buffers. The buffers are made with ``new_empty`` from the first update's
+    tensors (their device and dtype).
+
+    Args:
+        tokens: the room, in tokens (>= 1).
+    """
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__()
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
+        self.tokens = tokens
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._key_buffer is None or self._value_buffer is None:
+            self.lazy_initialization(key_states, value_states)
+            self._key_buffer = key_states.new_empty((*key_states.shape[:2], self.tokens, key_states.shape[3]))
+            self._value_buffer = value_states.new_empty((*value_states.shape[:2], self.tokens, value_states.shape[3]))
+            start = 0
+        else:
+            start = int(self.keys.shape[-2])
+        end = start + int(key_states.shape[-2])
+        if end > self.tokens:
+            raise ValueError(f"reserved cache layer holds {self.tokens} tokens, {end} needed")
+        self._key_buffer[..., start:end, :].copy_(key_states)
+        self._value_buffer[..., start:end, :].copy_(value_states)
+        self.keys, self.values = self._key_buffer[..., :end, :], self._value_buffer[..., :end, :]
+        return self.keys, self.values
+
+
+class OverlayLayer(DynamicLayer):
+    """A cache layer over another layer's tensors, held by reference, with the tokens appended since kept apart.
+
+    ``update`` appends the new tokens to the layer's own (short) tensors and returns the whole layer, base then
+    appended, as a new tensor it does not keep. A pass therefore allocates one layer's concatenation at a time and
+    frees it after that layer's attention, where a ``DynamicLayer`` fork (``torch.cat`` into its own storage)
+    keeps a copy of every layer, one more full cache for a pass over the full cache, for as long as the fork
+    lives. Attention receives the same tensors either way, under any attention implementation (each step also
+    copies the layer once, as ``DynamicLayer.update`` does).
+
+    Args:
+        keys, values: the base layer's ``(batch, kv_heads, n, head_dim)`` tensors (never written).
+        appended: tokens appended after them, as ``(keys, values)`` (default: none).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, appended: KVPair | None = None) -> None:
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.base_keys, self.base_values = keys, values
+        if appended is None:
+            empty = (*keys.shape[:2], 0)
+            appended = (keys.new_empty((*empty, keys.shape[3])), values.new_empty((*empty, values.shape[3])))
+        self.keys, self.values = appended
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        return self.whole()
+
+    def whole(self) -> KVPair:
+        """The layer's keys and values, base then appended (a new tensor when tokens were appended)."""
+        if not self.keys.shape[-2]:
+            return self.base_keys, self.base_values
+        return torch.cat([self.base_keys, self.keys], dim=-2), torch.cat([self.base_values, self.values], dim=-2)
+
+    def get_seq_length(self) -> int:
+        return int(self.base_keys.shape[-2] + self.keys.shape[-2])
+
+    def fork(self) -> OverlayLayer:
+        """A new layer over the same base and appended tensors (by reference)."""
+        return OverlayLayer(self.base_keys, self.base_values, (self.keys, self.values))
+
+
+def lean_fork(cache: DynamicCache) -> DynamicCache:
+    """A fork of ``cache`` that holds its tensors by reference and what a pass appends apart (no copy).
+
+    ``DynamicLayer`` and :class:`OverlayLayer` layers become :class:`OverlayLayer`; any other layer (a sliding
+    window's, which crops itself) is forked as :func:`fork_cache` forks it, the exact copying path. Running over the
+    fork never changes ``cache``.
+
+    Args:
+        cache: the cache to fork.
+    """
+    layers: list[DynamicLayer] = []
+    for layer in cache.layers:
+        if type(layer) is DynamicLayer:
+            layers.append(OverlayLayer(layer.keys, layer.values))
+        elif isinstance(layer, OverlayLayer):
+            layers.append(layer.fork())
+        else:
+            layers.append(fork_cache(cache_from_layers([layer])).layers[0])
     return cache_from_layers(layers)

@@ -1,20 +1,42 @@
-"""KV-cache presses: per-layer budget schedules (SnapKV, PyramidKV, RippleKV, head-wise too), one name per method."""
+"""KV-cache presses: per-layer budget schedules (SnapKV, PyramidKV, RippleKV, head-wise too), one name per method.
 
-from ripplekv.presses.full_press import FullPress
-from ripplekv.presses.global_layers_press import GlobalLayersPress
-from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
-from ripplekv.presses.layer_budget_press import LayerBudgetPress
-from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHOD_DESCRIPTIONS, METHODS, make_press
-from ripplekv.presses.ripplekv_press import RippleKVPress
+The names below are resolved on first use (PEP 562), so importing a torch-free module of the package
+(:mod:`~ripplekv.presses.descriptions`, read by ``ripplekv report``) does not import kvpress or torch.
+"""
 
-__all__ = [
-    "FRACTION_ONLY_METHODS",
-    "METHODS",
-    "METHOD_DESCRIPTIONS",
-    "FullPress",
-    "GlobalLayersPress",
-    "LayerBudgetAdaPress",
-    "LayerBudgetPress",
-    "RippleKVPress",
-    "make_press",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "FRACTION_ONLY_METHODS": "ripplekv.presses.registry",
+    "METHODS": "ripplekv.presses.registry",
+    "METHOD_DESCRIPTIONS": "ripplekv.presses.descriptions",
+    "FullPress": "ripplekv.presses.full_press",
+    "GlobalLayersPress": "ripplekv.presses.global_layers_press",
+    "LayerBudgetAdaPress": "ripplekv.presses.layer_budget_ada_press",
+    "LayerBudgetPress": "ripplekv.presses.layer_budget_press",
+    "RippleKVPress": "ripplekv.presses.ripplekv_press",
+    "make_press": "ripplekv.presses.registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use.
+
+    Args:
+        name: the attribute looked up on the package.
+    """
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ripplekv.presses' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -32,6 +32,7 @@ from ripplekv.allocation.budgets import kept_ratio
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule, scorer_at_ratio
+from ripplekv.presses.score_memo import token_scores
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv.validation import is_real
 
@@ -231,7 +232,7 @@ class LayerBudgetAdaPress(BasePress):
         n_kept = self._layer_count(module, k_len)
         ratio = 0.0 if n_kept is None else kept_ratio(max(1, min(n_kept, k_len)), k_len)
         scorer = scorer_at_ratio(self.press, ratio)
-        return scorer.score(module, hidden_states, keys, values, attentions, kwargs)
+        return token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs)
 
     def compress(
         self,

@@ -15,6 +15,7 @@ from ripplekv.allocation.budgets import kept_ratio
 from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
+from ripplekv.presses.score_memo import token_scores
 from ripplekv.validation import is_integer
 
 __all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_padding", "scorer_at_ratio"]
@@ -245,7 +246,7 @@ class LayerBudgetPress(BasePress):
         if n_kept >= k_len:
             return keys, values
         scorer = scorer_at_ratio(self.press, kept_ratio(n_kept, k_len))  # a copy: the caller's press is untouched
-        scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
+        scores = token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs)
         indices = scores.topk(n_kept, dim=-1).indices
         indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
         return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()

@@ -39,10 +39,11 @@ from kvpress.utils import extract_keys_and_values
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ripplekv.allocation.per_prompt import PerPromptSchedule
+from ripplekv.allocation.per_prompt import PerPromptSchedule, TokenStatistic
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.layer_budget_press import check_compressible
+from ripplekv.presses.score_memo import layer_statistic, token_scores
 from ripplekv.validation import is_integer
 
 __all__ = ["RESIDUAL_STATISTICS", "PerPromptBudgetPress", "select_top"]
@@ -173,6 +174,24 @@ class PerPromptBudgetPress(BasePress):
             recorded: inputs computed while the prefill ran (``residual_in``, ``attention_output``).
         """
         rule = self.schedule.rule  # type: ignore[union-attr]
+
+        def compute() -> Any:
+            return self._statistic(module, hidden_states, keys, values, kwargs, recorded)
+
+        if RESIDUAL_STATISTICS & set(rule.statistic_inputs):  # inputs recorded while prefilling: not memoised
+            return compute()
+        return layer_statistic((repr(rule), self.window), module, keys, compute)
+
+    def _statistic(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        kwargs: Mapping[str, Any],
+        recorded: Mapping[str, Any] | None,
+    ) -> Any:
+        rule = self.schedule.rule  # type: ignore[union-attr]
         inputs: list[Any] = []
         for name in rule.statistic_inputs:
             if name == "window_attention":
@@ -198,7 +217,7 @@ class PerPromptBudgetPress(BasePress):
         kwargs: Mapping[str, Any],
     ) -> torch.Tensor:
         """The scorer's token scores of one layer, ``(batch, kv_heads, tokens)``."""
-        return self.press.score(module, hidden_states, keys, values, attentions, dict(kwargs))
+        return token_scores(self.press, module, hidden_states, keys, values, attentions, dict(kwargs))
 
     def budgets(self, stats: Sequence[Any], config: PretrainedConfig, prompt_tokens: int) -> dict[int, int]:
         """Tokens kept by each compressed layer (a dict by layer index), from every compressed layer's statistic."""
@@ -307,6 +326,21 @@ class PerPromptBudgetPress(BasePress):
     def recorded_statistic(self, residual_in: torch.Tensor, attention_output: torch.Tensor) -> Any:
         """The statistic of a rule that reads the residual stream, computed while a record's prefill runs."""
         return self.schedule.rule.layer_statistic(residual_in, attention_output)  # type: ignore[union-attr]
+
+    @property
+    def residual_statistic(self) -> TokenStatistic | Callable[[torch.Tensor, torch.Tensor], Any]:
+        """What a prefill record computes for this press's residual-stream rule (see ``record_prefill``).
+
+        A :class:`~ripplekv.allocation.per_prompt.TokenStatistic` when the rule reduces per-token values (it has
+        ``token_statistic`` and ``statistic_from_tokens``, as SqueezeAttention's mean over tokens), which a prefill
+        in chunks accumulates over the whole prompt; else :meth:`recorded_statistic` alone (one-pass prefills only).
+        """
+        rule = self.schedule.rule  # type: ignore[union-attr]
+        per_token = getattr(rule, "token_statistic", None)
+        reduce = getattr(rule, "statistic_from_tokens", None)
+        if per_token is None or reduce is None:
+            return self.recorded_statistic
+        return TokenStatistic(self.recorded_statistic, per_token, reduce)
 
     def __deepcopy__(self, memo: dict) -> PerPromptBudgetPress:
         clone = copy.copy(self)

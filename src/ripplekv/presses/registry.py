@@ -41,6 +41,7 @@ from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
+from ripplekv.presses.scorers import make_scorer
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 from ripplekv.profiling.profile import SensitivityProfile
 
@@ -49,6 +50,11 @@ DEFAULT_WINDOW = 64
 
 FRACTION_ONLY_METHODS: tuple[str, ...] = ("streamingllm", "pyramidkv-kvpress", "adakv")
 """kvpress's own presses: configured by ``compression_ratio``, they take a kept fraction, not ``tokens``."""
+
+METHODS_WITHOUT_SCORER: tuple[str, ...] = ("full", "streamingllm", "pyramidkv-kvpress")
+"""Methods with no token scorer to replace: they run once whatever scorers an evaluation names."""
+_NO_SCORER = frozenset(METHODS_WITHOUT_SCORER)
+
 
 DEFAULT_PRESS_BUDGET = 1.0
 """The kept fraction of :func:`make_press` given neither ``budget`` nor ``tokens`` (nothing is compressed)."""
@@ -146,24 +152,6 @@ _BUILDERS: dict[str, Callable[..., BasePress]] = {
 
 METHODS: tuple[str, ...] = tuple(_BUILDERS)
 
-METHOD_DESCRIPTIONS: dict[str, str] = {
-    "full": "full cache (no compression)",
-    "streamingllm": "StreamingLLM (kvpress): attention sinks + recent tokens, uniform budgets",
-    "snapkv": "SnapKV scorer, uniform per-layer budgets",
-    "pyramidkv": "SnapKV scorer, PyramidKV schedule (authors' code: linear in depth, beta 20), SnapKV's total",
-    "pyramidkv-kvpress": "kvpress 0.5.5 PyramidKVPress (falls back to uniform when prompt x budget / 20 < window)",
-    "adakv": "AdaKV (kvpress): SnapKV scores, head-wise budgets within each layer (keys masked, not freed)",
-    "ripplekv": "SnapKV scorer, RippleKV budgets from the profile's downstream-KL scores",
-    "ripplekv-local": "SnapKV scorer, RippleKV budgets from the profile's local signal (ablation)",
-    "ripplekv-ada": "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
-    ORACLE_METHOD: "SnapKV scorer, RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
-    "cake": "SnapKV scorer, CAKE budgets per prompt (window attention's entropy x variance per layer), SnapKV's total",
-    "squeezeattention": "SnapKV scorer, SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
-    "dynamickv": "SnapKV scorer, DynamicKV budgets per prompt (global top-k of window attention over layers)",
-    "lava": "SnapKV scorer, LAVa budgets per prompt (value-weighted entropy of window attention per layer)",
-}
-"""One line per method name: what it computes (used by reports so every table says which is which)."""
-
 
 def selection_window(press: BasePress | None) -> int:
     """The observation window a press needs at the end of the prompt (0 if none), its wrapped press's included."""
@@ -194,9 +182,9 @@ def make_press(
     strict_profile: bool = False,
     *,
     tokens: int | None = None,
-    scorer: ScorerPress | None = None,
+    scorer: ScorerPress | str | None = None,
 ) -> BasePress:
-    """Build the press of a method by name (see :data:`METHOD_DESCRIPTIONS`).
+    """Build the press of a method by name (see :data:`~ripplekv.presses.descriptions.METHOD_DESCRIPTIONS`).
 
     Args:
         name: one of :data:`METHODS`: ``full``; ``snapkv``, ``pyramidkv``, ``ripplekv`` and ``ripplekv-local``
@@ -219,11 +207,12 @@ def make_press(
         tokens: instead of ``budget``, the average number of tokens kept per layer (an integer ``>= 1``; keyword
             only). Taken by every method but kvpress's own presses (:data:`FRACTION_ONLY_METHODS`); validated, then
             ignored, by ``full``.
-        scorer: the token scorer (any kvpress ``ScorerPress``, keyword only) of every method built on a scorer:
-            the schedules (``snapkv``, ``pyramidkv``, ``ripplekv``, ``ripplekv-local``, ``ripplekv-oracle``, the
-            per-prompt ``cake``, ``squeezeattention``, ``dynamickv``, ``lava``), ``adakv`` and ``ripplekv-ada``.
-            Default SnapKV with ``window_size``. ``streamingllm``, ``pyramidkv-kvpress`` and ``full`` take none.
-            Each press gets its own copy, so one scorer can build many presses.
+        scorer: the token scorer (any kvpress ``ScorerPress``, or a name of
+            :data:`~ripplekv.presses.scorers.SCORERS` built with ``window_size``; keyword only) of every method
+            built on a scorer: the schedules (``snapkv``, ``pyramidkv``, ``ripplekv``, ``ripplekv-local``,
+            ``ripplekv-oracle``, the per-prompt ``cake``, ``squeezeattention``, ``dynamickv``, ``lava``), ``adakv``
+            and ``ripplekv-ada``. Default SnapKV with ``window_size``. ``streamingllm``, ``pyramidkv-kvpress`` and
+            ``full`` take none. Each press gets its own copy, so one scorer can build many presses.
 
     Raises:
         ValueError: for an unknown name, a bad budget or window, both ``budget`` and ``tokens``, ``tokens`` for
@@ -241,16 +230,15 @@ def make_press(
     if scorer is not None:
         if key in _NO_SCORER:
             raise ValueError(f"method {name!r} has no token scorer to replace (scorer= applies to {_with_scorer()})")
+        if isinstance(scorer, str):
+            scorer = make_scorer(scorer, window_size)
         if not isinstance(scorer, ScorerPress):
-            raise TypeError(f"scorer must be a kvpress ScorerPress, got {type(scorer).__name__}")
+            raise TypeError(f"scorer must be a kvpress ScorerPress or a scorer name, got {type(scorer).__name__}")
 
     def build_scorer() -> ScorerPress:
         return SnapKVPress(window_size=window_size) if scorer is None else copy.copy(scorer)
 
     return _BUILDERS[key](spec, resolve_profile(profile), window_size, ratio, gamma, bool(strict_profile), build_scorer)
-
-
-_NO_SCORER = frozenset({"full", "streamingllm", "pyramidkv-kvpress"})
 
 
 def _with_scorer() -> str:

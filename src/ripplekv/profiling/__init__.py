@@ -1,22 +1,46 @@
-"""Offline sensitivity profiling: calibration data in, a per-layer SensitivityProfile out."""
+"""Offline sensitivity profiling: calibration data in, a per-layer SensitivityProfile out.
 
-from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet, load_calibration
-from ripplekv.profiling.damage_profile import DAMAGE_KIND, is_damage_profile, make_damage_profile
-from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning, SensitivityProfile
-from ripplekv.profiling.sensitivity import ProfilingConfig, norm_adaptive_noise, profile_model, score_sample
+The names below are resolved on first use (PEP 562), so importing a torch-free module of the package
+(:mod:`~ripplekv.profiling.profile`, :mod:`~ripplekv.profiling.haystack`) does not import torch or transformers.
+"""
 
-__all__ = [
-    "DAMAGE_KIND",
-    "CalibrationSample",
-    "CalibrationSet",
-    "ProfileError",
-    "ProfileWeightsWarning",
-    "ProfilingConfig",
-    "SensitivityProfile",
-    "is_damage_profile",
-    "load_calibration",
-    "make_damage_profile",
-    "norm_adaptive_noise",
-    "profile_model",
-    "score_sample",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "CalibrationSample": "ripplekv.profiling.calibration",
+    "CalibrationSet": "ripplekv.profiling.calibration",
+    "load_calibration": "ripplekv.profiling.calibration",
+    "DAMAGE_KIND": "ripplekv.profiling.damage_profile",
+    "is_damage_profile": "ripplekv.profiling.damage_profile",
+    "make_damage_profile": "ripplekv.profiling.damage_profile",
+    "ProfileError": "ripplekv.profiling.profile",
+    "ProfileWeightsWarning": "ripplekv.profiling.profile",
+    "SensitivityProfile": "ripplekv.profiling.profile",
+    "ProfilingConfig": "ripplekv.profiling.sensitivity",
+    "norm_adaptive_noise": "ripplekv.profiling.sensitivity",
+    "profile_model": "ripplekv.profiling.sensitivity",
+    "score_sample": "ripplekv.profiling.sensitivity",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use.
+
+    Args:
+        name: the attribute looked up on the package.
+    """
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ripplekv.profiling' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

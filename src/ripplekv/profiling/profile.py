@@ -10,11 +10,10 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedModel
-
-from ripplekv.models.identity import cached_weights_fingerprint, model_identity
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PROFILE_FORMAT = "ripplekv-profile/1"
 
@@ -116,6 +115,8 @@ class SensitivityProfile:
         Raises:
             ProfileError: another architecture, or (``strict``) other weights.
         """
+        from ripplekv.models.identity import cached_weights_fingerprint, model_identity  # torch: only with a model
+
         other = model_identity(model)
         if other["config_hash"] != self.model["config_hash"]:
             fields = (

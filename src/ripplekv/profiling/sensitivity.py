@@ -2,9 +2,11 @@
 
 For every calibration sample (a context and its continuation):
 
-1. prefill the context once into a full ``DynamicCache``;
-2. run the continuation over a view of that cache, recording the input hidden states and call arguments of
-   every decoder layer;
+1. prefill the context once into a full ``DynamicCache`` (in chunks of at most ``ProfilingConfig.prefill_chunk``
+   tokens when it is longer, :mod:`ripplekv.models.chunked_prefill`);
+2. run the continuation over a by-reference fork of that cache (:func:`ripplekv.models.cache.lean_fork`: the
+   continuation's tokens are kept apart, the prefill is never copied), recording the input hidden states and call
+   arguments of every decoder layer;
 3. for each layer ``l`` and each noise draw: add norm-adaptive noise to layer ``l``'s cached *Values* only
    (each value vector ``v`` gets ``alpha * ||v|| * u``, ``u`` a uniformly random unit vector, see
    :mod:`ripplekv.profiling.noise`), rerun the continuation **from layer l up** (layers below ``l`` cannot
@@ -39,7 +41,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.models.cache import cache_from_tensors, cache_tensors
+from ripplekv.models.cache import cache_from_tensors, cache_tensors, lean_fork
+from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, prefill_in_chunks
 from ripplekv.models.loading import model_identity, weights_fingerprint
 from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
@@ -109,6 +112,11 @@ class ProfilingConfig:
             model's dtype, over the prefill made in it), ``"float32-head"`` (only the norm and projection) or
             ``"model"`` (the model's dtype throughout; in bfloat16 its rounding is a KL noise above the least
             sensitive layers' scores). The two others exist to measure that (``benchmarks/profile_bf16.py``).
+        prefill_chunk: contexts longer than this are prefilled in chunks of at most ``prefill_chunk`` tokens
+            (:mod:`ripplekv.models.chunked_prefill`: the activations of one chunk, a cache equal to a one-pass
+            prefill's up to float rounding); None: one pass. Contexts within it (default 8,192 tokens) are prefilled
+            exactly as without chunking, so their scores do not depend on it; a longer context's scores differ from a
+            one-pass prefill's by float rounding. Part of the checkpoint key when it is not the default.
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -119,6 +127,7 @@ class ProfilingConfig:
     answer_tokens: int = DEFAULT_ANSWER_TOKENS
     max_continuation_tokens: int | None = None
     precision: str = "float32"
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK
 
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and np.isfinite(self.alpha) and self.alpha >= 0):
@@ -136,6 +145,7 @@ class ProfilingConfig:
             raise ValueError(f"max_continuation_tokens must be an integer >= 1 or None, got {cap!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        check_prefill_chunk(self.prefill_chunk)
 
 
 @torch.no_grad()
@@ -170,20 +180,22 @@ def score_sample(
     layers = list(decoder_of(model).layers)
     n_ctx = context_ids.shape[1]
 
-    prefill = DynamicCache()
-    logits = model(context_ids, past_key_values=prefill, use_cache=True, logits_to_keep=1).logits[:, -1]
+    prefill, logits = prefill_in_chunks(model, context_ids, config.prefill_chunk)
+    logits = logits[:, -1]
     clean = cache_tensors(prefill)
-    if continuation_ids is None:
-        continuation_ids = greedy_continuation(model, prefill, logits, n_ctx, config.answer_tokens)
+    if continuation_ids is None:  # decoded over a by-reference fork: the prefill is never copied
+        continuation_ids = greedy_continuation(model, lean_fork(prefill), logits, n_ctx, config.answer_tokens)
     del prefill
     continuation_ids = continuation_ids.to(device)
     n_cont = continuation_ids.shape[1]
     positions = torch.arange(n_ctx, n_ctx + n_cont, device=device)
 
-    with record_layer_calls(layers) as calls:  # the reference itself is recomputed with the perturbed rows
+    # the reference itself is recomputed with the perturbed rows; the clean pass runs over a by-reference fork, so
+    # its cache (kept by the recorded calls) holds the continuation's own tokens, not a copy of the prefill
+    with record_layer_calls(layers) as calls:
         model(
             continuation_ids,
-            past_key_values=cache_from_tensors(clean),
+            past_key_values=lean_fork(cache_from_tensors(clean)),
             use_cache=True,
             cache_position=positions,
             position_ids=positions.unsqueeze(0),
@@ -295,6 +307,7 @@ def checkpoint_key(
         **({} if config.precision == "float32" else {"precision": config.precision}),
         # the model's own answers follow the prompts' questions, which the set's sha256 leaves out
         **({"questions": _questions_sha256(calibration)} if config.continuation == "model" else {}),
+        **({} if config.prefill_chunk == DEFAULT_PREFILL_CHUNK else {"prefill_chunk": config.prefill_chunk}),
     }
 
 

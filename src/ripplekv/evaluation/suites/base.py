@@ -1,6 +1,6 @@
 """The interface every evaluation suite implements, and helpers the suites share.
 
-A suite turns an :class:`~ripplekv.evaluation.config.EvalConfig` into scored samples: it owns its options (a
+A suite turns an :class:`~ripplekv.evaluation.running.config.EvalConfig` into scored samples: it owns its options (a
 frozen dataclass, validated in ``__post_init__``), its task names, its samples (prompt token ids, answer length,
 stop tokens, metric, gold answer) and the part of ``config.json`` that identifies them. The runner only calls
 these methods, so a new suite is a new :class:`Suite` subclass registered in :mod:`ripplekv.evaluation.suites`.
@@ -18,7 +18,7 @@ from ripplekv.inference.generate import chat_prompt_parts
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.running.config import EvalConfig
     from ripplekv.evaluation.sample import EvalSample
 
 __all__ = [

@@ -8,8 +8,8 @@ Optional fields: ``id`` (or ``_id``; a string or an integer, unique in the file;
 ``all_classes`` (a list of class names, which ``classification_score`` needs). The prompt is the project's
 question-answering prompt (:func:`ripplekv.evaluation.suites.base.prompt_parts`: the chat template when the
 tokenizer has one, else ``context\\n\\nquestion\\nAnswer:``). A prediction's score is the max over ``answers`` of
-the metric (a key of :data:`ripplekv.evaluation.metrics.METRICS`), as LongBench's ``eval.py`` computes it; the gold
-answer for ``gold_nll`` is the first answer. The task is named after the file (its name without ``.jsonl``).
+the metric (a key of :data:`ripplekv.evaluation.tasks.metrics.METRICS`), as LongBench's ``eval.py`` computes it; the
+gold answer for ``gold_nll`` is the first answer. The task is named after the file (its name without ``.jsonl``).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.evaluation.jsonlines import iter_json_lines
-from ripplekv.evaluation.metrics import METRICS
 from ripplekv.evaluation.sample import EvalSample
 from ripplekv.evaluation.suites.base import Suite, prompt_parts, split_prompt
+from ripplekv.evaluation.tasks.jsonlines import iter_json_lines
+from ripplekv.evaluation.tasks.metrics import METRICS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.running.config import EvalConfig
 
 __all__ = ["DEFAULT_JSONL_METRIC", "JSONL_MAX_NEW_TOKENS", "JsonlOptions", "JsonlRecord", "JsonlSuite", "load_jsonl"]
 
@@ -42,7 +42,7 @@ class JsonlOptions:
 
     Args:
         data: the JSONL file; required.
-        metric: the metric, a key of :data:`ripplekv.evaluation.metrics.METRICS` (default ``qa_f1_score``).
+        metric: the metric, a key of :data:`ripplekv.evaluation.tasks.metrics.METRICS` (default ``qa_f1_score``).
     """
 
     data: str | None = None

@@ -1,7 +1,7 @@
 """The LongBench suite: official ``<task>.jsonl`` files run as THUDM/LongBench's ``pred.py`` runs them.
 
 Prompts, middle truncation, the chat-template rule, generation lengths, samsum's newline stop and the metrics are
-:mod:`ripplekv.evaluation.longbench`'s. The gold answer (for ``gold_nll``) is the record's first answer.
+:mod:`ripplekv.evaluation.tasks.longbench`'s. The gold answer (for ``gold_nll``) is the record's first answer.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.evaluation import longbench
 from ripplekv.evaluation.sample import EvalSample, positive_int
 from ripplekv.evaluation.suites.base import Suite, cap_new_tokens, default_max_length
+from ripplekv.evaluation.tasks import longbench
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.running.config import EvalConfig
 
 __all__ = ["LongBenchOptions", "LongBenchSuite"]
 

@@ -17,7 +17,7 @@ from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.running.config import EvalConfig
 
 __all__ = [
     "DEFAULT_NEEDLE_DEPTHS",

@@ -1,4 +1,4 @@
-"""The RULER-style suite: synthetic tasks generated locally from a seed (:mod:`ripplekv.evaluation.ruler`).
+"""The RULER-style suite: synthetic tasks generated locally from a seed (:mod:`ripplekv.evaluation.tasks.ruler`).
 
 Prompt: with the chat template, the chat prompt split at the question; without (a base model, or
 ``--chat-template off``), RULER's layout: the context, a newline, the question and RULER's answer prefix. The gold
@@ -11,15 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.evaluation import ruler
 from ripplekv.evaluation.sample import EvalSample, positive_int
 from ripplekv.evaluation.suites.base import Suite, cap_new_tokens, split_prompt, use_chat_template
+from ripplekv.evaluation.tasks import ruler
 from ripplekv.inference.generate import chat_prompt_parts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv.evaluation.config import EvalConfig
+    from ripplekv.evaluation.running.config import EvalConfig
 
 __all__ = ["DEFAULT_CONTEXT_TOKENS", "DEFAULT_RULER_SAMPLES", "RulerOptions", "RulerSuite"]
 

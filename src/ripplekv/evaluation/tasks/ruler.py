@@ -18,7 +18,8 @@ Prompt layout (as in RULER, split where the question starts)::
 
 :meth:`SyntheticSample.prompt` joins them. Scoring is RULER's ``string_match_all`` / ``string_match_part``
 (:func:`score`); every task here uses ``"all"``, as RULER does for its synthetic tasks. The generators live in
-:mod:`ripplekv.evaluation.ruler_tasks`, the filler text and token accounting in :mod:`ripplekv.evaluation.ruler_text`.
+:mod:`ripplekv.evaluation.tasks.ruler_niah` (needle retrieval) and :mod:`ripplekv.evaluation.tasks.ruler_tasks` (the
+others), the filler text and token accounting in :mod:`ripplekv.evaluation.tasks.ruler_text`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ripplekv.evaluation.ruler_tasks import NIAH_TASKS, OTHER_TASKS, generate_niah
+from ripplekv.evaluation.tasks.ruler_niah import NIAH_TASKS, generate_niah
+from ripplekv.evaluation.tasks.ruler_tasks import OTHER_TASKS
 from ripplekv.profiling.haystack import TextTokenizer
 
 __all__ = ["METRICS", "TASKS", "SyntheticSample", "generate", "generate_suite", "score"]

@@ -27,7 +27,7 @@ tests it, gives its interval from the same test, and adjusts for multiplicity:
   an interval excluding 0 whose p does not survive Holm (the interval is per comparison, the verdict per family).
 
 The BCa bootstrap (:func:`bca_interval`) of the same macro mean is kept alongside for reference
-(:class:`ripplekv.evaluation.stats.Bootstrap`); the verdict never depends on it.
+(:class:`ripplekv.evaluation.reporting.stats.Bootstrap`); the verdict never depends on it.
 
 Only numpy, scipy.special (BCa's normal quantiles) and the standard library: no torch.
 """

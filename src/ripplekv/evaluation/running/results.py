@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv.allocation.budgets import budget_value
+from ripplekv.evaluation.sample import row_configuration
 from ripplekv.profiling.profile import write_json_atomic
 
 __all__ = [
@@ -57,12 +58,12 @@ def complete_samples(
 
     Args:
         rows: result rows (``results.jsonl``).
-        configurations: the (method, budget) pairs every sample of the run gets.
+        configurations: the (configuration name, budget) pairs every sample of the run gets.
     """
     expected = {(str(m), float(b)) for m, b in configurations}
     seen: dict[str, set[tuple[str, float]]] = {}
     for row in rows:
-        seen.setdefault(str(row["sample_id"]), set()).add((str(row["method"]), float(row["budget"])))
+        seen.setdefault(str(row["sample_id"]), set()).add((row_configuration(row), float(row["budget"])))
     complete = {sample for sample, have in seen.items() if expected <= have}
     return [row for row in rows if str(row["sample_id"]) in complete], len(seen) - len(complete)
 
@@ -81,12 +82,13 @@ def sha256_json(data: Any) -> str:
 
 
 def row_key(row: Mapping[str, Any]) -> RowKey:
-    """``(sample_id, method, budget)`` of a row: what identifies it on resume.
+    """``(sample_id, configuration, budget)`` of a row: what identifies it on resume (the configuration is its
+    method under its scorer, :func:`~ripplekv.evaluation.sample.row_configuration`).
 
     Args:
         row: a result row.
     """
-    return (str(row["sample_id"]), str(row["method"]), float(row["budget"]))
+    return (str(row["sample_id"]), row_configuration(row), float(row["budget"]))
 
 
 def _versions() -> dict[str, str]:
@@ -104,8 +106,33 @@ def _versions() -> dict[str, str]:
     }
 
 
+def extends(previous: Mapping[str, Any], resolved: Mapping[str, Any], extendable: Mapping[str, Any]) -> bool:
+    """Whether ``resolved`` is ``previous`` with more values in some of the ``extendable`` list keys.
+
+    Every other key must be equal; an extendable key's saved values must all be among the new ones (a key absent
+    from a configuration holds the default that ``extendable`` gives for it).
+
+    Args:
+        previous: the saved resolved configuration.
+        resolved: the new one.
+        extendable: key -> its value when absent (``{"scorers": ["snapkv"], ...}``).
+    """
+    fixed = (previous.keys() | resolved.keys()) - extendable.keys()
+    if any(previous.get(k) != resolved.get(k) for k in fixed):
+        return False
+    for key, default in extendable.items():
+        old, new = previous.get(key, default), resolved.get(key, default)
+        if not isinstance(old, list) or not isinstance(new, list) or any(value not in new for value in old):
+            return False
+    return True
+
+
 def check_or_write_config(
-    out: Path, resolved: dict[str, Any], sources: dict[str, Any], rows_file: str = RESULTS_FILE
+    out: Path,
+    resolved: dict[str, Any],
+    sources: dict[str, Any],
+    rows_file: str = RESULTS_FILE,
+    extendable: Mapping[str, Any] | None = None,
 ) -> None:
     """Write ``out/config.json``, or check that the one there holds the same resolved configuration.
 
@@ -114,6 +141,11 @@ def check_or_write_config(
         resolved: the resolved configuration (compared key by key on resume).
         sources: where the model, data and profile came from (recorded, not compared).
         rows_file: the name of the folder's rows file (a folder holding one but no config is refused).
+        extendable: list keys a resumed run may extend (key -> its value when absent; see :func:`extends`): a
+            configuration that only adds values to them (another method, budget or scorer over the same samples,
+            model and settings) resumes, keeps every row, and its ``config.json`` is rewritten to the extended
+            configuration, the previous one kept under ``extended_from``. Only for runs whose row identity covers
+            those keys (``eval``'s rows: sample, method under scorer, budget).
 
     Raises:
         ConfigMismatchError: the folder holds another configuration (the message names the keys that differ), an
@@ -128,6 +160,12 @@ def check_or_write_config(
         if not isinstance(saved, dict) or saved.get("format") != CONFIG_FORMAT:
             raise ConfigMismatchError(f"{path} is not a ripplekv eval config: cannot resume into {out}")
         previous = saved.get("config", {})
+        if previous != resolved and extendable and extends(previous, resolved, extendable):
+            history = [*saved.get("extended_from", []), {"config": previous, "created": saved.get("created")}]
+            saved.update(config=resolved, sources=sources, versions=_versions(), extended_from=history)
+            saved["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            write_json_atomic(path, saved)
+            return
         if previous != resolved:
             keys = sorted(k for k in previous.keys() | resolved.keys() if previous.get(k) != resolved.get(k))
             details = "; ".join(
@@ -260,6 +298,7 @@ def open_results(
     sources: dict[str, Any],
     rows_file: str = RESULTS_FILE,
     answers_from: str | None = "full",
+    extendable: Mapping[str, Any] | None = None,
 ) -> RunFolder:
     """Create ``out`` (or check that its ``config.json`` holds ``resolved``), repair its rows file and read what a
     run resumes from.
@@ -270,13 +309,14 @@ def open_results(
         sources: where the model, data and profiles came from (recorded, not compared).
         rows_file: the rows file's name in ``out``.
         answers_from: see :func:`resume_state`.
+        extendable: list keys a resumed run may extend (see :func:`check_or_write_config`).
 
     Raises:
         ConfigMismatchError: ``out`` holds another run (see :func:`check_or_write_config`).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    check_or_write_config(out, resolved, sources, rows_file)
+    check_or_write_config(out, resolved, sources, rows_file, extendable)
     log = ResultsLog(out / rows_file)
     done, answers = resume_state(log.read(repair=True), answers_from)
     return RunFolder(out=out, log=log, done=done, answers=answers)

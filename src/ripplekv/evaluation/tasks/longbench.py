@@ -9,7 +9,7 @@ Protocol, per record:
    rule; ``"on"`` / ``"off"`` apply it to every task / to none: :func:`uses_chat_template`);
 4. greedy decoding for :data:`MAX_NEW_TOKENS` tokens (samsum also stops at a newline: :func:`stop_on_newline`); the
    first generated token is never a stop token (pred.py passes ``min_length`` for samsum; ``ripplekv eval`` does it
-   for every task, see :data:`ripplekv.evaluation.config.MIN_NEW_TOKENS`);
+   for every task, see :data:`ripplekv.evaluation.running.config.MIN_NEW_TOKENS`);
 5. score: :func:`postprocess` (first line for :data:`FIRST_LINE_TASKS`), the max over the answers of the task's
    metric (:data:`TASK_METRIC`), and ``round(100 * mean, 2)`` over the task (:func:`task_score`); LongBench-E also
    reports the mean per length bucket (:func:`task_score_e`).
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.evaluation.jsonlines import iter_json_lines
-from ripplekv.evaluation.longbench_config import (
+from ripplekv.evaluation.tasks.jsonlines import iter_json_lines
+from ripplekv.evaluation.tasks.longbench_config import (
     CHAT_TEMPLATE_MODES,
     ENGLISH_TASKS,
     FIRST_LINE_TASKS,
@@ -36,7 +36,7 @@ from ripplekv.evaluation.longbench_config import (
     PROMPTS,
     TASK_METRIC,
 )
-from ripplekv.evaluation.metrics import METRICS
+from ripplekv.evaluation.tasks.metrics import METRICS
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

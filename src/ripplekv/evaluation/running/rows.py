@@ -1,10 +1,12 @@
 """The result rows of one sample: one recorded prefill, the full cache's answer, then every configuration.
 
-One row per (sample, method, budget), written to ``results.jsonl``:
+One row per (sample, configuration, budget), written to ``results.jsonl``; a configuration is a method under a
+token scorer (:func:`~ripplekv.evaluation.sample.row_configuration`):
 
 ==================  =====================================================================================
 ``sample_id``       the sample (unique in the run); ``task``: its task
-``method``          the method; ``budget``: its budget (1.0 for ``full``)
+``method``          the method (its budget schedule); ``budget``: its budget (1.0 for ``full``)
+``scorer``          the token scorer's name (:mod:`ripplekv.presses.scorers`); null for a method without one
 ``prediction``      the decoded answer text; null for compressed configurations under ``--score fidelity``
 ``score``           the suite's metric on ``prediction`` (higher is better); null where ``prediction`` is
 ``prompt_tokens``   tokens of the whole prompt; ``compressed_tokens``: of the part that was compressed
@@ -47,7 +49,8 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.evaluation.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv.evaluation.running.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv.evaluation.sample import DEFAULT_SCORER, split_configuration
 from ripplekv.evaluation.suites.base import encode
 from ripplekv.inference.batched import (
     DecodeRow,
@@ -71,6 +74,7 @@ from ripplekv.inference.shared import (
     residual_statistics_of,
 )
 from ripplekv.models.cache import cache_bytes
+from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
 
 __all__ = ["SampleRunner", "greedy_agreement"]
 
@@ -113,13 +117,14 @@ class _Pending:
 
 
 class SampleRunner:
-    """Runs the pending configurations of one sample at a time (see :mod:`ripplekv.evaluation.runner`).
+    """Runs the pending configurations of one sample at a time (see :mod:`ripplekv.evaluation.running.runner`).
 
     Args:
         config: the evaluation.
         model: the model (variable-length attention enabled).
         tokenizer: its tokenizer.
-        presses: the press of every (method, budget) of ``config.configurations`` and of ``("full", 1.0)``.
+        presses: the press of every (configuration name, budget) of ``config.configurations`` and of
+            ``("full", 1.0)``.
         on_group: called with the bytes of each group of decode rows right before it is decoded (for tests and
             measurements).
     """
@@ -181,7 +186,7 @@ class SampleRunner:
         if not prefix:
             raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
         ids = torch.tensor([list(prefix)], dtype=torch.long)
-        record = record_prefill(self.model, ids, self.hidden_tail, self.residual_statistics)
+        record = record_prefill(self.model, ids, self.hidden_tail, self.residual_statistics, self.config.prefill_chunk)
         prefill_seconds = record.seconds
         started = time.perf_counter()
         full = self._derive(sample, "full", FULL_BUDGET, record)
@@ -271,7 +276,7 @@ class SampleRunner:
     def _row(
         self,
         sample: EvalSample,
-        method: str,
+        configuration: str,
         budget: float,
         prediction: str | None,
         decoded: list[int] | None,
@@ -280,10 +285,12 @@ class SampleRunner:
         common: dict[str, Any],
         started: float,
     ) -> dict[str, Any]:
+        method, scorer = split_configuration(configuration)
         return {
             "sample_id": sample.id,
             "task": sample.task,
             "method": method,
+            "scorer": None if method in METHODS_WITHOUT_SCORER else scorer or DEFAULT_SCORER,
             "budget": budget,
             "prediction": prediction,
             "score": None if prediction is None else float(sample.score(prediction)),

@@ -1,15 +1,15 @@
 """``ripplekv eval --workers N [--ray-address ADDR]``: the evaluation sharded over Ray actors.
 
 Each actor loads the model once (one GPU each where the cluster has GPUs), builds the presses and the samples
-as :func:`ripplekv.evaluation.runner.run_eval` does, and runs whole samples
-(:class:`~ripplekv.evaluation.rows.SampleRunner`), handing each row to the driver as soon as it is computed. The
+as :func:`ripplekv.evaluation.running.runner.run_eval` does, and runs whole samples
+(:class:`~ripplekv.evaluation.running.rows.SampleRunner`), handing each row to the driver as soon as it is computed. The
 driver reads the profiles and opens the output folder with ``run_eval``'s own steps
-(:func:`~ripplekv.evaluation.runner.load_run_profiles`, :func:`~ripplekv.evaluation.runner.open_run_folder`) and
-alone writes the output folder: the same ``config.json`` (checked against every actor's resolved
-configuration) and the same append-only ``results.jsonl``, a row at a time as rows arrive, in whatever order the
-samples finish. Resuming is the single-process run's: rows already in ``results.jsonl`` are skipped and the
-``full`` row's ``answer_ids`` are reused, so the rows equal a single-process run's (timing fields aside, and given
-the same number of torch threads per process).
+(:func:`~ripplekv.evaluation.running.runner.load_run_profiles`,
+:func:`~ripplekv.evaluation.running.runner.open_run_folder`) and alone writes the output folder: the same
+``config.json`` (checked against every actor's resolved configuration) and the same append-only ``results.jsonl``, a row
+at a time as rows arrive, in whatever order the samples finish. Resuming is the single-process run's: rows already in
+``results.jsonl`` are skipped and the ``full`` row's ``answer_ids`` are reused, so the rows equal a single-process run's
+(timing fields aside, and given the same number of torch threads per process).
 
 A sample whose actor dies is handed out again (to another actor, or to the dead one's replacement) with only the
 configurations the driver has not received yet, and the full cache's answer once its row has arrived; nothing
@@ -38,10 +38,10 @@ from ripplekv.distributed import (
     check_workers,
     ray_session,
 )
-from ripplekv.evaluation.config import EvalConfig
-from ripplekv.evaluation.results import row_key
-from ripplekv.evaluation.rows import SampleRunner
-from ripplekv.evaluation.runner import (
+from ripplekv.evaluation.running.config import EvalConfig
+from ripplekv.evaluation.running.results import row_key
+from ripplekv.evaluation.running.rows import SampleRunner
+from ripplekv.evaluation.running.runner import (
     EvalSummary,
     build_presses,
     build_samples,

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ripplekv.evaluation.reporting.summary import RunSummary, needle_task
 from ripplekv.evaluation.sample import FULL_BUDGET
-from ripplekv.evaluation.summary import RunSummary, needle_task
 
 __all__ = ["write_plots"]
 

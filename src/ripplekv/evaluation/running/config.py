@@ -13,8 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ripplekv.allocation.budgets import BudgetSpec
-from ripplekv.evaluation.sample import FULL_BUDGET, MIN_NEW_TOKENS, EvalSample, positive_int
-from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS
+from ripplekv.evaluation.sample import (
+    DEFAULT_SCORER,
+    FULL_BUDGET,
+    MIN_NEW_TOKENS,
+    EvalSample,
+    configuration_name,
+    positive_int,
+)
+from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
+from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
+from ripplekv.presses.scorers import SCORERS
 
 __all__ = [
     "CHAT_TEMPLATE_MODES",
@@ -54,6 +63,11 @@ class EvalConfig:
         tokens: average token counts kept per layer (integers >= 2: a row stores its budget as one number, and 1
             would read as the fraction 1.0, the full cache's); run after the fractions. Not taken by kvpress's own
             presses (:data:`ripplekv.presses.registry.FRACTION_ONLY_METHODS`).
+        scorers: the token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs
+            under each, a configuration per (method, scorer, budget) named ``method@scorer`` (the default scorer,
+            SnapKV, keeps the plain method name); the methods without a scorer
+            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. Every configuration of a sample
+            is derived from the sample's one prefill.
         tasks: the suite's tasks to run (default: the suite's own default; a suite without tasks refuses them).
         limit: at most this many samples per task; what it counts is the suite's (see each suite).
         profile: sensitivity profile JSON (the ripplekv methods need it).
@@ -82,6 +96,11 @@ class EvalConfig:
             groups within it, each released before the next is derived. None (default): the bytes of one full cache
             of the sample's compressed part. A configuration larger than the bound decodes alone. Like ``decode``
             and ``decode_rows``, not part of the configuration compared on resume.
+        prefill_chunk: most tokens per prefill pass of a sample's shared prefill (an integer >= 1; None: one pass):
+            a longer compressed part is recorded in chunks over its growing cache, bounding the prefill's activations
+            by the chunk (:func:`~ripplekv.inference.shared.record_prefill`). A part within it (default 8,192
+            tokens) is prefilled exactly as in one pass; a longer one differs from one pass by float rounding, so the
+            chunk is part of the configuration compared on resume when some sample is longer than it.
         options: the suite's own options, a mapping of option name (the ``ripplekv eval`` flag with ``_`` for
             ``-``) to value; replaced by the suite's frozen options dataclass, defaults filled in.
     """
@@ -91,6 +110,7 @@ class EvalConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     budgets: tuple[float, ...] = DEFAULT_BUDGETS
     tokens: tuple[int, ...] = ()
+    scorers: tuple[str, ...] = (DEFAULT_SCORER,)
     tasks: tuple[str, ...] | None = None
     limit: int | None = None
     profile: str | None = None
@@ -105,6 +125,7 @@ class EvalConfig:
     decode: str = "batched"
     decode_rows: int | None = None
     decode_memory: int | None = None
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK
     options: Any = field(default_factory=dict)
     oracle_profile: tuple[str, ...] | None = None
     strict_profile: bool = False
@@ -125,6 +146,14 @@ class EvalConfig:
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods contain duplicates: {', '.join(self.methods)}")
         object.__setattr__(self, "tokens", tuple(self.tokens))
+        object.__setattr__(self, "scorers", tuple(self.scorers))
+        if not self.scorers:
+            raise ValueError("no scorers given (the default is snapkv)")
+        unknown = [s for s in self.scorers if s not in SCORERS]
+        if unknown:
+            raise ValueError(f"unknown scorer(s) {', '.join(map(str, unknown))}; choose from {', '.join(SCORERS)}")
+        if len(set(self.scorers)) != len(self.scorers):
+            raise ValueError(f"scorers contain duplicates: {', '.join(self.scorers)}")
         if any(m != "full" for m in self.methods) and not self.budgets and not self.tokens:
             raise ValueError("no budgets given (budgets: kept fractions; tokens: token counts per layer)")
         for budget in self.budgets:
@@ -161,6 +190,7 @@ class EvalConfig:
             raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
         positive_int("decode_rows", self.decode_rows, allow_none=True)
         positive_int("decode_memory", self.decode_memory, allow_none=True)
+        check_prefill_chunk(self.prefill_chunk)
         if self.chat_template not in CHAT_TEMPLATE_MODES:
             modes = ", ".join(CHAT_TEMPLATE_MODES)
             raise ValueError(f"chat_template must be one of {modes}, got {self.chat_template!r}")
@@ -191,11 +221,18 @@ class EvalConfig:
 
     @property
     def configurations(self) -> list[tuple[str, float]]:
-        """The (method, budget) pairs run on every sample: ``full`` once at 1.0, the others at every budget.
+        """The (configuration name, budget) pairs run on every sample: ``full`` once at 1.0, the others at every
+        budget, each method built on a scorer once per scorer (scorer by scorer, in the given order).
 
-        A budget is a number as in the rows (:attr:`budget_values`): a kept fraction ``<= 1`` or a token count
+        A name is :func:`~ripplekv.evaluation.sample.configuration_name`'s (``ripplekv``, ``ripplekv@tova``); a
+        budget is a number as in the rows (:attr:`budget_values`): a kept fraction ``<= 1`` or a token count
         ``> 1`` (an int); :meth:`ripplekv.allocation.BudgetSpec.from_value` reads it back.
         """
         pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
-        pairs += [(m, b) for m in self.methods if m != "full" for b in self.budget_values]
+        for index, scorer in enumerate(self.scorers):
+            for method in self.methods:
+                if method == "full" or (method in METHODS_WITHOUT_SCORER and index > 0):
+                    continue
+                name = method if method in METHODS_WITHOUT_SCORER else configuration_name(method, scorer)
+                pairs += [(name, b) for b in self.budget_values]
         return pairs

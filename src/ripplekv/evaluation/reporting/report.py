@@ -1,4 +1,4 @@
-"""``ripplekv report``: tables, statistics and plots of an evaluation folder (:mod:`~ripplekv.evaluation.runner`).
+"""``ripplekv report``: tables, statistics and plots of an evaluation folder (``ripplekv eval``'s output).
 
 A task's score for one (method, budget) is ``100 * mean`` of its sample scores (LongBench's ``task_score``; RULER's
 string match and needle retrieval alike); the average is the mean over the tasks. Every cell also gives the
@@ -8,15 +8,21 @@ tasks the report adds the official per-length view: each ``_e`` task's score wit
 ``length`` in words: 0-4k, 4-8k, 8k+), averaged over the ``_e`` tasks with samples in that bucket. Rows whose
 ``score`` is null (compressed configurations of a ``--score fidelity`` run) do not enter the score tables.
 
-Statistics (:mod:`~ripplekv.evaluation.stats`, printed by :mod:`~ripplekv.evaluation.tables`): for ``score`` and
-each fidelity metric the rows hold, every (method, budget)'s macro mean with a stratified BCa bootstrap interval,
-each method's paired difference to SnapKV and to the best other method with the stratified sign-flip permutation
-test of its macro mean and the interval inverting it, Holm-adjusted significance over a stated family, and one
-significance line per budget and metric. Strata are the rows' ``task`` (the needle suite's rows form one
-task: its length x depth cells hold too few samples to resample within). A legend says what each method computes.
+Statistics (:mod:`~ripplekv.evaluation.reporting.run_stats` over :mod:`~ripplekv.evaluation.reporting.stats` and
+:mod:`~ripplekv.evaluation.reporting.comparisons`, printed by :mod:`~ripplekv.evaluation.reporting.tables` and
+:mod:`~ripplekv.evaluation.reporting.json_format`): for ``score`` and each fidelity metric the rows hold, every (method,
+budget)'s macro mean with a stratified BCa bootstrap interval, each method's paired difference to SnapKV and to the best
+other method with the stratified sign-flip permutation test of its macro mean and the interval inverting it,
+Holm-adjusted significance over a stated family, and one significance line per budget and metric. Strata are the rows'
+``task`` (the needle suite's rows form one task: its length x depth cells hold too few samples to resample within). A
+legend says what each method computes.
+
+A run over several token scorers (``eval --scorers``) is analysed per scorer
+(:mod:`~ripplekv.evaluation.reporting.by_scorer`): the allocation x scorer matrices, one verdict line per scorer and
+budget, and the statistics of each scorer.
 
 Formats: ``md`` (tables, statistics), ``csv`` (the score tables), ``json`` (everything, for generated READMEs).
-Plots: :mod:`~ripplekv.evaluation.plots`.
+Plots: :mod:`~ripplekv.evaluation.reporting.plots`.
 """
 
 from __future__ import annotations
@@ -24,21 +30,17 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ripplekv.evaluation.reporting.by_scorer import analyse_by_scorer, markdown_by_scorer, row_scorers, scorers_json
+from ripplekv.evaluation.reporting.json_format import format_json
+from ripplekv.evaluation.reporting.run_stats import RunStats, analyse_run
+from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, DEFAULT_FAMILY
+from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES
+from ripplekv.evaluation.reporting.summary import AVERAGE, RunSummary, Timing, load_run, needle_task, summarize
+from ripplekv.evaluation.reporting.tables import legend, markdown_sections, markdown_significance, scorer_legend
 from ripplekv.evaluation.sample import FULL_BUDGET
-from ripplekv.evaluation.stats import DEFAULT_DRAWS, DEFAULT_FAMILY, DEFAULT_RESAMPLES
-from ripplekv.evaluation.summary import RunSummary, Timing, load_run, needle_task, summarize
-from ripplekv.evaluation.tables import (
-    AVERAGE,
-    RunStats,
-    analyse_run,
-    format_json,
-    legend,
-    markdown_sections,
-    markdown_significance,
-)
 
 __all__ = [
     "FORMATS",
@@ -74,12 +76,20 @@ def _md_table(summary: RunSummary, task: str) -> list[str]:
     return lines
 
 
-def format_markdown(summary: RunSummary, stats: RunStats | None = None) -> str:
+def format_markdown(
+    summary: RunSummary,
+    stats: RunStats | None = None,
+    by_scorer: Mapping[str, tuple[RunStats, list[str]]] | None = None,
+) -> str:
     """Markdown: the methods, the significance lines and statistics (with ``stats``), then the score tables.
 
     Args:
         summary: the run's score tables.
-        stats: the run's statistics (:func:`ripplekv.evaluation.tables.analyse_run`), or ``None`` to leave them out.
+        stats: the run's statistics (:func:`ripplekv.evaluation.reporting.run_stats.analyse_run`), or ``None`` to leave
+            them out.
+        by_scorer: a run over several token scorers: each scorer's statistics and methods
+            (:func:`ripplekv.evaluation.reporting.by_scorer.analyse_by_scorer`), printed as the allocation x scorer
+            matrices and one statistics part per scorer (instead of ``stats``).
     """
     lines = [f"# {summary.suite} evaluation: {summary.model} ({summary.protocol})", ""]
     lines.append(
@@ -102,12 +112,21 @@ def format_markdown(summary: RunSummary, stats: RunStats | None = None) -> str:
             f"{t.shared_prefill + t.derived:.1f} s ({t.speedup_estimate:.2f}x, estimated from the logged prefill "
             "times).",
         ]
-    lines += ["", "## Methods", "", *legend(summary.methods)]
-    if stats is not None:
+    if by_scorer:
+        plain = dict.fromkeys(m for _, names in by_scorer.values() for m in names)
+        lines += ["", "## Methods (schedules)", "", *legend(list(plain))]
+        lines += ["", "## Token scorers", "", *scorer_legend(list(by_scorer))]
+        lines += ["", *markdown_by_scorer(by_scorer, summary.budgets)]
+    else:
+        lines += ["", "## Methods", "", *legend(summary.methods)]
+    if stats is not None and not by_scorer:
         lines += ["", *markdown_significance(stats)]
     lines += ["", f"## Average over {len(summary.tasks)} tasks", "", *_md_table(summary, AVERAGE)]
-    if stats is not None:
+    if stats is not None and not by_scorer:
         lines += markdown_sections(stats, summary.methods, summary.budgets)
+    for scorer, (run, names) in (by_scorer or {}).items():
+        suffix = f" (scorer {scorer})"
+        lines += ["", *markdown_significance(run, suffix), *markdown_sections(run, names, summary.budgets, suffix)]
     for group, (n_tasks, n_samples) in summary.group_sizes.items():
         title = f"## {group} words: average over {n_tasks} `_e` tasks ({n_samples} samples)"
         lines += ["", title, "", *_md_table(summary, group)]
@@ -138,13 +157,13 @@ def format_csv(summary: RunSummary) -> str:
 
 
 def write_plots(summary: RunSummary, directory: str | os.PathLike[str]) -> list[Path]:
-    """Write the report's PNG plots into ``directory`` (see :mod:`~ripplekv.evaluation.plots`); their paths.
+    """Write the report's PNG plots into ``directory`` (see :mod:`~ripplekv.evaluation.reporting.plots`); their paths.
 
     Args:
         summary: the run's score tables.
         directory: the output folder (created if needed).
     """
-    from ripplekv.evaluation.plots import write_plots as _write_plots
+    from ripplekv.evaluation.reporting.plots import write_plots as _write_plots
 
     return _write_plots(summary, directory)
 
@@ -179,7 +198,11 @@ def report(
         write_plots(summary, plots)
     if fmt == "csv":
         return format_csv(summary)
-    stats = analyse_run(
-        rows, summary.methods, summary.budgets, metrics, seed=seed, resamples=resamples, draws=draws, family=family
-    )
+    options = {"seed": seed, "resamples": resamples, "draws": draws, "family": family}
+    if len(row_scorers(rows)) > 1:  # statistics per scorer: schedules compared over one scorer at a time
+        by_scorer = analyse_by_scorer(rows, summary.methods, summary.budgets, metrics, **options)
+        if fmt == "md":
+            return format_markdown(summary, None, by_scorer)
+        return format_json(summary, None, scorers_json(by_scorer))
+    stats = analyse_run(rows, summary.methods, summary.budgets, metrics, **options)
     return format_markdown(summary, stats) if fmt == "md" else format_json(summary, stats)

@@ -1,6 +1,6 @@
 """A run's rows summarised: :class:`RunSummary` (mean score per task, method and budget, the timing it logged).
 
-Read by the report, its tables and its plots alike (:mod:`ripplekv.evaluation.report`, ``tables``, ``plots``),
+Read by the report, its tables and its plots alike (:mod:`ripplekv.evaluation.reporting.report`, ``tables``, ``plots``),
 which is why it sits in a module of its own: none of them imports another to get it.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ripplekv.evaluation.longbench import LONGBENCH_E_BUCKETS, length_bucket
-from ripplekv.evaluation.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
-from ripplekv.evaluation.sample import FULL_BUDGET
+from ripplekv.evaluation.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
+from ripplekv.evaluation.sample import DEFAULT_SCORER, FULL_BUDGET, configuration_name, row_configuration
+from ripplekv.evaluation.tasks.longbench import LONGBENCH_E_BUCKETS, length_bucket
 
 __all__ = ["AVERAGE", "RunSummary", "Timing", "load_run", "needle_task", "summarize"]
 
@@ -131,12 +131,16 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
         if task not in tasks:
             tasks.append(task)
         if row.get("score") is not None:  # null: not decoded (``--score fidelity``)
-            samples[task, str(row["method"]), float(row["budget"])].append(float(row["score"]))
+            samples[task, row_configuration(row), float(row["budget"])].append(float(row["score"]))
     if suite == "needle":
         tasks.sort(key=lambda t: needle_cells[t])
     configured = [str(m) for m in settings.get("methods", [])]
-    seen = [m for m in dict.fromkeys(str(row["method"]) for row in rows)]
-    methods = [m for m in configured if m in seen] + [m for m in seen if m not in configured]
+    scorers = [str(s) for s in settings.get("scorers", [DEFAULT_SCORER])]
+    unscored = {str(r["method"]) for r in rows if r.get("scorer", DEFAULT_SCORER) is None}
+    unscored.add("full")
+    names = [m if m in unscored else configuration_name(m, s) for s in scorers for m in configured]  # as the run
+    seen = [m for m in dict.fromkeys(row_configuration(row) for row in rows)]
+    methods = [m for m in dict.fromkeys(names) if m in seen] + [m for m in seen if m not in names]
     if "full" in methods:
         methods.remove("full")
         methods.insert(0, "full")
@@ -154,9 +158,8 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
     expected = None
     sample_count = settings.get("samples", {}).get("count")
     if isinstance(sample_count, int):
-        n_configs = ("full" in configured) + len([m for m in configured if m != "full"]) * len(
-            settings.get("budgets", [])
-        )
+        per_budget = sum(1 if m in unscored else len(scorers) for m in configured if m != "full")
+        n_configs = ("full" in configured) + per_budget * len(settings.get("budgets", []))
         expected = sample_count * n_configs
     groups, group_sizes = _longbench_e_groups(rows) if suite == "longbench" else ({}, {})
     timing = _timing(rows)
@@ -211,7 +214,7 @@ def _longbench_e_groups(
         if not task.endswith("_e") or not isinstance(length, int) or row.get("score") is None:
             continue
         bucket = length_bucket(length)
-        per_task[bucket, task, str(row["method"]), float(row["budget"])].append(float(row["score"]))
+        per_task[bucket, task, row_configuration(row), float(row["budget"])].append(float(row["score"]))
         samples[bucket].add(str(row["sample_id"]))
     by_group: dict[tuple[str, str, float], list[float]] = defaultdict(list)
     tasks: dict[str, set[str]] = defaultdict(set)

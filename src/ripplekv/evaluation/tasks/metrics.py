@@ -2,7 +2,7 @@
 
 Every metric has the signature ``metric(prediction, ground_truth, all_classes=None) -> float`` and scores one
 prediction against ONE ground-truth answer; a sample's score is the max over its answers (see
-:func:`ripplekv.evaluation.longbench.score_record`).
+:func:`ripplekv.evaluation.tasks.longbench.score_record`).
 
 Behaviour follows the official code, including its quirks (documented where they matter):
 

@@ -1,4 +1,5 @@
-"""Filler text for the RULER-style tasks (:mod:`ripplekv.evaluation.ruler`): word lists, token accounting, haystacks.
+"""Filler text for the RULER-style tasks (:mod:`ripplekv.evaluation.tasks.ruler`): word lists, token accounting,
+haystacks.
 
 Every context is sized in tokens of the tokenizer it is generated for. Filler pieces (haystack words or sentences,
 list entries, coded words) are tokenized once and their counts summed to pick a size (:class:`Units`); the whole
@@ -27,6 +28,7 @@ __all__ = [
     "cwe_words",
     "essay_source",
     "fit_context",
+    "fit_with_inserts",
     "needle_source",
     "noise_source",
     "noun_words",
@@ -252,6 +254,41 @@ def fit_context(
             f"with this tokenizer (use context_tokens >= {needed})"
         )
     return best[1], best[2]
+
+
+def fit_with_inserts(
+    tokenizer: TextTokenizer,
+    target: int,
+    task: str,
+    hay: Units,
+    preamble: str,
+    placed: list[tuple[float, str]],
+) -> tuple[str, int]:
+    """The preamble and as much of ``hay`` as fits ``target`` tokens, each ``(depth, text)`` inserted at its depth.
+
+    Args:
+        tokenizer: the tokenizer the context is sized for.
+        target: the context's token budget.
+        task: the task's name (for the error when even the smallest context is too long).
+        hay: the filler units.
+        preamble: the text before the filler.
+        placed: ``(depth, text)`` pairs, each inserted at its relative depth in the filler.
+    """
+    fixed = sum(piece_token_counts(tokenizer, [preamble + "\n", *(" " + text for _, text in placed)]))
+
+    def render(n: int) -> str:
+        inserts = [(hay.insertion_point(depth, n), depth, text) for depth, text in placed]
+        return f"{preamble}\n{hay.text(n, inserts)}"
+
+    return fit_context(
+        tokenizer,
+        target,
+        task,
+        estimate=lambda n: fixed + hay.tokens(n),
+        largest_within=lambda budget: hay.largest_within(budget - fixed),
+        render=render,
+        min_n=max(1, hay.smallest_with(MIN_HAYSTACK_TOKENS)),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The official LongBench v1 configuration tables (THUDM/LongBench ``LongBench/config/*.json`` and ``pred.py`` /
 ``eval.py`` constants), English tasks: prompts, generation lengths, chat-template and post-processing rules, metrics.
 
-Re-exported by :mod:`ripplekv.evaluation.longbench`, which implements the protocol on top of them.
+Re-exported by :mod:`ripplekv.evaluation.tasks.longbench`, which implements the protocol on top of them.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ TASK_METRIC: dict[str, str] = {
     "lcc": "code_sim_score",
     "repobench-p": "code_sim_score",
 }
-"""Task -> metric name (a key of :data:`ripplekv.evaluation.metrics.METRICS`), as in the official ``eval.py``."""
+"""Task -> metric name (a key of :data:`ripplekv.evaluation.tasks.metrics.METRICS`), as in the official ``eval.py``."""
 
 LONGBENCH_E_BUCKETS: tuple[str, ...] = ("0-4k", "4-8k", "8k+")
 """LongBench-E length buckets (``length`` in words: < 4000, < 8000, the rest)."""

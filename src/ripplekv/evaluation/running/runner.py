@@ -15,19 +15,20 @@ budget) cache is derived from that record (AdaKV's head-wise masks included). Th
 
 Decoding never stops at the first generated token (``min_new_tokens=1``, LongBench ``pred.py``'s ``min_length``,
 applied to every task). The full cache is decoded even when ``full`` is not among the methods (it is the
-reference); its row is written only when it is. Rows are described in :mod:`ripplekv.evaluation.rows`.
+reference); its row is written only when it is. Rows are described in :mod:`ripplekv.evaluation.running.rows`.
 
 Protocols: ``question-aware`` (default) prefills and compresses the whole prompt; ``query-agnostic`` prefills and
 compresses the context part only, then runs the question over each derived cache with ``extend``.
 
-Output folder (:mod:`ripplekv.evaluation.results`)::
+Output folder (:mod:`ripplekv.evaluation.running.results`)::
 
     config.json     the resolved configuration (compared on resume), library and dependency versions
     results.jsonl   one row per (sample, method, budget), appended, flushed and fsynced as soon as it finishes
 
 Re-running the same command resumes: rows already in ``results.jsonl`` are skipped, a truncated last line (an
 interrupted write) is dropped and redone, and a folder whose ``config.json`` holds a different configuration is
-refused. An interruption loses at most the configuration in flight.
+refused, but for one that only adds methods, budgets, token counts or scorers (:data:`EXTENDABLE`): that run
+extends the folder, keeping its rows. An interruption loses at most the configuration in flight.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.allocation.budgets import BudgetSpec
-from ripplekv.evaluation.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
-from ripplekv.evaluation.results import (
+from ripplekv.evaluation.running.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
+from ripplekv.evaluation.running.results import (
     CONFIG_FILE,
     RESULTS_FILE,
     ConfigMismatchError,
@@ -56,7 +57,8 @@ from ripplekv.evaluation.results import (
     run_pending,
     sha256_json,
 )
-from ripplekv.evaluation.rows import SampleRunner
+from ripplekv.evaluation.running.rows import SampleRunner
+from ripplekv.evaluation.sample import DEFAULT_SCORER, split_configuration
 from ripplekv.evaluation.suites import SUITES, get_suite
 from ripplekv.evaluation.suites.needle import DEFAULT_NEEDLE_DEPTHS, DEFAULT_NEEDLE_DIGITS, DEFAULT_NEEDLE_LENGTHS
 from ripplekv.evaluation.suites.ruler import DEFAULT_CONTEXT_TOKENS, DEFAULT_RULER_SAMPLES
@@ -85,6 +87,7 @@ __all__ = [
     "ConfigMismatchError",
     "EvalConfig",
     "EvalSample",
+    "EXTENDABLE",
     "EvalSummary",
     "ResultsLog",
     "RunFolder",
@@ -109,7 +112,7 @@ class EvalSummary:
         rows: rows in ``results.jsonl`` at the end.
         new_rows: rows written by this call.
         samples: samples of the run.
-        configurations: (method, budget) pairs per sample.
+        configurations: (configuration name, budget) pairs per sample.
         seconds: wall time of the call.
     """
 
@@ -192,6 +195,7 @@ def resolve_config(
         "methods": list(config.methods),
         "budgets": [float(b) for b in config.budgets],
         **({"tokens": [int(t) for t in config.tokens]} if config.tokens else {}),  # absent: old runs resume
+        **({"scorers": list(config.scorers)} if config.scorers != (DEFAULT_SCORER,) else {}),  # likewise
         "protocol": config.protocol,
         "window_size": config.window_size,
         "max_new_tokens": config.max_new_tokens,
@@ -202,6 +206,10 @@ def resolve_config(
     }
     if oracles:
         resolved["oracle_profile"] = [{"sha256": sha256_json(p.to_dict()), "budget": damage_budget(p)} for p in oracles]
+    agnostic = config.protocol == "query-agnostic"
+    prefilled = (len(s.input_ids[: s.question_start] if agnostic else s.input_ids) for s in samples)
+    if config.prefill_chunk is not None and max(prefilled, default=0) > config.prefill_chunk:
+        resolved["prefill_chunk"] = config.prefill_chunk  # absent where no sample is cut into chunks: same results
     resolved.update(get_suite(config.suite).resolve(config, model))
     resolved["samples"] = {
         "count": len(samples),
@@ -220,8 +228,10 @@ def build_presses(
 ) -> dict[tuple[str, float], BasePress]:
     """The press of every configuration of ``config`` (and of ``("full", 1.0)``), checked against ``model``.
 
-    A configuration's budget is a number as in the rows: a kept fraction (``<= 1``) or a token count (``> 1``),
-    passed to :func:`~ripplekv.presses.registry.make_press` as ``budget=`` or ``tokens=``.
+    A configuration's name is a method or ``method@scorer`` (:func:`~ripplekv.evaluation.sample.split_configuration`:
+    the scorer by name, built with ``config.window_size``); its budget a number as in the rows: a kept fraction
+    (``<= 1``) or a token count (``> 1``), passed to :func:`~ripplekv.presses.registry.make_press` as ``budget=``
+    or ``tokens=``.
 
     Args:
         config: the evaluation.
@@ -231,7 +241,8 @@ def build_presses(
     """
     oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     presses = {}
-    for method, budget in [("full", FULL_BUDGET), *config.configurations]:
+    for name, budget in [("full", FULL_BUDGET), *config.configurations]:
+        method, scorer = split_configuration(name)
         given = select_oracle_profile(oracles, budget) if method == ORACLE_METHOD else profile
         press = make_press(
             method,
@@ -239,10 +250,18 @@ def build_presses(
             profile=given,
             window_size=config.window_size,
             strict_profile=config.strict_profile,
+            scorer=scorer,
         )
         press.post_init_from_model(model)  # checks a profile against the model before any work
-        presses[method, budget] = press
+        presses[name, budget] = press
     return presses
+
+
+EXTENDABLE: dict[str, list[Any]] = {"methods": [], "budgets": [], "tokens": [], "scorers": [DEFAULT_SCORER]}
+"""The configuration keys a resumed ``eval`` may extend (more methods, budgets, token counts or scorers over the
+same samples and settings; every other key must match): rows already written stay, the new configurations run.
+A method that brings a profile the run did not have (``ripplekv`` added to a run without it) changes the ``profile``
+key and is refused."""
 
 
 # The steps every evaluation run shares, in process (run_eval) and on Ray (run_eval_ray), so the two cannot drift:
@@ -303,12 +322,13 @@ def open_run_folder(
             ``ripplekv-oracle`` runs.
 
     Raises:
-        ConfigMismatchError: ``out`` holds another run (see :func:`~ripplekv.evaluation.results.check_or_write_config`).
+        ConfigMismatchError: ``out`` holds another run (see
+            :func:`~ripplekv.evaluation.running.results.check_or_write_config`).
     """
     sources = {"model": config.model, **get_suite(config.suite).sources(config), "profile": config.profile}
     if profiles.oracles:
         sources["oracle_profile"] = list(config.oracle_profile or ())
-    return open_results(out, resolved, sources)
+    return open_results(out, resolved, sources, extendable=EXTENDABLE)
 
 
 def run_eval(

@@ -1,0 +1,146 @@
+"""A memo of token scores and per-layer statistics while many presses are derived from one prefill record.
+
+An evaluation derives every (schedule, budget) of a scorer from one recorded prefill
+(:mod:`ripplekv.inference.shared`). The schedules differ in how many tokens each layer keeps, not in how tokens
+are ranked: SnapKV's scores of layer ``l`` are the same for the uniform, PyramidKV, RippleKV and CAKE schedules at
+10%, 20% and 30%, and recomputing them (the window attention over the whole prompt, per layer) was most of a
+configuration's derivation time. While a :class:`ScoreMemo` is active (:func:`memoized`, which
+:func:`~ripplekv.inference.shared.derive_cache` enters with the record's memo), :func:`token_scores` computes a
+layer's scores once per scorer and :func:`layer_statistic` a per-prompt rule's statistic once per rule; outside
+it (a direct prefill) both compute as before.
+
+Exactness: a memo entry is reused only for the very key tensor it was computed from (the record's, by identity),
+and only for scorers whose scores do not depend on the compression ratio the schedule sets (:data:`RATIO_FREE`,
+matched by exact type: a subclass may read more and is computed each time). The scores returned are the tensors
+computed the first time, so a reused result is bit for bit what recomputing gives; scorers outside the list are
+always recomputed. Memory: one ``(batch, kv_heads, tokens)`` score tensor per layer and scorer, and one small
+statistic per layer and rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+import torch
+from kvpress import ExpectedAttentionPress, KeyDiffPress, KnormPress, ScorerPress, SnapKVPress, TOVAPress
+from torch import nn
+
+__all__ = ["RATIO_FREE", "ScoreMemo", "layer_statistic", "memoized", "scorer_key", "token_scores"]
+
+RATIO_FREE: frozenset[type[ScorerPress]] = frozenset(
+    {SnapKVPress, ExpectedAttentionPress, TOVAPress, KnormPress, KeyDiffPress}
+)
+"""Scorers whose ``score()`` reads neither their compression ratio nor any state it changes (kvpress 0.5.5)."""
+
+
+class ScoreMemo:
+    """Results computed once per (kind, key, layer) and tied to the key tensor they were computed from."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, Hashable, int], tuple[torch.Tensor, Any]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, kind: str, key: Hashable, layer: int, keys: torch.Tensor, compute: Callable[[], Any]) -> Any:
+        """The memoised result of ``compute()`` for ``(kind, key, layer)`` over ``keys``.
+
+        Args:
+            kind: what is memoised (``"scores"``, ``"statistic"``).
+            key: what computes it (:func:`scorer_key`, a rule's repr and window).
+            layer: the layer index.
+            keys: the layer's key tensor; an entry made from another tensor is recomputed (and replaced).
+            compute: computes the result.
+        """
+        entry = self._entries.get((kind, key, layer))
+        if entry is not None and entry[0] is keys:
+            self.hits += 1
+            return entry[1]
+        self.misses += 1
+        result = compute()
+        self._entries[kind, key, layer] = (keys, result)
+        return result
+
+    def clear(self) -> None:
+        """Drop every entry (and the key tensors it pinned)."""
+        self._entries.clear()
+
+
+_ACTIVE: ContextVar[ScoreMemo | None] = ContextVar("ripplekv_score_memo", default=None)
+
+
+@contextmanager
+def memoized(memo: ScoreMemo) -> Iterator[ScoreMemo]:
+    """Use ``memo`` for :func:`token_scores` and :func:`layer_statistic` within the block.
+
+    Args:
+        memo: the memo (one per prefill record).
+    """
+    token = _ACTIVE.set(memo)
+    try:
+        yield memo
+    finally:
+        _ACTIVE.reset(token)
+
+
+def scorer_key(scorer: ScorerPress) -> Hashable | None:
+    """What identifies a scorer's scores: its exact type and its fields but the compression ratio; None for a
+    scorer outside :data:`RATIO_FREE` (never memoised).
+
+    Args:
+        scorer: the scorer.
+    """
+    if type(scorer) not in RATIO_FREE or not is_dataclass(scorer):
+        return None
+    values = tuple((f.name, getattr(scorer, f.name)) for f in fields(scorer) if f.name != "compression_ratio")
+    try:
+        hash(values)
+    except TypeError:
+        return None
+    return (type(scorer), values)
+
+
+def token_scores(
+    scorer: ScorerPress,
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    attentions: torch.Tensor | None,
+    kwargs: dict,
+) -> torch.Tensor:
+    """``scorer.score(...)`` of one layer, computed once per scorer while a memo is active (see the module).
+
+    Args:
+        scorer: the token scorer.
+        module: the attention module (its ``layer_idx``).
+        hidden_states: the layer's input hidden states.
+        keys: the layer's keys.
+        values: the layer's values.
+        attentions: attention weights, where the implementation returns them.
+        kwargs: the attention layer's forward kwargs.
+    """
+    memo = _ACTIVE.get()
+    key = None if memo is None else scorer_key(scorer)
+    if memo is None or key is None:
+        return scorer.score(module, hidden_states, keys, values, attentions, kwargs)
+    compute = lambda: scorer.score(module, hidden_states, keys, values, attentions, kwargs)  # noqa: E731
+    return memo.get("scores", key, int(module.layer_idx), keys, compute)
+
+
+def layer_statistic(key: Hashable, module: nn.Module, keys: torch.Tensor, compute: Callable[[], Any]) -> Any:
+    """A per-prompt rule's statistic of one layer, computed once per ``key`` while a memo is active.
+
+    Args:
+        key: what the statistic depends on besides the layer's recorded inputs (the rule and its window).
+        module: the attention module (its ``layer_idx``).
+        keys: the layer's keys (the memo entry is tied to them).
+        compute: computes the statistic.
+    """
+    memo = _ACTIVE.get()
+    if memo is None:
+        return compute()
+    return memo.get("statistic", key, int(module.layer_idx), keys, compute)
