@@ -134,3 +134,24 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def synthetic_profile(model: Any) -> Any:
+    """A sensitivity profile of ``model`` with uneven made-up scores (no profiling run): for tests of the presses."""
+    from ripplekv.models import model_identity
+    from ripplekv.profiling.profile import SensitivityProfile
+
+    layers = model.config.num_hidden_layers
+    scores = tuple(0.01 * (1 + (2 * i) % layers) for i in range(layers))
+    return SensitivityProfile(
+        model=model_identity(model),
+        scores=scores,
+        sample_scores=(scores,),
+        local_scores=scores,
+        alpha=0.5,
+        repeats=1,
+        seed=0,
+        calibration={"description": "synthetic"},
+        library_version="test",
+        created="2026-01-01T00:00:00+00:00",
+    )

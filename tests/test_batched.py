@@ -18,32 +18,12 @@ from ripplekv.inference.shared import derived_prefill, record_prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.padded import KeyValidity, pad_layers
 from ripplekv.presses import make_press
-from ripplekv.profiling.profile import SensitivityProfile
-from tests.conftest import random_ids, tiny_model
+from tests.conftest import random_ids, synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPT = 160
 METHODS = ("full", "streamingllm", "snapkv", "pyramidkv", "adakv", "ripplekv")
-
-
-def _profile(model) -> SensitivityProfile:
-    from ripplekv.models import model_identity
-
-    layers = model.config.num_hidden_layers
-    scores = tuple(0.01 * (1 + (2 * i) % layers) for i in range(layers))
-    return SensitivityProfile(
-        model=model_identity(model),
-        scores=scores,
-        sample_scores=(scores,),
-        local_scores=scores,
-        alpha=0.5,
-        repeats=1,
-        seed=0,
-        calibration={"description": "synthetic"},
-        library_version="test",
-        created="2026-01-01T00:00:00+00:00",
-    )
 
 
 @pytest.fixture(scope="module", params=("llama", "qwen2", "mistral"))
@@ -53,7 +33,7 @@ def model(request):
 
 def _states(model, window: int = 16) -> list[Prefill]:
     record = record_prefill(model, random_ids(PROMPT, seed=5))
-    profile = _profile(model)
+    profile = synthetic_profile(model)
     states = []
     for method in METHODS:
         for budget in (1.0,) if method == "full" else (0.2, 0.5):

@@ -34,15 +34,13 @@ from ripplekv.inference.shared import (
     record_prefill,
     residual_statistics_of,
 )
-from ripplekv.models import model_identity
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import ReservedLayer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds
 from ripplekv.presses import make_press
 from ripplekv.profiling import ProfilingConfig, sensitivity
-from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv.profiling.sensitivity import checkpoint_key, score_sample
-from tests.conftest import random_ids, tiny_model
+from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_device import DeviceSpy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -64,25 +62,8 @@ def _model(arch: str = "llama", attn: str = "sdpa", seed: int = 1) -> Any:
     return enable_varlen_attention(tiny_model(arch, layers=4, seed=seed, attn=attn, **kwargs))
 
 
-def _synthetic_profile(model: Any) -> SensitivityProfile:
-    layers = model.config.num_hidden_layers
-    scores = tuple(0.01 * (1 + (2 * i) % layers) for i in range(layers))
-    return SensitivityProfile(
-        model=model_identity(model),
-        scores=scores,
-        sample_scores=(scores,),
-        local_scores=scores,
-        alpha=0.5,
-        repeats=1,
-        seed=0,
-        calibration={"description": "synthetic"},
-        library_version="test",
-        created="2026-01-01T00:00:00+00:00",
-    )
-
-
 def _presses(model: Any, methods: Sequence[str], expected: bool = False) -> dict[str, Any]:
-    profile = _synthetic_profile(model)
+    profile = synthetic_profile(model)
     scorer = {"scorer": ExpectedAttentionPress()} if expected else {}
     return {m: make_press(m, budget=0.3, profile=profile, window_size=WINDOW, **scorer) for m in methods}
 

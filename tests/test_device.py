@@ -38,7 +38,7 @@ from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig
 from ripplekv.profiling.noise import noise_generator, norm_adaptive_noise
 from ripplekv.profiling.sensitivity import score_sample
-from tests.conftest import random_ids, tiny_model
+from tests.conftest import random_ids, synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -205,29 +205,9 @@ def test_varlen_attention_runs_on_the_queries_device(name: str) -> None:
 # ------------------------------------------------------------------------------------------- whole CPU flows
 
 
-def _profile(model: Any) -> Any:
-    from ripplekv.models import model_identity
-    from ripplekv.profiling.profile import SensitivityProfile
-
-    layers = model.config.num_hidden_layers
-    scores = tuple(0.01 * (1 + (2 * i) % layers) for i in range(layers))
-    return SensitivityProfile(
-        model=model_identity(model),
-        scores=scores,
-        sample_scores=(scores,),
-        local_scores=scores,
-        alpha=0.5,
-        repeats=1,
-        seed=0,
-        calibration={"description": "synthetic"},
-        library_version="test",
-        created="2026-01-01T00:00:00+00:00",
-    )
-
-
 def _states(model: Any, methods: tuple[str, ...] = ("adakv", "ripplekv-ada", "ripplekv", "pyramidkv")) -> list[Prefill]:
     record = record_prefill(model, random_ids(96, seed=5).to(next(model.parameters()).device))
-    profile = _profile(model)
+    profile = synthetic_profile(model)
     return [derived_prefill(record, make_press(m, budget=0.3, profile=profile, window_size=8))[0] for m in methods]
 
 
