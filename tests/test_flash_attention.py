@@ -39,8 +39,8 @@ from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig, passes, sensitivity
 from ripplekv.profiling.passes import can_share_prefix
 from ripplekv.profiling.sensitivity import score_sample
-from tests.conftest import random_ids, tiny_model
-from tests.test_device import _profile, _Tokenizer
+from tests.conftest import random_ids, synthetic_profile, tiny_model
+from tests.test_device import _Tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,7 +88,7 @@ def flash(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _per_layer_presses(model: Any) -> dict[str, Any]:
-    profile = _profile(model)
+    profile = synthetic_profile(model)
     return {
         "ripplekv": RippleKVPress(SnapKVPress(window_size=WINDOW), budget=0.3, scores=SCORES),
         "pyramidkv": make_press("pyramidkv", budget=0.3, window_size=WINDOW),
@@ -248,7 +248,7 @@ def test_analyze_and_tune_rows_under_flash_attention(flash: Any) -> None:
     rows: dict[str, list[dict[str, Any]]] = {}
     for which, net in (("flash", model), ("sdpa", reference)):
         damage = list(DamageRunner(config, net, _Tokenizer()).run_sample(sample, [0.3]))
-        tuned = list(TuneRunner(tune, {"p": _profile(net)}, net, _Tokenizer()).run_sample(sample, [0.3]))
+        tuned = list(TuneRunner(tune, {"p": synthetic_profile(net)}, net, _Tokenizer()).run_sample(sample, [0.3]))
         rows[which] = damage + tuned
     assert model.config._attn_implementation == FLASH
     for ours, theirs in zip(rows["flash"], rows["sdpa"]):
