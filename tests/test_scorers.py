@@ -83,3 +83,11 @@ def test_per_layer_ratio_copies_wrapped_scorers_and_never_touches_the_callers() 
     copied = scorer_at_ratio(critical, 0.7)
     assert copied.compression_ratio == 0.7 and copied.press is not inner
     assert inner.compression_ratio == 0.0 and critical.compression_ratio == 0.0
+
+
+def test_attention_weight_scorer_without_eager_names_the_implementation() -> None:
+    """ObservedAttentionPress under sdpa is a ValueError naming eager, not kvpress's bare assertion."""
+    model = tiny_model("llama", layers=4, attn="sdpa")
+    press = RippleKVPress(press=kvpress.ObservedAttentionPress(), budget=0.3, scores=SCORES, min_tokens=4)
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        prefill(model, random_ids(PROMPT), press)

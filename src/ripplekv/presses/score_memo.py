@@ -26,15 +26,34 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 import torch
-from kvpress import ExpectedAttentionPress, KeyDiffPress, KnormPress, ScorerPress, SnapKVPress, TOVAPress
+from kvpress import (
+    ExpectedAttentionPress,
+    KeyDiffPress,
+    KnormPress,
+    ObservedAttentionPress,
+    ScorerPress,
+    SnapKVPress,
+    TOVAPress,
+)
 from torch import nn
 
-__all__ = ["RATIO_FREE", "ScoreMemo", "layer_statistic", "memoized", "scorer_key", "token_scores"]
+__all__ = [
+    "NEEDS_ATTENTION_WEIGHTS",
+    "RATIO_FREE",
+    "ScoreMemo",
+    "layer_statistic",
+    "memoized",
+    "scorer_key",
+    "token_scores",
+]
 
 RATIO_FREE: frozenset[type[ScorerPress]] = frozenset(
     {SnapKVPress, ExpectedAttentionPress, TOVAPress, KnormPress, KeyDiffPress}
 )
 """Scorers whose ``score()`` reads neither their compression ratio nor any state it changes (kvpress 0.5.5)."""
+
+NEEDS_ATTENTION_WEIGHTS: frozenset[type[ScorerPress]] = frozenset({ObservedAttentionPress})
+"""Scorers that score from the attention weights, which only eager attention returns (kvpress 0.5.5)."""
 
 
 class ScoreMemo:
@@ -122,7 +141,16 @@ def token_scores(
         values: the layer's values.
         attentions: attention weights, where the implementation returns them.
         kwargs: the attention layer's forward kwargs.
+
+    Raises:
+        ValueError: for a scorer of :data:`NEEDS_ATTENTION_WEIGHTS` without attention weights (the model does not
+            run eager attention).
     """
+    if attentions is None and type(scorer) in NEEDS_ATTENTION_WEIGHTS:
+        raise ValueError(
+            f"{type(scorer).__name__} scores tokens from the attention weights, which this model's attention "
+            f"implementation does not return: load the model with attn_implementation='eager'"
+        )
     memo = _ACTIVE.get()
     key = None if memo is None else scorer_key(scorer)
     if memo is None or key is None:
