@@ -292,7 +292,7 @@ def test_a_chunked_record_makes_no_tensor_off_device_and_reads_nothing_back() ->
 
 
 def test_eval_prefill_chunk_option() -> None:
-    from ripplekv.cli.eval import prefill_chunk_arg
+    from ripplekv.cli.args import prefill_chunk_arg
 
     assert EvalConfig(suite="needle").prefill_chunk == DEFAULT_PREFILL_CHUNK
     assert EvalConfig(suite="needle", prefill_chunk=None).prefill_chunk is None

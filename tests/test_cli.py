@@ -46,6 +46,20 @@ def test_profile_caps_the_continuation(model_dir: Path, profile_path: Path, tmp_
     assert calibration["max_continuation_tokens"] == 5 and calibration["continuation_tokens"] == [5, 5]
 
 
+def test_profile_prefills_in_chunks_when_asked(model_dir: Path, profile_path: Path, tmp_path: Path) -> None:
+    """``--prefill-chunk`` reaches the profiling run (recorded with the profile) and leaves its scores as they are
+    up to float rounding; a bad chunk is refused by the parser."""
+    calib = profile_path.parent / "calib.jsonl"
+    out = tmp_path / "chunked.json"
+    args = ["profile", "--model", str(model_dir), "--calib", str(calib), "--samples", "3", "--out", str(out)]
+    assert main([*args, "--prefill-chunk", "64"]) == 0
+    chunked, whole = json.loads(out.read_text()), json.loads(profile_path.read_text())
+    assert chunked["calibration"]["prefill_chunk"] == 64 and "prefill_chunk" not in whole["calibration"]
+    assert chunked["scores"] == pytest.approx(whole["scores"], rel=1e-3, abs=1e-9)
+    with pytest.raises(SystemExit):
+        main([*args, "--prefill-chunk", "0"])
+
+
 def test_allocate_json_budgets(profile_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     plot = tmp_path / "budgets.png"
     args = ["allocate", "--profile", str(profile_path), "--budget", "0.1", "--prompt-tokens", "4096"]

@@ -24,6 +24,7 @@ __all__ = [
     "load_profile",
     "on_ray",
     "positive_int",
+    "prefill_chunk_arg",
     "add_fidelity_suite_args",
     "fidelity_eval_config",
     "resolve_budget",
@@ -290,3 +291,23 @@ def fidelity_eval_config(args: argparse.Namespace, profile: str | None) -> EvalC
         chat_template=args.chat_template,
         options=suite_options(args),
     )
+
+
+def prefill_chunk_arg(text: str) -> int | None:
+    """``--prefill-chunk``: an integer >= 1 (tokens per prefill pass) or ``none`` (one pass whatever the length).
+
+    Args:
+        text: e.g. ``"8192"`` or ``"none"``.
+
+    Raises:
+        argparse.ArgumentTypeError: if ``text`` is neither.
+    """
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (tokens per chunk) or none, got {text!r}")
+    return value

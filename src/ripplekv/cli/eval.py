@@ -15,12 +15,13 @@ from ripplekv.cli.args import (
     comma_list,
     on_ray,
     positive_int,
+    prefill_chunk_arg,
     resolve_budgets,
     row_tokens_arg,
     suite_options,
 )
 
-__all__ = ["add_parser", "memory_size", "prefill_chunk_arg", "run"]
+__all__ = ["add_parser", "memory_size", "run"]
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
 
@@ -41,26 +42,6 @@ def memory_size(text: str) -> int:
     if not math.isfinite(size) or size < 1:
         raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
     return int(size)
-
-
-def prefill_chunk_arg(text: str) -> int | None:
-    """``--prefill-chunk``: an integer >= 1 (tokens per prefill pass) or ``none`` (one pass whatever the length).
-
-    Args:
-        text: e.g. ``"8192"`` or ``"none"``.
-
-    Raises:
-        argparse.ArgumentTypeError: if ``text`` is neither.
-    """
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (tokens per chunk) or none, got {text!r}")
-    return value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

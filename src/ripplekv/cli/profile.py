@@ -7,13 +7,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ripplekv.cli.args import add_model_args, add_ray_args, on_ray, positive_int
+from ripplekv.cli.args import add_model_args, add_ray_args, on_ray, positive_int, prefill_chunk_arg
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``profile`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
     from ripplekv.profiling.sensitivity import DEFAULT_ALPHA, DEFAULT_REPEATS
 
     p = subparsers.add_parser(
@@ -56,6 +57,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--repeats", type=positive_int, default=DEFAULT_REPEATS, help=f"noise draws (default {DEFAULT_REPEATS})"
     )
     p.add_argument("--seed", type=int, default=0, help="noise and sampling seed (default 0)")
+    p.add_argument(
+        "--prefill-chunk",
+        type=prefill_chunk_arg,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"most tokens per prefill pass of a calibration context (default {DEFAULT_PREFILL_CHUNK}; none: one "
+        "pass): a longer context is prefilled in chunks, bounding the prefill's activations; part of the "
+        "checkpoint's key when not the default",
+    )
     p.add_argument("--out", required=True, help="output profile JSON")
     add_ray_args(p, "calibration samples")
     return p
@@ -75,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         continuation=args.continuation,
         answer_tokens=args.answer_tokens,
         max_continuation_tokens=args.max_continuation_tokens,
+        prefill_chunk=args.prefill_chunk,
     )
     ray = on_ray(args)
     if not ray:  # on Ray the actors load the model and build the calibration set

@@ -370,6 +370,7 @@ def assemble_profile(
             "context_tokens": [s.context_tokens for s in ordered],
             "continuation_tokens": [s.continuation_tokens for s in ordered],
             **_continuation_settings(config),
+            **({} if config.prefill_chunk == DEFAULT_PREFILL_CHUNK else {"prefill_chunk": config.prefill_chunk}),
         },
         library_version=__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
