@@ -33,6 +33,7 @@ import argparse
 import ast
 import hashlib
 import json
+import math
 import os
 import random
 import signal
@@ -52,7 +53,11 @@ EQUIVALENT = ROOT / "benchmarks" / "mutation_equivalent.tsv"
 
 # The files in scope and the fast tests that cover each: the one place to update when modules move. An entry
 # "path::name" mutates only the top-level function or class ``name`` of that file.
-RELATIONS = ("tests/test_mutation_relations.py", "tests/test_contracts.py")  # run for every module
+RELATIONS = (  # run for every module
+    "tests/test_mutation_relations.py",
+    "tests/test_contracts.py",
+    "tests/test_contracts_profiling.py",
+)
 ALLOCATION_TESTS = ("tests/test_allocation.py", "tests/test_schedules.py", *RELATIONS)
 PER_PROMPT_TESTS = ("tests/test_per_prompt_rules.py", *RELATIONS)
 PROFILING_TESTS = (
@@ -469,20 +474,35 @@ def _append(row: dict[str, Any]) -> None:
         f.flush()
 
 
-def mutate_module(module: str, results: dict[tuple[str, int, str], dict[str, Any]], sample: int | None) -> None:
-    """Run every mutant of ``module`` that has no result for its current source and tests yet."""
+def mutate_module(
+    module: str, results: dict[tuple[str, int, str], dict[str, Any]], sample: int | None, survivors_only: bool = False
+) -> None:
+    """Run every mutant of ``module`` that has no result for its current source and tests yet.
+
+    A survivor whose tests changed runs again (unless it is listed as equivalent); ``sample`` draws that many of
+    the mutants never run (seeded by the module's source), ``survivors_only`` runs none of those."""
     tests = MODULES[module]
     source_sha = digest([SRC / module.partition("::")[0]])
     tests_sha = digest([ROOT / t for t in (*tests, CONFTEST)])
     sites = sites_of(module)
-    todo = []
+    again, fresh = [], []
+    equivalent = load_equivalent()
     for site in sites:
         old = results.get((module, site.index, source_sha))
-        if old is None or (old["status"] in ("survived", "no coverage") and old["tests_sha"] != tests_sha):
-            todo.append(site)
-    if sample is not None and sample < len(todo):  # a seeded random sample of the mutants not run yet
-        chosen = set(random.Random(f"{module}:{source_sha}").sample(range(len(todo)), sample))
-        todo = [site for i, site in enumerate(todo) if i in chosen]
+        if old is None:
+            fresh.append(site)
+        elif (
+            old["status"] in ("survived", "no coverage")
+            and old["tests_sha"] != tests_sha
+            and site.key not in equivalent
+        ):
+            again.append(site)  # a survivor the tests may now kill (an equivalent one survives any test)
+    if survivors_only:
+        fresh = []
+    elif sample is not None and sample < len(fresh):  # a seeded random sample of the mutants not run yet
+        chosen = set(random.Random(f"{module}:{source_sha}").sample(range(len(fresh)), sample))
+        fresh = [site for i, site in enumerate(fresh) if i in chosen]
+    todo = sorted([*again, *fresh], key=lambda site: site.index)
     print(f"{module}: {len(sites)} mutants, {len(todo)} to run", flush=True)
     if not todo:
         return
@@ -533,6 +553,20 @@ def mutate_module(module: str, results: dict[tuple[str, int, str], dict[str, Any
         print(f"  [{n}/{len(todo)}] {row['status']:11s} {site.line}:{site.col} {site.label}", flush=True)
 
 
+RATES = ("kill rate", "interval")
+
+
+def wilson(killed: int, scored: int, z: float = 1.959963984540054) -> tuple[float, float] | None:
+    """The 95% Wilson score interval of a kill rate of ``killed`` of ``scored`` (None when nothing was scored): a
+    module run on a sample of its mutants estimates its rate, with this uncertainty."""
+    if scored <= 0:
+        return None
+    rate = killed / scored
+    centre = (rate + z * z / (2 * scored)) / (1 + z * z / scored)
+    half = z * math.sqrt(rate * (1 - rate) / scored + z * z / (4 * scored * scored)) / (1 + z * z / scored)
+    return (round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4))
+
+
 def summarize(modules: list[str]) -> dict[str, Any]:
     """Counts per module and overall from the results of each module's current source; writes the summary files."""
     results = load_results()
@@ -560,10 +594,16 @@ def summarize(modules: list[str]) -> dict[str, Any]:
         ran = counts["mutants"] - counts["not run"]
         scored = ran - counts["equivalent"]
         counts["kill rate"] = round((counts["killed"] + counts["timeout"]) / scored, 4) if scored else None
+        counts["interval"] = wilson(counts["killed"] + counts["timeout"], scored)
         table[module] = counts
-    total = {k: sum(t[k] for t in table.values()) for k in next(iter(table.values())) if k != "kill rate"}
+    total = {k: sum(t[k] for t in table.values()) for k in next(iter(table.values())) if k not in RATES}
     scored = total["mutants"] - total["not run"] - total["equivalent"]
     total["kill rate"] = round((total["killed"] + total["timeout"]) / scored, 4) if scored else None
+    total["interval"] = wilson(total["killed"] + total["timeout"], scored)
+    # modules run on a sample weigh by their number of mutants, not by how many of them ran
+    rated = [t for t in table.values() if t["kill rate"] is not None]
+    weight = sum(t["mutants"] for t in rated)
+    stratified = sum(t["mutants"] * t["kill rate"] for t in rated) / weight if weight else None
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     summary = {
         "command": "PYTHONPATH=src nice -n 10 python benchmarks/mutation.py",
@@ -573,15 +613,20 @@ def summarize(modules: list[str]) -> dict[str, Any]:
         "kill rate": "(killed + timeout) / (mutants - not run - equivalent)",
         "modules": table,
         "total": total,
+        "kill rate weighted by module size": None if stratified is None else round(stratified, 4),
         "stale equivalent entries": sorted(set(equivalent) - used) if len(modules) == len(MODULES) else [],
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     columns = ("mutants", "killed", "timeout", "survived", "no coverage", "equivalent", "not run", "kill rate")
-    lines = ["module".ljust(48) + "".join(c.rjust(12) for c in columns)]
+    lines = ["module".ljust(52) + "".join(c.rjust(12) for c in columns) + "  95% interval".rjust(18)]
     for name, counts in [*table.items(), ("total", total)]:
         cells = [f"{counts[c]:.1%}" if c == "kill rate" and counts[c] is not None else str(counts[c]) for c in columns]
-        lines.append(name.ljust(48) + "".join(c.rjust(12) for c in cells))
+        low_high = counts["interval"]
+        band = "" if low_high is None else f"[{low_high[0]:.1%}, {low_high[1]:.1%}]"
+        lines.append(name.ljust(52) + "".join(c.rjust(12) for c in cells) + band.rjust(18))
+    if stratified is not None:
+        lines.append(f"kill rate with each module weighted by its number of mutants: {stratified:.1%}")
     (OUT / "summary.txt").write_text("\n".join(lines) + "\n")
     (OUT / "survivors.txt").write_text("\n".join(survivors) + ("\n" if survivors else ""))
     print("\n".join(lines))
@@ -607,6 +652,9 @@ def main() -> None:
         "--module", action="append", default=[], help="modules whose path has this (repeatable, run in order)"
     )
     parser.add_argument("--sample", type=int, default=None, help="run a seeded random sample of this many per module")
+    parser.add_argument(
+        "--survivors-only", action="store_true", help="rerun only survivors whose tests changed (no new mutants)"
+    )
     parser.add_argument("--summary", action="store_true", help="only write the summary of the results so far")
     parser.add_argument("--list", action="store_true", help="print the mutants of the selected modules")
     args = parser.parse_args()
@@ -624,7 +672,7 @@ def main() -> None:
         preload()
         results = load_results()
         for module in modules:
-            mutate_module(module, results, args.sample)
+            mutate_module(module, results, args.sample, args.survivors_only)
     summarize(list(MODULES))
 
 

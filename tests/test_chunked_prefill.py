@@ -39,7 +39,7 @@ from ripplekv.models.cache import ReservedLayer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds
 from ripplekv.presses import make_press
 from ripplekv.profiling import ProfilingConfig, sensitivity
-from ripplekv.profiling.sensitivity import checkpoint_key, score_sample
+from ripplekv.profiling.sensitivity import score_sample
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_device import DeviceSpy
 
@@ -325,16 +325,6 @@ def test_profiling_over_a_by_reference_fork_scores_as_over_a_copy(
     chunked = score_sample(model, ctx, cont, replace(config, prefill_chunk=7), 1)
     for got, want in zip(chunked.kl + chunked.local, lean.kl + lean.local):
         assert got == pytest.approx(want, rel=1e-3, abs=1e-9)
-
-
-def test_the_checkpoint_key_names_a_chunk_only_when_it_is_not_the_default() -> None:
-    from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
-
-    calibration = CalibrationSet((CalibrationSample("a b c", "d"),), "test")
-    default = checkpoint_key({"config_hash": "h"}, "w", calibration, ProfilingConfig())
-    assert "prefill_chunk" not in default
-    chunked = checkpoint_key({"config_hash": "h"}, "w", calibration, ProfilingConfig(prefill_chunk=512))
-    assert chunked["prefill_chunk"] == 512
 
 
 # ------------------------------------------------------------------------------------ float64 rows by blocks

@@ -28,9 +28,18 @@ from ripplekv.allocation.budgets import (
     normalize_scores,
 )
 from ripplekv.allocation.cake import CakeRule
+from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, global_topk_counts
+from ripplekv.allocation.lava import LavaRule
+from ripplekv.allocation.per_prompt import check_rule_call, fill_shares
 from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, UniformSchedule
+from ripplekv.allocation.squeezeattention import (
+    SqueezeAttentionRule,
+    kmeans_1d,
+    squeeze_statistic_of_similarities,
+)
 from ripplekv.evaluation.reporting import comparisons, significance, stats
 from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
+from ripplekv.inference.fidelity import ROW_BLOCK, row_blocks
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.registry import DEFAULT_WINDOW
 from ripplekv.profiling import CalibrationSample, ProfilingConfig, sensitivity
@@ -598,3 +607,108 @@ def test_cake_spends_a_single_spare_token_by_preference() -> None:
     assert CakeRule().layer_budgets([(0.0, 1.0), (1.0, 1.0)], 2, 100, 9, 4, 0) == (4, 5)
     with pytest.raises(dataclasses.FrozenInstanceError):
         CakeRule().tau1 = 2.0  # type: ignore[misc]
+
+
+def test_rule_calls_refuse_no_layers_and_fractional_layers() -> None:
+    """Kills ``and`` for ``or`` in the check of ``n_layers`` (an integer 0 and a fraction 1.5 each fail one side)."""
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="n_layers"):
+            check_rule_call([], bad, 10, 0, 0, 0)  # type: ignore[arg-type]
+
+
+def test_fill_shares_moves_the_constant_entries_only_past_the_moving_ones_bounds() -> None:
+    """A moving entry (slope 1) takes what the constant one (offset 5 or 3) leaves while that fits its bounds;
+    below its floor (3 + 5 > 4) it sits at the floor and the constant entry gives up the rest, 4 - 3 = 1. Kills
+    ``fixed_sum - sum(lows)`` for ``+`` in the reachable bottom (the level search would return shares summing to
+    8)."""
+    assert fill_shares([0, 0], [1, 0], [0, 0], [10, 10], 5) == [5, 0]
+    assert fill_shares([0, 3], [1, 0], [0, 0], [10, 10], 12) == [9, 3]
+    assert fill_shares([0, 5], [1, 0], [3, 0], [10, 10], 4) == [3, 1]
+
+
+def test_kmeans_reseeds_an_empty_cluster_and_goes_on_iterating() -> None:
+    """The runs (0, 1), (2, 18), (19, 20) start at centres 0.5, 10, 19.5; every value is nearer another centre
+    than 10, so cluster 1 starts empty and is re-seeded at the value farthest from its centre (2, ahead of 18 by
+    the smaller value). Lloyd steps then give {0, 1}, {2}, {18, 19, 20}: centres 0.5, 2 and 19. Kills ``break``
+    for the ``continue`` after re-seeding (it would return the re-seeded centre 19.5)."""
+    labels, centres = kmeans_1d([0.0, 1.0, 2.0, 18.0, 19.0, 20.0], 3)
+    assert labels == (0, 0, 1, 2, 2, 2)
+    assert centres == (0.5, 2.0, 19.0)
+
+
+def test_squeeze_statistic_of_two_parts_is_the_mean_over_both() -> None:
+    """Two chunks of a prompt: one mean over all their tokens, (1 + 2 + 6) / 3 = 3, not the first chunk's 1.5
+    (nor the mean of means, 3.75). Kills ``len(parts) == 2`` for ``== 1``."""
+    parts = [torch.tensor([[1.0, 2.0]], dtype=torch.float64), torch.tensor([[6.0]], dtype=torch.float64)]
+    assert squeeze_statistic_of_similarities(parts).similarity == 3.0
+    assert squeeze_statistic_of_similarities(parts[:1]).similarity == 1.5
+
+
+def test_squeeze_rule_takes_negative_similarities() -> None:
+    """A cosine similarity may be negative (a layer whose attention output opposes its input). Kills
+    ``nonnegative=True`` for ``False`` in the rule's check of the similarities."""
+    sims = [(-0.5,), (-0.4,), (0.1,), (0.9,), (0.95,), (0.99,)]
+    budgets = SqueezeAttentionRule(p=0.5).layer_budgets(sims, 6, 100, 120, 0, 0)
+    assert budgets == (30, 30, 30, 10, 10, 10)
+
+
+def test_dynamickv_statistic_refuses_a_2d_or_empty_tensor() -> None:
+    """Kills ``and`` for ``or`` in the shape check: a 2-D tensor and an empty 3-D one each fail one side."""
+    with pytest.raises(ValueError, match="non-empty"):
+        dynamickv_layer_statistic(torch.ones(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="non-empty"):
+        dynamickv_layer_statistic(torch.ones(1, 2, 0, dtype=torch.float64))
+
+
+def test_global_topk_of_one_entry_counts_it() -> None:
+    """The single highest entry of all layers belongs to layer 1. Kills ``k <= 1`` for ``k <= 0``."""
+    assert global_topk_counts([np.array([1.0, 2.0]), np.array([3.0])], 1) == (0, 1)
+
+
+def test_lava_spends_a_single_spare_token_by_entropy() -> None:
+    """One token beyond the windows goes to the layer of higher entropy, not to the first. Kills ``spare <= 1``
+    for ``<= 0``."""
+    assert LavaRule().layer_budgets([(0.1,), (0.9,)], 2, 100, 9, 4, 0) == (4, 5)
+
+
+def test_the_questions_digest_of_a_checkpoint_key_is_stable() -> None:
+    """The key of a profiling run with the model's own answers holds a digest of the questions, each prefixed by
+    its UTF-8 length in 8 little-endian bytes: checkpoints written by earlier versions must keep resuming. Kills
+    any other width of the length prefix."""
+    import hashlib
+
+    from ripplekv.profiling import CalibrationSet
+
+    samples = (
+        CalibrationSample(context="a b c", continuation="d", question="Who?"),
+        CalibrationSample(context="e f g", continuation="h", question="Où ça ?"),
+    )
+    expected = hashlib.sha256()
+    for question in ("Who?", "Où ça ?"):
+        data = question.encode("utf-8")
+        expected.update(len(data).to_bytes(8, "little") + data)
+    assert sensitivity._questions_sha256(CalibrationSet(samples, "two questions")) == expected.hexdigest()
+
+
+def test_row_blocks_tile_the_rows_with_no_lone_row() -> None:
+    """Blocks of ``ROW_BLOCK`` rows, in order and without gaps or overlaps, a lone last row merged into the block
+    before it and nothing else merged. Kills ``== 2`` for ``== 1`` (a full last block merged) and ``blocks[2:]``
+    for ``blocks[-2:]`` (overlapping blocks)."""
+    assert ROW_BLOCK == 2
+    assert row_blocks(1) == [(0, 1)] and row_blocks(2) == [(0, 2)]
+    assert row_blocks(4) == [(0, 2), (2, 4)]
+    assert row_blocks(5) == [(0, 2), (2, 5)]
+    assert row_blocks(7) == [(0, 2), (2, 4), (4, 7)]
+    for rows in range(2, 12):
+        blocks = row_blocks(rows)
+        assert blocks[0][0] == 0 and blocks[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        assert all(2 <= end - start <= ROW_BLOCK + 1 for start, end in blocks)
+
+
+def test_dynamickv_update_with_nothing_to_select_still_reaches_the_last_update() -> None:
+    """One spare token over 3 layers, updates after 2 layers and at the end: the first selects
+    ``1 * 1 * 2 // 3 = 0`` tokens (no counts, no caps), the last selects the single highest entry (layer 0's 10).
+    Kills ``break`` for the ``continue`` after an empty update (the counts would stay all zero)."""
+    stats = [(np.array([10.0, 0.0]), 1), (np.array([5.0, 0.0]), 1), (np.array([1.0, 1.0]), 1)]
+    assert DynamicKVRule(update_interval=2).progressive_caps(stats, 3, 1, 10) == ((10, 10, 10), (1, 0, 0))

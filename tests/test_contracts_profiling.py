@@ -1,0 +1,489 @@
+"""Promises of the profiling code that surviving mutants showed untested (``benchmarks/mutation.py``,
+``docs/mutation.md``); the other modules' are in ``tests/test_contracts.py``.
+
+Each test names, in its docstring, the mutants it kills.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ripplekv.profiling.calibration as calibration
+import ripplekv.profiling.haystack as haystack
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.cache import PassThroughLayer, PreallocatedLayer
+from ripplekv.profiling import ProfilingConfig, passes, score_sample
+from ripplekv.profiling.damage_profile import damage_budget, make_damage_profile
+from ripplekv.profiling.divergence import kl_divergence, relative_change
+from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt, encode, token_stream
+from ripplekv.profiling.noise import ContinuationBuffers, noise_generator
+from ripplekv.profiling.passes import Float32Head, Float32Layers, can_share_prefix
+from ripplekv.profiling.profile import SensitivityProfile
+from tests.conftest import random_ids, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# ------------------------------------------------------------------------------------------------ passes
+
+
+class _Half(nn.Module):
+    """A stand-in decoder layer: one bfloat16 parameter of ``numel`` elements (on the meta device: no memory)."""
+
+    def __init__(self, numel: int, device: str = "meta") -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(numel, dtype=torch.bfloat16, device=device))
+
+
+def test_float32_layer_copies_are_kept_up_to_exactly_max_bytes() -> None:
+    """A copy that brings the kept bytes exactly to ``max_bytes`` is kept; the next byte over is copied anew.
+    Kills ``<`` for ``<=`` in :meth:`Float32Layers.__getitem__`."""
+    layers = Float32Layers([_Half(10, "cpu"), _Half(1, "cpu")], max_bytes=10 * 4)
+    assert layers[0] is layers[0]  # 40 float32 bytes: exactly the bound
+    assert layers[1] is not layers[1]  # 4 more: over it
+    assert layers[0].weight.dtype == torch.float32
+
+
+def test_float32_layer_copies_kept_by_default_are_2_gib() -> None:
+    """``MAX_LAYER_COPY_BYTES``, the default bound of :class:`Float32Layers`, is 2 GiB of float32 copies: a layer
+    of 2**29 float32 values is kept, one more value is not (meta tensors: nothing allocated). Kills
+    ``2 * 2**31`` for ``2 * 2**30``."""
+    layers = Float32Layers([_Half(2**29), _Half(1)])
+    assert layers[0] is layers[0]
+    assert layers[1] is not layers[1]
+
+
+def test_float32_head_chunks_never_pass_max_head_bytes_while_one_row_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vocabulary chunks of :class:`Float32Head` take at most ``MAX_HEAD_BYTES`` whenever one row fits (one
+    row when it does not), with the same logits. Kills ``max(2, ...)`` for ``max(1, ...)``."""
+    model = tiny_model("llama", layers=1)
+    hidden = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(0))
+    whole = Float32Head(model)(hidden)
+    row_bytes = 64 * 4
+    for limit in (row_bytes, row_bytes + 1, row_bytes - 1):
+        monkeypatch.setattr(passes, "MAX_HEAD_BYTES", limit)
+        head = Float32Head(model)
+        assert head.chunk == 1, limit
+        torch.testing.assert_close(head(hidden), whole)
+
+
+def test_perturbed_passes_see_a_cache_as_long_as_the_context() -> None:
+    """Every decoder layer of the perturbed passes sees a cache whose length is the context's (as the clean pass
+    does), in the shared-prefix path as in the generic one. Kills ``shape[-3]`` (the KV heads) for
+    ``shape[-2]`` in the :class:`PassThroughLayer` of :func:`batched_by_depth`."""
+    n_ctx, config = 9, ProfilingConfig(alpha=0.5, repeats=1)
+    for model, kind in (
+        (enable_varlen_attention(tiny_model("llama", layers=2)), PassThroughLayer),
+        (tiny_model("llama", layers=2), PreallocatedLayer),
+    ):
+        assert can_share_prefix(model, n_ctx + 3) is (kind is PassThroughLayer)
+        seen: list[int] = []
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict, kind: type = kind, seen: list = seen) -> None:
+            layers = kwargs["past_key_values"].layers
+            index = module.self_attn.layer_idx
+            if index < len(layers) and type(layers[index]) is kind:
+                seen.append(layers[index].get_seq_length())
+
+        handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
+        try:
+            score_sample(model, random_ids(n_ctx, 1), random_ids(3, 2), config)
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert seen and set(seen) == {n_ctx}, (kind, seen)
+
+
+# ------------------------------------------------------------------------------------------------ noise
+
+
+def _clean(layers: int = 2, tokens: int = 5) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Made-up prefilled ``(keys, values)``, ``(1, 2 KV heads, tokens, 4)`` per layer."""
+    generator = torch.Generator().manual_seed(0)
+    return [tuple(torch.randn(1, 2, tokens, 4, generator=generator) for _ in range(2)) for _ in range(layers)]
+
+
+def test_continuation_buffers_take_one_row_no_room_and_one_layer() -> None:
+    """The least buffers: ``batch`` 1, ``room`` 0, a one-layer model. Kills ``batch <= 1`` / ``batch < 2`` for
+    ``batch < 1``, ``room < 1`` for ``room < 0`` and ``clean[1]`` for ``clean[0]`` (the prefix of layer 0)."""
+    clean = _clean(layers=1)
+    buffers = ContinuationBuffers(clean, room=0, batch=1)
+    assert buffers.prefix == 5 and buffers.keys[0].shape == (1, 2, 5, 4) == buffers.values[0].shape
+    assert torch.equal(buffers.keys[0], clean[0][0]) and torch.equal(buffers.values[0], clean[0][1])
+    cache = buffers.perturbed_cache(0, 0.5, noise_generator(0, 0, 0))
+    assert cache.layers[0].values.shape == (1, 2, 5, 4) and not torch.equal(cache.layers[0].values, clean[0][1])
+
+
+def test_continuation_buffers_refuse_each_bad_size_alone() -> None:
+    """No rows, or negative room, each with the other size valid. Kills ``and`` for ``or``."""
+    clean = _clean()
+    for batch, room in ((0, 3), (2, -1)):
+        with pytest.raises(ValueError, match="batch >= 1 and room >= 0"):
+            ContinuationBuffers(clean, room=room, batch=batch)
+
+
+def test_clean_cache_is_one_row_over_the_clean_buffers() -> None:
+    """:meth:`ContinuationBuffers.clean_cache` is batch 1 whatever the buffers' batch: row 0, the clean context,
+    and a pass over it writes into row 0 of the buffers. Kills ``k[:2]`` for ``k[:1]``."""
+    clean = _clean()
+    buffers = ContinuationBuffers(clean, room=2, batch=3)
+    cache = buffers.clean_cache()
+    for layer, (k, v) in zip(cache.layers, clean):
+        assert layer.keys.shape == (1, 2, 5, 4) == layer.values.shape
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    new = torch.ones(1, 2, 1, 4)
+    cache.layers[0].update(new, new)
+    assert torch.equal(buffers.keys[0][0, :, 5:6], new[0]) and not buffers.keys[0][1:, :, 5:6].eq(1).all()
+
+
+def test_noise_seeds_are_the_64_bit_state_of_a_seed_sequence() -> None:
+    """The noise stream of ``(seed, sample, layer)`` is seeded by both 32-bit words of
+    ``SeedSequence([seed, sample, layer])``, high word first: 64 bits (with 32, the birthday bound makes two of
+    ~10^5 streams likely to coincide), and a profile reproducible from its seed alone. Kills ``>>`` for ``<<`` and
+    ``state[1]`` for ``state[0]``."""
+    for triple in ((0, 0, 0), (7, 3, 11), (2**31, 1000, 40)):
+        high, low = np.random.SeedSequence(list(triple)).generate_state(2, dtype=np.uint32)
+        assert noise_generator(*triple).initial_seed() == (int(high) << 32) + int(low)
+
+
+# ------------------------------------------------------------------------------------------------ divergence
+
+
+def test_a_tensor_of_the_wrong_rank_is_named_as_such() -> None:
+    """One side 3-D, the other not: the error says which ranks it got (not a shape mismatch), for either side.
+    Kills ``and`` for ``or`` in the rank check of both signals."""
+    three, two = torch.zeros(1, 4, 6), torch.zeros(4, 6)
+    for signal in (kl_divergence, relative_change):
+        for reference, other, ranks in ((three, two, "3D and 2D"), (two, three, "2D and 3D")):
+            with pytest.raises(ValueError, match=f"rows, positions, size.*got {ranks}"):
+                signal(reference, other)
+
+
+def test_a_reference_has_one_row_or_as_many_as_the_other() -> None:
+    """Two reference rows against two rows (of three positions) pair row by row; two against three are refused.
+    Kills ``other.shape[1]`` (the positions) for ``other.shape[0]`` (the rows)."""
+    generator = torch.Generator().manual_seed(0)
+    reference, other = torch.randn(2, 3, 5, generator=generator), torch.randn(2, 3, 5, generator=generator)
+    for signal in (kl_divergence, relative_change):
+        paired = signal(reference, other)
+        assert paired.shape == (2,)
+        for row in range(2):
+            torch.testing.assert_close(paired[row : row + 1], signal(reference[row : row + 1], other[row : row + 1]))
+        with pytest.raises(ValueError, match="does not match"):
+            signal(reference, torch.randn(3, 3, 5, generator=generator))
+        with pytest.raises(ValueError, match="does not match"):
+            signal(torch.randn(3, 3, 5, generator=generator), torch.randn(2, 3, 5, generator=generator))
+
+
+def test_relative_change_is_the_mean_over_positions_of_each_row() -> None:
+    """``||p - r|| / ||r||`` per position, averaged over positions: one value per row. Kills ``mean(-2)`` for
+    ``mean(-1)``."""
+    reference = torch.tensor([[[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]]])  # norms 5, 1, 2
+    perturbed = torch.stack([reference[0] + torch.tensor([1.0, 0.0]), reference[0] * 2.0])  # rows 2, positions 3
+    got = relative_change(reference, perturbed)
+    assert got.dtype == torch.float64 and got.shape == (2,)
+    torch.testing.assert_close(got, torch.tensor([(1 / 5 + 1 / 1 + 1 / 2) / 3, 1.0], dtype=torch.float64))
+
+
+# ------------------------------------------------------------------------------------------------ damage profiles
+
+MODEL = {"num_hidden_layers": 2, "config_hash": "x"}
+
+
+def _damage(rows: list[list[float]], budget: float = 0.2, layers: int = 2) -> SensitivityProfile:
+    return make_damage_profile({**MODEL, "num_hidden_layers": layers}, rows, budget, {"d": 1}, "snapkv", 4, "t")
+
+
+def test_damage_rows_of_unequal_width_are_refused_whatever_the_first() -> None:
+    """Rows of different lengths, and no layer at all, are refused; one layer is a profile. Kills ``and`` for
+    ``or`` and ``width <= 1`` for ``width < 1``."""
+    for rows in ([[0.1, 0.2], [0.1]], [[0.1], [0.1, 0.2]], [[]]):
+        with pytest.raises(ValueError, match="one value per layer"):
+            _damage(rows)
+    assert _damage([[0.3], [0.1]], layers=1).scores == pytest.approx((0.2,))
+
+
+def test_damage_of_rounding_size_below_zero_is_accepted_up_to_exactly_minus_1e9() -> None:
+    """A damage down to -1e-9 (float rounding of a zero KL) is accepted, anything below refused. Kills ``>`` for
+    ``>=``."""
+    assert _damage([[-1e-9, 0.0]]).sample_scores == ((-1e-9, 0.0),)
+    with pytest.raises(ValueError, match="non-finite or negative"):
+        _damage([[-1.1e-9, 0.0]])
+
+
+def test_a_damage_budget_of_zero_is_refused() -> None:
+    """Zero is no budget, both when making a damage profile and when reading one; the least float above it is one.
+    Kills ``budget < 0`` for ``budget <= 0`` in :func:`make_damage_profile` and :func:`damage_budget`."""
+    with pytest.raises(ValueError, match="positive number"):
+        _damage([[0.1, 0.2]], budget=0)
+    with pytest.raises(ValueError, match="positive number"):
+        _damage([[0.1, 0.2]], budget=0.0)
+    profile = _damage([[0.1, 0.2]], budget=5e-324)
+    assert damage_budget(profile) == 5e-324
+    for zero in (0, 0.0):
+        with pytest.raises(ValueError, match="budget must be a positive number"):
+            damage_budget(dataclasses.replace(profile, extra={**profile.extra, "budget": zero}))
+
+
+def test_a_damage_profile_records_no_noise_and_one_measurement() -> None:
+    """``alpha`` 0 (no noise was added: the module docstring) and ``repeats`` 1 (one measurement per prompt and
+    layer), seed 0. Kills ``alpha=1.0`` and ``repeats=2``."""
+    profile = _damage([[0.1, 0.2], [0.3, 0.4]])
+    assert (profile.alpha, profile.repeats, profile.seed) == (0.0, 1, 0)
+
+
+# ------------------------------------------------------------------------------------------------ essays, needles
+
+
+class _Chars:
+    """One token per character (ids are code points): token counts are character counts, decoding is exact."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False, verbose: bool = False) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids: Any, **kwargs: Any) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+class _MergedSentenceEnds(_Chars):
+    """Characters, except that a ``.`` followed by a capital is one token (id 0x110000 + the capital's code point),
+    as BPE merges ``.T``: text cut between the two takes a token more than it did whole."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False, verbose: bool = False) -> dict:
+        ids, i = [], 0
+        while i < len(text):
+            if text[i] == "." and i + 1 < len(text) and text[i + 1].isupper():
+                ids.append(0x110000 + ord(text[i + 1]))
+                i += 2
+            else:
+                ids.append(ord(text[i]))
+                i += 1
+        return {"input_ids": ids}
+
+    def decode(self, ids: Any, **kwargs: Any) -> str:
+        return "".join("." + chr(i - 0x110000) if i >= 0x110000 else chr(i) for i in ids)
+
+
+def _essays(monkeypatch: pytest.MonkeyPatch, *texts: str) -> tuple[tuple[str, str], ...]:
+    """Make ``texts`` the essay corpus (files ``e0.txt``, ...) of the calibration and the needle prompts."""
+    corpus = tuple((f"e{i}.txt", text) for i, text in enumerate(texts))
+    monkeypatch.setattr(haystack, "essays", lambda: corpus)
+    monkeypatch.setattr(calibration, "essays", lambda: corpus)
+    return corpus
+
+
+def _words(n: int, seed: int) -> str:
+    """``n`` characters of lower-case words and spaces, without a sentence end."""
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefgh      ") for _ in range(n)).replace("  ", " x")[:n]
+
+
+def _needle_length(monkeypatch: pytest.MonkeyPatch, seed: int = 0) -> int:
+    _essays(monkeypatch, _words(400, 0))
+    return len(build_needle_prompt(_Chars(), 300, seed=seed).needle)
+
+
+def _haystack_of(prompt: NeedlePrompt) -> str:
+    """The haystack of a prompt whose needle is at its end."""
+    assert prompt.context.endswith(" " + prompt.needle), prompt.context
+    return prompt.context[: -len(prompt.needle) - 1]
+
+
+def test_the_haystack_is_cut_to_whole_sentences_from_its_second_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A haystack cut mid-sentence drops the fragment after its last sentence end when that end is in its second
+    half (from exactly half its length, rounded down), and is kept whole otherwise, also when it holds no sentence
+    end at all. Kills, in ``_trim_to_sentence``, ``or`` for ``and``, ``>`` for ``>=``, ``/`` for ``//`` and
+    ``ends[-2]`` for ``ends[-1]``."""
+    extra = _needle_length(monkeypatch) + 2
+    budget = 41  # haystack tokens (characters) before the cut to sentences: half of it is 20
+    cases = [
+        (_words(60, 1), None),  # no sentence end: kept whole
+        ("a" * 19 + ". " + _words(60, 2), 20),  # its only sentence end at 20 = 41 // 2: cut there
+        ("a" * 19 + "." + "B" * 60, 20),  # the same, no space after the end ("deep.The")
+        ("a" * 9 + ". " + _words(60, 3), None),  # its only end in the first half: kept whole
+        ("a" * 9 + ". " + "b" * 18 + ". " + _words(60, 4), 30),  # ends at 10 and 30: cut at the last
+    ]
+    for text, cut in cases:
+        _essays(monkeypatch, text)
+        prompt = build_needle_prompt(_Chars(), budget + extra, depth=1.0)
+        assert _haystack_of(prompt) == text[: budget if cut is None else cut].rstrip(), (text, cut)
+
+
+def test_a_needle_at_depth_0_opens_the_context_and_at_depth_1_closes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Depth 0 is the very start of the haystack and depth 1 its very end, also when the haystack does not end with
+    a sentence (its end is then a boundary too). Kills ``[1, *ends]`` for ``[0, *ends]`` and ``==`` for ``!=`` in
+    ``_insert_needle``."""
+    extra = _needle_length(monkeypatch) + 2
+    for text in ("Ab. Cd. Ef. " * 10, _words(100, 5), "Ab. Cd. " + _words(100, 6)):
+        _essays(monkeypatch, text)
+        first = build_needle_prompt(_Chars(), 40 + extra, depth=0.0)
+        assert first.context.startswith(first.needle + " "), first.context
+        last = build_needle_prompt(_Chars(), 40 + extra, depth=1.0)
+        assert last.context.endswith(" " + last.needle), last.context
+
+
+def test_a_needle_prompt_may_take_exactly_its_context_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt of exactly ``context_tokens`` tokens is built, not refused: a haystack of sentences without spaces
+    between them ("Ab.Cd.") takes the needle and two spaces at a middle boundary. Kills ``>=`` for ``>`` in the
+    final check of :func:`build_needle_prompt`."""
+    extra = _needle_length(monkeypatch) + 2
+    _essays(monkeypatch, "Ab.Cd.Ef." * 30)
+    prompt = build_needle_prompt(_Chars(), 60 + extra, depth=0.5)
+    assert prompt.context_tokens == 60 + extra == len(prompt.context)
+    assert f". {prompt.needle} " in prompt.context  # between two sentences of the haystack
+
+
+def test_a_needle_prompt_shrinks_its_haystack_when_the_seams_add_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When re-tokenizing the haystack with the needle in it takes more tokens than ``context_tokens`` (the needle
+    splits a merged token), the haystack is cut shorter by the excess until the prompt fits: never more than
+    ``context_tokens``. Kills ``+=`` for ``-=`` and ``count + context_tokens`` for ``count - context_tokens`` in the
+    shrink step (which no other test reached)."""
+    extra = _needle_length(monkeypatch) + 2
+    _essays(monkeypatch, "Ab.Cd.Ef.Gh." * 40)
+    tokenizer, shrunk = _MergedSentenceEnds(), 0
+
+    class Counting(_MergedSentenceEnds):
+        calls = 0
+
+        def __call__(self, text: str, **kwargs: Any) -> dict:
+            self.calls += 1
+            return super().__call__(text, **kwargs)
+
+    for budget in range(40, 52):
+        counting = Counting()
+        prompt = build_needle_prompt(counting, budget + extra, depth=0.5)
+        assert prompt.context_tokens == len(encode(tokenizer, prompt.context)) <= budget + extra
+        shrunk += counting.calls > 4  # the needle, the stream, then 2 per try: a second try
+    assert shrunk >= 3
+
+
+def test_needle_numbers_take_1_to_18_digits() -> None:
+    """``digits`` 1 and 18 are accepted (the bounds of the check), 0 and 19 refused. Kills ``<`` for either
+    ``<=`` of ``1 <= digits <= 18``."""
+    tokenizer = _Chars()
+    with pytest.MonkeyPatch.context() as patch:
+        extra = _needle_length(patch) + 2 + 20
+        for digits in (1, 18):
+            assert len(build_needle_prompt(tokenizer, 60 + extra, digits=digits).answer) == digits
+        for digits in (0, 19):
+            with pytest.raises(ValueError, match="digits"):
+                build_needle_prompt(tokenizer, 60 + extra, digits=digits)
+
+
+def test_needle_numbers_range_over_every_number_of_their_digits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over seeds, a ``digits``-digit needle number takes the smallest and the largest ``digits``-digit number
+    (1 and 9; 10 and 99). Kills ``11 ** (digits - 1)`` and ``10**digits - 2`` for the bounds of the draw."""
+    _essays(monkeypatch, _words(400, 7))
+    tokenizer = _Chars()
+    for digits, low, high in ((1, 1, 9), (2, 10, 99)):
+        numbers = {int(build_needle_prompt(tokenizer, 120, seed=s, digits=digits).answer) for s in range(1500)}
+        assert min(numbers) == low and max(numbers) == high and len(numbers) == high - low + 1
+
+
+def test_text_is_encoded_without_special_tokens_or_length_warnings() -> None:
+    """:func:`encode` adds no special token (a BOS would shift every count by one) and lets the tokenizer warn
+    about no length (essay text runs past the model's limit on purpose). Kills ``add_special_tokens=True`` and
+    ``verbose=True``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel(vocab={"<s>": 0, "a": 1, "b": 2, "[UNK]": 3}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, bos_token="<s>", unk_token="[UNK]", model_max_length=4)
+    assert tokenizer("a b")["input_ids"] == [0, 1, 2]  # the tokenizer adds a BOS when asked
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        assert encode(tokenizer, "a b a b a b") == [1, 2, 1, 2, 1, 2]
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert messages == []
+
+
+def test_the_first_tokenization_covers_6_characters_a_token_wanted() -> None:
+    """:func:`token_stream` tokenizes whole texts up to ``max(1024, 6 * min_tokens)`` characters, separators
+    counted, at once (6 characters a token: more than English BPE's ~4, so one pass suffices without tokenizing
+    the whole corpus). Kills ``7 * min_tokens`` and ``6 / min_tokens`` for ``6 * min_tokens``, and ``-`` for ``+``
+    in the character count."""
+    texts = [chr(ord("a") + i % 26) * 100 for i in range(100)]  # 100 characters, 102 with a separator
+    for min_tokens, whole_texts in ((10, 11), (170, 11), (1000, 59)):  # 11 * 102 >= 1024, 59 * 102 >= 6000
+        joined, ids = token_stream(_Chars(), texts, min_tokens)
+        assert joined == "\n\n".join(texts[:whole_texts]) and len(ids) == len(joined), min_tokens
+
+
+def test_default_calibration_sizes_and_seed_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 samples, 2,048 context and 32 continuation tokens, seed 0 (docs/cli.md), for
+    :func:`default_calibration` and :func:`load_calibration`. Kills ``n_samples`` 9, ``continuation_tokens`` 33
+    and ``seed`` 1 as defaults of either."""
+    _essays(monkeypatch, *(_words(3000, 10 + i) for i in range(6)))
+    tokenizer = _Chars()
+    want = calibration.default_calibration(tokenizer, n_samples=8, context_tokens=2048, continuation_tokens=32, seed=0)
+    assert len(want) == 8 and all(len(s.context) == 2048 and len(s.continuation) == 32 for s in want)
+    assert calibration.default_calibration(tokenizer) == want
+    assert calibration.load_calibration(None, tokenizer) == want
+
+
+def test_a_calibration_window_runs_on_into_the_following_essays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sample ``i`` starts inside the ``i``-th essay of the seeded order and runs on into the next ones of that
+    order (cycling), joined with blank lines. Kills ``//`` for ``%`` and ``-`` for ``+`` in the essay order."""
+    corpus = _essays(monkeypatch, *(chr(ord("a") + i) * 7 for i in range(5)))  # "aaaaaaa", "bbbbbbb", ...
+    names = [name for name, _ in corpus]
+    samples = calibration.default_calibration(_Chars(), n_samples=5, context_tokens=12, continuation_tokens=4)
+    order = [names.index(s.source.removeprefix("pg-essays:").split("@")[0]) for s in samples]
+    assert sorted(order) == list(range(5))  # every essay starts one sample
+    for i, sample in enumerate(samples):
+        offset = int(sample.source.split("@")[1])
+        stream = "\n\n".join(corpus[order[(i + j) % 5]][1] for j in range(5))
+        assert 0 <= offset < 7 and sample.context + sample.continuation == stream[offset : offset + 16]
+
+
+def test_a_calibration_window_may_start_at_any_token_of_its_essay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over seeds, the start offset takes every token of the first essay, its last included, and none past it.
+    Kills ``first_len - 2`` for ``first_len - 1``."""
+    _essays(monkeypatch, *(chr(ord("a") + i) * 3 for i in range(8)))
+    offsets = {
+        int(calibration.default_calibration(_Chars(), 1, 6, 2, seed=seed).samples[0].source.split("@")[1])
+        for seed in range(40)
+    }
+    assert offsets == {0, 1, 2}
+
+
+def test_a_jsonl_file_is_read_no_further_than_the_records_asked_for(tmp_path: Path) -> None:
+    """``n_samples`` records are taken without reading the next line (a file still being written, or a bad line
+    after them). Kills ``>`` for ``>=`` in :func:`load_jsonl_calibration`."""
+    path = tmp_path / "calib.jsonl"
+    good = [json.dumps({"context": f"c{i}", "continuation": f"x{i}"}) for i in range(2)]
+    path.write_text("\n".join([*good, '{"context": "cut']) + "\n", encoding="utf-8")
+    loaded = calibration.load_jsonl_calibration(path, n_samples=2)
+    assert [s.context for s in loaded] == ["c0", "c1"]
+    with pytest.raises(ValueError, match="invalid JSON"):
+        calibration.load_jsonl_calibration(path, n_samples=3)
+
+
+def test_the_checkpoint_key_names_a_chunk_only_when_it_is_not_the_default() -> None:
+    """A run with the default prefill chunk keeps the key that checkpoints written before the chunk existed have,
+    so they resume. Kills ``!=`` for ``==`` in the key's chunk entry (moved here from test_chunked_prefill.py)."""
+    from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
+    from ripplekv.profiling.sensitivity import checkpoint_key
+
+    calibration = CalibrationSet((CalibrationSample("a b c", "d"),), "test")
+    default = checkpoint_key({"config_hash": "h"}, "w", calibration, ProfilingConfig())
+    assert "prefill_chunk" not in default
+    chunked = checkpoint_key({"config_hash": "h"}, "w", calibration, ProfilingConfig(prefill_chunk=512))
+    assert chunked["prefill_chunk"] == 512
