@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, Unif
 from ripplekv.allocation.squeezeattention import (
     SqueezeAttentionRule,
     kmeans_1d,
+    squeeze_groups,
     squeeze_statistic_of_similarities,
 )
 from ripplekv.evaluation.reporting import comparisons, significance, stats
@@ -712,3 +714,46 @@ def test_dynamickv_update_with_nothing_to_select_still_reaches_the_last_update()
     Kills ``break`` for the ``continue`` after an empty update (the counts would stay all zero)."""
     stats = [(np.array([10.0, 0.0]), 1), (np.array([5.0, 0.0]), 1), (np.array([1.0, 1.0]), 1)]
     assert DynamicKVRule(update_interval=2).progressive_caps(stats, 3, 1, 10) == ((10, 10, 10), (1, 0, 0))
+
+
+def test_rule_calls_refuse_an_empty_or_fractional_prompt() -> None:
+    """A prompt of 0 tokens (an integer) and of 1.5 tokens (a fraction) each fail one side of the check of
+    ``prompt_tokens``. Kills ``and`` for ``or`` in :func:`check_rule_call`."""
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="prompt_tokens"):
+            check_rule_call([()], 1, bad, 0, 0, 0)  # type: ignore[arg-type]
+
+
+def test_squeeze_rule_squeezes_the_higher_of_two_clusters() -> None:
+    """Two distinct similarities make two clusters (fewer than the 3 asked for): the higher one is class 3, at
+    ``p`` of the average, the other takes ``(L - m p) / (L - m) = 3 / 2`` of it. Kills ``len(centres) <= 2`` for
+    ``< 2`` in :func:`squeeze_groups`."""
+    assert squeeze_groups([0.1, 0.1, 0.9, 0.9]) == (False, False, True, True)
+    assert squeeze_groups([0.1, 0.9], n_clusters=2) == (False, True)
+    sims = [(0.1,), (0.1,), (0.9,), (0.9,)]
+    assert SqueezeAttentionRule(p=0.5).layer_budgets(sims, 4, 100, 160, 0, 0) == (60, 60, 20, 20)
+
+
+def test_squeeze_rule_squeezes_a_class_3_of_one_layer() -> None:
+    """Three distinct similarities, one per cluster: the single layer of class 3 gets ``p`` of the average and the
+    two others ``(3 - p) / 2`` each. Kills ``m == 1`` for ``m == 0`` in :meth:`SqueezeAttentionRule.weights` (it
+    would hand out uniform budgets)."""
+    rule = SqueezeAttentionRule(p=0.5)
+    assert rule.weights([0.1, 0.5, 0.9]) == (Fraction(5, 4), Fraction(5, 4), Fraction(1, 2))
+    assert rule.layer_budgets([(0.1,), (0.5,), (0.9,)], 3, 100, 120, 0, 0) == (50, 50, 20)
+
+
+def test_dynamickv_rule_refuses_empty_or_non_finite_scores() -> None:
+    """A layer with no score and a layer with a NaN score are each refused (each fails one side of the check, the
+    other layer valid). Kills ``and`` for ``or`` in the check of a layer's scores."""
+    good = (np.array([1.0, 2.0]), 1)
+    for bad in (np.array([]), np.array([1.0, np.nan]), np.array([np.inf])):
+        with pytest.raises(ValueError, match="non-empty array of finite values"):
+            DynamicKVRule().progressive_caps([good, (bad, 1)], 2, 4, 10)
+
+
+def test_a_lava_rule_is_frozen() -> None:
+    """A rule's settings cannot change after it is made, like every other rule's. Kills ``@dataclass(frozen=False)``
+    on :class:`LavaRule`."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LavaRule().kernel_size = 5  # type: ignore[misc]

@@ -7,9 +7,11 @@ Each test names, in its docstring, the mutants it kills.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import random
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -487,3 +489,94 @@ def test_the_checkpoint_key_names_a_chunk_only_when_it_is_not_the_default() -> N
     assert "prefill_chunk" not in default
     chunked = checkpoint_key({"config_hash": "h"}, "w", calibration, ProfilingConfig(prefill_chunk=512))
     assert chunked["prefill_chunk"] == 512
+
+
+# ------------------------------------------------------------------------------------------------ survivors, round 2
+
+
+def test_a_noise_spec_is_frozen() -> None:
+    """What a sample's perturbed rows get cannot change while its passes run. Kills ``@dataclass(frozen=False)`` on
+    :class:`passes.NoiseSpec`."""
+    spec = passes.NoiseSpec(alpha=0.5, repeats=2, seed=0, sample=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.alpha = 1.0  # type: ignore[misc]
+
+
+def test_the_shared_prefix_pass_drops_each_float32_layer_copy_after_its_layer() -> None:
+    """:func:`batched_by_depth` runs each layer once, so the float32 copy of a bfloat16 layer is not kept: when a
+    layer runs, no earlier layer's copy is alive (kept, they would hold up to ``MAX_LAYER_COPY_BYTES`` of device
+    memory till the pass ends). Kills ``keep_copies=True`` for ``False`` in :func:`batched_by_depth`."""
+    model = enable_varlen_attention(tiny_model("llama", layers=3)).to(torch.bfloat16)
+    assert can_share_prefix(model, 12)
+    copies: list[weakref.ref] = []
+    alive: list[int] = []
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        if module.self_attn.q_proj.weight.dtype == torch.float32:  # a float32 copy, not the model's own layer
+            gc.collect()
+            alive.append(sum(ref() is not None for ref in copies))
+            copies.append(weakref.ref(module))
+
+    handles = [layer.register_forward_pre_hook(hook) for layer in model.model.layers]  # deep-copied with the layer
+    try:
+        score_sample(model, random_ids(9, 1), random_ids(3, 2), ProfilingConfig(alpha=0.5, repeats=1))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert alive == [0, 0, 0]
+
+
+def test_calibration_sets_are_frozen() -> None:
+    """A calibration set (hashed into a checkpoint key) cannot change once made. Kills ``@dataclass(frozen=False)``
+    on :class:`CalibrationSet`."""
+    calib = calibration.CalibrationSet((calibration.CalibrationSample("a b c", "d"),), "test")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        calib.description = "other"  # type: ignore[misc]
+
+
+def test_the_first_tokenization_stops_at_exactly_1024_characters() -> None:
+    """Texts whose characters, separators counted, reach 1,024 exactly are enough for a first tokenization of few
+    tokens: 8 texts of 126 characters (128 with a separator), not a 9th. Kills ``max(1025, ...)`` for
+    ``max(1024, ...)`` in :func:`token_stream`."""
+    texts = [chr(ord("a") + i) * 126 for i in range(20)]
+    joined, ids = token_stream(_Chars(), texts, 10)
+    assert joined == "\n\n".join(texts[:8]) and len(ids) == 8 * 126 + 7 * 2
+
+
+class _Overlong(_Chars):
+    """Characters, except that the first ``tries`` prompts (a needle after some haystack) take ``excess`` tokens
+    more than ``context_tokens``: every try of :func:`build_needle_prompt` overshoots by ``excess``."""
+
+    def __init__(self, context_tokens: int, tries: int, excess: int = 1) -> None:
+        self.context_tokens, self.tries, self.excess = context_tokens, tries, excess
+
+    def __call__(self, text: str, add_special_tokens: bool = False, verbose: bool = False) -> dict:
+        ids = [ord(c) for c in text]
+        if self.tries and " The special magic number " in text:
+            self.tries -= 1
+            ids += [ord(" ")] * (self.context_tokens + self.excess - len(ids))
+        return {"input_ids": ids}
+
+
+def test_a_needle_prompt_takes_8_tries_to_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt that still overshoots after 7 shrinks fits at the 8th try; one that overshoots 8 times is refused.
+    Kills ``range(9)`` for ``range(8)`` in :func:`build_needle_prompt`."""
+    extra = _needle_length(monkeypatch) + 2
+    _essays(monkeypatch, _words(400, 1))
+    size = 60 + extra  # a haystack of 60 tokens, then 1 fewer per try
+    prompt = build_needle_prompt(_Overlong(size, tries=7), size, depth=1.0)
+    assert prompt.context_tokens == len(prompt.context) <= size and len(_haystack_of(prompt)) <= 60 - 7
+    with pytest.raises(ValueError, match="could not fit"):
+        build_needle_prompt(_Overlong(size, tries=8), size, depth=1.0)
+
+
+def test_a_needle_prompt_may_shrink_its_haystack_to_exactly_32_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A haystack of 33 tokens that overshoots by 1 is tried again at 32 tokens, the least allowed, and fits; one
+    that overshoots by 2 would go to 31 and is refused. Kills ``<=`` for ``<`` in the shrink step's floor."""
+    extra = _needle_length(monkeypatch) + 2
+    _essays(monkeypatch, _words(400, 1))
+    size = 33 + extra
+    prompt = build_needle_prompt(_Overlong(size, tries=1, excess=1), size, depth=1.0)
+    assert prompt.context_tokens == len(prompt.context) <= size and len(_haystack_of(prompt)) <= 32
+    with pytest.raises(ValueError, match="could not fit"):
+        build_needle_prompt(_Overlong(size, tries=1, excess=2), size, depth=1.0)
