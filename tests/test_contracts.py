@@ -19,6 +19,7 @@ import torch
 from scipy.special import ndtr, ndtri
 from transformers import DynamicCache
 
+import ripplekv.allocation.dynamickv as dynamickv
 from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
@@ -30,7 +31,7 @@ from ripplekv.allocation.budgets import (
 )
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, global_topk_counts
-from ripplekv.allocation.lava import LavaRule
+from ripplekv.allocation.lava import LavaRule, lava_layer_statistic
 from ripplekv.allocation.per_prompt import check_rule_call, fill_shares
 from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, UniformSchedule
 from ripplekv.allocation.squeezeattention import (
@@ -757,3 +758,71 @@ def test_a_lava_rule_is_frozen() -> None:
     on :class:`LavaRule`."""
     with pytest.raises(dataclasses.FrozenInstanceError):
         LavaRule().kernel_size = 5  # type: ignore[misc]
+
+
+def test_rule_calls_refuse_a_fractional_or_out_of_range_total() -> None:
+    """A total of 1.5 tokens (a fraction in range) and of -1 or 21 tokens (integers outside ``[0, 2 * 10]``) each
+    fail one side of the check of ``total``; 0 and 20, its bounds, pass. Kills ``and`` for ``or``, ``1 <= total``
+    and ``total < n_layers * prompt_tokens`` in :func:`check_rule_call`."""
+    for good in (0, 20):
+        check_rule_call([(), ()], 2, 10, good, 0, 0)
+    for bad in (1.5, -1, 21):
+        with pytest.raises(ValueError, match="total must be an integer"):
+            check_rule_call([(), ()], 2, 10, bad, 0, 0)  # type: ignore[arg-type]
+
+
+def test_dynamickv_defaults_cap_a_layer_at_10_times_the_average() -> None:
+    """The defaults are the authors' Llama script's (module docstring: ``kernel_size = 7``, ``avgpool``,
+    ``radio_max = 10``, updates every 4 layers). 12 layers, no window, 120 tokens: an average of 10; layer 0 holds
+    every top score and keeps ``radio_max * 10 = 100`` tokens, the rest going to the layers no earlier update
+    capped. Kills ``radio_max: float = 11.0``."""
+    assert DynamicKVRule() == DynamicKVRule(kernel_size=7, pooling="avgpool", radio_max=10.0, update_interval=4)
+    assert "``radio_max = 10``" in " ".join(dynamickv.__doc__.split())
+    stats = [(np.linspace(2.0, 1.0, 200), 1)] + [(np.full(200, 0.5 - 0.01 * layer), 1) for layer in range(1, 12)]
+    assert DynamicKVRule().layer_budgets(stats, 12, 1000, 120, 0, 0) == (100, *[0] * 7, 5, 5, 5, 5)
+
+
+def test_dynamickv_takes_a_radio_max_of_exactly_1_and_updates_after_every_layer() -> None:
+    """``radio_max`` may be 1 (``>= 1``): every layer is then capped at the average, so the budgets are uniform
+    whatever the scores; ``update_interval`` may be 1 (an update after every layer). Just below each bound is
+    refused. Kills ``>`` for ``>=`` in :func:`check_positive` (``strict=False``) and ``check_int(..., 2)`` for
+    ``update_interval``."""
+    stats = [(np.linspace(2.0, 1.0, 200), 1)] + [(np.full(200, 0.5 - 0.01 * layer), 1) for layer in range(1, 12)]
+    assert DynamicKVRule(radio_max=1.0).layer_budgets(stats, 12, 1000, 120, 0, 0) == (10,) * 12
+    assert DynamicKVRule(update_interval=1).update_steps(3) == (1, 2, 3)
+    for bad in ({"radio_max": math.nextafter(1.0, 0.0)}, {"update_interval": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            DynamicKVRule(**bad)  # type: ignore[arg-type]
+
+
+def test_dynamickv_spends_a_single_spare_token_by_its_count() -> None:
+    """One token beyond the windows (one head): the last update counts the single highest score, layer 1's,
+    which takes the token, not the first layer as an even split would. Kills ``sum(counts) == 1`` for ``== 0``."""
+    stats = [(np.array([1.0, 0.0]), 1), (np.array([5.0, 0.0]), 1)]
+    assert DynamicKVRule().layer_budgets(stats, 2, 100, 9, 4, 0) == (4, 5)
+
+
+def test_lava_statistic_refuses_a_tensor_of_the_wrong_rank_on_either_side() -> None:
+    """A 3-D window attention with 4-D values, and 4-D attention with 3-D values, are each refused. Kills
+    ``and`` for ``or`` in the rank check of :func:`lava_layer_statistic`."""
+    attention, values = torch.full((1, 2, 3, 4), 0.25), torch.ones(1, 1, 7, 2)
+    lava_layer_statistic(attention, values)
+    for bad_attention, bad_values in ((attention[0], values), (attention, values[0])):
+        with pytest.raises(ValueError, match="must be \\(batch, heads, window, prefix_keys\\)"):
+            lava_layer_statistic(bad_attention, bad_values)
+
+
+def test_lava_statistic_avgpool_counts_the_zero_padding() -> None:
+    """With ``pooling="avgpool"`` the mean window attention ``(a, b, c)`` of one head is pooled to
+    ``((a + b) / 3, (a + b + c) / 3, (b + c) / 3)`` (width 3, stride 1, zero padding counted), times the largest
+    L1 norm of a prefix value (3 here: a later value token is not read); the statistic is the entropy of the
+    normalised scores over ``log 3``. Runs the average pooling (no other test does) and kills ``stride=2``."""
+    attention = torch.tensor([[[[0.1, 0.2, 0.7], [0.3, 0.4, 0.3]]]], dtype=torch.float64)  # (1, 1, 2, 3)
+    values = torch.tensor([[[[1.0, -2.0], [0.5, 0.5], [0.0, 1.0], [9.0, 9.0]]]], dtype=torch.float64)
+    a, b, c = 0.2, 0.3, 0.5
+    scores = np.array([(a + b) / 3, (a + b + c) / 3, (b + c) / 3]) * 3.0
+    p = scores / (scores.sum() + 1e-16)
+    expected = float(-(p * np.log(p + 1e-16)).sum() / math.log(3))
+    got = LavaRule(kernel_size=3, pooling="avgpool").layer_statistic(attention, values).entropy
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert got != pytest.approx(LavaRule(kernel_size=3).layer_statistic(attention, values).entropy, rel=1e-6)

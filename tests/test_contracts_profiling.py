@@ -13,6 +13,7 @@ import logging
 import random
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from ripplekv.profiling.damage_profile import damage_budget, make_damage_profile
 from ripplekv.profiling.divergence import kl_divergence, relative_change
 from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt, encode, token_stream
 from ripplekv.profiling.noise import ContinuationBuffers, noise_generator
-from ripplekv.profiling.passes import Float32Head, Float32Layers, can_share_prefix
+from ripplekv.profiling.passes import CleanPass, Float32Head, Float32Layers, can_share_prefix
 from ripplekv.profiling.profile import SensitivityProfile
 from tests.conftest import random_ids, tiny_model
 
@@ -580,3 +581,73 @@ def test_a_needle_prompt_may_shrink_its_haystack_to_exactly_32_tokens(monkeypatc
     assert prompt.context_tokens == len(prompt.context) <= size and len(_haystack_of(prompt)) <= 32
     with pytest.raises(ValueError, match="could not fit"):
         build_needle_prompt(_Overlong(size, tries=1, excess=2), size, depth=1.0)
+
+
+def test_a_clean_pass_is_frozen() -> None:
+    """What the clean pass leaves is shared by every perturbed pass: it cannot be rebound. Kills
+    ``@dataclass(frozen=False)`` on :class:`CleanPass`."""
+    clean = CleanPass(clean=(), calls=(), new_tokens=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        clean.new_tokens = 2  # type: ignore[misc]
+
+
+def _meta_lm(vocab: int, width: int) -> Any:
+    """A stand-in causal LM for :class:`Float32Head`: a bfloat16 output projection on the meta device (no memory)."""
+    decoder = SimpleNamespace(layers=[], norm=nn.Identity())
+    head = nn.Linear(width, vocab, bias=False, device="meta", dtype=torch.bfloat16)
+    config = SimpleNamespace(get_text_config=lambda: SimpleNamespace())
+    return SimpleNamespace(get_decoder=lambda: decoder, get_output_embeddings=lambda: head, config=config)
+
+
+def test_float32_head_casts_its_weight_once_up_to_exactly_256_mib() -> None:
+    """``MAX_HEAD_BYTES`` is 256 MiB: an output projection of 2**13 rows of width 2**13 (2**28 float32 bytes) is
+    cast to float32 once, at construction; one row more is cast in chunks of 2**13 rows on each call. Kills
+    ``256 * 3**20`` for ``256 * 2**20`` and ``rows < self.chunk`` for ``rows <= self.chunk``."""
+    assert passes.MAX_HEAD_BYTES == 256 * 2**20 == 2**13 * 2**13 * 4
+    whole = Float32Head(_meta_lm(2**13, 2**13))
+    assert whole.chunk == 2**13 and whole._float_weight is not None
+    assert whole._float_weight.dtype == torch.float32
+    chunked = Float32Head(_meta_lm(2**13 + 1, 2**13))
+    assert chunked.chunk == 2**13 and chunked._float_weight is None
+
+
+def test_a_one_layer_model_is_profiled_on_both_paths() -> None:
+    """A model of a single decoder layer is profiled, by the shared-prefix pass and by the generic one alike, with
+    the same score. Kills ``clean.clean[1]`` for ``clean.clean[0]`` in ``_input`` (a one-layer cache has no layer
+    1)."""
+    config = ProfilingConfig(alpha=0.5, repeats=2)
+    context, continuation = random_ids(9, 1), random_ids(3, 2)
+    generic = score_sample(tiny_model("llama", layers=1), context, continuation, config)
+    shared = score_sample(enable_varlen_attention(tiny_model("llama", layers=1)), context, continuation, config)
+    assert len(generic.kl) == len(generic.local) == 1 and generic.kl[0] > 0
+    assert shared.kl == pytest.approx(generic.kl, rel=1e-4) and shared.local == pytest.approx(generic.local, rel=1e-4)
+
+
+class _Words:
+    """One token per whitespace-separated word."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False, verbose: bool = False) -> dict:
+        return {"input_ids": [len(word) for word in text.split()]}
+
+
+def test_token_stream_stops_at_exactly_min_tokens_and_doubles_a_short_guess() -> None:
+    """Texts of 10 words (99 characters, 101 with a separator, 10 tokens). 110 tokens wanted: the first guess of
+    1,024 characters takes 11 texts, exactly enough. 111 wanted: those fall short, and the guess doubles to 2,048
+    characters, 21 texts; 211 wanted: 1,266, then 2,532 characters, 26 texts. Kills ``>`` for ``>=`` in the
+    check of the tokens, and ``char_budget *= 3`` for ``*= 2`` (31 and 38 texts), a line no other test ran."""
+    texts = [" ".join([chr(ord("a") + i % 26) * 9] * 10) for i in range(60)]
+    for min_tokens, used in ((110, 11), (111, 21), (211, 26)):
+        joined, ids = token_stream(_Words(), texts, min_tokens)
+        assert joined == "\n\n".join(texts[:used]) and len(ids) == 10 * used, min_tokens
+
+
+def test_a_haystack_keeps_its_fragment_after_a_sentence_end_in_its_first_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A haystack of 41 tokens whose only sentence end is at 13, 15 or 19, in its first half (before 41 // 2 = 20)
+    though not in its first third, is kept whole. Kills ``len(text) // 3`` for ``len(text) // 2`` in
+    ``_trim_to_sentence``."""
+    extra = _needle_length(monkeypatch) + 2
+    for end in (13, 15, 19):
+        text = "a" * (end - 1) + ". " + _words(60, end)
+        _essays(monkeypatch, text)
+        prompt = build_needle_prompt(_Chars(), 41 + extra, depth=1.0)
+        assert _haystack_of(prompt) == text[:41].rstrip(), end
