@@ -20,6 +20,7 @@ from scipy.special import ndtr, ndtri
 from transformers import DynamicCache
 
 import ripplekv.allocation.dynamickv as dynamickv
+import ripplekv.allocation.squeezeattention as squeezeattention
 from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
@@ -32,13 +33,21 @@ from ripplekv.allocation.budgets import (
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, global_topk_counts
 from ripplekv.allocation.lava import LavaRule, lava_layer_statistic
-from ripplekv.allocation.per_prompt import check_rule_call, fill_shares
+from ripplekv.allocation.per_prompt import (
+    PerPromptSchedule,
+    TokenStatistic,
+    check_rule_call,
+    fill_shares,
+    layer_floor,
+)
 from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, UniformSchedule
 from ripplekv.allocation.squeezeattention import (
+    DEFAULT_SQUEEZE_P,
     SqueezeAttentionRule,
     kmeans_1d,
     squeeze_groups,
     squeeze_statistic_of_similarities,
+    squeeze_token_similarities,
 )
 from ripplekv.evaluation.reporting import comparisons, significance, stats
 from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
@@ -826,3 +835,135 @@ def test_lava_statistic_avgpool_counts_the_zero_padding() -> None:
     got = LavaRule(kernel_size=3, pooling="avgpool").layer_statistic(attention, values).entropy
     assert got == pytest.approx(expected, rel=1e-12)
     assert got != pytest.approx(LavaRule(kernel_size=3).layer_statistic(attention, values).entropy, rel=1e-6)
+
+
+def test_rule_calls_refuse_a_negative_or_fractional_window_or_floor() -> None:
+    """A window or floor of -1 (an integer) and of 1.5 (a fraction) each fail one side of their check; 0 passes.
+    Kills ``and`` for ``or`` in the check of ``window`` and ``floor`` in :func:`check_rule_call`."""
+    check_rule_call([()], 1, 10, 5, 0, 0)
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="window must be an integer"):
+            check_rule_call([()], 1, 10, 5, bad, 0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="floor must be an integer"):
+            check_rule_call([()], 1, 10, 5, 0, bad)  # type: ignore[arg-type]
+
+
+def test_fill_shares_refuses_no_entries_or_any_list_of_another_length() -> None:
+    """No entries at all, and slopes, lows or highs one entry short, each fail on their own. Kills ``and`` for
+    ``or`` in the length check of :func:`fill_shares`."""
+    good = {"offsets": [0.0, 0.0], "slopes": [1.0, 1.0], "lows": [0, 0], "highs": [5, 5], "total": 4}
+    assert fill_shares(**good) == [2, 2]
+    bad_calls = [{**good, "offsets": [], "slopes": [], "lows": [], "highs": [], "total": 0}]
+    bad_calls += [{**good, name: good[name][:1]} for name in ("slopes", "lows", "highs")]
+    for bad in bad_calls:
+        with pytest.raises(ValueError, match="equally long, non-empty"):
+            fill_shares(**bad)
+
+
+def test_fill_shares_refuses_a_non_finite_float_and_takes_any_fraction() -> None:
+    """A NaN or infinite offset or slope is refused by the finiteness check itself (not by a later failure to
+    make it a fraction). Kills ``isinstance(v, Fraction)`` for ``not isinstance(...)`` in that check."""
+    for offsets, slopes in (([math.nan], [1.0]), ([0.0], [math.inf])):
+        with pytest.raises(ValueError, match="finite offsets and slopes"):
+            fill_shares(offsets, slopes, [0], [5], 3)
+
+
+def test_an_infeasible_layer_floor_is_the_integer_average() -> None:
+    """Two windows of 4 tokens exceed a total of 5: the floor is lowered to ``5 // 2 = 2``, an integer (not 2.5).
+    Kills ``total / n_layers`` for ``//`` in :func:`layer_floor`."""
+    floor = layer_floor(2, 100, 5, 4, 0)
+    assert floor == 2 and isinstance(floor, int)
+    assert layer_floor(2, 100, 8, 4, 0) == 4
+
+
+def test_per_prompt_schedule_defaults_and_immutability() -> None:
+    """The observation window defaults to SnapKV's (kvpress's 64, as the docstring says); a schedule, like the
+    :class:`TokenStatistic` a press chunks a statistic with, cannot change after it is made; a per-prompt
+    schedule is never flagged uniform (its layers keep different numbers of tokens). Kills ``window_size: int =
+    65``, ``@dataclass(frozen=False)`` on both classes and ``uniform = True``."""
+    schedule = PerPromptSchedule(CakeRule(), 0.5)
+    assert schedule.window_size == DEFAULT_WINDOW == 64
+    assert "SnapKV default is 64" in " ".join(PerPromptSchedule.__doc__.split())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        schedule.window_size = 32  # type: ignore[misc]
+    statistic = TokenStatistic(whole=sum, per_token=list, reduce=sum)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        statistic.whole = max  # type: ignore[misc]
+    assert not PerPromptSchedule.uniform
+    sims = [(0.1,), (0.1,), (0.9,), (0.9,)]
+    rule_schedule = PerPromptSchedule(SqueezeAttentionRule(p=0.5), tokens=40, window_size=0)
+    assert rule_schedule.layer_budgets(sims, 4, 100, 0) == (60, 60, 20, 20)
+
+
+def test_a_per_prompt_schedule_refuses_no_layers_and_fractional_layers() -> None:
+    """An integer 0 and a fraction 1.5 each fail one side of the check of ``n_layers``. Kills ``and`` for ``or``
+    in :meth:`PerPromptSchedule.check_layers`."""
+    schedule = PerPromptSchedule(CakeRule(), 0.5)
+    assert schedule.total(2, 10) == 10
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="n_layers must be an integer"):
+            schedule.total(bad, 10)  # type: ignore[arg-type]
+
+
+def test_squeeze_default_p_is_the_readmes_setting() -> None:
+    """``p = 8 / 21``: the README's ``--KV_class3 0.08`` at ``--ini_size 0.21`` (module docstring), the rule's
+    default. Kills ``8 / 22``."""
+    assert DEFAULT_SQUEEZE_P == 8 / 21 == pytest.approx(0.08 / 0.21, rel=1e-12)
+    assert "``p = 8 / 21``" in " ".join(squeezeattention.__doc__.split())
+    assert SqueezeAttentionRule().p == DEFAULT_SQUEEZE_P
+
+
+def test_squeeze_similarities_of_a_one_token_prompt() -> None:
+    """One token is a prompt (its cosine is computed); no token is refused. Kills ``<= 1`` and ``< 2`` for ``< 1``
+    in the token check of :func:`squeeze_token_similarities`."""
+    residual = torch.tensor([[[1.0, 0.0]]], dtype=torch.float64)
+    output = torch.tensor([[[0.0, 1.0]]], dtype=torch.float64)
+    got = squeeze_token_similarities(residual, output)
+    assert got.shape == (1, 1) and float(got) == pytest.approx(1 / math.sqrt(2), rel=1e-12)
+    with pytest.raises(ValueError, match="no token"):
+        squeeze_token_similarities(residual[:, :0], output[:, :0])
+
+
+def test_squeeze_similarities_refuse_a_non_finite_input_or_output() -> None:
+    """An infinite attention output (a finite residual, so only ``h_in + o`` is non-finite) and an infinite
+    residual are each refused. Kills ``and`` for ``or`` in the finiteness check of
+    :func:`squeeze_token_similarities`."""
+    finite = torch.ones(1, 2, 3, dtype=torch.float64)
+    infinite = finite.clone()
+    infinite[0, 1, 2] = math.inf
+    for residual, output in ((finite, infinite), (infinite, finite)):
+        with pytest.raises(ValueError, match="must be finite"):
+            squeeze_token_similarities(residual, output)
+
+
+def test_kmeans_and_the_squeeze_rule_take_their_smallest_cluster_counts() -> None:
+    """:func:`kmeans_1d` takes one cluster (``n_clusters >= 1``: every value in it, at their mean) and the rule two
+    (``>= 2``: the higher of two clusters squeezed); one less is refused by each. Kills ``check_int(..., 2)`` in
+    :func:`kmeans_1d` and ``check_int(..., 3)`` in :class:`SqueezeAttentionRule`."""
+    assert kmeans_1d([1.0, 3.0, 8.0], 1) == ((0, 0, 0), (4.0,))
+    with pytest.raises(ValueError, match="n_clusters"):
+        kmeans_1d([1.0, 3.0], 0)
+    rule = SqueezeAttentionRule(p=0.5, n_clusters=2)
+    assert rule.layer_budgets([(0.1,), (0.2,), (0.8,), (0.9,)], 4, 100, 160, 0, 0) == (60, 60, 20, 20)
+    with pytest.raises(ValueError, match="n_clusters"):
+        SqueezeAttentionRule(n_clusters=1)
+
+
+def test_squeeze_rule_is_frozen_and_its_weights_average_one() -> None:
+    """A rule's settings cannot change after it is made; its weights are budgets relative to the average, so they
+    average 1, and a single cluster (all similarities equal) gives 1 to every layer. Kills
+    ``@dataclass(frozen=False)`` on :class:`SqueezeAttentionRule` and ``Fraction(2)`` for the uniform weights."""
+    rule = SqueezeAttentionRule(p=0.5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rule.p = 0.25  # type: ignore[misc]
+    assert rule.weights([0.4, 0.4, 0.4]) == (Fraction(1),) * 3
+    for similarities in ([0.1, 0.5, 0.9], [0.1, 0.1, 0.9, 0.9], [0.2, 0.3, 0.5, 0.8, 0.9]):
+        assert sum(rule.weights(similarities)) == len(similarities)
+
+
+def test_squeeze_statistic_joins_parts_along_their_last_dimension() -> None:
+    """Per-token values are indexed by token along the last dimension (:class:`TokenStatistic`), so parts of one
+    dimension (a batch of one, squeezed) are joined along it: one mean over all their tokens. Kills ``dim=1`` for
+    ``dim=-1`` in :func:`squeeze_statistic_of_similarities`."""
+    parts = [torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([6.0], dtype=torch.float64)]
+    assert squeeze_statistic_of_similarities(parts).similarity == 3.0
