@@ -410,26 +410,19 @@ def report(measured: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _chunk_arg(text: str) -> int | None:
-    if text.strip().lower() == "none":
-        return None
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or none, got {text!r}")
-    return value
-
-
 def _computed() -> dict[str, Any]:
     return {name: {str(t): budget(spec, t) for t in (32 * 1024, 128 * 1024)} for name, spec in MODELS.items()}
 
 
 def main() -> None:
+    from ripplekv.cli.args import prefill_chunk_arg  # torch-free
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="2048,4096,8192", help="prompt lengths in tokens (comma-separated)")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"from {', '.join(KINDS)}")
     parser.add_argument(
         "--prefill-chunk",
-        type=_chunk_arg,
+        type=prefill_chunk_arg,
         default=DEFAULT_CHUNK,
         help=f"most tokens per prefill pass (default {DEFAULT_CHUNK}, the library's; none: one pass)",
     )
@@ -437,7 +430,7 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, metavar=("KIND", "LENGTH", "CHUNK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        kind, length, chunk = args.child[0], int(args.child[1]), _chunk_arg(args.child[2])
+        kind, length, chunk = args.child[0], int(args.child[1]), prefill_chunk_arg(args.child[2])
         print("RESULT " + json.dumps(child(kind, length, chunk)), flush=True)
         return
     from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
