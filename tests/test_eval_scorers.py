@@ -198,6 +198,27 @@ def test_report_analyses_each_scorer_on_its_own(scored_run: tuple[Path, EvalConf
     assert {e["method"] for e in estimates} == set(METHODS)
 
 
+def test_rows_written_before_the_scorer_field_report_under_every_scorer(
+    scored_run: tuple[Path, EvalConfig], tmp_path: Path
+) -> None:
+    """A run extended with scorers holds its old rows without a ``scorer`` field: the full cache's (and a method
+    without a scorer) count under every scorer, a scored method's as SnapKV's, so the report is the one of the
+    same rows written with the field (reading a missing field as SnapKV's left the full cache out of every other
+    scorer's complete samples)."""
+    out, _ = scored_run
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "config.json").write_text((out / "config.json").read_text())
+    rows = [
+        {k: v for k, v in r.items() if k != "scorer" or r["scorer"] not in (None, DEFAULT_SCORER)} for r in _rows(out)
+    ]
+    assert any("scorer" not in r and r["method"] == "full" for r in rows)
+    (legacy / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = {"fmt": "json", "resamples": 2000}
+    expected = json.loads(report_module.report(out, **options))["statistics_by_scorer"]
+    assert json.loads(report_module.report(legacy, **options))["statistics_by_scorer"] == expected
+
+
 def test_a_run_extended_with_scorers_keeps_its_rows_and_runs_only_the_new(
     loaded: tuple[Any, Any], profile_path: Path, tmp_path: Path
 ) -> None:

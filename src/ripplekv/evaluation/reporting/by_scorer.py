@@ -29,18 +29,33 @@ PRIMARY = "ripplekv"
 """The method whose paired difference to the best other schedule each verdict line gives."""
 
 
+def _scored_methods(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The methods some row of which names a scorer."""
+    return {str(row["method"]) for row in rows if row.get("scorer") is not None}
+
+
+def _row_scorer(row: Mapping[str, Any], scored: set[str]) -> str | None:
+    """A row's scorer. Rows written before the ``scorer`` field existed lack it: those of a method that other rows
+    run under a named scorer ran the default scorer's, those of the others (the full cache's, a method without a
+    scorer) have none. A run whose rows all lack the field reads as scorer-less rows, kept under every scorer."""
+    if "scorer" in row:
+        return None if row["scorer"] is None else str(row["scorer"])
+    return DEFAULT_SCORER if str(row["method"]) in scored else None
+
+
 def row_scorers(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The scorers of a run's rows, in the order they first appear (rows without the field ran SnapKV's).
+    """The scorers of a run's rows, in the order they first appear (a run whose rows name none ran SnapKV's).
 
     Args:
         rows: result rows.
     """
+    scored = _scored_methods(rows)
     found: dict[str, None] = {}
     for row in rows:
-        scorer = row.get("scorer", DEFAULT_SCORER)
+        scorer = _row_scorer(row, scored)
         if scorer is not None:
-            found.setdefault(str(scorer), None)
-    return list(found)
+            found.setdefault(scorer, None)
+    return list(found) if found or not rows else [DEFAULT_SCORER]
 
 
 def rows_of_scorer(
@@ -48,15 +63,17 @@ def rows_of_scorer(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of one scorer as a run of their own, and its method names in report order.
 
-    The rows are those whose ``scorer`` is ``scorer`` or null (methods without a scorer); each is returned under its
-    plain method name (its ``scorer`` field set to null), so the analysis compares schedules over one scorer.
+    The rows are those whose scorer is ``scorer`` or none (methods without a scorer; a row without the field is read
+    as :func:`row_scorers` reads it); each is returned under its plain method name (its ``scorer`` field set to
+    null), so the analysis compares schedules over one scorer.
 
     Args:
         rows: the run's result rows.
         methods: the run's configuration names in report order (``full``, ``snapkv``, ``snapkv@tova``, ...).
         scorer: the scorer.
     """
-    kept = [{**row, "scorer": None} for row in rows if row.get("scorer", DEFAULT_SCORER) in (None, scorer)]
+    scored = _scored_methods(rows)
+    kept = [{**row, "scorer": None} for row in rows if _row_scorer(row, scored) in (None, scorer)]
     present = {str(row["method"]) for row in kept}
     order = dict.fromkeys(split_configuration(name)[0] for name in methods)
     return kept, [m for m in order if m in present] + sorted(present - set(order))
