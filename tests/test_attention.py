@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from ripplekv.models.attention import (
+    VARLEN_PREFIX,
     PaddedBatchError,
     enable_varlen_attention,
     fit_attention_mask,
@@ -49,6 +50,26 @@ def test_multi_token_pass_matches_token_by_token(arch: str, attn: str) -> None:
         ]
     assert layer_lengths(cache) == [n + 7 for n in keep]
     torch.testing.assert_close(together, torch.cat(steps, dim=1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_registered_attention_runs_under_kvpress_patch(attn: str) -> None:
+    """Importing kvpress after the variants are registered wraps them (``attention_patch``), and the wrapper passes
+    ``dropout`` as the sixth positional argument, as transformers' own functions take it."""
+    from kvpress.attention_patch import attention_patch
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = enable_varlen_attention(tiny_model("llama", layers=2, attn=attn))
+    module = model.model.layers[0].self_attn
+    function = ALL_ATTENTION_FUNCTIONS[VARLEN_PREFIX + attn]
+    generator = torch.Generator().manual_seed(0)
+    heads, kv_heads, head_dim = model.config.num_attention_heads, model.config.num_key_value_heads, module.head_dim
+    query = torch.randn(1, heads, 3, head_dim, generator=generator)
+    key, value = (torch.randn(1, kv_heads, 9, head_dim, generator=generator) for _ in range(2))
+    with torch.no_grad():
+        direct, _ = function(module, query, key, value, None, dropout=0.0, scaling=module.scaling)
+        patched, _ = attention_patch(function)(module, query, key, value, None, 0.0, scaling=module.scaling)
+    torch.testing.assert_close(patched, direct, atol=0, rtol=0)
 
 
 def test_plain_sdpa_fails_on_variable_lengths() -> None:

@@ -7,6 +7,7 @@ hand-computed budget rule, and property tests: budgets sum exactly to SnapKV's t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from fractions import Fraction
 from typing import Any
@@ -281,6 +282,13 @@ def test_dynamickv_rule_validation() -> None:
         DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.ones(3), 2)], 2, 10, 10, 0, 0)
     with pytest.raises(ValueError, match="another prompt length or window"):
         DynamicKVRule().layer_budgets([(np.ones(12), 1), (np.ones(3), 1)], 2, 10, 10, 0, 0)
+    # invalid statistics are an error at every total, also one that leaves nothing beyond the windows (an even
+    # split, no statistic read) or a window that covers the prompt
+    for total, window in ((4, 2), (10, 10)):
+        with pytest.raises(ValueError, match="same number of heads"):
+            DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.ones(3), 2)], 2, 10, total, window, 0)
+        with pytest.raises(ValueError, match="finite"):
+            DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.array([np.nan]), 1)], 2, 10, total, window, 0)
 
 
 # ----------------------------------------------------------------------------------------------------------- LAVa
@@ -524,3 +532,116 @@ def test_statistics_from_a_real_prefill(smollm2: dict[str, Any]) -> None:
         budgets = schedule.layer_budgets(stats[rule.name], n_layers, prompt, window)
         assert sum(budgets) == schedule.total(n_layers, prompt)
         assert all(window <= b <= prompt for b in budgets)
+
+
+# ------------------------------------------------------------------------- boundaries, defaults and frozen rules
+
+
+def test_dynamickv_pooled_scores_default_kernel_and_shape_checks() -> None:
+    # the defaults: an average pool of width 7 (pad 3 each side, padding counted). With 3 keys every window
+    # covers all of them: head 0 (0.75 + 0.5 + 0.375) / 7 = 1.625 / 7 at each key, head 1 1.375 / 7
+    expected = torch.tensor([[[1.625] * 3, [1.375] * 3]], dtype=torch.float64) / 7
+    assert torch.allclose(dynamickv_pooled_scores(WINDOW_ATTENTION), expected, atol=1e-15, rtol=0)
+    # width 5 (pad 2): again every window covers the 3 keys -> 1.625 / 5 and 1.375 / 5
+    assert torch.allclose(
+        dynamickv_pooled_scores(WINDOW_ATTENTION, kernel_size=5), expected * 7 / 5, atol=1e-15, rtol=0
+    )
+    # a single prefix key is enough: head 0 sums 0.5 + 0.25 = 0.75, head 1 0.5 + 0.125 = 0.625, over 3
+    one = dynamickv_pooled_scores(WINDOW_ATTENTION[..., :1], kernel_size=3)
+    assert torch.allclose(one, torch.tensor([[[0.75], [0.625]]], dtype=torch.float64) / 3, atol=1e-15, rtol=0)
+    with pytest.raises(ValueError, match="at least one prefix key"):
+        dynamickv_pooled_scores(WINDOW_ATTENTION[..., :0], kernel_size=3)
+    with pytest.raises(ValueError, match="at least one prefix key"):
+        dynamickv_pooled_scores(WINDOW_ATTENTION[0], kernel_size=3)  # 3-D
+
+
+def test_dynamickv_keep_of_one_and_single_entry_counts() -> None:
+    pooled = dynamickv_pooled_scores(WINDOW_ATTENTION, kernel_size=3)
+    (best,), heads = dynamickv_layer_statistic(pooled, keep=1)  # keep >= 1: the highest score alone
+    assert best == pytest.approx(1.625 / 3, abs=1e-15) and heads == 2
+    with pytest.raises(ValueError, match="keep"):
+        dynamickv_layer_statistic(pooled, keep=0)
+    # one entry in all: the top 1 is it; k == all entries: every list's whole size
+    assert global_topk_counts([np.array([2.0]), np.array([])], 1) == (1, 0)
+    assert global_topk_counts([np.array([]), np.array([2.0])], 3) == (0, 1)
+    assert global_topk_counts([np.array([3.0, 1.0]), np.array([1.0])], 3) == (2, 1)
+
+
+def test_dynamickv_rejects_statistics_longer_than_the_prefix() -> None:
+    # window 2 of a 10-token prompt: 8 prefix keys, so one head has at most 8 scores
+    stats = [(np.ones(8), 1), (np.arange(8.0), 1)]
+    assert sum(DynamicKVRule().layer_budgets(stats, 2, 10, 10, 2, 0)) == 10
+    with pytest.raises(ValueError, match="another prompt length or window"):
+        DynamicKVRule().layer_budgets([(np.ones(9), 1), (np.ones(8), 1)], 2, 10, 10, 2, 0)
+
+
+@pytest.mark.parametrize(
+    "rule", [CakeRule(), SqueezeAttentionRule(), DynamicKVRule(), LavaRule()], ids=lambda r: r.name
+)
+def test_rules_are_frozen(rule: Any) -> None:
+    field = next(iter(dataclasses.fields(rule))).name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(rule, field, getattr(rule, field))
+
+
+def test_lava_rejects_non_finite_or_negative_input() -> None:
+    nan = WINDOW_ATTENTION.clone()
+    nan[0, 1, 0, 2] = math.nan
+    negative = WINDOW_ATTENTION.clone()
+    negative[0, 0, 1, 1] = -0.25
+    infinite = VALUES.clone()
+    infinite[0, 0, 2, 1] = math.inf  # a prefix token's value
+    for attention, values in ((nan, VALUES), (negative, VALUES), (WINDOW_ATTENTION, infinite)):
+        with pytest.raises(ValueError, match="finite"):
+            lava_layer_statistic(attention, values, kernel_size=3)
+    window_only = VALUES.clone()
+    window_only[0, 0, 4, 0] = math.inf  # a window token's value is never read
+    assert lava_layer_statistic(WINDOW_ATTENTION, window_only, kernel_size=3) == lava_layer_statistic(
+        WINDOW_ATTENTION, VALUES, kernel_size=3
+    )
+
+
+def test_lava_normaliser_adds_the_eps() -> None:
+    # the scores of test_lava_statistic_by_hand scaled by 1e-17: (1.5, 1.5, 1.0) * 1e-17, summing to 4e-17.
+    # p = S / (sum S + 1e-16) = (1.5, 1.5, 1.0) / 14 (summing to 2/7, not 1), E = -sum p ln(p + 1e-16)
+    (entropy,) = lava_layer_statistic(WINDOW_ATTENTION * 1e-17, VALUES, kernel_size=3)
+    probs = [1.5 / 14, 1.5 / 14, 1.0 / 14]
+    assert abs(entropy - (-sum(p * math.log(p + 1e-16) for p in probs) / math.log(3))) < 1e-12
+
+
+def test_lava_total_below_the_windows_splits_evenly() -> None:
+    # 2 layers of window 4 at a total of 7 < 2 * 4: nothing is left to share by e, the even split (4, 3)
+    # (water-filling w + t * e down to the total would give the higher e the fewer tokens: (3, 4))
+    assert LavaRule().layer_budgets([(1.0,), (0.5,)], 2, 10, 7, 4, 0) == (4, 3)
+    assert LavaRule().layer_budgets([(1.0,), (0.5,)], 2, 10, 8, 4, 0) == (4, 4)  # exactly the windows
+
+
+def _slow_chain(m: int) -> np.ndarray:
+    """0, ``m`` increasing values, 1: 2-cluster Lloyd moves exactly one value to the lower cluster per step.
+
+    Chain value ``j`` sits 1e-9 below the midpoint of the two centres of the state where the lower cluster is
+    0 and the chain's first ``j`` values (a fixed point, found by iterating).
+    """
+    chain = np.linspace(0.3, 0.6, m)
+    lower = np.arange(m)
+    for _ in range(300):
+        before = np.concatenate([[0.0], np.cumsum(chain)[:-1]])  # sum of chain[:j]
+        chain = (before / (1 + lower) + (chain.sum() - before + 1.0) / (1 + m - lower)) / 2 - 1e-9
+    return np.concatenate([[0.0], chain, [1.0]])
+
+
+def test_kmeans_stops_after_100_lloyd_steps() -> None:
+    # A chain of 210 values needs about 105 Lloyd steps from the sorted start; MAX_LLOYD_ITERATIONS = 100 cuts
+    # it: the clusters are those of the documented start after 100 centre updates, one value short of step 101.
+    values = _slow_chain(210)
+    assert np.all(np.diff(values) > 0)
+    half = values.size // 2
+    centres = (values[:half].mean(), values[half:].mean())  # the means of two equal runs of the sorted values
+    steps = []
+    for _ in range(102):
+        low = np.abs(values - centres[0]) <= np.abs(values - centres[1])
+        steps.append(tuple(int(not x) for x in low))
+        centres = (values[low].mean(), values[~low].mean())
+    assert steps[99] != steps[100] and sum(steps[100]) == sum(steps[101]) + 1  # one value a step at the cap
+    labels, _ = kmeans_1d(values.tolist(), 2)
+    assert labels == steps[100]

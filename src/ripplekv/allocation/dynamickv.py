@@ -313,10 +313,10 @@ class DynamicKVRule(PerPromptRule):
             ValueError: on invalid arguments or statistics.
         """
         check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
+        arrays, heads = _check_stats(stats)  # before any shortcut: invalid statistics are an error at every total
         spare = total - n_layers * window
         if spare <= 0 or window >= prompt_tokens:
             return even_split(total, n_layers)
-        arrays, heads = _check_stats(stats)
         longest = max(a.size for a in arrays)
         if longest > heads * (prompt_tokens - window):
             raise ValueError(

@@ -330,12 +330,16 @@ def _ragged_attention(
 
 
 def _make_attention(base_name: str, default: Callable, additive: bool) -> Callable:
+    # The signature of transformers' attention functions, ``dropout`` the sixth positional parameter: kvpress wraps
+    # every registered function when it is imported (``attention_patch``) and passes ``dropout`` by position, so a
+    # function registered before kvpress is imported is called that way.
     def attention(
         module: torch.nn.Module,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         window = kwargs.get("sliding_window")  # a sliding-window layer's window (None: a global layer)
@@ -354,7 +358,7 @@ def _make_attention(base_name: str, default: Callable, additive: bool) -> Callab
         masked = getattr(module, "masked_key_indices", None) is not None  # kvpress's head-wise wrapper is live
         beyond_window = window is not None and key.shape[2] > window
         if base_name == "sdpa" and validity is None and attention_mask is None and not masked and not beyond_window:
-            return sdpa_gqa_forward(module, query, key, value, None, **kwargs)  # causal offset, no dense mask
+            return sdpa_gqa_forward(module, query, key, value, None, dropout, **kwargs)  # causal offset, no dense mask
         if validity is not None:  # a padded batch of compressed caches (see ripplekv.models.padded)
             mask = _validity_mask(module, validity, query, key)
             band = None
@@ -371,11 +375,11 @@ def _make_attention(base_name: str, default: Callable, additive: bool) -> Callab
                 attention_mask, query.shape[2], key.shape[2], additive, query.dtype, device=query.device
             )
         if base_name == "sdpa" and query.device.type == "cpu" and not masked:
-            return sdpa_gqa_forward(module, query, key, value, mask, **kwargs)
+            return sdpa_gqa_forward(module, query, key, value, mask, dropout, **kwargs)
         # Resolved per call: a library that wraps the registered function (kvpress wraps every entry of
         # ALL_ATTENTION_FUNCTIONS for its head-wise masking, e.g. AdaKV) keeps working under the new name.
         base = ALL_ATTENTION_FUNCTIONS.get(base_name, default)
-        return base(module, query, key, value, mask, **kwargs)
+        return base(module, query, key, value, mask, dropout=dropout, **kwargs)
 
     return attention
 
