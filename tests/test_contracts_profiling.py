@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -651,3 +652,153 @@ def test_a_haystack_keeps_its_fragment_after_a_sentence_end_in_its_first_half(mo
         _essays(monkeypatch, text)
         prompt = build_needle_prompt(_Chars(), 41 + extra, depth=1.0)
         assert _haystack_of(prompt) == text[:41].rstrip(), end
+
+
+# ------------------------------------------------------------------------------------------------ survivors, round 3
+
+
+def test_a_decoder_stack_needs_both_its_layers_and_its_final_norm() -> None:
+    """:func:`passes.decoder_of` refuses a decoder without ``layers`` and one without ``norm`` (the profiling passes
+    need both), and returns one with both. Kills ``and`` for ``or`` in its check."""
+    for decoder in (SimpleNamespace(layers=[]), SimpleNamespace(norm=nn.Identity())):
+        with pytest.raises(ValueError, match="no decoder `layers`/`norm`"):
+            passes.decoder_of(SimpleNamespace(get_decoder=lambda decoder=decoder: decoder))
+    whole = SimpleNamespace(layers=[], norm=nn.Identity())
+    assert passes.decoder_of(SimpleNamespace(get_decoder=lambda: whole)) is whole
+
+
+def test_the_shared_prefix_pass_serves_sliding_layers_up_to_exactly_their_window() -> None:
+    """A sliding-window layer of window ``W`` sees the whole sequence while it has at most ``W`` tokens: a Gemma 3
+    with a sliding layer of window 8 takes the shared-prefix pass for 8 tokens (with the generic pass's scores), not
+    for 9; a window is no bound for a model whose layers are all global. Kills ``>`` for ``>=`` and ``any(...)`` for
+    ``not any(...)`` in :func:`can_share_prefix`."""
+    config = ProfilingConfig(alpha=0.5, repeats=1)
+    context, continuation = random_ids(5, 1), random_ids(3, 2)
+    mixed = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8}
+    shared = enable_varlen_attention(tiny_model("gemma3", layers=2, **mixed))
+    assert can_share_prefix(shared, 8) and not can_share_prefix(shared, 9)
+    generic = score_sample(tiny_model("gemma3", layers=2, **mixed), context, continuation, config)
+    fast = score_sample(shared, context, continuation, config)
+    assert fast.kl == pytest.approx(generic.kl, rel=1e-4) and fast.local == pytest.approx(generic.local, rel=1e-4)
+    full = enable_varlen_attention(tiny_model("gemma3", layers=2, sliding_window=8))
+    assert can_share_prefix(full, 9) and can_share_prefix(full, 100)
+
+
+def test_the_model_head_soft_caps_its_logits_as_the_model_does() -> None:
+    """:class:`passes.ModelHead` (the ``"model"`` precision's head) applies the config's ``final_logit_softcapping``
+    ``c`` as ``tanh(z / c) * c``: the model's own logits, from the hidden states entering the final norm, and those
+    of :class:`Float32Head` for a float32 model. Kills ``/`` for ``*`` and ``*`` for ``/`` in the capping (a line no
+    test ran)."""
+    model = tiny_model("gemma3", layers=1)
+    model.config.final_logit_softcapping = 2.0
+    entering: list[torch.Tensor] = []
+    handle = model.model.norm.register_forward_pre_hook(lambda module, args: entering.append(args[0]))
+    try:
+        with torch.no_grad():
+            logits = model(random_ids(6, 1)).logits
+    finally:
+        handle.remove()
+    head = passes.ModelHead(model)
+    assert head.softcap == 2.0 and 1.0 < float(logits.abs().max()) < 2.0  # the cap bends the logits
+    with torch.no_grad():
+        torch.testing.assert_close(head(entering[0]), logits)
+        torch.testing.assert_close(Float32Head(model)(entering[0]), logits)
+
+
+class _TupleLayer(nn.Module):
+    """A decoder layer that returns ``(hidden_states, None)``, as transformers' layers did before 4.54 (and remote
+    code models still may)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.self_attn = layer, layer.self_attn
+
+    def forward(self, hidden: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        return self.inner(hidden, **kwargs), None
+
+
+def test_the_continuation_passes_take_the_hidden_states_of_a_tuple_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoder layers that return a tuple give the scores of the same layers returning the hidden states alone, on
+    both paths: the hidden states are the tuple's first entry. Kills ``out[1]`` for ``out[0]`` in ``_hidden``."""
+    from ripplekv.profiling import sensitivity
+
+    def tupled(run: Callable) -> Callable:
+        def wrapped(model: Any, *args: Any) -> Any:
+            decoder = model.get_decoder()
+            layers = decoder.layers
+            decoder.layers = nn.ModuleList(_TupleLayer(layer) for layer in layers)  # the passes only
+            try:
+                return run(model, *args)
+            finally:
+                decoder.layers = layers
+
+        return wrapped
+
+    config = ProfilingConfig(alpha=0.5, repeats=2)
+    context, continuation = random_ids(9, 1), random_ids(3, 2)
+    models = (tiny_model("llama", layers=2), enable_varlen_attention(tiny_model("llama", layers=2)))
+    want = [score_sample(model, context, continuation, config) for model in models]
+    for name in ("layer_by_layer", "batched_by_depth"):
+        monkeypatch.setattr(sensitivity, name, tupled(getattr(sensitivity, name)))
+    for model, scores in zip(models, want):
+        got = score_sample(model, context, continuation, config)
+        assert got.kl == pytest.approx(scores.kl, rel=1e-6) and got.local == pytest.approx(scores.local, rel=1e-6)
+
+
+class _OneByteLayer(nn.Module):
+    """A decoder layer whose parameters are an empty bfloat16 tensor (so :class:`Float32Layers` copies it) and one
+    int8 byte (which ``.float()`` keeps): a float32 copy of 1 byte. It runs a float32 layer it holds unregistered,
+    and passes each copy of itself that runs to ``note`` (a function: deep copies share it)."""
+
+    def __init__(self, layer: nn.Module, note: Callable[[nn.Module], None]) -> None:
+        super().__init__()
+        self.empty = nn.Parameter(torch.zeros(0, dtype=torch.bfloat16))
+        self.byte = nn.Parameter(torch.zeros(1, dtype=torch.int8), requires_grad=False)
+        self.held, self.note = [layer], note
+
+    @property
+    def self_attn(self) -> nn.Module:
+        return self.held[0].self_attn
+
+    def forward(self, hidden: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if self.empty.dtype == torch.float32:  # a copy
+            self.note(self)
+        return self.held[0](hidden, **kwargs)
+
+
+def test_the_shared_prefix_pass_keeps_no_float32_layer_copy_however_small() -> None:
+    """:func:`batched_by_depth` runs each layer once and keeps none of its float32 copies, not even one of a single
+    byte: when a copy runs, no earlier copy is alive. Kills ``max_bytes=... else 1`` for ``else 0`` in the
+    arithmetic of the passes."""
+    copies: list[weakref.ref] = []
+    alive: list[int] = []
+
+    def note(copy: nn.Module) -> None:
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in copies))
+        copies.append(weakref.ref(copy))
+
+    model = enable_varlen_attention(tiny_model("llama", layers=3))
+    model.model.layers = nn.ModuleList(_OneByteLayer(layer, note) for layer in model.model.layers)
+    assert can_share_prefix(model, 12)
+    scores = score_sample(model, random_ids(9, 1), random_ids(3, 2), ProfilingConfig(alpha=0.5, repeats=1))
+    assert len(scores.kl) == 3 and alive == [0, 0, 0]
+
+
+def test_a_profile_names_its_prefill_chunk_only_when_it_is_not_the_default() -> None:
+    """The calibration record of a profile names the prefill chunk (512, or None: one pass) when it is not the
+    default, and not for the default (as profiles made before the chunk existed). Kills ``!=`` for ``==`` in
+    :func:`assemble_profile`."""
+    from ripplekv.models import model_identity
+    from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
+    from ripplekv.profiling.checkpoint import SampleScores
+    from ripplekv.profiling.sensitivity import assemble_profile
+
+    identity = model_identity(tiny_model("llama", layers=2))
+    calib = CalibrationSet((CalibrationSample("a b c", "d"),), "test")
+    done = {0: SampleScores((0.2, 0.1), (0.3, 0.4), 3, 1)}
+    default = assemble_profile(identity, "w", calib, ProfilingConfig(), done)
+    assert "prefill_chunk" not in default.calibration and default.scores == (0.2, 0.1)
+    for chunk in (512, None):
+        chunked = assemble_profile(identity, "w", calib, ProfilingConfig(prefill_chunk=chunk), done)
+        assert chunked.calibration["prefill_chunk"] == chunk
