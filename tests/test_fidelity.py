@@ -158,3 +158,17 @@ def test_mean_nll_and_validation() -> None:
         fidelity(logprobs, logprobs[:, :5], tokens)
     with pytest.raises(ValueError, match="at least one token"):
         teacher_forced_logprobs(None, Prefill(None, torch.zeros(10), 1, 0.0), [])  # type: ignore[arg-type]
+
+
+def test_fidelity_kl_covers_every_row_when_positions_exceed_the_vocabulary() -> None:
+    """The row blocks tile the positions, not the vocabulary: with 9 positions over a vocabulary of 3 every row's KL
+    enters the mean, the last rows (the farthest apart here) included. Kills ``row_blocks(ref.shape[1])``."""
+    rng = np.random.default_rng(7)
+    ref = log_softmax(rng.normal(size=(9, 3)) * 2, axis=-1)
+    cand = log_softmax(rng.normal(size=(9, 3)) * 2, axis=-1)
+    cand[5:] = log_softmax(-8 * np.exp(ref[5:]), axis=-1)  # the last rows far from the reference
+    per_row = rel_entr(np.exp(ref), np.exp(cand)).sum(-1)
+    assert (per_row[5:] > 2 * per_row[:5].max()).all()
+    result = fidelity(torch.from_numpy(ref), torch.from_numpy(cand), [0] * 9)
+    assert result.positions == 9
+    assert result.kl == pytest.approx(per_row.mean(), rel=1e-12)
