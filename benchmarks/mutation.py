@@ -15,8 +15,9 @@ its file, in a process forked from one that has already imported torch, transfor
 module's tests run under pytest there (``-x``, real-model and GPU tests deselected): of its test files
 (:data:`MODULES`), the tests that executed the mutated lines in the unmutated run (traced once per module), fastest
 first; every test for a line run at import. A test failure (or an error while importing the mutated module) kills
-the mutant; a run past its time limit (15 s plus twice the selected tests' traced time) is a timeout, counted as
-killed. Mutants of lines no test executes are survivors without a run ("no coverage").
+the mutant; a run past its time limit (15 s plus twice the selected tests' traced time, in CPU seconds of the child,
+so a busy or paused machine does not cause one) is a timeout, counted as killed. Mutants of lines no test
+executes are survivors without a run ("no coverage").
 
 Results are appended to ``benchmarks/results/mutation/results.jsonl`` one mutant at a time, keyed by the digest
 of the module's source and of its test files, so an interrupted run resumes where it stopped; a module whose
@@ -36,6 +37,7 @@ import json
 import math
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -91,6 +93,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/evaluation/reporting/stats.py": STATS_TESTS,
     "ripplekv/evaluation/reporting/comparisons.py": STATS_TESTS,
 }
+WALL_FACTOR = 4
+"""A child's wall-time limit in multiples of its CPU-time limit (see :func:`run_forked`)."""
+MIN_WALL = 600.0
+"""The least wall time a child gets, in seconds: a pause of the run for a CI run elsewhere must not end it."""
 PYTEST_ARGS = ("-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu", "--no-header", "-o", "addopts=")
 PRELOAD = ("torch", "numpy", "scipy.stats", "transformers", "kvpress", "pytest", "hypothesis", "matplotlib.pyplot")
 CONFTEST = "tests/conftest.py"
@@ -384,10 +390,16 @@ class _Tracer:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
 
-def _child(module: str, code: Any, tests: tuple[str, ...], trace: Path | None, log: Path | None) -> None:
-    """In the forked process: run ``tests`` over ``code`` as ``module``; never returns."""
+def _child(
+    module: str, code: Any, tests: tuple[str, ...], trace: Path | None, log: Path | None, cpu_limit: float | None
+) -> None:
+    """In the forked process: run ``tests`` over ``code`` as ``module``; never returns. Past ``cpu_limit``
+    seconds of its own CPU time the kernel ends it with SIGXCPU."""
     rc = 3
     try:
+        if cpu_limit is not None:
+            seconds = math.ceil(cpu_limit)
+            resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 5))
         fd = os.open(str(log) if log else os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -423,18 +435,26 @@ def run_forked(
     module: str, code: Any, tests: tuple[str, ...], limit: float, trace: Path | None = None, log: Path | None = None
 ) -> tuple[str, float, int | None]:
     """``(status, seconds, exit code)`` of one test run in a forked child; status ``pass``, ``fail`` or
-    ``timeout``."""
+    ``timeout``.
+
+    ``limit`` is in seconds of the child's own CPU time (``RLIMIT_CPU``), so a busy machine or a paused run
+    (SIGSTOP, to free the cores for something else) never turns a slow pass into a timeout; a child that
+    stops using the CPU without ending (a deadlock, a sleep) is killed after :data:`WALL_FACTOR` times the limit
+    of wall time, at least :data:`MIN_WALL` seconds."""
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(module, code, tests, trace, log)
+        _child(module, code, tests, trace, log, limit)
+    wall = max(MIN_WALL, WALL_FACTOR * limit)
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         seconds = time.monotonic() - started
         if done:
+            if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+                return "timeout", seconds, None
             rc = os.waitstatus_to_exitcode(status)
             return ("pass" if rc == 0 else "fail"), seconds, rc
-        if seconds > limit:
+        if seconds > wall:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             return "timeout", seconds, None
