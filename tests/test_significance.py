@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.special import ndtri
 from scipy.stats import wilcoxon
 
 from ripplekv.evaluation.reporting.comparisons import analyse_metric
@@ -262,6 +263,41 @@ def test_bca_acceleration_follows_the_skew_of_the_jackknife() -> None:
     z = 1.959964
     assert low == pytest.approx(-z / (1 + a * z), abs=0.03) and high == pytest.approx(z / (1 - a * z), abs=0.03)
     assert low > -z and high > z
+
+
+def test_bca_upper_level_is_its_limit_where_the_denominator_is_not_positive() -> None:
+    """``1 - a (z0 + z) <= 0``: the upper level is the formula's limit 1 (the largest replicate), also for ``z < 1``.
+
+    The acceleration near its bound 1/6 (one jackknife value apart from 99,999 equal ones: ``6a = (n - 2) /
+    sqrt(n (n - 1))``), z0 > 5 (one replicate of 5e6 above the estimate) and a 68% level (``z = 0.994``): the
+    upper denominator is negative, the lower one positive with a level of ~1. Fails with the limit taken only for
+    ``z > 1`` (the largest replicate then falls to the smallest, clamped to the estimate).
+    """
+    n, count = 100_000, 5_000_000
+    jackknife = np.zeros(n)
+    jackknife[0] = -1.0
+    replicates = np.full(count, -1.0)
+    replicates[-1] = 2.0
+    a = (n - 2) / math.sqrt(n * (n - 1)) / 6.0
+    z0, z = float(ndtri(1.0 - 1.0 / count)), float(ndtri(0.84))
+    assert 1.0 - a * (z0 + z) < 0.0 < 1.0 - a * (z0 - z) and 0.9 < z < 1.0
+    assert bca_interval(0.5, replicates, jackknife, 0.68) == (0.5, 2.0)
+
+
+def test_bca_denominator_of_exactly_zero_takes_the_limit() -> None:
+    """``1 - a (z0 + z)`` is exactly 0.0: z0 = 0, ``z = ndtri(1 - 5e-14)`` and a tuned by one jackknife value.
+
+    (The value was found by bisection; its neighbouring floats round to 0.0 as well.) The upper level is the limit 1
+    (the largest replicate). Fails (ZeroDivisionError) when a zero denominator is taken for a positive one.
+    """
+    replicates = np.repeat([-1.0, 1.0], 500)  # half below the estimate 0: z0 = ndtri(0.5) = 0
+    jackknife = np.zeros(20)
+    jackknife[-2:] = (-0.3218975160447457, -1.0)
+    confidence = 1.0 - 1e-13
+    influence = jackknife.mean() - jackknife
+    a = float(np.sum(influence**3) / (6.0 * np.sum(influence**2) ** 1.5))
+    assert a * float(ndtri(1.0 - (1.0 - confidence) / 2.0)) == pytest.approx(1.0, abs=1e-12)
+    assert bca_interval(0.0, replicates, jackknife, confidence) == (-1.0, 1.0)
 
 
 def test_jackknife_leaves_one_sample_out_of_its_task() -> None:
