@@ -289,6 +289,9 @@ def test_dynamickv_rule_validation() -> None:
             DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.ones(3), 2)], 2, 10, total, window, 0)
         with pytest.raises(ValueError, match="finite"):
             DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.array([np.nan]), 1)], 2, 10, total, window, 0)
+    # scores of another prompt length are refused when the total leaves nothing beyond the windows too
+    with pytest.raises(ValueError, match="another prompt length or window"):
+        DynamicKVRule().layer_budgets([(np.ones(12), 1), (np.ones(3), 1)], 2, 10, 4, 2, 0)
 
 
 # ----------------------------------------------------------------------------------------------------------- LAVa

@@ -313,16 +313,17 @@ class DynamicKVRule(PerPromptRule):
             ValueError: on invalid arguments or statistics.
         """
         check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
-        arrays, heads = _check_stats(stats)  # before any shortcut: invalid statistics are an error at every total
-        spare = total - n_layers * window
-        if spare <= 0 or window >= prompt_tokens:
-            return even_split(total, n_layers)
+        # invalid statistics are an error at every total, before the even-split shortcut
+        arrays, heads = _check_stats(stats)
         longest = max(a.size for a in arrays)
-        if longest > heads * (prompt_tokens - window):
+        if window < prompt_tokens and longest > heads * (prompt_tokens - window):
             raise ValueError(
                 f"a DynamicKV statistic has {longest} scores, more than heads * (prompt_tokens - window) = "
                 f"{heads} * {prompt_tokens - window}: it was computed for another prompt length or window"
             )
+        spare = total - n_layers * window
+        if spare <= 0 or window >= prompt_tokens:
+            return even_split(total, n_layers)
         budget_size = min(int(float(self.radio_max) * Fraction(spare, n_layers)), prompt_tokens - window)
         caps, counts = self.progressive_caps(stats, n_layers, spare, budget_size)
         if sum(counts) == 0:
