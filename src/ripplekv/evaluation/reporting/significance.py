@@ -261,8 +261,14 @@ def bca_interval(point: float, replicates: np.ndarray, jackknife: np.ndarray, co
     share = min(max(below / reps.size, 0.5 / reps.size), 1.0 - 0.5 / reps.size)
     z0 = float(ndtri(share))
     influence = float(np.mean(jackknife)) - np.asarray(jackknife, dtype=np.float64) if len(jackknife) else np.zeros(1)
-    spread = float(np.sum(influence**2))
-    a = float(np.sum(influence**3)) / (6.0 * spread**1.5) if spread > 0 else 0.0
+    # a is scale-free: computed on U / 2^k (exact, a power of two) with |U / 2^k| < 2, so that U^3 and
+    # (sum U^2)^1.5 neither overflow nor underflow at any magnitude of the data
+    peak = float(np.max(np.abs(influence)))
+    if peak > 0 and math.isfinite(peak):
+        unit = influence / 2.0 ** math.floor(math.log2(peak))
+        a = float(np.sum(unit**3)) / (6.0 * float(np.sum(unit**2)) ** 1.5)
+    else:
+        a = 0.0
     tail = (1.0 - confidence) / 2.0
     levels = []
     for z in (float(ndtri(tail)), float(ndtri(1.0 - tail))):
