@@ -648,3 +648,16 @@ def test_kmeans_stops_after_100_lloyd_steps() -> None:
     assert steps[99] != steps[100] and sum(steps[100]) == sum(steps[101]) + 1  # one value a step at the cap
     labels, _ = kmeans_1d(values.tolist(), 2)
     assert labels == steps[100]
+
+
+@pytest.mark.parametrize(("rule", "make"), RULES, ids=lambda r: getattr(r, "name", ""))
+@settings(max_examples=60, deadline=None)
+@given(bad=st.integers(0, 11), **CALLS)
+def test_a_nan_statistic_is_an_error_at_every_total(rule, make, bad, values, prompt, budget, window, floor) -> None:
+    """Every rule refuses a non-finite statistic, also at a total that leaves nothing beyond the windows (where the
+    budgets are an even split that reads no statistic)."""
+    n = len(values)
+    values = [math.nan if i == bad % n else v for i, v in enumerate(values)]
+    schedule = PerPromptSchedule(rule, window_size=window, **BudgetSpec.from_value(budget).kwargs())
+    with pytest.raises(ValueError):
+        schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
