@@ -7,7 +7,7 @@ the report); it imports nothing of the package, so the suites never import
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,8 @@ __all__ = [
     "configuration_name",
     "positive_int",
     "row_configuration",
+    "row_scorer",
+    "scored_methods",
     "split_configuration",
 ]
 
@@ -63,6 +65,31 @@ def row_configuration(row: Mapping[str, Any]) -> str:
         row: a result row.
     """
     return configuration_name(str(row["method"]), row.get("scorer"))
+
+
+def scored_methods(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The methods some row of which names a scorer (the argument :func:`row_scorer` needs).
+
+    Args:
+        rows: a run's result rows.
+    """
+    return {str(row["method"]) for row in rows if row.get("scorer") is not None}
+
+
+def row_scorer(row: Mapping[str, Any], scored: set[str]) -> str | None:
+    """A row's token scorer, None for a method without one.
+
+    Rows written before the ``scorer`` field existed lack it: those of a method that other rows run under a named
+    scorer ran the default scorer's (SnapKV), those of the others (the full cache's, a method without a scorer) have
+    none. A run whose rows all lack the field reads as scorer-less rows.
+
+    Args:
+        row: a result row.
+        scored: :func:`scored_methods` of the run's rows.
+    """
+    if "scorer" in row:
+        return None if row["scorer"] is None else str(row["scorer"])
+    return DEFAULT_SCORER if str(row["method"]) in scored else None
 
 
 def positive_int(name: str, value: object, allow_none: bool = False) -> None:

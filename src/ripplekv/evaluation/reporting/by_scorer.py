@@ -21,26 +21,12 @@ from ripplekv.evaluation.reporting.run_stats import RunStats, analyse_run
 from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, DEFAULT_FAMILY
 from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES
 from ripplekv.evaluation.reporting.tables import budget_label
-from ripplekv.evaluation.sample import DEFAULT_SCORER, split_configuration
+from ripplekv.evaluation.sample import DEFAULT_SCORER, row_scorer, scored_methods, split_configuration
 
 __all__ = ["PRIMARY", "analyse_by_scorer", "markdown_by_scorer", "row_scorers", "rows_of_scorer", "scorers_json"]
 
 PRIMARY = "ripplekv"
 """The method whose paired difference to the best other schedule each verdict line gives."""
-
-
-def _scored_methods(rows: Sequence[Mapping[str, Any]]) -> set[str]:
-    """The methods some row of which names a scorer."""
-    return {str(row["method"]) for row in rows if row.get("scorer") is not None}
-
-
-def _row_scorer(row: Mapping[str, Any], scored: set[str]) -> str | None:
-    """A row's scorer. Rows written before the ``scorer`` field existed lack it: those of a method that other rows
-    run under a named scorer ran the default scorer's, those of the others (the full cache's, a method without a
-    scorer) have none. A run whose rows all lack the field reads as scorer-less rows, kept under every scorer."""
-    if "scorer" in row:
-        return None if row["scorer"] is None else str(row["scorer"])
-    return DEFAULT_SCORER if str(row["method"]) in scored else None
 
 
 def row_scorers(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -49,10 +35,10 @@ def row_scorers(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     Args:
         rows: result rows.
     """
-    scored = _scored_methods(rows)
+    scored = scored_methods(rows)
     found: dict[str, None] = {}
     for row in rows:
-        scorer = _row_scorer(row, scored)
+        scorer = row_scorer(row, scored)
         if scorer is not None:
             found.setdefault(scorer, None)
     return list(found) if found or not rows else [DEFAULT_SCORER]
@@ -72,8 +58,8 @@ def rows_of_scorer(
         methods: the run's configuration names in report order (``full``, ``snapkv``, ``snapkv@tova``, ...).
         scorer: the scorer.
     """
-    scored = _scored_methods(rows)
-    kept = [{**row, "scorer": None} for row in rows if _row_scorer(row, scored) in (None, scorer)]
+    scored = scored_methods(rows)
+    kept = [{**row, "scorer": None} for row in rows if row_scorer(row, scored) in (None, scorer)]
     present = {str(row["method"]) for row in kept}
     order = dict.fromkeys(split_configuration(name)[0] for name in methods)
     return kept, [m for m in order if m in present] + sorted(present - set(order))

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv.evaluation.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
-from ripplekv.evaluation.sample import DEFAULT_SCORER, FULL_BUDGET, configuration_name, row_configuration
+from ripplekv.evaluation.sample import (
+    DEFAULT_SCORER,
+    FULL_BUDGET,
+    configuration_name,
+    row_configuration,
+    row_scorer,
+    scored_methods,
+)
 from ripplekv.evaluation.tasks.longbench import LONGBENCH_E_BUCKETS, length_bucket
 
 __all__ = ["AVERAGE", "RunSummary", "Timing", "load_run", "needle_task", "summarize"]
@@ -136,7 +143,8 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
         tasks.sort(key=lambda t: needle_cells[t])
     configured = [str(m) for m in settings.get("methods", [])]
     scorers = [str(s) for s in settings.get("scorers", [DEFAULT_SCORER])]
-    unscored = {str(r["method"]) for r in rows if r.get("scorer", DEFAULT_SCORER) is None}
+    scored = scored_methods(rows)
+    unscored = {str(r["method"]) for r in rows if row_scorer(r, scored) is None}
     unscored.add("full")
     names = [m if m in unscored else configuration_name(m, s) for s in scorers for m in configured]  # as the run
     seen = [m for m in dict.fromkeys(row_configuration(row) for row in rows)]
