@@ -155,3 +155,25 @@ def test_bfloat16_profile_ranks_layers_like_float32() -> None:
     rho = spearmanr(full.scores, half.scores).statistic
     assert rho >= 0.9, (rho, full.scores, half.scores)
     assert all(s > 0 for s in half.scores)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+def test_prescored_expected_attention_on_cuda(dtype: torch.dtype) -> None:
+    """ExpectedAttention prescored by a chunked record in half precision on cuda: the pinned scores live on the
+    device and agree with kvpress's one-pass scores (on every hidden state) to the dtype's rounding."""
+    from kvpress import ExpectedAttentionPress
+
+    from ripplekv.inference.shared import record_prefill
+    from ripplekv.presses.score_memo import scorer_key
+
+    model = cuda_model(dtype)
+    ids = random_ids(300, seed=4).to(DEVICE)
+    scorer = ExpectedAttentionPress()
+    reference = record_prefill(model, ids, None, prefill_chunk=None)
+    record = record_prefill(model, ids, WINDOW + 1, prefill_chunk=64, prescore=(scorer,))
+    assert record.hidden_tokens == WINDOW + 1
+    for index, layer in enumerate(reference.layers):
+        want = scorer.score(layer.module, layer.hidden_states, layer.keys, layer.values, None, {})
+        got = record.memo.get("scores", scorer_key(scorer), index, record.layers[index].keys, lambda: None)
+        assert got.device.type == "cuda" and got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=5e-2)

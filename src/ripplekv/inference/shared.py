@@ -48,6 +48,16 @@ none; ExpectedAttention (query statistics over the prompt) and any press not dec
 :func:`hidden_states_tail` takes the most that a run's presses need, for the caller to pass to
 :func:`record_prefill`; deriving a press that needs more than a record holds raises :class:`NotDerivableError`.
 
+Prescoring: ExpectedAttention would make a record keep every layer's whole hidden states (32 GiB at 128K tokens on
+Llama-3.1-8B in bf16). A record made with ``prescore`` (:func:`prescored_scorers` of the presses) computes its scores
+while the prefill runs instead and pins them in the record's memo (one ``(batch, kv_heads, tokens)`` tensor per
+layer): in one pass by kvpress's own ``score`` on the layer's whole input, so every derived cache is bit for bit
+the one a record of every hidden state gives; in a chunked prefill from the query moments each chunk adds to
+(:mod:`ripplekv.inference.query_moments`), equal to it up to the rounding of the model's dtype (tested: the same
+kept tokens). The presses that score through the memo (the schedules, the per-prompt presses) then need none of
+the hidden states for it; AdaKV calls its scorer itself and still needs them all, and a pinned score asked for
+other key tensors raises instead of being recomputed from the tail.
+
 Chunked prefill: a prompt longer than ``prefill_chunk`` (default
 :data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`, 8,192 tokens) is recorded in chunks of at most that
 many tokens over its growing cache, so the prefill holds one chunk's activations on top of the cache instead of the
@@ -77,8 +87,8 @@ call, which a whole-model forward cannot pass per layer, and it rounds different
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -96,6 +106,7 @@ from kvpress import (
     TOVAPress,
 )
 from kvpress.presses.base_press import BasePress
+from kvpress.presses.scorer_press import ScorerPress
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
@@ -103,6 +114,7 @@ from ripplekv.allocation.per_prompt import TokenStatistic
 from ripplekv.inference.fidelity import logprob_rows
 from ripplekv.inference.generate import Prefill, greedy_decode, prefill
 from ripplekv.inference.module_state import ModuleState, applied_state, capture_state
+from ripplekv.inference.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv.models.cache import OverlayLayer, cache_from_tensors, lean_fork
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds, prefill_in_chunks
 from ripplekv.presses.full_press import FullPress
@@ -111,10 +123,11 @@ from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.registry import check_prompt_length
 from ripplekv.presses.ripplekv_press import RippleKVPress
-from ripplekv.presses.score_memo import ScoreMemo, memoized
+from ripplekv.presses.score_memo import ScoreMemo, memoized, scorer_key
 
 __all__ = [
     "HIDDEN_STATES_ATTRIBUTE",
+    "PRESCORABLE",
     "LayerRecord",
     "NotDerivableError",
     "OverlayLayer",
@@ -130,6 +143,7 @@ __all__ = [
     "lean_fork",
     "lean_greedy_decode",
     "lean_teacher_forced_logprobs",
+    "prescored_scorers",
     "record_prefill",
     "residual_statistics_of",
 ]
@@ -168,17 +182,31 @@ _SCORER_TAILS: dict[type, Callable[[Any], int | None]] = {
 }
 # Presses whose compress reads the hidden states only through their wrapped ``press``'s score.
 _WRAPPERS: tuple[type, ...] = (AdaKVPress, GlobalLayersPress, LayerBudgetPress, LayerBudgetAdaPress, RippleKVPress)
+# Wrappers that score through ``token_scores`` (the record's memo, where prescored scores are found); AdaKV calls
+# its scorer's ``score`` itself, and GlobalLayersPress hands the layer to its press.
+_MEMO_SCORING: tuple[type, ...] = (LayerBudgetPress, LayerBudgetAdaPress, RippleKVPress)
+
+PRESCORABLE: frozenset[type[ScorerPress]] = frozenset({ExpectedAttentionPress})
+"""Scorers (exact types) whose scores read every prompt position's hidden states, which a record can compute while
+the prefill runs instead of keeping those hidden states (:func:`record_prefill`'s ``prescore``)."""
 
 
-def hidden_states_needed(press: BasePress) -> int | None:
+def _prescored(scorer: BasePress, prescored: Collection[Hashable]) -> bool:
+    return type(scorer) in PRESCORABLE and scorer_key(scorer) in prescored  # type: ignore[arg-type]
+
+
+def hidden_states_needed(press: BasePress, prescored: Collection[Hashable] = frozenset()) -> int | None:
     """How many of the last prompt positions of each layer's input hidden states ``press.compress`` reads.
 
     A press's own declaration (:data:`HIDDEN_STATES_ATTRIBUTE`) comes first; then kvpress's scorers and RippleKV's
     presses as read from their code (see the module docstring; wrappers answer for their wrapped scorer); any
-    other press reads them all.
+    other press reads them all. A scorer whose scores the record computed while it ran (``prescored``) reads none
+    when its wrapper scores through the record's memo (RippleKV's schedules and per-prompt presses, not AdaKV).
 
     Args:
         press: a press.
+        prescored: :func:`~ripplekv.presses.score_memo.scorer_key` of the scorers a record prescored
+            (:attr:`PrefillRecord.prescored`).
 
     Returns:
         The number of trailing positions (0: none), or None for the whole prompt.
@@ -191,28 +219,58 @@ def hidden_states_needed(press: BasePress) -> int | None:
             )
         return declared
     kind = type(press)
+    if kind in _MEMO_SCORING and _prescored(press.press, prescored):
+        return 0
     if kind in _WRAPPERS:
-        return hidden_states_needed(press.press)
+        return hidden_states_needed(press.press, prescored)  # AdaKV's scorer answers for itself: all positions
     if getattr(press, "derives_all_layers", False):  # a per-prompt press: its scorer's, and its window's statistics
-        inner = hidden_states_needed(press.press)
+        inner = 0 if _prescored(press.press, prescored) else hidden_states_needed(press.press)
         return None if inner is None else max(inner, int(press.window) + 1)
     rule = _SCORER_TAILS.get(kind)
     return None if rule is None else rule(press)
 
 
-def hidden_states_tail(presses: Iterable[BasePress]) -> int | None:
+def hidden_states_tail(presses: Iterable[BasePress], prescore: Iterable[ScorerPress] = ()) -> int | None:
     """The ``hidden_tail`` a record needs to derive every one of ``presses``: the most any needs, None for all.
 
     Args:
         presses: the presses that will be derived from the record.
+        prescore: the scorers the record will prescore (:func:`prescored_scorers`, passed to
+            :func:`record_prefill`): their presses need none of the hidden states.
     """
+    prescored = frozenset(scorer_key(s) for s in prescore)
     most = 0
     for press in presses:
-        need = hidden_states_needed(press)
+        need = hidden_states_needed(press, prescored)
         if need is None:
             return None
         most = max(most, need)
     return most
+
+
+def prescored_scorers(presses: Iterable[BasePress]) -> tuple[ScorerPress, ...]:
+    """The scorers of ``presses`` a record should prescore: those of :data:`PRESCORABLE` that a press scores
+    through the record's memo, one per :func:`~ripplekv.presses.score_memo.scorer_key`.
+
+    Args:
+        presses: the presses that will be derived from the record.
+    """
+    found: dict[Hashable, ScorerPress] = {}
+
+    def visit(press: BasePress) -> None:
+        if getattr(press, HIDDEN_STATES_ATTRIBUTE, _UNDECLARED) is not _UNDECLARED:
+            return
+        kind = type(press)
+        memo_scored = kind in _MEMO_SCORING or getattr(press, "derives_all_layers", False)
+        inner = getattr(press, "press", None)
+        if memo_scored and type(inner) in PRESCORABLE:
+            found.setdefault(scorer_key(inner), inner)  # type: ignore[arg-type]
+        elif kind in _WRAPPERS and kind is not AdaKVPress and inner is not None:
+            visit(inner)
+
+    for press in presses:
+        visit(press)
+    return tuple(found.values())
 
 
 class NotDerivableError(ValueError):
@@ -250,6 +308,7 @@ class PrefillRecord:
     seconds: float  # wall time of the recorded prefill
     invalid: str | None = field(default=None, compare=False)  # set when a press wrote into the recorded tensors
     memo: ScoreMemo = field(default_factory=ScoreMemo, compare=False, repr=False)  # scores shared by derivations
+    prescored: frozenset[Hashable] = field(default=frozenset(), compare=False)  # scorer keys scored while recording
 
     @property
     def hidden_tokens(self) -> int:
@@ -273,6 +332,7 @@ class PrefillRecord:
 
         for layer in self.layers:
             add((layer.hidden_states, layer.keys, layer.values, layer.attentions, *layer.kwargs.values()))
+        add(self.memo.pinned_tensors())  # the prescored scores
         return sum(seen.values())
 
 
@@ -311,10 +371,18 @@ class RecordingPress(BasePress):
         hidden_tail: keep the last ``hidden_tail`` positions of the hidden states (and of the kwargs and attention
             weights indexed by query position), copied out so the layer's whole hidden states are freed; None
             keeps them all, by reference.
+        prescore: scorers of :data:`PRESCORABLE` whose scores are computed while the prefill runs and pinned in
+            ``memo``: in one pass by their own ``score`` on the layer's whole input; in chunks from the query
+            moments each chunk adds to (:class:`~ripplekv.inference.query_moments.QueryMoments`), scored when the
+            chunks are assembled.
+        memo: where the prescored scores are held (the record's memo).
     """
 
     hidden_tail: int | None = None
+    prescore: tuple[ScorerPress, ...] = ()
+    memo: ScoreMemo = field(default_factory=ScoreMemo, repr=False)
     layers: dict[int, LayerRecord] = field(default_factory=dict)
+    _moments: dict[int, dict[int, QueryMoments]] = field(default_factory=dict, repr=False)  # layer -> n_sink -> ...
     _cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
     _chunk: tuple[int, int, int] | None = field(default=None, repr=False)  # (start, end, prompt tokens)
     _pieces: dict[int, list[_Piece]] = field(default_factory=dict, repr=False)
@@ -323,6 +391,26 @@ class RecordingPress(BasePress):
         tail = self.hidden_tail
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise ValueError(f"hidden_tail must be an int >= 0 or None, got {tail!r}")
+        self.prescore = tuple(self.prescore)
+        for scorer in self.prescore:
+            if type(scorer) not in PRESCORABLE or scorer_key(scorer) is None:
+                names = ", ".join(sorted(kind.__name__ for kind in PRESCORABLE))
+                raise ValueError(f"a record prescores {names} only (exact types), not {type(scorer).__name__}")
+
+    def _prescore(
+        self,
+        key: Hashable,
+        scorer: ScorerPress,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor | None,
+        kwargs: dict,
+    ) -> None:
+        """Pin ``scorer.score(...)`` of this layer in the memo under ``key`` (the prescored scorer's)."""
+        scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)  # type: ignore[arg-type]
+        self.memo.pin("scores", key, int(module.layer_idx), keys, scores)
 
     def _cut(self, tensor: torch.Tensor, dim: int, start: int) -> torch.Tensor:
         """``tensor`` from entry ``start`` on along ``dim``, copied once per tensor (shared by the layers)."""
@@ -351,6 +439,8 @@ class RecordingPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        for scorer in self.prescore:  # on the layer's whole input, before it is cut to the tail
+            self._prescore(scorer_key(scorer), scorer, module, hidden_states, keys, values, attentions, kwargs)
         recorded = {key: value for key, value in kwargs.items() if key not in _NOT_RECORDED}
         tokens = hidden_states.shape[1]
         if self.hidden_tail is not None and self.hidden_tail < tokens:
@@ -381,6 +471,9 @@ class RecordingPress(BasePress):
         if self._chunk is None:
             return super().forward_hook(module, input, kwargs, output)
         start, end, tokens = self._chunk
+        moments = self._moments.setdefault(module.layer_idx, {})
+        for n_sink in dict.fromkeys(int(scorer.n_sink) for scorer in self.prescore):  # type: ignore[attr-defined]
+            moments.setdefault(n_sink, QueryMoments(n_sink)).update(module, kwargs["hidden_states"], start)
         first = start if self.hidden_tail is None else min(end, max(start, tokens - self.hidden_tail))
         if first == end and end < tokens:  # nothing of this chunk is kept (the last chunk always gives a piece)
             return output
@@ -477,7 +570,15 @@ class RecordingPress(BasePress):
             layer = cache.layers[index]
             hidden = join([p.hidden_states for p in pieces], 1)
             self.layers[index] = LayerRecord(last.module, hidden, layer.keys, layer.values, attentions, kwargs)
+            for scorer in self.prescore:  # scored from the whole prompt's query moments, kvpress's score otherwise
+                config = {f.name: getattr(scorer, f.name) for f in fields(scorer) if f.init}
+                moments = self._moments[index][int(scorer.n_sink)]  # type: ignore[attr-defined]
+                from_moments = MomentsExpectedAttentionPress(**config, moments=moments, prompt_tokens=tokens)
+                self._prescore(
+                    scorer_key(scorer), from_moments, last.module, hidden, layer.keys, layer.values, attentions, kwargs
+                )
         self._pieces.clear()
+        self._moments.clear()
         self._chunk = None
 
 
@@ -487,6 +588,7 @@ def record_prefill(
     hidden_tail: int | None = None,
     residual_statistics: Mapping[str, Callable[[torch.Tensor, torch.Tensor], Any]] | None = None,
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+    prescore: Sequence[ScorerPress] = (),
 ) -> PrefillRecord:
     """Prefill ``input_ids`` (shape ``(1, n)``) once, recording every layer's compression inputs.
 
@@ -512,6 +614,12 @@ def record_prefill(
             reduced once over the whole prompt; :func:`residual_statistics_of` gives them), else raises ValueError.
         prefill_chunk: most tokens per prefill pass (an integer >= 1; default
             :data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`); None: one pass whatever the length.
+        prescore: scorers of :data:`PRESCORABLE` (ExpectedAttention) to score while the prefill runs, so the record
+            need not keep the whole prompt's hidden states for them (:func:`prescored_scorers` of the presses to
+            derive; pass the same to :func:`hidden_states_tail`). In one pass each layer is scored by the scorer's
+            own ``score`` on its whole input, exactly as deriving from every hidden state; in chunks from the
+            prompt's query moments (:mod:`ripplekv.inference.query_moments`), equal to it up to the rounding of
+            the model's dtype. The scores are pinned in the record's memo, and its ``seconds`` include them.
     """
     chunk = check_prefill_chunk(prefill_chunk)
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
@@ -526,7 +634,7 @@ def record_prefill(
                 f"tokens ({tokens} in the prompt): give them as TokenStatistic (per-token values and their "
                 "reduction), or pass prefill_chunk=None"
             )
-    press = RecordingPress(hidden_tail=hidden_tail)
+    press = RecordingPress(hidden_tail=hidden_tail, prescore=tuple(prescore))
     statistics: dict[int, dict[str, Any]] = {}
     token_values: dict[int, dict[str, list[torch.Tensor]]] = {}
     handles = []
@@ -577,7 +685,8 @@ def record_prefill(
         for i in range(n_layers)
     )
     press._cuts.clear()
-    return PrefillRecord(model, layers, next_logits, tokens, seconds)
+    prescored = frozenset(scorer_key(scorer) for scorer in press.prescore)
+    return PrefillRecord(model, layers, next_logits, tokens, seconds, memo=press.memo, prescored=prescored)
 
 
 def residual_statistics_of(presses: Iterable[BasePress]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], Any]]:
@@ -642,7 +751,7 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache,
     check_prompt_length(press, record.prompt_tokens)
     held = record.hidden_tokens
     if held < record.prompt_tokens:
-        need = hidden_states_needed(press)
+        need = hidden_states_needed(press, record.prescored)
         if need is None or need > held:
             reads = "every prompt position" if need is None else f"the last {need} prompt positions"
             raise NotDerivableError(

@@ -57,10 +57,17 @@ NEEDS_ATTENTION_WEIGHTS: frozenset[type[ScorerPress]] = frozenset({ObservedAtten
 
 
 class ScoreMemo:
-    """Results computed once per (kind, key, layer) and tied to the key tensor they were computed from."""
+    """Results computed once per (kind, key, layer) and tied to the key tensor they were computed from.
+
+    Entries given by :meth:`pin` (scores a prefill record computed while it ran, because computing them later
+    would need what the record does not keep) are never recomputed: reading one over another key tensor raises,
+    and :meth:`clear` keeps them.
+    """
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, Hashable, int], tuple[torch.Tensor, Any]] = {}
+        self._pinned: dict[tuple[str, Hashable, int], tuple[torch.Tensor, Any]] = {}
+        self._pinned_keys: set[tuple[str, Hashable]] = set()
         self.hits = 0
         self.misses = 0
 
@@ -73,7 +80,20 @@ class ScoreMemo:
             layer: the layer index.
             keys: the layer's key tensor; an entry made from another tensor is recomputed (and replaced).
             compute: computes the result.
+
+        Raises:
+            ValueError: for a pinned ``(kind, key)`` without an entry of this layer over this very ``keys``.
         """
+        if (kind, key) in self._pinned_keys:
+            pinned = self._pinned.get((kind, key, layer))
+            if pinned is None or pinned[0] is not keys:
+                raise ValueError(
+                    f"the prefill record computed the {kind} of {_describe(key)} while it ran, for its own keys of "
+                    f"layer {layer}; they were asked for other keys (a press that changes the keys before scoring "
+                    "cannot be derived from it)"
+                )
+            self.hits += 1
+            return pinned[1]
         entry = self._entries.get((kind, key, layer))
         if entry is not None and entry[0] is keys:
             self.hits += 1
@@ -83,9 +103,34 @@ class ScoreMemo:
         self._entries[kind, key, layer] = (keys, result)
         return result
 
+    def pin(self, kind: str, key: Hashable, layer: int, keys: torch.Tensor, result: Any) -> None:
+        """Hold ``result`` for ``(kind, key, layer)`` over ``keys`` for good (see the class): a prefill record's
+        scores computed while it ran (:func:`~ripplekv.inference.shared.record_prefill`'s ``prescore``).
+
+        Args:
+            kind: what is held (``"scores"``).
+            key: what computed it (:func:`scorer_key`).
+            layer: the layer index.
+            keys: the layer's key tensor the result belongs to.
+            result: the result.
+        """
+        self._pinned_keys.add((kind, key))
+        self._pinned[kind, key, layer] = (keys, result)
+
+    def pinned_tensors(self) -> list[torch.Tensor]:
+        """The tensors of the pinned results (what a record holds besides its layers)."""
+        return [result for _, result in self._pinned.values() if isinstance(result, torch.Tensor)]
+
     def clear(self) -> None:
-        """Drop every entry (and the key tensors it pinned)."""
+        """Drop every computed entry (and the key tensors it pinned); pinned results stay."""
         self._entries.clear()
+
+
+def _describe(key: Hashable) -> str:
+    """A scorer key's class name (the key itself otherwise)."""
+    if isinstance(key, tuple) and key and isinstance(key[0], type):
+        return key[0].__name__
+    return repr(key)
 
 
 _ACTIVE: ContextVar[ScoreMemo | None] = ContextVar("ripplekv_score_memo", default=None)

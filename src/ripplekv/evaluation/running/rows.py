@@ -30,7 +30,9 @@ token scorer (:func:`~ripplekv.evaluation.sample.row_configuration`):
 ==================  =====================================================================================
 
 Memory: the sample's prefill record holds its full cache and, per layer, only the hidden states of the last
-positions the run's presses read (:func:`~ripplekv.inference.shared.hidden_states_tail`). The full cache's answer
+positions the run's presses read (:func:`~ripplekv.inference.shared.hidden_states_tail`); ExpectedAttention's scores,
+which read every position, are computed while the record is made (its ``prescore``), so they do not make it keep
+every hidden state. The full cache's answer
 and every teacher-forced pass run over lean forks that never copy the cache they read
 (:func:`~ripplekv.inference.shared.lean_fork`). Under ``--score both`` with batched decoding the configurations are
 derived, scored and laid out for the batch (:func:`~ripplekv.inference.batched.decode_row`, their caches released
@@ -70,6 +72,7 @@ from ripplekv.inference.shared import (
     lean_extend,
     lean_greedy_decode,
     lean_teacher_forced_logprobs,
+    prescored_scorers,
     record_prefill,
     residual_statistics_of,
 )
@@ -140,7 +143,8 @@ class SampleRunner:
         if ("full", FULL_BUDGET) not in presses:
             raise ValueError("presses must hold the full cache's press, ('full', 1.0)")
         self.on_group = on_group
-        self.hidden_tail = hidden_states_tail(presses.values())  # what the presses read of the hidden states
+        self.prescore = prescored_scorers(presses.values())  # scored while recording (ExpectedAttention)
+        self.hidden_tail = hidden_states_tail(presses.values(), self.prescore)  # what the presses read of them
         self.residual_statistics = residual_statistics_of(presses.values())  # per-prompt rules of the residual
         self.config = config
         self.model = model
@@ -186,7 +190,9 @@ class SampleRunner:
         if not prefix:
             raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
         ids = torch.tensor([list(prefix)], dtype=torch.long)
-        record = record_prefill(self.model, ids, self.hidden_tail, self.residual_statistics, self.config.prefill_chunk)
+        record = record_prefill(
+            self.model, ids, self.hidden_tail, self.residual_statistics, self.config.prefill_chunk, self.prescore
+        )
         prefill_seconds = record.seconds
         started = time.perf_counter()
         full = self._derive(sample, "full", FULL_BUDGET, record)

@@ -1,0 +1,232 @@
+"""ExpectedAttention prescored by the record: no layer's whole hidden states are kept, the same caches are derived.
+
+A record made with ``prescore`` (``ripplekv.inference.shared.record_prefill``) computes ExpectedAttention's scores
+while the prefill runs and keeps only the hidden-state tail the other presses read. One pass: kvpress's own score on
+the layer's whole input, so every derived cache equals the one derived from a record of every hidden state, bit
+for bit. Chunks: the scores come from query moments merged chunk by chunk (``ripplekv.inference.query_moments``),
+equal to the one-pass scores up to rounding, keeping the same tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from kvpress import ExpectedAttentionPress, SnapKVPress
+from kvpress.utils import get_prerope_query_states
+
+from ripplekv.inference.query_moments import MomentsExpectedAttentionPress, QueryMoments
+from ripplekv.inference.shared import (
+    NotDerivableError,
+    RecordingPress,
+    derived_prefill,
+    hidden_states_needed,
+    hidden_states_tail,
+    prescored_scorers,
+    record_prefill,
+    residual_statistics_of,
+)
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.presses import make_press
+from ripplekv.presses.score_memo import ScoreMemo, scorer_key
+from tests.conftest import random_ids, synthetic_profile, tiny_model
+from tests.test_chunked_prefill import _kept_indices
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WINDOW = 8
+PROMPT = 100
+# every schedule that scores through the record's memo (the uniform one, the depth and profile rules, the per-prompt
+# rules); AdaKV calls its scorer itself and is tested apart
+METHODS = ("snapkv", "pyramidkv", "ripplekv", "ripplekv-local", "cake", "squeezeattention", "dynamickv", "lava")
+
+
+def _model(seed: int = 2) -> Any:
+    return enable_varlen_attention(tiny_model("llama", layers=4, seed=seed))
+
+
+def _presses(model: Any, scorer: ExpectedAttentionPress | None = None) -> dict[str, Any]:
+    profile = synthetic_profile(model)
+    scorer = ExpectedAttentionPress() if scorer is None else scorer
+    return {m: make_press(m, budget=0.3, profile=profile, window_size=WINDOW, scorer=scorer) for m in METHODS}
+
+
+def _same_cache(a: Any, b: Any) -> bool:
+    return all(
+        torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)
+        for x, y in zip(a.cache.layers, b.cache.layers, strict=True)
+    )
+
+
+def test_a_prescored_record_keeps_the_tail_and_derives_bit_for_bit() -> None:
+    """In one pass the record holds the window's tail of the hidden states, not all of them, and every schedule over
+    ExpectedAttention derives the very cache a record of every hidden state gives. Seeded bug: prescoring the cut
+    tail instead of the layer's whole input changes the scores (and the caches)."""
+    model = _model()
+    ids = random_ids(PROMPT, seed=6)
+    presses = _presses(model)
+    prescore = prescored_scorers(presses.values())
+    assert [type(s) for s in prescore] == [ExpectedAttentionPress]  # one scorer, however many presses share it
+    everything = [*presses.values(), make_press("full")]
+    assert hidden_states_tail(everything) is None  # without prescoring: every hidden state
+    tail = hidden_states_tail(everything, prescore)
+    assert tail == WINDOW + 1  # the per-prompt rules' window statistics, SnapKV-style
+    statistics = residual_statistics_of(presses.values())
+    reference = record_prefill(model, ids, None, statistics, prefill_chunk=None)
+    record = record_prefill(model, ids, tail, statistics, prefill_chunk=None, prescore=prescore)
+    assert record.hidden_tokens == tail < reference.hidden_tokens == PROMPT
+    assert record.nbytes() < reference.nbytes()
+    for name, press in presses.items():
+        want, _ = derived_prefill(reference, press)
+        got, _ = derived_prefill(record, press)
+        assert _same_cache(want, got), name
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 32], ids=lambda c: f"chunk{c}")
+def test_a_chunked_prescored_record_keeps_the_same_tokens(chunk: int) -> None:
+    """In chunks (the first ``n_sink`` positions falling in several when ``chunk`` is 1) the scores come from the
+    merged query moments: equal to kvpress's one-pass scores to float32 rounding, and every schedule keeps the same
+    positions per layer and head. Seeded bugs: moments merged without the between-chunk term, the averaged RoPE at
+    the last chunk's length instead of the prompt's: both change the scores beyond rounding."""
+    model = _model()
+    ids = random_ids(PROMPT, seed=6)
+    presses = _presses(model)
+    prescore = prescored_scorers(presses.values())
+    tail = hidden_states_tail([*presses.values(), make_press("full")], prescore)
+    statistics = residual_statistics_of(presses.values())
+    reference = record_prefill(model, ids, None, statistics, prefill_chunk=None)
+    record = record_prefill(model, ids, tail, statistics, prefill_chunk=chunk, prescore=prescore)
+    assert record.hidden_tokens == tail
+    key = scorer_key(prescore[0])
+    for index, layer in enumerate(reference.layers):
+        want = prescore[0].score(layer.module, layer.hidden_states, layer.keys, layer.values, None, {})
+        got = record.memo.get("scores", key, index, record.layers[index].keys, lambda: None)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
+    for name, press in presses.items():
+        want_state, _ = derived_prefill(reference, press)
+        got_state, _ = derived_prefill(record, press)
+        assert _kept_indices(record, got_state) == _kept_indices(reference, want_state), name
+
+
+def test_adakv_and_other_expected_attention_settings_still_need_every_hidden_state() -> None:
+    """AdaKV calls its scorer's ``score`` itself (not through the memo), so it still reads every position; and an
+    ExpectedAttention of other settings than the prescored one is not prescored: deriving it from a tail record is
+    refused, never scored from the tail."""
+    model = _model()
+    ids = random_ids(PROMPT, seed=6)
+    adakv = make_press("adakv", budget=0.3, scorer=ExpectedAttentionPress())
+    assert prescored_scorers([adakv]) == ()
+    key = scorer_key(ExpectedAttentionPress())
+    assert hidden_states_needed(adakv, frozenset({key})) is None
+    prescore = (ExpectedAttentionPress(),)
+    record = record_prefill(model, ids, WINDOW + 1, prefill_chunk=None, prescore=prescore)
+    other = make_press("snapkv", budget=0.3, scorer=ExpectedAttentionPress(n_sink=2))
+    assert hidden_states_needed(other, record.prescored) is None
+    for press in (adakv, other):
+        with pytest.raises(NotDerivableError, match="reads every prompt position"):
+            derived_prefill(record, press)
+    derived_prefill(record, make_press("snapkv", budget=0.3, scorer=ExpectedAttentionPress()))  # the prescored one
+
+
+def test_only_expected_attention_is_prescored() -> None:
+    with pytest.raises(ValueError, match="prescores ExpectedAttentionPress only"):
+        RecordingPress(prescore=(SnapKVPress(),))  # type: ignore[arg-type]
+
+
+def test_pinned_scores_are_never_recomputed_for_other_keys() -> None:
+    """A pinned score read over another key tensor raises (recomputing it would score from the tail); computed
+    entries are still replaced, and ``clear`` keeps what is pinned."""
+    memo = ScoreMemo()
+    keys, other = torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4)
+    scores = torch.arange(10.0).view(1, 2, 5)
+    memo.pin("scores", "et", 0, keys, scores)
+    memo.clear()
+    assert memo.get("scores", "et", 0, keys, lambda: None) is scores
+    with pytest.raises(ValueError, match="computed the scores of 'et' while it ran"):
+        memo.get("scores", "et", 0, other, lambda: scores)
+    with pytest.raises(ValueError, match="layer 1"):
+        memo.get("scores", "et", 1, keys, lambda: scores)
+    assert memo.get("scores", "snapkv", 0, other, lambda: scores) is scores  # not pinned: computed
+    assert memo.pinned_tensors() == [scores]
+
+
+# ------------------------------------------------------------------------------------------------- the moments
+
+
+@torch.no_grad()
+def _one_pass(module: Any, hidden: torch.Tensor, n_sink: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """kvpress's mean and covariance before RoPE (``get_query_statistics`` without ``apply_avg_rope``)."""
+    queries = get_prerope_query_states(module, hidden[:, n_sink:])
+    mu = queries.mean(dim=2, keepdim=True)
+    centred = queries - mu
+    return mu.squeeze(2), torch.einsum("bnsi,bnsj->bnij", centred, centred) / queries.shape[2]
+
+
+def _merged(module: Any, hidden: torch.Tensor, n_sink: int, cuts: list[int]) -> QueryMoments:
+    moments = QueryMoments(n_sink)
+    bounds = [0, *cuts, hidden.shape[1]]
+    for start, end in zip(bounds, bounds[1:]):
+        moments.update(module, hidden[:, start:end], start)
+    return moments
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [3, 4, 5], [10, 50, 51, 99], list(range(1, 120))], ids=str)
+@pytest.mark.parametrize("n_sink", [0, 4])
+def test_merged_moments_equal_the_one_pass_statistics(cuts: list[int], n_sink: int) -> None:
+    """However the prompt is cut (chunks inside the sinks, of one position, uneven), the merged mean and covariance
+    equal kvpress's one pass in float64. The queries carry a large common offset (mean ~1e3 against unit spread),
+    where a float32 sum of squares around zero would lose the covariance: the chunk-centred merge keeps it.
+    Seeded bug: dropping the between-chunk term of the merge leaves the covariance short."""
+    model = tiny_model("llama", layers=1, seed=3).double()
+    module = model.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(11)
+    hidden = torch.randn(1, 120, 64, generator=generator, dtype=torch.float64)
+    hidden = hidden + 300.0 * torch.randn(1, 1, 64, generator=generator, dtype=torch.float64)  # the offset
+    mu, cov = _merged(module, hidden, n_sink, cuts).statistics()
+    want_mu, want_cov = _one_pass(module, hidden, n_sink)
+    assert mu.dtype == cov.dtype == torch.float64
+    scale = want_mu.abs().max()
+    assert scale > 100  # the offset is there
+    torch.testing.assert_close(mu, want_mu, atol=1e-6 * scale, rtol=0)
+    torch.testing.assert_close(cov, want_cov, atol=1e-4 * want_cov.abs().max(), rtol=0)
+
+
+def test_moments_in_bf16_are_as_exact_as_kvpress_one_pass() -> None:
+    """A bf16 model: the merged statistics, rounded to bf16 once, are at least as close to the exact (float64)
+    statistics of the same bf16 queries as kvpress's one pass in bf16 is."""
+    model = tiny_model("llama", layers=1, seed=3).to(torch.bfloat16)
+    module = model.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(5)
+    hidden = (torch.randn(1, 400, 64, generator=generator) + 2.0).to(torch.bfloat16)
+    mu, cov = _merged(module, hidden, 4, [64, 128, 192, 256, 320]).statistics()
+    assert mu.dtype == cov.dtype == torch.bfloat16
+    with torch.no_grad():
+        queries = get_prerope_query_states(module, hidden[:, 4:]).double()
+    exact_mu = queries.mean(dim=2)
+    centred = queries - exact_mu.unsqueeze(2)
+    exact_cov = torch.einsum("bnsi,bnsj->bnij", centred, centred) / queries.shape[2]
+    kv_mu, kv_cov = _one_pass(module, hidden, 4)
+    assert kv_mu.dtype == torch.bfloat16
+    for ours, theirs, exact in ((mu, kv_mu, exact_mu), (cov, kv_cov, exact_cov)):
+        ours_error = (ours.double() - exact).abs().max()
+        theirs_error = (theirs.double() - exact).abs().max()
+        assert ours_error <= theirs_error, (float(ours_error), float(theirs_error))
+
+
+def test_moments_and_their_press_refuse_bad_input() -> None:
+    with pytest.raises(ValueError, match="n_sink must be an integer >= 0"):
+        QueryMoments(-1)
+    with pytest.raises(ValueError, match="no query after the first 4"):
+        QueryMoments(4).statistics()
+    model = tiny_model("llama", layers=1)
+    module = model.model.layers[0].self_attn
+    moments = QueryMoments(4)
+    moments.update(module, torch.randn(1, 3, 64), 0)  # inside the sinks: nothing merged
+    assert moments.count == 0
+    with pytest.raises(ValueError, match="needs the layer's QueryMoments"):
+        MomentsExpectedAttentionPress(prompt_tokens=10)
+    with pytest.raises(ValueError, match="leave out 4 sink positions, the press 2"):
+        MomentsExpectedAttentionPress(n_sink=2, moments=moments, prompt_tokens=10)
+    with pytest.raises(ValueError, match="prompt_tokens must be an integer >= 1"):
+        MomentsExpectedAttentionPress(moments=moments, prompt_tokens=0)
