@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 import torch
-from kvpress import ExpectedAttentionPress, SnapKVPress
+from kvpress import DecodingPress, ExpectedAttentionPress, SnapKVPress
 from kvpress.utils import get_prerope_query_states
 
+from ripplekv.inference.generate import prefill
 from ripplekv.inference.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv.inference.shared import (
     NotDerivableError,
     RecordingPress,
+    compressed_prefill_in_chunks,
     derived_prefill,
     hidden_states_needed,
     hidden_states_tail,
@@ -230,3 +232,37 @@ def test_moments_and_their_press_refuse_bad_input() -> None:
         MomentsExpectedAttentionPress(n_sink=2, moments=moments, prompt_tokens=10)
     with pytest.raises(ValueError, match="prompt_tokens must be an integer >= 1"):
         MomentsExpectedAttentionPress(moments=moments, prompt_tokens=0)
+
+
+# ------------------------------------------------------------------------------------- the user's entry point
+
+
+def _nearest_kept(reference: Any, state: Any) -> list[list[list[int]]]:
+    """Per layer and KV head, the sorted prompt positions of ``state``'s keys, each matched to the nearest key of
+    ``reference`` (a chunked prefill's keys differ from one pass's by rounding)."""
+    found = []
+    for full, layer in zip(reference.layers, state.cache.layers, strict=True):
+        heads = []
+        for head in range(full.keys.shape[1]):
+            distance = torch.cdist(layer.keys[0, head], full.keys[0, head], compute_mode="donot_use_mm_for_euclid_dist")
+            assert float(distance.min(-1).values.max()) < 1e-3  # every kept key is one of the prompt's
+            heads.append(sorted(distance.argmin(-1).tolist()))
+        found.append(heads)
+    return found
+
+
+@pytest.mark.parametrize("scorer", ["snapkv", "expected_attention"])
+def test_a_compressed_prefill_in_chunks_is_the_direct_prefill(scorer: str) -> None:
+    """``compressed_prefill_in_chunks``: within the chunk it is kvpress's one-pass prefill bit for bit; in chunks it
+    keeps the same positions (ExpectedAttention prescored, its record holding the tail only), and a press that
+    cannot be derived is refused with the reason."""
+    model = _model()
+    ids = random_ids(PROMPT, seed=6)
+    press = make_press("ripplekv", budget=0.3, profile=synthetic_profile(model), window_size=WINDOW, scorer=scorer)
+    direct = prefill(model, ids, press)
+    assert _same_cache(direct, compressed_prefill_in_chunks(model, ids, press, prefill_chunk=PROMPT))
+    chunked = compressed_prefill_in_chunks(model, ids, press, prefill_chunk=16)
+    reference = record_prefill(model, ids, None, prefill_chunk=None)
+    assert _nearest_kept(reference, chunked) == _kept_indices(reference, direct)
+    with pytest.raises(NotDerivableError, match="cannot be prefilled in chunks"):
+        compressed_prefill_in_chunks(model, ids, DecodingPress(base_press=SnapKVPress()), prefill_chunk=16)

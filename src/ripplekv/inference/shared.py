@@ -134,6 +134,7 @@ __all__ = [
     "PrefillRecord",
     "RecordingPress",
     "compress_recorded",
+    "compressed_prefill_in_chunks",
     "derive_cache",
     "derived_prefill",
     "hidden_states_needed",
@@ -827,6 +828,44 @@ def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, f
     seconds = time.perf_counter() - start
     prefill_state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds, states)
     return prefill_state, seconds
+
+
+def compressed_prefill_in_chunks(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    press: BasePress,
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+) -> Prefill:
+    """``prefill(model, input_ids, press)`` for a prompt of any length: recorded in chunks, the press's cache derived.
+
+    kvpress compresses inside one pass, so a long prompt under a press would need the whole prompt's activations at
+    once. This records it in chunks of at most ``prefill_chunk`` tokens, keeping only what ``press`` reads (the
+    hidden-state tail of :func:`hidden_states_tail`, its residual statistics, ExpectedAttention prescored), and
+    derives its cache: the prefill holds one chunk's activations over the full cache, then the full cache and the
+    compressed one until the record is released on return. A prompt within the chunk is one pass, and the result is
+    then the direct prefill's bit for bit (its ``seconds`` also count the derivation).
+
+    Args:
+        model: the model.
+        input_ids: the prompt, one unpadded sequence of shape ``(1, n)``.
+        press: any derivable press (:func:`is_derivable`; every press of :func:`ripplekv.presses.make_press`).
+        prefill_chunk: most tokens per prefill pass (default
+            :data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`); None: one pass.
+
+    Raises:
+        NotDerivableError: for a press whose cache cannot be derived from a record.
+    """
+    if not is_derivable(press):
+        raise NotDerivableError(
+            f"{type(press).__name__} overrides the kvpress forward hook or context manager (or opts out): it cannot "
+            "be prefilled in chunks; prefill it in one pass (ripplekv.inference.generate.prefill)"
+        )
+    presses = [press]
+    prescore = prescored_scorers(presses)
+    tail = hidden_states_tail(presses, prescore)
+    record = record_prefill(model, input_ids, tail, residual_statistics_of(presses), prefill_chunk, prescore)
+    state, _ = derived_prefill(record, press)
+    return state
 
 
 def _positions(state: Prefill, count: int) -> torch.Tensor:
