@@ -140,7 +140,12 @@ def markdown(result: dict[str, Any]) -> str:
     metrics = dict.fromkeys(m for e in scorers.values() for m in e["metrics"])
     for name in metrics:
         budgets = sorted({b["budget"] for e in scorers.values() for b in e["metrics"].get(name, {}).get("budgets", [])})
-        lines += [f"**Thesis ({name})**: RippleKV against the attention-statistics and representation-change", ""]
+        lines += [
+            f"**Thesis ({name})**: is RippleKV significantly better than both the attention-statistics and the "
+            "representation-change representative over the same scorer (holds), significantly worse than either "
+            "(fails), or neither (not shown)?",
+            "",
+        ]
         for budget in budgets:
             parts = []
             for scorer, entry in scorers.items():
