@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +14,9 @@ from typing import Any
 import pytest
 
 from ripplekv.evaluation.running.results import (
+    LOCK_FILE,
     ConfigMismatchError,
+    RunFolderBusyError,
     open_results,
     resume_state,
     run_pending,
@@ -48,14 +54,14 @@ class _Runner:
 
 def test_interrupted_run_resumes_only_the_missing_rows(tmp_path: Path) -> None:
     samples = [_Sample("a"), _Sample("bb"), _Sample("ccc")]
-    folder = open_results(tmp_path, RESOLVED, {})
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), open_results(tmp_path, RESOLVED, {}) as folder:
         run_pending(samples, CONFIGS, folder, _Runner(fail_after=4), desc="t", progress=False)
     assert len(folder.log.read()) == 4
 
-    folder = open_results(tmp_path, RESOLVED, {})
+    folder = open_results(tmp_path, RESOLVED, {})  # the interrupted run's lock was released on the way out
     runner = _Runner()
     written = run_pending(samples, CONFIGS, folder, runner, desc="t", progress=False)
+    folder.close()
     assert written == 5
     # "a" is complete and skipped; "bb" gets its two missing configurations with the stored full-cache answer
     assert runner.calls == [("bb", [("snapkv", 0.1), ("snapkv", 0.2)], [2, 7]), ("ccc", CONFIGS, None)]
@@ -93,3 +99,39 @@ def test_rows_file_without_config_is_refused_by_name(tmp_path: Path) -> None:
     open_results(other, RESOLVED, {})
     with pytest.raises(ConfigMismatchError, match="another configuration"):
         open_results(other, {"kind": "test", "x": 2}, {})
+
+
+def test_one_writer_per_folder(tmp_path: Path) -> None:
+    """A second run into a folder another holds stops before it checks, repairs or appends anything, naming the
+    holder's pid; closing the first (or leaving its ``with`` block, error or not) frees the folder. Seeded bug:
+    without the lock the second open repairs the first's half-written last row away."""
+    first = open_results(tmp_path, RESOLVED, {})
+    first.log.path.write_text('{"sample_id": "a", "method": "full", "budget": 1.0}\n{"sample_id": "a", "met')
+    with pytest.raises(RunFolderBusyError, match=f"being written by another run \\(pid {os.getpid()}\\)"):
+        open_results(tmp_path, RESOLVED, {})
+    assert first.log.path.read_text().endswith('"met')  # the writer's partial row left alone
+    first.close()
+    first.close()  # twice: nothing
+    with open_results(tmp_path, RESOLVED, {}) as second:
+        assert len(second.done) == 1  # the interrupted last row repaired by the one writer
+    with pytest.raises(ConfigMismatchError):
+        open_results(tmp_path, {"kind": "test", "x": 2}, {})  # refused, and its lock released on the way out
+    open_results(tmp_path, RESOLVED, {}).close()
+
+
+def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
+    """Another process holding the folder blocks this one; killed (no clean exit), it leaves the folder free."""
+    code = (
+        "import sys, time; from ripplekv.evaluation.running.results import open_results; "
+        f"folder = open_results(sys.argv[1], {RESOLVED!r}, {{}}); print('held', flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        with pytest.raises(RunFolderBusyError, match=f"pid {child.pid}"):
+            open_results(tmp_path, RESOLVED, {})
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert (tmp_path / LOCK_FILE).exists()
+    open_results(tmp_path, RESOLVED, {}).close()

@@ -166,14 +166,13 @@ def run_analysis(
     resolved = {"kind": "layer-damage", **resolve_config(options, model, samples, None)}
 
     sources = {"model": options.model, **get_suite(options.suite).sources(options), "profile": options.profile}
-    folder = open_results(out, resolved, sources, rows_file=DAMAGE_FILE, answers_from=None)
-    out = folder.out
     budgets = list(options.budget_values)
-
     configurations = [(DAMAGE_METHOD, b) for b in budgets]
-    written = run_pending(
-        samples, configurations, folder, budgets_of(runner.run_sample), desc="analyze", progress=progress
-    )
+    with open_results(out, resolved, sources, rows_file=DAMAGE_FILE, answers_from=None) as folder:
+        written = run_pending(
+            samples, configurations, folder, budgets_of(runner.run_sample), desc="analyze", progress=progress
+        )
+    out = folder.out
 
     order = {s.id: i for i, s in enumerate(samples)}
     rows = sorted(

@@ -103,14 +103,13 @@ def run_tune(
     }
 
     sources = {"model": options.model, **get_suite(options.suite).sources(options), "profiles": dict(config.profiles)}
-    folder = open_results(out, resolved, sources, rows_file=TUNE_FILE, answers_from=None)
-    out = folder.out
     budgets = list(options.budget_values)
-
     configurations = [(TUNE_METHOD, b) for b in budgets]
-    written = run_pending(
-        samples, configurations, folder, budgets_of(runner.run_sample), desc="tune", progress=progress
-    )
+    with open_results(out, resolved, sources, rows_file=TUNE_FILE, answers_from=None) as folder:
+        written = run_pending(
+            samples, configurations, folder, budgets_of(runner.run_sample), desc="tune", progress=progress
+        )
+    out = folder.out
 
     ids = {s.id for s in samples}
     rows = [r for r in folder.log.read() if str(r["sample_id"]) in ids and float(r["budget"]) in budgets]

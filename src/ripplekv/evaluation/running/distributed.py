@@ -39,7 +39,7 @@ from ripplekv.distributed import (
     ray_session,
 )
 from ripplekv.evaluation.running.config import EvalConfig
-from ripplekv.evaluation.running.results import row_key
+from ripplekv.evaluation.running.results import RunFolder, row_key
 from ripplekv.evaluation.running.rows import SampleRunner
 from ripplekv.evaluation.running.runner import (
     EvalSummary,
@@ -148,6 +148,7 @@ def run_eval_ray(
         options = actor_options(ray, workers, config.device)
         worker_args = (config, profiles.profile, profiles.oracles, model_factory, worker_hook)
         pool = WorkerPool(ray, EvalWorker, worker_args, workers, options, max_attempts)
+        folder: RunFolder | None = None
         try:
             description = pool.start()
             folder = open_run_folder(config, out, description["resolved"], profiles)
@@ -182,6 +183,8 @@ def run_eval_ray(
                 pool.run(sample_ids, arguments, on_item)
         finally:
             pool.close()
+            if folder is not None:
+                folder.close()  # its lock
     return EvalSummary(
         out=folder.out,
         rows=len(log.read()),

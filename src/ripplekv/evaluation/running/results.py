@@ -4,6 +4,11 @@
 written; :class:`ResultsLog` reads it back, cutting off a last line an interruption left incomplete.
 :func:`open_results` and :func:`run_pending` are the resume-and-run loop every runner (``eval``, ``analyze``,
 ``tune``) shares: open the folder, skip the rows written, append each new row as soon as it exists.
+
+One writer per folder: :func:`open_results` takes an exclusive lock on ``OUT/.lock`` (``flock``, released when the
+run's :class:`RunFolder` is closed or its process ends, however it ends), so a second run into the same folder, which
+would repair the first's half-written row away and append rows twice, stops at once with
+:class:`RunFolderBusyError` naming the process that holds it. Where ``fcntl`` is missing (Windows) nothing is locked.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,9 +33,12 @@ __all__ = [
     "RESULTS_FILE",
     "ROW_KEYS",
     "ConfigMismatchError",
+    "LOCK_FILE",
+    "FolderLock",
     "ResultsLog",
     "RowKey",
     "RunFolder",
+    "RunFolderBusyError",
     "check_or_write_config",
     "complete_samples",
     "budgets_of",
@@ -70,6 +79,62 @@ def complete_samples(
 
 class ConfigMismatchError(ValueError):
     """The output folder holds a run of another configuration."""
+
+
+class RunFolderBusyError(ValueError):
+    """Another process is writing into the output folder."""
+
+
+LOCK_FILE = ".lock"
+"""The file of a run folder whose ``flock`` its one writer holds (it records that writer's pid)."""
+
+
+class FolderLock:
+    """An exclusive, non-blocking ``flock`` on ``folder/.lock``, held until :meth:`release` (or the process ends).
+
+    Args:
+        folder: the run folder (it exists).
+
+    Raises:
+        RunFolderBusyError: another open lock (another process, or another run in this one) holds it.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / LOCK_FILE
+        self._fd: int | None = None
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): nothing is locked
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise RunFolderBusyError(
+                f"{folder} is being written by another run (pid {holder}): wait for it to finish, or use another --out"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Give the lock up (closing its file releases the ``flock``); a second call does nothing."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def sha256_json(data: Any) -> str:
@@ -277,19 +342,39 @@ def resume_state(
 
 @dataclass(frozen=True)
 class RunFolder:
-    """A run folder ready to append rows to.
+    """A run folder ready to append rows to, its writer's lock held (see the module docstring).
+
+    Use it as a context manager (``with open_results(...) as folder:``) or call :meth:`close` when the run is done.
 
     Args:
         out: the folder.
         log: its rows file.
         done: the keys of the rows already written (:func:`run_pending` adds the rows it writes).
         answers: each sample's stored reference answer (token ids), see :func:`resume_state`.
+        lock: the folder's writer lock.
     """
 
     out: Path
     log: ResultsLog
     done: set[RowKey]
     answers: dict[str, list[int]]
+    lock: FolderLock | None = None
+
+    def close(self) -> None:
+        """Release the folder's lock (the rows stay readable through :attr:`log`)."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: types.TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def open_results(
@@ -313,13 +398,19 @@ def open_results(
 
     Raises:
         ConfigMismatchError: ``out`` holds another run (see :func:`check_or_write_config`).
+        RunFolderBusyError: another run is writing into ``out``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    check_or_write_config(out, resolved, sources, rows_file, extendable)
-    log = ResultsLog(out / rows_file)
-    done, answers = resume_state(log.read(repair=True), answers_from)
-    return RunFolder(out=out, log=log, done=done, answers=answers)
+    lock = FolderLock(out)  # before the config is checked or the rows file repaired: one writer at a time
+    try:
+        check_or_write_config(out, resolved, sources, rows_file, extendable)
+        log = ResultsLog(out / rows_file)
+        done, answers = resume_state(log.read(repair=True), answers_from)
+    except BaseException:
+        lock.release()
+        raise
+    return RunFolder(out=out, log=log, done=done, answers=answers, lock=lock)
 
 
 RunSample = Callable[[Any, list[tuple[str, float]], "list[int] | None"], Iterable[dict[str, Any]]]

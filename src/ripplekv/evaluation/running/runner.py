@@ -324,6 +324,8 @@ def open_run_folder(
     Raises:
         ConfigMismatchError: ``out`` holds another run (see
             :func:`~ripplekv.evaluation.running.results.check_or_write_config`).
+        RunFolderBusyError: another run is writing into ``out`` (the folder's lock; close the returned folder,
+            or use it in a ``with`` block, to release it).
     """
     sources = {"model": config.model, **get_suite(config.suite).sources(config), "profile": config.profile}
     if profiles.oracles:
@@ -359,18 +361,18 @@ def run_eval(
     presses = build_presses(config, profiles.profile, model, profiles.oracles)
     samples = build_samples(config, tokenizer, model)
     resolved = resolve_config(config, model, samples, profiles.profile, profiles.oracles)
-    folder = open_run_folder(config, out, resolved, profiles)
     runner = SampleRunner(config, model, tokenizer, presses)
-    written = run_pending(
-        samples,
-        config.configurations,
-        folder,
-        runner.run_sample,
-        desc=f"eval {config.suite}",
-        progress=progress,
-        on_row=on_row,
-    )
-    rows = len(folder.log.read())
+    with open_run_folder(config, out, resolved, profiles) as folder:  # its lock: one writer at a time
+        written = run_pending(
+            samples,
+            config.configurations,
+            folder,
+            runner.run_sample,
+            desc=f"eval {config.suite}",
+            progress=progress,
+            on_row=on_row,
+        )
+        rows = len(folder.log.read())
     return EvalSummary(
         out=folder.out,
         rows=rows,
