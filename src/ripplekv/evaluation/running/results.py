@@ -3,7 +3,8 @@
 ``results.jsonl`` is append-only, one JSON row per (sample, method, budget), flushed and fsynced as soon as it is
 written; :class:`ResultsLog` reads it back, cutting off a last line an interruption left incomplete.
 :func:`open_results` and :func:`run_pending` are the resume-and-run loop every runner (``eval``, ``analyze``,
-``tune``) shares: open the folder, skip the rows written, append each new row as soon as it exists.
+``tune``) shares: open the folder, skip the rows written, append each new row as soon as it exists. The folder's
+``config.json`` is :mod:`ripplekv.evaluation.running.folder_config`'s (its names are re-exported here).
 
 One writer per folder: :func:`open_results` takes an exclusive lock on ``OUT/.lock`` (``flock``, released when the
 run's :class:`RunFolder` is closed or its process ends, however it ends), so a second run into the same folder, which
@@ -13,27 +14,34 @@ would repair the first's half-written row away and append rows twice, stops at o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ripplekv.allocation.budgets import budget_value
+from ripplekv.evaluation.running.folder_config import (
+    CONFIG_FILE,
+    CONFIG_FORMAT,
+    RESULTS_FILE,
+    ConfigMismatchError,
+    check_or_write_config,
+    extends,
+    sha256_json,
+)
+from ripplekv.evaluation.running.folder_lock import LOCK_FILE, FolderLock, RunFolderBusyError
 from ripplekv.evaluation.sample import row_configuration
-from ripplekv.profiling.profile import write_json_atomic
 
 __all__ = [
     "CONFIG_FILE",
     "CONFIG_FORMAT",
+    "LOCK_FILE",
     "RESULTS_FILE",
     "ROW_KEYS",
     "ConfigMismatchError",
-    "LOCK_FILE",
     "FolderLock",
     "ResultsLog",
     "RowKey",
@@ -41,6 +49,7 @@ __all__ = [
     "RunFolderBusyError",
     "check_or_write_config",
     "complete_samples",
+    "extends",
     "budgets_of",
     "open_results",
     "resume_state",
@@ -49,9 +58,6 @@ __all__ = [
     "sha256_json",
 ]
 
-CONFIG_FILE = "config.json"
-RESULTS_FILE = "results.jsonl"
-CONFIG_FORMAT = "ripplekv-eval/1"
 ROW_KEYS = ("sample_id", "method", "budget")
 
 RowKey = tuple[str, str, float]
@@ -77,75 +83,6 @@ def complete_samples(
     return [row for row in rows if str(row["sample_id"]) in complete], len(seen) - len(complete)
 
 
-class ConfigMismatchError(ValueError):
-    """The output folder holds a run of another configuration."""
-
-
-class RunFolderBusyError(ValueError):
-    """Another process is writing into the output folder."""
-
-
-LOCK_FILE = ".lock"
-"""The file of a run folder whose ``flock`` its one writer holds (it records that writer's pid)."""
-
-
-class FolderLock:
-    """An exclusive, non-blocking ``flock`` on ``folder/.lock``, held until :meth:`release` (or the process ends).
-
-    Args:
-        folder: the run folder (it exists).
-
-    Raises:
-        RunFolderBusyError: another open lock (another process, or another run in this one) holds it.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / LOCK_FILE
-        self._fd: int | None = None
-        try:
-            import fcntl
-        except ImportError:  # no flock (Windows): nothing is locked
-            return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise RunFolderBusyError(
-                f"{folder} is being written by another run (pid {holder}): wait for it to finish, or use another --out"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-
-    @property
-    def held(self) -> bool:
-        """Whether this object holds the lock."""
-        return self._fd is not None
-
-    def release(self) -> None:
-        """Give the lock up (closing its file releases the ``flock``); a second call does nothing."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def __del__(self) -> None:
-        self.release()
-
-
-def sha256_json(data: Any) -> str:
-    """SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces).
-
-    Args:
-        data: any JSON-serialisable value.
-    """
-    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def row_key(row: Mapping[str, Any]) -> RowKey:
     """``(sample_id, configuration, budget)`` of a row: what identifies it on resume (the configuration is its
     method under its scorer, :func:`~ripplekv.evaluation.sample.row_configuration`).
@@ -154,105 +91,6 @@ def row_key(row: Mapping[str, Any]) -> RowKey:
         row: a result row.
     """
     return (str(row["sample_id"]), row_configuration(row), float(row["budget"]))
-
-
-def _versions() -> dict[str, str]:
-    import kvpress
-    import torch
-    import transformers
-
-    from ripplekv.version import __version__
-
-    return {
-        "ripplekv": __version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "kvpress": getattr(kvpress, "__version__", "unknown"),
-    }
-
-
-def extends(previous: Mapping[str, Any], resolved: Mapping[str, Any], extendable: Mapping[str, Any]) -> bool:
-    """Whether ``resolved`` is ``previous`` with more values in some of the ``extendable`` list keys.
-
-    Every other key must be equal; an extendable key's saved values must all be among the new ones (a key absent
-    from a configuration holds the default that ``extendable`` gives for it).
-
-    Args:
-        previous: the saved resolved configuration.
-        resolved: the new one.
-        extendable: key -> its value when absent (``{"scorers": ["snapkv"], ...}``).
-    """
-    fixed = (previous.keys() | resolved.keys()) - extendable.keys()
-    if any(previous.get(k) != resolved.get(k) for k in fixed):
-        return False
-    for key, default in extendable.items():
-        old, new = previous.get(key, default), resolved.get(key, default)
-        if not isinstance(old, list) or not isinstance(new, list) or any(value not in new for value in old):
-            return False
-    return True
-
-
-def check_or_write_config(
-    out: Path,
-    resolved: dict[str, Any],
-    sources: dict[str, Any],
-    rows_file: str = RESULTS_FILE,
-    extendable: Mapping[str, Any] | None = None,
-) -> None:
-    """Write ``out/config.json``, or check that the one there holds the same resolved configuration.
-
-    Args:
-        out: the evaluation folder.
-        resolved: the resolved configuration (compared key by key on resume).
-        sources: where the model, data and profile came from (recorded, not compared).
-        rows_file: the name of the folder's rows file (a folder holding one but no config is refused).
-        extendable: list keys a resumed run may extend (key -> its value when absent; see :func:`extends`): a
-            configuration that only adds values to them (another method, budget or scorer over the same samples,
-            model and settings) resumes, keeps every row, and its ``config.json`` is rewritten to the extended
-            configuration, the previous one kept under ``extended_from``. Only for runs whose row identity covers
-            those keys (``eval``'s rows: sample, method under scorer, budget).
-
-    Raises:
-        ConfigMismatchError: the folder holds another configuration (the message names the keys that differ), an
-            unreadable config, or results without a config.
-    """
-    path = out / CONFIG_FILE
-    if path.exists():
-        try:
-            saved = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ConfigMismatchError(f"{path} is not valid JSON ({err}): cannot resume into {out}") from None
-        if not isinstance(saved, dict) or saved.get("format") != CONFIG_FORMAT:
-            raise ConfigMismatchError(f"{path} is not a ripplekv eval config: cannot resume into {out}")
-        previous = saved.get("config", {})
-        if previous != resolved and extendable and extends(previous, resolved, extendable):
-            history = [*saved.get("extended_from", []), {"config": previous, "created": saved.get("created")}]
-            saved.update(config=resolved, sources=sources, versions=_versions(), extended_from=history)
-            saved["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            write_json_atomic(path, saved)
-            return
-        if previous != resolved:
-            keys = sorted(k for k in previous.keys() | resolved.keys() if previous.get(k) != resolved.get(k))
-            details = "; ".join(
-                f"{k}: saved {json.dumps(previous.get(k))[:80]} vs now {json.dumps(resolved.get(k))[:80]}" for k in keys
-            )
-            raise ConfigMismatchError(
-                f"refusing to resume into {out}: its {CONFIG_FILE} holds another configuration ({details}). "
-                "Use another --out folder, or delete this one to start over."
-            )
-        return
-    if (out / rows_file).exists():
-        raise ConfigMismatchError(f"{out} holds {rows_file} but no {CONFIG_FILE}: cannot tell what it ran")
-    write_json_atomic(
-        path,
-        {
-            "format": CONFIG_FORMAT,
-            "config": resolved,
-            "sources": sources,
-            "versions": _versions(),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        },
-    )
 
 
 class ResultsLog:
