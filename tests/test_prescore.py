@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from kvpress import DecodingPress, ExpectedAttentionPress, SnapKVPress
+from kvpress import AdaKVPress, DecodingPress, ExpectedAttentionPress, SnapKVPress
 from kvpress.utils import get_prerope_query_states
 
 from ripplekv.inference.generate import prefill
@@ -31,7 +31,8 @@ from ripplekv.inference.shared import (
 )
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import make_press
-from ripplekv.presses.score_memo import ScoreMemo, scorer_key
+from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
+from ripplekv.presses.score_memo import ScoreMemo, memoized, scorer_key
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_chunked_prefill import _kept_indices
 
@@ -111,21 +112,39 @@ def test_a_chunked_prescored_record_keeps_the_same_tokens(chunk: int) -> None:
         assert _kept_indices(record, got_state) == _kept_indices(reference, want_state), name
 
 
-def test_adakv_and_other_expected_attention_settings_still_need_every_hidden_state() -> None:
-    """AdaKV calls its scorer's ``score`` itself (not through the memo), so it still reads every position; and an
-    ExpectedAttention of other settings than the prescored one is not prescored: deriving it from a tail record is
-    refused, never scored from the tail."""
+def _masks(state: Any) -> list[tuple[int, list[torch.Tensor]]]:
+    """AdaKV's masked key indices per layer (the state its derived cache carries)."""
+    return [(m.layer, list(m.attributes["masked_key_indices"])) for m in state.attention_state]
+
+
+def test_adakv_scores_through_the_memo_and_a_bare_kvpress_adakv_is_refused() -> None:
+    """``make_press("adakv")`` hands kvpress's AdaKV a MemoizedScorerPress, so over ExpectedAttention it is prescored
+    too: from a tail record it masks exactly what it masks from a record of every hidden state, and the memo's
+    scores survive AdaKV's in-place safeguard. kvpress's AdaKV around a bare ExpectedAttention, and an
+    ExpectedAttention of other settings than the prescored one, still read every position: deriving them from a
+    tail record is refused, never scored from the tail."""
     model = _model()
     ids = random_ids(PROMPT, seed=6)
-    adakv = make_press("adakv", budget=0.3, scorer=ExpectedAttentionPress())
-    assert prescored_scorers([adakv]) == ()
-    key = scorer_key(ExpectedAttentionPress())
-    assert hidden_states_needed(adakv, frozenset({key})) is None
-    prescore = (ExpectedAttentionPress(),)
+    presses = [make_press("adakv", budget=b, window_size=WINDOW, scorer=ExpectedAttentionPress()) for b in (0.3, 0.1)]
+    prescore = prescored_scorers(presses)
+    assert [type(s) for s in prescore] == [ExpectedAttentionPress]
+    assert hidden_states_tail(presses, prescore) == 0
+    reference = record_prefill(model, ids, None, prefill_chunk=None)
     record = record_prefill(model, ids, WINDOW + 1, prefill_chunk=None, prescore=prescore)
+    for press in presses:  # the second budget reads the scores the first one's AdaKV was given
+        want, _ = derived_prefill(reference, press)
+        got, _ = derived_prefill(record, press)
+        for (layer_w, mask_w), (layer_g, mask_g) in zip(_masks(want), _masks(got), strict=True):
+            assert layer_w == layer_g and all(torch.equal(a, b) for a, b in zip(mask_w, mask_g, strict=True))
+        direct, _ = derived_prefill(record_prefill(model, ids, None, prefill_chunk=None), press)  # no shared memo
+        for (_, mask_d), (_, mask_g) in zip(_masks(direct), _masks(got), strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(mask_d, mask_g, strict=True))
+    bare = AdaKVPress(ExpectedAttentionPress(compression_ratio=0.7))
+    assert prescored_scorers([bare]) == ()
+    assert hidden_states_needed(bare, record.prescored) is None
     other = make_press("snapkv", budget=0.3, scorer=ExpectedAttentionPress(n_sink=2))
     assert hidden_states_needed(other, record.prescored) is None
-    for press in (adakv, other):
+    for press in (bare, other):
         with pytest.raises(NotDerivableError, match="reads every prompt position"):
             derived_prefill(record, press)
     derived_prefill(record, make_press("snapkv", budget=0.3, scorer=ExpectedAttentionPress()))  # the prescored one
@@ -266,3 +285,22 @@ def test_a_compressed_prefill_in_chunks_is_the_direct_prefill(scorer: str) -> No
     assert _nearest_kept(reference, chunked) == _kept_indices(reference, direct)
     with pytest.raises(NotDerivableError, match="cannot be prefilled in chunks"):
         compressed_prefill_in_chunks(model, ids, DecodingPress(base_press=SnapKVPress()), prefill_chunk=16)
+
+
+def test_a_memoized_scorer_hands_out_copies() -> None:
+    """Writing into the scores a MemoizedScorerPress returned (AdaKV's safeguard does) changes neither the memo's
+    scores nor what the next call returns; outside a memo it scores as its scorer does."""
+    model = _model()
+    record = record_prefill(model, random_ids(PROMPT, seed=6), prefill_chunk=None)
+    layer = record.layers[1]
+    args = (layer.module, layer.hidden_states, layer.keys, layer.values, None, dict(layer.kwargs))
+    scorer = MemoizedScorerPress(press=SnapKVPress(window_size=WINDOW), compression_ratio=0.5)
+    want = SnapKVPress(window_size=WINDOW).score(*args)
+    assert torch.equal(scorer.score(*args), want)  # no memo active
+    with memoized(record.memo):
+        first = scorer.score(*args)
+        first.fill_(0.0)
+        assert torch.equal(scorer.score(*args), want)
+    assert record.memo.hits == 1
+    with pytest.raises(TypeError, match="needs a kvpress ScorerPress"):
+        MemoizedScorerPress(press=make_press("full"))  # type: ignore[arg-type]

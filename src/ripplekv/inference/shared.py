@@ -54,9 +54,10 @@ while the prefill runs instead and pins them in the record's memo (one ``(batch,
 layer): in one pass by kvpress's own ``score`` on the layer's whole input, so every derived cache is bit for bit
 the one a record of every hidden state gives; in a chunked prefill from the query moments each chunk adds to
 (:mod:`ripplekv.inference.query_moments`), equal to it up to the rounding of the model's dtype (tested: the same
-kept tokens). The presses that score through the memo (the schedules, the per-prompt presses) then need none of
-the hidden states for it; AdaKV calls its scorer itself and still needs them all, and a pinned score asked for
-other key tensors raises instead of being recomputed from the tail.
+kept tokens). The presses that score through the memo (the schedules, the per-prompt presses, and ``make_press``'s
+AdaKV, whose scorer is a :class:`~ripplekv.presses.memoized_scorer_press.MemoizedScorerPress`) then need none of
+the hidden states for it; a kvpress AdaKV built around a bare scorer calls it itself and still needs them all, and a
+pinned score asked for other key tensors raises instead of being recomputed from the tail.
 
 Chunked prefill: a prompt longer than ``prefill_chunk`` (default
 :data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`, 8,192 tokens) is recorded in chunks of at most that
@@ -121,6 +122,7 @@ from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
+from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
 from ripplekv.presses.registry import check_prompt_length
 from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv.presses.score_memo import ScoreMemo, memoized, scorer_key
@@ -182,10 +184,18 @@ _SCORER_TAILS: dict[type, Callable[[Any], int | None]] = {
     FullPress: lambda press: 0,
 }
 # Presses whose compress reads the hidden states only through their wrapped ``press``'s score.
-_WRAPPERS: tuple[type, ...] = (AdaKVPress, GlobalLayersPress, LayerBudgetPress, LayerBudgetAdaPress, RippleKVPress)
-# Wrappers that score through ``token_scores`` (the record's memo, where prescored scores are found); AdaKV calls
-# its scorer's ``score`` itself, and GlobalLayersPress hands the layer to its press.
-_MEMO_SCORING: tuple[type, ...] = (LayerBudgetPress, LayerBudgetAdaPress, RippleKVPress)
+_WRAPPERS: tuple[type, ...] = (
+    AdaKVPress,
+    GlobalLayersPress,
+    LayerBudgetPress,
+    LayerBudgetAdaPress,
+    MemoizedScorerPress,
+    RippleKVPress,
+)
+# Wrappers that score through ``token_scores`` (the record's memo, where prescored scores are found); kvpress's AdaKV
+# calls its scorer's ``score`` itself (through the memo when that scorer is a MemoizedScorerPress, as make_press
+# builds it), and GlobalLayersPress hands the layer to its press.
+_MEMO_SCORING: tuple[type, ...] = (LayerBudgetPress, LayerBudgetAdaPress, MemoizedScorerPress, RippleKVPress)
 
 PRESCORABLE: frozenset[type[ScorerPress]] = frozenset({ExpectedAttentionPress})
 """Scorers (exact types) whose scores read every prompt position's hidden states, which a record can compute while
@@ -266,7 +276,7 @@ def prescored_scorers(presses: Iterable[BasePress]) -> tuple[ScorerPress, ...]:
         inner = getattr(press, "press", None)
         if memo_scored and type(inner) in PRESCORABLE:
             found.setdefault(scorer_key(inner), inner)  # type: ignore[arg-type]
-        elif kind in _WRAPPERS and kind is not AdaKVPress and inner is not None:
+        elif kind in _WRAPPERS and inner is not None:
             visit(inner)
 
     for press in presses:

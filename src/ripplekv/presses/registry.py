@@ -38,7 +38,8 @@ from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
-from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
+from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.presses.scorers import make_scorer
@@ -114,7 +115,9 @@ _BUILDERS: dict[str, Callable[..., BasePress]] = {
         PyramidKVPress(compression_ratio=1 - _fraction("pyramidkv-kvpress", spec), window_size=window)
     ),
     "adakv": lambda spec, profile, window, ratio, gamma, strict, scorer: GlobalLayersPress(
-        AdaKVPress(scorer_at_ratio(scorer(), 1 - _fraction("adakv", spec)))
+        AdaKVPress(
+            MemoizedScorerPress(press=scorer(), compression_ratio=1 - _fraction("adakv", spec))
+        )  # kvpress's AdaKV
     ),
     "ripplekv": lambda spec, profile, window, ratio, gamma, strict, scorer: RippleKVPress(
         press=scorer(),
