@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from ripplekv.allocation.squeezeattention import (
 from ripplekv.evaluation.reporting import comparisons, significance, stats
 from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
 from ripplekv.inference.fidelity import ROW_BLOCK, row_blocks
+from ripplekv.locking import WriterBusyError
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.registry import DEFAULT_WINDOW
 from ripplekv.profiling import CalibrationSample, ProfilingConfig, sensitivity
@@ -87,6 +89,7 @@ def test_nothing_after_an_unreadable_line_is_trusted(tmp_path: Path) -> None:
     with path.open("a") as f:
         f.write('{"sample": 1, "kl": [0.1\n')
     first.add(2, ONE)
+    first.close()
     assert Checkpoint(path, {"k": 1}).done.keys() == {0}
 
 
@@ -967,3 +970,19 @@ def test_squeeze_statistic_joins_parts_along_their_last_dimension() -> None:
     ``dim=-1`` in :func:`squeeze_statistic_of_similarities`."""
     parts = [torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([6.0], dtype=torch.float64)]
     assert squeeze_statistic_of_similarities(parts).similarity == 3.0
+
+
+def test_one_run_writes_a_checkpoint_at_a_time(tmp_path: Path) -> None:
+    """A second run on a checkpoint another holds stops before it reads or restarts it (another key would otherwise
+    overwrite the first run's samples), naming the holder; once closed, the checkpoint resumes. Seeded bug: no lock,
+    and the second run's other key starts the file over under the first."""
+    path = tmp_path / "run.partial.jsonl"
+    first = Checkpoint(path, {"k": 1})
+    first.add(0, ONE)
+    busy = f"run.partial.jsonl is being written by another run \\(pid {os.getpid()}\\)"
+    with pytest.raises(WriterBusyError, match=busy):
+        Checkpoint(path, {"k": 2})
+    assert path.read_text().count("\n") == 2  # untouched: the key and one sample
+    first.close()
+    assert Checkpoint(path, {"k": 1}).done == {0: ONE}
+    assert (tmp_path / ".run.partial.jsonl.lock").exists()

@@ -29,6 +29,7 @@ PACKAGE = SRC / "ripplekv"
 RANKS = {
     "version": -1,
     "validation": -1,
+    "locking": -1,
     "models": 0,
     "distributed": 0,
     "allocation": 0,

@@ -129,6 +129,7 @@ def _resumed(path: Path, made_by: dict[str, Any], resumed_by: dict[str, Any]) ->
     """The samples a run keyed ``resumed_by`` takes from a checkpoint of one sample written by ``made_by``."""
     first = Checkpoint(path, made_by)
     first.add(0, SampleScores(kl=(0.1, 0.2), local=(0.3, 0.4), context_tokens=5, continuation_tokens=2))
+    first.close()
     return Checkpoint(path, resumed_by).done
 
 

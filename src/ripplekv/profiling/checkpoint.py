@@ -3,7 +3,9 @@
 A JSON-lines file: the first line is the run's key (architecture, weights fingerprint, calibration digest,
 noise settings), then one line per finished sample. A file whose key differs from the current run's (other
 weights of the same architecture, another calibration set, another alpha...) is never mixed in: the run
-starts over and overwrites it, with a warning naming the fields that differ.
+starts over and overwrites it, with a warning naming the fields that differ. One run writes a checkpoint at a
+time: :class:`Checkpoint` holds a :class:`~ripplekv.locking.WriterLock` on ``.<file>.lock`` until it is closed (or its
+process ends), so a second run on the same output stops before it reads, restarts or appends anything.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ripplekv.locking import WriterLock
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +71,27 @@ class Checkpoint:
     Args:
         path: the checkpoint file (created with its parent directories if needed).
         key: what must match for saved samples to be reused (JSON-serialisable).
+
+    Raises:
+        ripplekv.locking.WriterBusyError: another run holds the checkpoint.
     """
 
     def __init__(self, path: Path, key: Mapping[str, Any]) -> None:
         self.path = Path(path)
         self.key = dict(key)
-        self.done: dict[int, SampleScores] = _read(self.path, self.key) if self.path.exists() else {}
-        if not self.done:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps(self.key) + "\n")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.lock = WriterLock(self.path.with_name(f".{self.path.name}.lock"), str(self.path))
+        try:
+            self.done: dict[int, SampleScores] = _read(self.path, self.key) if self.path.exists() else {}
+            if not self.done:
+                self.path.write_text(json.dumps(self.key) + "\n")
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def close(self) -> None:
+        """Release the checkpoint's lock (its file stays for a later run to resume from)."""
+        self.lock.release()
 
     def add(self, index: int, scores: SampleScores) -> None:
         """Append one finished sample (flushed and synced, so an interruption loses at most this line)."""

@@ -131,6 +131,7 @@ def profile_model_ray(
     with ray_session(ray_address) as ray:
         options = actor_options(ray, workers, device)
         pool = WorkerPool(ray, ProfileWorker, (config, model_factory, worker_hook), workers, options, max_attempts)
+        ckpt: Checkpoint | None = None
         try:
             description = pool.start()
             if not isinstance(calibration, CalibrationSet):
@@ -159,4 +160,6 @@ def profile_model_ray(
             pool.run([i for i in range(total) if i not in done], arguments, on_item)
         finally:
             pool.close()
+            if ckpt is not None:
+                ckpt.close()  # its lock
     return assemble_profile(identity, fingerprint, calib, config, done)

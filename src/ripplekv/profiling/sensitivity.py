@@ -409,16 +409,20 @@ def profile_model(
     done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
 
     total = len(calibration)
-    if progress:
-        progress(len(done), total)
-    for index, sample in enumerate(calibration.samples):
-        if index in done:
-            continue
-        context_ids, continuation_ids = calibration_ids(model, tokenizer, sample, config)
-        scores = score_sample(model, context_ids, continuation_ids, config, sample_index=index)
-        done[index] = scores
-        if ckpt:
-            ckpt.add(index, scores)
+    try:
         if progress:
             progress(len(done), total)
+        for index, sample in enumerate(calibration.samples):
+            if index in done:
+                continue
+            context_ids, continuation_ids = calibration_ids(model, tokenizer, sample, config)
+            scores = score_sample(model, context_ids, continuation_ids, config, sample_index=index)
+            done[index] = scores
+            if ckpt:
+                ckpt.add(index, scores)
+            if progress:
+                progress(len(done), total)
+    finally:
+        if ckpt:
+            ckpt.close()  # its lock: one run writes a checkpoint at a time
     return assemble_profile(identity, fingerprint, calibration, config, done)
