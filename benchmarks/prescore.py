@@ -7,7 +7,9 @@ by side in one run:
   one pass;
 * ``prescored``: :func:`~ripplekv.inference.shared.record_prefill` with ``prescore``, the hidden-state tail the
   presses read, one pass;
-* ``prescored/chunk=C``: the same in prefill chunks of ``C`` tokens (the query moments merged chunk by chunk).
+* ``prescored/chunk=C``: the same in prefill chunks of ``C`` tokens (the query moments merged chunk by chunk);
+* ``all/chunk=C``: every hidden state kept, in the same chunks (kvpress's one-pass statistics over the joined
+  hidden states): against ``prescored/chunk=C`` it isolates the moments' effect, the two caches being the same.
 
 Per record: ``record.nbytes()`` (the cache, the kept hidden states, the kwargs and the pinned scores) and the
 recording time; per press (``snapkv``, ``ripplekv``, ``cake``, ``squeezeattention`` over ExpectedAttention at
@@ -16,7 +18,7 @@ layer and head (chunked). Then the computed bytes for Llama-3.1-8B in bf16 at 12
 states against the pinned scores.
 
     PYTHONPATH=src python benchmarks/prescore.py                     # 2048 and 4096 tokens, chunks of 1,024
-    PYTHONPATH=src python benchmarks/prescore.py --lengths 1024 --chunk 256
+    PYTHONPATH=src python benchmarks/prescore.py --lengths 1024 --chunk 256 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="2048,4096", help="prompt lengths in tokens")
     parser.add_argument("--chunk", type=int, default=1024, help="prefill chunk of the chunked record")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's dtype")
     args = parser.parse_args()
     from kvpress import ExpectedAttentionPress
     from transformers.utils import logging as hf_logging
@@ -79,7 +82,7 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    model, tokenizer = load_model("smollm2-135m", dtype="float32")
+    model, tokenizer = load_model("smollm2-135m", dtype=args.dtype)
     enable_varlen_attention(model)
     profile = "benchmarks/results/smollm2-135m.profile.json"
     presses = {m: make_press(m, budget=BUDGET, profile=profile, scorer=ExpectedAttentionPress()) for m in METHODS}
@@ -87,7 +90,10 @@ def main() -> None:
     everything = [*presses.values(), make_press("full")]
     tail = hidden_states_tail(everything, prescore)
     statistics = residual_statistics_of(presses.values())
-    print(f"prescored: {[type(s).__name__ for s in prescore]}; hidden-state tail kept: {tail} positions per layer")
+    print(
+        f"{args.dtype}; prescored: {[type(s).__name__ for s in prescore]}; hidden-state tail kept: {tail} positions "
+        "per layer"
+    )
     for length in (int(x) for x in args.lengths.split(",")):
         text = (
             default_calibration(tokenizer, n_samples=1, context_tokens=length, continuation_tokens=1).samples[0].context
@@ -98,6 +104,7 @@ def main() -> None:
             ("all", {"hidden_tail": None, "prefill_chunk": None}),
             ("prescored", {"hidden_tail": tail, "prefill_chunk": None, "prescore": prescore}),
             (f"prescored/chunk={args.chunk}", {"hidden_tail": tail, "prefill_chunk": args.chunk, "prescore": prescore}),
+            (f"all/chunk={args.chunk}", {"hidden_tail": None, "prefill_chunk": args.chunk}),
         ):
             start = time.perf_counter()
             records[name] = record_prefill(model, ids, residual_statistics=statistics, **kwargs)
@@ -113,7 +120,7 @@ def main() -> None:
             want, _ = derived_prefill(reference, press)
             want_kept = _kept(reference, want)
             verdicts = []
-            for name, record in list(records.items())[1:]:
+            for name, record in list(records.items())[1:3]:
                 got, _ = derived_prefill(record, press)
                 if name == "prescored":
                     same = all(
@@ -127,6 +134,13 @@ def main() -> None:
                     changed = sum(len(a ^ b) // 2 for a, b in pairs)
                     total = sum(len(a) for a, _ in pairs)
                     verdicts.append(f"{name}: {changed} of {total} kept positions differ")
+            # the prescoring alone: the chunked records share their cache bit for bit, so positions match exactly
+            chunked, plain = records[f"prescored/chunk={args.chunk}"], records[f"all/chunk={args.chunk}"]
+            a, _ = derived_prefill(chunked, press)
+            b, _ = derived_prefill(plain, press)
+            pairs = [(set(x), set(y)) for lx, ly in zip(_kept(chunked, a), _kept(plain, b)) for x, y in zip(lx, ly)]
+            changed = sum(len(x ^ y) // 2 for x, y in pairs)
+            verdicts.append(f"moments vs every hidden state, both chunked: {changed} differ")
             print(f"      {method:<17} " + "; ".join(verdicts))
     layers, kv_heads, hidden, tokens, bf16 = 32, 8, 4096, 128 * 1024, 2
     every = layers * tokens * hidden * bf16
