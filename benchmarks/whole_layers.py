@@ -12,21 +12,19 @@ of the first group. Means only (no interval): the paired tests are the report's 
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from ripplekv.evaluation.running.results import ResultsLog
+from ripplekv.evaluation.sample import row_scorer, scored_methods
 
-def load(run: Path) -> dict[tuple[str, str, str, float], dict[str, Any]]:
-    """The rows of ``run/results.jsonl`` keyed by (sample, method, scorer, budget); a missing scorer is SnapKV's."""
-    rows: dict[tuple[str, str, str, float], dict[str, Any]] = {}
-    with (run / "results.jsonl").open() as handle:
-        for line in handle:
-            if line.strip():
-                row = json.loads(line)
-                rows[row["sample_id"], row["method"], row.get("scorer") or "snapkv", float(row["budget"])] = row
-    return rows
+
+def load(run: Path) -> dict[tuple[str, str, str | None, float], dict[str, Any]]:
+    """The rows of ``run/results.jsonl`` keyed by (sample, method, scorer, budget), scorers read as the report does."""
+    rows = ResultsLog(run / "results.jsonl").read()
+    scored = scored_methods(rows)
+    return {(str(r["sample_id"]), str(r["method"]), row_scorer(r, scored), float(r["budget"])): r for r in rows}
 
 
 def whole_layers(row: dict[str, Any]) -> tuple[int, ...]:
