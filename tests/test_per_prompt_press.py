@@ -71,7 +71,10 @@ def _caches(model: torch.nn.Module, ids: torch.Tensor, press: Any) -> list[tuple
 def test_deciding_after_the_last_layer_equals_compressing_each_layer_at_once(scorer: Any) -> None:
     model = tiny_model("llama", layers=4)
     ids = random_ids(48)
-    deferred = PerPromptBudgetPress(scorer, PerPromptSchedule(FixedRule(), 0.5, window_size=WINDOW), min_tokens=1)
+    reserve = getattr(scorer, "window_size", 0)  # the window the scorer keeps (none for KNorm)
+    deferred = PerPromptBudgetPress(
+        scorer, PerPromptSchedule(FixedRule(), 0.5, window_size=reserve), min_tokens=1, statistic_window=WINDOW
+    )
     at_once = LayerBudgetPress(scorer, FixedSchedule(), min_tokens=1)
     a, b = _caches(model, ids, deferred), _caches(model, ids, at_once)
     assert [k.shape[2] for k, _ in a] == [k.shape[2] for k, _ in b] != [48] * 4
@@ -167,7 +170,8 @@ def test_a_prefill_record_derives_the_direct_prefills_caches(rule: PerPromptRule
     model = tiny_model("llama", layers=4, seed=1)
     ids = random_ids(96, seed=2)
     inner = SnapKVPress(window_size=WINDOW) if scorer == "snapkv" else KnormPress()
-    press = PerPromptBudgetPress(inner, PerPromptSchedule(rule, 0.3, window_size=WINDOW))
+    reserve = WINDOW if scorer == "snapkv" else 0  # KNorm keeps no window: none is reserved
+    press = PerPromptBudgetPress(inner, PerPromptSchedule(rule, 0.3, window_size=reserve), statistic_window=WINDOW)
     direct = _caches(model, ids, press)
     record = record_prefill(model, ids, hidden_states_tail([press]), residual_statistics_of([press]))
     assert record.hidden_tokens == WINDOW + 1  # the record holds the window's tail only

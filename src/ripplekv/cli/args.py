@@ -140,6 +140,35 @@ def comma_list(kind: Callable[[str], Any], name: str) -> Callable[[str], tuple[A
     return parse
 
 
+def method_list(text: str) -> tuple[str, ...]:
+    """An argparse ``type``: a comma-separated list of method specs, each in its canonical form
+    (:func:`ripplekv.presses.method_spec.split_method_list`; ``key=value`` items continue the method before them).
+
+    Args:
+        text: the option's value.
+    """
+    from ripplekv.presses.method_spec import parse_method, split_method_list
+
+    try:
+        return tuple(parse_method(item).canonical() for item in split_method_list(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def method_spec_arg(text: str) -> str:
+    """An argparse ``type``: one method spec (``cake:tau1=2,tau2=0.5``), in its canonical form.
+
+    Args:
+        text: the option's value.
+    """
+    from ripplekv.presses.method_spec import parse_method
+
+    try:
+        return parse_method(text).canonical()
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--model``, ``--dtype`` and ``--device`` to ``parser``."""
     parser.add_argument(

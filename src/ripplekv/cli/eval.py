@@ -13,6 +13,7 @@ from ripplekv.cli.args import (
     add_ray_args,
     budget_arg,
     comma_list,
+    method_list,
     on_ray,
     positive_int,
     prefill_chunk_arg,
@@ -84,9 +85,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--methods",
-        type=comma_list(str, "methods"),
+        type=method_list,
         default=runner.DEFAULT_METHODS,
-        help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)})",
+        help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)}); a method "
+        "takes its parameters after a colon, key=value items continuing it: "
+        "'full,ripplekv:r=16,gamma=12,cake:tau1=2,tau2=0.5,squeezeattention:p=0.625' (docs/cli.md lists each "
+        "method's parameters)",
     )
     e.add_argument(
         "--scorers",

@@ -7,7 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ripplekv.cli.args import add_budget_args, add_model_args, load_profile, positive_int, resolve_budget
+from ripplekv.cli.args import (
+    add_budget_args,
+    add_model_args,
+    load_profile,
+    method_spec_arg,
+    positive_int,
+    resolve_budget,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -25,7 +32,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the per-layer cache sizes and KV bytes against the full cache.",
     )
     add_model_args(g)
-    g.add_argument("--method", choices=METHODS, default="ripplekv", help="compression method (default ripplekv)")
+    g.add_argument(
+        "--method",
+        type=method_spec_arg,
+        default="ripplekv",
+        help=f"compression method, from {', '.join(METHODS)}, optionally with its parameters "
+        "(ripplekv:r=16,gamma=12; default ripplekv)",
+    )
     g.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
     g.add_argument(
         "--strict-profile",

@@ -46,11 +46,21 @@ from ripplekv.presses.layer_budget_press import check_compressible
 from ripplekv.presses.score_memo import layer_statistic, token_scores
 from ripplekv.validation import is_integer
 
-__all__ = ["RESIDUAL_STATISTICS", "PerPromptBudgetPress", "select_top"]
+__all__ = ["DEFAULT_STATISTIC_WINDOW", "RESIDUAL_STATISTICS", "PerPromptBudgetPress", "scorer_window", "select_top"]
 
 RESIDUAL_STATISTICS = frozenset({"residual_in", "attention_output"})
 """Statistic inputs the attention hook of kvpress does not receive as compression inputs: the decoder layer's
 input residual stream and the attention output. Rules reading them are computed while the prefill runs."""
+
+
+DEFAULT_STATISTIC_WINDOW = 64
+"""The statistics' observation window under a scorer without one (kvpress's SnapKV default)."""
+
+
+def scorer_window(press: ScorerPress) -> int:
+    """The observation window a scorer keeps in every layer whatever its scores: SnapKV's ``window_size`` (its
+    scores of the window are set to the maximum), 0 for a scorer without one."""
+    return int(getattr(press, "window_size", 0) or 0)
 
 
 def select_top(keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, n_kept: int) -> tuple:
@@ -87,14 +97,21 @@ class PerPromptBudgetPress(BasePress):
         press: the token scorer (default ``SnapKVPress()``, window 64); its ``compression_ratio`` is ignored, and
             its scores must not depend on it (StreamingLLM is refused).
         schedule: the rule and the budget (:class:`~ripplekv.allocation.per_prompt.PerPromptSchedule`); its
-            ``window_size`` is the window over which window statistics are computed, and must equal the
-            scorer's ``window_size`` when the scorer has one.
-        min_tokens: smallest budget of a layer (``>= 1``); default the scorer's window, else 1.
+            ``window_size`` is the window the budgets reserve, and must equal what the scorer always keeps: its
+            ``window_size`` for a scorer with an observation window (SnapKV), 0 for one without (ExpectedAttention,
+            TOVA, KNorm, ...), so that no layer's budget is forced uniform for a window nobody keeps.
+        min_tokens: smallest budget of a layer (``>= 1``); default the scorer's window, else 1 (as
+            :class:`~ripplekv.presses.LayerBudgetPress`).
+        statistic_window: the observation window of the rule's window statistics (the last ``statistic_window``
+            prompt positions as queries; ``>= 1``); default the scorer's ``window_size``, else
+            :data:`DEFAULT_STATISTIC_WINDOW`. A method's own window (DynamicKV's 8, CAKE's and LAVa's 32) can be
+            set here without changing the scorer's.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
     schedule: PerPromptSchedule | None = None
     min_tokens: int | None = None
+    statistic_window: int | None = None
     _pending: dict[int, _Pending] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     derives_all_layers = True
@@ -110,24 +127,33 @@ class PerPromptBudgetPress(BasePress):
             )
         if not isinstance(self.schedule, PerPromptSchedule):
             raise TypeError(f"schedule must be a PerPromptSchedule, got {type(self.schedule).__name__}")
-        scorer_window = getattr(self.press, "window_size", None)
-        if scorer_window is not None and int(scorer_window) != self.schedule.window_size:
+        if self.schedule.window_size != self.reserve:
             raise ValueError(
-                f"the scorer's window ({scorer_window}) differs from the schedule's window_size "
-                f"({self.schedule.window_size}): statistics and selection must share one window"
+                f"the schedule reserves a {self.schedule.window_size}-token window but the scorer "
+                f"{type(self.press).__name__} always keeps {self.reserve}: give the schedule window_size="
+                f"{self.reserve} (a scorer's window_size, 0 for a scorer without one)"
             )
         if self.min_tokens is not None and (not is_integer(self.min_tokens) or self.min_tokens < 1):
             raise ValueError(f"min_tokens must be an integer >= 1, got {self.min_tokens!r}")
+        if self.statistic_window is not None and (not is_integer(self.statistic_window) or self.statistic_window < 1):
+            raise ValueError(f"statistic_window must be an integer >= 1, got {self.statistic_window!r}")
+
+    @property
+    def reserve(self) -> int:
+        """The window the scorer always keeps in every layer (its ``window_size``; 0 for a scorer without one)."""
+        return scorer_window(self.press)
 
     @property
     def window(self) -> int:
-        """The observation window of the statistics and of the scorer."""
-        return int(self.schedule.window_size)  # type: ignore[union-attr]
+        """The observation window of the rule's window statistics (see ``statistic_window``)."""
+        if self.statistic_window is not None:
+            return int(self.statistic_window)
+        return self.reserve or DEFAULT_STATISTIC_WINDOW
 
     @property
     def floor(self) -> int:
-        """The smallest budget a layer gets: ``min_tokens``, else the window, else 1."""
-        return int(self.min_tokens) if self.min_tokens is not None else max(1, self.window)
+        """The smallest budget a layer gets: ``min_tokens``, else the scorer's window, else 1."""
+        return int(self.min_tokens) if self.min_tokens is not None else max(1, self.reserve)
 
     @property
     def budget(self) -> float:
@@ -297,8 +323,32 @@ class PerPromptBudgetPress(BasePress):
             config: the model's config.
         """
         compressed = compressed_layers(config)
-        stats, scores = [], {}
+        stats = self.recorded_statistics(layers, config)
+        scores = {}
         for index in compressed:
+            layer = layers[index]
+            scores[index] = self.layer_scores(
+                layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, layer.kwargs
+            )
+        budgets = self.budgets(stats, config, layers[compressed[0]].keys.shape[2])
+        out = []
+        for index, layer in enumerate(layers):
+            if index in budgets:
+                out.append(select_top(layer.keys, layer.values, scores[index], budgets[index]))
+            else:
+                out.append((layer.keys, layer.values))
+        return out
+
+    def recorded_statistics(self, layers: Sequence[Any], config: PretrainedConfig) -> list[Any]:
+        """The rule's statistic of every compressed layer of a prefill record (what :meth:`derive` allocates from;
+        memoised with the record, so reading them again after a derivation costs nothing).
+
+        Args:
+            layers: the record's layers, as for :meth:`derive`.
+            config: the model's config.
+        """
+        stats = []
+        for index in compressed_layers(config):
             layer = layers[index]
             check_compressible(self, layer.kwargs, layer.keys.shape[2], self.window)
             recorded = getattr(layer, "statistics", None) or {}
@@ -311,17 +361,7 @@ class PerPromptBudgetPress(BasePress):
                 stats.append(
                     self.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, layer.kwargs)
                 )
-            scores[index] = self.layer_scores(
-                layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, layer.kwargs
-            )
-        budgets = self.budgets(stats, config, layers[compressed[0]].keys.shape[2])
-        out = []
-        for index, layer in enumerate(layers):
-            if index in budgets:
-                out.append(select_top(layer.keys, layer.values, scores[index], budgets[index]))
-            else:
-                out.append((layer.keys, layer.values))
-        return out
+        return stats
 
     def recorded_statistic(self, residual_in: torch.Tensor, attention_output: torch.Tensor) -> Any:
         """The statistic of a rule that reads the residual stream, computed while a record's prefill runs."""

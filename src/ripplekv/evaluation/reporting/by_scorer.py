@@ -23,10 +23,32 @@ from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES
 from ripplekv.evaluation.reporting.tables import budget_label
 from ripplekv.evaluation.sample import DEFAULT_SCORER, row_scorer, scored_methods, split_configuration
 
-__all__ = ["PRIMARY", "analyse_by_scorer", "markdown_by_scorer", "row_scorers", "rows_of_scorer", "scorers_json"]
+__all__ = [
+    "PRIMARY",
+    "analyse_by_scorer",
+    "primary_method",
+    "markdown_by_scorer",
+    "row_scorers",
+    "rows_of_scorer",
+    "scorers_json",
+]
 
 PRIMARY = "ripplekv"
-"""The method whose paired difference to the best other schedule each verdict line gives."""
+"""The method whose paired difference to the best other schedule each verdict line gives (under its parameters,
+``ripplekv:r=16,gamma=12``, when the run holds it so: :func:`primary_method`)."""
+
+
+def primary_method(methods: Sequence[str] | Mapping[str, Any]) -> str | None:
+    """The configuration standing for :data:`PRIMARY` among ``methods``: the plain name if present, else the first
+    spec of the method (``ripplekv:r=16,gamma=12``), else None.
+
+    Args:
+        methods: method names or specs (a mapping's keys).
+    """
+    names = list(methods)
+    if PRIMARY in names:
+        return PRIMARY
+    return next((m for m in names if m.partition(":")[0] == PRIMARY), None)
 
 
 def row_scorers(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -118,7 +140,8 @@ def verdict_lines(by_scorer: Mapping[str, tuple[RunStats, list[str]]], metric: s
         parts = []
         for scorer, (run, _) in by_scorer.items():
             stats = run.metrics.get(metric)
-            best = None if stats is None else stats.versus.get(budget, {}).get(PRIMARY, {}).get("best_other")
+            versus = {} if stats is None else stats.versus.get(budget, {})
+            best = versus.get(primary_method(versus) or PRIMARY, {}).get("best_other")
             if best is None:
                 continue
             fmt = stats.metric.fmt  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ from ripplekv.evaluation.reporting.stats import ALPHA, Estimate
 from ripplekv.evaluation.reporting.summary import AVERAGE
 from ripplekv.evaluation.reporting.tables import rule_text, significance_lines, small_sample_caveat
 from ripplekv.evaluation.sample import FULL_BUDGET
-from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS
+from ripplekv.presses.descriptions import describe_method
 
 if TYPE_CHECKING:
     from ripplekv.evaluation.reporting.summary import RunSummary
@@ -151,7 +151,7 @@ def format_json(summary: RunSummary, stats: RunStats | None = None, by_scorer: M
         "model": summary.model,
         "protocol": summary.protocol,
         "tasks": list(summary.tasks),
-        "methods": {m: METHOD_DESCRIPTIONS.get(m, m) for m in summary.methods},
+        "methods": {m: describe_method(m) for m in summary.methods},
         "budgets": list(summary.budgets),
         "rows": summary.rows,
         "expected_rows": summary.expected_rows,

@@ -2,7 +2,8 @@
 
 :func:`markdown_significance`, :func:`markdown_sections` and :func:`significance_lines` print a run's statistics
 (:func:`~ripplekv.evaluation.reporting.run_stats.analyse_run`). :func:`legend` says what each method computes
-(``ripplekv.presses.descriptions.METHOD_DESCRIPTIONS``; unknown names print as they are).
+(``ripplekv.presses.descriptions.describe_method``: a method spec names its parameters; unknown names print as
+they are).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ripplekv.evaluation.reporting.comparisons import BASELINE, REFERENCE, Compa
 from ripplekv.evaluation.reporting.run_stats import RunStats
 from ripplekv.evaluation.reporting.significance import FAMILIES, TEST_NAME
 from ripplekv.evaluation.reporting.stats import ALPHA, Estimate
-from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS, SCORER_DESCRIPTIONS
+from ripplekv.presses.descriptions import SCORER_DESCRIPTIONS, describe_method
 
 __all__ = [
     "FEW_SAMPLES",
@@ -41,7 +42,7 @@ def legend(methods: Sequence[str]) -> list[str]:
     """
     lines = ["| method | what it computes |", "|---|---|"]
     for method in methods:
-        lines.append(f"| {method} | {METHOD_DESCRIPTIONS.get(method, method)} |")
+        lines.append(f"| {method} | {describe_method(method)} |")
     return lines
 
 

@@ -22,6 +22,7 @@ from ripplekv.evaluation.sample import (
     positive_int,
 )
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
+from ripplekv.presses.method_spec import base_method, parse_method
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
 from ripplekv.presses.scorers import SCORERS
 
@@ -57,8 +58,10 @@ class EvalConfig:
     Args:
         suite: a registered suite name (:data:`ripplekv.evaluation.suites.SUITES`).
         model: model path, hub id, ``.gguf`` file or alias.
-        methods: method names of :data:`ripplekv.presses.registry.METHODS`; ``full`` runs once per sample at
-            budget 1.0 whatever ``budgets`` holds.
+        methods: method names of :data:`ripplekv.presses.registry.METHODS`, each optionally with its parameters
+            (:mod:`ripplekv.presses.method_spec`: ``cake:tau1=2,tau2=0.5``), stored in their canonical form (the
+            parameters in declared order, defaults left out), which names the method in rows and reports; ``full``
+            runs once per sample at budget 1.0 whatever ``budgets`` holds.
         budgets: kept fractions in (0, 1] (a value above 1 is an error: token counts go in ``tokens``).
         tokens: average token counts kept per layer (integers >= 2: a row stores its budget as one number, and 1
             would read as the fraction 1.0, the full cache's); run after the fractions. Not taken by kvpress's own
@@ -134,15 +137,15 @@ class EvalConfig:
         from ripplekv.evaluation.suites import get_suite
 
         suite = get_suite(self.suite)
-        object.__setattr__(self, "methods", tuple(self.methods))
+        unknown = [str(m) for m in self.methods if base_method(str(m)) not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        object.__setattr__(self, "methods", tuple(parse_method(str(m)).canonical() for m in self.methods))
         object.__setattr__(self, "budgets", tuple(self.budgets))
         if self.tasks is not None:
             object.__setattr__(self, "tasks", tuple(self.tasks))
         if not self.methods:
             raise ValueError("no methods given")
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown:
-            raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods contain duplicates: {', '.join(self.methods)}")
         object.__setattr__(self, "tokens", tuple(self.tokens))
@@ -176,7 +179,7 @@ class EvalConfig:
             raise ValueError(f"budgets contain duplicates: {self.budgets}")
         if len(set(self.tokens)) != len(self.tokens):
             raise ValueError(f"tokens contain duplicates: {self.tokens}")
-        by_fraction = [m for m in self.methods if m in FRACTION_ONLY_METHODS]
+        by_fraction = [m for m in self.methods if base_method(m) in FRACTION_ONLY_METHODS]
         if self.tokens and by_fraction:
             raise ValueError(
                 f"{', '.join(by_fraction)} (kvpress's own presses) take kept fractions only, not token counts: "
@@ -231,8 +234,9 @@ class EvalConfig:
         pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
         for index, scorer in enumerate(self.scorers):
             for method in self.methods:
-                if method == "full" or (method in METHODS_WITHOUT_SCORER and index > 0):
+                unscored = base_method(method) in METHODS_WITHOUT_SCORER
+                if method == "full" or (unscored and index > 0):
                     continue
-                name = method if method in METHODS_WITHOUT_SCORER else configuration_name(method, scorer)
+                name = method if unscored else configuration_name(method, scorer)
                 pairs += [(name, b) for b in self.budget_values]
         return pairs

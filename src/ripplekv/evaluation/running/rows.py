@@ -77,7 +77,9 @@ from ripplekv.inference.shared import (
     residual_statistics_of,
 )
 from ripplekv.models.cache import cache_bytes
+from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
+from ripplekv.presses.score_memo import memoized
 
 __all__ = ["SampleRunner", "greedy_agreement"]
 
@@ -105,6 +107,31 @@ def greedy_agreement(
         head[:, banned] = float("-inf")
     picks = torch.cat([head.argmax(dim=-1), candidate[min_new_tokens:].argmax(dim=-1)])
     return float((picks == torch.tensor(list(tokens), device=picks.device)).to(torch.float64).mean())
+
+
+def layer_statistics(press: BasePress, record: PrefillRecord, model: PreTrainedModel) -> list[list[float]] | None:
+    """The per-layer statistics a per-prompt press allocated from on ``record`` (one list of the rule's fields per
+    compressed layer), when every field is a number (CAKE, SqueezeAttention, LAVa; not DynamicKV's score tensors);
+    None for any other press. They let a reader check a row's budgets against its rule (e.g.
+    ``benchmarks/squeeze_optimality.py``).
+
+    Args:
+        press: the configuration's press.
+        record: the sample's prefill record (the statistics are memoised there: no recomputation).
+        model: the model (its config names the compressed layers).
+    """
+    reader = getattr(press, "recorded_statistics", None)
+    if reader is None:
+        return None
+    out = []
+    with memoized(record.memo):  # the statistics the derivation computed, not computed again
+        stats = reader(record.layers, model.config)
+    for stat in stats:
+        fields = list(stat) if isinstance(stat, tuple) else [stat]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fields):
+            return None
+        out.append([float(v) for v in fields])
+    return out
 
 
 @dataclass(frozen=True)
@@ -152,6 +179,8 @@ class SampleRunner:
         self.presses = presses
         self.eos = eos_ids(model, tokenizer)
         self.n_layers = model.config.get_text_config().num_hidden_layers
+        self.statistics: dict[tuple[str, float], list[list[float]] | None] = {}
+        """The per-layer statistics of the last sample's per-prompt configurations (rows' ``layer_statistics``)."""
 
     def _with_question(self, sample: EvalSample, state: Prefill) -> Prefill:
         """Query-agnostic: run the question over the (compressed) context; question-aware: ``state`` as is."""
@@ -219,6 +248,7 @@ class SampleRunner:
         for index, (method, budget) in enumerate(others):
             started = time.perf_counter()
             state = self._derive(sample, method, budget, record)
+            self.statistics[method, budget] = layer_statistics(self.presses[method, budget], record, self.model)
             if index == len(others) - 1:  # the last derivation: the record (and the full cache) can go
                 del record, full
             kept = kept_tokens(state)
@@ -292,11 +322,17 @@ class SampleRunner:
         started: float,
     ) -> dict[str, Any]:
         method, scorer = split_configuration(configuration)
+        spec = parse_method(method)
+        extra: dict[str, Any] = {"params": spec.values} if spec.values else {}
+        statistics = self.statistics.get((configuration, budget))
+        if statistics is not None:
+            extra["layer_statistics"] = statistics
         return {
             "sample_id": sample.id,
             "task": sample.task,
             "method": method,
-            "scorer": None if method in METHODS_WITHOUT_SCORER else scorer or DEFAULT_SCORER,
+            "scorer": None if spec.name in METHODS_WITHOUT_SCORER else scorer or DEFAULT_SCORER,
+            **extra,
             "budget": budget,
             "prediction": prediction,
             "score": None if prediction is None else float(sample.score(prediction)),

@@ -63,6 +63,7 @@ from ripplekv.evaluation.suites import SUITES, get_suite
 from ripplekv.evaluation.suites.needle import DEFAULT_NEEDLE_DEPTHS, DEFAULT_NEEDLE_DIGITS, DEFAULT_NEEDLE_LENGTHS
 from ripplekv.evaluation.suites.ruler import DEFAULT_CONTEXT_TOKENS, DEFAULT_RULER_SAMPLES
 from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.presses.method_spec import base_method
 from ripplekv.presses.registry import make_press
 from ripplekv.profiling.damage_profile import (
     ORACLE_METHOD,
@@ -151,7 +152,7 @@ def load_oracle_profiles(config: EvalConfig) -> tuple[SensitivityProfile, ...]:
     Raises:
         ValueError: ``ripplekv-oracle`` runs without ``oracle_profile``, or a file is not a damage profile.
     """
-    if ORACLE_METHOD not in config.methods:
+    if ORACLE_METHOD not in {base_method(m) for m in config.methods}:
         return ()
     if not config.oracle_profile:
         raise ValueError(f"the {ORACLE_METHOD} method needs --oracle-profile (a damage profile: `ripplekv analyze`)")
@@ -243,7 +244,7 @@ def build_presses(
     presses = {}
     for name, budget in [("full", FULL_BUDGET), *config.configurations]:
         method, scorer = split_configuration(name)
-        given = select_oracle_profile(oracles, budget) if method == ORACLE_METHOD else profile
+        given = select_oracle_profile(oracles, budget) if base_method(method) == ORACLE_METHOD else profile
         press = make_press(
             method,
             **BudgetSpec.from_value(budget).kwargs(),
@@ -275,7 +276,7 @@ def needs_sensitivity_profile(methods: Sequence[str]) -> bool:
     Args:
         methods: method names (:data:`ripplekv.presses.METHODS`).
     """
-    return any(m.startswith("ripplekv") and m != ORACLE_METHOD for m in methods)
+    return any(m.startswith("ripplekv") and base_method(m) != ORACLE_METHOD for m in methods)
 
 
 @dataclass(frozen=True)
