@@ -3,29 +3,32 @@
 See :mod:`ripplekv.allocation.budgets` for the RippleKV rule and its guarantees, and
 :mod:`ripplekv.allocation.schedules` for the per-layer budget schedules (uniform/SnapKV, pyramid/PyramidKV,
 profile/RippleKV) that :class:`ripplekv.presses.LayerBudgetPress` applies. A budget is ``budget=`` (a kept
-fraction in ``(0, 1]``) or ``tokens=`` (an average token count per layer), never both (:class:`BudgetSpec`).
+fraction in ``(0, 1]``) or ``tokens=`` (an average token count per layer), never both (:class:`BudgetSpec`,
+:mod:`ripplekv.allocation.budget_spec`).
 The per-prompt rules (CAKE, SqueezeAttention, DynamicKV, LAVa: :mod:`ripplekv.allocation.cake`,
 ``squeezeattention``, ``dynamickv``, ``lava``) decide budgets from statistics every layer produces during the
 prefill (:mod:`ripplekv.allocation.per_prompt`, :class:`PerPromptSchedule`).
 """
 
+from ripplekv.allocation.apportion import scale_to_total
+from ripplekv.allocation.budget_spec import (
+    BudgetSpec,
+    TokenBudgetError,
+    budget_value,
+    check_budget,
+    kept_ratio,
+    resolve_average_budget,
+)
 from ripplekv.allocation.budgets import (
     DEFAULT_CONFIG,
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
     Allocation,
     AllocationConfig,
-    BudgetSpec,
-    TokenBudgetError,
     allocate,
     allocate_budgets,
-    budget_value,
-    check_budget,
-    kept_ratio,
     layer_weights,
     normalize_scores,
-    resolve_average_budget,
-    scale_to_total,
     validate_scores,
 )
 from ripplekv.allocation.cake import CakeRule, CakeStatistic, cake_layer_statistic

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ripplekv.allocation.apportion import largest_remainder
-from ripplekv.allocation.budgets import BudgetSpec
+from ripplekv.allocation.budget_spec import BudgetSpec
 from ripplekv.validation import is_integer, is_real
 
 __all__ = [

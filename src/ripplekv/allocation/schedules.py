@@ -12,7 +12,7 @@ only in how many tokens each layer keeps. Each method is therefore a *schedule*,
 Every schedule spends exactly the same global budget ``L * average`` (SnapKV's number of kept tokens), so methods
 are always compared at the same number of kept tokens. The budget is given as ``budget=`` (a kept fraction in
 ``(0, 1]``; the first field, so ``UniformSchedule(0.1)`` is 10%) or as ``tokens=`` (an average token count per
-layer, keyword only), exactly one of the two (:class:`~ripplekv.allocation.budgets.BudgetSpec`).
+layer, keyword only), exactly one of the two (:class:`~ripplekv.allocation.budget_spec.BudgetSpec`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import ClassVar
 
+from ripplekv.allocation.apportion import scale_to_total
+from ripplekv.allocation.budget_spec import BudgetSpec, check_budget
 from ripplekv.allocation.budgets import (
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
     AllocationConfig,
-    BudgetSpec,
     allocate_budgets,
-    check_budget,
-    scale_to_total,
     validate_scores,
 )
 from ripplekv.validation import is_integer
@@ -59,7 +58,7 @@ class BudgetSchedule(ABC):
     tokens in all.
 
     ``compression_ratio`` is kvpress's ``1 - budget`` for a fraction; for a token budget it raises
-    :class:`~ripplekv.allocation.budgets.TokenBudgetError`, there being no ratio without the prompt length;
+    :class:`~ripplekv.allocation.budget_spec.TokenBudgetError`, there being no ratio without the prompt length;
     ``compression_ratio_for(prompt_tokens)`` is defined for both (see :class:`BudgetSpec`).
     """
 
@@ -76,7 +75,7 @@ class BudgetSchedule(ABC):
 
     @property
     def spec(self) -> BudgetSpec:
-        """The budget as a :class:`~ripplekv.allocation.budgets.BudgetSpec`."""
+        """The budget as a :class:`~ripplekv.allocation.budget_spec.BudgetSpec`."""
         return BudgetSpec(self.budget, self.tokens)
 
     def average(self, prompt_tokens: int) -> int:
@@ -190,7 +189,7 @@ class PyramidSchedule(BudgetSchedule):
         layer l keeps (max_num - l * steps) selected tokens + the W window tokens
 
     The integer ``steps`` make those capacities overshoot or undershoot ``L * C`` by a few percent, so they
-    are used as weights and rescaled (:func:`ripplekv.allocation.budgets.scale_to_total`) to SnapKV's total
+    are used as weights and rescaled (:func:`ripplekv.allocation.apportion.scale_to_total`) to SnapKV's total
     ``L * C`` exactly, every layer keeping at least ``W`` tokens (and ``floor``) and at most ``n``: methods
     are compared at the same number of kept tokens. There is no fallback to uniform budgets (kvpress 0.5.5's
     ``PyramidKVPress`` falls back to SnapKV unless ``C - W >= beta * W``, i.e. at every length used here).

@@ -28,7 +28,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
-from ripplekv.models.attention import attends_per_layer_natively, fit_attention_mask
+from ripplekv.models.attention import attends_per_layer_natively
+from ripplekv.models.attention_masks import fit_attention_mask
 
 __all__ = [
     "ABSENT",

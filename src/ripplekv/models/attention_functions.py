@@ -1,0 +1,203 @@
+"""The attention functions registered as ``ripplekv_sdpa`` and ``ripplekv_eager``.
+
+One concern: computing a layer's attention over per-layer KV caches, given the mask of
+:mod:`ripplekv.models.attention_masks`. :func:`varlen_attention_function` builds the function registered for a
+stock implementation (``sdpa`` or ``eager``); each call serves one of these passes:
+
+* ``shared_prefix``: many rows over one shared cached prefix (:mod:`ripplekv.models.shared_prefix`, profiling's
+  fast path); a sliding-window layer beyond its window raises :class:`SlidingWindowError`;
+* ``ragged_cache``: caches of their own lengths, each row attended over its own keys and values
+  (:class:`ripplekv.models.padded.RaggedLayer`, batched decoding);
+* ``key_validity``: a padded batch of compressed caches, each layer's mask built from which cached entries each row
+  may see (:class:`ripplekv.models.padded.KeyValidity`, batched teacher forcing);
+* otherwise an ordinary pass, its mask fitted to the layer's own key length.
+
+A plain causal offset (new queries over a longer layer, no padding) is no dense tensor at all: sdpa gets
+:func:`torch.nn.attention.bias.causal_lower_right` (:func:`sdpa_gqa_forward`). When every layer has the same
+length the functions compute exactly what ``sdpa`` and ``eager`` compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.attention.bias import causal_lower_right
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ripplekv.models.attention_masks import fit_attention_mask, sliding_layer_mask, sliding_window_mask
+from ripplekv.models.padded import KeyValidity, RaggedLayer
+from ripplekv.models.shared_prefix import shared_prefix_attention
+
+__all__ = ["SlidingWindowError", "sdpa_gqa_forward", "varlen_attention_function"]
+
+
+class SlidingWindowError(ValueError):
+    """A pass that cannot serve a sliding-window layer beyond its window (the shared-prefix attention)."""
+
+
+def sdpa_gqa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention, bottom-right causal and without copying keys and values for GQA.
+
+    Without a mask, a causal pass of ``q`` new queries over ``k > q`` keys (a question after a compressed context)
+    gets :func:`torch.nn.attention.bias.causal_lower_right` (query ``i`` sees keys ``<= i + k - q``): no dense
+    tensor, and torch picks a kernel that applies the offset itself where one exists (on the CPU and otherwise it
+    materialises the boolean mask on the query's device). Stock sdpa would pass ``is_causal=True``, which aligns
+    top-left. A causal square keeps ``is_causal``; one query attends to every key.
+
+    transformers repeats the KV heads (a full copy of the layer's cache) whenever a mask is present, because
+    some GPU kernels reject ``enable_gqa`` with a mask; on the CPU torch handles both together, and every
+    multi-token pass over a cache (a question after the context, a profiling continuation) has a mask. This
+    function therefore takes dense masks on the CPU only (:func:`varlen_attention_function` routes the others to
+    transformers); ``causal_lower_right`` is taken on every device (with ``enable_gqa``, torch's flash kernel
+    attends the grouped heads itself and the other kernels expand them).
+    """
+    groups = query.shape[1] // key.shape[1]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    query_len, key_len = query.shape[2], key.shape[2]
+    mask: Any = attention_mask
+    square = False
+    if attention_mask is None and causal and query_len > 1:
+        if query_len == key_len:
+            square = True
+        else:
+            mask = causal_lower_right(query_len, key_len)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=square,
+        enable_gqa=groups > 1,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _validity_mask(
+    module: torch.nn.Module, validity: KeyValidity, query: torch.Tensor, key: torch.Tensor
+) -> torch.Tensor:
+    """The mask of a pass over a padded batch of caches; it replaces the one transformers built for layer 0.
+
+    One dense mask per layer and pass, inherent to the padded batch (each layer's rows see different entries),
+    made on the device of the validity, i.e. of the cache (:func:`ripplekv.models.padded.pad_layers`).
+    """
+    if not isinstance(validity, KeyValidity):
+        raise TypeError(f"key_validity must be a KeyValidity, got {type(validity).__name__}")
+    if getattr(module, "masked_key_indices", None) is not None:
+        raise ValueError("a padded batch carries head-wise masks in its key validity, not in masked_key_indices")
+    if validity.rows != query.shape[0]:
+        raise ValueError(f"key validity for {validity.rows} rows, the pass has {query.shape[0]}")
+    allowed = validity.mask(module.layer_idx, query.shape[2], key.shape[2], query.shape[1])
+    # Additive even for sdpa: torch's CPU kernel converts a boolean mask to this on every call (slower).
+    return torch.zeros(allowed.shape, dtype=query.dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(query.dtype).min
+    )
+
+
+def _ragged_attention(
+    module: torch.nn.Module, query: torch.Tensor, ragged: Any, scaling: float | None, window: int | None = None
+) -> torch.Tensor:
+    """Each row's queries over that row's own keys and values (a :class:`RaggedLayer` of ``ragged``); a sliding
+    layer's (``window``) keys, never compressed, get its sliding mask too."""
+    layer = ragged.layers[module.layer_idx]
+    if not isinstance(layer, RaggedLayer):
+        raise TypeError(f"ragged_cache layer {module.layer_idx} is a {type(layer).__name__}, not a RaggedLayer")
+    if getattr(module, "masked_key_indices", None) is not None:
+        raise ValueError("a ragged batch carries head-wise masks in its rows, not in masked_key_indices")
+    heads, query_len = query.shape[1], query.shape[2]
+    outputs = []
+    for row in range(query.shape[0]):
+        keys, values = layer.row(row)
+        mask = layer.row_mask(row, query_len, heads)  # on the row's buffers' device
+        band = None if window is None else sliding_window_mask(query_len, keys.shape[2], window, device=keys.device)
+        if band is not None:
+            mask = band if mask is None else mask & band
+        outputs.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                query[row : row + 1],
+                keys,
+                values,
+                attn_mask=mask,
+                scale=scaling,
+                is_causal=False,
+                enable_gqa=heads != keys.shape[1],
+            )
+        )
+    return torch.cat(outputs, dim=0).transpose(1, 2).contiguous()
+
+
+def varlen_attention_function(base_name: str, default: Callable, additive: bool) -> Callable:
+    """The attention function registered as ``ripplekv_<base_name>``; see the module docstring.
+
+    Args:
+        base_name: the stock implementation it stands in for (``sdpa`` or ``eager``), looked up in transformers'
+            ``ALL_ATTENTION_FUNCTIONS`` on every call.
+        default: the stock attention function, used when ``base_name`` is not registered.
+        additive: whether the implementation takes additive float masks (eager) rather than boolean ones (sdpa).
+    """
+
+    # The signature of transformers' attention functions, ``dropout`` the sixth positional parameter: kvpress wraps
+    # every registered function when it is imported (``attention_patch``) and passes ``dropout`` by position, so a
+    # function registered before kvpress is imported is called that way.
+    def attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        window = kwargs.get("sliding_window")  # a sliding-window layer's window (None: a global layer)
+        shared = kwargs.pop("shared_prefix", None)
+        if shared is not None:  # many rows over one shared cached prefix (see ripplekv.models.shared_prefix)
+            if window is not None and shared.keys.shape[-2] + key.shape[-2] > window:
+                raise SlidingWindowError(
+                    f"the shared-prefix attention sees every prefix key, a sliding-window layer only the last "
+                    f"{window}: profile such a sequence with the generic path (ripplekv.profiling.passes)"
+                )
+            return shared_prefix_attention(query, key, value, shared, kwargs.get("scaling")), None
+        ragged = kwargs.pop("ragged_cache", None)
+        if ragged is not None:  # caches of their own lengths, attended row by row (see ripplekv.models.padded)
+            return _ragged_attention(module, query, ragged, kwargs.get("scaling"), window), None
+        validity = kwargs.pop("key_validity", None)
+        masked = getattr(module, "masked_key_indices", None) is not None  # kvpress's head-wise wrapper is live
+        beyond_window = window is not None and key.shape[2] > window
+        if base_name == "sdpa" and validity is None and attention_mask is None and not masked and not beyond_window:
+            return sdpa_gqa_forward(module, query, key, value, None, dropout, **kwargs)  # causal offset, no dense mask
+        if validity is not None:  # a padded batch of compressed caches (see ripplekv.models.padded)
+            mask = _validity_mask(module, validity, query, key)
+            band = None
+            if window is not None:
+                band = sliding_window_mask(query.shape[2], key.shape[2], window, device=mask.device)
+            if band is not None:  # sliding layers are whole in every row: the window counts from the end
+                mask = mask.masked_fill(~band, torch.finfo(mask.dtype).min)
+        elif window is not None:  # a sliding layer is never compressed: the model's own sliding mask
+            mask = sliding_layer_mask(
+                attention_mask, query.shape[2], key.shape[2], window, additive, query.dtype, query.device
+            )
+        else:
+            mask = fit_attention_mask(
+                attention_mask, query.shape[2], key.shape[2], additive, query.dtype, device=query.device
+            )
+        if base_name == "sdpa" and query.device.type == "cpu" and not masked:
+            return sdpa_gqa_forward(module, query, key, value, mask, dropout, **kwargs)
+        # Resolved per call: a library that wraps the registered function (kvpress wraps every entry of
+        # ALL_ATTENTION_FUNCTIONS for its head-wise masking, e.g. AdaKV) keeps working under the new name.
+        base = ALL_ATTENTION_FUNCTIONS.get(base_name, default)
+        return base(module, query, key, value, mask, dropout=dropout, **kwargs)
+
+    return attention
