@@ -1,4 +1,4 @@
-"""``ripplekv tune``: candidate grid, split, rows against the eval runner, selection, resume, CLI."""
+"""``ripplekv tune``: candidate grid, split, rows against the eval runner, selection, resume, CLI; the rivals' grids."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ripplekv.analysis.tune_runner import SUMMARY_FILE, TUNE_FILE, run_tune
-from ripplekv.analysis.tuning import Candidate, TuneConfig, TuneRunner, split_samples
-from ripplekv.analysis.tuning_report import summarize_tuning, tuning_markdown
+from ripplekv.analysis.tuning import Candidate, TuneConfig, TuneRunner, method_grid, split_samples
+from ripplekv.analysis.tuning_report import candidate_samples, macro_mean, summarize_tuning, tuning_markdown
 from ripplekv.cli.main import main
 from ripplekv.cli.tune import parse_profiles
 from ripplekv.evaluation.running.config import EvalConfig, EvalSample
@@ -21,6 +22,7 @@ from ripplekv.evaluation.running.rows import SampleRunner
 from ripplekv.evaluation.running.runner import build_samples
 from ripplekv.models import load_model
 from ripplekv.presses import make_press
+from ripplekv.presses.method_spec import parse_method
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, SensitivityProfile, profile_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from tests.conftest import save_tiny_model_dir
@@ -271,3 +273,102 @@ def test_cli_tune(model_dir: Path, data_path: Path, profiles: dict[str, str], tm
     assert "r and gamma must be >= 1" in capsys.readouterr().err
     assert main(["tune", "--suite", "jsonl", "--data", str(data_path), "--profile", "missing.json", "--out", "x"]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+# --- the rivals' knobs: grids of method specs, scored as the eval runner scores them, each summarised against its
+# own defaults, the tuned settings chosen by the calibration split alone
+
+GRIDS = ("cake:tau1=0.5|2", "squeezeattention:p=0.2|0.625", "pyramidkv:beta=5")
+
+
+def test_grid_puts_each_methods_defaults_first_and_refuses_what_it_cannot_tune() -> None:
+    specs = [s.canonical() for s in method_grid(["cake:tau1=0.5|1|2,tau2=1|2", "dynamickv:window=8"])]
+    assert specs[0] == "cake" and specs.count("cake") == 1 and len(specs) == 6 + 2
+    assert specs[6:] == ["dynamickv", "dynamickv:window=8"]
+    assert "cake:tau1=0.5,tau2=2" in specs and "cake:tau2=2" in specs  # the product, defaults left out of names
+    for bad, message in [
+        (["cake:tau1=1|2", "cake:tau2=2"], "two grids"),
+        (["ripplekv:r=8|16"], "profiles, ratios and gammas"),
+        (["snapkv"], "cannot be tuned"),
+        (["streamingllm:n_sink=2|4"], "cannot be tuned"),
+        (["cake:tau1=1|1"], "distinct"),
+        (["cake:tau9=1|2"], "no parameter 'tau9'"),
+        (["squeezeattention:p=0.5|3"], "p must be <= 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            method_grid(bad)
+
+
+@needs_essays
+def test_rival_rows_match_the_eval_runner(loaded: tuple[Any, Any], data_path: Path, profiles: dict[str, str]) -> None:
+    model, tokenizer = loaded
+    config = _config(data_path, profiles, grids=GRIDS)
+    sample = build_samples(config.eval, tokenizer, model)[0]
+    loaded_profiles = {label: SensitivityProfile.load(path) for label, path in profiles.items()}
+    rows = list(TuneRunner(config, loaded_profiles, model, tokenizer).run_sample(sample, [0.3, 0.5]))
+    keys = [s.canonical() for s in config.method_candidates]
+    assert set(rows[1]["kl"]) == {c.key for c in config.candidates} | set(keys)
+    assert 1 <= rows[1]["rival_distinct"] <= len(keys)
+    methods = ("full", *keys)
+    evaluation = replace(config.eval, methods=methods)
+    presses = {("full", 1.0): make_press("full")}
+    presses |= {(k, 0.5): make_press(k, budget=0.5, window_size=WINDOW) for k in keys}
+    for press in presses.values():
+        press.post_init_from_model(model)
+    pending = [("full", 1.0)] + [(k, 0.5) for k in keys]
+    evaluated = {
+        r["method"]: r for r in SampleRunner(evaluation, model, tokenizer, presses).run_sample(sample, pending)
+    }
+    assert rows[1]["answer_ids"] == evaluated["full"]["answer_ids"]
+    for key in keys:  # every candidate, whether it shared a cache with another or not, scores its own cache
+        assert rows[1]["kl"][key] == pytest.approx(evaluated[key]["fidelity_kl"], rel=1e-5, abs=1e-9), key
+        assert rows[1]["top1"][key] == evaluated[key]["top1_agreement"], key
+        assert rows[1]["kept_tokens"][key] == evaluated[key]["kept_tokens"], key
+    # candidates that keep different budgets are different caches: not every rival shares one KL
+    assert len({round(rows[1]["kl"][k], 12) for k in keys}) > 1
+
+
+@needs_essays
+def test_each_method_is_chosen_on_the_calibration_split_against_its_own_defaults(
+    loaded: tuple[Any, Any], data_path: Path, profiles: dict[str, str], tmp_path: Path
+) -> None:
+    model, tokenizer = loaded
+    config = _config(data_path, profiles, grids=GRIDS, scorer="knorm")
+    result = run_tune(config, tmp_path / "t", model, tokenizer, progress=False)
+    summary = result.summary
+    assert set(summary["methods"]) == {"cake", "squeezeattention", "pyramidkv"}
+    assert summary["context"]["scorer"] == "knorm"
+    rows = ResultsLog(tmp_path / "t" / TUNE_FILE).read()
+    assert all(r["scorer"] == "knorm" for r in rows)
+    calibration, _ = split_samples(build_samples(config.eval, tokenizer, model), config.calibration_fraction)
+    groups = config.method_groups
+    for method, entry in summary["methods"].items():
+        assert entry["default"] == method and groups[method][0] == method
+        mean_cal = {
+            key: np.mean(
+                [
+                    macro_mean(candidate_samples([r for r in rows if r["budget"] == b], calibration, key))
+                    for b in (0.3, 0.5)
+                ]
+            )
+            for key in groups[method]
+        }
+        best = min(groups[method], key=lambda k: (mean_cal[k], groups[method].index(k)))
+        assert entry["shared"] == best == summary["settings"][method]
+    shared = summary["shared"]
+    r, gamma = (float(part.split("=")[1]) for part in shared.split("|")[1:])
+    assert summary["settings"]["ripplekv"] == parse_method("ripplekv", r=r, gamma=gamma).canonical()
+
+
+@needs_essays
+def test_cli_tune_takes_grids(
+    model_dir: Path, data_path: Path, profiles: dict[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    args = ["tune", "--model", str(model_dir), "--suite", "jsonl", "--data", str(data_path), "--budgets", "0.5"]
+    args += ["--window-size", str(WINDOW), "--max-new-tokens", "4", "--ratios", "2", "--gammas", "2"]
+    args += ["--profile", f"e={profiles['essay']}", "--no-progress", "--grid", "cake:tau1=0.5|2"]
+    assert main([*args, "--out", str(tmp_path / "t")]) == 0
+    printed = capsys.readouterr().out
+    assert "Every method's knobs, tuned the same way" in printed and "| cake | 0.5 |" in printed
+    assert main([*args, "--grid", "cake:tau2=2", "--out", str(tmp_path / "u")]) == 2
+    assert "two grids" in capsys.readouterr().err

@@ -22,10 +22,12 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
-from ripplekv.analysis.tuning_report import summarize_tuning
+from ripplekv.analysis.tuning_report import summarize_methods, summarize_tuning, tuned_settings
 from ripplekv.evaluation.running.results import budgets_of, open_results, run_pending
 from ripplekv.evaluation.running.runner import build_samples, resolve_config
 from ripplekv.evaluation.suites import get_suite
+from ripplekv.presses.method_spec import parse_method
+from ripplekv.presses.scorers import DEFAULT_SCORER
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
 
 __all__ = ["SUMMARY_FILE", "TUNE_FILE", "TuneResult", "run_tune"]
@@ -101,6 +103,9 @@ def run_tune(
         "gammas": list(config.gammas),
         "calibration_fraction": float(config.calibration_fraction),
     }
+    if config.method_candidates or config.scorer != DEFAULT_SCORER:  # runs without them keep their old identity
+        resolved["grids"] = [spec.canonical() for spec in config.method_candidates]
+        resolved["scorer"] = config.scorer
 
     sources = {"model": options.model, **get_suite(options.suite).sources(options), "profiles": dict(config.profiles)}
     budgets = list(options.budget_values)
@@ -136,5 +141,15 @@ def run_tune(
         config.bootstrap_seed,
         context=context,
     )
+    if config.method_candidates:
+        groups = config.method_groups
+        summary["methods"] = summarize_methods(
+            rows, groups, calibration, heldout, config.resamples, config.bootstrap_seed
+        )
+        shared = next(c for c in config.candidates if c.key == summary["shared"])
+        ripple = parse_method("ripplekv", r=float(shared.ratio), gamma=float(shared.gamma)).canonical()
+        summary["settings"] = tuned_settings(summary, ripple)
+        summary["context"]["grids"] = {name: list(keys) for name, keys in groups.items()}
+        summary["context"]["scorer"] = config.scorer
     write_json_atomic(out / SUMMARY_FILE, summary)
     return TuneResult(out, summary, len(rows), written, len(samples), time.perf_counter() - start)

@@ -42,6 +42,7 @@ __all__ = [
     "candidate_samples",
     "macro_mean",
     "paired_comparison",
+    "summarize_methods",
     "summarize_tuning",
     "tuning_markdown",
 ]
@@ -274,4 +275,80 @@ def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
         ]
     verdict = "depends" if summary["best_depends_on_budget"] else "does not depend (to this run's resolution)"
     lines.append(f"The best allocation {verdict} on the budget.")
+    return "\n".join(lines) + "\n"
+
+
+def summarize_methods(
+    rows: Sequence[Mapping[str, Any]],
+    groups: Mapping[str, Sequence[str]],
+    calibration: set[str],
+    heldout: set[str],
+    resamples: int,
+    seed: int,
+    draws: int = DEFAULT_DRAWS,
+    family: str = DEFAULT_FAMILY,
+) -> dict[str, dict[str, Any]]:
+    """Each rival method's grid summarised on its own, against its own defaults (its plain name), exactly as
+    :func:`summarize_tuning` summarises RippleKV's: the same rows, splits, selection rule and tests.
+
+    Args:
+        rows: ``tune.jsonl`` rows.
+        groups: method -> its candidate keys (canonical specs), the defaults first
+            (:attr:`ripplekv.analysis.tuning.TuneConfig.method_groups`).
+        calibration: ids of the calibration prompts.
+        heldout: ids of the held-out prompts.
+        resamples: bootstrap resamples.
+        seed: seed of the bootstrap and the sign-flip test.
+        draws: random sign vectors per comparison.
+        family: Holm's family (see :func:`summarize_tuning`).
+    """
+    return {
+        method: summarize_tuning(rows, list(keys), method, calibration, heldout, resamples, seed, None, draws, family)
+        for method, keys in groups.items()
+    }
+
+
+def tuned_settings(summary: Mapping[str, Any], ripplekv: str) -> dict[str, str]:
+    """The method spec each method is run at once tuned: its ``shared`` candidate (lowest calibration KL averaged
+    over the budgets), for RippleKV the spec of the shared candidate's ``r`` and ``gamma``.
+
+    Args:
+        summary: the tune summary (with ``methods`` for the rivals).
+        ripplekv: RippleKV's spec at the shared candidate (``ripplekv:r=16,gamma=12``), made by the caller.
+    """
+    settings = {"ripplekv": ripplekv}
+    for method, entry in summary.get("methods", {}).items():
+        settings[method] = entry["shared"]
+    return settings
+
+
+def methods_markdown(summary: Mapping[str, Any]) -> str:
+    """The rivals' part of the tuning report: per method, its shared choice and, per budget, its best candidate's
+    held-out gain over its defaults.
+
+    Args:
+        summary: the tune summary (its ``methods`` and ``settings``).
+    """
+    methods = summary.get("methods", {})
+    if not methods:
+        return ""
+    lines = [
+        "## Every method's knobs, tuned the same way",
+        "",
+        "Each method's grid, chosen on the same calibration prompts by the same rule (lowest macro-mean KL), its "
+        "best candidate compared with its own defaults on the held-out prompts. Tuned settings (one per method, "
+        "the lowest calibration KL averaged over the budgets):",
+        "",
+    ]
+    lines += [f"- `{name}`: `{spec}`" for name, spec in summary.get("settings", {}).items()]
+    lines += ["", "| method | budget | best | calibration KL (best / defaults) | held-out best minus defaults |"]
+    lines.append("|---|---|---|---|---|")
+    for method, entry in methods.items():
+        for budget in entry["budgets"]:
+            by_key = {c["key"]: c for c in budget["candidates"]}
+            best, default = by_key[budget["best"]], by_key[entry["default"]]
+            lines.append(
+                f"| {method} | {budget['budget']:g} | `{budget['best']}` | {best['calibration_kl']:.4f} / "
+                f"{default['calibration_kl']:.4f} | {_fmt(budget['heldout']['best_minus_default'])} |"
+            )
     return "\n".join(lines) + "\n"

@@ -84,6 +84,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="grid of gamma (default " + ",".join(f"{g:g}" for g in DEFAULT_GAMMAS) + "; 3 is always included)",
     )
     p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="METHOD:KEY=V1|V2,...",
+        help="a rival's grid, scored next to RippleKV's on the same prompts, prefill, scorer and rule; repeat per "
+        "method: 'cake:tau1=0.5|1|2,tau2=0.5|1|2', 'squeezeattention:p=0.2|0.381|0.625', "
+        "'dynamickv:radio_max=2|5|10,window=8|64', 'pyramidkv:beta=5|10|20|40' (each method's defaults are always "
+        "among its candidates; docs/cli.md lists the parameters)",
+    )
+    p.add_argument(
+        "--scorer",
+        default="snapkv",
+        help="the token scorer of every candidate and of the uniform reference (default snapkv)",
+    )
+    p.add_argument(
         "--calibration-fraction",
         type=float,
         default=0.5,
@@ -99,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv tune`` with parsed ``args``; prints the summary, returns the exit status."""
     from ripplekv.analysis.tune_runner import run_tune
     from ripplekv.analysis.tuning import TuneConfig
-    from ripplekv.analysis.tuning_report import tuning_markdown
+    from ripplekv.analysis.tuning_report import methods_markdown, tuning_markdown
 
     profiles = parse_profiles(args.profile)
     config = TuneConfig(
@@ -107,12 +122,15 @@ def run(args: argparse.Namespace) -> int:
         profiles,
         ratios=tuple(args.ratios),
         gammas=tuple(args.gammas),
+        grids=tuple(args.grid),
+        scorer=args.scorer,
         calibration_fraction=args.calibration_fraction,
         resamples=args.resamples,
         bootstrap_seed=args.bootstrap_seed,
     )
     result = run_tune(config, args.out, progress=not args.no_progress)
-    print(json.dumps(result.summary, indent=2) if args.format == "json" else tuning_markdown(result.summary), end="")
+    text = tuning_markdown(result.summary) + methods_markdown(result.summary)
+    print(json.dumps(result.summary, indent=2) if args.format == "json" else text, end="")
     if args.format == "json":
         print()
     print(

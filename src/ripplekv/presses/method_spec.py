@@ -323,8 +323,10 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
     return MethodSpec(name, params)
 
 
-def base_method(text: str) -> str:
+def base_method(text: str | MethodSpec) -> str:
     """The method name of a spec (``cake`` of ``cake:tau1=2``), without parsing its parameters."""
+    if isinstance(text, MethodSpec):
+        return text.name
     return text.partition(PARAM_SEPARATOR)[0].strip().lower()
 
 
