@@ -36,16 +36,32 @@ from ripplekv.evaluation.reporting.stats import ALPHA, METRICS, Bootstrap, colle
 from ripplekv.evaluation.reporting.summary import load_run, summarize
 from ripplekv.evaluation.running.results import complete_samples
 from ripplekv.evaluation.sample import FULL_BUDGET
+from ripplekv.presses.method_spec import base_method
 
 CANDIDATE = "ripplekv"
 FAMILIES: dict[str, tuple[str, ...]] = {
     "uniform": ("snapkv",),
     "depth": ("pyramidkv",),
-    "attention statistics": ("cake", "dynamickv", "lava"),
+    "attention statistics": ("cake", "dynamickv", "lava", "lava-layer"),
     "representation change": ("squeezeattention",),
     "local signal": ("ripplekv-local",),
 }
 THESIS = ("attention statistics", "representation change")
+
+
+def resolve(methods: list[str]) -> tuple[str | None, dict[str, tuple[str, ...]]]:
+    """The run's configuration standing for the candidate and for each family's methods, matched by method name
+    whatever parameters a run gave them (``cake:tau1=2`` is CAKE, ``ripplekv:r=16,gamma=12`` RippleKV): one
+    configuration per method (a run holding two settings of one method is refused), families' absent members left
+    out (``lava-layer`` in runs before it existed)."""
+    by_base: dict[str, str] = {}
+    for name in methods:
+        base = base_method(name)
+        if base in by_base:
+            raise SystemExit(f"two settings of {base} in the run ({by_base[base]}, {name}): the verdict needs one each")
+        by_base[base] = name
+    families = {f: tuple(by_base[m] for m in members if m in by_base) for f, members in FAMILIES.items()}
+    return by_base.get(CANDIDATE), families
 
 
 def analyse(run: Path, metrics: list[str], resamples: int, seed: int, draws: int) -> dict[str, Any]:
@@ -53,16 +69,21 @@ def analyse(run: Path, metrics: list[str], resamples: int, seed: int, draws: int
     config, rows = load_run(run)
     summary = summarize(config, rows)
     bootstrap, flip = Bootstrap(resamples=resamples, seed=seed), SignFlip(draws=draws, seed=seed)
-    out: dict[str, Any] = {"run": str(run), "candidate": CANDIDATE, "families": FAMILIES, "scorers": {}}
+    present = {base_method(m) for m in summary.methods}
+    families = {f: tuple(m for m in members if m in present) for f, members in FAMILIES.items()}
+    out: dict[str, Any] = {"run": str(run), "candidate": CANDIDATE, "families": families, "scorers": {}}
     out["test"] = {"name": TEST_NAME, "draws": draws, "seed": seed, "alpha": ALPHA, "adjustment": "holm"}
     out["test"]["family"] = "the five comparisons of one scorer, budget and metric"
     for scorer in row_scorers(rows):
         kept, methods = rows_of_scorer(rows, summary.methods, scorer)
-        needed = [CANDIDATE, *(m for members in FAMILIES.values() for m in members)]
-        missing = [m for m in needed if m not in methods]
+        candidate, families = resolve(methods)
+        missing = ([] if candidate else [CANDIDATE]) + [f for f, members in families.items() if not members]
         if missing:
             out["scorers"][scorer] = {"skipped": f"no rows of {', '.join(missing)}"}
             continue
+        needed = [candidate, *(m for members in families.values() for m in members)]
+        if any(m != base_method(m) for m in needed):  # a run of tuned settings names them
+            out["settings"] = {base_method(m): m for m in needed}
         configurations = [("full", FULL_BUDGET)] + [(m, b) for m in needed for b in summary.budgets]
         complete, incomplete = complete_samples(kept, configurations)
         entry: dict[str, Any] = {"samples": len({r["sample_id"] for r in complete}), "incomplete": incomplete}
@@ -70,17 +91,17 @@ def analyse(run: Path, metrics: list[str], resamples: int, seed: int, draws: int
         for name in metrics:
             metric = METRICS[name]
             values = collect(complete, metric, lambda row: str(row.get("task", "")))
-            if not values.get((CANDIDATE, summary.budgets[0])):
+            if not values.get((candidate, summary.budgets[0])):
                 continue
             sign = 1.0 if metric.higher_is_better else -1.0
             per_budget = []
             for budget in summary.budgets:
                 means = {m: bootstrap.estimate(values[m, budget]) for m in needed}
                 chosen = {
-                    family: max(members, key=lambda m: sign * means[m].mean) for family, members in FAMILIES.items()
+                    family: max(members, key=lambda m: sign * means[m].mean) for family, members in families.items()
                 }
                 tests = [
-                    compare(metric, CANDIDATE, other, values[CANDIDATE, budget], values[other, budget], flip, bootstrap)
+                    compare(metric, candidate, other, values[candidate, budget], values[other, budget], flip, bootstrap)
                     for other in chosen.values()
                 ]
                 settled = settle(tests, ALPHA)
@@ -111,7 +132,7 @@ def analyse(run: Path, metrics: list[str], resamples: int, seed: int, draws: int
                 per_budget.append(
                     {
                         "budget": budget,
-                        "ripplekv_mean": means[CANDIDATE].mean,
+                        "ripplekv_mean": means[candidate].mean,
                         "comparisons": comparisons,
                         "thesis": verdict,
                     }
@@ -136,6 +157,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{t['family']}; significant = Holm p < {t['alpha']:g}. `ripplekv - other`, paired.",
         "",
     ]
+    if "settings" in result:
+        lines += ["Settings: " + ", ".join(f"`{spec}`" for spec in result["settings"].values()), ""]
     scorers = {s: e for s, e in result["scorers"].items() if "metrics" in e}
     metrics = dict.fromkeys(m for e in scorers.values() for m in e["metrics"])
     for name in metrics:

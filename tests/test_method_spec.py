@@ -186,3 +186,17 @@ def test_reports_describe_a_spec_by_its_method_and_parameters() -> None:
     assert describe_method("cake:tau1=2,tau2=0.5") == METHOD_DESCRIPTIONS["cake"] + ", with tau1=2, tau2=0.5"
     assert describe_method("cake") == METHOD_DESCRIPTIONS["cake"]
     assert describe_method("unknown:x=1") == "unknown:x=1"
+
+
+def test_the_verdict_finds_each_family_under_its_tuned_setting() -> None:
+    from benchmarks.allocators_verdict import resolve
+
+    methods = ["full", "snapkv", "pyramidkv:beta=5", "cake:tau1=2", "dynamickv", "lava", "squeezeattention:p=0.625"]
+    candidate, families = resolve([*methods, "ripplekv:r=16,gamma=12", "ripplekv-local:r=16,gamma=12"])
+    assert candidate == "ripplekv:r=16,gamma=12"
+    assert families["depth"] == ("pyramidkv:beta=5",) and families["local signal"] == ("ripplekv-local:r=16,gamma=12",)
+    assert families["attention statistics"] == ("cake:tau1=2", "dynamickv", "lava")  # lava-layer absent: left out
+    assert families["representation change"] == ("squeezeattention:p=0.625",)
+    assert resolve(["snapkv"])[0] is None
+    with pytest.raises(SystemExit, match="two settings of cake"):
+        resolve(["cake", "cake:tau1=2"])
