@@ -20,7 +20,9 @@ Formula. For layer ``l`` with window attention ``A[b, h, i, j]`` (softmaxed over
 * ``p = S / (sum S + 1e-16)`` over *all* entries of the layer (batch, heads and keys flattened together),
   entropy ``E = -sum p log(p + 1e-16)``, normalised ``e_l = E / log(N)`` with ``N`` the number of entries;
 * each layer's budget beyond its window is ``e_l / sum(e) * L * (C - w)`` (``C`` the per-layer cache size).
-  (LAVa then splits a layer's budget among its heads; that step is not part of this rule.)
+  (LAVa then splits a layer's budget among its heads: :mod:`ripplekv.allocation.lava_heads`, run with this rule
+  by :class:`ripplekv.presses.lava_press.LavaPress`; ``S`` itself is the token score of
+  :class:`ripplekv.presses.lava_scorer.LavaScorerPress`.)
 
 Defaults: ``kernel_size = 7``, ``pooling = "maxpool"``, ``gqa_support = True`` (``c*_w32_k7_maxpool.json``
 and ``eval_longbench_lava.sh``). SmolLM2-135M uses grouped-query attention (9 query heads, 3 KV heads), like
@@ -66,7 +68,7 @@ from ripplekv.allocation.per_prompt import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LAVA_EPS", "LavaRule", "LavaStatistic", "lava_layer_statistic"]
+__all__ = ["LAVA_EPS", "LavaRule", "LavaStatistic", "lava_layer_statistic", "lava_token_scores"]
 
 LAVA_EPS: float = 1e-16
 """The constant LAVa adds to the normaliser and inside the log (``calcul_attn_score``)."""
@@ -83,6 +85,70 @@ class LavaStatistic(NamedTuple):
     entropy: float
 
 
+def lava_token_scores(
+    window_attention: torch.Tensor,
+    values: torch.Tensor,
+    kernel_size: int = 7,
+    pooling: str = "maxpool",
+    gqa_support: bool = True,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """LAVa's score of every prefix token: ``S`` of the module docstring (``calcul_attn_score`` before the entropy).
+
+    Query head ``h`` reads the values of KV head ``h // groups`` (transformers' ``repeat_kv``), and with
+    ``gqa_support`` the query heads ``g * groups ... (g + 1) * groups - 1`` are reduced to KV head ``g`` by a max.
+
+    Args:
+        window_attention: softmaxed window attention over the prefix keys, ``(batch, heads, w, n - w)``, one row
+            per query head (kvpress's ``SnapKVPress.compute_window_attention``).
+        values: the layer's value states ``(batch, kv_heads, n, head_dim)``; only the first ``n - w`` are read.
+        kernel_size: pooling width along the keys (odd, ``>= 1``).
+        pooling: ``"maxpool"`` (padded with ``-inf``) or ``"avgpool"`` (zero padding counted).
+        gqa_support: reduce the scores to KV heads by a max over each group's query heads.
+        dtype: the floating dtype computed in (default float64).
+
+    Returns:
+        ``(batch, kv_heads, n - w)`` with ``gqa_support``, else ``(batch, heads, n - w)``; non-negative.
+
+    Raises:
+        ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
+    """
+    import torch
+    from torch.nn import functional as F
+
+    check_pooling("lava_token_scores", kernel_size, pooling)
+    if window_attention.dim() != 4 or values.dim() != 4:
+        raise ValueError(
+            "window_attention must be (batch, heads, window, prefix_keys) and values (batch, kv_heads, tokens, "
+            f"head_dim), got shapes {tuple(window_attention.shape)} and {tuple(values.shape)}"
+        )
+    batch, heads, _, prefix = window_attention.shape
+    kv_heads = values.shape[1]
+    if prefix < 1 or values.shape[0] != batch or values.shape[2] < prefix or kv_heads < 1 or heads % kv_heads:
+        raise ValueError(
+            f"window_attention {tuple(window_attention.shape)} and values {tuple(values.shape)} do not match: "
+            "need the same batch, at least prefix_keys >= 1 value tokens and heads a multiple of kv_heads"
+        )
+    dtype = torch.float64 if dtype is None else dtype
+    attention = window_attention.detach().to(dtype)
+    value = values.detach().to(dtype)[:, :, :prefix, :]
+    if not bool(torch.isfinite(attention).all()) or bool((attention < 0).any()) or not bool(value.isfinite().all()):
+        raise ValueError("window_attention must be finite and non-negative, and values finite")
+    mean = attention.mean(dim=2).reshape(batch * heads, 1, prefix)
+    pad = kernel_size // 2
+    if pooling == "maxpool":
+        pooled = F.max_pool1d(mean, kernel_size=kernel_size, padding=pad, stride=1)
+    else:
+        pooled = F.avg_pool1d(mean, kernel_size=kernel_size, padding=pad, stride=1)
+    pooled = pooled.reshape(batch, heads, prefix)
+    groups = heads // kv_heads
+    norms = value.abs().sum(dim=-1).amax(dim=-1)  # (batch, kv_heads): max over prefix tokens of the L1 norm
+    scores = pooled * norms.repeat_interleave(groups, dim=1).unsqueeze(-1)  # query head h reads KV head h // groups
+    if gqa_support:
+        scores = scores.reshape(batch, kv_heads, groups, prefix).amax(dim=2)
+    return scores
+
+
 def lava_layer_statistic(
     window_attention: torch.Tensor,
     values: torch.Tensor,
@@ -90,7 +156,7 @@ def lava_layer_statistic(
     pooling: str = "maxpool",
     gqa_support: bool = True,
 ) -> LavaStatistic:
-    """LAVa's normalised entropy of one layer.
+    """LAVa's normalised entropy of one layer: the entropy of :func:`lava_token_scores` over all its entries.
 
     Args:
         window_attention: softmaxed window attention over the prefix keys, ``(batch, heads, w, n - w)``, one row
@@ -108,37 +174,8 @@ def lava_layer_statistic(
         ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
     """
     import torch
-    from torch.nn import functional as F
 
-    check_pooling("lava_layer_statistic", kernel_size, pooling)
-    if window_attention.dim() != 4 or values.dim() != 4:
-        raise ValueError(
-            "window_attention must be (batch, heads, window, prefix_keys) and values (batch, kv_heads, tokens, "
-            f"head_dim), got shapes {tuple(window_attention.shape)} and {tuple(values.shape)}"
-        )
-    batch, heads, _, prefix = window_attention.shape
-    kv_heads = values.shape[1]
-    if prefix < 1 or values.shape[0] != batch or values.shape[2] < prefix or kv_heads < 1 or heads % kv_heads:
-        raise ValueError(
-            f"window_attention {tuple(window_attention.shape)} and values {tuple(values.shape)} do not match: "
-            "need the same batch, at least prefix_keys >= 1 value tokens and heads a multiple of kv_heads"
-        )
-    attention = window_attention.detach().to(torch.float64)
-    value = values.detach().to(torch.float64)[:, :, :prefix, :]
-    if not bool(torch.isfinite(attention).all()) or bool((attention < 0).any()) or not bool(value.isfinite().all()):
-        raise ValueError("window_attention must be finite and non-negative, and values finite")
-    mean = attention.mean(dim=2).reshape(batch * heads, 1, prefix)
-    pad = kernel_size // 2
-    if pooling == "maxpool":
-        pooled = F.max_pool1d(mean, kernel_size=kernel_size, padding=pad, stride=1)
-    else:
-        pooled = F.avg_pool1d(mean, kernel_size=kernel_size, padding=pad, stride=1)
-    pooled = pooled.reshape(batch, heads, prefix)
-    groups = heads // kv_heads
-    norms = value.abs().sum(dim=-1).amax(dim=-1)  # (batch, kv_heads): max over prefix tokens of the L1 norm
-    scores = pooled * norms.repeat_interleave(groups, dim=1).unsqueeze(-1)
-    if gqa_support:
-        scores = scores.reshape(batch, kv_heads, groups, prefix).amax(dim=2)
+    scores = lava_token_scores(window_attention, values, kernel_size, pooling, gqa_support)
     flat = scores.reshape(-1)
     if flat.numel() == 1:
         return LavaStatistic(0.0)

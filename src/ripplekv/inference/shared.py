@@ -778,11 +778,13 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache,
 def _derive(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache, tuple[ModuleState, ...]]:
     if getattr(press, "derives_all_layers", False):  # statistics of every layer first, then every layer's budget
         versions = [_tensor_versions(layer) for layer in record.layers]
-        pairs = press.derive(record.layers, record.model.config)
+        captured: list[ModuleState] = []  # module state derive sets (LavaPress's head-wise masks), modules restored
+        with capture_state([layer.module for layer in record.layers], captured):
+            pairs = press.derive(record.layers, record.model.config)
         if [_tensor_versions(layer) for layer in record.layers] != versions:
             record.invalid = f"{type(press).__name__}.derive wrote into the recorded tensors in place"
             raise NotDerivableError(record.invalid)
-        return cache_from_tensors(pairs), ()
+        return cache_from_tensors(pairs), tuple(captured)
     pairs = []
     states: list[ModuleState] = []
     for index, layer in enumerate(record.layers):

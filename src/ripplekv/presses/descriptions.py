@@ -25,7 +25,7 @@ METHOD_DESCRIPTIONS: dict[str, str] = {
     "cake": "SnapKV scorer, CAKE budgets per prompt (window attention's entropy x variance per layer), SnapKV's total",
     "squeezeattention": "SnapKV scorer, SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
     "dynamickv": "SnapKV scorer, DynamicKV budgets per prompt (global top-k of window attention over layers)",
-    "lava": "SnapKV scorer, LAVa budgets per prompt (value-weighted entropy of window attention per layer)",
+    "lava": "SnapKV scorer, LAVa: layer budgets per prompt (value-weighted entropy), head-wise split (keys masked)",
 }
 """One line per method name: what it computes (used by reports so every table says which is which)."""
 
@@ -44,5 +44,6 @@ SCORER_DESCRIPTIONS: dict[str, str] = {
     "non_causal_attention": "attention within chunks of the prompt, non-causal",
     "critical_snapkv": "CriticalKV over SnapKV: SnapKV scores re-weighted by each value's projected norm",
     "observed_attention": "attention received during the prefill (needs eager attention)",
+    "lava": "LAVa: window attention, max-pooled, x the KV head's largest value L1 norm, max over its query heads",
 }
 """One line per scorer name: what it ranks tokens by (reports and ``docs/cli.md``)."""

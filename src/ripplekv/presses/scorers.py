@@ -36,6 +36,8 @@ from kvpress import (
     TOVAPress,
 )
 
+from ripplekv.presses.lava_scorer import LavaScorerPress
+
 __all__ = ["DEFAULT_SCORER", "SCORERS", "make_scorer"]
 
 DEFAULT_SCORER = "snapkv"
@@ -56,6 +58,7 @@ _FACTORIES: dict[str, Callable[[int], ScorerPress]] = {
     "non_causal_attention": lambda window: NonCausalAttnPress(),
     "critical_snapkv": lambda window: CriticalKVPress(press=SnapKVPress(window_size=window)),
     "observed_attention": lambda window: ObservedAttentionPress(),
+    "lava": lambda window: LavaScorerPress(window_size=window),
 }
 
 SCORERS: tuple[str, ...] = tuple(_FACTORIES)
@@ -67,7 +70,8 @@ def make_scorer(name: str, window_size: int) -> ScorerPress:
 
     Args:
         name: one of :data:`SCORERS`.
-        window_size: the observation window, used by the scorers that have one (``snapkv``, ``critical_snapkv``).
+        window_size: the observation window, used by the scorers that have one (``snapkv``, ``critical_snapkv``,
+            ``lava``).
 
     Raises:
         ValueError: for an unknown name or a window that is not a positive integer.

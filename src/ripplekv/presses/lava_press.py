@@ -1,0 +1,256 @@
+"""LavaPress: LAVa complete, its per-prompt layer budgets and its head-wise split of each layer's budget.
+
+Paper: Shen et al., "LAVa: Layer-wise KV Cache Eviction with Dynamic Budget Allocation", 2025, arXiv:2509.09754.
+Source read: github.com/MGDDestiny/Lava at ``71d3cc89dfd10edf524e7eee2bb417b4a129f1b8``
+(``adaptive_snapkv/monkeypatch/snapkv_utils.py``, ``LavaKVCluster``; ``adaptive_mistral_hijack_lava.py``, the
+decoder loop that sets every layer's budget and calls ``update_kv_gqa`` / ``re_update_kv_gqa``).
+
+Two steps, as in the code. (1) Layer budgets: :class:`~ripplekv.allocation.lava.LavaRule` over every compressed
+layer, after the last one, exactly as :class:`~ripplekv.presses.per_prompt_press.PerPromptBudgetPress` runs it
+(``lava-layer``): SnapKV's total, ``sum_l B_l = L * int(n * budget)``. (2) Inside layer ``l``, each KV head keeps
+the window the scorer always keeps plus its share of the layer's ``H * (B_l - w)`` prefix tokens,
+:func:`~ripplekv.allocation.lava_heads.lava_head_budgets` of the scorer's prefix scores (a joint top-k over the
+layer's heads, every head at least ``floor_alpha`` of the average), its own highest-scored tokens.
+
+Heads of one layer then keep different numbers of tokens, which a dense cache cannot hold. The layer keeps, in
+every head, the ``m_l = max_h k_h`` highest-scored tokens (as :func:`~ripplekv.presses.per_prompt_press.select_top`
+keeps them, best first), and the surplus ``m_l - k_h`` of every other head is masked through kvpress's
+``module.masked_key_indices`` (``(batch, kv_head, position)``), the state AdaKV uses and
+:mod:`ripplekv.inference.module_state` captures with the cache and applies exactly on later passes. The cache's
+memory is the sum of the layers' maxima ``m_l`` (AdaKV keeps every token and masks); its attention sees exactly
+``k_h`` tokens per head, ``B_l`` per head on average. A layer whose heads all keep ``B_l`` is evicted physically with
+no mask. Under ``floor_alpha = 1`` every layer is, and the caches are ``lava-layer``'s.
+
+Directly (``with press(model): model(...)``) the masks are set on the attention modules in the last compressed
+layer's hook; from a prefill record (:func:`ripplekv.inference.shared.derived_prefill`) :meth:`LavaPress.derive`
+sets them on the recorded modules and the derivation captures them as the cache's attention state.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from kvpress import ScorerPress
+from kvpress.utils import extract_keys_and_values
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from ripplekv.allocation.lava import LavaRule
+from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA, lava_head_budgets
+from ripplekv.allocation.per_prompt import PerPromptSchedule
+from ripplekv.models.layer_types import compressed_layers
+from ripplekv.presses.lava_scorer import LavaScorerPress
+from ripplekv.presses.layer_budget_ada_press import MASKED_KEYS
+from ripplekv.presses.layer_budget_press import check_compressible
+from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window, select_top
+from ripplekv.validation import is_real
+
+__all__ = ["DEFAULT_LAVA_BUDGET", "LavaPress", "Masked", "headwise_select"]
+
+DEFAULT_LAVA_BUDGET = 0.2
+"""The kept fraction of a :class:`LavaPress` built without a schedule."""
+
+Masked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""kvpress's ``masked_key_indices``: ``(batch, kv_head, position)`` index tensors of the masked entries."""
+
+
+def headwise_select(
+    keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, counts: Sequence[Sequence[int]]
+) -> tuple[torch.Tensor, torch.Tensor, Masked | None]:
+    """Keep ``counts[b][h]`` highest-scored tokens in KV head ``h`` of batch row ``b``, memory at the largest count.
+
+    Every head keeps its ``m = max(counts)`` best tokens (:func:`select_top`: best first; the whole layer, in
+    position order, when ``m`` is every token); the entries past ``counts[b][h]`` in head ``h``'s ranking are
+    returned as masked indices into the kept layer.
+
+    Args:
+        keys, values: ``(batch, kv_heads, tokens, head_dim)``.
+        scores: ``(batch, kv_heads, tokens)``.
+        counts: per batch row, per KV head, tokens kept (each in ``[0, tokens]``).
+
+    Returns:
+        The kept keys and values (``m`` tokens per head) and the masked indices, None when every head keeps ``m``.
+
+    Raises:
+        ValueError: if ``counts`` does not give one count in ``[0, tokens]`` per batch row and head.
+    """
+    batch, heads, tokens = scores.shape
+    if len(counts) != batch or any(len(row) != heads for row in counts):
+        raise ValueError(f"counts must be {batch} rows of {heads} head counts, got {counts!r}")
+    if any(not 0 <= int(c) <= tokens for row in counts for c in row):
+        raise ValueError(f"every count must be in [0, {tokens}], got {counts!r}")
+    most = max(int(c) for row in counts for c in row)
+    kept_keys, kept_values = select_top(keys, values, scores, most)
+    if all(int(c) == most for row in counts for c in row):
+        return kept_keys, kept_values, None
+    ranking = scores.topk(tokens, dim=-1).indices if most >= tokens else None  # the layer is kept whole
+    parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    for b, row in enumerate(counts):
+        for h, count in enumerate(row):
+            if int(count) == most:
+                continue
+            if ranking is None:
+                positions = torch.arange(int(count), most, device=scores.device)
+            else:
+                positions = ranking[b, h, int(count) :]
+            fill = torch.full_like(positions, b), torch.full_like(positions, h)
+            parts.append((fill[0], fill[1], positions))
+    masked = tuple(torch.cat([part[i] for part in parts]) for i in range(3))
+    return kept_keys, kept_values, masked  # type: ignore[return-value]
+
+
+@dataclass
+class LavaPress(PerPromptBudgetPress):
+    """LAVa (Shen et al., 2025, arXiv:2509.09754): per-prompt layer budgets, then a head-wise split of each layer.
+
+    See the module docstring. The fields are :class:`PerPromptBudgetPress`'s and ``floor_alpha``.
+
+    Args:
+        press: the token scorer (default :class:`~ripplekv.presses.lava_scorer.LavaScorerPress`, LAVa's own, window
+            64); its scores rank tokens within each head and, over a layer's heads jointly, split the layer's budget.
+        schedule: the layer rule and the budget (default ``PerPromptSchedule(LavaRule(), 0.2)`` reserving the
+            scorer's window); its ``window_size`` must be what the scorer always keeps (``PerPromptBudgetPress``).
+            A rule that reads the residual stream is refused.
+        min_tokens: smallest budget of a layer (default the scorer's window, else 1).
+        statistic_window: the observation window of the layer statistic (default the scorer's window, else 64).
+        floor_alpha: LAVa's ``floor_alpha`` in ``[0, 1]`` (default 0.2, the authors'): every head keeps at least
+            ``floor(floor_alpha * (B_l - w))`` prefix tokens; 1 gives every head ``B_l`` (``lava-layer``'s caches).
+    """
+
+    press: ScorerPress = field(default_factory=LavaScorerPress)
+    floor_alpha: float = DEFAULT_FLOOR_ALPHA
+    _collected: dict[int, dict[int, tuple[nn.Module, Any, torch.Tensor]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.schedule is None and isinstance(self.press, ScorerPress):
+            self.schedule = PerPromptSchedule(LavaRule(), DEFAULT_LAVA_BUDGET, window_size=scorer_window(self.press))
+        super().__post_init__()
+        if not is_real(self.floor_alpha) or not 0 <= float(self.floor_alpha) <= 1:
+            raise ValueError(f"floor_alpha must be a real number in [0, 1], got {self.floor_alpha!r}")
+        if self.needs_residual:
+            raise ValueError(
+                f"LavaPress splits budgets of window-statistic rules; {self.schedule.rule.name} reads the residual "  # type: ignore[union-attr]
+                "stream (use PerPromptBudgetPress)"
+            )
+
+    def head_counts(self, scores: torch.Tensor, budget: int) -> list[tuple[int, ...]]:
+        """Tokens each KV head of a layer keeps (the reserved window included), per batch row.
+
+        Args:
+            scores: the layer's ``(batch, kv_heads, tokens)`` scores (the window last, as the scorer gives them).
+            budget: the layer's budget ``B_l`` (tokens per head on average).
+
+        Returns:
+            Per batch row, ``kv_heads`` integers summing to ``kv_heads * min(budget, tokens)``.
+        """
+        batch, heads, tokens = scores.shape
+        reserve = min(self.reserve, budget)
+        if budget >= tokens or budget <= reserve:
+            return [(min(budget, tokens),) * heads] * batch
+        prefix = scores[..., : tokens - reserve].detach().to(torch.float64).cpu().numpy()
+        split = [lava_head_budgets(row, budget - reserve, float(self.floor_alpha)) for row in prefix]
+        return [tuple(reserve + count for count in row) for row in split]
+
+    def prune(
+        self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, budget: int, config: PretrainedConfig
+    ) -> tuple[torch.Tensor, torch.Tensor, Masked | None]:
+        """One layer's kept keys and values (memory at its largest head) and the masked surplus of the others.
+
+        Raises:
+            ValueError: if masks are needed under eager attention (they need a boolean attention mask).
+        """
+        kept_keys, kept_values, masked = headwise_select(keys, values, scores, self.head_counts(scores, budget))
+        if masked is not None and "eager" in str(config._attn_implementation):
+            raise ValueError(
+                "LavaPress masks keys head-wise, which needs a boolean attention mask: load the model with "
+                "attn_implementation='sdpa', not eager"
+            )
+        return kept_keys, kept_values, masked
+
+    # --------------------------------------------------------------------------------------- direct prefill
+
+    @contextmanager
+    def __call__(self, model: PreTrainedModel) -> Iterator[None]:
+        """kvpress's context manager; what a prefill collected is dropped at exit."""
+        try:
+            with super().__call__(model):
+                yield
+        finally:
+            self._collected.clear()
+
+    def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list) -> list:
+        """Collect this layer's statistic and scores; after the last compressed layer, prune every layer head-wise and
+        set the masks on the attention modules."""
+        hidden_states = kwargs["hidden_states"]
+        cache = kwargs["past_key_values"]
+        if kwargs["cache_position"][-1] > hidden_states.shape[1]:  # decoding (kvpress's is_prefilling, no sync)
+            return output
+        layers = compressed_layers(module.config)
+        index = module.layer_idx
+        if index not in layers:
+            return output
+        keys, values = extract_keys_and_values(cache, index)
+        check_compressible(self, kwargs, keys.shape[2], self.window)
+        statistic = self.layer_statistic(module, hidden_states, keys, values, kwargs)
+        scores = self.layer_scores(module, hidden_states, keys, values, output[1], kwargs)
+        collected = self._collected.setdefault(id(cache), {})
+        collected[index] = (module, statistic, scores)
+        if index != layers[-1]:
+            return output
+        del self._collected[id(cache)]
+        budgets = self.budgets([collected[i][1] for i in layers], module.config, keys.shape[2])
+        for layer in layers:
+            layer_keys, layer_values = extract_keys_and_values(cache, layer)
+            kept_keys, kept_values, masked = self.prune(
+                layer_keys, layer_values, collected[layer][2], budgets[layer], module.config
+            )
+            cache.layers[layer].keys, cache.layers[layer].values = kept_keys, kept_values
+            if masked is not None:
+                setattr(collected[layer][0], MASKED_KEYS, masked)
+        return output
+
+    # ------------------------------------------------------------------------------------------ from a record
+
+    def derive(self, layers: Sequence[Any], config: PretrainedConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's kept keys and values from a prefill record's layers; the masks are set on the recorded
+        attention modules (:func:`ripplekv.inference.shared.derive_cache` captures them and restores the modules).
+
+        Args:
+            layers: the record's :class:`~ripplekv.inference.shared.LayerRecord` of every layer.
+            config: the model's config.
+        """
+        compressed = compressed_layers(config)
+        stats, scores = [], {}
+        for index in compressed:
+            layer = layers[index]
+            check_compressible(self, layer.kwargs, layer.keys.shape[2], self.window)
+            stats.append(
+                self.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, layer.kwargs)
+            )
+            scores[index] = self.layer_scores(
+                layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, layer.kwargs
+            )
+        budgets = self.budgets(stats, config, layers[compressed[0]].keys.shape[2])
+        out = []
+        for index, layer in enumerate(layers):
+            if index not in budgets:
+                out.append((layer.keys, layer.values))
+                continue
+            kept_keys, kept_values, masked = self.prune(layer.keys, layer.values, scores[index], budgets[index], config)
+            if masked is not None:
+                setattr(layer.module, MASKED_KEYS, masked)
+            out.append((kept_keys, kept_values))
+        return out
+
+    def __deepcopy__(self, memo: dict) -> LavaPress:
+        clone = copy.copy(self)
+        clone._pending = {}
+        clone._collected = {}
+        return clone

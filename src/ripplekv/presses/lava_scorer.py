@@ -1,0 +1,116 @@
+"""LavaScorerPress: LAVa's token score, value-weighted pooled window attention, as a kvpress ScorerPress.
+
+Paper: Shen et al., "LAVa: Layer-wise KV Cache Eviction with Dynamic Budget Allocation", 2025, arXiv:2509.09754.
+Source read: github.com/MGDDestiny/Lava at ``71d3cc89dfd10edf524e7eee2bb417b4a129f1b8``,
+``adaptive_snapkv/monkeypatch/snapkv_utils.py`` (``LavaKVCluster.calcul_attn_score``: the score;
+``update_kv_gqa``: each head's cache is its own top scores plus the observation window).
+
+The score of prefix token ``j`` in KV head ``g`` is
+``S[g, j] = max_{h : h // groups == g} maxpool_j(mean_i A[h, i, j]) * max_j' ||V[g, j']||_1``: the window
+attention ``A`` (the last ``window_size`` queries, softmaxed over every key) averaged over the window queries,
+max-pooled along the keys (kernel 7), times the largest L1 norm of the KV head's prefix values (one factor per
+head: it leaves a head's ranking as the pooled attention's, but weighs heads against each other in a joint
+top-k), reduced over each KV head's query heads by a max (``gqa_support``). The formula is
+:func:`ripplekv.allocation.lava.lava_token_scores`, the very scores whose entropy is LAVa's layer statistic.
+The window itself gets a score above every prefix token's, so every head keeps it, as the code concatenates it
+to every head's selection.
+
+Deviations: the window is the run's shared one (64, kvpress's SnapKV default; the authors' is 32, see
+``docs/allocators.md``); the scores are computed in float32 (the code: the model's dtype); without
+``gqa_support`` the code expands the cache to one per *query* head (``repeat_kv``), which a kvpress cache of KV
+heads cannot hold, so ``gqa_support=False`` is refused on a grouped-query model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvpress import ScorerPress, SnapKVPress
+from torch import nn
+from torch.nn import functional as F
+
+from ripplekv.allocation.lava import lava_token_scores
+from ripplekv.allocation.per_prompt import check_pooling
+from ripplekv.validation import is_integer, is_real
+
+__all__ = ["LavaScorerPress"]
+
+
+@dataclass
+class LavaScorerPress(ScorerPress):
+    """LAVa's token score (Shen et al., 2025, arXiv:2509.09754): see the module docstring.
+
+    Args:
+        compression_ratio: fraction of tokens removed when used as a kvpress press on its own (default 0).
+        window_size: the observation window, the last ``window_size`` prompt positions as queries, always kept
+            (default 64, kvpress's SnapKV; the authors' LongBench configs use 32).
+        kernel_size: pooling width along the keys (odd; default 7, the authors' ``c*_w32_k7_maxpool.json``).
+        pooling: ``"maxpool"`` (default, the authors') or ``"avgpool"``.
+        gqa_support: reduce query heads to their KV head by a max (default True, the authors' LongBench script);
+            False needs as many KV heads as query heads.
+    """
+
+    compression_ratio: float = 0.0
+    window_size: int = 64
+    kernel_size: int = 7
+    pooling: str = "maxpool"
+    gqa_support: bool = True
+
+    def __post_init__(self) -> None:
+        if not is_real(self.compression_ratio) or not 0 <= float(self.compression_ratio) < 1:
+            raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio!r}")
+        if not is_integer(self.window_size) or self.window_size < 1:
+            raise ValueError(f"window_size must be an integer >= 1, got {self.window_size!r}")
+        check_pooling("LavaScorerPress", self.kernel_size, self.pooling)
+        if not isinstance(self.gqa_support, bool):
+            raise ValueError(f"gqa_support must be a bool, got {self.gqa_support!r}")
+
+    @property
+    def hidden_states_tail(self) -> int:
+        """Prompt positions of the hidden states ``score`` reads: the window's queries, plus one (the check that the
+        prompt is longer than the window), as SnapKV (:mod:`ripplekv.inference.shared`)."""
+        return int(self.window_size) + 1
+
+    def score(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor | None,
+        kwargs: dict,
+    ) -> torch.Tensor:
+        """LAVa's scores ``(batch, kv_heads, tokens)`` in float32, the window's above every prefix token's.
+
+        Args:
+            module: the attention module (its config and projections, for the window's queries).
+            hidden_states: the layer's input hidden states (at least the last ``window_size + 1`` positions).
+            keys: ``(batch, kv_heads, tokens, head_dim)``.
+            values: ``(batch, kv_heads, tokens, head_dim)``.
+            attentions: the attention weights where the implementation returns them (eager), else None.
+            kwargs: the attention layer's forward kwargs (``position_embeddings``).
+
+        Raises:
+            ValueError: if the prompt is not longer than the window, or ``gqa_support`` is off on a grouped-query
+                model.
+        """
+        window = int(self.window_size)
+        if hidden_states.shape[1] <= window or keys.shape[2] <= window:
+            raise ValueError(
+                f"the prompt has {keys.shape[2]} tokens, not more than LavaScorerPress's {window}-token window"
+            )
+        if attentions is not None:
+            attention = attentions[..., -window:, :-window]
+        else:
+            attention = SnapKVPress.compute_window_attention(
+                module, hidden_states, keys, window, kwargs["position_embeddings"]
+            )
+        scores = lava_token_scores(attention, values, self.kernel_size, self.pooling, self.gqa_support, torch.float32)
+        if scores.shape[1] != keys.shape[1]:
+            raise ValueError(
+                f"gqa_support=False scores {scores.shape[1]} query heads, but the cache holds {keys.shape[1]} KV "
+                "heads: LAVa without gqa_support keeps a cache per query head, which a kvpress cache cannot"
+            )
+        top = float(scores.max())
+        return F.pad(scores, (0, window), value=2.0 * top + 1.0)  # scores are >= 0: strictly above every one
