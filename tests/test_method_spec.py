@@ -77,6 +77,8 @@ def test_values_round_trip_exactly(value: float) -> None:
         ("pyramidkv:beta=0", "beta"),
         ("streamingllm:n_sink=-1", "n_sink must be an integer >= 0"),
         ("adakv:alpha_safeguard=2", "alpha_safeguard must be in \\[0, 1\\]"),
+        ("lava:floor_alpha=1.5", "floor_alpha must be in \\[0, 1\\]"),
+        ("lava-layer:floor_alpha=0.5", "method 'lava-layer' has no parameter 'floor_alpha'"),
         ("nosuch:a=1", "unknown method 'nosuch'"),
     ],
 )
@@ -137,6 +139,8 @@ def test_each_parameter_reaches_the_press_it_configures() -> None:
     assert make_press("pyramidkv:beta=5", budget=0.2).schedule.beta == 5
     assert make_press("streamingllm:n_sink=2", budget=0.2).press.n_sink == 2
     assert make_press("adakv:alpha_safeguard=0.5", budget=0.2).press.alpha_safeguard == 0.5
+    lava = make_press("lava:floor_alpha=0.5,kernel_size=5", budget=0.2)
+    assert (lava.floor_alpha, lava.schedule.rule.kernel_size) == (0.5, 5)
 
 
 @pytest.mark.parametrize("method", ["cake", "squeezeattention", "dynamickv", "lava-layer"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ripplekv.profiling.damage_profile import ORACLE_METHOD
 
-__all__ = ["METHOD_DESCRIPTIONS", "SCORER_DESCRIPTIONS"]
+__all__ = ["METHOD_DESCRIPTIONS", "SCORER_DESCRIPTIONS", "describe_method"]
 
 METHOD_DESCRIPTIONS: dict[str, str] = {
     "full": "full cache (no compression)",
@@ -26,6 +26,7 @@ METHOD_DESCRIPTIONS: dict[str, str] = {
     "squeezeattention": "SnapKV scorer, SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
     "dynamickv": "SnapKV scorer, DynamicKV budgets per prompt (global top-k of window attention over layers)",
     "lava": "SnapKV scorer, LAVa: layer budgets per prompt (value-weighted entropy), head-wise split (keys masked)",
+    "lava-layer": "SnapKV scorer, LAVa's layer rule alone (value-weighted entropy per layer), no head-wise split",
 }
 """One line per method name: what it computes (used by reports so every table says which is which)."""
 
@@ -47,3 +48,18 @@ SCORER_DESCRIPTIONS: dict[str, str] = {
     "lava": "LAVa: window attention, max-pooled, x the KV head's largest value L1 norm, max over its query heads",
 }
 """One line per scorer name: what it ranks tokens by (reports and ``docs/cli.md``)."""
+
+
+def describe_method(name: str) -> str:
+    """What a method spec computes: its method's description, and the parameters it was given (a spec of
+    :mod:`ripplekv.presses.method_spec`, ``cake:tau1=2``: "..., with tau1=2"); a name without a description prints
+    as it is.
+
+    Args:
+        name: a method name or spec.
+    """
+    base, _, params = name.partition(":")
+    text = METHOD_DESCRIPTIONS.get(base.strip().lower())
+    if text is None:
+        return name
+    return f"{text}, with {params.replace(',', ', ')}" if params else text

@@ -151,6 +151,13 @@ def _ada_check(method: str, values: Mapping[str, Any]) -> None:
         raise ValueError(f"method {method!r}: alpha_safeguard must be in [0, 1], got {alpha!r}")
 
 
+def _lava_check(method: str, values: Mapping[str, Any]) -> None:
+    _LAVA[1](method, values)
+    alpha = values.get("floor_alpha", 0.2)
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"method {method!r}: floor_alpha must be in [0, 1], got {alpha!r}")
+
+
 def _no_check(method: str, values: Mapping[str, Any]) -> None:
     return None
 
@@ -205,7 +212,10 @@ METHOD_PARAMS: dict[str, tuple[tuple[Param, ...], Callable[[str, Mapping[str, An
         ),
         _rule_check(DynamicKVRule, ("radio_max", "update_interval", "kernel_size", "pooling")),
     ),
-    "lava": _LAVA,
+    "lava": (
+        (*_LAVA[0], Param("floor_alpha", float, 0.2, "share of a layer's budget every head keeps (LAVa's floor)")),
+        _lava_check,
+    ),
     "lava-layer": _LAVA,
     "ripplekv-oracle": _RIPPLE,
 }

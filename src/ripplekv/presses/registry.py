@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from kvpress import AdaKVPress, PyramidKVPress, ScorerPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
@@ -33,14 +35,17 @@ from ripplekv.allocation import (
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule
 from ripplekv.allocation.lava import LavaRule
+from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
+from ripplekv.presses.lava_press import LavaPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
-from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+from ripplekv.presses.method_spec import METHOD_PARAMS, MethodSpec, base_method, parse_method
+from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.presses.scorers import make_scorer
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
@@ -61,96 +66,102 @@ DEFAULT_PRESS_BUDGET = 1.0
 """The kept fraction of :func:`make_press` given neither ``budget`` nor ``tokens`` (nothing is compressed)."""
 
 
-def _fraction(name: str, spec: BudgetSpec) -> float:
-    if spec.budget is None:
-        raise ValueError(
-            f"{name} is kvpress's own press, configured by a compression ratio: it takes a kept fraction "
-            f"(budget=), not tokens={spec.tokens}"
+@dataclass(frozen=True)
+class _Build:
+    """What a method's builder gets: the budget, the profile, the scorer factory and the method's parameters."""
+
+    method: str
+    spec: BudgetSpec
+    profile: SensitivityProfile | None
+    window: int
+    strict: bool
+    scorer: Callable[[], ScorerPress]
+    params: dict[str, Any]
+
+    def fraction(self) -> float:
+        if self.spec.budget is None:
+            raise ValueError(
+                f"{self.method} is kvpress's own press, configured by a compression ratio: it takes a kept fraction "
+                f"(budget=), not tokens={self.spec.tokens}"
+            )
+        return float(self.spec.budget)
+
+    def needs_profile(self) -> SensitivityProfile:
+        if self.profile is None:
+            raise ValueError(f"method {self.method!r} needs a sensitivity profile (run `ripplekv profile` first)")
+        return self.profile
+
+    def ripple(self, **extra: Any) -> RippleKVPress:
+        """RippleKV's press over the scorer with this method's ``r`` and ``gamma``."""
+        return RippleKVPress(
+            press=self.scorer(),
+            **self.spec.kwargs(),
+            ratio=self.params["r"],
+            gamma=self.params["gamma"],
+            strict_profile=self.strict,
+            **extra,
         )
-    return float(spec.budget)
 
 
-def _needs_profile(name: str, profile: SensitivityProfile | None) -> SensitivityProfile:
-    if profile is None:
-        raise ValueError(f"method {name!r} needs a sensitivity profile (run `ripplekv profile` first)")
-    return profile
-
-
-def _ripplekv_ada(
-    spec: BudgetSpec,
-    profile: SensitivityProfile,
-    scorer: Callable[[], ScorerPress],
-    ratio: float,
-    gamma: float,
-    strict: bool,
-) -> BasePress:
+def _ripplekv_ada(b: _Build) -> BasePress:
     """RippleKV's per-layer budgets (the ``ripplekv`` schedule, same floor) with AdaKV's head-wise allocation."""
-    ripple = RippleKVPress(scorer(), **spec.kwargs(), profile=profile, ratio=ratio, gamma=gamma)
-    return LayerBudgetAdaPress(scorer(), ripple.schedule, profile=profile, strict_profile=strict)
+    ripple = b.ripple(profile=b.needs_profile())
+    return LayerBudgetAdaPress(b.scorer(), ripple.schedule, profile=b.profile, strict_profile=b.strict)
 
 
-def _per_prompt(rule: PerPromptRule) -> Callable[..., BasePress]:
-    """The builder of a per-prompt schedule's method: the rule over the scorer, SnapKV's total, one window."""
+def _per_prompt(rule: type[PerPromptRule], fields: tuple[str, ...]) -> Callable[[_Build], BasePress]:
+    """The builder of a per-prompt schedule's method: the rule (with the method's parameters) over the scorer,
+    SnapKV's total, the window the scorer keeps reserved (none for a scorer without one)."""
 
-    def build(spec: BudgetSpec, profile, window, ratio, gamma, strict, scorer) -> BasePress:  # noqa: ANN001
-        inner = scorer()
-        shared = int(getattr(inner, "window_size", None) or window)
-        return PerPromptBudgetPress(inner, PerPromptSchedule(rule, **spec.kwargs(), window_size=shared))
+    def build(b: _Build) -> BasePress:
+        inner = b.scorer()
+        window = b.params.get("window") or int(getattr(inner, "window_size", None) or b.window)
+        schedule = PerPromptSchedule(
+            rule(**{k: b.params[k] for k in fields}), **b.spec.kwargs(), window_size=scorer_window(inner)
+        )
+        return PerPromptBudgetPress(inner, schedule, statistic_window=window)
 
     return build
 
 
-_BUILDERS: dict[str, Callable[..., BasePress]] = {
-    "full": lambda spec, profile, window, ratio, gamma, strict, scorer: FullPress(),
-    "streamingllm": lambda spec, profile, window, ratio, gamma, strict, scorer: GlobalLayersPress(
-        StreamingLLMPress(compression_ratio=1 - _fraction("streamingllm", spec))
+def _lava(b: _Build) -> BasePress:
+    """LAVa complete: ``lava-layer``'s press (its layer budgets) with LAVa's head-wise split inside each layer."""
+    layer = _per_prompt(LavaRule, ("kernel_size", "pooling", "gqa_support"))(b)
+    return LavaPress(
+        layer.press,  # type: ignore[attr-defined]
+        layer.schedule,  # type: ignore[attr-defined]
+        statistic_window=layer.statistic_window,  # type: ignore[attr-defined]
+        floor_alpha=b.params.get("floor_alpha", DEFAULT_FLOOR_ALPHA),
+    )
+
+
+_BUILDERS: dict[str, Callable[[_Build], BasePress]] = {
+    "full": lambda b: FullPress(),
+    "streamingllm": lambda b: GlobalLayersPress(
+        StreamingLLMPress(compression_ratio=1 - b.fraction(), n_sink=b.params["n_sink"])
     ),
-    "snapkv": lambda spec, profile, window, ratio, gamma, strict, scorer: LayerBudgetPress(
-        scorer(), UniformSchedule(**spec.kwargs())
+    "snapkv": lambda b: LayerBudgetPress(b.scorer(), UniformSchedule(**b.spec.kwargs())),
+    "pyramidkv": lambda b: LayerBudgetPress(
+        b.scorer(), PyramidSchedule(**b.spec.kwargs(), window_size=b.window, beta=b.params["beta"])
     ),
-    "pyramidkv": lambda spec, profile, window, ratio, gamma, strict, scorer: LayerBudgetPress(
-        scorer(), PyramidSchedule(**spec.kwargs(), window_size=window)
+    "pyramidkv-kvpress": lambda b: GlobalLayersPress(
+        PyramidKVPress(compression_ratio=1 - b.fraction(), window_size=b.window)
     ),
-    "pyramidkv-kvpress": lambda spec, profile, window, ratio, gamma, strict, scorer: GlobalLayersPress(
-        PyramidKVPress(compression_ratio=1 - _fraction("pyramidkv-kvpress", spec), window_size=window)
+    "adakv": lambda b: GlobalLayersPress(
+        AdaKVPress(  # kvpress's AdaKV
+            MemoizedScorerPress(press=b.scorer(), compression_ratio=1 - b.fraction()),
+            alpha_safeguard=b.params["alpha_safeguard"],
+        )
     ),
-    "adakv": lambda spec, profile, window, ratio, gamma, strict, scorer: GlobalLayersPress(
-        AdaKVPress(
-            MemoizedScorerPress(press=scorer(), compression_ratio=1 - _fraction("adakv", spec))
-        )  # kvpress's AdaKV
-    ),
-    "ripplekv": lambda spec, profile, window, ratio, gamma, strict, scorer: RippleKVPress(
-        press=scorer(),
-        **spec.kwargs(),
-        profile=_needs_profile("ripplekv", profile),
-        ratio=ratio,
-        gamma=gamma,
-        strict_profile=strict,
-    ),
-    "ripplekv-local": lambda spec, profile, window, ratio, gamma, strict, scorer: RippleKVPress(
-        press=scorer(),
-        **spec.kwargs(),
-        profile=_needs_profile("ripplekv-local", profile),
-        signal="local",
-        ratio=ratio,
-        gamma=gamma,
-        strict_profile=strict,
-    ),
-    "ripplekv-ada": lambda spec, profile, window, ratio, gamma, strict, scorer: _ripplekv_ada(
-        spec, _needs_profile("ripplekv-ada", profile), scorer, ratio, gamma, strict
-    ),
-    "cake": _per_prompt(CakeRule()),
-    "squeezeattention": _per_prompt(SqueezeAttentionRule()),
-    "dynamickv": _per_prompt(DynamicKVRule()),
-    "lava": _per_prompt(LavaRule()),
-    ORACLE_METHOD: lambda spec, profile, window, ratio, gamma, strict, scorer: RippleKVPress(
-        press=scorer(),
-        **spec.kwargs(),
-        profile=require_damage_profile(ORACLE_METHOD, profile),
-        ratio=ratio,
-        gamma=gamma,
-        strict_profile=strict,
-    ),
+    "ripplekv": lambda b: b.ripple(profile=b.needs_profile()),
+    "ripplekv-local": lambda b: b.ripple(profile=b.needs_profile(), signal="local"),
+    "ripplekv-ada": _ripplekv_ada,
+    "cake": _per_prompt(CakeRule, ("tau1", "tau2")),
+    "squeezeattention": _per_prompt(SqueezeAttentionRule, ("p", "n_clusters")),
+    "dynamickv": _per_prompt(DynamicKVRule, ("radio_max", "update_interval", "kernel_size", "pooling")),
+    "lava": _lava,
+    "lava-layer": _per_prompt(LavaRule, ("kernel_size", "pooling", "gqa_support")),
+    ORACLE_METHOD: lambda b: b.ripple(profile=require_damage_profile(ORACLE_METHOD, b.profile)),
 }
 
 METHODS: tuple[str, ...] = tuple(_BUILDERS)
@@ -176,7 +187,7 @@ def check_prompt_length(press: BasePress | None, prompt_tokens: int) -> None:
 
 
 def make_press(
-    name: str,
+    name: str | MethodSpec,
     budget: float | None = None,
     profile: SensitivityProfile | str | os.PathLike[str] | None = None,
     window_size: int = DEFAULT_WINDOW,
@@ -190,21 +201,28 @@ def make_press(
     """Build the press of a method by name (see :data:`~ripplekv.presses.descriptions.METHOD_DESCRIPTIONS`).
 
     Args:
-        name: one of :data:`METHODS`: ``full``; ``snapkv``, ``pyramidkv``, ``ripplekv`` and ``ripplekv-local``
-            (SnapKV's scorer under the uniform, PyramidKV, RippleKV and RippleKV-local-signal budget schedules,
+        name: one of :data:`METHODS`, optionally with its parameters (a method spec,
+            :mod:`ripplekv.presses.method_spec`: ``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``,
+            ``"squeezeattention:p=0.625"``, ``"dynamickv:radio_max=5,window=8"``; each method's parameters are
+            :data:`~ripplekv.presses.method_spec.METHOD_PARAMS`), or a
+            :class:`~ripplekv.presses.method_spec.MethodSpec`. The methods are ``full``; ``snapkv``, ``pyramidkv``,
+            ``ripplekv`` and ``ripplekv-local`` (SnapKV's scorer under the uniform, PyramidKV, RippleKV and
+            RippleKV-local-signal budget schedules,
             all keeping the same total); ``ripplekv-ada`` (the RippleKV budgets allocated over heads as AdaKV does,
             :class:`~ripplekv.presses.layer_budget_ada_press.LayerBudgetAdaPress`; with a uniform schedule that
             press keeps what ``adakv`` keeps); ``ripplekv-oracle`` (the RippleKV rule over a *damage* profile
             written by ``ripplekv analyze``, passed as ``profile``: see :mod:`ripplekv.profiling.damage_profile`);
-            ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
+            ``cake``, ``squeezeattention``, ``dynamickv``, ``lava`` and ``lava-layer`` (per-prompt allocators,
+            :mod:`ripplekv.allocation`); ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
             presses).
         budget: kept fraction of the prompt in (0, 1] (a value above 1 is an error: use ``tokens``); with
             neither ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET` (1.0). Ignored by ``full``.
         profile: sensitivity profile, or the path of its JSON file; required by the ``ripplekv`` methods
             (``ripplekv-oracle``: a damage profile).
         window_size: SnapKV observation window (every method with SnapKV's scorer, AdaKV).
-        ratio: RippleKV disparity ``r``.
-        gamma: RippleKV clip bound.
+        ratio: RippleKV disparity ``r`` (the ``ripplekv`` methods; the same as ``r=`` in ``name``, and an error
+            when both are given with different values).
+        gamma: RippleKV clip bound (likewise ``gamma=`` in ``name``).
         strict_profile: a profile measured on other weights than the model's (its weights fingerprint differs) is
             an error instead of a warning (see :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
         tokens: instead of ``budget``, the average number of tokens kept per layer (an integer ``>= 1``; keyword
@@ -218,13 +236,13 @@ def make_press(
             ``full`` take none. Each press gets its own copy, so one scorer can build many presses.
 
     Raises:
-        ValueError: for an unknown name, a bad budget or window, both ``budget`` and ``tokens``, ``tokens`` for
-            one of :data:`FRACTION_ONLY_METHODS`, or a missing profile.
+        ValueError: for an unknown name or parameter, a parameter out of its method's range, a bad budget or
+            window, both ``budget`` and ``tokens``, ``tokens`` for one of :data:`FRACTION_ONLY_METHODS`, or a
+            missing profile.
         TypeError: if ``profile`` is neither a :class:`SensitivityProfile`, a path nor ``None``.
     """
-    key = name.lower()
-    if key not in _BUILDERS:
-        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    method = parse_method(name, **_ripple_overrides(name, ratio, gamma))
+    key = method.name
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
     if budget is None and tokens is None:
@@ -241,7 +259,24 @@ def make_press(
     def build_scorer() -> ScorerPress:
         return SnapKVPress(window_size=window_size) if scorer is None else copy.copy(scorer)
 
-    return _BUILDERS[key](spec, resolve_profile(profile), window_size, ratio, gamma, bool(strict_profile), build_scorer)
+    context = _Build(
+        key, spec, resolve_profile(profile), window_size, bool(strict_profile), build_scorer, method.values
+    )
+    return _BUILDERS[key](context)
+
+
+def _ripple_overrides(name: str, ratio: float, gamma: float) -> dict[str, float]:
+    """``make_press``'s ``ratio`` and ``gamma`` keywords as the ``r`` and ``gamma`` of a method that has them (the
+    defaults say nothing; other methods ignore them, as they always have)."""
+    declared = {p.name for p in METHOD_PARAMS.get(base_method(name), ((), None))[0]}
+    if "r" not in declared:
+        return {}
+    out = {}
+    if float(ratio) != float(DEFAULT_RATIO):
+        out["r"] = float(ratio)
+    if float(gamma) != float(DEFAULT_GAMMA):
+        out["gamma"] = float(gamma)
+    return out
 
 
 def _with_scorer() -> str:

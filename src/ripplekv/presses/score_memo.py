@@ -37,6 +37,8 @@ from kvpress import (
 )
 from torch import nn
 
+from ripplekv.presses.lava_scorer import LavaScorerPress
+
 __all__ = [
     "NEEDS_ATTENTION_WEIGHTS",
     "RATIO_FREE",
@@ -48,9 +50,10 @@ __all__ = [
 ]
 
 RATIO_FREE: frozenset[type[ScorerPress]] = frozenset(
-    {SnapKVPress, ExpectedAttentionPress, TOVAPress, KnormPress, KeyDiffPress}
+    {SnapKVPress, ExpectedAttentionPress, TOVAPress, KnormPress, KeyDiffPress, LavaScorerPress}
 )
-"""Scorers whose ``score()`` reads neither their compression ratio nor any state it changes (kvpress 0.5.5)."""
+"""Scorers whose ``score()`` reads neither their compression ratio nor any state it changes (kvpress 0.5.5, and
+LAVa's token score)."""
 
 NEEDS_ATTENTION_WEIGHTS: frozenset[type[ScorerPress]] = frozenset({ObservedAttentionPress})
 """Scorers that score from the attention weights, which only eager attention returns (kvpress 0.5.5)."""
