@@ -133,3 +133,23 @@ def test_cli_evaluates_a_users_file_in_one_command(
     assert "metric: saved" in capsys.readouterr().err
     assert main(["report", str(out)]) == 0
     assert "my_questions" in capsys.readouterr().out
+
+
+def test_a_records_task_field_names_its_task(model_dir: Path, tmp_path: Path) -> None:
+    from ripplekv.evaluation.suites import get_suite
+
+    model, tokenizer = load_model(str(model_dir), device="cpu")
+    records = _records()
+    records[0]["task"], records[1]["task"] = "who", "what"  # the third keeps the file's task
+    path = _write(tmp_path / "mixed.jsonl", records)
+    config = EvalConfig(suite="jsonl", methods=("full",), options={"data": str(path)})
+    samples = build_samples(config, tokenizer, model)
+    assert [(s.id, s.task) for s in samples] == [("who/a", "who"), ("what/7", "what"), ("mixed/2", "mixed")]
+    assert get_suite("jsonl").resolve(config, model)["tasks"] == ["who", "what"]
+    plain = EvalConfig(
+        suite="jsonl", methods=("full",), options={"data": str(_write(tmp_path / "qa.jsonl", _records()))}
+    )
+    assert get_suite("jsonl").resolve(plain, model)["tasks"] == ["qa"]  # files without the field: as before
+    for bad in ("", "a/b", " a", 3):
+        with pytest.raises(ValueError, match="field 'task' must be"):
+            load_jsonl(_write(tmp_path / "bad.jsonl", [{**_records()[0], "task": bad}]))

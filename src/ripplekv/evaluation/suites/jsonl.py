@@ -9,7 +9,8 @@ Optional fields: ``id`` (or ``_id``; a string or an integer, unique in the file;
 question-answering prompt (:func:`ripplekv.evaluation.suites.base.prompt_parts`: the chat template when the
 tokenizer has one, else ``context\\n\\nquestion\\nAnswer:``). A prediction's score is the max over ``answers`` of
 the metric (a key of :data:`ripplekv.evaluation.tasks.metrics.METRICS`), as LongBench's ``eval.py`` computes it; the
-gold answer for ``gold_nll`` is the first answer. The task is named after the file (its name without ``.jsonl``).
+gold answer for ``gold_nll`` is the first answer. The task is named after the file (its name without ``.jsonl``),
+or, per record, by an optional ``task`` string (sub-tasks of one file: the statistics are stratified by task).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class JsonlRecord:
         question: the question.
         answers: the accepted answers (at least one).
         all_classes: class names for ``classification_score``, or None.
+        task: the record's own task (its ``task`` field), or None for the file's.
     """
 
     id: str
@@ -73,6 +75,7 @@ class JsonlRecord:
     question: str
     answers: tuple[str, ...]
     all_classes: tuple[str, ...] | None = None
+    task: str | None = None
 
 
 def _strings(value: Any, field: str, where: str) -> tuple[str, ...]:
@@ -100,12 +103,17 @@ def _parse(raw: Any, index: int, metric: str, where: str) -> JsonlRecord:
     identifier = raw.get("id", raw.get("_id", index))
     if isinstance(identifier, bool) or not isinstance(identifier, (str, int)):
         raise ValueError(f"{where}: field 'id' must be a string or an integer, got {identifier!r:.80}")
+    task = raw.get("task")
+    if task is not None and (not isinstance(task, str) or not task or "/" in task or task != task.strip()):
+        raise ValueError(
+            f"{where}: field 'task' must be a non-empty string without '/' or edge spaces, got {task!r:.80}"
+        )
     for answer in answers:  # a metric that cannot score this record (no all_classes, no "Paragraph N") fails here
         try:
             METRICS[metric]("", answer, all_classes=all_classes)
         except ValueError as err:
             raise ValueError(f"{where}: {metric} cannot score this record: {err}") from None
-    return JsonlRecord(str(identifier), raw["context"], raw["question"], answers, all_classes)
+    return JsonlRecord(str(identifier), raw["context"], raw["question"], answers, all_classes, task)
 
 
 def load_jsonl(path: str | Path, metric: str = DEFAULT_JSONL_METRIC) -> list[JsonlRecord]:
@@ -177,10 +185,11 @@ class JsonlSuite(Suite):
             def score(prediction: str, record: JsonlRecord = record) -> float:
                 return max(metric(prediction, answer, all_classes=record.all_classes) for answer in record.answers)
 
+            own = record.task or task
             samples.append(
                 EvalSample(
-                    id=f"{task}/{record.id}",
-                    task=task,
+                    id=f"{own}/{record.id}",
+                    task=own,
                     input_ids=ids,
                     question_start=split,
                     max_new_tokens=config.max_new_tokens or JSONL_MAX_NEW_TOKENS,
@@ -193,7 +202,9 @@ class JsonlSuite(Suite):
     def resolve(self, config: EvalConfig, model: PreTrainedModel) -> dict[str, Any]:
         options: JsonlOptions = config.options
         digest = hashlib.sha256(Path(options.data).read_bytes()).hexdigest()
-        return {"tasks": [self.task(config)], "limit": config.limit, "metric": options.metric, "data_sha256": digest}
+        own = dict.fromkeys(r.task for r in load_jsonl(options.data, options.metric)[: config.limit] if r.task)
+        tasks = list(own) if own else [self.task(config)]
+        return {"tasks": tasks, "limit": config.limit, "metric": options.metric, "data_sha256": digest}
 
     def sources(self, config: EvalConfig) -> dict[str, Any]:
         return {"data": config.options.data}
