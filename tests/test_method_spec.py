@@ -204,3 +204,30 @@ def test_the_verdict_finds_each_family_under_its_tuned_setting() -> None:
     assert resolve(["snapkv"])[0] is None
     with pytest.raises(SystemExit, match="two settings of cake"):
         resolve(["cake", "cake:tau1=2"])
+
+
+@pytest.mark.parametrize("spec", ["dynamickv:window=8", "cake:window=32", "lava:window=32", "dynamickv"])
+def test_a_statistic_window_of_its_own_reads_the_keys_the_selection_chooses_among(spec: str) -> None:
+    import torch
+
+    from ripplekv.inference.generate import kept_tokens, prefill
+    from tests.conftest import random_ids
+
+    model = tiny_model("llama", layers=4)
+    n, reserve = 160, 16
+    press = make_press(spec, budget=0.3, window_size=reserve)
+    ids = random_ids(n)
+    with torch.no_grad():
+        state = prefill(model, ids, press)
+    assert sum(kept_tokens(state)) == 4 * int(n * 0.3)  # SnapKV's total, whatever window the statistics read
+    seen: list[int] = []
+    original = press.schedule.rule.layer_statistic
+
+    def spy(attention: torch.Tensor, *rest: object) -> object:
+        seen.append(attention.shape[-1])
+        return original(attention, *rest)
+
+    object.__setattr__(press.schedule.rule, "layer_statistic", spy)
+    with torch.no_grad():
+        prefill(model, ids, press)
+    assert seen == [n - max(press.window, reserve)] * 4  # the prefix before both windows

@@ -105,7 +105,8 @@ class PerPromptBudgetPress(BasePress):
         statistic_window: the observation window of the rule's window statistics (the last ``statistic_window``
             prompt positions as queries; ``>= 1``); default the scorer's ``window_size``, else
             :data:`DEFAULT_STATISTIC_WINDOW`. A method's own window (DynamicKV's 8, CAKE's and LAVa's 32) can be
-            set here without changing the scorer's.
+            set here without changing the scorer's. The window attention a rule reads covers the keys the selection
+            chooses among, those before both windows (``n - max(statistic_window, reserve)``).
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -206,7 +207,7 @@ class PerPromptBudgetPress(BasePress):
 
         if RESIDUAL_STATISTICS & set(rule.statistic_inputs):  # inputs recorded while prefilling: not memoised
             return compute()
-        return layer_statistic((repr(rule), self.window), module, keys, compute)
+        return layer_statistic((repr(rule), self.window, self.reserve), module, keys, compute)
 
     def _statistic(
         self,
@@ -224,7 +225,9 @@ class PerPromptBudgetPress(BasePress):
                 attention = SnapKVPress.compute_window_attention(
                     module, hidden_states, keys, self.window, kwargs["position_embeddings"]
                 )
-                inputs.append(attention.float())
+                # the keys the selection chooses among: before both the statistics' window and the kept one
+                candidates = keys.shape[2] - max(self.window, self.reserve)
+                inputs.append(attention[..., :candidates].float())
             elif name == "values":
                 inputs.append(values)
             elif recorded is not None and name in recorded:
