@@ -140,9 +140,9 @@ def test_squeeze_statistic_by_hand() -> None:
 
 
 def test_kmeans_by_hand() -> None:
-    # distinct sorted values cut in 3 runs of 2: centres 0.51, 0.8, 0.97. Step 1: 0.7 -> 0.8 (0.1 < 0.19),
-    # 0.9 -> 0.97 (0.07 < 0.1): clusters {0.5, 0.52}, {0.7}, {0.9, 0.95, 0.99}, centres 0.51, 0.7, 0.946667.
-    # Step 2 assigns the same: stop.
+    # sorted 0.5, 0.52, 0.7, 0.9, 0.95, 0.99: the split {0.5, 0.52}, {0.7}, {0.9, 0.95, 0.99} has sum of squares
+    # 0.0002 + 0 + 0.0040667 = 0.0042667; the next best of the 10 splits into runs, {0.5}, {0.52, 0.7},
+    # {0.9, 0.95, 0.99}, has 0 + 0.0162 + 0.0040667 = 0.0202667.
     labels, centres = kmeans_1d([0.9, 0.95, 0.5, 0.52, 0.99, 0.7])
     assert labels == (2, 2, 0, 0, 2, 1)
     assert centres == pytest.approx((0.51, 0.7, (0.9 + 0.95 + 0.99) / 3), abs=1e-12)
@@ -620,11 +620,9 @@ def test_lava_total_below_the_windows_splits_evenly() -> None:
 
 
 def _slow_chain(m: int) -> np.ndarray:
-    """0, ``m`` increasing values, 1: 2-cluster Lloyd moves exactly one value to the lower cluster per step.
-
-    Chain value ``j`` sits 1e-9 below the midpoint of the two centres of the state where the lower cluster is
-    0 and the chain's first ``j`` values (a fixed point, found by iterating).
-    """
+    """0, ``m`` increasing values, 1: 2-cluster Lloyd from the sorted start moves one value to the lower cluster per
+    step (about ``m / 2`` steps), each chain value 1e-9 below the midpoint of the two centres of the state where the
+    lower cluster is 0 and the chain's first ``j`` values (a fixed point, found by iterating)."""
     chain = np.linspace(0.3, 0.6, m)
     lower = np.arange(m)
     for _ in range(300):
@@ -633,21 +631,23 @@ def _slow_chain(m: int) -> np.ndarray:
     return np.concatenate([[0.0], chain, [1.0]])
 
 
-def test_kmeans_stops_after_100_lloyd_steps() -> None:
-    # A chain of 210 values needs about 105 Lloyd steps from the sorted start; MAX_LLOYD_ITERATIONS = 100 cuts
-    # it: the clusters are those of the documented start after 100 centre updates, one value short of step 101.
+def test_kmeans_of_a_slow_lloyd_chain_is_the_least_squares_split() -> None:
+    # Lloyd from the sorted start needed about 105 steps on this chain (the old MAX_LLOYD_ITERATIONS = 100 cut it
+    # short); the exact split is the best of the 211 cuts of the sorted values, however slow Lloyd would be.
     values = _slow_chain(210)
     assert np.all(np.diff(values) > 0)
-    half = values.size // 2
-    centres = (values[:half].mean(), values[half:].mean())  # the means of two equal runs of the sorted values
-    steps = []
-    for _ in range(102):
-        low = np.abs(values - centres[0]) <= np.abs(values - centres[1])
-        steps.append(tuple(int(not x) for x in low))
-        centres = (values[low].mean(), values[~low].mean())
-    assert steps[99] != steps[100] and sum(steps[100]) == sum(steps[101]) + 1  # one value a step at the cap
+    exact = [Fraction(v) for v in values.tolist()]
+
+    def sse(run: list[Fraction]) -> Fraction:
+        mean = sum(run, Fraction(0)) / len(run)
+        return sum(((x - mean) ** 2 for x in run), Fraction(0))
+
+    costs = [sse(exact[:cut]) + sse(exact[cut:]) for cut in range(1, len(exact))]
     labels, _ = kmeans_1d(values.tolist(), 2)
-    assert labels == steps[100]
+    cut = labels.index(1)
+    assert labels == (0,) * cut + (1,) * (len(exact) - cut)
+    assert costs[cut - 1] == min(costs)
+    assert costs.count(min(costs)) == 1
 
 
 @pytest.mark.parametrize(("rule", "make"), RULES, ids=lambda r: getattr(r, "name", ""))
