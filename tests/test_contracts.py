@@ -641,16 +641,6 @@ def test_fill_shares_moves_the_constant_entries_only_past_the_moving_ones_bounds
     assert fill_shares([0, 5], [1, 0], [3, 0], [10, 10], 4) == [3, 1]
 
 
-def test_kmeans_reseeds_an_empty_cluster_and_goes_on_iterating() -> None:
-    """The runs (0, 1), (2, 18), (19, 20) start at centres 0.5, 10, 19.5; every value is nearer another centre
-    than 10, so cluster 1 starts empty and is re-seeded at the value farthest from its centre (2, ahead of 18 by
-    the smaller value). Lloyd steps then give {0, 1}, {2}, {18, 19, 20}: centres 0.5, 2 and 19. Kills ``break``
-    for the ``continue`` after re-seeding (it would return the re-seeded centre 19.5)."""
-    labels, centres = kmeans_1d([0.0, 1.0, 2.0, 18.0, 19.0, 20.0], 3)
-    assert labels == (0, 0, 1, 2, 2, 2)
-    assert centres == (0.5, 2.0, 19.0)
-
-
 def test_squeeze_statistic_of_two_parts_is_the_mean_over_both() -> None:
     """Two chunks of a prompt: one mean over all their tokens, (1 + 2 + 6) / 3 = 3, not the first chunk's 1.5
     (nor the mean of means, 3.75). Kills ``len(parts) == 2`` for ``== 1``."""
