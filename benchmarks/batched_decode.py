@@ -50,7 +50,7 @@ def measure(model, tokenizer, profile, length: int, methods, budgets, new_tokens
     needle = build_needle_prompt(tokenizer, length, depth=0.5, seed=0, digits=4)
     head, tail = chat_prompt_parts(tokenizer, needle.context, needle.question)
     ids = tokenizer(head + tail, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    record = record_prefill(model, ids)
+    record = record_prefill(model, ids, hidden_tail=None)  # any --methods: every position kept
     configurations = [("full", 1.0)] + [(m, b) for m in methods for b in budgets]
     states = [derived_prefill(record, make_press(m, budget=b, profile=profile))[0] for m, b in configurations]
     stops = eos_ids(model, tokenizer)

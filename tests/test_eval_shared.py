@@ -295,7 +295,7 @@ def test_tail_record_derives_the_caches_of_a_full_record(attn: str) -> None:
     ids = random_ids(80, seed=12)
     presses = {k: p for k, p in _tail_presses().items() if attn == "sdpa" or k != "adakv"}  # AdaKV refuses eager
     tail = hidden_states_tail(presses.values())
-    full, lean = record_prefill(model, ids), record_prefill(model, ids, hidden_tail=tail)
+    full, lean = record_prefill(model, ids, hidden_tail=None), record_prefill(model, ids, hidden_tail=tail)
     assert lean.hidden_tokens == tail and full.hidden_tokens == 80
     assert torch.equal(lean.next_logits, full.next_logits)
     for name, press in presses.items():
@@ -329,7 +329,7 @@ def test_tail_record_refuses_a_press_needing_more() -> None:
     with pytest.raises(NotDerivableError, match="last 17 prompt positions"):
         derived_prefill(record, make_press("snapkv", budget=0.3, window_size=16))
     # a record holding every position derives them all
-    whole = record_prefill(model, ids)
+    whole = record_prefill(model, ids, hidden_tail=None)
     derived = derived_prefill(whole, _WholePrompt(compression_ratio=0.5, window_size=WINDOW))[0]
     _assert_same_cache(derived.cache, prefill(model, ids, SnapKVPress(compression_ratio=0.5, window_size=WINDOW)).cache)
     with pytest.raises(ValueError, match="hidden_tail must be"):

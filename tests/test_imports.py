@@ -3,8 +3,8 @@
 Read from the source with ``ast`` (every import statement, including those inside functions), so a lazy import
 that runs back up a layer counts like a top-level one; imports under ``if TYPE_CHECKING:`` never run and do not
 count. Inside ``evaluation`` the subpackages are ranked the same way (``SUBLAYER_RANKS``), and no file there
-exceeds ``MAX_LINES`` lines nor any of its packages ``MAX_MODULES`` modules. ``ripplekv report`` runs without
-torch, transformers or kvpress.
+exceeds ``MAX_LINES`` lines nor any of its packages ``MAX_MODULES`` modules; no file of the package anywhere exceeds
+``MAX_SOURCE_LINES`` lines. ``ripplekv report`` runs without torch, transformers or kvpress.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ SUBLAYER_RANKS = {
 SIZE_LIMITED = ("evaluation",)
 MAX_LINES = 400
 MAX_MODULES = 12
+# lines per file anywhere in the package (a longer file is split by concern, as inference/shared.py was)
+MAX_SOURCE_LINES = 450
 
 # commands and modules that read JSON only: they must not import these
 HEAVY = ("torch", "transformers", "kvpress")
@@ -190,6 +192,16 @@ def oversized(root: Path = PACKAGE) -> list[str]:
     return found
 
 
+def long_files(root: Path = PACKAGE) -> list[str]:
+    """Each file of the package over ``MAX_SOURCE_LINES`` lines."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_SOURCE_LINES:
+            found.append(f"{path.relative_to(root)}: {lines} lines (at most {MAX_SOURCE_LINES})")
+    return found
+
+
 def test_every_layer_has_a_rank() -> None:
     assert {layer(name) for name in modules()} <= set(RANKS)
 
@@ -201,6 +213,19 @@ def test_every_subpackage_of_a_cut_layer_has_a_rank() -> None:
 
 def test_evaluation_files_and_packages_stay_small() -> None:
     assert oversized() == []
+
+
+def test_no_source_file_is_over_the_line_limit() -> None:
+    assert long_files() == []
+
+
+def test_the_line_limit_catches_a_long_file_in_any_layer(tmp_path: Path) -> None:
+    (tmp_path / "inference").mkdir()
+    (tmp_path / "inference" / "long.py").write_text("x = 1\n" * MAX_SOURCE_LINES)
+    (tmp_path / "top.py").write_text("x = 1\n")
+    assert long_files(tmp_path) == []  # at the limit
+    (tmp_path / "inference" / "long.py").write_text("x = 1\n" * (MAX_SOURCE_LINES + 1))
+    assert long_files(tmp_path) == [f"inference/long.py: {MAX_SOURCE_LINES + 1} lines (at most {MAX_SOURCE_LINES})"]
 
 
 def test_reporting_reads_only_the_results_log_of_running() -> None:

@@ -34,9 +34,11 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from ripplekv.allocation.budgets import BudgetSpec, budget_value
 from ripplekv.evaluation.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv.evaluation.running.rows import greedy_agreement
+from ripplekv.inference.derive import NotDerivableError, derive_cache, derived_prefill
 from ripplekv.inference.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode
-from ripplekv.inference.shared import NotDerivableError, PrefillRecord, derive_cache, derived_prefill, record_prefill
+from ripplekv.inference.hidden_tail import hidden_states_tail
+from ripplekv.inference.record import PrefillRecord, record_prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import KVPair, cache_from_tensors, cache_tensors
 from ripplekv.presses.registry import make_press
@@ -233,7 +235,8 @@ class DamageRunner:
         question = sample.input_ids[sample.question_start :] if query_agnostic else ()
         if not prefix:
             raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
-        record = record_prefill(self.model, torch.tensor([list(prefix)], dtype=torch.long))
+        ids = torch.tensor([list(prefix)], dtype=torch.long)
+        record = record_prefill(self.model, ids, hidden_states_tail([self.full, *self.presses.values()]))
         full, _ = derived_prefill(record, self.full)
         if question:
             full = extend(self.model, full, torch.tensor([list(question)], dtype=torch.long))

@@ -47,15 +47,11 @@ from ripplekv.evaluation.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv.evaluation.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv.evaluation.running.rows import greedy_agreement
 from ripplekv.inference.batched import batched_teacher_forced_logprobs
+from ripplekv.inference.derive import derived_prefill
 from ripplekv.inference.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
-from ripplekv.inference.shared import (
-    derived_prefill,
-    hidden_states_tail,
-    prescored_scorers,
-    record_prefill,
-    residual_statistics_of,
-)
+from ripplekv.inference.hidden_tail import hidden_states_tail, prescored_scorers
+from ripplekv.inference.record import record_prefill, residual_statistics_of
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.method_spec import MethodSpec, expand_grid, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress

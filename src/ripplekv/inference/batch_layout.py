@@ -36,8 +36,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ripplekv.inference.generate import Prefill
 from ripplekv.inference.module_state import ABSENT, MASKED_KEYS
-from ripplekv.inference.shared import OverlayLayer
-from ripplekv.models.cache import KVPair, cache_from_layers, cache_from_tensors
+from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, cache_from_tensors
 from ripplekv.models.padded import KeyValidity, RaggedLayer, compact_heads, pad_layers
 
 __all__ = [

@@ -62,20 +62,12 @@ from ripplekv.inference.batched import (
     decode_row,
     row_bytes,
 )
+from ripplekv.inference.derive import NotDerivableError, derived_prefill
 from ripplekv.inference.fidelity import fidelity, mean_nll
 from ripplekv.inference.generate import Prefill, eos_ids, kept_tokens
-from ripplekv.inference.shared import (
-    NotDerivableError,
-    PrefillRecord,
-    derived_prefill,
-    hidden_states_tail,
-    lean_extend,
-    lean_greedy_decode,
-    lean_teacher_forced_logprobs,
-    prescored_scorers,
-    record_prefill,
-    residual_statistics_of,
-)
+from ripplekv.inference.hidden_tail import hidden_states_tail, prescored_scorers
+from ripplekv.inference.lean import lean_extend, lean_greedy_decode, lean_teacher_forced_logprobs
+from ripplekv.inference.record import PrefillRecord, record_prefill, residual_statistics_of
 from ripplekv.models.cache import cache_bytes
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
