@@ -334,3 +334,22 @@ def test_tail_record_refuses_a_press_needing_more() -> None:
     _assert_same_cache(derived.cache, prefill(model, ids, SnapKVPress(compression_ratio=0.5, window_size=WINDOW)).cache)
     with pytest.raises(ValueError, match="hidden_tail must be"):
         record_prefill(model, ids, hidden_tail=-1)
+
+
+def test_a_record_is_bounded_by_default_and_says_how_to_keep_everything() -> None:
+    from kvpress import ExpectedAttentionPress
+
+    from ripplekv.inference.derive import NotDerivableError, derive_cache
+    from ripplekv.inference.hidden_tail import DEFAULT_HIDDEN_TAIL
+    from ripplekv.inference.record import record_prefill
+    from ripplekv.presses import make_press
+    from tests.conftest import random_ids, tiny_model
+
+    model = tiny_model("llama", layers=2)
+    ids = random_ids(200)
+    bounded = record_prefill(model, ids)
+    assert bounded.hidden_tokens == DEFAULT_HIDDEN_TAIL == 65 < 200  # SnapKV's window + 1, not every position
+    derive_cache(bounded, make_press("snapkv", budget=0.3))  # what SnapKV reads is there
+    with pytest.raises(NotDerivableError, match="hidden_tail=None"):
+        derive_cache(bounded, make_press("snapkv", budget=0.3, scorer=ExpectedAttentionPress()))
+    assert record_prefill(model, ids, hidden_tail=None).hidden_tokens == 200
