@@ -29,24 +29,17 @@ sets them on the recorded modules and the derivation captures them as the cache'
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from kvpress import ScorerPress
-from kvpress.utils import extract_keys_and_values
-from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
 from ripplekv.allocation.lava import LavaRule
 from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA, lava_head_budgets
 from ripplekv.allocation.per_prompt import PerPromptSchedule
-from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.lava_scorer import LavaScorerPress
-from ripplekv.presses.layer_budget_ada_press import MASKED_KEYS
-from ripplekv.presses.layer_budget_press import check_compressible
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window, select_top
 from ripplekv.validation import is_real
 
@@ -124,9 +117,6 @@ class LavaPress(PerPromptBudgetPress):
 
     press: ScorerPress = field(default_factory=LavaScorerPress)
     floor_alpha: float = DEFAULT_FLOOR_ALPHA
-    _collected: dict[int, dict[int, tuple[nn.Module, Any, torch.Tensor]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
 
     def __post_init__(self) -> None:
         if self.schedule is None and isinstance(self.press, ScorerPress):
@@ -174,83 +164,7 @@ class LavaPress(PerPromptBudgetPress):
             )
         return kept_keys, kept_values, masked
 
-    # --------------------------------------------------------------------------------------- direct prefill
-
-    @contextmanager
-    def __call__(self, model: PreTrainedModel) -> Iterator[None]:
-        """kvpress's context manager; what a prefill collected is dropped at exit."""
-        try:
-            with super().__call__(model):
-                yield
-        finally:
-            self._collected.clear()
-
-    def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list) -> list:
-        """Collect this layer's statistic and scores; after the last compressed layer, prune every layer head-wise and
-        set the masks on the attention modules."""
-        hidden_states = kwargs["hidden_states"]
-        cache = kwargs["past_key_values"]
-        if kwargs["cache_position"][-1] > hidden_states.shape[1]:  # decoding (kvpress's is_prefilling, no sync)
-            return output
-        layers = compressed_layers(module.config)
-        index = module.layer_idx
-        if index not in layers:
-            return output
-        keys, values = extract_keys_and_values(cache, index)
-        check_compressible(self, kwargs, keys.shape[2], self.window)
-        statistic = self.layer_statistic(module, hidden_states, keys, values, kwargs)
-        scores = self.layer_scores(module, hidden_states, keys, values, output[1], kwargs)
-        collected = self._collected.setdefault(id(cache), {})
-        collected[index] = (module, statistic, scores)
-        if index != layers[-1]:
-            return output
-        del self._collected[id(cache)]
-        budgets = self.budgets([collected[i][1] for i in layers], module.config, keys.shape[2])
-        for layer in layers:
-            layer_keys, layer_values = extract_keys_and_values(cache, layer)
-            kept_keys, kept_values, masked = self.prune(
-                layer_keys, layer_values, collected[layer][2], budgets[layer], module.config
-            )
-            cache.layers[layer].keys, cache.layers[layer].values = kept_keys, kept_values
-            if masked is not None:
-                setattr(collected[layer][0], MASKED_KEYS, masked)
-        return output
-
-    # ------------------------------------------------------------------------------------------ from a record
-
-    def derive(self, layers: Sequence[Any], config: PretrainedConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every layer's kept keys and values from a prefill record's layers; the masks are set on the recorded
-        attention modules (:func:`ripplekv.inference.shared.derive_cache` captures them and restores the modules).
-
-        Args:
-            layers: the record's :class:`~ripplekv.inference.shared.LayerRecord` of every layer.
-            config: the model's config.
-        """
-        compressed = compressed_layers(config)
-        stats, scores = [], {}
-        for index in compressed:
-            layer = layers[index]
-            check_compressible(self, layer.kwargs, layer.keys.shape[2], self.window)
-            stats.append(
-                self.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, layer.kwargs)
-            )
-            scores[index] = self.layer_scores(
-                layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, layer.kwargs
-            )
-        budgets = self.budgets(stats, config, layers[compressed[0]].keys.shape[2])
-        out = []
-        for index, layer in enumerate(layers):
-            if index not in budgets:
-                out.append((layer.keys, layer.values))
-                continue
-            kept_keys, kept_values, masked = self.prune(layer.keys, layer.values, scores[index], budgets[index], config)
-            if masked is not None:
-                setattr(layer.module, MASKED_KEYS, masked)
-            out.append((kept_keys, kept_values))
-        return out
-
     def __deepcopy__(self, memo: dict) -> LavaPress:
         clone = copy.copy(self)
         clone._pending = {}
-        clone._collected = {}
         return clone

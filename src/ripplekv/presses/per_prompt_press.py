@@ -42,6 +42,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from ripplekv.allocation.per_prompt import PerPromptSchedule, TokenStatistic
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
+from ripplekv.presses.layer_budget_ada_press import MASKED_KEYS
 from ripplekv.presses.layer_budget_press import check_compressible
 from ripplekv.presses.score_memo import layer_statistic, token_scores
 from ripplekv.validation import is_integer
@@ -87,6 +88,7 @@ class _Pending:
     stats: dict[int, Any] = field(default_factory=dict)
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
     residual: dict[int, torch.Tensor] = field(default_factory=dict)
+    modules: dict[int, nn.Module] = field(default_factory=dict)
 
 
 @dataclass
@@ -304,15 +306,35 @@ class PerPromptBudgetPress(BasePress):
             recorded = {"residual_in": pending.residual.pop(index), "attention_output": output[0]}
         pending.stats[index] = self.layer_statistic(module, hidden_states, keys, values, kwargs, recorded)
         pending.scores[index] = self.layer_scores(module, hidden_states, keys, values, output[1], kwargs)
+        pending.modules[index] = module
         if index != layers[-1]:
             return output
         del self._pending[id(cache)]
         budgets = self.budgets([pending.stats[i] for i in layers], module.config, keys.shape[2])
         for layer in layers:
             layer_keys, layer_values = extract_keys_and_values(cache, layer)
-            kept = select_top(layer_keys, layer_values, pending.scores[layer], budgets[layer])
-            cache.layers[layer].keys, cache.layers[layer].values = kept
+            kept_keys, kept_values, masked = self.prune(
+                layer_keys, layer_values, pending.scores[layer], budgets[layer], module.config
+            )
+            cache.layers[layer].keys, cache.layers[layer].values = kept_keys, kept_values
+            if masked is not None:
+                setattr(pending.modules[layer], MASKED_KEYS, masked)
         return output
+
+    def prune(
+        self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, budget: int, config: PretrainedConfig
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """One layer's kept keys and values at its budget, and the head-wise key masks to set on its attention
+        module (kvpress's ``masked_key_indices``) or None: here the ``budget`` best tokens of every head, no mask.
+        A press that splits a layer's budget over heads (LAVa) overrides this.
+
+        Args:
+            keys, values: the layer's full prefill cache.
+            scores: the scorer's ``(batch, kv_heads, tokens)`` scores.
+            budget: the layer's budget.
+            config: the model's config.
+        """
+        return (*select_top(keys, values, scores, budget), None)
 
     # ------------------------------------------------------------------------------------------ from a record
 
@@ -336,10 +358,13 @@ class PerPromptBudgetPress(BasePress):
         budgets = self.budgets(stats, config, layers[compressed[0]].keys.shape[2])
         out = []
         for index, layer in enumerate(layers):
-            if index in budgets:
-                out.append(select_top(layer.keys, layer.values, scores[index], budgets[index]))
-            else:
+            if index not in budgets:
                 out.append((layer.keys, layer.values))
+                continue
+            kept_keys, kept_values, masked = self.prune(layer.keys, layer.values, scores[index], budgets[index], config)
+            if masked is not None:  # captured with the derived cache, the module restored (derive_cache)
+                setattr(layer.module, MASKED_KEYS, masked)
+            out.append((kept_keys, kept_values))
         return out
 
     def recorded_statistics(self, layers: Sequence[Any], config: PretrainedConfig) -> list[Any]:
