@@ -61,7 +61,7 @@ RELATIONS = (  # run for every module
     "tests/test_contracts_profiling.py",
 )
 ALLOCATION_TESTS = ("tests/test_allocation.py", "tests/test_schedules.py", *RELATIONS)
-PER_PROMPT_TESTS = ("tests/test_per_prompt_rules.py", *RELATIONS)
+PER_PROMPT_TESTS = ("tests/test_per_prompt_rules.py", "tests/test_relations_allocators.py", *RELATIONS)
 PROFILING_TESTS = (
     "tests/test_profiling.py",
     "tests/test_profiling_numerics.py",
@@ -69,6 +69,26 @@ PROFILING_TESTS = (
     *RELATIONS,
 )
 STATS_TESTS = ("tests/test_significance.py", "tests/test_report.py", *RELATIONS)
+PRESS_TESTS = (
+    "tests/test_per_prompt_press.py",
+    "tests/test_relations_models.py",
+    "tests/test_lava_full.py",
+    "tests/test_mutation_presses.py",
+    *RELATIONS,
+)
+CHUNK_TESTS = (
+    "tests/test_chunked_prefill.py",
+    "tests/test_relations_models.py",
+    "tests/test_mutation_inference.py",
+    *RELATIONS,
+)
+REPORT_TESTS = ("tests/test_report.py", "tests/test_relations_reports.py", "tests/test_mutation_reports.py", *RELATIONS)
+RUN_TESTS = (
+    "tests/test_results_resume.py",
+    "tests/test_relations_runs.py",
+    "tests/test_mutation_reports.py",
+    *RELATIONS,
+)
 MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/allocation/apportion.py": PER_PROMPT_TESTS + ("tests/test_allocation.py",),
     "ripplekv/allocation/budgets.py": ALLOCATION_TESTS,
@@ -76,7 +96,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/allocation/schedules.py": ALLOCATION_TESTS,
     "ripplekv/allocation/per_prompt.py": PER_PROMPT_TESTS + ("tests/test_per_prompt_press.py",),
     "ripplekv/allocation/cake.py": PER_PROMPT_TESTS,
-    "ripplekv/allocation/squeezeattention.py": PER_PROMPT_TESTS,
+    "ripplekv/allocation/squeezeattention.py": PER_PROMPT_TESTS + ("tests/test_squeeze_kmeans.py",),
     "ripplekv/allocation/dynamickv.py": PER_PROMPT_TESTS,
     "ripplekv/allocation/lava.py": PER_PROMPT_TESTS,
     "ripplekv/profiling/checkpoint.py": PROFILING_TESTS,
@@ -93,6 +113,39 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/evaluation/reporting/significance.py": STATS_TESTS,
     "ripplekv/evaluation/reporting/stats.py": STATS_TESTS,
     "ripplekv/evaluation/reporting/comparisons.py": STATS_TESTS,
+    # issue 26: the modules added for the per-prompt allocators, their presses and statistics, the chunked prefill
+    # and the reports
+    "ripplekv/allocation/lava_heads.py": ("tests/test_lava_full.py", "tests/test_mutation_presses.py", *RELATIONS),
+    "ripplekv/presses/lava_press.py": ("tests/test_lava_full.py", "tests/test_mutation_presses.py", *RELATIONS),
+    "ripplekv/presses/lava_scorer.py": ("tests/test_lava_full.py", "tests/test_mutation_presses.py", *RELATIONS),
+    "ripplekv/presses/per_prompt_press.py": PRESS_TESTS,
+    "ripplekv/presses/score_memo.py": (
+        "tests/test_score_memo.py",
+        "tests/test_relations_models.py",
+        "tests/test_mutation_presses.py",
+        *RELATIONS,
+    ),
+    "ripplekv/presses/method_spec.py": (
+        "tests/test_method_spec.py",
+        "tests/test_tune.py",
+        "tests/test_mutation_presses.py",
+        *RELATIONS,
+    ),
+    "ripplekv/inference/query_moments.py": (
+        "tests/test_relations_models.py",
+        "tests/test_mutation_inference.py",
+        *RELATIONS,
+    ),
+    "ripplekv/inference/hidden_tail.py": ("tests/test_eval_shared.py", "tests/test_mutation_inference.py", *RELATIONS),
+    "ripplekv/models/chunked_prefill.py": CHUNK_TESTS,
+    "ripplekv/models/padded.py": CHUNK_TESTS + ("tests/test_batched.py",),
+    "ripplekv/models/layer_types.py": CHUNK_TESTS,
+    "ripplekv/models/shared_prefix.py": CHUNK_TESTS,
+    "ripplekv/evaluation/reporting/by_scorer.py": REPORT_TESTS,
+    "ripplekv/evaluation/reporting/tables.py": REPORT_TESTS,
+    "ripplekv/evaluation/reporting/run_stats.py": REPORT_TESTS,
+    "ripplekv/evaluation/running/results.py": RUN_TESTS,
+    "ripplekv/evaluation/running/folder_config.py": RUN_TESTS,
 }
 WALL_FACTOR = 4
 """A child's wall-time limit in multiples of its CPU-time limit (see :func:`run_forked`)."""
