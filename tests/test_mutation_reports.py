@@ -1,1 +1,1 @@
-"""Relations that kill the mutants of issue 26's reports modules the first mutation round left alive (benchmarks/mutation.py)."""
+"""Relations that kill mutants of issue 26's reports modules left alive by its first mutation round."""
