@@ -134,9 +134,15 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/inference/query_moments.py": (
         "tests/test_relations_models.py",
         "tests/test_mutation_inference.py",
+        "tests/test_prescore.py",
         *RELATIONS,
     ),
-    "ripplekv/inference/hidden_tail.py": ("tests/test_eval_shared.py", "tests/test_mutation_inference.py", *RELATIONS),
+    "ripplekv/inference/hidden_tail.py": (
+        "tests/test_eval_shared.py",
+        "tests/test_mutation_inference.py",
+        "tests/test_prescore.py",
+        *RELATIONS,
+    ),
     "ripplekv/models/chunked_prefill.py": CHUNK_TESTS,
     "ripplekv/models/padded.py": CHUNK_TESTS + ("tests/test_batched.py",),
     "ripplekv/models/layer_types.py": CHUNK_TESTS,
