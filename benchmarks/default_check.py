@@ -6,7 +6,8 @@
 
 Reads an evaluation folder's rows (``ripplekv eval --score fidelity``) and, for every budget and every RippleKV
 setting the run holds, the macro mean of a metric (the mean over tasks of each task's mean; default fidelity KL,
-lower is better), then the candidate default against each other configuration, prompt by prompt: the difference
+lower is better; a metric where higher is better, such as top-1 agreement, is negated, so a win is always the
+candidate better), then the candidate default against each other configuration, prompt by prompt: the difference
 of macro means with the stratified sign-flip test's inverted 95% interval, wins / ties / losses (a win: the
 candidate lower) and the p-value, Holm-adjusted over the comparisons of one budget. A schedule that wins the mean
 but loses most prompts shows here as a negative difference with more losses than wins.
@@ -24,6 +25,9 @@ from ripplekv.evaluation.reporting.significance import SignFlip
 
 Samples = dict[str, dict[str, float]]
 
+HIGHER_IS_BETTER = ("top1_agreement", "score")
+"""Metrics compared negated, so that a win is always the candidate better and the difference stays "lower"."""
+
 
 def load(run: Path, metric: str) -> dict[tuple[str, float], Samples]:
     """(method, budget) -> task -> prompt id -> metric, for the rows of SnapKV's scorer (and none for full)."""
@@ -35,7 +39,8 @@ def load(run: Path, metric: str) -> dict[tuple[str, float], Samples]:
         if row["method"] == "full" or row.get(metric) is None:
             continue
         key = (str(row["method"]), float(row["budget"]))
-        out.setdefault(key, {}).setdefault(str(row["task"]), {})[str(row["sample_id"])] = float(row[metric])
+        value = -float(row[metric]) if metric in HIGHER_IS_BETTER else float(row[metric])
+        out.setdefault(key, {}).setdefault(str(row["task"]), {})[str(row["sample_id"])] = value
     return out
 
 
@@ -74,7 +79,8 @@ def check(run: Path, candidate: str, metric: str, draws: int, seed: int) -> dict
 
 def markdown(summary: dict[str, Any]) -> str:
     lines = [
-        f"{summary['prompts']} prompts of {summary['run']}; metric {summary['metric']} (lower is better); "
+        f"{summary['prompts']} prompts of {summary['run']}; metric {summary['metric']}"
+        f"{' negated' if summary['metric'] in HIGHER_IS_BETTER else ''} (lower is better); "
         f"candidate `{summary['candidate']}`",
         "",
         "| budget | configuration | macro mean | candidate minus it [95% interval] | W/T/L (candidate lower = W) | "

@@ -12,6 +12,7 @@ import pytest
 import torch
 from kvpress import SnapKVPress
 
+from ripplekv.allocation.budget_spec import TokenBudgetError
 from ripplekv.allocation.lava import LavaRule
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
@@ -197,6 +198,17 @@ def test_compression_ratio_is_one_minus_the_kept_fraction() -> None:
     for budget in (0.125, 0.25, 0.5, 1.0):
         press = PerPromptBudgetPress(SnapKVPress(window_size=8), PerPromptSchedule(LavaRule(), budget, window_size=8))
         assert press.compression_ratio == 1.0 - budget
+        assert press.budget == budget
+
+
+def test_a_token_budget_has_no_compression_ratio_and_says_why() -> None:
+    """A token budget (``tokens=``) has no fixed ratio: ``budget`` is None and ``compression_ratio`` raises
+    TokenBudgetError naming the tokens, as LayerBudgetPress does. Seeded bug caught: ``float(schedule.budget)``
+    (a TypeError about NoneType, the state before issue 26's mutation round)."""
+    press = PerPromptBudgetPress(SnapKVPress(window_size=8), PerPromptSchedule(LavaRule(), tokens=100, window_size=8))
+    assert press.budget is None
+    with pytest.raises(TokenBudgetError, match="keeps 100 tokens per layer on average: a token budget has no fixed"):
+        _ = press.compression_ratio
 
 
 # ---------------------------------------------------------------------------------------------------- score_memo

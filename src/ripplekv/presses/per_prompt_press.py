@@ -39,6 +39,7 @@ from kvpress.utils import extract_keys_and_values
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from ripplekv.allocation.budget_spec import TokenBudgetError
 from ripplekv.allocation.per_prompt import PerPromptSchedule, TokenStatistic
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
@@ -159,15 +160,24 @@ class PerPromptBudgetPress(BasePress):
         return int(self.min_tokens) if self.min_tokens is not None else max(1, self.reserve)
 
     @property
-    def budget(self) -> float:
-        """The user-facing budget of the schedule."""
-        return float(self.schedule.budget)  # type: ignore[union-attr]
+    def budget(self) -> float | None:
+        """The schedule's kept fraction, or None for a token budget (``tokens=``)."""
+        fraction = self.schedule.budget  # type: ignore[union-attr]
+        return None if fraction is None else float(fraction)
 
     @property
     def compression_ratio(self) -> float:
-        """Average fraction removed (kvpress convention): ``1 - budget`` for a kept fraction."""
-        if self.budget > 1:
-            raise ValueError("a token budget has no fixed compression ratio: it depends on the prompt length")
+        """Average fraction removed (kvpress convention): ``1 - budget`` for a kept fraction.
+
+        Raises:
+            TokenBudgetError: for a token budget, whose ratio depends on the prompt length.
+        """
+        if self.budget is None:
+            tokens = self.schedule.tokens  # type: ignore[union-attr]
+            raise TokenBudgetError(
+                f"{type(self).__name__} keeps {tokens} tokens per layer on average: a token budget has no fixed "
+                "compression ratio, it depends on the prompt length"
+            )
         return 1.0 - self.budget
 
     @property
