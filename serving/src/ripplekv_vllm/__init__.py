@@ -1,0 +1,54 @@
+"""RippleKV inside vLLM (CPU build 0.32.0): per-layer KV-cache budgets served by paged attention.
+
+RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) gives each
+Transformer layer its own KV-cache budget, from a per-layer sensitivity profile, and keeps each layer's budget of
+SnapKV-ranked prompt tokens. This plugin serves it in vLLM:
+
+* layers are grouped into tiers of one keep fraction each (:mod:`ripplekv_vllm.tiers`), one KV-cache group per
+  tier (:mod:`ripplekv_vllm.spec`);
+* after a prompt's prefill, each tier's scheduler-side manager frees a block-aligned hole of the prompt
+  (:mod:`ripplekv_vllm.hole`, :mod:`ripplekv_vllm.manager`), and the attention backend compacts the kept tokens
+  into the first blocks and reads around the hole from then on (:mod:`ripplekv_vllm.backend`,
+  :mod:`ripplekv_vllm.plan`, :mod:`ripplekv_vllm.selection`);
+* the worker and model runner give each layer its tier (:mod:`ripplekv_vllm.worker`, :mod:`ripplekv_vllm.runner`);
+  the settings are ``additional_config["ripplekv"]`` (:mod:`ripplekv_vllm.config`).
+
+:func:`register` is the ``vllm.general_plugins`` entry point (``ripplekv = ripplekv_vllm:register``), which vLLM
+calls in every process it starts.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BACKEND_PATH", "WORKER_CLS", "register"]
+
+BACKEND_PATH = "ripplekv_vllm.backend.RippleCPUAttentionBackend"
+"""The class that serves vLLM's ``CPU_ATTN`` backend once the plugin is registered."""
+
+WORKER_CLS = "ripplekv_vllm.worker.RippleCPUWorker"
+"""The engine's ``worker_cls`` that turns the plugin on."""
+
+_registered = False
+
+
+def register() -> None:
+    """Register the RippleKV spec, its manager and the CPU attention backend with vLLM; a no-op when repeated.
+
+    vLLM's own specs are registered first (``register_all_kvcache_specs``): its registry fills itself only while
+    empty, so a plugin that registers first would leave ``FullAttentionSpec`` without a manager. The backend
+    override is process-wide and must precede the first engine (vLLM caches its backend choice); for layers that
+    are not RippleKV layers it behaves exactly like the stock backend.
+    """
+    global _registered
+    if _registered:
+        return
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    from ripplekv_vllm.manager import RippleManager
+    from ripplekv_vllm.spec import RippleSpec
+
+    register_all_kvcache_specs(None)
+    KVCacheSpecRegistry.register(RippleSpec, RippleManager, uniform_type_base_spec=RippleSpec)
+    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)
+    _registered = True

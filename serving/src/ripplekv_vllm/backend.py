@@ -1,0 +1,235 @@
+"""The RippleKV CPU attention backend: stock CPU attention plus SnapKV compaction and reads around the hole.
+
+RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) keeps, in
+each layer tier, the tier's share of every prompt. On vLLM's CPU build the attention backend is always
+``CPU_ATTN`` (the platform ignores other requests), so the plugin overrides that name
+(``register_backend(AttentionBackendEnum.CPU_ATTN, ...)``, vLLM's override API) with
+:class:`RippleCPUAttentionBackend`, which behaves exactly like the stock backend for any layer that is not a
+:class:`~ripplekv_vllm.spec.RippleSpec` of a tier that evicts something.
+
+* :class:`RippleBuilder` plans each step (:func:`ripplekv_vllm.plan.plan_batch`) from the rows' prompt lengths,
+  which the runner lends it (:meth:`RippleBuilder.bind`): decode rows read through a virtual block table that
+  skips the hole, whole-prompt prefill rows are marked for compaction.
+* :class:`RippleImpl` runs the stock attention first (the prefill attends to the whole prompt), then compacts:
+  per KV head, the kept tokens' keys and values (:mod:`ripplekv_vllm.selection`, post-RoPE, from this step's
+  tensors; the cache is never read) are written to the request's slots ``0 .. k - 1`` through the kernel's own
+  ``cpu_attn_reshape_and_cache`` (the cache layout is ISA-packed, so torch never indexes it). The kept keys keep
+  the RoPE rotation of their original positions, and later queries keep their logical positions, as the library's
+  compressed cache does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from vllm import _custom_ops as ops
+from vllm.v1.attention.backends.cpu_attn import (
+    CPUAttentionBackend,
+    CPUAttentionBackendImpl,
+    CPUAttentionMetadata,
+    CPUAttentionMetadataBuilder,
+)
+
+from ripplekv_vllm.config import CONFIG_KEY
+from ripplekv_vllm.plan import Compaction, plan_batch
+from ripplekv_vllm.selection import kept_indices, snapkv_scores
+from ripplekv_vllm.spec import RippleSpec
+
+__all__ = ["RippleAttentionMetadata", "RippleBuilder", "RippleCPUAttentionBackend", "RippleImpl", "observe_kept"]
+
+KeptObserver = Callable[[str, int, torch.Tensor], None]
+_OBSERVERS: list[KeptObserver] = []
+
+
+def observe_kept(observer: KeptObserver | None) -> None:
+    """Call ``observer(layer_name, row, indices)`` with every compaction's kept positions ``[k, H]`` (diagnostics).
+
+    Args:
+        observer: the callback, or None to remove every observer.
+    """
+    if observer is None:
+        _OBSERVERS.clear()
+    else:
+        _OBSERVERS.append(observer)
+
+
+@dataclass
+class RippleAttentionMetadata(CPUAttentionMetadata):
+    """CPU attention metadata (with the virtual block table) plus the step's compactions.
+
+    Attributes:
+        compactions: the rows whose prompt is compacted after this step's attention.
+        real_block_table: the worker's block table, whose first ``k / bs`` blocks receive the kept tokens.
+        window: the tier's SnapKV observation window.
+        kernel_size: the tier's SnapKV pooling kernel.
+    """
+
+    compactions: tuple[Compaction, ...] = ()
+    real_block_table: torch.Tensor | None = None
+    window: int = 64
+    kernel_size: int = 5
+
+
+class RippleBuilder(CPUAttentionMetadataBuilder):
+    """The CPU metadata builder of one KV-cache group, planning the group's tier (see the module)."""
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
+        """Build the stock builder; refuse ripplekv settings served without the plugin's worker.
+
+        Args:
+            kv_cache_spec: the group's spec.
+            layer_names: the group's layers.
+            vllm_config: the engine's config.
+            device: the device (CPU).
+        """
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        if CONFIG_KEY in (vllm_config.additional_config or {}) and not isinstance(kv_cache_spec, RippleSpec):
+            raise RuntimeError(
+                f"additional_config['{CONFIG_KEY}'] is set, but the layers have stock KV-cache specs: start vLLM "
+                "with worker_cls='ripplekv_vllm.worker.RippleCPUWorker'"
+            )
+        self._prompt_lens: Callable[[int], torch.Tensor] | None = None
+
+    def bind(self, prompt_lens: Callable[[int], torch.Tensor]) -> None:
+        """Lend the builder the rows' prompt lengths (the runner's input batch, in metadata row order).
+
+        Args:
+            prompt_lens: ``prompt_lens(num_reqs)`` gives the first ``num_reqs`` rows' prompt lengths.
+        """
+        self._prompt_lens = prompt_lens
+
+    def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False) -> Any:
+        """The stock metadata, or for an evicting tier the planned metadata with its compactions.
+
+        Args:
+            common_prefix_len: the batch's common prefix (cascade attention; 0 on CPU).
+            common_attn_metadata: the step's ``CommonAttentionMetadata`` (a shallow copy shared by the groups:
+                never modified here).
+            fast_build: the stock builder's flag.
+        """
+        spec = self.kv_cache_spec
+        if not isinstance(spec, RippleSpec) or spec.keep_fraction >= 1.0:
+            return super().build(common_prefix_len, common_attn_metadata, fast_build)
+        if self._prompt_lens is None:
+            raise RuntimeError("RippleBuilder was not bound to the runner's prompt lengths (RippleRunner does it)")
+        cm = common_attn_metadata
+        num_reqs = cm.num_reqs
+        plan = plan_batch(
+            cm.seq_lens[:num_reqs],
+            cm.query_start_loc_cpu[: num_reqs + 1],
+            self._prompt_lens(num_reqs),
+            cm.block_table_tensor[:num_reqs],
+            spec.keep_fraction,
+            self.block_size,
+            spec.window,
+        )
+        if plan.remapped_rows:
+            seq_lens, table = cm.seq_lens.clone(), cm.block_table_tensor.clone()
+            seq_lens[:num_reqs], table[:num_reqs] = plan.seq_lens, plan.block_table
+            cm = cm.replace(seq_lens=seq_lens, block_table_tensor=table, max_seq_len=plan.max_seq_len)
+        metadata = super().build(common_prefix_len, cm, fast_build)
+        stock = {f.name: getattr(metadata, f.name) for f in fields(CPUAttentionMetadata)}
+        return RippleAttentionMetadata(
+            **stock,
+            compactions=plan.compactions,
+            real_block_table=common_attn_metadata.block_table_tensor,
+            window=spec.window,
+            kernel_size=spec.kernel_size,
+        )
+
+
+class RippleImpl(CPUAttentionBackendImpl):
+    """CPU attention, then SnapKV compaction of the rows that prefilled their whole prompt."""
+
+    def forward(
+        self,
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The stock forward; afterwards each compaction rewrites its request's first ``k`` slots.
+
+        Args:
+            layer: the attention layer (its ISA, KV scales and name).
+            query: the step's post-RoPE queries, ``[tokens, HQ, D]``.
+            key: the step's post-RoPE keys, ``[tokens, H, D]``.
+            value: the step's values, ``[tokens, H, D]``.
+            kv_cache: the layer's cache, ``[blocks, H, bs, 2 D]``.
+            attn_metadata: the group's metadata (None while warming up).
+            output: the attention output buffer.
+            output_scale: unsupported, as in the stock backend.
+            output_block_scale: unsupported, as in the stock backend.
+        """
+        out = super().forward(
+            layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+        )
+        if isinstance(attn_metadata, RippleAttentionMetadata) and attn_metadata.compactions:
+            self._compact(layer, query, key, value, kv_cache, attn_metadata)
+        return out
+
+    def _compact(
+        self,
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: RippleAttentionMetadata,
+    ) -> None:
+        num_blocks, kv_heads, block_size, _ = kv_cache.shape
+        key_cache, value_cache = kv_cache.view(num_blocks, kv_heads, block_size * 2, -1).chunk(2, dim=2)
+        assert metadata.real_block_table is not None
+        for job in metadata.compactions:
+            if job.kept == 0:  # the tail alone holds the budget: nothing to move
+                continue
+            start, prompt = job.start, job.num_prompt_tokens
+            window = min(metadata.window, prompt - 1)
+            scores = snapkv_scores(
+                query[start + prompt - window : start + prompt],
+                key[start : start + prompt],
+                window,
+                metadata.kernel_size,
+            )
+            kept = kept_indices(scores, prompt, job.kept, job.full)  # [k, H]
+            for observer in _OBSERVERS:
+                observer(str(getattr(layer, "layer_name", "")), job.row, kept)
+            rows_k = kept[..., None].expand(-1, -1, key.shape[-1])
+            rows_v = kept[..., None].expand(-1, -1, value.shape[-1])
+            kept_keys = key[start : start + prompt].gather(0, rows_k).contiguous()
+            kept_values = value[start : start + prompt].gather(0, rows_v).contiguous()
+            positions = torch.arange(job.kept)
+            blocks = metadata.real_block_table[job.row, positions // block_size].long()
+            ops.cpu_attn_reshape_and_cache(
+                kept_keys,
+                kept_values,
+                key_cache,
+                value_cache,
+                blocks * block_size + positions % block_size,
+                layer.isa,
+                k_scale=layer._k_scale_float,
+                v_scale=layer._v_scale_float,
+                kv_cache_dtype=self.kv_cache_dtype,
+            )
+
+
+class RippleCPUAttentionBackend(CPUAttentionBackend):
+    """vLLM's ``CPU_ATTN`` backend with the RippleKV builder and implementation (name and layout unchanged)."""
+
+    @staticmethod
+    def get_impl_cls() -> type[RippleImpl]:
+        """The attention implementation: stock attention, then compaction."""
+        return RippleImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[RippleBuilder]:
+        """The metadata builder: stock metadata, planned for evicting tiers."""
+        return RippleBuilder

@@ -1,0 +1,254 @@
+"""The RippleKV vLLM plugin's settings: ``additional_config["ripplekv"]``, checked against the engine's settings.
+
+RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) needs a few
+engine settings to be served by vLLM: each prompt prefilled in one scheduler step (chunked prefill off, and a token
+budget that fits the longest prompt), no prefix caching (compacted blocks no longer hold what their hash says) and
+a block size the CPU attention kernel accepts (a multiple of 32). :class:`RippleConfig` gathers the plugin's
+settings and those engine facts, and refuses a bad combination in ``__post_init__`` with a message naming the fix.
+
+The plugin's settings, as ``LLM(additional_config={"ripplekv": {...}})`` passes them:
+
+* ``profile`` (a ``ripplekv profile`` JSON) and ``budget`` (the global kept fraction in ``(0, 1]``), with
+  ``tiers`` (default 3), ``ratio``/``gamma`` (the library's allocation defaults) and ``reference_tokens`` (the
+  prompt length the allocation is computed at; default ``max_model_len``): see :mod:`ripplekv_vllm.tiers`;
+* or ``keep_fractions``: one kept fraction per layer, given directly;
+* ``window`` (64) and ``kernel_size`` (5): SnapKV's observation window and pooling kernel, as kvpress's defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig, check_budget
+from ripplekv.profiling.profile import ProfileError
+
+from ripplekv_vllm.tiers import load_profile, tier_keep_fractions
+
+__all__ = ["CONFIG_KEY", "KERNEL_BLOCK", "RippleConfig", "RippleConfigError", "SETTINGS"]
+
+CONFIG_KEY = "ripplekv"
+"""The key of the plugin's settings in vLLM's ``additional_config``."""
+
+KERNEL_BLOCK = 32
+"""The CPU attention kernel's block-size granularity (``CPUAttentionBackend.get_supported_kernel_block_sizes``)."""
+
+SETTINGS = (
+    "profile",
+    "budget",
+    "tiers",
+    "ratio",
+    "gamma",
+    "reference_tokens",
+    "keep_fractions",
+    "window",
+    "kernel_size",
+)
+"""The keys ``additional_config["ripplekv"]`` may hold."""
+
+# fields of the profile's model identity compared with the served model's config
+_ARCHITECTURE = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size")
+
+
+class RippleConfigError(ValueError):
+    """The plugin's settings, or the engine settings they need, are wrong; the message names the fix."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class RippleConfig:
+    """Validated settings of the RippleKV vLLM plugin (Xu et al., 2026) and the engine facts they depend on.
+
+    Attributes:
+        num_layers: decoder layers of the served model.
+        block_size: the engine's KV-cache block size (a multiple of :data:`KERNEL_BLOCK`).
+        max_model_len: the engine's longest sequence.
+        max_num_batched_tokens: the engine's token budget per scheduler step (``>= max_model_len``).
+        enable_prefix_caching: the engine's prefix caching (must be off).
+        enable_chunked_prefill: the engine's chunked prefill (must be off).
+        budget: the global kept fraction in ``(0, 1]`` (with ``profile``).
+        profile: path of a ``ripplekv profile`` JSON (with ``budget``), or None with ``keep_fractions``.
+        tiers: tiers of equal layer counts the profile's allocation is grouped into (``>= 1``, dividing
+            ``num_layers``).
+        ratio: the library allocation's disparity ``r``.
+        gamma: the library allocation's clip bound.
+        reference_tokens: the prompt length the allocation is computed at (default: ``max_model_len``).
+        keep_fractions: one kept fraction per layer in ``(0, 1]``, instead of ``profile`` and ``budget``.
+        window: SnapKV's observation window (``>= 1``), always kept.
+        kernel_size: SnapKV's pooling kernel (odd, ``>= 1``).
+        model: the served model's architecture (``_ARCHITECTURE`` fields) to check the profile against.
+        layer_keep_fractions: the resolved kept fraction of every layer (computed).
+
+    Raises:
+        RippleConfigError: on any setting out of range or an engine setting the plugin cannot serve with.
+    """
+
+    num_layers: int
+    block_size: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = False
+    budget: float | None = None
+    profile: str | None = None
+    tiers: int = 3
+    ratio: float = DEFAULT_RATIO
+    gamma: float = DEFAULT_GAMMA
+    reference_tokens: int | None = None
+    keep_fractions: tuple[float, ...] | None = None
+    window: int = 64
+    kernel_size: int = 5
+    model: Mapping[str, Any] = field(default_factory=dict)
+    layer_keep_fractions: tuple[float, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        self._check_engine()
+        if not _is_int(self.window) or self.window < 1:
+            raise RippleConfigError(f"ripplekv: window must be an integer >= 1, got {self.window!r}")
+        if not _is_int(self.kernel_size) or self.kernel_size < 1 or self.kernel_size % 2 == 0:
+            raise RippleConfigError(f"ripplekv: kernel_size must be an odd integer >= 1, got {self.kernel_size!r}")
+        if self.keep_fractions is not None:
+            if self.profile is not None or self.budget is not None:
+                raise RippleConfigError("ripplekv: give 'keep_fractions' or 'profile' with 'budget', not both")
+            fractions = self._check_fractions(self.keep_fractions)
+        else:
+            fractions = self._fractions_from_profile()
+        object.__setattr__(self, "layer_keep_fractions", fractions)
+
+    def _check_engine(self) -> None:
+        if self.enable_prefix_caching:
+            raise RippleConfigError(
+                "ripplekv: prefix caching is on, but compacted prompt blocks no longer hold what their hash says: "
+                "start vLLM with enable_prefix_caching=False"
+            )
+        if self.enable_chunked_prefill:
+            raise RippleConfigError(
+                "ripplekv: chunked prefill is on, but each prompt must be prefilled in one step to be scored and "
+                "compacted: start vLLM with enable_chunked_prefill=False"
+            )
+        if not _is_int(self.block_size) or self.block_size < 1 or self.block_size % KERNEL_BLOCK:
+            raise RippleConfigError(
+                f"ripplekv: block_size {self.block_size!r} is not a multiple of {KERNEL_BLOCK} (the CPU attention "
+                f"kernel's granularity; the plugin frees whole blocks): start vLLM with block_size={KERNEL_BLOCK}"
+            )
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise RippleConfigError(
+                f"ripplekv: max_num_batched_tokens={self.max_num_batched_tokens} is below "
+                f"max_model_len={self.max_model_len}: without chunked prefill a longer prompt could never be "
+                f"scheduled; start vLLM with max_num_batched_tokens >= max_model_len"
+            )
+
+    def _check_fractions(self, values: Sequence[float]) -> tuple[float, ...]:
+        fractions = tuple(values)
+        if len(fractions) != self.num_layers:
+            raise RippleConfigError(
+                f"ripplekv: keep_fractions has {len(fractions)} values for a model of {self.num_layers} layers"
+            )
+        for i, value in enumerate(fractions):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 < value <= 1.0):
+                raise RippleConfigError(f"ripplekv: keep_fractions[{i}] is {value!r}; it must be in (0, 1]")
+        return tuple(float(v) for v in fractions)
+
+    def _fractions_from_profile(self) -> tuple[float, ...]:
+        if self.profile is None:
+            raise RippleConfigError(
+                "ripplekv: no budget source: give 'profile' (a ripplekv profile JSON) with 'budget', or "
+                "'keep_fractions' (one kept fraction per layer)"
+            )
+        try:
+            budget = check_budget(self.budget, None, owner="ripplekv").budget
+        except ValueError as error:  # the library's message, e.g. "ripplekv: budget must be > 0 (...)"
+            raise RippleConfigError(str(error)) from None
+        try:
+            AllocationConfig(ratio=self.ratio, gamma=self.gamma)
+        except ValueError as error:
+            raise RippleConfigError(f"ripplekv: {error}") from None
+        if not _is_int(self.tiers) or self.tiers < 1 or self.num_layers % self.tiers:
+            raise RippleConfigError(
+                f"ripplekv: tiers must be an integer >= 1 dividing the model's {self.num_layers} layers (vLLM pads "
+                f"KV-cache groups of unequal sizes), got {self.tiers!r}"
+            )
+        reference = self.max_model_len if self.reference_tokens is None else self.reference_tokens
+        if not _is_int(reference) or reference < 1:
+            raise RippleConfigError(f"ripplekv: reference_tokens must be an integer >= 1, got {reference!r}")
+        try:
+            profile = load_profile(self.profile)
+        except ProfileError as error:
+            raise RippleConfigError(f"ripplekv: profile {self.profile}: {error}") from None
+        if profile.num_layers != self.num_layers:
+            raise RippleConfigError(
+                f"ripplekv: profile {self.profile} has {profile.num_layers} layer scores, but the served model has "
+                f"{self.num_layers} layers: it was measured on another model (run ripplekv profile on this one)"
+            )
+        for name in _ARCHITECTURE:
+            mine, theirs = self.model.get(name), profile.model.get(name)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise RippleConfigError(
+                    f"ripplekv: profile {self.profile} was measured on a model with {name}={theirs}, the served "
+                    f"model has {name}={mine} (run ripplekv profile on this model)"
+                )
+        fractions = tier_keep_fractions(
+            profile, float(budget), self.tiers, int(reference), self.window, self.ratio, self.gamma
+        )
+        if any(not math.isfinite(f) for f in fractions):  # cannot happen for a valid profile; never serve NaN
+            raise RippleConfigError(f"ripplekv: profile {self.profile} gave non-finite keep fractions {fractions}")
+        return fractions
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], **engine: Any) -> RippleConfig:
+        """A config from ``additional_config["ripplekv"]`` and the engine facts.
+
+        Args:
+            settings: the plugin's settings (keys in :data:`SETTINGS`).
+            engine: the engine facts: ``num_layers``, ``block_size``, ``max_model_len``,
+                ``max_num_batched_tokens``, ``enable_prefix_caching``, ``enable_chunked_prefill`` and ``model``.
+
+        Raises:
+            RippleConfigError: on unknown settings or any invalid value.
+        """
+        if not isinstance(settings, Mapping):
+            raise RippleConfigError(
+                f"additional_config['{CONFIG_KEY}'] must be a dict of settings, got {type(settings).__name__}"
+            )
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise RippleConfigError(
+                f"additional_config['{CONFIG_KEY}'] has unknown settings {unknown}; known: {list(SETTINGS)}"
+            )
+        values = dict(settings)
+        if values.get("keep_fractions") is not None:
+            values["keep_fractions"] = tuple(values["keep_fractions"])
+        if values.get("profile") is not None:
+            values["profile"] = str(values["profile"])
+        return cls(**engine, **values)
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> RippleConfig | None:
+        """The plugin's config of an engine, or None when ``additional_config`` has no ``"ripplekv"`` entry.
+
+        Args:
+            vllm_config: the engine's ``vllm.config.VllmConfig``.
+
+        Raises:
+            RippleConfigError: on invalid settings, or engine settings the plugin cannot serve with.
+        """
+        settings = (vllm_config.additional_config or {}).get(CONFIG_KEY)
+        if settings is None:
+            return None
+        text = vllm_config.model_config.hf_text_config
+        model = {name: getattr(text, name, None) for name in _ARCHITECTURE}
+        return cls.from_settings(
+            settings,
+            num_layers=int(text.num_hidden_layers),
+            block_size=vllm_config.cache_config.block_size,
+            max_model_len=int(vllm_config.model_config.max_model_len),
+            max_num_batched_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
+            enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
+            enable_chunked_prefill=bool(vllm_config.scheduler_config.enable_chunked_prefill),
+            model=model,
+        )
