@@ -1,0 +1,135 @@
+"""``RippleConfig``: bad settings and engine settings the plugin cannot serve with fail with a clear message."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import PROFILE
+
+from ripplekv_vllm.config import RippleConfig, RippleConfigError
+
+ENGINE = {"num_layers": 30, "block_size": 32, "max_model_len": 2048, "max_num_batched_tokens": 2048}
+
+
+def make(settings: dict, **engine) -> RippleConfig:
+    """A config of SmolLM2-135M's engine facts (30 layers), overridden by ``engine``."""
+    return RippleConfig.from_settings(settings, **{**ENGINE, **engine})
+
+
+def profile_with(tmp_path: Path, **changes) -> str:
+    """A copy of the SmolLM2 profile with top-level fields replaced; returns its path."""
+    data = json.loads(PROFILE.read_text())
+    data.update(changes)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def raises(message: str):
+    """``pytest.raises(RippleConfigError)`` matching ``message`` literally."""
+    return pytest.raises(RippleConfigError, match=re.escape(message))
+
+
+def test_a_profile_and_a_budget_give_tiers() -> None:
+    config = make({"profile": str(PROFILE), "budget": 0.2, "tiers": 3})
+    assert len(config.layer_keep_fractions) == 30 and len(set(config.layer_keep_fractions)) == 3
+    assert sum(config.layer_keep_fractions) == pytest.approx(30 * int(0.2 * 2048) / 2048)  # reference max_model_len
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        (0.0, "ripplekv: budget must be > 0 (a kept fraction in (0, 1]), got 0.0"),
+        (1.5, "ripplekv: budget=1.5 is above 1, but budget is a kept fraction in (0, 1]"),
+        (None, "ripplekv: no budget given"),
+        (float("nan"), "ripplekv: budget is NaN"),
+    ],
+)
+def test_bad_budget(budget, message: str) -> None:
+    with raises(message):
+        make({"profile": str(PROFILE), "budget": budget})
+
+
+def test_profile_of_another_layer_count(tmp_path: Path) -> None:
+    data = json.loads(PROFILE.read_text())
+    path = profile_with(
+        tmp_path,
+        model={**data["model"], "num_hidden_layers": 24},
+        scores=data["scores"][:24],
+        local_scores=data["local_scores"][:24],
+        sample_scores=[r[:24] for r in data["sample_scores"]],
+    )
+    with raises(f"ripplekv: profile {path} has 24 layer scores, but the served model has 30 layers"):
+        make({"profile": path, "budget": 0.2})
+
+
+def test_profile_with_nan(tmp_path: Path) -> None:
+    data = json.loads(PROFILE.read_text())
+    path = profile_with(tmp_path, scores=[*data["scores"][:3], float("nan"), *data["scores"][4:]])
+    with raises(f"ripplekv: profile {path}: scores of layer 3 is nan (NaN or non-finite): the profile is unusable"):
+        make({"profile": path, "budget": 0.2})
+
+
+def test_profile_of_another_architecture() -> None:
+    with raises("was measured on a model with num_key_value_heads=3, the served model has num_key_value_heads=4"):
+        make({"profile": str(PROFILE), "budget": 0.2}, model={"num_key_value_heads": 4})
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ({"enable_prefix_caching": True}, "ripplekv: prefix caching is on"),
+        ({"enable_prefix_caching": True}, "start vLLM with enable_prefix_caching=False"),
+        ({"enable_chunked_prefill": True}, "start vLLM with enable_chunked_prefill=False"),
+        ({"block_size": 16}, "ripplekv: block_size 16 is not a multiple of 32"),
+        ({"block_size": 48}, "ripplekv: block_size 48 is not a multiple of 32"),
+        ({"max_num_batched_tokens": 1024}, "ripplekv: max_num_batched_tokens=1024 is below max_model_len=2048"),
+    ],
+)
+def test_engine_settings_the_plugin_cannot_serve(engine: dict, message: str) -> None:
+    with raises(message):
+        make({"keep_fractions": [0.5] * 30}, **engine)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"keep_fractions": [0.5] * 29}, "ripplekv: keep_fractions has 29 values for a model of 30 layers"),
+        ({"keep_fractions": [0.5] * 29 + [0.0]}, "ripplekv: keep_fractions[29] is 0.0; it must be in (0, 1]"),
+        ({"keep_fractions": [float("nan")] * 30}, "ripplekv: keep_fractions[0] is nan; it must be in (0, 1]"),
+        ({"keep_fractions": [0.5] * 30, "budget": 0.2}, "give 'keep_fractions' or 'profile' with 'budget', not both"),
+        ({}, "ripplekv: no budget source"),
+        ({"profile": str(PROFILE), "budget": 0.2, "tiers": 4}, "tiers must be an integer >= 1 dividing the model's 30"),
+        ({"profile": "/nonexistent.json", "budget": 0.2}, "profile file /nonexistent.json does not exist"),
+        ({"keep_fractions": [0.5] * 30, "window": 0}, "ripplekv: window must be an integer >= 1, got 0"),
+        ({"keep_fractions": [0.5] * 30, "kernel_size": 4}, "kernel_size must be an odd integer >= 1, got 4"),
+        ({"keep_fraction": 0.5}, "additional_config['ripplekv'] has unknown settings ['keep_fraction']"),
+        ({"profile": str(PROFILE), "budget": 0.2, "gamma": 0.5}, "ripplekv: AllocationConfig.gamma must be"),
+    ],
+)
+def test_bad_settings(settings: dict, message: str) -> None:
+    with raises(message):
+        make(settings)
+
+
+def test_engine_refuses_prefix_caching_before_loading(model_dir: str) -> None:
+    from vllm import LLM
+
+    import ripplekv_vllm
+
+    ripplekv_vllm.register()
+    with raises("ripplekv: prefix caching is on"):
+        LLM(
+            model=model_dir,
+            dtype="float32",
+            max_model_len=1024,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            enable_chunked_prefill=False,
+            block_size=32,
+            worker_cls=ripplekv_vllm.WORKER_CLS,
+            additional_config={"ripplekv": {"keep_fractions": [0.5] * 30}},
+        )

@@ -1,0 +1,139 @@
+"""The plugin in vLLM's engine (SmolLM2-135M, CPU): stock tokens at full budget, freed holes, exact compaction.
+
+Engine runs are short (prompts of 300-1,000 tokens, 12 greedy tokens) so that the module runs in a few minutes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROFILE
+from engine_support import close, drive, ripple_llm, runner_of, stock_generate, transformers_reference
+
+from ripplekv_vllm.backend import observe_kept
+from ripplekv_vllm.hole import hole
+from ripplekv_vllm.spec import RippleSpec
+
+TOKENS = 12
+BS, WINDOW = 32, 64
+# the library's allocation of a 1,000-token prompt (prompt "a"), in 3 tiers of 10 layers
+TIERS = {"profile": str(PROFILE), "budget": 0.2, "tiers": 3, "reference_tokens": 1000}
+
+
+@pytest.fixture(scope="module")
+def prompts(bamboo_ids) -> dict[str, list[int]]:
+    """Prompts whose lengths are not multiples of the block size (their tail blocks are partial)."""
+    return {"a": bamboo_ids(0, 1000), "b": bamboo_ids(1, 600), "c": bamboo_ids(2, 300)}
+
+
+def tier_of(runner) -> list[tuple[float, list[int]]]:
+    """(keep fraction, layer indices) of each KV-cache group."""
+    out = []
+    for group in runner.kv_cache_config.kv_cache_groups:
+        assert isinstance(group.kv_cache_spec, RippleSpec)
+        layers = sorted(int(name.split(".layers.")[1].split(".")[0]) for name in group.layer_names)
+        out.append((group.kv_cache_spec.keep_fraction, layers))
+    return out
+
+
+def non_null(blocks: list[list[int | None]]) -> list[int]:
+    """Non-null blocks per group."""
+    return [sum(b is not None for b in group) for group in blocks]
+
+
+def test_full_budget_is_stock_vllm(model_dir: str, prompts: dict[str, list[int]]) -> None:
+    names = ["a", "c"]
+    stock = stock_generate(model_dir, [prompts[n] for n in names], TOKENS)
+    llm = ripple_llm(model_dir, {"keep_fractions": [1.0] * 30})
+    try:
+        assert [f for f, _ in tier_of(runner_of(llm))] == [1.0]
+        run = drive(llm, {n: prompts[n] for n in names}, TOKENS)
+    finally:
+        close(llm)
+    for name, expected in zip(names, stock):
+        generation = run.requests[name]
+        assert generation.tokens == expected["tokens"], name
+        assert generation.logprobs == pytest.approx(expected["logprobs"], abs=1e-5), name
+        # nothing is freed: after the first decode step the request holds every block of its prompt
+        assert non_null(generation.blocks[1]) == [-(-(len(prompts[name]) + 1) // BS)], name
+
+
+@pytest.fixture(scope="module")
+def tier_runs(model_dir: str, prompts: dict[str, list[int]]):
+    """One engine with the library's tiers and a pool so small that ``b`` must reuse ``a``'s freed blocks.
+
+    Runs ``a`` alone (recording its kept positions), ``b`` alone, then both with ``b`` arriving while ``a`` decodes.
+    """
+    groups_needed = 3 * -(-len(prompts["a"]) // BS)
+    margin = 8  # free blocks beyond a's prefill: b (57 blocks) cannot fit without a's freed hole
+    # a pool this small admits sequences of 1,056 tokens at most (33 blocks in each of the 3 groups)
+    llm = ripple_llm(model_dir, TIERS, num_gpu_blocks_override=1 + groups_needed + margin, max_model_len=1056)
+    kept: dict[str, torch.Tensor] = {}
+    fractions: tuple[float, ...] = ()
+    observe_kept(lambda layer, row, indices: kept.__setitem__(layer, indices.clone()))
+    try:
+        runner = runner_of(llm)
+        tiers = tier_of(runner)
+        fractions = runner.ripple_config.layer_keep_fractions
+        alone_a = drive(llm, {"a": prompts["a"]}, TOKENS)
+        observe_kept(None)
+        alone_b = drive(llm, {"b": prompts["b"]}, TOKENS)
+        both = drive(llm, {"a": prompts["a"], "b": prompts["b"]}, TOKENS, arrivals={"a": 0, "b": 3})
+    finally:
+        observe_kept(None)
+        close(llm)
+    return {"tiers": tiers, "fractions": fractions, "a": alone_a, "b": alone_b, "both": both, "kept": kept}
+
+
+def test_tiers_are_the_library_allocation(tier_runs) -> None:
+    tiers = tier_runs["tiers"]
+    assert len(tiers) == 3 and all(len(layers) == 10 for _, layers in tiers)
+    fractions = tier_runs["fractions"]
+    for fraction, layers in tiers:
+        assert all(fractions[i] == fraction for i in layers)
+
+
+def test_first_decode_step_frees_exactly_the_holes(tier_runs, prompts: dict[str, list[int]]) -> None:
+    n = len(prompts["a"])
+    assert n % BS  # the first decode token lands in the prompt's partial tail block: no new block at step 1
+    run = tier_runs["a"]
+    bounds = [hole(n, fraction, BS, WINDOW) for fraction, _ in tier_runs["tiers"]]
+    assert all(k < t for k, t in bounds)
+    blocks = run.requests["a"].blocks
+    assert non_null(blocks[0]) == [-(-n // BS)] * 3  # after the prefill: the whole prompt
+    assert non_null(blocks[1]) == [k // BS + 1 for k, _ in bounds]  # [0, k) and the tail block
+    for group, (k, t) in zip(blocks[1], bounds):
+        assert all(b is None for b in group[k // BS : t // BS]) and None not in group[: k // BS]
+    assert run.free_blocks[1] - run.free_blocks[0] == sum((t - k) // BS for k, t in bounds)
+
+
+def test_decoding_attends_exactly_the_kept_tokens(tier_runs, model_dir: str, prompts: dict[str, list[int]]) -> None:
+    n = len(prompts["a"])
+    kept, full = {}, {}
+    for fraction, layers in tier_runs["tiers"]:
+        k, t = hole(n, fraction, BS, WINDOW)
+        for layer in layers:
+            indices = tier_runs["kept"][f"model.layers.{layer}.self_attn.attn"]
+            assert indices.shape == (k, 3)
+            kept[layer], full[layer] = indices, t
+    tokens, logprobs = transformers_reference(model_dir, prompts["a"], kept, full, TOKENS)
+    generation = tier_runs["a"].requests["a"]
+    assert generation.tokens == tokens
+    assert generation.logprobs == pytest.approx(logprobs, abs=2e-3)
+
+
+def test_staggered_requests_match_each_alone(tier_runs) -> None:
+    both = tier_runs["both"]
+    a, b = both.requests["a"], both.requests["b"]
+    arrival = both.arrival_steps["b"]
+    # b is prefilled while a decodes, into blocks of a's freed hole (the stale ids a's worker table still holds)
+    assert len(a.blocks) > arrival + len(b.blocks) - TOKENS
+    hole_of_a = {
+        block for group, after in zip(a.blocks[0], a.blocks[1]) for block, now in zip(group, after) if now is None
+    }
+    prefill_of_b = {block for group in b.blocks[0] for block in group if block is not None}
+    assert hole_of_a & prefill_of_b
+    assert a.tokens == tier_runs["a"].requests["a"].tokens
+    assert b.tokens == tier_runs["b"].requests["b"].tokens
+    assert a.logprobs == pytest.approx(tier_runs["a"].requests["a"].logprobs, abs=1e-4)
+    assert b.logprobs == pytest.approx(tier_runs["b"].requests["b"].logprobs, abs=1e-4)

@@ -1,0 +1,62 @@
+"""``plan_batch``: decode rows read around the hole, whole prefills compact, partial prefills are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ripplekv_vllm.hole import hole
+from ripplekv_vllm.plan import ChunkedPrefillError, plan_batch
+
+BS, WINDOW = 32, 64
+
+
+def table(rows: int, width: int) -> torch.Tensor:
+    """Distinct block ids per row: row r holds 1000 r + column."""
+    return torch.arange(width)[None, :] + 1000 * torch.arange(rows)[:, None]
+
+
+def test_decode_rows_skip_the_hole_and_prefill_rows_compact() -> None:
+    prompts = torch.tensor([1102, 700, 60])
+    # row 0 decodes its 5th token, row 1 prefills its whole prompt, row 2 decodes a prompt within the window
+    seq_lens = torch.tensor([1102 + 5, 700, 60 + 1])
+    starts = torch.tensor([0, 1, 701, 702])
+    blocks = table(3, 40)
+    before = (seq_lens.clone(), blocks.clone())
+    plan = plan_batch(seq_lens, starts, prompts, blocks, 0.25, BS, WINDOW)
+    assert torch.equal(seq_lens, before[0]) and torch.equal(blocks, before[1])  # inputs untouched
+
+    kept, full = hole(1102, 0.25, BS, WINDOW)  # (256, 1088)
+    gap = (full - kept) // BS
+    assert plan.seq_lens[0] == 1107 - (full - kept)
+    used = -(-1107 // BS)
+    expected = torch.cat([blocks[0, : kept // BS], blocks[0, full // BS : used]])
+    assert torch.equal(plan.block_table[0, : used - gap], expected)
+    assert plan.remapped_rows == (0,)
+    assert torch.equal(plan.block_table[2], blocks[2]) and plan.seq_lens[2] == 61
+
+    k1, t1 = hole(700, 0.25, BS, WINDOW)
+    assert [(c.row, c.start, c.num_prompt_tokens, c.kept, c.full) for c in plan.compactions] == [(1, 1, 700, k1, t1)]
+    assert torch.equal(plan.block_table[1], blocks[1]) and plan.seq_lens[1] == 700
+    assert plan.max_seq_len == int(plan.seq_lens.max())
+
+
+def test_a_tier_that_keeps_everything_changes_nothing() -> None:
+    seq_lens, starts, prompts = torch.tensor([1107, 700]), torch.tensor([0, 1, 701]), torch.tensor([1102, 700])
+    blocks = table(2, 40)
+    plan = plan_batch(seq_lens, starts, prompts, blocks, 1.0, BS, WINDOW)
+    assert plan.compactions == () and plan.remapped_rows == ()
+    assert torch.equal(plan.seq_lens, seq_lens) and torch.equal(plan.block_table, blocks)
+
+
+def test_a_resumed_request_compacts_its_prompt_only() -> None:
+    # re-prefill after preemption: prompt plus 7 generated tokens in one step
+    plan = plan_batch(torch.tensor([707]), torch.tensor([0, 707]), torch.tensor([700]), table(1, 30), 0.25, BS, WINDOW)
+    (job,) = plan.compactions
+    assert (job.num_prompt_tokens, job.kept, job.full) == (700, *hole(700, 0.25, BS, WINDOW))
+
+
+@pytest.mark.parametrize(("seq", "query"), [(700, 300), (400, 400)])
+def test_partial_prefill_is_refused(seq: int, query: int) -> None:
+    with pytest.raises(ChunkedPrefillError, match="RippleKV needs each prompt prefilled in one step"):
+        plan_batch(torch.tensor([seq]), torch.tensor([0, query]), torch.tensor([700]), table(1, 30), 0.25, BS, WINDOW)
