@@ -13,6 +13,7 @@ from engine_support import close, drive, ripple_llm, runner_of, stock_generate, 
 from ripplekv_vllm.backend import observe_kept
 from ripplekv_vllm.hole import hole
 from ripplekv_vllm.spec import RippleSpec
+from ripplekv_vllm.tiers import load_profile, tier_keep_fractions
 
 TOKENS = 12
 BS, WINDOW = 32, 64
@@ -69,12 +70,10 @@ def tier_runs(model_dir: str, prompts: dict[str, list[int]]):
     # a pool this small admits sequences of 1,056 tokens at most (33 blocks in each of the 3 groups)
     llm = ripple_llm(model_dir, TIERS, num_gpu_blocks_override=1 + groups_needed + margin, max_model_len=1056)
     kept: dict[str, torch.Tensor] = {}
-    fractions: tuple[float, ...] = ()
     observe_kept(lambda layer, row, indices: kept.__setitem__(layer, indices.clone()))
     try:
         runner = runner_of(llm)
         tiers = tier_of(runner)
-        fractions = runner.ripple_config.layer_keep_fractions
         alone_a = drive(llm, {"a": prompts["a"]}, TOKENS)
         observe_kept(None)
         alone_b = drive(llm, {"b": prompts["b"]}, TOKENS)
@@ -82,13 +81,13 @@ def tier_runs(model_dir: str, prompts: dict[str, list[int]]):
     finally:
         observe_kept(None)
         close(llm)
-    return {"tiers": tiers, "fractions": fractions, "a": alone_a, "b": alone_b, "both": both, "kept": kept}
+    return {"tiers": tiers, "a": alone_a, "b": alone_b, "both": both, "kept": kept}
 
 
 def test_tiers_are_the_library_allocation(tier_runs) -> None:
     tiers = tier_runs["tiers"]
     assert len(tiers) == 3 and all(len(layers) == 10 for _, layers in tiers)
-    fractions = tier_runs["fractions"]
+    fractions = tier_keep_fractions(load_profile(PROFILE), 0.2, 3, 1000, WINDOW)
     for fraction, layers in tiers:
         assert all(fractions[i] == fraction for i in layers)
 

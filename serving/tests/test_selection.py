@@ -61,8 +61,9 @@ def test_kept_positions_are_the_window_and_the_top_scores() -> None:
 
 
 def test_window_inside_the_tail_keeps_only_top_scores() -> None:
-    # N = 10 in blocks of 6: T = 6, and the window [6, 10) is the tail, so no position of [0, T) is forced
-    scores = torch.tensor([[0.5, 0.1, 0.9, 0.3, 0.7, 0.2]])
+    # N = 10 in blocks of 6: T = 6; a window of 2 lies in the tail [6, 10), so no position of [0, T) is forced,
+    # and the scored positions 6 and 7 (tail, kept in place anyway) are never picked however high they score
+    scores = torch.tensor([[0.5, 0.1, 0.9, 0.3, 0.7, 0.2, 5.0, 6.0]])
     kept = kept_indices(scores, 10, 3, 6)
     assert kept[:, 0].tolist() == [0, 2, 4]
 
