@@ -133,3 +133,22 @@ def test_engine_refuses_prefix_caching_before_loading(model_dir: str) -> None:
             worker_cls=ripplekv_vllm.WORKER_CLS,
             additional_config={"ripplekv": {"keep_fractions": [0.5] * 30}},
         )
+
+
+def test_settings_without_the_plugin_worker_are_refused(model_dir: str) -> None:
+    from vllm import LLM
+
+    import ripplekv_vllm
+
+    ripplekv_vllm.register()
+    with pytest.raises(RuntimeError, match=re.escape("worker_cls='ripplekv_vllm.worker.RippleCPUWorker'")):
+        LLM(
+            model=model_dir,
+            dtype="float32",
+            max_model_len=1024,
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            enable_chunked_prefill=False,
+            block_size=32,
+            additional_config={"ripplekv": {"keep_fractions": [0.5] * 30}},
+        )
