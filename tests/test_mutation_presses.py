@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
 import torch
-from kvpress import SnapKVPress
+from kvpress import SnapKVPress, StreamingLLMPress
 
 from ripplekv.allocation.budget_spec import TokenBudgetError
-from ripplekv.allocation.lava import LavaRule
-from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets
+from ripplekv.allocation.lava import LavaRule, lava_token_scores
+from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
 from ripplekv.inference.hidden_tail import hidden_states_needed
 from ripplekv.inference.shared import record_prefill
+from ripplekv.models.attention import attention_implementation, supports_per_layer_lengths, uses_varlen_attention
 from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
 from ripplekv.presses.lava_scorer import LavaScorerPress
@@ -290,3 +291,104 @@ def test_lava_spec_defaults_are_the_rules_and_name_one_setting_one_way(method: s
     assert parse_method(f"{method}:gqa_support=true").canonical() == method
     assert parse_method(f"{method}:gqa_support=false").canonical() == f"{method}:gqa_support=false"
     assert make_press(f"{method}:gqa_support=false", budget=0.5).schedule.rule == LavaRule(gqa_support=False)
+
+
+# ------------------------------------------------------------------------------------------------ second round
+
+
+def test_top_k_counts_refuses_every_k_out_of_range_or_not_an_integer() -> None:
+    """``k`` in ``[0, heads * tokens]`` (both ends) counts; a non-integer in range or an integer outside is refused
+    with its message. Seeded bug caught: ``and`` for ``or`` (``-1``, ``7`` and ``1.5`` let through)."""
+    scores = [[3.0, 1.0, 2.0], [2.0, 0.0, 5.0]]
+    assert top_k_counts(scores, 0) == [0, 0] and top_k_counts(scores, 6) == [3, 3]
+    assert top_k_counts(scores, 2) == [1, 1]
+    for bad in (-1, 7, 1.5):
+        with pytest.raises(ValueError, match=re.escape(f"k must be an integer in [0, 6], got {bad!r}")):
+            top_k_counts(scores, bad)  # type: ignore[arg-type]
+
+
+def test_a_budget_the_window_takes_whole_reads_no_prefix_score() -> None:
+    """At ``budget == reserve`` (the window keeps the whole budget) every head keeps the budget without a split, so
+    even scores the split would refuse (not finite) give the uniform counts. Seeded bug caught: ``budget < reserve``
+    (the split run on the prefix, raising "scores must be finite")."""
+    press = LavaPress(SnapKVPress(window_size=4), floor_alpha=0.0)
+    scores = torch.rand(1, 3, 10, generator=torch.Generator().manual_seed(2))
+    scores[0, 1, 2] = float("nan")
+    assert press.head_counts(scores, 4) == [(4, 4, 4)]
+    with pytest.raises(ValueError, match="scores must be finite"):
+        press.head_counts(scores, 5)
+
+
+def test_prune_refuses_head_masks_under_eager_attention_only() -> None:
+    """Eager attention is refused exactly when heads keep different counts (a mask is needed); uniform counts prune
+    under eager, and sdpa takes the mask. Seeded bug caught: ``masked is None`` for ``is not None``."""
+    press = LavaPress(SnapKVPress(window_size=4), floor_alpha=0.0)
+    scores = torch.rand(1, 3, 10, generator=torch.Generator().manual_seed(1))
+    scores[0, 0, :6] += 10  # head 0 holds the layer's best prefix tokens: a split budget
+    keys = torch.arange(30, dtype=torch.float32).view(1, 3, 10, 1)
+    eager, sdpa = SimpleNamespace(_attn_implementation="eager"), SimpleNamespace(_attn_implementation="sdpa")
+    kept, _, masked = press.prune(keys, keys, scores, 6, sdpa)  # type: ignore[arg-type]
+    assert masked is not None and kept.shape[2] == 10
+    message = "LavaPress masks keys head-wise, which needs a boolean attention mask: load the model with"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        press.prune(keys, keys, scores, 6, eager)  # type: ignore[arg-type]
+    kept, _, masked = press.prune(keys, keys, scores, 3, eager)  # type: ignore[arg-type]
+    assert masked is None and kept.shape[2] == 3
+
+
+def test_lava_scorer_default_window_is_kvpress_snapkvs() -> None:
+    """The documented default window (64, kvpress's SnapKV). Seeded bug caught: 65."""
+    assert LavaScorerPress().window_size == SnapKVPress().window_size == 64
+
+
+def test_post_init_switches_stock_attention_to_the_per_layer_variant() -> None:
+    """A model loaded with stock sdpa or eager attends per-layer lengths after the press's post-init; the varlen
+    variant stays as it is. Seeded bug caught: ``supports_per_layer_lengths`` not negated (nothing switched)."""
+    for attn in ("sdpa", "eager"):
+        model = tiny_model("llama", layers=2, attn=attn)
+        assert not supports_per_layer_lengths(model)
+        PerPromptBudgetPress(
+            SnapKVPress(window_size=8), PerPromptSchedule(LavaRule(), 0.5, window_size=8)
+        ).post_init_from_model(model)
+        assert uses_varlen_attention(model) and attention_implementation(model) == f"ripplekv_{attn}"
+
+
+def test_adakv_alpha_safeguard_spec_accepts_both_ends() -> None:
+    """``alpha_safeguard`` 0 and 1 are valid specs (kvpress's AdaKVPress accepts ``[0, 1]``); just outside is refused
+    with its message. Seeded bugs caught: either ``<=`` of the check made ``<``."""
+    for alpha in (0.0, 1.0):
+        assert parse_method(f"adakv:alpha_safeguard={alpha:g}").values["alpha_safeguard"] == alpha
+    for alpha in (-0.01, 1.01):
+        message = f"method 'adakv': alpha_safeguard must be in [0, 1], got {alpha!r}"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_method(f"adakv:alpha_safeguard={alpha}")
+
+
+def test_method_spec_is_frozen_and_hashable() -> None:
+    """A spec is a value: equal specs hash alike (usable as keys) and a field cannot be reassigned. Seeded bug
+    caught: ``frozen=False`` (unhashable, mutable)."""
+    spec = parse_method("lava:kernel_size=5")
+    assert {spec: 1}[parse_method("lava:kernel_size=5")] == 1
+    with pytest.raises(FrozenInstanceError):
+        spec.name = "cake"  # type: ignore[misc]
+
+
+def test_streamingllm_declared_sink_default_is_kvpress() -> None:
+    """The declared ``n_sink`` default is kvpress's StreamingLLMPress's (4), the bare name builds it, and a spec
+    giving 4 is the bare name. Seeded bug caught: the declared default 5."""
+    declared = {p.name: p.default for p in METHOD_PARAMS["streamingllm"][0]}
+    assert declared["n_sink"] == StreamingLLMPress().n_sink == 4
+    assert make_press("streamingllm", budget=0.5).press.n_sink == 4
+    assert parse_method("streamingllm:n_sink=4").canonical() == "streamingllm"
+    assert make_press("streamingllm:n_sink=5", budget=0.5).press.n_sink == 5
+
+
+def test_lava_token_scores_default_kernel_is_the_authors() -> None:
+    """Without ``kernel_size`` the scores are those of kernel 7 (the authors' ``k7``, LavaRule's default), not of
+    another width. Seeded bug caught: the default 8."""
+    generator = torch.Generator().manual_seed(4)
+    attention = torch.softmax(torch.randn(1, HEADS, 4, 20, generator=generator), dim=-1)
+    values = torch.randn(1, KV_HEADS, 24, HEAD_DIM, generator=generator)
+    default = lava_token_scores(attention, values)
+    assert LavaRule().kernel_size == 7 and torch.equal(default, lava_token_scores(attention, values, kernel_size=7))
+    assert not torch.equal(default, lava_token_scores(attention, values, kernel_size=5))
