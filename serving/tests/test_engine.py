@@ -118,7 +118,7 @@ def test_decoding_attends_exactly_the_kept_tokens(tier_runs, model_dir: str, pro
     tokens, logprobs = transformers_reference(model_dir, prompts["a"], kept, full, TOKENS)
     generation = tier_runs["a"].requests["a"]
     assert generation.tokens == tokens
-    assert generation.logprobs == pytest.approx(logprobs, abs=2e-3)
+    assert generation.logprobs == pytest.approx(logprobs, abs=1e-4)  # measured: 1.3e-5
 
 
 def test_staggered_requests_match_each_alone(tier_runs) -> None:
