@@ -16,6 +16,7 @@ import pytest
 import torch
 from kvpress import (
     AdaKVPress,
+    ChunkPress,
     ExpectedAttentionPress,
     KeyDiffPress,
     KnormPress,
@@ -36,7 +37,7 @@ from ripplekv.inference.hidden_tail import hidden_states_needed, prescored_score
 from ripplekv.inference.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv.models.cache import cache_tensors
 from ripplekv.models.chunked_prefill import chunk_bounds, prefill_in_chunks
-from ripplekv.models.padded import RaggedLayer
+from ripplekv.models.padded import RaggedLayer, pad_layers
 from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
@@ -87,6 +88,32 @@ def test_a_chunk_ending_exactly_at_the_last_sink_merges_nothing() -> None:
     assert moments.count == 16
     mu, cov = moments.statistics()
     want_mu, want_cov = _one_pass(module, hidden, 4)
+    torch.testing.assert_close(mu, want_mu, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(cov, want_cov, atol=1e-10, rtol=1e-10)
+
+
+def test_the_moments_repr_names_the_count_and_dtype_but_not_the_tensors() -> None:
+    """``repr`` shows ``n_sink``, ``count`` and ``dtype``, never the mean or second moment (a (heads, dim, dim) tensor
+    per layer in every log line). Seeded bugs: ``repr=False`` -> ``True`` on ``mean``; on ``m2``."""
+    mean, m2 = torch.zeros(1, 2, 3, dtype=torch.float64), torch.zeros(1, 2, 3, 3, dtype=torch.float64)
+    moments = QueryMoments(2, count=3, mean=mean, m2=m2, dtype=torch.float32)
+    assert repr(moments) == "QueryMoments(n_sink=2, count=3, dtype=torch.float32)"
+
+
+@pytest.mark.parametrize("held", ["mean", "m2"])
+def test_moments_holding_only_a_mean_or_only_a_second_moment_start_over_at_the_next_chunk(held: str) -> None:
+    """Moments missing the mean or the second moment hold nothing to merge into: the next chunk starts them over,
+    and the statistics are that chunk's alone (the one pass over it). Seeded bug: ``or`` -> ``and`` in ``update``'s
+    check (the half-set moments merged into: ``None`` in the arithmetic)."""
+    model = tiny_model("llama", layers=1, seed=3).double()
+    module = model.model.layers[0].self_attn
+    hidden = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    stale = {"mean": torch.ones(1, 4, 16, dtype=torch.float64), "m2": torch.ones(1, 4, 16, 16, dtype=torch.float64)}
+    moments = QueryMoments(0, count=7, **{held: stale[held]})  # type: ignore[arg-type]
+    moments.update(module, hidden, 0)
+    assert moments.count == 9
+    mu, cov = moments.statistics()
+    want_mu, want_cov = _one_pass(module, hidden, 0)
     torch.testing.assert_close(mu, want_mu, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(cov, want_cov, atol=1e-10, rtol=1e-10)
 
@@ -201,6 +228,15 @@ def test_the_scorers_a_record_prescores_are_those_scored_through_the_memo() -> N
     assert prescored_scorers([LayerBudgetPress(scorer), LayerBudgetPress(other)]) == (scorer, other)
 
 
+def test_a_press_outside_the_wrappers_is_not_looked_into_for_memoized_scorers() -> None:
+    """kvpress's ChunkPress holds a ``press`` but scores its chunks itself, outside the record's memo: its memoized
+    ExpectedAttention is not prescored (and it reads every position). Seeded bug: ``kind in _WRAPPERS and inner is
+    not None`` -> ``or`` (any press with an inner press looked into)."""
+    chunked = ChunkPress(MemoizedScorerPress(press=ExpectedAttentionPress()))
+    assert prescored_scorers([chunked]) == ()
+    assert hidden_states_needed(chunked) is None
+
+
 # ------------------------------------------------------------------------------------------------ chunked prefill
 
 
@@ -265,6 +301,19 @@ def test_a_ragged_layers_rows_hold_exactly_what_was_written_to_them() -> None:
         assert torch.equal(got_values, torch.cat([values, new_values[index : index + 1]], dim=2))
 
 
+def test_padding_one_row_gives_it_back_and_a_mismatch_is_named_by_its_row() -> None:
+    """One row pads to itself (all valid); the first row sets the heads and dim the others must match, so a second
+    row of other heads is the one refused, by its index. Seeded bug: the reference row ``layers[0]`` -> ``layers[1]``
+    (one row cannot be padded; the wrong row blamed)."""
+    generator = torch.Generator().manual_seed(7)
+    keys, values = torch.randn(1, 2, 3, 4, generator=generator), torch.randn(1, 2, 3, 6, generator=generator)
+    got_keys, got_values, valid = pad_layers([(keys, values, None)])
+    assert torch.equal(got_keys, keys) and torch.equal(got_values, values) and bool(valid.all())
+    other = torch.randn(1, 3, 5, 4, generator=generator)
+    with pytest.raises(ValueError, match=r"^row 1: keys of shape \(1, 3, 5, 4\) do not match \(1, 2, n, 4\)$"):
+        pad_layers([(keys, values, None), (other, torch.randn(1, 3, 5, 6), None)])
+
+
 # ------------------------------------------------------------------------------------------------- shared prefix
 
 
@@ -312,3 +361,45 @@ def test_value_delta_rows_reach_the_last_batch_rows_in_any_chunking(
     )
     got = shared_prefix_attention(query, key, value, prefix, scaling=0.4)
     torch.testing.assert_close(got.double(), _direct_attention(query, key, value, prefix, 0.4), atol=1e-5, rtol=1e-5)
+
+
+def _prefix_case(batch: int, length: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SharedPrefix]:
+    """Query, new keys and values and a prefix (with a delta for the last row) of 4 heads over 2 KV heads, 3 new."""
+    generator = torch.Generator().manual_seed(9)
+    query = torch.randn(batch, 4, 3, dim, generator=generator)
+    key, value = (torch.randn(batch, 2, 3, dim, generator=generator) for _ in range(2))
+    keys, values, delta = (torch.randn(n, 2, length, dim, generator=generator) for n in (1, 1, 1))
+    return query, key, value, SharedPrefix(keys, values, delta)
+
+
+def test_without_the_fused_cpu_kernel_the_prefix_part_is_the_same_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torch has no fused CPU kernel, the explicit softmax over the prefix gives the direct attention too.
+    Seeded bugs: ``cpu and _FLASH_CPU is not None`` -> ``or`` (the missing kernel called); the log-sum-exp over
+    ``dim=-2`` (the rows, not the prefix positions)."""
+    query, key, value, prefix = _prefix_case(3, 7, 8)
+    monkeypatch.setattr(shared_prefix_module, "_FLASH_CPU", None)
+    got = shared_prefix_attention(query, key, value, prefix, scaling=0.4)
+    torch.testing.assert_close(got.double(), _direct_attention(query, key, value, prefix, 0.4), atol=1e-5, rtol=1e-5)
+
+
+def test_row_chunks_are_the_most_rows_whose_prefix_scores_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's prefix scores take ``heads * new * length * 4`` bytes: under a limit of 2.5 rows' bytes the 5 rows run
+    as chunks of 2, 2 and 1 (the prefix length, not the head dim 8, sets a row's size), with the direct attention's
+    output. Seeded bug: ``prefix.keys.shape[2]`` -> ``shape[3]`` (a row sized by its dim: chunks of 1 row at a
+    4-token prefix, all 5 rows at once at a 16-token one)."""
+    rows: list[int] = []
+    attend = shared_prefix_module._attend
+
+    def spy(query: torch.Tensor, *args: Any) -> torch.Tensor:
+        rows.append(query.shape[0])
+        return attend(query, *args)
+
+    monkeypatch.setattr(shared_prefix_module, "_attend", spy)
+    for length in (4, 16):
+        rows.clear()
+        query, key, value, prefix = _prefix_case(5, length, 8)
+        monkeypatch.setattr(shared_prefix_module, "MAX_SCORE_BYTES", 4 * 3 * length * 4 * 5 // 2)
+        got = shared_prefix_attention(query, key, value, prefix, scaling=0.4)
+        assert rows == [2, 2, 1], length
+        want = _direct_attention(query, key, value, prefix, 0.4)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)

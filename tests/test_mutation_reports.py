@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ import tqdm
 
 from ripplekv.evaluation.reporting.by_scorer import analyse_by_scorer, primary_method, row_scorers, verdict_lines
 from ripplekv.evaluation.reporting.run_stats import RunStats, analyse_run
-from ripplekv.evaluation.reporting.tables import markdown_sections, markdown_significance
+from ripplekv.evaluation.reporting.tables import _p, budget_label, markdown_sections, markdown_significance
 from ripplekv.evaluation.running.folder_config import (
+    CONFIG_FORMAT,
     ConfigMismatchError,
     check_or_write_config,
     extends,
@@ -116,6 +118,19 @@ def test_the_verdict_line_finds_ripplekv_under_its_parameters() -> None:
         assert f"{best.wins}/{best.ties}/{best.losses}" in line and ", better, " in line
 
 
+def test_a_scorer_without_ripplekv_at_a_budget_leaves_the_next_scorers_verdict() -> None:
+    """A first scorer whose run has no RippleKV gives no verdict part; the next scorer's part still follows, one
+    line per budget. Seeded bug caught: the skipped scorer's ``continue`` as ``break`` (no line at all)."""
+    rows = _rows()
+    plain = analyse_run(
+        [r for r in rows if r["method"] != SPEC], METHODS[:3], BUDGETS, ["fidelity_kl"], 0, RESAMPLES, DRAWS
+    )
+    by_scorer = analyse_by_scorer(rows, METHODS, BUDGETS, ["fidelity_kl"], 0, RESAMPLES, DRAWS)
+    lines = verdict_lines({"tova": (plain, METHODS[:3]), **by_scorer}, "fidelity_kl")
+    assert lines == verdict_lines(by_scorer, "fidelity_kl") and len(lines) == len(BUDGETS)
+    assert all(": snapkv: vs " in line and "tova" not in line for line in lines), lines
+
+
 # ------------------------------------------------------------------------------------------- run_stats: defaults
 
 
@@ -206,6 +221,48 @@ def test_paired_difference_tables_exist_for_budgets_with_comparisons_and_match_t
     assert snapkv[7] == f"{best.wins}/{best.ties}/{best.losses}"
 
 
+def _p_text(p: float) -> str:
+    """A p value as the tables print it: ``nan`` unless finite, two digits from 1e-3, else one (``2e-5``)."""
+    text = "nan" if not math.isfinite(p) else f"{p:.2g}" if p >= 1e-3 else f"{p:.1g}"
+    return f"{text.split('e')[0]}e{int(text.split('e')[1])}" if "e" in text else text
+
+
+def test_the_paired_cells_are_signed_intervals_and_their_p_values(sectioned: RunStats) -> None:
+    """Each compared row's best-other cells are the difference's interval with ``+`` on positive numbers (a star if
+    significant), W/T/L, p and Holm p as ``_p`` prints them; PyramidKV, worse than SnapKV, shows a ``+``. Seeded
+    bugs caught: the interval's ``sign=True`` as ``False``; ``not math.isfinite(p)`` as ``isfinite`` (every p nan)."""
+    run = sectioned
+    stats = run.metrics["fidelity_kl"]
+    (table,) = (t for h, t in _tables(markdown_sections(run, METHODS, BUDGETS)).items() if "budget 0.3: paired" in h)
+    for row in table[2:]:
+        best = stats.versus[0.3][row[0]]["best_other"]
+        d = best.difference
+        star = " *" if best.significant else ""
+        wtl = f"{best.wins}/{best.ties}/{best.losses}"
+        want = [_interval(stats, d.mean, d.low, d.high, sign=True) + star, wtl, _p_text(best.p), _p_text(best.p_holm)]
+        assert row[6:] == want and "nan" not in want
+    assert table[3][0] == "pyramidkv" and table[3][6].startswith("+")
+
+
+def test_p_values_print_two_digits_a_short_exponent_and_nan_when_not_finite() -> None:
+    """``0.0123`` is ``0.012``, ``1e-3`` ``0.001``, below it one digit and an exponent without its zeros
+    (``2e-5``), a NaN or infinite p ``nan``. Seeded bug caught: ``not math.isfinite(p)`` as ``isfinite``."""
+    assert [_p(0.0123), _p(1e-3), _p(2e-5), _p(1.0), _p(3e-12)] == ["0.012", "0.001", "2e-5", "1", "3e-12"]
+    assert all(_p(p) == _p_text(p) for p in (0.0123, 1e-3, 9.9e-4, 2e-5, 1.0, 3e-12))
+    assert [_p(math.nan), _p(math.inf)] == ["nan", "nan"]
+
+
+def test_a_budget_up_to_1_is_a_fraction_and_above_it_a_token_count() -> None:
+    """``0.1`` is ``10%`` and ``1`` (the whole cache) ``100%``; ``1.5``, ``2`` and ``512`` are tokens per layer.
+    Seeded bugs caught: ``budget <= 1`` as ``< 1``; the boundary 1 as 2."""
+    assert [budget_label(b) for b in (0.1, 1, 1.0)] == ["10%", "100%", "100%"]
+    assert [budget_label(b) for b in (1.5, 2, 512)] == [
+        "1.5 tokens per layer",
+        "2 tokens per layer",
+        "512 tokens per layer",
+    ]
+
+
 # ------------------------------------------------------------------------------------ running/results: the folder
 
 
@@ -240,6 +297,33 @@ def test_reading_skips_blank_lines_and_cuts_an_interrupted_last_line_only_when_a
     assert log.read(repair=True) == rows
     assert log.path.read_bytes() == before[: before.rindex(b"\n") + 1]
     assert log.read() == rows
+
+
+def test_rows_after_a_leading_blank_line_are_read_and_repair_keeps_them(tmp_path: Path) -> None:
+    """A file that starts with a blank line holds every row after it, and a repair cuts nothing. Seeded bugs
+    caught: ``newline < 0`` as ``<= 0``; as ``< 1`` (the whole file taken for one broken last line: no rows, and
+    the repair empties the file)."""
+    rows = [_row(f"s{i}", "t", "snapkv", 0.1, 0.1 * i) for i in range(2)]
+    log = ResultsLog(tmp_path / "results.jsonl")
+    log.path.write_text("\n" + "".join(json.dumps(row) + "\n" for row in rows))
+    before = log.path.read_bytes()
+    assert log.read() == rows
+    assert log.read(repair=True) == rows and log.path.read_bytes() == before
+
+
+def test_a_row_is_saved_as_utf8_json_read_back_as_written_and_nan_is_refused(tmp_path: Path) -> None:
+    """An appended row is one line of UTF-8 JSON with its non-ASCII text as itself, read back equal; a row holding
+    NaN is refused, the file unchanged. Seeded bugs caught: ``ensure_ascii=False`` as ``True`` (``\\u00e9`` escapes);
+    ``allow_nan=False`` as ``True`` (a ``NaN`` token no strict JSON reader takes)."""
+    log = ResultsLog(tmp_path / "results.jsonl")
+    row = {**_row("t/é", "t", "snapkv", 0.1, 0.25), "answer": "naïve café — 東京"}
+    log.append(row)
+    written = log.path.read_bytes()
+    assert written == (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8") and "東京".encode() in written
+    assert log.read() == [row]
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        log.append({**row, "fidelity_kl": math.nan})
+    assert log.path.read_bytes() == written
 
 
 def test_a_run_folder_is_created_with_its_parents_and_cannot_be_changed(tmp_path: Path) -> None:
@@ -349,3 +433,17 @@ def test_the_config_digest_is_the_sha256_of_sorted_compact_json() -> None:
     canonical = '{"a":"\\u00e9","b":[1,{"x":1,"y":2}]}'
     assert sha256_json(data) == sha256_json(same) == hashlib.sha256(canonical.encode()).hexdigest()
     assert sha256_json({**same, "a": "e"}) != sha256_json(same)
+
+
+@pytest.mark.parametrize("saved", [{"format": "ripplekv-tune/1", "config": SAVED}, {"config": SAVED}, [SAVED]], ids=str)
+def test_a_folder_refuses_a_config_file_of_another_format(tmp_path: Path, saved: Any) -> None:
+    """A ``config.json`` of another format, of none, or not an object, is refused by name even when it holds the
+    same configuration, and left as it was. Seeded bug caught: ``not isinstance(saved, dict) or ...`` as ``and``
+    (a dict of another format resumed into; a list read with ``.get``)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ConfigMismatchError, match=f"^{path} is not a ripplekv eval config: cannot resume into "):
+        check_or_write_config(tmp_path, SAVED, {})
+    assert json.loads(path.read_text()) == saved
+    check_or_write_config(tmp_path / "new", SAVED, {})
+    assert json.loads((tmp_path / "new" / "config.json").read_text())["format"] == CONFIG_FORMAT
