@@ -98,7 +98,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/allocation/cake.py": PER_PROMPT_TESTS,
     "ripplekv/allocation/squeezeattention.py": PER_PROMPT_TESTS + ("tests/test_squeeze_kmeans.py",),
     "ripplekv/allocation/dynamickv.py": PER_PROMPT_TESTS,
-    "ripplekv/allocation/lava.py": PER_PROMPT_TESTS,
+    "ripplekv/allocation/lava.py": PER_PROMPT_TESTS + ("tests/test_mutation_presses.py",),
     "ripplekv/profiling/checkpoint.py": PROFILING_TESTS,
     "ripplekv/profiling/profile.py": PROFILING_TESTS,
     "ripplekv/profiling/sensitivity.py": PROFILING_TESTS,

@@ -1,0 +1,202 @@
+"""Serving benchmark: full cache, SnapKV-uniform and RippleKV budgets in vLLM at one KV-cache size, side by side.
+
+Runs in the vLLM environment (``benchmarks/serving/install_vllm_env.sh``, then ``benchmarks/serving/test.sh`` to
+install the plugin); never in the main one:
+
+    .venv-vllm/bin/python benchmarks/serving.py --budget 0.2 --requests 24 --out benchmarks/results/serving
+
+Every configuration serves the same requests, all submitted at once, from an engine with the same KV-cache memory
+(``VLLM_CPU_KVCACHE_SPACE`` GiB) and the same engine settings (block size 32, no prefix caching, no chunked prefill,
+float32, eager), each in a fresh child process (the plugin's attention backend is process-wide):
+
+* ``full``: stock vLLM (``VLLM_PLUGINS=""``), every layer keeps every prompt token;
+* ``snapkv``: the plugin with one keep fraction, the budget, in every layer (SnapKV's uniform budget);
+* ``ripplekv``: the plugin with the profile's per-layer budgets at the same global budget, in tiers.
+
+The prompts are BAMBOO documents (``benchmarks/heldout/bamboo.jsonl``) cut to token lengths drawn uniformly from
+``[--min-tokens, --max-tokens]`` (seeded), each with its question in the chat template; every request decodes
+``--max-new-tokens`` greedy tokens (``ignore_eos``, so every configuration generates the same number of tokens).
+The engine is driven step by step; after every step the child records the KV blocks in use and the requests running
+and waiting. It reports wall time, requests and output tokens per second, the peak and mean share of the KV pool in
+use, the most requests running at once, and the preemptions; the parent prints every configuration's numbers and
+their ratios to ``full``. A child's JSON is written when it finishes, so an interrupted run keeps finished
+configurations and re-running skips them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BAMBOO = ROOT / "benchmarks" / "heldout" / "bamboo.jsonl"
+CONFIGS = ("full", "snapkv", "ripplekv")
+ENGINE: dict[str, Any] = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "seed": 0,
+    "enable_prefix_caching": False,
+    "enable_chunked_prefill": False,
+    "block_size": 32,
+}
+
+
+def prompts(tokenizer: Any, count: int, low: int, high: int, seed: int) -> list[list[int]]:
+    """``count`` chat prompts of BAMBOO documents cut to a seeded length in ``[low, high]`` tokens of context."""
+    records = [json.loads(line) for line in BAMBOO.read_text().splitlines() if line.strip()]
+    rng = random.Random(seed)
+    out: list[list[int]] = []
+    for i in range(count):
+        record = records[i % len(records)]
+        ids = tokenizer(record["context"], add_special_tokens=False).input_ids
+        keep = min(len(ids), rng.randint(low, high))
+        user = tokenizer.decode(ids[:keep]) + "\n\n" + record["question"]
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+        )
+        out.append(tokenizer(text, add_special_tokens=False).input_ids)
+    return out
+
+
+def child(args: argparse.Namespace) -> None:
+    """Serve every request under one configuration and write its measurements to ``OUT/<config>.json``."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = dict(ENGINE, max_model_len=args.max_model_len, max_num_batched_tokens=args.max_model_len)
+    if args.config != "full":
+        import ripplekv_vllm
+
+        ripplekv_vllm.register()
+        if args.config == "snapkv":
+            layers = json.loads((Path(args.model_dir) / "config.json").read_text())["num_hidden_layers"]
+            settings: dict[str, Any] = {"keep_fractions": [args.budget] * layers}
+        else:
+            settings = {"profile": str(args.profile), "budget": args.budget, "tiers": args.tiers}
+        engine.update(worker_cls=ripplekv_vllm.WORKER_CLS, additional_config={"ripplekv": settings})
+    llm = LLM(model=args.model_dir, **engine)
+    ids = prompts(llm.get_tokenizer(), args.requests, args.min_tokens, args.max_tokens, args.seed)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=True)
+    engine_core = llm.llm_engine.engine_core.engine_core
+    scheduler = engine_core.scheduler
+    pool = scheduler.kv_cache_manager.block_pool
+    usable = pool.num_gpu_blocks - 1  # the null block
+    started = time.perf_counter()
+    for i, prompt in enumerate(ids):
+        llm.llm_engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=prompt), params)
+    used: list[float] = []
+    running: list[int] = []
+    generated = 0
+    preemptions: dict[str, int] = {}
+    while llm.llm_engine.has_unfinished_requests():
+        for out in llm.llm_engine.step():
+            if out.finished:
+                generated += len(out.outputs[0].token_ids)
+        used.append((usable - pool.get_num_free_blocks()) / usable)
+        running.append(len(scheduler.running))
+        for request in scheduler.running:
+            preemptions[request.request_id] = max(preemptions.get(request.request_id, 0), request.num_preemptions)
+    seconds = time.perf_counter() - started
+    result = {
+        "config": args.config,
+        "budget": 1.0 if args.config == "full" else args.budget,
+        "requests": len(ids),
+        "prompt_tokens": sum(len(p) for p in ids),
+        "generated_tokens": generated,
+        "seconds": round(seconds, 3),
+        "requests_per_second": len(ids) / seconds,
+        "output_tokens_per_second": generated / seconds,
+        "kv_pool_blocks": usable,
+        "kv_cache_gib": int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "0")),
+        "peak_kv_share": max(used),
+        "mean_kv_share": sum(used) / len(used),
+        "max_running": max(running),
+        "mean_running": sum(running) / len(running),
+        "steps": len(used),
+        "preemptions": sum(preemptions.values()),
+    }
+    (args.out / f"{args.config}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """Every configuration's measurements and their ratios to the full cache's, as markdown."""
+    base = next(r for r in results if r["config"] == "full")
+    columns = (
+        ("requests_per_second", "requests/s"),
+        ("output_tokens_per_second", "output tokens/s"),
+        ("seconds", "wall s"),
+        ("peak_kv_share", "peak KV pool in use"),
+        ("mean_kv_share", "mean KV pool in use"),
+        ("max_running", "most running at once"),
+        ("mean_running", "mean running"),
+        ("preemptions", "preemptions"),
+    )
+    lines = [
+        "| config | budget | " + " | ".join(label for _, label in columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for r in results:
+        cells = []
+        for key, _ in columns:
+            value = r[key]
+            shown = f"{value:.1%}" if "share" in key else f"{value:.3g}"
+            if r is base or not base[key]:
+                cells.append(shown)  # a ratio to zero (no preemption under the full cache) is left out
+            else:
+                cells.append(f"{shown} ({value / base[key]:.2f}x)")
+        lines.append(f"| {r['config']} | {r['budget']:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", default=None, help="HF directory (default: the library's SmolLM2 conversion)")
+    parser.add_argument("--profile", type=Path, default=ROOT / "benchmarks" / "results" / "smollm2-135m.profile.json")
+    parser.add_argument("--budget", type=float, default=0.2)
+    parser.add_argument("--tiers", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--min-tokens", type=int, default=2048)
+    parser.add_argument("--max-tokens", type=int, default=3900)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--kv-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE of every configuration")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--config", choices=CONFIGS, default=None, help=argparse.SUPPRESS)  # the child's
+    args = parser.parse_args()
+    if args.model_dir is None:
+        from ripplekv.models.sources import smollm2_gguf_path
+
+        args.model_dir = str(
+            json.loads((ROOT / "benchmarks/results/vllm-probe/reference.json").read_text())["model_dir"]
+        )
+        if not Path(args.model_dir).is_dir():
+            raise SystemExit(f"{args.model_dir} is missing: convert {smollm2_gguf_path()} with the main environment")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.config is not None:
+        child(args)
+        return
+    for config in CONFIGS:
+        if (args.out / f"{config}.json").exists():
+            continue
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(args.kv_gib))
+        if config == "full":
+            env["VLLM_PLUGINS"] = ""
+        command = [sys.executable, __file__, *sys.argv[1:], "--config", config, "--model-dir", args.model_dir]
+        subprocess.run(command, env=env, check=True)
+    results = [json.loads((args.out / f"{c}.json").read_text()) for c in CONFIGS]
+    text = table(results)
+    (args.out / "serving.md").write_text(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
