@@ -1,4 +1,4 @@
-"""RippleKV's default (r, gamma) from tuning runs: the setting with the lowest calibration KL relative to SnapKV.
+"""A candidate default (r, gamma) from tuning runs: the setting with the lowest calibration KL relative to SnapKV.
 
     python benchmarks/choose_default.py benchmarks/results/tune-fair-longbench benchmarks/results/tune-fair-ruler-4k
 
@@ -7,7 +7,8 @@ calibration KL divided by uniform SnapKV's on the same calibration prompts (so a
 outweigh the other); the default is the setting with the lowest mean ratio over all (run, budget) cells. Only
 calibration prompts are read: the runs' held-out prompts and the held-out source that checks the choice
 (``benchmarks/default_check.py``) play no part. Settings the grid makes identical (with r = 4, every gamma >= 4
-clips nothing) tie; the one listed first in the grid is kept. Prints the ranking as markdown.
+clips nothing) tie; the one listed first in the grid is kept. Prints the ranking as markdown. The candidate
+becomes the default only if the held-out check confirms it; on BAMBOO it did not (r 16, gamma 12: docs/fair-fight.md).
 """
 
 from __future__ import annotations
