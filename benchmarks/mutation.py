@@ -547,6 +547,40 @@ def load_equivalent() -> dict[str, str]:
     return found
 
 
+def first_runs(since: str, until: str) -> dict[str, Any]:
+    """First-run kill rate of the mutants first run in ``[since, until)`` (ISO times, compared as text).
+
+    A mutant's first run is its earliest row (per module, index and source digest), against the tests as they were
+    then; reruns after new tests do not count. Mutants reviewed as equivalent are left out; a timeout is a kill.
+    """
+    first: dict[tuple[str, int, str], dict[str, Any]] = {}
+    path = OUT / "results.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        key = (row["module"], row["index"], row["source_sha"])
+        if key not in first or row["date"] < first[key]["date"]:
+            first[key] = row
+    equivalent = load_equivalent()
+    counts = {"mutants": 0, "equivalent": 0, "killed": 0}
+    for row in first.values():
+        if not since <= row["date"] < until:
+            continue
+        counts["mutants"] += 1
+        if f"{row['module']}\t{row['col']}\t{row['label']}\t{row['source']}" in equivalent:
+            counts["equivalent"] += 1
+        elif row["status"] in ("killed", "timeout"):
+            counts["killed"] += 1
+    scored = counts["mutants"] - counts["equivalent"]
+    return {
+        **counts,
+        "kill rate": counts["killed"] / scored if scored else None,
+        "interval": wilson(counts["killed"], scored),
+    }
+
+
 def _append(row: dict[str, Any]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     with (OUT / "results.jsonl").open("a") as f:
@@ -737,6 +771,9 @@ def main() -> None:
     )
     parser.add_argument("--summary", action="store_true", help="only write the summary of the results so far")
     parser.add_argument("--list", action="store_true", help="print the mutants of the selected modules")
+    parser.add_argument(
+        "--first-run", nargs=2, metavar=("SINCE", "UNTIL"), help="first-run kill rate of mutants first run then (ISO)"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(SRC))
     sys.path.insert(0, str(ROOT))
@@ -747,6 +784,9 @@ def main() -> None:
         for module in modules:
             for site in sites_of(module):
                 print(f"{module}:{site.line}:{site.col}\t{site.label}\t{site.source}")
+        return
+    if args.first_run:
+        print(json.dumps(first_runs(*args.first_run)))
         return
     if not args.summary:
         preload()
