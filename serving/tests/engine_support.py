@@ -188,3 +188,20 @@ def transformers_reference(
             out = model(torch.tensor([[token]]), position_ids=torch.tensor([[n + step]]), past_key_values=cache)
             logits = out.logits[0, -1]
     return tokens, logprobs
+
+
+def tier_of(runner: Any) -> list[tuple[float, list[int]]]:
+    """(keep fraction, layer indices) of each KV-cache group."""
+    from ripplekv_vllm.spec import RippleSpec
+
+    out = []
+    for group in runner.kv_cache_config.kv_cache_groups:
+        assert isinstance(group.kv_cache_spec, RippleSpec)
+        layers = sorted(int(name.split(".layers.")[1].split(".")[0]) for name in group.layer_names)
+        out.append((group.kv_cache_spec.keep_fraction, layers))
+    return out
+
+
+def non_null(blocks: list[list[int | None]]) -> list[int]:
+    """Non-null blocks per group."""
+    return [sum(b is not None for b in group) for group in blocks]

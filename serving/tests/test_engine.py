@@ -8,11 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import PROFILE
-from engine_support import close, drive, ripple_llm, runner_of, stock_generate, transformers_reference
+from engine_support import (
+    close,
+    drive,
+    non_null,
+    ripple_llm,
+    runner_of,
+    stock_generate,
+    tier_of,
+    transformers_reference,
+)
 
 from ripplekv_vllm.backend import observe_kept
 from ripplekv_vllm.hole import hole
-from ripplekv_vllm.spec import RippleSpec
 from ripplekv_vllm.tiers import load_profile, tier_keep_fractions
 
 TOKENS = 12
@@ -25,21 +33,6 @@ TIERS = {"profile": str(PROFILE), "budget": 0.2, "tiers": 3, "reference_tokens":
 def prompts(bamboo_ids) -> dict[str, list[int]]:
     """Prompts whose lengths are not multiples of the block size (their tail blocks are partial)."""
     return {"a": bamboo_ids(0, 1000), "b": bamboo_ids(1, 600), "c": bamboo_ids(2, 300)}
-
-
-def tier_of(runner) -> list[tuple[float, list[int]]]:
-    """(keep fraction, layer indices) of each KV-cache group."""
-    out = []
-    for group in runner.kv_cache_config.kv_cache_groups:
-        assert isinstance(group.kv_cache_spec, RippleSpec)
-        layers = sorted(int(name.split(".layers.")[1].split(".")[0]) for name in group.layer_names)
-        out.append((group.kv_cache_spec.keep_fraction, layers))
-    return out
-
-
-def non_null(blocks: list[list[int | None]]) -> list[int]:
-    """Non-null blocks per group."""
-    return [sum(b is not None for b in group) for group in blocks]
 
 
 def test_full_budget_is_stock_vllm(model_dir: str, prompts: dict[str, list[int]]) -> None:

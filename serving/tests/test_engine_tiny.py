@@ -14,11 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support import close, drive, ripple_llm, runner_of, stock_generate, transformers_reference
+from engine_support import (
+    close,
+    drive,
+    non_null,
+    ripple_llm,
+    runner_of,
+    stock_generate,
+    tier_of,
+    transformers_reference,
+)
 
 from ripplekv_vllm.backend import observe_kept
 from ripplekv_vllm.hole import hole
-from ripplekv_vllm.spec import RippleSpec
 
 TOKENS = 6
 BS, WINDOW = 32, 64
@@ -63,21 +71,6 @@ def prompts() -> dict[str, list[int]]:
     """Random token ids of lengths that are not multiples of the block size (their tail blocks are partial)."""
     rng = random.Random(0)
     return {name: [rng.randrange(3, 49152) for _ in range(n)] for name, n in (("a", 500), ("b", 333))}
-
-
-def tier_of(runner) -> list[tuple[float, list[int]]]:
-    """(keep fraction, layer indices) of each KV-cache group."""
-    out = []
-    for group in runner.kv_cache_config.kv_cache_groups:
-        assert isinstance(group.kv_cache_spec, RippleSpec)
-        layers = sorted(int(name.split(".layers.")[1].split(".")[0]) for name in group.layer_names)
-        out.append((group.kv_cache_spec.keep_fraction, layers))
-    return out
-
-
-def non_null(blocks: list[list[int | None]]) -> list[int]:
-    """Non-null blocks per group."""
-    return [sum(b is not None for b in group) for group in blocks]
 
 
 def test_full_budget_is_stock_vllm(tiny_dir: str, prompts: dict[str, list[int]]) -> None:
