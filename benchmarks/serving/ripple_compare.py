@@ -23,13 +23,7 @@ from typing import Any
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first position where ``a`` and ``b`` differ (the shorter length if one is a prefix), or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+from vllm_probe import first_difference  # noqa: E402  (the probe beside this script; it imports no vLLM at import)
 
 
 def compare_kept(plugin: dict[int, list[set[int]]], library: dict[int, list[set[int]]]) -> dict[str, Any]:
