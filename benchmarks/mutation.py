@@ -74,19 +74,28 @@ PRESS_TESTS = (
     "tests/test_relations_models.py",
     "tests/test_lava_full.py",
     "tests/test_mutation_presses.py",
+    "tests/test_mutation_press_edges.py",
     *RELATIONS,
 )
 CHUNK_TESTS = (
     "tests/test_chunked_prefill.py",
     "tests/test_relations_models.py",
     "tests/test_mutation_inference.py",
+    "tests/test_mutation_models.py",
     *RELATIONS,
 )
-REPORT_TESTS = ("tests/test_report.py", "tests/test_relations_reports.py", "tests/test_mutation_reports.py", *RELATIONS)
+REPORT_TESTS = (
+    "tests/test_report.py",
+    "tests/test_relations_reports.py",
+    "tests/test_mutation_reports.py",
+    "tests/test_mutation_runs.py",
+    *RELATIONS,
+)
 RUN_TESTS = (
     "tests/test_results_resume.py",
     "tests/test_relations_runs.py",
     "tests/test_mutation_reports.py",
+    "tests/test_mutation_runs.py",
     *RELATIONS,
 )
 MODULES: dict[str, tuple[str, ...]] = {
@@ -98,7 +107,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/allocation/cake.py": PER_PROMPT_TESTS,
     "ripplekv/allocation/squeezeattention.py": PER_PROMPT_TESTS + ("tests/test_squeeze_kmeans.py",),
     "ripplekv/allocation/dynamickv.py": PER_PROMPT_TESTS,
-    "ripplekv/allocation/lava.py": PER_PROMPT_TESTS + ("tests/test_mutation_presses.py",),
+    "ripplekv/allocation/lava.py": PER_PROMPT_TESTS
+    + ("tests/test_mutation_presses.py", "tests/test_mutation_press_edges.py"),
     "ripplekv/profiling/checkpoint.py": PROFILING_TESTS,
     "ripplekv/profiling/profile.py": PROFILING_TESTS,
     "ripplekv/profiling/sensitivity.py": PROFILING_TESTS,
@@ -116,19 +126,26 @@ MODULES: dict[str, tuple[str, ...]] = {
     # issue 26: the modules added for the per-prompt allocators, their presses and statistics, the chunked prefill
     # and the reports
     "ripplekv/allocation/lava_heads.py": ("tests/test_lava_full.py", "tests/test_mutation_presses.py", *RELATIONS),
-    "ripplekv/presses/lava_press.py": ("tests/test_lava_full.py", "tests/test_mutation_presses.py", *RELATIONS),
+    "ripplekv/presses/lava_press.py": (
+        "tests/test_lava_full.py",
+        "tests/test_mutation_presses.py",
+        "tests/test_mutation_press_edges.py",
+        *RELATIONS,
+    ),
     "ripplekv/presses/lava_scorer.py": ("tests/test_lava_full.py", "tests/test_mutation_presses.py", *RELATIONS),
     "ripplekv/presses/per_prompt_press.py": PRESS_TESTS,
     "ripplekv/presses/score_memo.py": (
         "tests/test_score_memo.py",
         "tests/test_relations_models.py",
         "tests/test_mutation_presses.py",
+        "tests/test_mutation_press_edges.py",
         *RELATIONS,
     ),
     "ripplekv/presses/method_spec.py": (
         "tests/test_method_spec.py",
         "tests/test_tune.py",
         "tests/test_mutation_presses.py",
+        "tests/test_mutation_press_edges.py",
         *RELATIONS,
     ),
     "ripplekv/inference/query_moments.py": (

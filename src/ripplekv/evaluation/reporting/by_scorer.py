@@ -130,6 +130,8 @@ def _cell(run: RunStats, metric: str, method: str, budget: float) -> str:
 def verdict_lines(by_scorer: Mapping[str, tuple[RunStats, list[str]]], metric: str) -> list[str]:
     """One line per budget and scorer: RippleKV's paired difference to the best other schedule over that scorer.
 
+    Each part says whether RippleKV is better, worse or tied (a zero mean difference) for the metric's direction.
+
     Args:
         by_scorer: :func:`analyse_by_scorer`'s result.
         metric: the metric.
@@ -147,8 +149,9 @@ def verdict_lines(by_scorer: Mapping[str, tuple[RunStats, list[str]]], metric: s
             fmt = stats.metric.fmt  # type: ignore[union-attr]
             d = best.difference
             verdict = "significant" if best.significant else "not significant"
-            better = (d.mean > 0) == stats.metric.higher_is_better  # type: ignore[union-attr]
-            side = "better" if better else "worse"
+            higher_is_better = stats.metric.higher_is_better  # type: ignore[union-attr]
+            # no difference is neither better nor worse, whichever way the metric points
+            side = "tied" if d.mean == 0 else "better" if (d.mean > 0) == higher_is_better else "worse"
             parts.append(
                 f"{scorer}: vs {best.other} {fmt(d.mean, True)} [{fmt(d.low, True)}, {fmt(d.high, True)}], "
                 f"{best.wins}/{best.ties}/{best.losses}, Holm p={best.p_holm:.2g}, {side}, {verdict}"
