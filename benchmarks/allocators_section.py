@@ -22,7 +22,14 @@ METRIC = "fidelity_kl"
 
 
 def _matrices(report: list[str]) -> tuple[list[str], list[str]]:
-    """The report's per-scorer lines of the metric and its allocation x scorer tables (headings one level down)."""
+    """The report's per-scorer lines of the metric and its allocation x scorer tables (headings one level down).
+
+    A run of one scorer has no allocation x scorer section: its table of the metric's means stands for it.
+    """
+    if "## Allocation x scorer" not in report:
+        start = next(i for i, line in enumerate(report) if line.startswith(f"## {METRIC} "))
+        end = next((i for i in range(start + 1, len(report)) if report[i].startswith(("## ", "### "))), len(report))
+        return [], ["#" + report[start], *report[start + 1 : end]]  # the means, not the paired subsections
     start = report.index("## Allocation x scorer")
     end = next((i for i in range(start + 1, len(report)) if report[i].startswith("## ")), len(report))
     part = report[start + 1 : end]
