@@ -17,6 +17,7 @@ from ripplekv.evaluation.reporting.by_scorer import analyse_by_scorer, verdict_l
 from ripplekv.evaluation.reporting.tables import FEW_SAMPLES, small_sample_caveat
 from ripplekv.evaluation.running.results import ResultsLog, open_results, run_pending
 from ripplekv.evaluation.sample import FULL_BUDGET
+from tests.test_mutation_reports import _Bar
 
 RESAMPLES, DRAWS = 2000, 999
 BUDGETS = [0.1, 0.3]
@@ -66,27 +67,6 @@ class _Sample:
     id: str
 
 
-class _Bar:
-    """Records whether ``run_pending`` disabled its progress bar (in place of ``tqdm.tqdm``)."""
-
-    made: list[bool] = []
-
-    def __init__(self, total: int, initial: int, desc: str, unit: str, disable: bool) -> None:
-        _Bar.made.append(disable)
-
-    def __enter__(self) -> _Bar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        return None
-
-    def update(self, n: int = 1) -> None:
-        return None
-
-
 def _rows_of(sample: Any, pending: list[tuple[str, float]], answer: Any) -> Any:
     return ({"sample_id": sample.id, "method": m, "budget": b} for m, b in pending)
 
@@ -97,7 +77,7 @@ def test_a_run_shows_its_progress_unless_told_not_to(tmp_path: Path, monkeypatch
     monkeypatch.setattr(_Bar, "made", [])
     with open_results(tmp_path, {"x": 1}, {}) as folder:
         assert run_pending([_Sample("a")], [("full", 1.0)], folder, _rows_of, "t") == 1
-    assert _Bar.made == [False]
+    assert [bar.disable for bar in _Bar.made] == [False]
 
 
 def test_a_run_resumed_after_an_interrupted_write_appends_whole_rows(tmp_path: Path) -> None:
