@@ -27,15 +27,16 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ripplekv.inference import greedy_decode
-from ripplekv.inference.batched import batched_greedy_decode
-from ripplekv.inference.fidelity import teacher_forced_logprobs
 from ripplekv.inference.generate import chat_prompt_parts, eos_ids
-from ripplekv.inference.shared import derived_prefill, record_prefill
 from ripplekv.models import load_model
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import make_press
 from ripplekv.profiling import SensitivityProfile
 from ripplekv.profiling.haystack import build_needle_prompt
+from ripplekv_eval.fastpath.batched import batched_greedy_decode
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
 
 DEFAULT_PROFILE = Path(__file__).parent / "results" / "smollm2-135m.profile.json"
 DEFAULT_METHODS = "streamingllm,snapkv,pyramidkv,adakv,ripplekv,ripplekv-local"

@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ripplekv.analysis.tuning_report import adjust, macro_mean, paired_comparison
-from ripplekv.evaluation.reporting.significance import SignFlip
+from ripplekv_eval.analysis.tuning_report import adjust, macro_mean, paired_comparison
+from ripplekv_eval.reporting.significance import SignFlip
 
 Samples = dict[str, dict[str, float]]
 

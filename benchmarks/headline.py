@@ -5,14 +5,14 @@ For every metric the run holds (task score, fidelity KL, top-1 agreement, gold-a
 1. each method's mean at each budget with its 95% BCa bootstrap interval (stratified by task), as ``ripplekv report``;
 2. the candidate's (default ``ripplekv``) paired difference ``candidate - baseline`` to each baseline at each budget:
    the macro mean of the per-sample differences, wins/ties/losses over samples, the stratified sign-flip permutation
-   test of that macro mean and its inverted 95% interval (:mod:`ripplekv.evaluation.reporting.significance`),
+   test of that macro mean and its inverted 95% interval (:mod:`ripplekv_eval.reporting.significance`),
    Holm-adjusted over the candidate's comparisons with the baselines at that budget and metric (``--family budget``,
    default) or at every budget of the metric (``--family metric``); the best baseline (by mean) is named.
    **Significant** = the Holm p < 0.05 (the rule of ``ripplekv report``); a significant difference's interval
    excludes 0.
 
 Only samples holding every configuration enter (as in ``ripplekv report``). The statistics are the library's
-(:mod:`ripplekv.evaluation.reporting.stats`); this script only chooses the comparisons.
+(:mod:`ripplekv_eval.reporting.stats`); this script only chooses the comparisons.
 
     python benchmarks/headline.py benchmarks/results/longbench-fidelity
     python benchmarks/headline.py RUN --candidate ripplekv --baselines snapkv,adakv --json out.json
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ripplekv.evaluation.reporting.comparisons import compare, settle
-from ripplekv.evaluation.reporting.report import load_run
-from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, FAMILIES, TEST_NAME, SignFlip
-from ripplekv.evaluation.reporting.stats import ALPHA, METRICS, Bootstrap, collect
-from ripplekv.evaluation.running.config import FULL_BUDGET
-from ripplekv.evaluation.running.results import complete_samples
+from ripplekv_eval.reporting.comparisons import compare, settle
+from ripplekv_eval.reporting.report import load_run
+from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, FAMILIES, TEST_NAME, SignFlip
+from ripplekv_eval.reporting.stats import ALPHA, METRICS, Bootstrap, collect
+from ripplekv_eval.running.config import FULL_BUDGET
+from ripplekv_eval.running.results import complete_samples
 
 DEFAULT_BASELINES = "streamingllm,snapkv,pyramidkv,adakv"
 

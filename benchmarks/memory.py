@@ -123,7 +123,7 @@ def _reset_peak() -> bool:
 
 
 def _eval_config(kind: str, length: int, skip: int, prefill_chunk: int | None = DEFAULT_CHUNK) -> Any:
-    from ripplekv.evaluation.running.runner import EvalConfig
+    from ripplekv_eval.running.runner import EvalConfig
 
     return EvalConfig(
         prefill_chunk=prefill_chunk,
@@ -142,7 +142,7 @@ def _eval_config(kind: str, length: int, skip: int, prefill_chunk: int | None = 
 
 def _long_record(tokenizer: Any, model: Any, length: int) -> tuple[int, int]:
     """The first record of the task whose prompt fills the length (``skip``, prompt tokens)."""
-    from ripplekv.evaluation.running.runner import build_samples
+    from ripplekv_eval.running.runner import build_samples
 
     for skip in range(50):
         samples = build_samples(_eval_config("fidelity", length, skip), tokenizer, model)
@@ -173,9 +173,9 @@ def child(kind: str, length: int, prefill_chunk: int | None) -> dict[str, Any]:
         profiling = ProfilingConfig(prefill_chunk=prefill_chunk)
         tokens, skip = length, None
     else:
-        from ripplekv.evaluation.running.rows import SampleRunner
-        from ripplekv.evaluation.running.runner import build_presses, build_samples, load_run_profiles
         from ripplekv.models.attention import enable_varlen_attention
+        from ripplekv_eval.running.rows import SampleRunner
+        from ripplekv_eval.running.runner import build_presses, build_samples, load_run_profiles
 
         enable_varlen_attention(model)
         skip, tokens = _long_record(tokenizer, model, length)
@@ -186,7 +186,7 @@ def child(kind: str, length: int, prefill_chunk: int | None) -> dict[str, Any]:
     baseline = _status("VmRSS")
     phases: dict[str, int] = {}
     if kind != "profile":  # the peak of the recorded prefill apart from the rest of the sample
-        from ripplekv.evaluation.running import rows as rows_module
+        from ripplekv_eval.running import rows as rows_module
 
         recorded = rows_module.record_prefill
 

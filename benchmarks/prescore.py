@@ -5,7 +5,7 @@ by side in one run:
 
 * ``all``: the record before prescoring existed, every layer's whole hidden states kept (``hidden_tail=None``),
   one pass;
-* ``prescored``: :func:`~ripplekv.inference.shared.record_prefill` with ``prescore``, the hidden-state tail the
+* ``prescored``: :func:`~ripplekv_eval.fastpath.record.record_prefill` with ``prescore``, the hidden-state tail the
   presses read, one pass;
 * ``prescored/chunk=C``: the same in prefill chunks of ``C`` tokens (the query moments merged chunk by chunk);
 * ``all/chunk=C``: every hidden state kept, in the same chunks (kvpress's one-pass statistics over the joined
@@ -68,17 +68,13 @@ def main() -> None:
     from kvpress import ExpectedAttentionPress
     from transformers.utils import logging as hf_logging
 
-    from ripplekv.inference.shared import (
-        derived_prefill,
-        hidden_states_tail,
-        prescored_scorers,
-        record_prefill,
-        residual_statistics_of,
-    )
     from ripplekv.models import load_model
     from ripplekv.models.attention import enable_varlen_attention
     from ripplekv.presses import make_press
     from ripplekv.profiling.calibration import default_calibration
+    from ripplekv_eval.fastpath.derive import derived_prefill
+    from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, prescored_scorers
+    from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

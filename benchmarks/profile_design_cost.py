@@ -31,16 +31,17 @@ import torch
 from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
-from ripplekv.analysis.damage import DAMAGE_METHOD, layer_damage
-from ripplekv.evaluation.running.config import MIN_NEW_TOKENS
-from ripplekv.inference.fidelity import teacher_forced_logprobs
 from ripplekv.inference.generate import eos_ids, greedy_decode
-from ripplekv.inference.shared import derived_prefill, record_prefill
 from ripplekv.models import load_model
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.registry import make_press
 from ripplekv.profiling import ProfilingConfig, load_calibration, profile_model
 from ripplekv.profiling.sensitivity import calibration_ids
+from ripplekv_eval.analysis.damage import DAMAGE_METHOD, layer_damage
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.running.config import MIN_NEW_TOKENS
 
 
 @dataclass(frozen=True)

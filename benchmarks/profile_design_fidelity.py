@@ -9,7 +9,7 @@ and gamma, not used here).
 Per budget, for every variant: its macro mean KL (each task's mean, averaged over tasks), its paired difference to
 the reference profile (the macro mean of the per-prompt differences) with wins/ties/losses (a win: lower KL), the
 stratified sign-flip permutation test of that macro mean, the interval inverting it
-(:mod:`ripplekv.evaluation.reporting.significance`) and Holm's adjustment over the family of variants at that budget
+(:mod:`ripplekv_eval.reporting.significance`) and Holm's adjustment over the family of variants at that budget
 (uniform SnapKV is listed, outside the family). A variant beats (is worse than) the reference when its
 Holm-adjusted p is below 0.05 and its difference is below (above) 0; its interval then excludes 0. With
 ``--cost`` (a ``benchmarks/profile_design_cost.py`` JSON) each variant's profiling cost ratio is listed and a variant
@@ -26,10 +26,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ripplekv.analysis.tuning_report import SNAPKV, adjust, candidate_samples, macro_mean, paired_comparison
-from ripplekv.evaluation.reporting.significance import DEFAULT_DRAWS, TEST_NAME, SignFlip
-from ripplekv.evaluation.reporting.stats import ALPHA, Bootstrap
-from ripplekv.evaluation.running.results import ResultsLog
+from ripplekv_eval.analysis.tuning_report import SNAPKV, adjust, candidate_samples, macro_mean, paired_comparison
+from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, TEST_NAME, SignFlip
+from ripplekv_eval.reporting.stats import ALPHA, Bootstrap
+from ripplekv_eval.running.results import ResultsLog
 
 COST_BOUND = 1.5
 

@@ -1,7 +1,7 @@
 """Shared prefill vs one prefill per configuration, on the same needle prompts, measured in one run.
 
 (a) ``ripplekv eval``'s runner: each sample is prefilled once and every (method, budget) cache is derived from
-    that prefill (:mod:`ripplekv.inference.shared`), then decoded;
+    that prefill (:mod:`ripplekv_eval.fastpath`), then decoded;
 (b) the plain way: ``generate_answer`` per (sample, method, budget), each with its own prefill.
 
 Both decode greedily for the same number of tokens (``--max-new-tokens``, small so the prefill dominates), on the
@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from ripplekv.evaluation.running.runner import RESULTS_FILE, EvalConfig, ResultsLog, run_eval
 from ripplekv.inference import generate_answer
 from ripplekv.models import load_model
 from ripplekv.presses import make_press
 from ripplekv.profiling import SensitivityProfile
 from ripplekv.profiling.haystack import build_needle_prompt
+from ripplekv_eval.running.runner import RESULTS_FILE, EvalConfig, ResultsLog, run_eval
 
 DEFAULT_PROFILE = Path(__file__).parent / "results" / "smollm2-135m.profile.json"
 

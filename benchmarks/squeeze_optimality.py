@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv.allocation.squeezeattention import squeeze_groups
-from ripplekv.evaluation.running.results import ResultsLog
-from ripplekv.evaluation.sample import row_scorer, scored_methods
+from ripplekv_eval.running.results import ResultsLog
+from ripplekv_eval.sample import row_scorer, scored_methods
 
 METHOD = "squeezeattention"
 DEFAULT_CLUSTERS = 3

@@ -16,8 +16,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from ripplekv.evaluation.running.results import ResultsLog
-from ripplekv.evaluation.sample import row_scorer, scored_methods
+from ripplekv_eval.running.results import ResultsLog
+from ripplekv_eval.sample import row_scorer, scored_methods
 
 
 def load(run: Path) -> dict[tuple[str, str, str | None, float], dict[str, Any]]:

@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 from kvpress import AdaKVPress, SnapKVPress
 
 from ripplekv.allocation import ProfileSchedule, TokenBudgetError, UniformSchedule, resolve_average_budget
-from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill, teacher_forced_logprobs
-from ripplekv.inference.shared import derived_prefill, is_derivable, record_prefill
+from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses import LayerBudgetAdaPress, LayerBudgetPress, make_press
 from ripplekv.presses.layer_budget_ada_press import MASKED_KEYS, headwise_keep_mask, safeguard_tokens
 from ripplekv.profiling import ProfilingConfig
 from ripplekv.profiling.sensitivity import profile_model
+from ripplekv_eval.fastpath.derive import derived_prefill, is_derivable
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 from tests.test_profiling import CharTokenizer, _calibration
 

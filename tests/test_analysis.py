@@ -14,32 +14,10 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-import ripplekv.analysis.damage as damage_module
+import ripplekv_eval.analysis.damage as damage_module
 from ripplekv.allocation import ProfileSchedule
-from ripplekv.analysis.correlation import (
-    bootstrap_rho,
-    per_prompt_rho,
-    resample_weights,
-    spearman,
-    top_k_layers,
-    top_k_overlap,
-)
-from ripplekv.analysis.damage import (
-    DamageRunner,
-    SingleLayerPress,
-    layer_damage,
-    single_layer_cache,
-    uniform_compressed,
-)
-from ripplekv.analysis.report import summarize, to_markdown
-from ripplekv.analysis.runner import DAMAGE_FILE, AnalysisConfig, damage_profile_name, run_analysis
 from ripplekv.cli.main import main
-from ripplekv.evaluation.running.config import EvalConfig
-from ripplekv.evaluation.running.results import RESULTS_FILE, ConfigMismatchError, ResultsLog
-from ripplekv.evaluation.running.rows import SampleRunner
-from ripplekv.evaluation.running.runner import build_presses, build_samples, resolve_config, run_eval
-from ripplekv.inference import extend, fidelity, prefill, teacher_forced_logprobs
-from ripplekv.inference.shared import derived_prefill, record_prefill
+from ripplekv.inference import extend, prefill
 from ripplekv.models import load_model, model_identity
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_tensors
@@ -53,6 +31,30 @@ from ripplekv.profiling.damage_profile import (
     select_oracle_profile,
 )
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv_eval.analysis.correlation import (
+    bootstrap_rho,
+    per_prompt_rho,
+    resample_weights,
+    spearman,
+    top_k_layers,
+    top_k_overlap,
+)
+from ripplekv_eval.analysis.damage import (
+    DamageRunner,
+    SingleLayerPress,
+    layer_damage,
+    single_layer_cache,
+    uniform_compressed,
+)
+from ripplekv_eval.analysis.report import summarize, to_markdown
+from ripplekv_eval.analysis.runner import DAMAGE_FILE, AnalysisConfig, damage_profile_name, run_analysis
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.running.config import EvalConfig
+from ripplekv_eval.running.results import RESULTS_FILE, ConfigMismatchError, ResultsLog
+from ripplekv_eval.running.rows import SampleRunner
+from ripplekv_eval.running.runner import build_presses, build_samples, resolve_config, run_eval
 from tests.conftest import random_ids, save_tiny_model_dir, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Batched decoding and teacher forcing of every compressed cache of one prompt (ripplekv.inference.batched)."""
+"""Batched decoding and teacher forcing of every compressed cache of one prompt (ripplekv_eval.fastpath.batched)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,19 @@ import pytest
 import torch
 
 from ripplekv.inference import greedy_decode
-from ripplekv.inference.batched import (
+from ripplekv.inference.generate import Prefill, extend
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.padded import KeyValidity, pad_layers
+from ripplekv.presses import make_press
+from ripplekv_eval.fastpath.batched import (
     NotBatchableError,
     batched_greedy_decode,
     batched_teacher_forced_logprobs,
     padded_batch,
 )
-from ripplekv.inference.fidelity import teacher_forced_logprobs
-from ripplekv.inference.generate import Prefill, extend
-from ripplekv.inference.shared import derived_prefill, record_prefill
-from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.models.padded import KeyValidity, pad_layers
-from ripplekv.presses import make_press
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -145,7 +146,7 @@ def test_mask_layout() -> None:
 
 
 def test_batches_group_similar_caches_and_compact_headwise_masks(model) -> None:
-    from ripplekv.inference.batch_layout import STEP_COST_TOKENS, plan_batches, row_lengths
+    from ripplekv_eval.fastpath.batch_layout import STEP_COST_TOKENS, plan_batches, row_lengths
 
     states = _states(model)
     full = sum(layer.keys.shape[2] for layer in states[0].cache.layers)
@@ -169,7 +170,7 @@ def test_batches_group_similar_caches_and_compact_headwise_masks(model) -> None:
 
 def test_ragged_batch_multi_token_pass_matches_each_cache_alone(model) -> None:
     """A 3-token pass over a ragged batch (causal among the new tokens, AdaKV rows masked) equals extend()."""
-    from ripplekv.inference.batched import ragged_batch
+    from ripplekv_eval.fastpath.batched import ragged_batch
 
     states = _states(model)
     cache = ragged_batch(states, room=3)

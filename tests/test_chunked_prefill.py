@@ -23,23 +23,19 @@ from ripplekv.allocation.squeezeattention import (
     squeeze_statistic_of_similarities,
     squeeze_token_similarities,
 )
-from ripplekv.evaluation.running.config import EvalConfig
-from ripplekv.inference.fidelity import fidelity, logprob_rows, row_blocks
 from ripplekv.inference.generate import Prefill, greedy_decode, prefill
-from ripplekv.inference.shared import (
-    PrefillRecord,
-    derived_prefill,
-    hidden_states_tail,
-    lean_greedy_decode,
-    record_prefill,
-    residual_statistics_of,
-)
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import ReservedLayer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds
 from ripplekv.presses import make_press
 from ripplekv.profiling import ProfilingConfig, sensitivity
 from ripplekv.profiling.sensitivity import score_sample
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import fidelity, logprob_rows, row_blocks
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
+from ripplekv_eval.fastpath.lean import lean_greedy_decode
+from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill, residual_statistics_of
+from ripplekv_eval.running.config import EvalConfig
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_device import DeviceSpy
 
@@ -357,8 +353,8 @@ def test_log_softmax_and_kl_by_row_blocks_are_bit_identical(threads: int, vocab:
 def test_the_chunk_is_part_of_the_resumed_configuration_only_where_a_sample_is_cut() -> None:
     """Prompts within the chunk give the results of one pass whatever the chunk (no key: older runs resume); a
     longer compressed part (the whole prompt, or the context under query-agnostic) puts the chunk in the key."""
-    from ripplekv.evaluation.running.runner import resolve_config
-    from ripplekv.evaluation.sample import EvalSample
+    from ripplekv_eval.running.runner import resolve_config
+    from ripplekv_eval.sample import EvalSample
 
     model = tiny_model("llama", layers=2)
     samples = [EvalSample("a/0", "a", tuple(range(50)), 40, 3, score=lambda prediction: 0.0)]

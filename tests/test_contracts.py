@@ -50,15 +50,15 @@ from ripplekv.allocation.squeezeattention import (
     squeeze_statistic_of_similarities,
     squeeze_token_similarities,
 )
-from ripplekv.evaluation.reporting import comparisons, significance, stats
-from ripplekv.inference import Fidelity, extend, fidelity, prefill, teacher_forced_logprobs
-from ripplekv.inference.fidelity import ROW_BLOCK, row_blocks
+from ripplekv.inference import extend, prefill
 from ripplekv.locking import WriterBusyError
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.registry import DEFAULT_WINDOW
 from ripplekv.profiling import CalibrationSample, ProfilingConfig, sensitivity
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.profile import ProfileError, SensitivityProfile
+from ripplekv_eval.fastpath.fidelity import ROW_BLOCK, Fidelity, fidelity, row_blocks, teacher_forced_logprobs
+from ripplekv_eval.reporting import comparisons, significance, stats
 from tests.conftest import VOCAB, random_ids, tiny_model
 
 # ------------------------------------------------------------------------------------------------ checkpoint
@@ -215,7 +215,7 @@ def test_a_profile_is_saved_as_indented_strict_json_in_a_new_folder(tmp_path: Pa
 
 def test_fidelity_refuses_what_is_not_a_matrix_of_log_probabilities() -> None:
     """A list or a one-dimensional tensor is refused as such (not by a later error). Kills ``or -> and`` in
-    :func:`~ripplekv.inference.fidelity._check_logprobs`."""
+    :func:`~ripplekv_eval.fastpath.fidelity._check_logprobs`."""
     rows = torch.zeros(2, 3, dtype=torch.float64)
     for bad in ([[0.0, 0.0, 0.0]] * 2, torch.zeros(3, dtype=torch.float64)):
         with pytest.raises(ValueError, match=r"must be a \(positions, vocab\) tensor"):

@@ -27,10 +27,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import ripplekv
 from ripplekv.inference import generate_answer, greedy_decode
-from ripplekv.inference.batched import batched_greedy_decode, batched_teacher_forced_logprobs
-from ripplekv.inference.fidelity import teacher_forced_logprobs
 from ripplekv.inference.generate import Prefill, extend
-from ripplekv.inference.shared import derived_prefill, record_prefill
 from ripplekv.models.attention import enable_varlen_attention, fit_attention_mask
 from ripplekv.models.cache import cache_from_layers
 from ripplekv.models.padded import KeyValidity, RaggedLayer
@@ -38,12 +35,16 @@ from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig
 from ripplekv.profiling.noise import noise_generator, norm_adaptive_noise
 from ripplekv.profiling.sensitivity import score_sample
+from ripplekv_eval.fastpath.batched import batched_greedy_decode, batched_teacher_forced_logprobs
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 META = torch.device("meta")
-SRC = str(Path(ripplekv.__file__).resolve().parent)
+SRC = str(Path(ripplekv.__file__).resolve().parents[1])  # src/: the library and the harness
 TORCH = str(Path(torch.__file__).resolve().parent)
 SCORES = (0.5, 3.0, 0.1, 1.2)
 FACTORIES = {
@@ -128,7 +129,7 @@ class DeviceSpy(TorchFunctionMode):
 
 
 # The one copy across devices by design: the noise draw of a CPU generator (profiles do not depend on the device).
-NOISE_DRAW = "profiling/noise.py:norm_adaptive_noise"
+NOISE_DRAW = "ripplekv/profiling/noise.py:norm_adaptive_noise"
 
 
 @contextmanager
@@ -262,9 +263,9 @@ def test_passes_over_compressed_caches_do_not_synchronise_with_the_host() -> Non
     causal offset, the head-wise masks of an AdaKV cache (validated once per application, not per layer and pass)
     and the ragged batched step.
     """
-    from ripplekv.inference.batched import ragged_batch
     from ripplekv.inference.module_state import applied_state
     from ripplekv.models.cache import fork_cache
+    from ripplekv_eval.fastpath.batched import ragged_batch
 
     model = enable_varlen_attention(tiny_model("llama", layers=3, seed=3))
     states = _states(model)
@@ -302,7 +303,7 @@ def test_the_spy_catches_a_factory_without_device() -> None:
         layer.row_mask(0, 2, heads=2)
         torch.arange(3)  # made by the test, not the library: not reported
     assert not spy.violations
-    source = Path(SRC) / "models" / "padded.py"  # a function whose code claims to live in the library
+    source = Path(SRC) / "ripplekv" / "models" / "padded.py"  # a function whose code claims to live in the library
     code = compile("import torch\ndef make(n):\n    return torch.arange(n)\n", str(source), "exec")
     namespace: dict[str, Any] = {}
     exec(code, namespace)

@@ -17,10 +17,10 @@ import pytest
 
 from ripplekv import distributed
 from ripplekv.cli.main import main
-from ripplekv.evaluation.running import distributed as eval_distributed
-from ripplekv.evaluation.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog, row_key
 from ripplekv.profiling import distributed as profile_distributed
 from ripplekv.profiling.checkpoint import Checkpoint
+from ripplekv_eval.running import distributed as eval_distributed
+from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog, row_key
 from tests.conftest import save_tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,7 +9,13 @@ from kvpress import SnapKVPress
 
 from benchmarks.efficiency import COMPUTED_BUDGETS, COMPUTED_LENGTHS, PUBLISHED, resumed_rows, write_result
 from ripplekv.allocation import ProfileSchedule
-from ripplekv.evaluation.running.efficiency import (
+from ripplekv.inference import prefill
+from ripplekv.inference.generate import full_cache_bytes
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.presses import LayerBudgetAdaPress, RippleKVPress, make_press
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.running.efficiency import (
     INDEX_BYTES,
     CacheFootprint,
     KVShape,
@@ -17,11 +23,6 @@ from ripplekv.evaluation.running.efficiency import (
     computed_kv_table,
     state_bytes,
 )
-from ripplekv.inference import prefill
-from ripplekv.inference.generate import full_cache_bytes
-from ripplekv.inference.shared import derived_prefill, record_prefill
-from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.presses import LayerBudgetAdaPress, RippleKVPress, make_press
 from tests.conftest import random_ids, tiny_model
 
 GIB = 2**30

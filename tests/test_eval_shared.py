@@ -11,21 +11,15 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import DynamicCache
 
-from ripplekv.inference import Prefill, extend, greedy_decode, kept_tokens, prefill, teacher_forced_logprobs
+from ripplekv.inference import Prefill, extend, greedy_decode, kept_tokens, prefill
 from ripplekv.inference.module_state import MASKED_KEYS, applied_state, attention_modules
-from ripplekv.inference.shared import (
-    NotDerivableError,
-    compress_recorded,
-    derived_prefill,
-    hidden_states_needed,
-    hidden_states_tail,
-    is_derivable,
-    record_prefill,
-    residual_statistics_of,
-)
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_tensors, layer_lengths
 from ripplekv.presses import METHODS, FullPress, RippleKVPress, make_press
+from ripplekv_eval.fastpath.derive import NotDerivableError, compress_recorded, derived_prefill, is_derivable
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, hidden_states_tail
+from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
 from tests.conftest import random_ids, tiny_model
 
 WINDOW = 8
@@ -339,10 +333,10 @@ def test_tail_record_refuses_a_press_needing_more() -> None:
 def test_a_record_is_bounded_by_default_and_says_how_to_keep_everything() -> None:
     from kvpress import ExpectedAttentionPress
 
-    from ripplekv.inference.derive import NotDerivableError, derive_cache
-    from ripplekv.inference.hidden_tail import DEFAULT_HIDDEN_TAIL
-    from ripplekv.inference.record import record_prefill
     from ripplekv.presses import make_press
+    from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache
+    from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL
+    from ripplekv_eval.fastpath.record import record_prefill
     from tests.conftest import random_ids, tiny_model
 
     model = tiny_model("llama", layers=2)

@@ -8,20 +8,13 @@ import torch
 from kvpress import SnapKVPress
 from scipy.special import log_softmax, rel_entr
 
-from ripplekv.inference import (
-    Fidelity,
-    Prefill,
-    extend,
-    fidelity,
-    greedy_decode,
-    mean_nll,
-    prefill,
-    teacher_forced_logprobs,
-)
-from ripplekv.inference.shared import derived_prefill, record_prefill
+from ripplekv.inference import Prefill, extend, greedy_decode, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_tensors, layer_lengths
 from ripplekv.presses import RippleKVPress, make_press
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import Fidelity, fidelity, mean_nll, teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import ARCHITECTURES, VOCAB, random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -21,13 +21,7 @@ from kvpress.attention_patch import attention_patch
 from torch.nn.attention.bias import causal_lower_right
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ripplekv.evaluation.running.config import EvalConfig, EvalSample
-from ripplekv.evaluation.running.rows import SampleRunner
-from ripplekv.evaluation.running.runner import build_presses
 from ripplekv.inference import generate_answer, greedy_decode
-from ripplekv.inference.batched import NotBatchableError, batched_greedy_decode, batched_teacher_forced_logprobs
-from ripplekv.inference.fidelity import teacher_forced_logprobs
-from ripplekv.inference.shared import derived_prefill, record_prefill
 from ripplekv.models import loading
 from ripplekv.models.attention import (
     enable_varlen_attention,
@@ -39,6 +33,13 @@ from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig, passes, sensitivity
 from ripplekv.profiling.passes import can_share_prefix
 from ripplekv.profiling.sensitivity import score_sample
+from ripplekv_eval.fastpath.batched import NotBatchableError, batched_greedy_decode, batched_teacher_forced_logprobs
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.running.config import EvalConfig, EvalSample
+from ripplekv_eval.running.rows import SampleRunner
+from ripplekv_eval.running.runner import build_presses
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_device import _Tokenizer
 
@@ -236,8 +237,8 @@ def test_profiling_under_flash_attention_takes_the_generic_path(flash: Any, monk
 
 def test_analyze_and_tune_rows_under_flash_attention(flash: Any) -> None:
     """``ripplekv analyze`` (single-layer damage) and ``ripplekv tune`` (batched teacher forcing) keep it and agree."""
-    from ripplekv.analysis.damage import DamageRunner
-    from ripplekv.analysis.tuning import TuneConfig, TuneRunner
+    from ripplekv_eval.analysis.damage import DamageRunner
+    from ripplekv_eval.analysis.tuning import TuneConfig, TuneRunner
 
     model = flash(layers=4, seed=3)
     reference = enable_varlen_attention(tiny_model("llama", layers=4, seed=3))

@@ -15,12 +15,12 @@ from scipy.stats import spearmanr
 
 from benchmarks.gpu.efficiency_gpu import synthetic_profile
 from ripplekv.inference import generate_answer, greedy_decode, prefill
-from ripplekv.inference.batched import batched_greedy_decode
-from ripplekv.inference.fidelity import teacher_forced_logprobs
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import METHODS, make_press
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
 from ripplekv.profiling.damage_profile import ORACLE_METHOD
+from ripplekv_eval.fastpath.batched import batched_greedy_decode
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from tests.conftest import VOCAB, random_ids, tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -163,8 +163,8 @@ def test_prescored_expected_attention_on_cuda(dtype: torch.dtype) -> None:
     device and agree with kvpress's one-pass scores (on every hidden state) to the dtype's rounding."""
     from kvpress import ExpectedAttentionPress
 
-    from ripplekv.inference.shared import record_prefill
     from ripplekv.presses.score_memo import scorer_key
+    from ripplekv_eval.fastpath.record import record_prefill
 
     model = cuda_model(dtype)
     ids = random_ids(300, seed=4).to(DEVICE)

@@ -1,10 +1,10 @@
-"""The import contract of docs/architecture.md: layers import one way, and no module circles.
+"""The import contract of docs/architecture.md: two packages, each in layers imported one way, and no circle.
 
+The library ``ripplekv`` never imports the evaluation harness ``ripplekv_eval``; the harness may import the library.
 Read from the source with ``ast`` (every import statement, including those inside functions), so a lazy import
 that runs back up a layer counts like a top-level one; imports under ``if TYPE_CHECKING:`` never run and do not
-count. Inside ``evaluation`` the subpackages are ranked the same way (``SUBLAYER_RANKS``), and no file there
-exceeds ``MAX_LINES`` lines nor any of its packages ``MAX_MODULES`` modules; no file of the package anywhere exceeds
-``MAX_SOURCE_LINES`` lines. ``ripplekv report`` runs without torch, transformers or kvpress.
+count. ``ripplekv report`` runs without torch, transformers or kvpress, and ``pip install ripplekv`` alone pulls
+none of the harness's dependencies.
 """
 
 from __future__ import annotations
@@ -13,48 +13,48 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "ripplekv"
+HARNESS = SRC / "ripplekv_eval"
+PYPROJECT = SRC.parent / "pyproject.toml"
 
-# rank of each layer: a module may import modules of its own package or of a lower rank (never an equal rank of
-# another package). ``version`` is a leaf every layer may import; ``ripplekv`` itself (the package's __init__)
-# only re-exports.
+# rank of each layer of a package: a module may import modules of its own layer or of a lower rank (never an equal
+# rank of another layer). Rank -1 marks leaves every layer may import; the package's own __init__ ranks last.
 RANKS = {
-    "version": -1,
-    "validation": -1,
-    "locking": -1,
-    "models": 0,
-    "distributed": 0,
-    "allocation": 0,
-    "profiling": 1,
-    "presses": 2,
-    "inference": 3,
-    "evaluation": 4,
-    "analysis": 5,
-    "cli": 6,
-    "ripplekv": 7,
+    "ripplekv": {
+        "version": -1,
+        "validation": -1,
+        "locking": -1,
+        "models": 0,
+        "distributed": 0,
+        "allocation": 0,
+        "profiling": 1,
+        "presses": 2,
+        "inference": 3,
+        "cli": 4,
+        "ripplekv": 5,
+    },
+    "ripplekv_eval": {
+        "sample": -1,
+        "tasks": 0,
+        "suites": 1,
+        "fastpath": 1,
+        "running": 2,
+        "reporting": 3,
+        "analysis": 4,
+        "cli": 5,
+        "ripplekv_eval": 6,
+    },
 }
-
-# inside a layer whose package is cut into subpackages: the rank of each subpackage (or leaf module), by the same
-# rule. ``evaluation.sample`` is a leaf every subpackage may import; ``evaluation`` (its __init__) only documents.
-SUBLAYER_RANKS = {
-    "evaluation": {"sample": -1, "tasks": 0, "suites": 1, "running": 2, "reporting": 3, "evaluation": 4},
-}
-
-# size limits of the packages in SIZE_LIMITED (docs/architecture.md): lines per file, and modules per package
-# (its ``__init__`` not counted, a subpackage counted as one module)
-SIZE_LIMITED = ("evaluation",)
-MAX_LINES = 400
-MAX_MODULES = 12
-# lines per file anywhere in the package (a longer file is split by concern, as inference/shared.py was)
-MAX_SOURCE_LINES = 450
 
 # commands and modules that read JSON only: they must not import these
 HEAVY = ("torch", "transformers", "kvpress")
@@ -65,8 +65,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules(root: Path = PACKAGE) -> dict[str, Path]:
-    return {module_name(path): path for path in sorted(root.rglob("*.py"))}
+def modules(*roots: Path) -> dict[str, Path]:
+    return {module_name(path): path for root in roots or (PACKAGE, HARNESS) for path in sorted(root.rglob("*.py"))}
 
 
 def imported(path: Path, known: set[str]) -> Iterator[str]:
@@ -97,45 +97,35 @@ def imported(path: Path, known: set[str]) -> Iterator[str]:
                     yield f"{base}.{alias.name}"
 
 
-def graph(root: Path = PACKAGE) -> dict[str, set[str]]:
-    found = modules(root)
+def graph(*roots: Path) -> dict[str, set[str]]:
+    found = modules(*roots)
     return {name: set(imported(path, set(found))) - {name} for name, path in found.items()}
 
 
+def package(name: str) -> str:
+    return name.split(".")[0]
+
+
 def layer(name: str) -> str:
+    """``ripplekv.presses.registry`` -> ``presses``; a package's own ``__init__`` is named by its package."""
     parts = name.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
 
-def sublayer(name: str) -> str:
-    """``ripplekv.evaluation.running.rows`` -> ``running``; a layer's own ``__init__`` is named by its layer."""
-    parts = name.split(".")
-    return parts[2] if len(parts) > 2 else parts[-1]
-
-
-def backward_sublayer_import(source: str, target: str, ranks: dict[str, int]) -> list[str]:
-    """``[problem]`` when ``source`` may not import ``target`` of its own layer under ``ranks``, else ``[]``."""
-    a, b = sublayer(source), sublayer(target)
-    if a == b:
-        return []
-    if a not in ranks or b not in ranks:
-        return [f"{source} -> {target}: sublayer {a if a not in ranks else b} of {layer(source)} has no rank"]
-    return [f"{source} -> {target}"] if ranks[b] != -1 and ranks[b] >= ranks[a] else []
-
-
 def backward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Each import against the contract: the library importing the harness, or a layer importing one not below it."""
     bad = []
     for source, targets in sorted(edges.items()):
         for target in sorted(targets):
+            if package(target) != package(source):
+                if package(source) == "ripplekv":
+                    bad.append(f"{source} -> {target}: the library imports the harness")
+                continue
+            ranks = RANKS[package(source)]
             a, b = layer(source), layer(target)
-            if a == b and a in SUBLAYER_RANKS:
-                bad += backward_sublayer_import(source, target, SUBLAYER_RANKS[a])
-                continue
-            if a == b or b in ("version", "validation"):
-                continue
-            if a not in RANKS or b not in RANKS:
-                bad.append(f"{source} -> {target}: layer {a if a not in RANKS else b} has no rank")
-            elif RANKS[b] >= RANKS[a] and a != "ripplekv" or a == "ripplekv" and b == "ripplekv":
+            if a not in ranks or b not in ranks:
+                bad.append(f"{source} -> {target}: layer {a if a not in ranks else b} has no rank")
+            elif a != b and ranks[b] != -1 and ranks[b] >= ranks[a]:
                 bad.append(f"{source} -> {target}")
     return bad
 
@@ -176,56 +166,9 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def oversized(root: Path = PACKAGE) -> list[str]:
-    """Each file over ``MAX_LINES`` lines and each package over ``MAX_MODULES`` modules in ``SIZE_LIMITED``."""
-    found = []
-    for name in SIZE_LIMITED:
-        packages = sorted(path.parent for path in (root / name).rglob("__init__.py"))
-        for path in sorted((root / name).rglob("*.py")):
-            lines = len(path.read_text().splitlines())
-            if lines > MAX_LINES:
-                found.append(f"{path.relative_to(root)}: {lines} lines (at most {MAX_LINES})")
-        for package in packages:
-            members = [p for p in package.iterdir() if p.suffix == ".py" and p.name != "__init__.py" or p in packages]
-            if len(members) > MAX_MODULES:
-                found.append(f"{package.relative_to(root)}: {len(members)} modules (at most {MAX_MODULES})")
-    return found
-
-
-def long_files(root: Path = PACKAGE) -> list[str]:
-    """Each file of the package over ``MAX_SOURCE_LINES`` lines."""
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        lines = len(path.read_text().splitlines())
-        if lines > MAX_SOURCE_LINES:
-            found.append(f"{path.relative_to(root)}: {lines} lines (at most {MAX_SOURCE_LINES})")
-    return found
-
-
 def test_every_layer_has_a_rank() -> None:
-    assert {layer(name) for name in modules()} <= set(RANKS)
-
-
-def test_every_subpackage_of_a_cut_layer_has_a_rank() -> None:
-    for name, ranks in SUBLAYER_RANKS.items():
-        assert {sublayer(module) for module in modules() if layer(module) == name} <= set(ranks)
-
-
-def test_evaluation_files_and_packages_stay_small() -> None:
-    assert oversized() == []
-
-
-def test_no_source_file_is_over_the_line_limit() -> None:
-    assert long_files() == []
-
-
-def test_the_line_limit_catches_a_long_file_in_any_layer(tmp_path: Path) -> None:
-    (tmp_path / "inference").mkdir()
-    (tmp_path / "inference" / "long.py").write_text("x = 1\n" * MAX_SOURCE_LINES)
-    (tmp_path / "top.py").write_text("x = 1\n")
-    assert long_files(tmp_path) == []  # at the limit
-    (tmp_path / "inference" / "long.py").write_text("x = 1\n" * (MAX_SOURCE_LINES + 1))
-    assert long_files(tmp_path) == [f"inference/long.py: {MAX_SOURCE_LINES + 1} lines (at most {MAX_SOURCE_LINES})"]
+    for name in modules():
+        assert layer(name) in RANKS[package(name)], name
 
 
 def test_reporting_reads_only_the_results_log_of_running() -> None:
@@ -234,11 +177,11 @@ def test_reporting_reads_only_the_results_log_of_running() -> None:
     running = {
         target
         for source, targets in edges.items()
-        if source.startswith("ripplekv.evaluation.reporting")
+        if source.startswith("ripplekv_eval.reporting")
         for target in targets
-        if target.startswith("ripplekv.evaluation.running")
+        if target.startswith("ripplekv_eval.running")
     }
-    assert running <= {"ripplekv.evaluation.running", "ripplekv.evaluation.running.results"}
+    assert running <= {"ripplekv_eval.running", "ripplekv_eval.running.results"}
 
 
 def test_no_import_runs_back_up_a_layer() -> None:
@@ -249,74 +192,88 @@ def test_no_circles_among_modules() -> None:
     assert circles(graph()) == []
 
 
-def test_the_contract_catches_a_backward_import_and_a_circle(tmp_path: Path) -> None:
-    root = tmp_path / "ripplekv"
-    for name, text in {
-        "__init__.py": "",
-        "models/__init__.py": "",
-        "models/a.py": "from ripplekv.presses.b import X\n",  # models may not import presses
-        "presses/__init__.py": "",
-        "presses/b.py": "def f():\n    from ripplekv.presses import c\n",
-        "presses/c.py": "from ripplekv.presses.b import f\n",  # b <-> c, through a lazy import
-    }.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+def seeded_graph(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
     global SRC
     saved, SRC = SRC, tmp_path
     try:
-        edges = graph(root)
+        return graph(tmp_path / "ripplekv", tmp_path / "ripplekv_eval")
     finally:
         SRC = saved
+
+
+def test_the_contract_catches_a_backward_import_and_a_circle(tmp_path: Path) -> None:
+    edges = seeded_graph(
+        tmp_path,
+        {
+            "ripplekv/__init__.py": "",
+            "ripplekv/models/__init__.py": "",
+            "ripplekv/models/a.py": "from ripplekv.presses.b import X\n",  # models may not import presses
+            "ripplekv/presses/__init__.py": "",
+            "ripplekv/presses/b.py": "def f():\n    from ripplekv.presses import c\n",
+            "ripplekv/presses/c.py": "from ripplekv.presses.b import f\n",  # b <-> c, through a lazy import
+            "ripplekv_eval/__init__.py": "",
+        },
+    )
     assert backward_imports(edges) == ["ripplekv.models.a -> ripplekv.presses.b"]
     assert circles(edges) == [["ripplekv.presses.b", "ripplekv.presses.c"]]
 
 
-def test_the_contract_catches_a_backward_import_between_subpackages(tmp_path: Path) -> None:
-    root = tmp_path / "ripplekv"
-    for name, text in {
-        "__init__.py": "",
-        "evaluation/__init__.py": "",
-        "evaluation/sample.py": "",
-        "evaluation/suites/__init__.py": "",
-        "evaluation/suites/s.py": "from ripplekv.evaluation.sample import X\n",  # the leaf: allowed
-        "evaluation/running/__init__.py": "",
-        "evaluation/running/r.py": "from ripplekv.evaluation.suites.s import Y\n",  # running -> suites: allowed
-        "evaluation/reporting/__init__.py": "",
-        "evaluation/reporting/p.py": "from ripplekv.evaluation.running.r import Z\n",  # reporting -> running: allowed
-        "evaluation/tasks/__init__.py": "",
-        "evaluation/tasks/t.py": "def f():\n    from ripplekv.evaluation.reporting import p\n",  # tasks -> reporting
-        "evaluation/extra.py": "from ripplekv.evaluation.sample import X\n",  # no rank
-    }.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    global SRC
-    saved, SRC = SRC, tmp_path
-    try:
-        edges = graph(root)
-    finally:
-        SRC = saved
+def test_the_contract_catches_the_library_importing_the_harness_and_a_backward_layer(tmp_path: Path) -> None:
+    edges = seeded_graph(
+        tmp_path,
+        {
+            "ripplekv/__init__.py": "",
+            "ripplekv/presses/__init__.py": "",
+            "ripplekv/presses/p.py": "def f():\n    import ripplekv_eval.sample\n",  # a lazy import of the harness
+            "ripplekv_eval/__init__.py": "",
+            "ripplekv_eval/sample.py": "from ripplekv.presses.p import f\n",  # the harness on the library: allowed
+            "ripplekv_eval/suites/__init__.py": "",
+            "ripplekv_eval/suites/s.py": "from ripplekv_eval.sample import X\n",  # the leaf: allowed
+            "ripplekv_eval/running/__init__.py": "",
+            "ripplekv_eval/running/r.py": "from ripplekv_eval.suites.s import Y\n",  # running -> suites: allowed
+            "ripplekv_eval/tasks/__init__.py": "",
+            "ripplekv_eval/tasks/t.py": "def f():\n    from ripplekv_eval.running import r\n",  # tasks -> running
+            "ripplekv_eval/extra.py": "from ripplekv_eval.sample import X\n",  # no rank
+        },
+    )
     assert backward_imports(edges) == [
-        "ripplekv.evaluation.extra -> ripplekv.evaluation.sample: sublayer extra of evaluation has no rank",
-        "ripplekv.evaluation.tasks.t -> ripplekv.evaluation.reporting",
-        "ripplekv.evaluation.tasks.t -> ripplekv.evaluation.reporting.p",
+        "ripplekv.presses.p -> ripplekv_eval.sample: the library imports the harness",
+        "ripplekv_eval.extra -> ripplekv_eval.sample: layer extra has no rank",
+        "ripplekv_eval.tasks.t -> ripplekv_eval.running",
+        "ripplekv_eval.tasks.t -> ripplekv_eval.running.r",
     ]
 
 
-def test_the_size_check_catches_a_long_file_and_a_crowded_package(tmp_path: Path) -> None:
-    package = tmp_path / "evaluation" / "running"
-    package.mkdir(parents=True)
-    for directory in (tmp_path / "evaluation", package):
-        (directory / "__init__.py").write_text("")
-    for i in range(MAX_MODULES):
-        (package / f"m{i}.py").write_text("x = 1\n")
-    (tmp_path / "evaluation" / "long.py").write_text("x = 1\n" * MAX_LINES)
-    assert oversized(tmp_path) == []  # at the limits
-    (package / "one_more.py").write_text("")
-    (tmp_path / "evaluation" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
-    assert oversized(tmp_path) == [
-        f"evaluation/long.py: {MAX_LINES + 1} lines (at most {MAX_LINES})",
-        f"evaluation/running: {MAX_MODULES + 1} modules (at most {MAX_MODULES})",
-    ]
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].strip().lower().replace("_", "-") for r in requirements}
+
+
+def third_party_imports(root: Path) -> set[str]:
+    """Top-level names of the modules a package's source imports that are neither standard nor ripplekv's."""
+    found = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module.split(".")[0])
+    return {name for name in found if name not in sys.stdlib_module_names and not name.startswith("ripplekv")}
+
+
+def test_the_library_alone_pulls_none_of_the_harness_dependencies() -> None:
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    base = requirement_names(project["dependencies"])
+    harness = requirement_names(project["optional-dependencies"]["eval"])
+    assert harness and not harness & base, harness & base
+    library = third_party_imports(PACKAGE)
+    assert not library & harness, f"the library imports {library & harness}, dependencies of the harness only"
+    # what the library imports comes with its own dependencies (tokenizers with transformers; ray is the extra
+    # `ray`, imported where --workers asks for it)
+    assert library - base <= {"tokenizers", "ray"}, library - base
+    assert third_party_imports(HARNESS) & harness  # the harness does use them
 
 
 def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -330,15 +287,15 @@ def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     "module",
     [
-        "ripplekv.evaluation.reporting.stats",
-        "ripplekv.evaluation.reporting.comparisons",
-        "ripplekv.evaluation.reporting.report",
-        "ripplekv.evaluation.reporting.plots",
-        "ripplekv.evaluation.running.results",
-        "ripplekv.evaluation.tasks.longbench",
+        "ripplekv_eval.reporting.stats",
+        "ripplekv_eval.reporting.comparisons",
+        "ripplekv_eval.reporting.report",
+        "ripplekv_eval.reporting.plots",
+        "ripplekv_eval.running.results",
+        "ripplekv_eval.tasks.longbench",
         "ripplekv.presses.descriptions",
         "ripplekv.profiling.profile",
-        "ripplekv.cli.report",
+        "ripplekv_eval.cli.report",
         "ripplekv.cli.main",
     ],
 )

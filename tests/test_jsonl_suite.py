@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation.running.config import EvalConfig
-from ripplekv.evaluation.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
-from ripplekv.evaluation.running.runner import build_samples
-from ripplekv.evaluation.suites.jsonl import JSONL_MAX_NEW_TOKENS, JsonlRecord, load_jsonl
-from ripplekv.evaluation.tasks.metrics import code_sim_score, qa_f1_score
 from ripplekv.models import load_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv_eval.running.config import EvalConfig
+from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
+from ripplekv_eval.running.runner import build_samples
+from ripplekv_eval.suites.jsonl import JSONL_MAX_NEW_TOKENS, JsonlRecord, load_jsonl
+from ripplekv_eval.tasks.metrics import code_sim_score, qa_f1_score
 from tests.conftest import save_tiny_model_dir
 
 pytestmark = [
@@ -136,7 +136,7 @@ def test_cli_evaluates_a_users_file_in_one_command(
 
 
 def test_a_records_task_field_names_its_task(model_dir: Path, tmp_path: Path) -> None:
-    from ripplekv.evaluation.suites import get_suite
+    from ripplekv_eval.suites import get_suite
 
     model, tokenizer = load_model(str(model_dir), device="cpu")
     records = _records()

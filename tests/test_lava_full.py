@@ -19,8 +19,7 @@ from ripplekv.allocation.lava import lava_token_scores
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
-from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill, teacher_forced_logprobs
-from ripplekv.inference.shared import derived_prefill, record_prefill
+from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses import make_press
@@ -30,6 +29,9 @@ from ripplekv.presses.layer_budget_ada_press import MASKED_KEYS
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.score_memo import token_scores
 from ripplekv.presses.scorers import make_scorer
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

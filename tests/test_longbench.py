@@ -1,4 +1,4 @@
-"""Tests of ripplekv.evaluation: the LongBench v1 / LongBench-E protocol and official metrics (no model needed)."""
+"""Tests of ripplekv_eval: the LongBench v1 / LongBench-E protocol and official metrics (no model needed)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from tokenizers import processors
 from transformers import PreTrainedTokenizerFast
 
-from ripplekv.evaluation.tasks import longbench as lb
-from ripplekv.evaluation.tasks import metrics as m
+from ripplekv_eval.tasks import longbench as lb
+from ripplekv_eval.tasks import metrics as m
 from tests._tokenizers import train_byte_level_bpe
 
 DATA_DIR = Path("/work/shared/data/longbench")

@@ -8,27 +8,22 @@ import pytest
 import torch
 from kvpress import SnapKVPress
 
-from ripplekv.cli.eval import memory_size
-from ripplekv.inference import extend, greedy_decode, teacher_forced_logprobs
-from ripplekv.inference.batched import (
+from ripplekv.inference import extend, greedy_decode
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.cache import OverlayLayer, cache_tensors, lean_fork
+from ripplekv.presses import FullPress, RippleKVPress, make_press
+from ripplekv_eval.cli.eval import memory_size
+from ripplekv_eval.fastpath.batched import (
     batched_greedy_decode,
     batched_greedy_decode_rows,
     decode_row,
     padded_batch,
     row_bytes,
 )
-from ripplekv.inference.shared import (
-    OverlayLayer,
-    derived_prefill,
-    lean_extend,
-    lean_fork,
-    lean_greedy_decode,
-    lean_teacher_forced_logprobs,
-    record_prefill,
-)
-from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.models.cache import cache_tensors
-from ripplekv.presses import FullPress, RippleKVPress, make_press
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.lean import lean_extend, lean_greedy_decode, lean_teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 
 WINDOW = 8

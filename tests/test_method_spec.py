@@ -10,7 +10,6 @@ from kvpress import KnormPress
 
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.cli.args import method_list
-from ripplekv.evaluation.running.config import EvalConfig
 from ripplekv.presses import make_press
 from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS, describe_method
 from ripplekv.presses.method_spec import (
@@ -25,6 +24,7 @@ from ripplekv.presses.method_spec import (
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import METHODS
 from ripplekv.profiling import SensitivityProfile
+from ripplekv_eval.running.config import EvalConfig
 from tests.conftest import synthetic_profile, tiny_model
 
 

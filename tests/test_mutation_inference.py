@@ -33,8 +33,6 @@ from transformers import DynamicCache
 import ripplekv.models.shared_prefix as shared_prefix_module
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.per_prompt import PerPromptSchedule
-from ripplekv.inference.hidden_tail import hidden_states_needed, prescored_scorers
-from ripplekv.inference.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv.models.cache import cache_tensors
 from ripplekv.models.chunked_prefill import chunk_bounds, prefill_in_chunks
 from ripplekv.models.padded import RaggedLayer, pad_layers
@@ -44,6 +42,8 @@ from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.score_memo import scorer_key
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, prescored_scorers
+from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

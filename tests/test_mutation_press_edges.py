@@ -20,13 +20,15 @@ from ripplekv.allocation.lava import lava_token_scores
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.inference import prefill
-from ripplekv.inference.shared import derive_cache, hidden_states_tail, record_prefill, residual_statistics_of
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses import LayerBudgetPress, make_press
 from ripplekv.presses.lava_press import headwise_select
 from ripplekv.presses.method_spec import Param, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
 from ripplekv.presses.score_memo import token_scores
+from ripplekv_eval.fastpath.derive import derive_cache
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
+from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

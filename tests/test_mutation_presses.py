@@ -16,8 +16,6 @@ from ripplekv.allocation.budget_spec import TokenBudgetError
 from ripplekv.allocation.lava import LavaRule, lava_token_scores
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
-from ripplekv.inference.hidden_tail import hidden_states_needed
-from ripplekv.inference.shared import record_prefill
 from ripplekv.models.attention import attention_implementation, supports_per_layer_lengths, uses_varlen_attention
 from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
@@ -25,6 +23,8 @@ from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.method_spec import METHOD_PARAMS, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
 from ripplekv.presses.score_memo import ScoreMemo, scorer_key
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

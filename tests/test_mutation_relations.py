@@ -23,9 +23,7 @@ import pytest
 import torch
 
 from ripplekv.allocation.budgets import AllocationConfig, BudgetSpec, check_budget, kept_ratio
-from ripplekv.evaluation.running.rows import greedy_agreement
-from ripplekv.inference import Fidelity, extend, fidelity, greedy_decode, kept_tokens, prefill, teacher_forced_logprobs
-from ripplekv.inference.shared import derived_prefill, record_prefill, residual_statistics_of
+from ripplekv.inference import extend, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import make_press
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig
@@ -37,6 +35,10 @@ from ripplekv.profiling.sensitivity import (
     profile_model,
     score_sample,
 )
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import Fidelity, fidelity, teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
+from ripplekv_eval.running.rows import greedy_agreement
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -233,7 +235,7 @@ def small_model():
 def test_derived_prefill_refuses_exactly_what_a_direct_prefill_refuses(small_model, name: str, kwargs: dict) -> None:
     """At prompts one shorter than, as long as and one longer than the selection window, the derived prefill
     refuses with the same exception class and message as the direct prefill, and otherwise keeps the same tokens.
-    Seeded bug caught: :func:`~ripplekv.inference.shared.derive_cache` without ``check_prompt_length`` (or with
+    Seeded bug caught: :func:`~ripplekv_eval.fastpath.derive.derive_cache` without ``check_prompt_length`` (or with
     ``<`` for ``<=`` there)."""
     press = make_press(name, window_size=WINDOW, **kwargs)
     outcomes = []

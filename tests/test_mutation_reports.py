@@ -18,18 +18,18 @@ import numpy as np
 import pytest
 import tqdm
 
-from ripplekv.evaluation.reporting.by_scorer import analyse_by_scorer, primary_method, row_scorers, verdict_lines
-from ripplekv.evaluation.reporting.run_stats import RunStats, analyse_run
-from ripplekv.evaluation.reporting.tables import _p, budget_label, markdown_sections, markdown_significance
-from ripplekv.evaluation.running.folder_config import (
+from ripplekv_eval.reporting.by_scorer import analyse_by_scorer, primary_method, row_scorers, verdict_lines
+from ripplekv_eval.reporting.run_stats import RunStats, analyse_run
+from ripplekv_eval.reporting.tables import _p, budget_label, markdown_sections, markdown_significance
+from ripplekv_eval.running.folder_config import (
     CONFIG_FORMAT,
     ConfigMismatchError,
     check_or_write_config,
     extends,
     sha256_json,
 )
-from ripplekv.evaluation.running.results import ResultsLog, complete_samples, open_results, run_pending
-from ripplekv.evaluation.sample import FULL_BUDGET
+from ripplekv_eval.running.results import ResultsLog, complete_samples, open_results, run_pending
+from ripplekv_eval.sample import FULL_BUDGET
 
 RESAMPLES, DRAWS = 2000, 999  # the smallest the statistics accept (8 prompts: the sign-flip test is exact)
 BUDGETS = [0.1, 0.3]

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import tqdm
 
-from ripplekv.evaluation.reporting.by_scorer import analyse_by_scorer, verdict_lines
-from ripplekv.evaluation.reporting.tables import FEW_SAMPLES, small_sample_caveat
-from ripplekv.evaluation.running.results import ResultsLog, open_results, run_pending
-from ripplekv.evaluation.sample import FULL_BUDGET
+from ripplekv_eval.reporting.by_scorer import analyse_by_scorer, verdict_lines
+from ripplekv_eval.reporting.tables import FEW_SAMPLES, small_sample_caveat
+from ripplekv_eval.running.results import ResultsLog, open_results, run_pending
+from ripplekv_eval.sample import FULL_BUDGET
 from tests.test_mutation_reports import _Bar
 
 RESAMPLES, DRAWS = 2000, 999

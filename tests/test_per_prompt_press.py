@@ -165,7 +165,8 @@ def test_refusals() -> None:
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 @pytest.mark.parametrize("scorer", ["snapkv", "knorm"])
 def test_a_prefill_record_derives_the_direct_prefills_caches(rule: PerPromptRule, scorer: str) -> None:
-    from ripplekv.inference.shared import hidden_states_tail, record_prefill, residual_statistics_of
+    from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
+    from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
 
     model = tiny_model("llama", layers=4, seed=1)
     ids = random_ids(96, seed=2)
@@ -175,7 +176,7 @@ def test_a_prefill_record_derives_the_direct_prefills_caches(rule: PerPromptRule
     direct = _caches(model, ids, press)
     record = record_prefill(model, ids, hidden_states_tail([press]), residual_statistics_of([press]))
     assert record.hidden_tokens == WINDOW + 1  # the record holds the window's tail only
-    from ripplekv.inference.shared import derive_cache
+    from ripplekv_eval.fastpath.derive import derive_cache
 
     derived, states = derive_cache(record, press)
     assert states == ()

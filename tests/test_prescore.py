@@ -1,9 +1,9 @@
 """ExpectedAttention prescored by the record: no layer's whole hidden states are kept, the same caches are derived.
 
-A record made with ``prescore`` (``ripplekv.inference.shared.record_prefill``) computes ExpectedAttention's scores
+A record made with ``prescore`` (``ripplekv_eval.fastpath.record.record_prefill``) computes ExpectedAttention's scores
 while the prefill runs and keeps only the hidden-state tail the other presses read. One pass: kvpress's own score on
 the layer's whole input, so every derived cache equals the one derived from a record of every hidden state, bit
-for bit. Chunks: the scores come from query moments merged chunk by chunk (``ripplekv.inference.query_moments``),
+for bit. Chunks: the scores come from query moments merged chunk by chunk (``ripplekv_eval.fastpath.query_moments``),
 equal to the one-pass scores up to rounding, keeping the same tokens.
 """
 
@@ -17,22 +17,15 @@ from kvpress import AdaKVPress, DecodingPress, ExpectedAttentionPress, SnapKVPre
 from kvpress.utils import get_prerope_query_states
 
 from ripplekv.inference.generate import prefill
-from ripplekv.inference.query_moments import MomentsExpectedAttentionPress, QueryMoments
-from ripplekv.inference.shared import (
-    NotDerivableError,
-    RecordingPress,
-    compressed_prefill_in_chunks,
-    derived_prefill,
-    hidden_states_needed,
-    hidden_states_tail,
-    prescored_scorers,
-    record_prefill,
-    residual_statistics_of,
-)
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import make_press
 from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
 from ripplekv.presses.score_memo import ScoreMemo, memoized, scorer_key
+from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill_in_chunks, derived_prefill
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, hidden_states_tail, prescored_scorers
+from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
+from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.recording_press import RecordingPress
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_chunked_prefill import _kept_indices
 

@@ -16,8 +16,6 @@ from transformers import DynamicCache, Gemma3Config, MistralConfig, PretrainedCo
 from ripplekv.allocation.dynamickv import DynamicKVRule
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.inference.module_state import headwise_attention_mask
-from ripplekv.inference.query_moments import MomentsExpectedAttentionPress, QueryMoments
-from ripplekv.inference.shared import record_prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.chunked_prefill import chunk_bounds, prefill_in_chunks
 from ripplekv.models.layer_types import NoGlobalLayersError, compressed_layers, sliding_layers
@@ -26,6 +24,8 @@ from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
 from ripplekv.presses import make_press
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.score_memo import ScoreMemo, memoized
+from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from ripplekv.evaluation.running.folder_config import ConfigMismatchError, check_or_write_config
-from ripplekv.evaluation.running.results import open_results
 from ripplekv.models.identity import cached_weights_fingerprint
 from ripplekv.profiling import profile as profile_module
 from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning
+from ripplekv_eval.running.folder_config import ConfigMismatchError, check_or_write_config
+from ripplekv_eval.running.results import open_results
 from tests.conftest import synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,14 +17,14 @@ import pytest
 from scipy.stats import wilcoxon
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation.reporting import report as report_module
-from ripplekv.evaluation.reporting.comparisons import analyse_metric, paired_differences, wilcoxon_p
-from ripplekv.evaluation.reporting.run_stats import analyse_run
-from ripplekv.evaluation.reporting.significance import holm
-from ripplekv.evaluation.reporting.stats import METRICS, Bootstrap, Metric
-from ripplekv.evaluation.reporting.tables import budget_label, legend, significance_lines
-from ripplekv.evaluation.running.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
 from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS
+from ripplekv_eval.reporting import report as report_module
+from ripplekv_eval.reporting.comparisons import analyse_metric, paired_differences, wilcoxon_p
+from ripplekv_eval.reporting.run_stats import analyse_run
+from ripplekv_eval.reporting.significance import holm
+from ripplekv_eval.reporting.stats import METRICS, Bootstrap, Metric
+from ripplekv_eval.reporting.tables import budget_label, legend, significance_lines
+from ripplekv_eval.running.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]

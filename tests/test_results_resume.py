@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ripplekv.evaluation.running.results import (
+from ripplekv_eval.running.results import (
     LOCK_FILE,
     ConfigMismatchError,
     RunFolderBusyError,
@@ -122,7 +122,7 @@ def test_one_writer_per_folder(tmp_path: Path) -> None:
 def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
     """Another process holding the folder blocks this one; killed (no clean exit), it leaves the folder free."""
     code = (
-        "import sys, time; from ripplekv.evaluation.running.results import open_results; "
+        "import sys, time; from ripplekv_eval.running.results import open_results; "
         f"folder = open_results(sys.argv[1], {RESOLVED!r}, {{}}); print('held', flush=True); time.sleep(60)"
     )
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)

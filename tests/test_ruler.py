@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 from _tokenizers import train_byte_level_bpe
 
-from ripplekv.evaluation.tasks import ruler_text
-from ripplekv.evaluation.tasks.ruler import TASKS, SyntheticSample, generate, generate_suite, score
 from ripplekv.profiling import haystack
 from ripplekv.profiling.haystack import encode, essays
+from ripplekv_eval.tasks import ruler_text
+from ripplekv_eval.tasks.ruler import TASKS, SyntheticSample, generate, generate_suite, score
 
 TARGETS = (512, 1024)
 NIAH_TASKS = tuple(t for t in TASKS if t.startswith("niah_"))

@@ -7,10 +7,11 @@ import torch
 from kvpress import KnormPress, RandomPress, SnapKVPress
 
 from ripplekv.inference import prefill
-from ripplekv.inference.shared import derive_cache, record_prefill, residual_statistics_of
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses import make_press
 from ripplekv.presses.score_memo import ScoreMemo, memoized, scorer_key, token_scores
+from ripplekv_eval.fastpath.derive import derive_cache
+from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
 from tests.conftest import random_ids, tiny_model
 
 LAYERS = 4

@@ -17,9 +17,9 @@ import pytest
 from scipy.special import ndtri
 from scipy.stats import wilcoxon
 
-from ripplekv.evaluation.reporting.comparisons import analyse_metric
-from ripplekv.evaluation.reporting.significance import SignFlip, bca_interval, holm
-from ripplekv.evaluation.reporting.stats import METRICS, Bootstrap
+from ripplekv_eval.reporting.comparisons import analyse_metric
+from ripplekv_eval.reporting.significance import SignFlip, bca_interval, holm
+from ripplekv_eval.reporting.stats import METRICS, Bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]
@@ -328,15 +328,15 @@ def test_sign_vectors_are_seeded_by_the_seed_and_the_prompts() -> None:
         SignFlip().test({"t": {"a": math.nan}})
 
 
-ALLOWED = {"__future__", "math", "zlib", "collections", "dataclasses", "typing", "numpy", "scipy", "ripplekv"}
+ALLOWED = {"__future__", "math", "zlib", "collections", "dataclasses", "typing", "numpy", "scipy", "ripplekv_eval"}
 
 
 @pytest.mark.parametrize("module", ["significance", "stats", "comparisons"])
 def test_the_statistics_modules_import_no_torch(module: str) -> None:
     """Only numpy, scipy and the standard library; of ripplekv, ``stats`` imports ``significance`` and the rows'
-    naming rule of :mod:`ripplekv.evaluation.sample` (a leaf of the standard library only), ``comparisons`` imports
+    naming rule of :mod:`ripplekv_eval.sample` (a leaf of the standard library only), ``comparisons`` imports
     ``significance`` and ``stats``, nothing else."""
-    tree = ast.parse((ROOT / "src" / "ripplekv" / "evaluation" / "reporting" / f"{module}.py").read_text())
+    tree = ast.parse((ROOT / "src" / "ripplekv_eval" / "reporting" / f"{module}.py").read_text())
     imported = {
         (node.module if isinstance(node, ast.ImportFrom) else alias.name)
         for node in ast.walk(tree)
@@ -345,9 +345,9 @@ def test_the_statistics_modules_import_no_torch(module: str) -> None:
     }
     assert {name.split(".")[0] for name in imported} <= ALLOWED
     own = {
-        "ripplekv.evaluation.reporting.significance",
-        "ripplekv.evaluation.reporting.stats",
-        "ripplekv.evaluation.sample",
+        "ripplekv_eval.reporting.significance",
+        "ripplekv_eval.reporting.stats",
+        "ripplekv_eval.sample",
     }
     assert {name for name in imported if name.startswith("ripplekv")} <= own
     if module == "significance":  # load the file alone: no package __init__, no torch
@@ -356,7 +356,7 @@ def test_the_statistics_modules_import_no_torch(module: str) -> None:
             "m = importlib.util.module_from_spec(spec); sys.modules['sig'] = m; spec.loader.exec_module(m); "
             "m.SignFlip().test({'t': {'a': 1.0, 'b': 2.0}}); assert 'torch' not in sys.modules"
         )
-        path = str(ROOT / "src" / "ripplekv" / "evaluation" / "reporting" / "significance.py")
+        path = str(ROOT / "src" / "ripplekv_eval" / "reporting" / "significance.py")
         subprocess.run([sys.executable, "-c", code, path], check=True)
 
 

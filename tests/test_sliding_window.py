@@ -18,14 +18,15 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from ripplekv.allocation import ProfileSchedule, resolve_average_budget
 from ripplekv.inference import extend, generate_answer, greedy_decode, kept_tokens, prefill
-from ripplekv.inference.batched import batched_greedy_decode, batched_teacher_forced_logprobs
-from ripplekv.inference.fidelity import teacher_forced_logprobs
-from ripplekv.inference.shared import derived_prefill, record_prefill
 from ripplekv.models.attention import enable_varlen_attention, sliding_window_mask
 from ripplekv.models.layer_types import NoGlobalLayersError, compressed_layers, sliding_layers
 from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig, SensitivityProfile, score_sample
 from ripplekv.profiling.passes import can_share_prefix
+from ripplekv_eval.fastpath.batched import batched_greedy_decode, batched_teacher_forced_logprobs
+from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

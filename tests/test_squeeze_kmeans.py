@@ -220,10 +220,10 @@ def test_the_real_similarities_come_from_the_model(smollm2: dict[str, Any]) -> N
     SqueezeAttention press's residual statistic, on SmolLM2-135M-Instruct in float32 on CPU."""
     import torch
 
-    from ripplekv.evaluation.running.config import EvalConfig
-    from ripplekv.evaluation.suites import get_suite
-    from ripplekv.inference.shared import record_prefill, residual_statistics_of
     from ripplekv.presses import make_press
+    from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
+    from ripplekv_eval.running.config import EvalConfig
+    from ripplekv_eval.suites import get_suite
 
     model, tokenizer = smollm2["model"], smollm2["tokenizer"]
     task = LLOYD_SUBOPTIMAL[0].split("/")[0]

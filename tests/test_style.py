@@ -15,6 +15,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "ripplekv"
+PACKAGES = (PACKAGE, "ripplekv_eval")  # the library and the harness
 
 NUMPY_SECTION = re.compile(
     r"^[ \t]*(Parameters|Other Parameters|Returns|Yields|Receives|Raises|Warns|Attributes|Methods|See Also|Notes"
@@ -52,7 +53,7 @@ def private_imports(path: Path, root: Path) -> Iterator[str]:
         if node.level:  # a relative import: resolve it against this module's package
             anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
             source = ".".join([*anchor, source] if source else anchor)
-        if source != PACKAGE and not source.startswith(PACKAGE + "."):
+        if source.split(".")[0] not in PACKAGES:
             continue
         for alias in node.names:
             name = alias.name
@@ -61,7 +62,7 @@ def private_imports(path: Path, root: Path) -> Iterator[str]:
 
 
 def violations(root: Path) -> tuple[list[str], list[str]]:
-    files = python_files(root / PACKAGE)
+    files = [path for package in PACKAGES for path in python_files(root / package)]
     sections = [found for path in files for found in numpy_sections(path)]
     private = [found for path in files for found in private_imports(path, root)]
     return sections, private

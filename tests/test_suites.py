@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from ripplekv.cli.main import main
-from ripplekv.evaluation.running.config import EvalConfig, EvalSample
-from ripplekv.evaluation.running.results import RESULTS_FILE, ResultsLog
-from ripplekv.evaluation.running.runner import build_samples, resolve_config, run_eval
-from ripplekv.evaluation.suites import SUITES, Suite, get_suite, register_suite
-from ripplekv.evaluation.suites.base import split_prompt
-from ripplekv.evaluation.suites.needle import NeedleOptions
 from ripplekv.models import load_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv_eval.running.config import EvalConfig, EvalSample
+from ripplekv_eval.running.results import RESULTS_FILE, ResultsLog
+from ripplekv_eval.running.runner import build_samples, resolve_config, run_eval
+from ripplekv_eval.suites import SUITES, Suite, get_suite, register_suite
+from ripplekv_eval.suites.base import split_prompt
+from ripplekv_eval.suites.needle import NeedleOptions
 from tests.conftest import save_tiny_model_dir
 from tests.test_eval_runner import _write_longbench
 

@@ -14,8 +14,8 @@ import pytest
 from ripplekv.allocation import BudgetSpec, PyramidSchedule
 from ripplekv.cli.args import budget_arg, row_tokens_arg, tokens_arg
 from ripplekv.cli.main import build_parser, main
-from ripplekv.evaluation.running.config import DEFAULT_BUDGETS, FULL_BUDGET, EvalConfig
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv_eval.running.config import DEFAULT_BUDGETS, FULL_BUDGET, EvalConfig
 from tests.conftest import save_tiny_model_dir
 
 WINDOW = 8
@@ -131,7 +131,7 @@ def test_budgets_and_tokens_of_the_run_commands(command: str, capsys: pytest.Cap
         _parse(*common, "--tokens", "1")
     assert "kept fraction 1.0" in capsys.readouterr().err
     if command != "eval":
-        from ripplekv.cli.args import fidelity_eval_config
+        from ripplekv_eval.cli.args import fidelity_eval_config
 
         config = fidelity_eval_config(_parse(*common, "--tokens", "64"), profile=None)
         assert config.budgets == () and config.tokens == (64,) and config.budget_values == (64,)

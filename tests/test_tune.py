@@ -11,20 +11,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ripplekv.analysis.tune_runner import SUMMARY_FILE, TUNE_FILE, run_tune
-from ripplekv.analysis.tuning import Candidate, TuneConfig, TuneRunner, method_grid, split_samples
-from ripplekv.analysis.tuning_report import candidate_samples, macro_mean, summarize_tuning, tuning_markdown
 from ripplekv.cli.main import main
-from ripplekv.cli.tune import parse_profiles
-from ripplekv.evaluation.running.config import EvalConfig, EvalSample
-from ripplekv.evaluation.running.results import ConfigMismatchError, ResultsLog
-from ripplekv.evaluation.running.rows import SampleRunner
-from ripplekv.evaluation.running.runner import build_samples
 from ripplekv.models import load_model
 from ripplekv.presses import make_press
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, SensitivityProfile, profile_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv_eval.analysis.tune_runner import SUMMARY_FILE, TUNE_FILE, run_tune
+from ripplekv_eval.analysis.tuning import Candidate, TuneConfig, TuneRunner, method_grid, split_samples
+from ripplekv_eval.analysis.tuning_report import candidate_samples, macro_mean, summarize_tuning, tuning_markdown
+from ripplekv_eval.cli.tune import parse_profiles
+from ripplekv_eval.running.config import EvalConfig, EvalSample
+from ripplekv_eval.running.results import ConfigMismatchError, ResultsLog
+from ripplekv_eval.running.rows import SampleRunner
+from ripplekv_eval.running.runner import build_samples
 from tests.conftest import save_tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -235,7 +235,7 @@ def test_run_resumes_and_refuses_another_grid(
     complete = ResultsLog(out / TUNE_FILE).read()
     lines = (out / TUNE_FILE).read_bytes().splitlines(keepends=True)
     (out / TUNE_FILE).write_bytes(b"".join(lines[:5]) + lines[5][:30])  # killed while writing the sixth row
-    import ripplekv.analysis.tuning as tuning_module
+    import ripplekv_eval.analysis.tuning as tuning_module
 
     decoded: list[int] = []
     original = tuning_module.greedy_decode

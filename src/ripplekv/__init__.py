@@ -5,7 +5,7 @@ Data flows one way through the package (``docs/architecture.md``; ``tests/test_i
 ``analysis`` -> ``cli``. A layer imports only the layers before it.
 
 The names below are resolved on first use (PEP 562), so importing a torch-free module of the package
-(``ripplekv.evaluation.reporting.stats``, ``ripplekv report``) does not import torch, transformers or kvpress.
+(``ripplekv_eval.reporting.stats``, ``ripplekv report``) does not import torch, transformers or kvpress.
 """
 
 from __future__ import annotations

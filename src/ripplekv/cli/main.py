@@ -1,11 +1,9 @@
-"""The ``ripplekv`` command line: profile, allocate, generate, demo, eval, report, analyze, tune.
+"""The ``ripplekv`` command line: profile, allocate, generate, demo, and the commands of installed plugins.
 
-Each command is a module of this package with ``add_parser(subparsers)`` and ``run(args) -> int``
-(:mod:`~ripplekv.cli.profile`, :mod:`~ripplekv.cli.allocate`, :mod:`~ripplekv.cli.generate`,
-:mod:`~ripplekv.cli.demo`, :mod:`~ripplekv.cli.eval`, :mod:`~ripplekv.cli.report`, :mod:`~ripplekv.cli.analyze`,
-:mod:`~ripplekv.cli.tune`);
-their shared argument types and option groups are in :mod:`~ripplekv.cli.args`. ``profile`` and ``eval`` run on
-Ray actors with ``--workers N`` (N > 1) or ``--ray-address`` (``pip install 'ripplekv[ray]'``).
+Each command is a module with ``add_parser(subparsers)`` and ``run(args) -> int``. The library's four are in this
+package; the evaluation harness (``ripplekv_eval``: ``eval``, ``report``, ``analyze``, ``tune``) adds its own
+through the ``ripplekv.commands`` entry points, so the library never imports it. ``profile`` runs on Ray actors with
+``--workers N`` (N > 1) or ``--ray-address`` (``pip install 'ripplekv[ray]'``).
 
 :func:`main` parses the arguments, runs the command and turns the errors a user can fix (bad input or files,
 a missing optional dependency, a Ray worker lost too often) into an ``error:`` line on stderr and exit status 2.
@@ -16,12 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
+from types import ModuleType
 
-from ripplekv.cli import allocate, analyze, demo, generate, profile, report, tune
-from ripplekv.cli import eval as evaluate
+from ripplekv.cli import allocate, demo, generate, profile
 from ripplekv.version import __version__
 
-__all__ = ["COMMANDS", "EXAMPLES", "JSON_ONLY_COMMANDS", "build_parser", "main"]
+__all__ = ["ENTRY_POINT_GROUP", "EXAMPLES", "JSON_ONLY_COMMANDS", "build_parser", "commands", "main"]
 
 EXAMPLES = """examples:
   ripplekv demo
@@ -40,28 +39,34 @@ EXAMPLES = """examples:
   ripplekv tune --suite needle --profile smollm2.profile.json --out runs/tune
 """
 
-COMMANDS = {
-    "profile": profile,
-    "allocate": allocate,
-    "generate": generate,
-    "demo": demo,
-    "eval": evaluate,
-    "report": report,
-    "analyze": analyze,
-    "tune": tune,
-}
-"""The commands, in the order ``ripplekv --help`` lists them: each module's ``add_parser`` and ``run``."""
+ENTRY_POINT_GROUP = "ripplekv.commands"
+"""Entry points of this group name command modules that other packages add (the evaluation harness's four)."""
+
+
+def commands(names: Sequence[str] | None = None) -> dict[str, ModuleType]:
+    """The command modules by name, the library's first, then those of installed plugins (or only ``names``).
+
+    Args:
+        names: load only these (a plugin command is imported only when named or when ``names`` is None).
+    """
+    found: dict[str, ModuleType] = {"profile": profile, "allocate": allocate, "generate": generate, "demo": demo}
+    wanted = None if names is None else set(names)
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if wanted is None or point.name in wanted:
+            found.setdefault(point.name, point.load())
+    return found if wanted is None else {name: module for name, module in found.items() if name in wanted}
+
 
 JSON_ONLY_COMMANDS = frozenset({"report"})
 """Commands that read JSON files only and run without importing torch, transformers or kvpress (tested): :func:`main`
 parses them without the other commands' parsers and leaves transformers' logging alone."""
 
 
-def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The ``ripplekv`` argument parser, with every command of :data:`COMMANDS` (or only ``commands``).
+def build_parser(names: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``ripplekv`` argument parser, with every command of :func:`commands` (or only ``names``).
 
     Args:
-        commands: the names of the commands to add, or None for all of them.
+        names: the names of the commands to add, or None for all of them.
     """
     parser = argparse.ArgumentParser(
         prog="ripplekv",
@@ -71,8 +76,8 @@ def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentPars
     )
     parser.add_argument("--version", action="version", version=f"ripplekv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS if commands is None else commands:
-        COMMANDS[name].add_parser(sub)
+    for module in commands(names).values():
+        module.add_parser(sub)
     return parser
 
 
@@ -92,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hf_logging.set_verbosity_error()  # the CLI prints its own progress; silence weight-loading bars and warnings
         hf_logging.disable_progress_bar()
     try:
-        return COMMANDS[args.command].run(args)
+        return commands([args.command])[args.command].run(args)
     except (ValueError, OSError, ImportError, EssayCorpusMissingError, WorkerLostError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

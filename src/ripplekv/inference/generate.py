@@ -25,7 +25,7 @@ class Prefill:
 
     Args:
         cache: the (compressed) cache of the prompt. :func:`extend`, :func:`greedy_decode` and
-            :func:`ripplekv.inference.fidelity.teacher_forced_logprobs` run over a fork of it and never change it.
+            :func:`ripplekv_eval.fastpath.fidelity.teacher_forced_logprobs` run over a fork of it and never change it.
         next_logits: ``(vocab,)`` logits of the token after the prompt.
         prompt_tokens: tokens of the prompt, i.e. the position of the next token.
         seconds: wall time of the prefill (plus any derivation or extension).
@@ -95,7 +95,7 @@ def prefill(
             of one chunk; the cache equal to a one-pass prefill's up to float rounding). None (default): one pass.
             A press compresses each layer inside its one pass (kvpress's hook compresses a first pass only), so
             with a press a prompt longer than the chunk raises ValueError: record it in chunks and derive the
-            press's cache instead (:func:`ripplekv.inference.shared.compressed_prefill_in_chunks`).
+            press's cache instead (:func:`ripplekv_eval.fastpath.derive.compressed_prefill_in_chunks`).
     """
     _check_single(input_ids)
     chunks = chunk_bounds(int(input_ids.shape[1]), check_prefill_chunk(prefill_chunk))
@@ -103,7 +103,7 @@ def prefill(
         raise ValueError(
             f"prefill_chunk={prefill_chunk} would cut the {input_ids.shape[1]}-token prompt into {len(chunks)} passes, "
             f"but {type(press).__name__} compresses within one pass: prefill it in one pass (prefill_chunk=None), or "
-            "derive its cache from a chunked record (ripplekv.inference.shared.compressed_prefill_in_chunks)"
+            "derive its cache from a chunked record (ripplekv_eval.fastpath.derive.compressed_prefill_in_chunks)"
         )
     check_prompt_length(press, input_ids.shape[1])
     cache = cache if cache is not None else (DynamicCache() if len(chunks) == 1 else None)

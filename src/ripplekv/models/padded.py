@@ -13,7 +13,7 @@ rounding (different reduction lengths and batched matrix products).
 
 Only ripplekv's attention functions (``ripplekv_sdpa`` / ``ripplekv_eager``) read ``key_validity`` and
 ``ragged_cache``; FlashAttention ignores keyword arguments it does not know, so callers check
-:func:`ripplekv.models.attention.uses_varlen_attention` first (:mod:`ripplekv.inference.batched` does: it raises
+:func:`ripplekv.models.attention.uses_varlen_attention` first (:mod:`ripplekv_eval.fastpath.batched` does: it raises
 ``NotBatchableError`` for decoding and teacher-forces one cache at a time otherwise).
 """
 

@@ -22,7 +22,7 @@ class GlobalLayersPress(BasePress):
     (``Gemma3ForCausalLM``) would have every layer compressed, and a compressed sliding layer no longer holds
     the window the model attends to. This press delegates ``compress`` to ``press`` on global layers and keeps
     kvpress's forward hook and context manager, so it is derivable from a prefill record
-    (:mod:`ripplekv.inference.shared`) like the press it wraps. On a model without sliding layers it compresses
+    (:mod:`ripplekv_eval.fastpath`) like the press it wraps. On a model without sliding layers it compresses
     exactly what ``press`` does.
 
     Args:

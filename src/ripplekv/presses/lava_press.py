@@ -22,7 +22,7 @@ memory is the sum of the layers' maxima ``m_l`` (AdaKV keeps every token and mas
 no mask. Under ``floor_alpha = 1`` every layer is, and the caches are ``lava-layer``'s.
 
 Directly (``with press(model): model(...)``) the masks are set on the attention modules in the last compressed
-layer's hook; from a prefill record (:func:`ripplekv.inference.shared.derived_prefill`) :meth:`LavaPress.derive`
+layer's hook; from a prefill record (:func:`ripplekv_eval.fastpath.derive.derived_prefill`) :meth:`LavaPress.derive`
 sets them on the recorded modules and the derivation captures them as the cache's attention state.
 """
 

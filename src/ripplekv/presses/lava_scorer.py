@@ -69,7 +69,7 @@ class LavaScorerPress(ScorerPress):
     @property
     def hidden_states_tail(self) -> int:
         """Prompt positions of the hidden states ``score`` reads: the window's queries, plus one (the check that the
-        prompt is longer than the window), as SnapKV (:mod:`ripplekv.inference.shared`)."""
+        prompt is longer than the window), as SnapKV (:mod:`ripplekv_eval.fastpath`)."""
         return int(self.window_size) + 1
 
     def score(

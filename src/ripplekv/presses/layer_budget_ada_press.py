@@ -107,7 +107,7 @@ class LayerBudgetAdaPress(BasePress):
 
     Not applicable to eager attention (the head-wise masks need a boolean attention mask, as kvpress's AdaKV does)
     nor to padded batches. The scorer is never mutated. The press keeps kvpress's forward hook, so its cache can be
-    derived from a shared prefill record (:mod:`ripplekv.inference.shared`).
+    derived from a shared prefill record (:mod:`ripplekv_eval.fastpath`).
 
     ``compression_ratio`` and :meth:`compression_ratio_for` are those of the per-layer counts (per head on
     average), as :class:`~ripplekv.presses.LayerBudgetPress` defines them: a token budget has no

@@ -5,7 +5,7 @@ Allocation for Efficient LLM Inference", 2024) calls ``self.press.score(...)`` i
 :class:`MemoizedScorerPress` around a scorer, it gets that scorer's very scores, computed once per layer and
 record while a :class:`~ripplekv.presses.score_memo.ScoreMemo` is active (:func:`~ripplekv.presses.score_memo.
 token_scores`): a prompt's AdaKV configurations at several budgets share them with every schedule over the same
-scorer, and a prefill record that prescored ExpectedAttention (``ripplekv.inference.shared``) need not keep every
+scorer, and a prefill record that prescored ExpectedAttention (``ripplekv_eval.fastpath``) need not keep every
 hidden state for AdaKV either. Outside a memo it computes them as the scorer does.
 
 AdaKV writes into the scores it is given (its safeguard ``scatter_``), so each call returns a copy: the memo's

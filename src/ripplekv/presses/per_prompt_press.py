@@ -14,7 +14,7 @@ layer's statistic and its token scores (``(batch, kv_heads, tokens)`` floats), t
 budget with the same top-k as :class:`~ripplekv.presses.LayerBudgetPress`. Sliding-window layers are left whole
 and the budgets are shared over the global layers.
 
-The shared prefill of the evaluation (:mod:`ripplekv.inference.shared`) derives the same caches from a prefill
+The shared prefill of the evaluation (:mod:`ripplekv_eval.fastpath`) derives the same caches from a prefill
 record: :meth:`PerPromptBudgetPress.derive` takes every layer's recorded compression inputs (and the recorded
 statistics a rule needs that the attention hook cannot see: SqueezeAttention's residual stream) and returns the
 pruned keys and values of every layer.
@@ -349,10 +349,10 @@ class PerPromptBudgetPress(BasePress):
     # ------------------------------------------------------------------------------------------ from a record
 
     def derive(self, layers: Sequence[Any], config: PretrainedConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every layer's pruned keys and values from a prefill record's layers (see :mod:`ripplekv.inference.shared`).
+        """Every layer's pruned keys and values from a prefill record's layers (see :mod:`ripplekv_eval.fastpath`).
 
         Args:
-            layers: the record's :class:`~ripplekv.inference.shared.LayerRecord` of every layer (``module``,
+            layers: the record's ``LayerRecord`` of every layer (``module``,
                 ``hidden_states``, ``keys``, ``values``, ``attentions``, ``kwargs`` and ``statistics``: the
                 inputs recorded while the prefill ran, for rules that read the residual stream).
             config: the model's config.

@@ -1,11 +1,11 @@
 """A memo of token scores and per-layer statistics while many presses are derived from one prefill record.
 
 An evaluation derives every (schedule, budget) of a scorer from one recorded prefill
-(:mod:`ripplekv.inference.shared`). The schedules differ in how many tokens each layer keeps, not in how tokens
+(:mod:`ripplekv_eval.fastpath`). The schedules differ in how many tokens each layer keeps, not in how tokens
 are ranked: SnapKV's scores of layer ``l`` are the same for the uniform, PyramidKV, RippleKV and CAKE schedules at
 10%, 20% and 30%, and recomputing them (the window attention over the whole prompt, per layer) was most of a
 configuration's derivation time. While a :class:`ScoreMemo` is active (:func:`memoized`, which
-:func:`~ripplekv.inference.shared.derive_cache` enters with the record's memo), :func:`token_scores` computes a
+:func:`~ripplekv_eval.fastpath.derive.derive_cache` enters with the record's memo), :func:`token_scores` computes a
 layer's scores once per scorer and :func:`layer_statistic` a per-prompt rule's statistic once per rule; outside
 it (a direct prefill) both compute as before.
 
@@ -108,7 +108,7 @@ class ScoreMemo:
 
     def pin(self, kind: str, key: Hashable, layer: int, keys: torch.Tensor, result: Any) -> None:
         """Hold ``result`` for ``(kind, key, layer)`` over ``keys`` for good (see the class): a prefill record's
-        scores computed while it ran (:func:`~ripplekv.inference.shared.record_prefill`'s ``prescore``).
+        scores computed while it ran (:func:`~ripplekv_eval.fastpath.record.record_prefill`'s ``prescore``).
 
         Args:
             kind: what is held (``"scores"``).

@@ -1,7 +1,7 @@
 """Damage profiles: measured per-layer damage saved as a :class:`~ripplekv.profiling.SensitivityProfile`.
 
 ``ripplekv analyze`` measures, per prompt and layer, the fidelity loss of compressing that layer alone (see
-:mod:`ripplekv.analysis.damage`). Its mean per layer at one budget, saved in the sensitivity-profile format, is a
+:mod:`ripplekv_eval.analysis.damage`). Its mean per layer at one budget, saved in the sensitivity-profile format, is a
 *damage profile*: the RippleKV rule allocated over it (the ``ripplekv-oracle`` method) is the ceiling any offline
 per-layer profile can reach on those prompts. A damage profile is an ordinary profile file (same class, same
 ``ripplekv-profile/1`` format, checked against the model the same way) whose ``extra`` says what it is:

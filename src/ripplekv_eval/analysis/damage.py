@@ -1,0 +1,273 @@
+"""Per-layer damage: the fidelity loss of compressing one layer alone, for every layer, from one prefill.
+
+The damage of layer ``l`` at budget ``b`` on a prompt is ``fidelity_kl`` exactly as
+:mod:`ripplekv_eval.running.rows` computes it (mean KL(full || candidate) in nats over the full cache's own greedy
+answer, teacher-forced, float64) for a candidate cache in which **only layer l** is compressed (SnapKV's scorer, keeping
+the tokens SnapKV keeps at ``b``) and every other layer is the full cache.
+
+All of it comes from one prefill per prompt. kvpress compresses a layer in a hook that runs *after* the layer's
+attention, so compressing layer ``l`` never changes the hidden states any layer sees during the prefill, nor the
+keys and values any other layer caches. Hence the single-layer cache of layer ``l`` is the full cache with layer
+``l`` replaced by layer ``l`` of the uniform SnapKV cache: :func:`uniform_compressed` derives that cache once per
+budget from the prefill record (:func:`ripplekv_eval.fastpath.derive.derive_cache`), and :func:`single_layer_cache`
+splices one of its layers into the record's full tensors (by reference, no copy). The tests check this against a
+real prefill with :class:`SingleLayerPress` (only layer ``l`` compressed) tensor for tensor, and the damage
+against a teacher-forced pass over that prefill.
+
+Per prompt and budget this costs one derivation of the SnapKV cache and ``layers + 1`` teacher-forced passes of the
+answer (one per layer, plus the all-layers SnapKV cache, recorded for reference); the prefill and the full cache's
+answer are shared by every budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from kvpress.presses.base_press import BasePress
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from ripplekv.allocation.budgets import BudgetSpec, budget_value
+from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.cache import KVPair, cache_from_tensors, cache_tensors
+from ripplekv.presses.registry import make_press
+from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache, derived_prefill
+from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
+from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
+from ripplekv_eval.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv_eval.running.rows import greedy_agreement
+
+__all__ = [
+    "DAMAGE_METHOD",
+    "DamageRunner",
+    "LayerDamage",
+    "SingleLayerPress",
+    "layer_damage",
+    "single_layer_cache",
+    "uniform_compressed",
+]
+
+DAMAGE_METHOD = "snapkv"
+"""The method whose compression of one layer is measured (its ``method`` field in the damage rows)."""
+
+
+@dataclass
+class SingleLayerPress(BasePress):
+    """Compress only layer ``layer`` with ``press``; every other layer keeps its full cache.
+
+    The direct definition of single-layer compression (a real prefill under this press); :func:`single_layer_cache`
+    derives the same cache from a shared prefill. Applying it switches the model to variable-length attention,
+    since the layers then hold different numbers of tokens.
+
+    Args:
+        press: the press compressing the layer (e.g. ``make_press("snapkv", budget=0.1)``).
+        layer: the layer's index (>= 0, below the model's number of layers).
+    """
+
+    press: BasePress
+    layer: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.press, BasePress):
+            raise TypeError(f"press must be a kvpress press, got {type(self.press).__name__}")
+        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
+            raise ValueError(f"layer must be an integer >= 0, got {self.layer!r}")
+
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
+        """Check the layer exists, enable variable-length attention, then set up the inner press.
+
+        Args:
+            model: the model the press is applied to.
+        """
+        layers = int(model.config.get_text_config().num_hidden_layers)
+        if self.layer >= layers:
+            raise ValueError(f"layer {self.layer} does not exist: the model has {layers} layers")
+        enable_varlen_attention(model)
+        self.press.post_init_from_model(model)
+
+    def compress(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inner press's compression at layer ``layer``; the keys and values unchanged elsewhere."""
+        if module.layer_idx != self.layer:
+            return keys, values
+        return self.press.compress(module, hidden_states, keys, values, attentions, kwargs)
+
+
+def uniform_compressed(record: PrefillRecord, press: BasePress) -> list[KVPair]:
+    """Every layer's ``(keys, values)`` under ``press``, derived from ``record`` (no model pass).
+
+    Args:
+        record: the prompt's recorded full prefill.
+        press: a press acting through the cache alone (SnapKV); one that sets attention-module state (AdaKV) is
+            refused with :class:`~ripplekv_eval.fastpath.derive.NotDerivableError`.
+    """
+    cache, states = derive_cache(record, press)
+    if states:
+        raise NotDerivableError(
+            f"{type(press).__name__} sets attention-module state: its layers cannot be spliced into the full cache"
+        )
+    return cache_tensors(cache)
+
+
+def single_layer_cache(record: PrefillRecord, compressed: Sequence[KVPair], layer: int) -> DynamicCache:
+    """The full cache of ``record`` with layer ``layer`` replaced by ``compressed[layer]`` (tensors by reference).
+
+    Args:
+        record: the prompt's recorded full prefill.
+        compressed: every layer's compressed ``(keys, values)`` (from :func:`uniform_compressed`).
+        layer: the layer to compress.
+    """
+    if len(compressed) != len(record.layers):
+        raise ValueError(f"{len(compressed)} compressed layers for a record of {len(record.layers)}")
+    if not 0 <= layer < len(record.layers):
+        raise ValueError(f"layer {layer} does not exist: the record has {len(record.layers)} layers")
+    pairs = [(entry.keys, entry.values) for entry in record.layers]
+    pairs[layer] = compressed[layer]
+    return cache_from_tensors(pairs)
+
+
+@dataclass(frozen=True)
+class LayerDamage:
+    """The damage of compressing each layer alone at one budget, on one prompt.
+
+    Args:
+        kl: per layer, mean KL(full || only that layer compressed) over the answer, nats (float64 accumulation).
+        top1: per layer, the fraction of the answer's tokens that greedy decoding over that cache would pick (as
+            ``top1_agreement`` in the eval rows).
+        uniform_kl: the same KL with every layer compressed (plain SnapKV), for reference.
+        uniform_top1: its top-1 agreement.
+        kept: tokens the compressed layer keeps (every layer keeps the same under SnapKV).
+    """
+
+    kl: tuple[float, ...]
+    top1: tuple[float, ...]
+    uniform_kl: float
+    uniform_top1: float
+    kept: int
+
+
+def layer_damage(
+    model: PreTrainedModel,
+    record: PrefillRecord,
+    press: BasePress,
+    reference: torch.Tensor,
+    tokens: Sequence[int],
+    stop_ids: set[int],
+    question: Sequence[int] = (),
+) -> LayerDamage:
+    """The damage of compressing each layer of ``record``'s prompt alone with ``press``.
+
+    Args:
+        model: the model (variable-length attention enabled).
+        record: the recorded full prefill of the compressed part of the prompt.
+        press: the press compressing one layer (its uniform cache is derived once, then spliced layer by layer).
+        reference: ``(len(tokens), vocab)`` log-probabilities of ``tokens`` teacher-forced over the full cache.
+        tokens: the full cache's greedy answer.
+        stop_ids: the stop ids (for the top-1 agreement at the first position, as in the eval rows).
+        question: tokens run over each cache before the answer (query-agnostic protocol); empty when the whole
+            prompt was prefilled.
+    """
+    compressed = uniform_compressed(record, press)
+    suffix = torch.tensor([list(question)], dtype=torch.long) if question else None
+
+    def score(cache: DynamicCache) -> tuple[float, float]:
+        state = Prefill(cache, record.next_logits, record.prompt_tokens, 0.0)
+        if suffix is not None:
+            state = extend(model, state, suffix)
+        candidate = teacher_forced_logprobs(model, state, tokens)
+        return fidelity(reference, candidate, tokens).kl, greedy_agreement(candidate, tokens, stop_ids)
+
+    kl: list[float] = []
+    top1: list[float] = []
+    for layer in range(len(record.layers)):
+        layer_kl, layer_top1 = score(single_layer_cache(record, compressed, layer))
+        kl.append(layer_kl)
+        top1.append(layer_top1)
+    uniform_kl, uniform_top1 = score(cache_from_tensors(compressed))
+    return LayerDamage(tuple(kl), tuple(top1), uniform_kl, uniform_top1, int(compressed[0][0].shape[2]))
+
+
+class DamageRunner:
+    """Per-layer damage rows of one sample at a time (the sample's prefill and answer shared by every budget).
+
+    Args:
+        config: the evaluation options (suite, budgets, protocol, window, answer length); ``methods`` is ignored.
+        model: the model.
+        tokenizer: its tokenizer.
+    """
+
+    def __init__(self, config: EvalConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.config = config
+        self.model = enable_varlen_attention(model)
+        self.tokenizer = tokenizer
+        self.eos = eos_ids(model, tokenizer)
+        self.full = make_press("full")
+        self.presses = {
+            float(b): make_press(DAMAGE_METHOD, **BudgetSpec.from_value(b).kwargs(), window_size=config.window_size)
+            for b in config.budget_values
+        }
+
+    def run_sample(
+        self, sample: EvalSample, budgets: Sequence[float], answer: Sequence[int] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """One row per budget of ``budgets`` for ``sample`` (see :mod:`ripplekv_eval.analysis.runner` for the fields).
+
+        Args:
+            sample: the sample.
+            budgets: the budgets still to run for it.
+            answer: the full cache's answer stored by an earlier run; decoded again when None.
+        """
+        query_agnostic = self.config.protocol == "query-agnostic"
+        prefix = sample.input_ids[: sample.question_start] if query_agnostic else sample.input_ids
+        question = sample.input_ids[sample.question_start :] if query_agnostic else ()
+        if not prefix:
+            raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
+        ids = torch.tensor([list(prefix)], dtype=torch.long)
+        record = record_prefill(self.model, ids, hidden_states_tail([self.full, *self.presses.values()]))
+        full, _ = derived_prefill(record, self.full)
+        if question:
+            full = extend(self.model, full, torch.tensor([list(question)], dtype=torch.long))
+        stops = self.eos | sample.extra_stop_ids
+        tokens = list(answer) if answer else None
+        if not tokens:
+            tokens = greedy_decode(self.model, full, sample.max_new_tokens, stops, min_new_tokens=MIN_NEW_TOKENS)
+        reference = teacher_forced_logprobs(self.model, full, tokens)
+        for budget in budgets:
+            started = time.perf_counter()
+            try:
+                damage = layer_damage(
+                    self.model, record, self.presses[float(budget)], reference, tokens, stops, question
+                )
+            except ValueError as err:
+                raise ValueError(f"sample {sample.id}, budget {budget}: {err}") from err
+            yield {
+                "sample_id": sample.id,
+                "task": sample.task,
+                "method": DAMAGE_METHOD,
+                "budget": budget_value(budget),
+                "prompt_tokens": len(sample.input_ids),
+                "compressed_tokens": len(prefix),
+                "kept_tokens": damage.kept,
+                "damage_kl": list(damage.kl),
+                "damage_top1": list(damage.top1),
+                "uniform_kl": damage.uniform_kl,
+                "uniform_top1": damage.uniform_top1,
+                "answer_tokens": len(tokens),
+                "answer_ids": tokens,
+                "seconds": round(time.perf_counter() - started, 4),
+                "prefill_seconds": round(record.seconds, 4),
+                "meta": dict(sample.meta),
+            }

@@ -1,0 +1,354 @@
+"""The summary of ``ripplekv tune``: selection on the calibration split, gains on the held-out split.
+
+Every mean is the report's macro mean (each task's mean, averaged over tasks;
+:mod:`ripplekv_eval.reporting.stats`). Per budget:
+
+- every candidate's mean KL on the calibration and the held-out prompts (the held-out means are shown, never used
+  to choose);
+- ``best``: the candidate with the lowest calibration KL (ties: the earlier candidate in grid order);
+- held-out paired differences, each the macro mean of the per-prompt differences with wins/ties/losses (a win:
+  lower KL), the stratified sign-flip permutation test of that macro mean and the interval inverting it
+  (:mod:`ripplekv_eval.reporting.significance`): ``best - default`` (the gain of tuning), ``best - snapkv`` and
+  ``default - snapkv``; ``best - shared`` (the gain of tuning per budget over the one candidate chosen for all
+  budgets). Holm adjusts over the four comparisons of a budget (``family="budget"``, the default) or the twelve of
+  all budgets (``family="metric"``); **significant** = Holm-adjusted p < 0.05, and then the interval excludes 0.
+
+``shared`` is the candidate with the lowest calibration KL averaged over the budgets: if ``best - shared`` is not
+significant at any budget, the best allocation does not depend on the budget (to this run's resolution).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ripplekv_eval.reporting.comparisons import paired_differences
+from ripplekv_eval.reporting.significance import (
+    DEFAULT_DRAWS,
+    DEFAULT_FAMILY,
+    FAMILIES,
+    TEST_NAME,
+    SignFlip,
+    holm,
+)
+from ripplekv_eval.reporting.stats import ALPHA, Bootstrap, Samples
+
+__all__ = [
+    "COMPARISONS",
+    "adjust",
+    "candidate_samples",
+    "macro_mean",
+    "paired_comparison",
+    "summarize_methods",
+    "summarize_tuning",
+    "tuning_markdown",
+]
+
+SNAPKV = "snapkv"
+
+
+def candidate_samples(rows: Sequence[Mapping[str, Any]], ids: set[str] | None, key: str) -> Samples:
+    """task -> prompt id -> KL of candidate ``key`` (``snapkv``: uniform SnapKV) for ``ids`` (None: every row)."""
+    out: Samples = {}
+    for row in rows:
+        if ids is None or str(row["sample_id"]) in ids:
+            value = row["snapkv_kl"] if key == SNAPKV else row["kl"][key]
+            out.setdefault(str(row["task"]), {})[str(row["sample_id"])] = float(value)
+    return out
+
+
+def macro_mean(samples: Samples) -> float:
+    """The mean over tasks of each task's mean."""
+    return float(np.mean([np.mean(list(values.values())) for values in samples.values() if values]))
+
+
+COMPARISONS = ("best_minus_default", "best_minus_snapkv", "default_minus_snapkv", "best_minus_shared")
+
+
+def paired_comparison(flip: SignFlip, a: Samples, b: Samples, bootstrap: Bootstrap | None = None) -> dict[str, Any]:
+    """``a - b`` over the prompts both have: macro mean, inverted sign-flip interval, W/T/L (a win: lower), raw p.
+
+    ``significant`` is the raw verdict (``p < alpha``, the interval excludes 0); :func:`adjust` replaces it by
+    Holm's over a family.
+
+    Args:
+        flip: the sign-flip test (draws, seed, level).
+        a: task -> prompt id -> KL of the first candidate.
+        b: the same for the candidate it is compared with.
+        bootstrap: also give the BCa interval of the same mean (``bca_low``, ``bca_high``), or None.
+    """
+    diffs = paired_differences(a, b)
+    flat = [d for task in diffs.values() for d in task.values()]
+    if not flat:
+        raise ValueError("no held-out prompt has both candidates")
+    test = flip.test(diffs)
+    out = {
+        "difference": test.mean,
+        "low": test.low if math.isfinite(test.low) else None,  # None: unbounded (5 prompts or fewer)
+        "high": test.high if math.isfinite(test.high) else None,
+        "wins": sum(d < 0 for d in flat),
+        "ties": sum(d == 0 for d in flat),
+        "losses": sum(d > 0 for d in flat),
+        "p": test.p,
+        "test": test.method,
+        "sign_vectors": test.vectors,
+        "significant": bool(test.p < flip.alpha),
+    }
+    if bootstrap is not None:
+        bca = bootstrap.estimate(diffs)
+        out.update({"bca_low": bca.low, "bca_high": bca.high})
+    return out
+
+
+def adjust(comparisons: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
+    """Set ``p_holm`` and ``significant`` (``p_holm < alpha``) of one family of :func:`paired_comparison` results."""
+    for c, adjusted in zip(comparisons, holm([c["p"] for c in comparisons])):
+        c["p_holm"] = adjusted
+        c["significant"] = bool(adjusted < alpha)
+
+
+def summarize_tuning(
+    rows: Sequence[Mapping[str, Any]],
+    candidates: Sequence[str],
+    default: str,
+    calibration: set[str],
+    heldout: set[str],
+    resamples: int,
+    seed: int,
+    context: Mapping[str, Any] | None = None,
+    draws: int = DEFAULT_DRAWS,
+    family: str = DEFAULT_FAMILY,
+) -> dict[str, Any]:
+    """The tuning summary of ``rows`` (see the module docstring).
+
+    Args:
+        rows: ``tune.jsonl`` rows (one per prompt and budget).
+        candidates: candidate keys in grid order.
+        default: the defaults' key (one of ``candidates``).
+        calibration: ids of the calibration prompts.
+        heldout: ids of the held-out prompts.
+        resamples: bootstrap resamples (the BCa intervals kept for reference).
+        seed: seed of the bootstrap and of the sign-flip test.
+        context: what ran (model, suite, ...), copied into the summary.
+        draws: random sign vectors per comparison (beyond the exact enumeration's 16 prompts).
+        family: Holm's family: ``budget`` (the four comparisons of a budget) or ``metric`` (all budgets').
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    if default not in candidates:
+        raise ValueError(f"the default {default!r} is not a candidate")
+    if calibration & heldout:
+        raise ValueError("a prompt cannot be in both splits")
+    budgets = sorted({float(r["budget"]) for r in rows})
+    if not budgets:
+        raise ValueError("no tuning rows to summarise")
+    bootstrap = Bootstrap(resamples, seed)
+    flip = SignFlip(draws=draws, seed=seed)
+    calibration_kl: dict[float, dict[str, float]] = {}
+    per_budget: list[dict[str, Any]] = []
+    for budget in budgets:
+        at = [r for r in rows if float(r["budget"]) == budget]
+        cal_ids = {str(r["sample_id"]) for r in at} & calibration
+        held_ids = {str(r["sample_id"]) for r in at} & heldout
+        if not cal_ids or not held_ids:
+            raise ValueError(f"budget {budget:g}: the calibration or the held-out split has no rows yet")
+        calibration_kl[budget] = {key: macro_mean(candidate_samples(at, cal_ids, key)) for key in candidates}
+        per_budget.append({"budget": budget, "rows": at, "cal": cal_ids, "held": held_ids})
+    shared = min(candidates, key=lambda k: (np.mean([calibration_kl[b][k] for b in budgets]), candidates.index(k)))
+    out_budgets = []
+    for entry in per_budget:
+        budget, at, cal_ids, held_ids = entry["budget"], entry["rows"], entry["cal"], entry["held"]
+        best = min(candidates, key=lambda k: (calibration_kl[budget][k], candidates.index(k)))
+        held = {key: candidate_samples(at, held_ids, key) for key in (*candidates, SNAPKV)}
+        out_budgets.append(
+            {
+                "budget": budget,
+                "calibration_prompts": len(cal_ids),
+                "heldout_prompts": len(held_ids),
+                "best": best,
+                "candidates": [
+                    {
+                        "key": key,
+                        "calibration_kl": calibration_kl[budget][key],
+                        "heldout_kl": macro_mean(held[key]),
+                    }
+                    for key in sorted(candidates, key=lambda k: (calibration_kl[budget][k], candidates.index(k)))
+                ],
+                "snapkv": {
+                    "calibration_kl": macro_mean(candidate_samples(at, cal_ids, SNAPKV)),
+                    "heldout_kl": macro_mean(held[SNAPKV]),
+                },
+                "heldout": {
+                    name: paired_comparison(flip, held[x], held[y], bootstrap)
+                    for name, (x, y) in zip(
+                        COMPARISONS, ((best, default), (best, SNAPKV), (default, SNAPKV), (best, shared))
+                    )
+                },
+            }
+        )
+    groups = [[b] for b in out_budgets] if family == "budget" else [out_budgets]
+    for group in groups:
+        adjust([b["heldout"][name] for b in group for name in COMPARISONS])
+    depends = any(b["heldout"]["best_minus_shared"]["significant"] for b in out_budgets)
+    return {
+        "format": "ripplekv-tune/1",
+        "context": dict(context or {}),
+        "default": default,
+        "shared": shared,
+        "test": {
+            "name": TEST_NAME,
+            "draws": draws,
+            "seed": seed,
+            "family": family,
+            "family_description": "the four held-out comparisons of one budget"
+            if family == "budget"
+            else "the held-out comparisons of all budgets",
+            "adjustment": "holm",
+            "alpha": ALPHA,
+        },
+        "budgets": out_budgets,
+        "best_depends_on_budget": depends,
+    }
+
+
+def _fmt(c: Mapping[str, Any]) -> str:
+    mark = " (significant)" if c["significant"] else ""
+    holm_p = f", Holm p={c['p_holm']:.3g}" if "p_holm" in c else ""
+    low = "-inf" if c["low"] is None else f"{c['low']:+.4f}"
+    high = "+inf" if c["high"] is None else f"{c['high']:+.4f}"
+    return (
+        f"{c['difference']:+.4f} [{low}, {high}], {c['wins']}/{c['ties']}/{c['losses']}, p={c['p']:.3g}{holm_p}{mark}"
+    )
+
+
+def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
+    """A markdown report of :func:`summarize_tuning`'s summary.
+
+    Args:
+        summary: the summary.
+        top: candidates listed per budget (by calibration KL).
+    """
+    ctx = summary.get("context", {})
+    lines = [
+        f"# ripplekv tune: {ctx.get('model', '?')} on {ctx.get('suite', '?')}",
+        "",
+        f"Defaults: `{summary['default']}`. One candidate for all budgets (lowest mean calibration KL): "
+        f"`{summary['shared']}`. Mean KL(full || method) over the full cache's answer, nats (lower is better); "
+        "differences on held-out prompts: mean [95% CI], wins/ties/losses, p and Holm p.",
+        "",
+    ]
+    test = summary.get("test")
+    if test is not None:
+        lines += [
+            f"Test: {test['name']} ({test['draws']} random sign vectors + the identity, seed {test['seed']}); "
+            f"Holm over {test['family_description']}; significant = Holm p < {test['alpha']:g}.",
+            "",
+        ]
+    for entry in summary["budgets"]:
+        lines += [
+            f"## Budget {entry['budget']:g} ({entry['calibration_prompts']} calibration, "
+            f"{entry['heldout_prompts']} held-out prompts)",
+            "",
+            "| candidate | calibration KL | held-out KL |",
+            "|---|---:|---:|",
+        ]
+        for cand in entry["candidates"][:top]:
+            mark = " (defaults)" if cand["key"] == summary["default"] else ""
+            lines.append(f"| `{cand['key']}`{mark} | {cand['calibration_kl']:.4f} | {cand['heldout_kl']:.4f} |")
+        default = next(c for c in entry["candidates"] if c["key"] == summary["default"])
+        if default not in entry["candidates"][:top]:
+            cal, held = default["calibration_kl"], default["heldout_kl"]
+            lines.append(f"| `{default['key']}` (defaults) | {cal:.4f} | {held:.4f} |")
+        cal, held = entry["snapkv"]["calibration_kl"], entry["snapkv"]["heldout_kl"]
+        lines.append(f"| snapkv (uniform) | {cal:.4f} | {held:.4f} |")
+        held = entry["heldout"]
+        lines += [
+            "",
+            f"- best `{entry['best']}` minus defaults: {_fmt(held['best_minus_default'])}",
+            f"- best minus snapkv: {_fmt(held['best_minus_snapkv'])}",
+            f"- defaults minus snapkv: {_fmt(held['default_minus_snapkv'])}",
+            f"- best minus the shared candidate: {_fmt(held['best_minus_shared'])}",
+            "",
+        ]
+    verdict = "depends" if summary["best_depends_on_budget"] else "does not depend (to this run's resolution)"
+    lines.append(f"The best allocation {verdict} on the budget.")
+    return "\n".join(lines) + "\n"
+
+
+def summarize_methods(
+    rows: Sequence[Mapping[str, Any]],
+    groups: Mapping[str, Sequence[str]],
+    calibration: set[str],
+    heldout: set[str],
+    resamples: int,
+    seed: int,
+    draws: int = DEFAULT_DRAWS,
+    family: str = DEFAULT_FAMILY,
+) -> dict[str, dict[str, Any]]:
+    """Each rival method's grid summarised on its own, against its own defaults (its plain name), exactly as
+    :func:`summarize_tuning` summarises RippleKV's: the same rows, splits, selection rule and tests.
+
+    Args:
+        rows: ``tune.jsonl`` rows.
+        groups: method -> its candidate keys (canonical specs), the defaults first
+            (:attr:`ripplekv_eval.analysis.tuning.TuneConfig.method_groups`).
+        calibration: ids of the calibration prompts.
+        heldout: ids of the held-out prompts.
+        resamples: bootstrap resamples.
+        seed: seed of the bootstrap and the sign-flip test.
+        draws: random sign vectors per comparison.
+        family: Holm's family (see :func:`summarize_tuning`).
+    """
+    return {
+        method: summarize_tuning(rows, list(keys), method, calibration, heldout, resamples, seed, None, draws, family)
+        for method, keys in groups.items()
+    }
+
+
+def tuned_settings(summary: Mapping[str, Any], ripplekv: str) -> dict[str, str]:
+    """The method spec each method is run at once tuned: its ``shared`` candidate (lowest calibration KL averaged
+    over the budgets), for RippleKV the spec of the shared candidate's ``r`` and ``gamma``.
+
+    Args:
+        summary: the tune summary (with ``methods`` for the rivals).
+        ripplekv: RippleKV's spec at the shared candidate (``ripplekv:r=16,gamma=12``), made by the caller.
+    """
+    settings = {"ripplekv": ripplekv}
+    for method, entry in summary.get("methods", {}).items():
+        settings[method] = entry["shared"]
+    return settings
+
+
+def methods_markdown(summary: Mapping[str, Any]) -> str:
+    """The rivals' part of the tuning report: per method, its shared choice and, per budget, its best candidate's
+    held-out gain over its defaults.
+
+    Args:
+        summary: the tune summary (its ``methods`` and ``settings``).
+    """
+    methods = summary.get("methods", {})
+    if not methods:
+        return ""
+    lines = [
+        "## Every method's knobs, tuned the same way",
+        "",
+        "Each method's grid, chosen on the same calibration prompts by the same rule (lowest macro-mean KL), its "
+        "best candidate compared with its own defaults on the held-out prompts. Tuned settings (one per method, "
+        "the lowest calibration KL averaged over the budgets):",
+        "",
+    ]
+    lines += [f"- `{name}`: `{spec}`" for name, spec in summary.get("settings", {}).items()]
+    lines += ["", "| method | budget | best | calibration KL (best / defaults) | held-out best minus defaults |"]
+    lines.append("|---|---|---|---|---|")
+    for method, entry in methods.items():
+        for budget in entry["budgets"]:
+            by_key = {c["key"]: c for c in budget["candidates"]}
+            best, default = by_key[budget["best"]], by_key[entry["default"]]
+            lines.append(
+                f"| {method} | {budget['budget']:g} | `{budget['best']}` | {best['calibration_kl']:.4f} / "
+                f"{default['calibration_kl']:.4f} | {_fmt(budget['heldout']['best_minus_default'])} |"
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""The harness's commands (``ripplekv eval``, ``report``, ``analyze``, ``tune``), entry points of ``ripplekv``."""

@@ -1,0 +1,264 @@
+"""``ripplekv eval``: score methods x budgets on a suite, in this process or sharded over Ray actors."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from typing import Any
+
+from ripplekv.cli.args import (
+    add_model_args,
+    add_ray_args,
+    budget_arg,
+    comma_list,
+    method_list,
+    on_ray,
+    positive_int,
+    prefill_chunk_arg,
+    resolve_budgets,
+    row_tokens_arg,
+)
+from ripplekv_eval.cli import analyze
+from ripplekv_eval.cli.args import suite_options
+
+__all__ = ["add_parser", "memory_size", "run"]
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
+
+
+def memory_size(text: str) -> int:
+    """Bytes from ``text``: a number with an optional binary unit (``B``, ``K``/``KiB``, ``M``/``MiB``, ``G``/``GiB``).
+
+    Args:
+        text: e.g. ``"1073741824"``, ``"512MiB"``, ``"1.5G"``.
+
+    Raises:
+        argparse.ArgumentTypeError: if ``text`` is not a size of at least one byte.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {text!r}")
+    size = float(match.group(1)) * _UNITS[match.group(2)]
+    if not math.isfinite(size) or size < 1:
+        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
+    return int(size)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``eval`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    from ripplekv.inference import PROTOCOLS
+    from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
+    from ripplekv.presses import METHODS
+    from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS_WITHOUT_SCORER
+    from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
+    from ripplekv_eval.running import runner
+    from ripplekv_eval.running.config import CHAT_TEMPLATE_MODES, DECODE_MODES, SCORE_MODES
+    from ripplekv_eval.suites.jsonl import DEFAULT_JSONL_METRIC, JSONL_MAX_NEW_TOKENS
+    from ripplekv_eval.tasks.metrics import METRICS as EVAL_METRICS
+
+    e = subparsers.add_parser(
+        "eval",
+        help="score methods x budgets on LongBench, the RULER-style suite, needle prompts or a JSONL file (resumable)",
+        description="Prefill every sample once and derive every (method, budget) cache from that prefill. The full "
+        "cache's greedy answer is the reference: every configuration records its fidelity to it (mean KL, top-1 "
+        "agreement) and the NLL of the gold answer; with --score both (default) every configuration is also "
+        "decoded greedily and scored. Rows go to OUT/results.jsonl as they finish; re-running the same command "
+        "resumes.",
+    )
+    add_model_args(e)
+    e.add_argument(
+        "--suite",
+        choices=tuple(runner.SUITES),
+        required=True,
+        help="; ".join(f"{name}: {suite.description}" for name, suite in runner.SUITES.items()),
+    )
+    e.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
+    e.add_argument(
+        "--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records, one a line'
+    )
+    e.add_argument(
+        "--metric",
+        choices=tuple(EVAL_METRICS),
+        default=None,
+        help=f"jsonl: the LongBench metric scoring each answer (default {DEFAULT_JSONL_METRIC})",
+    )
+    e.add_argument(
+        "--methods",
+        type=method_list,
+        default=runner.DEFAULT_METHODS,
+        help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)}); a method "
+        "takes its parameters after a colon, key=value items continuing it: "
+        "'full,ripplekv:r=16,gamma=12,cake:tau1=2,tau2=0.5,squeezeattention:p=0.625' (docs/cli.md lists each "
+        "method's parameters)",
+    )
+    e.add_argument(
+        "--scorers",
+        type=comma_list(str, "scorers"),
+        default=(DEFAULT_SCORER,),
+        help=f"comma-separated token scorers, from {', '.join(SCORERS)} (default {DEFAULT_SCORER}): every method "
+        "built on a scorer runs under each (rows record method and scorer; reports name it method@scorer, the "
+        f"default scorer's plain); {', '.join(METHODS_WITHOUT_SCORER)} run once",
+    )
+    e.add_argument(
+        "--budgets",
+        type=comma_list(budget_arg, "budgets"),
+        default=None,
+        help="comma-separated kept fractions in (0, 1] (default 0.1,0.2,0.3 unless --tokens is given alone); full "
+        "always runs once at 1.0",
+    )
+    e.add_argument(
+        "--tokens",
+        type=comma_list(row_tokens_arg, "token counts"),
+        default=None,
+        help="comma-separated average tokens kept per layer (each >= 2), run besides --budgets; rows record them in "
+        "their budget column as whole numbers (a budget above 1 is a token count); not for kvpress's own presses "
+        "(streamingllm, adakv, pyramidkv-kvpress)",
+    )
+    e.add_argument("--tasks", type=comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
+    e.add_argument(
+        "--limit",
+        type=positive_int,
+        default=None,
+        help="samples per task: longbench and jsonl the first N records (default all), ruler N per task (default "
+        f"{runner.DEFAULT_RULER_SAMPLES}), needle N seeds per (length, depth) (default 1)",
+    )
+    e.add_argument(
+        "--score",
+        choices=SCORE_MODES,
+        default="both",
+        help="both (default): decode and score every configuration and record its fidelity to the full cache; "
+        "fidelity: decode and score the full cache only, the other configurations get fidelity alone (for large "
+        "runs)",
+    )
+    e.add_argument(
+        "--decode",
+        choices=DECODE_MODES,
+        default="batched",
+        help="batched (default): a sample's compressed configurations decode as one batch (same greedy tokens "
+        "up to float rounding at near-ties, several times faster); sequential: one at a time",
+    )
+    e.add_argument(
+        "--decode-rows",
+        type=positive_int,
+        default=None,
+        help="most configurations per decoding batch (default: as many as --decode-memory allows)",
+    )
+    e.add_argument(
+        "--decode-memory",
+        type=memory_size,
+        default=None,
+        help="most memory of caches held for one batched decode, e.g. 2GiB (default: one full cache of the "
+        "sample): configurations are derived, scored and decoded in groups within it",
+    )
+    e.add_argument(
+        "--prefill-chunk",
+        type=prefill_chunk_arg,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"most tokens per prefill pass (default {DEFAULT_PREFILL_CHUNK}; none: one pass): a longer prompt is "
+        "prefilled in chunks over its growing cache, bounding the prefill's activations by the chunk (the same cache "
+        "up to float rounding; prompts within the chunk run exactly as one pass)",
+    )
+    e.add_argument(
+        "--chat-template",
+        choices=CHAT_TEMPLATE_MODES,
+        default="auto",
+        help="auto (default): longbench as pred.py does (the chat template except for trec, triviaqa, samsum, "
+        "lsht, lcc, repobench-p), the other suites whenever the tokenizer has one; on: always; off: plain prompts",
+    )
+    e.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    e.add_argument(
+        "--strict-profile",
+        action="store_true",
+        help="a profile measured on other weights than the model's (another weights fingerprint) is an error, "
+        "not a warning",
+    )
+    analyze.add_oracle_profile_argument(e)
+    e.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
+    e.add_argument(
+        "--context-tokens",
+        type=positive_int,
+        default=None,
+        help=f"ruler: context length (default {runner.DEFAULT_CONTEXT_TOKENS})",
+    )
+    e.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
+    e.add_argument(
+        "--max-length", type=positive_int, default=None, help="longbench: truncation (default: model max positions)"
+    )
+    e.add_argument(
+        "--needle-lengths",
+        type=comma_list(positive_int, "lengths"),
+        default=None,
+        help="needle: context lengths in tokens (default 1024,2048,4096)",
+    )
+    e.add_argument(
+        "--needle-depths",
+        type=comma_list(float, "depths"),
+        default=None,
+        help="needle: depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
+    )
+    e.add_argument(
+        "--needle-digits",
+        type=positive_int,
+        default=None,
+        help=f"needle: digits of the number (default {runner.DEFAULT_NEEDLE_DIGITS})",
+    )
+    e.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    e.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help=f"cap on every task's answer length (jsonl: the answer length, default {JSONL_MAX_NEW_TOKENS})",
+    )
+    e.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
+    e.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_ray_args(e, "samples")
+    return e
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
+    print the summary and return the exit status."""
+    from ripplekv_eval.running import runner
+    from ripplekv_eval.running.runner import EvalConfig, run_eval
+
+    options = suite_options(args)
+    config = EvalConfig(
+        suite=args.suite,
+        model=args.model,
+        methods=tuple(args.methods),
+        scorers=tuple(args.scorers),
+        budgets=resolve_budgets(args, runner.DEFAULT_BUDGETS),
+        tokens=tuple(args.tokens or ()),
+        tasks=args.tasks,
+        limit=args.limit,
+        profile=args.profile,
+        protocol=args.protocol,
+        window_size=args.window_size,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        score=args.score,
+        decode=args.decode,
+        decode_rows=args.decode_rows,
+        decode_memory=args.decode_memory,
+        prefill_chunk=args.prefill_chunk,
+        chat_template=args.chat_template,
+        options=options,
+        oracle_profile=args.oracle_profile,
+        strict_profile=args.strict_profile,
+    )
+    if on_ray(args):
+        from ripplekv_eval.running.distributed import run_eval_ray
+
+        summary = run_eval_ray(config, args.out, args.workers, args.ray_address, progress=not args.no_progress)
+    else:
+        summary = run_eval(config, args.out, progress=not args.no_progress)
+    print(
+        f"{summary.rows} results ({summary.new_rows} new) for {summary.samples} samples x "
+        f"{summary.configurations} configurations in {summary.out} ({summary.seconds:.1f} s); "
+        f"tables: ripplekv report {summary.out}"
+    )
+    return 0

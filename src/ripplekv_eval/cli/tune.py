@@ -1,0 +1,137 @@
+"""``ripplekv tune``: choose RippleKV's profile, r and gamma by fidelity on a calibration split.
+
+Imported by :mod:`ripplekv.cli.main` at start-up, so this module imports nothing heavy at its top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ripplekv.cli.args import comma_list
+from ripplekv_eval.cli.args import add_fidelity_suite_args, add_summary_args, fidelity_eval_config
+
+__all__ = ["add_parser", "parse_profiles", "run"]
+
+
+def _grid_value(text: str) -> float:
+    """An argparse ``type``: a grid value of r or gamma (a number >= 1)."""
+    value = float(text)
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"r and gamma must be >= 1, got {text}")
+    return value
+
+
+def parse_profiles(items: list[str]) -> dict[str, str]:
+    """``--profile`` values (``PATH`` or ``LABEL=PATH``) as label -> path, in order (default label: the file stem).
+
+    Args:
+        items: the values given.
+    """
+    profiles: dict[str, str] = {}
+    for item in items:
+        label, sep, path = item.partition("=")
+        if not sep:
+            label, path = Path(item).name.removesuffix(".json").removesuffix(".profile"), item
+        if not label or not path:
+            raise ValueError(f"--profile takes PATH or LABEL=PATH, got {item!r}")
+        if label in profiles:
+            raise ValueError(f"two profiles are labelled {label!r}: give LABEL=PATH to tell them apart")
+        profiles[label] = path
+    return profiles
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``tune`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    from ripplekv_eval.analysis.tuning import DEFAULT_GAMMAS, DEFAULT_RATIOS
+
+    p = subparsers.add_parser(
+        "tune",
+        help="choose RippleKV's profile, r and gamma by fidelity on a calibration split (resumable)",
+        description="Prefill every prompt of the suite once and decode the full cache's greedy answer. At each "
+        "budget, derive the RippleKV cache of every candidate (each --profile x --ratios x --gammas) from that "
+        "prefill and teacher-force the answer: mean KL(full || candidate), as fidelity_kl in `ripplekv eval`. The "
+        "candidate with the lowest KL on each task's first prompts (--calibration-fraction) is compared with the "
+        "defaults (the first profile, r=4, gamma=3) and with SnapKV on the remaining, held-out prompts (paired "
+        "bootstrap intervals, Wilcoxon). Rows go to OUT/tune.jsonl as they finish; the summary to OUT/tune.json; "
+        "re-running the same command resumes.",
+    )
+    add_fidelity_suite_args(p, "kept fractions to tune at (default 0.1,0.2,0.3 unless --tokens is given alone)")
+    p.add_argument(
+        "--profile",
+        action="append",
+        required=True,
+        help="sensitivity profile JSON, as PATH or LABEL=PATH; repeat to compare profiles (the first is the "
+        "defaults' profile)",
+    )
+    p.add_argument(
+        "--ratios",
+        type=comma_list(_grid_value, "ratios"),
+        default=DEFAULT_RATIOS,
+        help="grid of r (default " + ",".join(f"{r:g}" for r in DEFAULT_RATIOS) + "; 4 is always included)",
+    )
+    p.add_argument(
+        "--gammas",
+        type=comma_list(_grid_value, "gammas"),
+        default=DEFAULT_GAMMAS,
+        help="grid of gamma (default " + ",".join(f"{g:g}" for g in DEFAULT_GAMMAS) + "; 3 is always included)",
+    )
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="METHOD:KEY=V1|V2,...",
+        help="a rival's grid, scored next to RippleKV's on the same prompts, prefill, scorer and rule; repeat per "
+        "method: 'cake:tau1=0.5|1|2,tau2=0.5|1|2', 'squeezeattention:p=0.2|0.381|0.625', "
+        "'dynamickv:radio_max=2|5|10,window=8|64', 'pyramidkv:beta=5|10|20|40' (each method's defaults are always "
+        "among its candidates; docs/cli.md lists the parameters)",
+    )
+    p.add_argument(
+        "--scorer",
+        default="snapkv",
+        help="the token scorer of every candidate and of the uniform reference (default snapkv)",
+    )
+    p.add_argument(
+        "--calibration-fraction",
+        type=float,
+        default=0.5,
+        help="share of each task's prompts (its first ones) that selects; the rest are held out (default 0.5)",
+    )
+    add_summary_args(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ripplekv tune`` with parsed ``args``; prints the summary, returns the exit status."""
+    from ripplekv_eval.analysis.tune_runner import run_tune
+    from ripplekv_eval.analysis.tuning import TuneConfig
+    from ripplekv_eval.analysis.tuning_report import methods_markdown, tuning_markdown
+
+    profiles = parse_profiles(args.profile)
+    config = TuneConfig(
+        fidelity_eval_config(args, profile=None),
+        profiles,
+        ratios=tuple(args.ratios),
+        gammas=tuple(args.gammas),
+        grids=tuple(args.grid),
+        scorer=args.scorer,
+        calibration_fraction=args.calibration_fraction,
+        resamples=args.resamples,
+        bootstrap_seed=args.bootstrap_seed,
+    )
+    result = run_tune(config, args.out, progress=not args.no_progress)
+    text = tuning_markdown(result.summary) + methods_markdown(result.summary)
+    print(json.dumps(result.summary, indent=2) if args.format == "json" else text, end="")
+    if args.format == "json":
+        print()
+    print(
+        f"{result.rows} tuning rows ({result.new_rows} new) for {result.samples} prompts in {result.out} "
+        f"({result.seconds:.1f} s); summary {result.out / 'tune.json'}",
+        file=sys.stderr,
+    )
+    return 0

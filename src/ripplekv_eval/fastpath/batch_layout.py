@@ -1,0 +1,371 @@
+"""Laying the compressed caches of one prompt out as batches (:mod:`ripplekv_eval.fastpath.batched` runs them).
+
+One concern: which caches can share a batch, and the batch caches they become.
+
+* A **padded batch** (:func:`padded_batch`, for teacher forcing): each layer's keys and values stacked into
+  ``(rows, kv_heads, longest, dim)`` tensors, shorter rows padded on the left, with a
+  :class:`~ripplekv.models.padded.KeyValidity` of which entries each row may attend to. Rows are grouped by a
+  step-cost model (:func:`plan_batches`, :data:`STEP_COST_TOKENS`) so padding stays cheap.
+* A **ragged batch** (:func:`ragged_batch`, for decoding): every row keeps its own length, one
+  :class:`~ripplekv.models.padded.RaggedLayer` per layer over the rows' own buffers (:func:`ragged_cache_of`).
+* Head-wise masked caches (AdaKV's ``masked_key_indices``, taken from the cache's attention state) are compacted
+  first in both: each head keeps only its own entries, and a per-row mask covers the heads' different counts.
+
+Caches that cannot share a batch raise :class:`NotBatchableError` (:func:`check_states`): a sliding-window layer
+(its cache crops itself), attention state other than head-wise key masks (module attributes cannot differ per row),
+a batch size other than 1, or rows that do not continue at the same position.
+
+Memory: a ragged batch holds each row's entries (head-wise masked layers compacted) plus room for the answer in
+buffers of its own, a copy of the caches it was built from. :func:`decode_row` lays one cache out that way on its
+own and :func:`row_bytes` says what that costs before building it, so a caller can hold decode rows instead of
+their caches and decode them in groups bounded by memory, releasing each cache as soon as its row is built. Caches
+whose layers are :class:`~ripplekv.models.cache.OverlayLayer` forks (a question run over a derived cache by
+:func:`~ripplekv_eval.fastpath.lean.lean_extend`) are read layer by layer, never copied whole.
+
+Devices: every tensor is made on the device of the caches it is built from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from ripplekv.inference.generate import Prefill
+from ripplekv.inference.module_state import ABSENT, MASKED_KEYS
+from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, cache_from_tensors
+from ripplekv.models.padded import KeyValidity, RaggedLayer, compact_heads, pad_layers
+
+__all__ = [
+    "STEP_COST_TOKENS",
+    "DecodeRow",
+    "NotBatchableError",
+    "check_count",
+    "check_rows",
+    "check_states",
+    "decode_row",
+    "padded_batch",
+    "plan_batches",
+    "ragged_batch",
+    "ragged_cache_of",
+    "row_bytes",
+    "row_lengths",
+]
+
+
+class NotBatchableError(ValueError):
+    """Caches that cannot run as one padded batch (decode them one at a time)."""
+
+
+def check_count(name: str, value: object, minimum: int) -> int:
+    """``value``, unless it is not an ``int >= minimum`` (a bool is not).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the argument.
+        minimum: its least allowed value.
+
+    Raises:
+        ValueError: naming ``name``, ``minimum`` and ``value``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _layer_kv(layer: DynamicLayer) -> KVPair:
+    """A batchable layer's keys and values (an :class:`OverlayLayer`'s base and appended tokens together)."""
+    return layer.whole() if isinstance(layer, OverlayLayer) else (layer.keys, layer.values)
+
+
+def _row_validity(state: Prefill, row: int) -> dict[int, torch.Tensor]:
+    """Per layer with head-wise masked keys, the ``(kv_heads, n)`` entries row ``row`` may see."""
+    valid: dict[int, torch.Tensor] = {}
+    for module_state in state.attention_state:
+        for name, value in module_state.attributes.items():
+            if name != MASKED_KEYS:
+                raise NotBatchableError(
+                    f"row {row}: the cache's attention state sets {name!r} on layer {module_state.layer}, which "
+                    "cannot differ per batch row; decode it alone"
+                )
+            if value is None or value is ABSENT:
+                continue
+            layer = state.cache.layers[module_state.layer]
+            kv_heads, length = layer.keys.shape[1], layer.get_seq_length()
+            batch, head, position = value
+            if batch.numel() and int(batch.max()) > 0:
+                raise NotBatchableError(f"row {row}: head-wise masked keys of a batch larger than one")
+            keep = torch.ones(kv_heads, length, dtype=torch.bool, device=layer.keys.device)
+            keep[head.to(keep.device), position.to(keep.device)] = False
+            valid[module_state.layer] = keep
+    return valid
+
+
+def check_states(states: Sequence[Prefill]) -> None:
+    """Raise unless ``states`` can share batches: one prompt's caches, full-attention layers, batch size 1.
+
+    Args:
+        states: prefilled (compressed) caches.
+
+    Raises:
+        ValueError: for no states.
+        NotBatchableError: naming the first row (and layer) that cannot join row 0's batch.
+    """
+    if not states:
+        raise ValueError("no caches to batch")
+    first = states[0]
+    for row, state in enumerate(states):
+        if state.prompt_tokens != first.prompt_tokens:
+            raise NotBatchableError(
+                f"row {row} continues at position {state.prompt_tokens}, row 0 at {first.prompt_tokens}: "
+                "a batch decodes every row at the same positions"
+            )
+        if len(state.cache.layers) != len(first.cache.layers):
+            layers = len(state.cache.layers)
+            raise NotBatchableError(f"row {row} has {layers} layers, row 0 has {len(first.cache.layers)}")
+        for index, layer in enumerate(state.cache.layers):
+            if type(layer) not in (DynamicLayer, OverlayLayer):
+                raise NotBatchableError(
+                    f"row {row}, layer {index}: a {type(layer).__name__} cannot be padded into a batch "
+                    "(only full-attention DynamicLayer caches can)"
+                )
+            if layer.keys.shape[0] != 1:
+                raise NotBatchableError(f"row {row}: a cache of batch size {layer.keys.shape[0]}, expected 1")
+
+
+def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
+    """One padded batch cache over the caches of ``states`` (left padding), and which entries each row sees.
+
+    Head-wise masked layers (AdaKV) are compacted first (:func:`~ripplekv.models.padded.compact_heads`): a row costs
+    what it keeps, not the full cache.
+
+    Args:
+        states: prefilled (compressed) caches of the same prompt: batch size 1 each, the same number of layers
+            and the same ``prompt_tokens`` (the rows decode at the same positions). They are not changed.
+    """
+    check_states(states)
+    validity = [_row_validity(state, row) for row, state in enumerate(states)]
+    layers, masks = [], []
+    for index in range(len(states[0].cache.layers)):
+        rows = []
+        for row, state in enumerate(states):
+            keys, values = _layer_kv(state.cache.layers[index])
+            keep = validity[row].get(index)
+            rows.append((keys, values, None) if keep is None else compact_heads(keys, values, keep))
+        keys, values, valid = pad_layers(rows)
+        layers.append(_dynamic(keys, values))
+        masks.append(valid)
+    return cache_from_layers(layers), KeyValidity(tuple(masks))
+
+
+def ragged_batch(states: Sequence[Prefill], room: int) -> DynamicCache:
+    """A batch cache whose rows keep their own lengths (:class:`~ripplekv.models.padded.RaggedLayer`), no padding.
+
+    Head-wise masked layers (AdaKV) are compacted (:func:`~ripplekv.models.padded.compact_heads`). Passes over it
+    must carry it as ``ragged_cache`` too: the attention then runs row by row over each row's own entries.
+
+    Args:
+        states: prefilled (compressed) caches of one prompt; left unchanged.
+        room: tokens that will be appended to every row.
+    """
+    check_states(states)
+    return ragged_cache_of([decode_row(state, room) for state in states])
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One cache laid out for a batched decode: per layer, its entries in buffers with room for the answer.
+
+    Built by :func:`decode_row`; it shares no tensor with the cache it was built from, which can be released while
+    the row waits for its batch. A decode writes the answer's entries into the buffers' room (the row can be
+    decoded again: each decode starts at ``lengths``).
+
+    Args:
+        buffers: per layer ``(keys, values)`` of shape ``(1, kv_heads, length + room, head_dim)``.
+        lengths: per layer, the cached entries at the start of the buffers.
+        valid: per layer, None or the ``(kv_heads, length)`` entries the row may see (compacted head-wise masks).
+        next_logits: ``(vocab,)`` logits of the first answer token.
+        prompt_tokens: the position of the first answer token.
+        room: tokens the buffers can take after ``lengths``.
+    """
+
+    buffers: tuple[KVPair, ...]
+    lengths: tuple[int, ...]
+    valid: tuple[torch.Tensor | None, ...]
+    next_logits: torch.Tensor
+    prompt_tokens: int
+    room: int
+
+    def nbytes(self) -> int:
+        """Bytes of the row's buffers and validity masks."""
+        tensors = [t for pair in self.buffers for t in pair] + [v for v in self.valid if v is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def row_bytes(state: Prefill, room: int) -> int:
+    """What :func:`decode_row` of ``state`` will hold (:meth:`DecodeRow.nbytes`), without building it.
+
+    Args:
+        state: a prefilled (compressed) cache (see :func:`padded_batch`).
+        room: tokens that will be appended.
+    """
+    check_states([state])
+    check_count("room", room, 0)
+    validity = _row_validity(state, 0)
+    total = 0
+    for index, (layer, length) in enumerate(zip(state.cache.layers, row_lengths(state, 0))):
+        kv_heads = layer.keys.shape[1]
+        per_token = kv_heads * (layer.keys.shape[3] + layer.values.shape[3]) * layer.keys.element_size()
+        total += per_token * (length + room) + (kv_heads * length if index in validity else 0)
+    return total
+
+
+def decode_row(state: Prefill, room: int) -> DecodeRow:
+    """``state``'s cache laid out for a batched decode, head-wise masked layers compacted.
+
+    What :func:`~ripplekv_eval.fastpath.batched.batched_greedy_decode_rows` decodes.
+
+    Args:
+        state: a prefilled (compressed) cache (see :func:`padded_batch`); left unchanged.
+        room: tokens that will be appended (the answer's length).
+
+    Raises:
+        NotBatchableError: for a cache that cannot join a batch (see :func:`check_states`).
+    """
+    check_states([state])
+    check_count("room", room, 0)
+    validity = _row_validity(state, 0)
+    buffers, lengths, valid = [], [], []
+    for index, layer in enumerate(state.cache.layers):
+        keys, values = _layer_kv(layer)
+        keep = validity.get(index)
+        mask = None
+        if keep is not None:
+            keys, values, mask = compact_heads(keys, values, keep)
+        n = keys.shape[2]
+        key_buffer = keys.new_empty((1, keys.shape[1], n + room, keys.shape[3]))
+        value_buffer = values.new_empty((1, values.shape[1], n + room, values.shape[3]))
+        key_buffer[:, :, :n] = keys
+        value_buffer[:, :, :n] = values
+        del keys, values  # an OverlayLayer's whole layer is a temporary: one layer at a time
+        buffers.append((key_buffer, value_buffer))
+        lengths.append(n)
+        valid.append(mask)
+    return DecodeRow(tuple(buffers), tuple(lengths), tuple(valid), state.next_logits, state.prompt_tokens, room)
+
+
+def check_rows(rows: Sequence[DecodeRow], room: int) -> None:
+    """Raise unless ``rows`` can decode ``room`` tokens as one batch: decode rows of the same positions and layers.
+
+    Args:
+        rows: the rows (built by :func:`decode_row`).
+        room: tokens that will be decoded; every row must have room for them.
+
+    Raises:
+        ValueError: for no rows or a row without enough room.
+        TypeError: for a row that is not a :class:`DecodeRow`.
+        NotBatchableError: for rows at other positions or with other numbers of layers than row 0.
+    """
+    if not rows:
+        raise ValueError("no rows to decode")
+    first = rows[0]
+    for index, row in enumerate(rows):
+        if not isinstance(row, DecodeRow):
+            raise TypeError(f"row {index} is a {type(row).__name__}, not a DecodeRow")
+        if row.prompt_tokens != first.prompt_tokens:
+            raise NotBatchableError(
+                f"row {index} continues at position {row.prompt_tokens}, row 0 at {first.prompt_tokens}: "
+                "a batch decodes every row at the same positions"
+            )
+        if len(row.buffers) != len(first.buffers):
+            raise NotBatchableError(f"row {index} has {len(row.buffers)} layers, row 0 has {len(first.buffers)}")
+        if row.room < room:
+            raise ValueError(f"row {index} has room for {row.room} tokens, {room} may be decoded")
+
+
+def ragged_cache_of(rows: Sequence[DecodeRow]) -> DynamicCache:
+    """One :class:`~ripplekv.models.padded.RaggedLayer` per layer over the rows' buffers (not copied).
+
+    Args:
+        rows: decode rows of one prompt (checked by :func:`check_rows`).
+    """
+    layers = []
+    for index in range(len(rows[0].buffers)):
+        first_keys, first_values = rows[0].buffers[index]
+        length = rows[0].lengths[index]
+        like = _dynamic(first_keys[:, :, :length], first_values[:, :, :length])  # dtype and device; never attended
+        buffers = [row.buffers[index] for row in rows]
+        lengths = [row.lengths[index] for row in rows]
+        layers.append(RaggedLayer._of(buffers, lengths, [row.valid[index] for row in rows], like))
+    return cache_from_layers(layers)
+
+
+def _dynamic(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+    """A ``DynamicLayer`` holding ``keys`` and ``values``."""
+    return cache_from_tensors([(keys, values)]).layers[0]
+
+
+STEP_COST_TOKENS = 8192
+"""The fixed cost of one decoding step (reading the weights, launching every kernel), in cached tokens per row.
+
+A batch's step costs about ``STEP_COST_TOKENS + rows x padded tokens`` (averaged over layers): the fixed cost of a
+step over the cost of one cached token of one row, from the step costs in docs/results.md ("Decoding every
+configuration of a prompt as one batch")."""
+
+
+def row_lengths(state: Prefill, row: int) -> list[int]:
+    """Entries per layer the row occupies in a batch (head-wise masked layers compacted).
+
+    Args:
+        state: a prefilled (compressed) cache.
+        row: its row in the batch (named in error messages).
+    """
+    lengths = [layer.get_seq_length() for layer in state.cache.layers]
+    for layer, keep in _row_validity(state, row).items():
+        lengths[layer] = int(keep.sum(dim=-1).max())
+    return lengths
+
+
+def plan_batches(states: Sequence[Prefill], max_rows: int | None = None) -> list[list[int]]:
+    """Split rows into batches so that padding does not cost more than the decoding steps it saves.
+
+    Every row of a batch is padded to the batch's longest row in each layer, and attention and cache updates cost
+    in proportion to the padded size, while each step also has a fixed cost (:data:`STEP_COST_TOKENS`). Rows are
+    taken from the smallest cache to the largest; a row joins the current batch when the batch's estimated step
+    cost with it is at most the cost of the two apart (and the batch holds fewer than ``max_rows`` rows), else it
+    starts a new batch. Caches of one prompt at 10-30% budgets, head-wise masked ones compacted, share one batch;
+    the full cache of a long prompt decodes apart.
+
+    Args:
+        states: the caches.
+        max_rows: most rows per batch (None: no limit).
+
+    Returns:
+        Lists of indices into ``states``, every index exactly once.
+    """
+    if max_rows is not None:
+        check_count("max_rows", max_rows, 1)
+    check_states(states)
+    layers = len(states[0].cache.layers) if states else 1
+    lengths = [row_lengths(state, row) for row, state in enumerate(states)]
+
+    def cost(rows: int, widest: Sequence[int]) -> float:
+        return STEP_COST_TOKENS + rows * sum(widest) / layers
+
+    order = sorted(range(len(states)), key=lambda i: (sum(lengths[i]), i))
+    batches: list[list[int]] = []
+    longest: list[int] = []
+    for index in order:
+        if batches and (max_rows is None or len(batches[-1]) < max_rows):
+            widest = [max(a, b) for a, b in zip(longest, lengths[index])]
+            apart = cost(len(batches[-1]), longest) + cost(1, lengths[index])
+            if cost(len(batches[-1]) + 1, widest) <= apart:
+                batches[-1].append(index)
+                longest = widest
+                continue
+        batches.append([index])
+        longest = list(lengths[index])
+    return batches

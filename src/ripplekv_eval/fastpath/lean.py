@@ -1,0 +1,110 @@
+"""Lean passes over a derived cache: extend, teacher-force and decode without copying the prefill record.
+
+A compressed cache derived from a record (:mod:`ripplekv_eval.fastpath.derive`) holds, for layers a press leaves whole
+(the full cache, AdaKV's masked layers), the record's own tensors by reference. Passes over a derived cache never
+write into the record; :func:`lean_extend`, :func:`lean_greedy_decode` and :func:`lean_teacher_forced_logprobs`
+run them over :class:`~ripplekv.models.cache.OverlayLayer` forks (:func:`~ripplekv.models.cache.lean_fork`), which
+keep the cache by reference and the appended tokens apart (a ``DynamicLayer`` fork would keep a concatenated copy
+of every layer, one more full cache over the full or an AdaKV cache, for as long as the pass lasts). They hand
+attention the very tensors the copying passes do, so results are unchanged under every attention implementation.
+(The shared-prefix attention of :mod:`ripplekv.models.shared_prefix` avoids even the one-layer concatenation, but it
+is given one layer's prefix per call, which a whole-model forward cannot pass per layer, and it rounds differently
+from the stock kernels.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from ripplekv.inference.generate import Prefill, greedy_decode
+from ripplekv.inference.module_state import applied_state
+from ripplekv.models.cache import lean_fork
+from ripplekv_eval.fastpath.fidelity import logprob_rows
+
+__all__ = ["lean_extend", "lean_greedy_decode", "lean_teacher_forced_logprobs"]
+
+
+def _positions(state: Prefill, count: int) -> torch.Tensor:
+    start = state.prompt_tokens
+    return torch.arange(start, start + count, device=state.next_logits.device)
+
+
+@torch.no_grad()
+def lean_extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
+    """:func:`~ripplekv.inference.generate.extend` over a :func:`lean_fork`: ``state``'s cache is not copied.
+
+    The result's cache holds ``state``'s tensors by reference and the new tokens apart
+    (:class:`~ripplekv.models.cache.OverlayLayer`); :func:`lean_greedy_decode`, :func:`lean_teacher_forced_logprobs` and
+    :func:`~ripplekv_eval.fastpath.batched.decode_row` take it. Same logits as ``extend``.
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt; left unchanged.
+        input_ids: the new tokens, shape ``(1, n)``.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"expected new tokens of shape (1, n), n >= 1, got {tuple(input_ids.shape)}")
+    positions = _positions(state, input_ids.shape[1])
+    cache = lean_fork(state.cache)
+    start = time.perf_counter()
+    with applied_state(model, state.attention_state):
+        logits = model(
+            input_ids.to(positions.device),
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+            logits_to_keep=1,
+        ).logits
+    seconds = state.seconds + time.perf_counter() - start
+    return Prefill(cache, logits[0, -1], int(positions[-1]) + 1, seconds, state.attention_state)
+
+
+@torch.no_grad()
+def lean_teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequence[int]) -> torch.Tensor:
+    """:func:`~ripplekv_eval.fastpath.fidelity.teacher_forced_logprobs` over a :func:`lean_fork` (same result).
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt; left unchanged.
+        tokens: the forced tokens (at least one).
+
+    Returns:
+        ``(len(tokens), vocab)`` float64 log-softmax, on the CPU.
+    """
+    vocab = state.next_logits.shape[-1]
+    ids = [int(t) for t in tokens]
+    if not ids or any(not 0 <= t < vocab for t in ids):
+        raise ValueError(f"tokens must be a non-empty sequence of ids in [0, {vocab})")
+    if len(ids) == 1:
+        return logprob_rows(state.next_logits, None)
+    positions = _positions(state, len(ids) - 1)
+    with applied_state(model, state.attention_state):
+        logits = model(
+            torch.tensor([ids[:-1]], device=positions.device),
+            past_key_values=lean_fork(state.cache),
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+        ).logits
+    return logprob_rows(state.next_logits, logits[0])
+
+
+@torch.no_grad()
+def lean_greedy_decode(
+    model: PreTrainedModel, state: Prefill, max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0
+) -> list[int]:
+    """:func:`~ripplekv.inference.generate.greedy_decode` over a :func:`lean_fork` (same tokens).
+
+    Args:
+        model: the model ``state`` was prefilled with.
+        state: the prefilled (compressed) prompt; left unchanged.
+        max_new_tokens: most tokens to generate (>= 1).
+        stop_ids: token ids that end the answer (included in it).
+        min_new_tokens: for the first ``min_new_tokens`` tokens the stop ids cannot be chosen.
+    """
+    return greedy_decode(model, state, max_new_tokens, stop_ids, min_new_tokens, fork=lean_fork)

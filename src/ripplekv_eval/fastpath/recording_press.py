@@ -1,0 +1,313 @@
+"""The press that records a prefill: per layer, exactly what ``compress`` receives, the cache left unchanged.
+
+:class:`RecordingPress` stores, per layer, a :class:`LayerRecord`: the attention module, its input hidden states
+(the last ``hidden_tail`` positions, copied out of each layer's hidden states as the prefill runs so the whole
+prompt's are never held at once), the full keys and values, the attention weights if the attention implementation
+returned any, and the forward kwargs, those indexed by query position (``position_embeddings``, ``position_ids``,
+``cache_position``, a 4D ``attention_mask``) and the attention weights cut to the same positions, so a scorer sees
+consistent queries. It also prescores ExpectedAttention while the prefill runs (see
+:mod:`ripplekv_eval.fastpath.hidden_tail`). :func:`~ripplekv_eval.fastpath.record.record_prefill` runs it.
+
+Chunked prefill: a prompt longer than ``prefill_chunk`` (default
+:data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`, 8,192 tokens) is recorded in chunks of at most that
+many tokens over its growing cache, so the prefill holds one chunk's activations on top of the cache instead of the
+whole prompt's. kvpress's hook only acts on a first pass, so :class:`RecordingPress` records each chunk's pass
+itself: the positions of the chunk that fall in the kept tail, their kwargs cut the same way and their attention
+weights. :meth:`RecordingPress.assemble` joins them into the one-pass record: the hidden states and the per-query
+kwargs concatenated over the chunks, each chunk's attention weights and 4D mask padded to the prompt's keys as one
+pass has them (zero weight, masked key), tensors every layer shares joined once. The keys and values are the
+cache the chunks filled (one buffer per layer, :class:`~ripplekv.models.cache.ReservedLayer`). Residual statistics
+are :class:`~ripplekv.allocation.per_prompt.TokenStatistic` values: per-token values of every chunk, reduced once
+over the prompt (SqueezeAttention's mean over tokens, never a mean of chunk means). Since presses score at
+derivation, from the record, chunk boundaries change nothing they see; the record equals a one-pass record up to
+float rounding (tested tensor for tensor, and every derivable method keeps the same tokens), and a prompt within
+the chunk is recorded in one pass, bit for bit as without chunking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from kvpress.presses.base_press import BasePress
+from kvpress.presses.scorer_press import ScorerPress
+from torch import nn
+from transformers import DynamicCache
+
+from ripplekv.presses.score_memo import ScoreMemo, scorer_key
+from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL, PRESCORABLE
+from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
+
+__all__ = ["LayerRecord", "RecordingPress"]
+
+# Forward kwargs of the attention layer that are not recorded: the live cache (a derived cache is being built
+# instead) and the hidden states (recorded as their own field).
+_NOT_RECORDED = frozenset({"hidden_states", "past_key_values", "past_key_value"})
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """What one layer's ``compress`` received during the recorded prefill (all tensors by reference)."""
+
+    module: nn.Module
+    hidden_states: torch.Tensor  # (batch, tail, hidden): the attention layer's input at the last `tail` positions
+    keys: torch.Tensor  # (batch, kv_heads, tokens, head_dim): the full cache of the layer
+    values: torch.Tensor
+    attentions: torch.Tensor | None  # attention weights when the implementation returns them (eager), else None
+    kwargs: Mapping[str, Any]  # forward kwargs (position_embeddings, attention_mask, cache_position, ...)
+    statistics: Mapping[str, Any] = field(default_factory=dict)  # per-layer statistics computed while prefilling
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """What one chunk's pass gave one layer at the prompt positions ``[first, end)`` a chunked record keeps."""
+
+    module: nn.Module
+    first: int
+    end: int
+    hidden_states: torch.Tensor
+    attentions: torch.Tensor | None
+    kwargs: dict[str, Any]
+
+
+def _token_tensors(values: Sequence[Any], pieces: Sequence[_Piece], dim: int) -> bool:
+    """Whether every value is a tensor indexed along ``dim`` by its piece's positions."""
+    for value, piece in zip(values, pieces):
+        if not isinstance(value, torch.Tensor) or value.dim() < (dim + 1 if dim >= 0 else -dim):
+            return False
+        if value.shape[dim] != piece.end - piece.first:
+            return False
+    return True
+
+
+@dataclass
+class RecordingPress(BasePress):
+    """A press that compresses nothing and records, per layer, what ``compress`` receives.
+
+    In one pass (a prompt prefilled at once) it records in ``compress``. In a chunked prefill (see
+    :func:`~ripplekv_eval.fastpath.record.record_prefill`)
+    kvpress's hook compresses the first chunk only, so this press's
+    own hook records every chunk's pass instead (:meth:`begin_chunk` says which positions it runs) and :meth:`assemble`
+    joins the chunks into what one pass would have recorded.
+
+    Args:
+        hidden_tail: keep the last ``hidden_tail`` positions of the hidden states (and of the kwargs and attention
+            weights indexed by query position), copied out so the layer's whole hidden states are freed; None
+            keeps them all, by reference. Default :data:`~ripplekv_eval.fastpath.hidden_tail.DEFAULT_HIDDEN_TAIL`.
+        prescore: scorers of :data:`~ripplekv_eval.fastpath.hidden_tail.PRESCORABLE` whose scores are computed while the
+            prefill runs and pinned in ``memo``: in one pass by their own ``score`` on the layer's whole input; in
+            chunks from the query moments each chunk adds to
+            (:class:`~ripplekv_eval.fastpath.query_moments.QueryMoments`),
+            scored when the chunks are assembled.
+        memo: where the prescored scores are held (the record's memo).
+    """
+
+    hidden_tail: int | None = DEFAULT_HIDDEN_TAIL
+    prescore: tuple[ScorerPress, ...] = ()
+    memo: ScoreMemo = field(default_factory=ScoreMemo, repr=False)
+    layers: dict[int, LayerRecord] = field(default_factory=dict)
+    _moments: dict[int, dict[int, QueryMoments]] = field(default_factory=dict, repr=False)  # layer -> n_sink -> ...
+    _cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+    _chunk: tuple[int, int, int] | None = field(default=None, repr=False)  # (start, end, prompt tokens)
+    _pieces: dict[int, list[_Piece]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        tail = self.hidden_tail
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise ValueError(f"hidden_tail must be an int >= 0 or None, got {tail!r}")
+        self.prescore = tuple(self.prescore)
+        for scorer in self.prescore:
+            if type(scorer) not in PRESCORABLE or scorer_key(scorer) is None:
+                names = ", ".join(sorted(kind.__name__ for kind in PRESCORABLE))
+                raise ValueError(f"a record prescores {names} only (exact types), not {type(scorer).__name__}")
+
+    def release(self) -> None:
+        """Drop the whole-pass tensors held while recording (kept only so that each is cut once for every layer)."""
+        self._cuts.clear()
+
+    def _prescore(
+        self,
+        key: Hashable,
+        scorer: ScorerPress,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor | None,
+        kwargs: dict,
+    ) -> None:
+        """Pin ``scorer.score(...)`` of this layer in the memo under ``key`` (the prescored scorer's)."""
+        scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)  # type: ignore[arg-type]
+        self.memo.pin("scores", key, int(module.layer_idx), keys, scores)
+
+    def _cut(self, tensor: torch.Tensor, dim: int, start: int) -> torch.Tensor:
+        """``tensor`` from entry ``start`` on along ``dim``, copied once per tensor (shared by the layers)."""
+        held = self._cuts.get(id(tensor))
+        if held is None or held[0] is not tensor:
+            held = (tensor, tensor.narrow(dim, start, tensor.shape[dim] - start).clone())
+            self._cuts[id(tensor)] = held
+        return held[1]
+
+    def _cut_kwarg(self, key: str, value: Any, tokens: int, start: int) -> Any:
+        """A kwarg of a pass over ``tokens`` queries, from query ``start`` on where it is indexed by query."""
+        if key == "position_embeddings" and isinstance(value, tuple):
+            return tuple(self._cut(t, 1, start) if t.dim() >= 2 and t.shape[1] == tokens else t for t in value)
+        if key in ("position_ids", "cache_position") and isinstance(value, torch.Tensor) and value.shape[-1] == tokens:
+            return self._cut(value, value.dim() - 1, start)
+        if key == "attention_mask" and isinstance(value, torch.Tensor) and value.dim() == 4:
+            return self._cut(value, 2, start) if value.shape[2] == tokens else value
+        return value
+
+    def compress(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        for scorer in self.prescore:  # on the layer's whole input, before it is cut to the tail
+            self._prescore(scorer_key(scorer), scorer, module, hidden_states, keys, values, attentions, kwargs)
+        recorded = {key: value for key, value in kwargs.items() if key not in _NOT_RECORDED}
+        tokens = hidden_states.shape[1]
+        if self.hidden_tail is not None and self.hidden_tail < tokens:
+            tail = self.hidden_tail
+            hidden_states = hidden_states[:, tokens - tail :].clone()
+            if attentions is not None:
+                attentions = attentions[..., tokens - tail :, :].clone()
+            recorded = {key: self._cut_kwarg(key, value, tokens, tokens - tail) for key, value in recorded.items()}
+        self.layers[module.layer_idx] = LayerRecord(module, hidden_states, keys, values, attentions, recorded)
+        return keys, values
+
+    # ------------------------------------------------------------------------------------------- chunked prefill
+
+    def begin_chunk(self, start: int, end: int, tokens: int) -> None:
+        """Record the next pass as the chunk ``[start, end)`` of a ``tokens``-token prompt.
+
+        Args:
+            start: the chunk's first prompt position.
+            end: one past its last.
+            tokens: the whole prompt's length.
+        """
+        if not 0 <= start < end <= tokens:
+            raise ValueError(f"chunk [{start}, {end}) is not a non-empty part of a {tokens}-token prompt")
+        self._chunk = (start, end, tokens)
+
+    def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list) -> list:
+        """kvpress's hook in one pass; in a chunked prefill, record this chunk's positions within the tail."""
+        if self._chunk is None:
+            return super().forward_hook(module, input, kwargs, output)
+        start, end, tokens = self._chunk
+        moments = self._moments.setdefault(module.layer_idx, {})
+        for n_sink in dict.fromkeys(int(scorer.n_sink) for scorer in self.prescore):  # type: ignore[attr-defined]
+            moments.setdefault(n_sink, QueryMoments(n_sink)).update(module, kwargs["hidden_states"], start)
+        first = start if self.hidden_tail is None else min(end, max(start, tokens - self.hidden_tail))
+        if first == end and end < tokens:  # nothing of this chunk is kept (the last chunk always gives a piece)
+            return output
+        local = first - start
+        hidden = kwargs["hidden_states"]
+        attentions = output[1] if len(output) > 1 else None
+        recorded = {key: value for key, value in kwargs.items() if key not in _NOT_RECORDED}
+        if local:  # copied out, so the chunk's own tensors are freed
+            hidden = hidden[:, local:].clone()
+            if attentions is not None:
+                attentions = attentions[..., local:, :].clone()
+            recorded = {key: self._cut_kwarg(key, value, end - start, local) for key, value in recorded.items()}
+        pieces = self._pieces.setdefault(module.layer_idx, [])
+        pieces.append(_Piece(module, first, end, hidden, attentions, recorded))
+        return output
+
+    def assemble(self, cache: DynamicCache, tokens: int) -> None:
+        """Join the recorded chunks into one :class:`LayerRecord` per layer, over ``cache``'s keys and values.
+
+        The hidden states, the kwargs indexed by query position and the attention weights of the kept positions
+        are concatenated along the query positions. A chunk's attention weights and 4D attention mask span the keys
+        up to its end; they are padded to the prompt's keys as a one-pass prefill has them: zero weight, masked key
+        (``False``, or the dtype's minimum in an additive mask). A chunk whose pass had no mask (its queries see
+        every key up to their own) gets those rows made explicit when another chunk's pass had one. Tensors every
+        layer shares (position embeddings, masks) are joined once and shared. Any other kwarg is the last chunk's.
+
+        Args:
+            cache: the cache the chunked prefill filled.
+            tokens: the prompt's length.
+        """
+        memo: dict[tuple[int, ...], tuple[Any, torch.Tensor]] = {}
+
+        def shared(key: tuple[int, ...], inputs: Any, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+            held = memo.get(key)
+            if held is None:
+                held = (inputs, make())  # the inputs are held so that their ids stay theirs
+                memo[key] = held
+            return held[1]
+
+        def join(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+            if len(parts) == 1:
+                return parts[0]
+            return shared((0, dim, *map(id, parts)), parts, lambda: torch.cat(list(parts), dim=dim))
+
+        def padded(tensor: torch.Tensor, fill: bool | float) -> torch.Tensor:
+            room = tokens - tensor.shape[-1]
+            if not room:
+                return tensor
+            return shared((1, id(tensor)), tensor, lambda: F.pad(tensor, (0, room), value=fill))
+
+        def masked_value(mask: torch.Tensor) -> bool | float:
+            return False if mask.dtype == torch.bool else torch.finfo(mask.dtype).min
+
+        rows_made: dict[tuple[Any, ...], torch.Tensor] = {}
+
+        def visible(piece: _Piece, like: torch.Tensor) -> torch.Tensor:
+            """The mask rows of a pass that had none: query ``p`` sees the keys ``<= p`` (made once, shared)."""
+            key = (piece.first, piece.end, like.dtype, like.device)
+            if key not in rows_made:
+                rows = torch.arange(piece.first, piece.end, device=like.device).unsqueeze(1)
+                allowed = torch.arange(piece.end, device=like.device).unsqueeze(0) <= rows
+                allowed = allowed.view(1, 1, piece.end - piece.first, piece.end)
+                if like.dtype != torch.bool:
+                    allowed = torch.zeros(allowed.shape, dtype=like.dtype, device=like.device).masked_fill(
+                        ~allowed, masked_value(like)
+                    )
+                rows_made[key] = allowed
+            return rows_made[key]
+
+        def join_kwarg(key: str, values: list[Any], pieces: list[_Piece]) -> Any:
+            if all(value is values[0] for value in values):
+                return values[-1]
+            if key == "position_embeddings" and all(isinstance(v, tuple) and len(v) == len(values[-1]) for v in values):
+                parts = [[v[j] for v in values] for j in range(len(values[-1]))]
+                return tuple(join(p, 1) if _token_tensors(p, pieces, 1) else p[-1] for p in parts)
+            if key in ("position_ids", "cache_position") and _token_tensors(values, pieces, -1):
+                return join(values, -1)
+            masks_4d = all(v is None or (isinstance(v, torch.Tensor) and v.dim() == 4) for v in values)
+            if key == "attention_mask" and masks_4d:
+                like = next(v for v in values if v is not None)
+                masks = [visible(p, like) if v is None else v for v, p in zip(values, pieces)]
+                if _token_tensors(masks, pieces, 2):
+                    return join([padded(m, masked_value(like)) for m in masks], 2)
+            return values[-1]
+
+        for index, pieces in sorted(self._pieces.items()):
+            attentions = None
+            if any(p.attentions is not None for p in pieces):
+                if not all(p.attentions is not None for p in pieces):
+                    raise ValueError(f"layer {index} returned attention weights in some chunks of the prefill only")
+                attentions = join([padded(p.attentions, 0.0) for p in pieces], -2)  # type: ignore[arg-type]
+            last = pieces[-1]
+            kwargs = {key: join_kwarg(key, [p.kwargs.get(key) for p in pieces], pieces) for key in last.kwargs}
+            layer = cache.layers[index]
+            hidden = join([p.hidden_states for p in pieces], 1)
+            self.layers[index] = LayerRecord(last.module, hidden, layer.keys, layer.values, attentions, kwargs)
+            for scorer in self.prescore:  # scored from the whole prompt's query moments, kvpress's score otherwise
+                config = {f.name: getattr(scorer, f.name) for f in fields(scorer) if f.init}
+                moments = self._moments[index][int(scorer.n_sink)]  # type: ignore[attr-defined]
+                from_moments = MomentsExpectedAttentionPress(**config, moments=moments, prompt_tokens=tokens)
+                self._prescore(
+                    scorer_key(scorer), from_moments, last.module, hidden, layer.keys, layer.values, attentions, kwargs
+                )
+        self._pieces.clear()
+        self._moments.clear()
+        self._chunk = None

@@ -1,0 +1,259 @@
+"""Statistics of ``ripplekv report`` per configuration: the metrics, macro means and their BCa intervals.
+
+A metric's value for one (method, budget) is the macro average used throughout the report: the mean of each
+task's (stratum's) per-sample mean, averaged over the tasks. Uncertainty comes from the samples:
+
+- **Interval of a mean**: the BCa bootstrap (Efron 1987; Efron & Tibshirani, *An Introduction to the Bootstrap*,
+  1993, ch. 14) stratified by task: every resample draws each task's samples with replacement *within that task*,
+  so a task with few samples keeps its weight of ``1 / tasks`` in every resample; the acceleration is the
+  jackknife over the samples (leave one sample out of its task). The draws depend only on the seed, the task and
+  the sample ids, so configurations holding the same samples are resampled identically. Resampling a task of n
+  samples understates its variance by ``(n - 1) / n`` (a one-sample task gets none): the report warns below
+  ``FEW_SAMPLES`` (:mod:`~ripplekv_eval.reporting.tables`).
+
+Paired comparisons of two configurations, their test and Holm's adjustment are in
+:mod:`~ripplekv_eval.reporting.comparisons`.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ripplekv_eval.reporting.significance import bca_interval
+from ripplekv_eval.sample import row_configuration
+
+__all__ = [
+    "ALPHA",
+    "CONFIDENCE",
+    "DEFAULT_RESAMPLES",
+    "METRICS",
+    "MIN_RESAMPLES",
+    "Bootstrap",
+    "Estimate",
+    "Metric",
+    "Samples",
+    "collect",
+]
+
+Samples = dict[str, dict[str, float]]
+"""Stratum (task) -> sample id -> value."""
+
+CONFIDENCE = 0.95
+ALPHA = 0.05
+DEFAULT_RESAMPLES = 4000
+MIN_RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A per-sample quantity of the result rows that the report aggregates.
+
+    Args:
+        name: the row field.
+        higher_is_better: the direction used for "best", wins and losses.
+        scale: factor applied to every value (100 for task scores, shown as 100 x mean).
+        decimals: decimals printed.
+        description: one line saying what the number is.
+    """
+
+    name: str
+    higher_is_better: bool
+    scale: float
+    decimals: int
+    description: str
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a metric needs a name")
+        if not math.isfinite(self.scale) or self.scale <= 0:
+            raise ValueError(f"metric {self.name}: scale must be a positive number, got {self.scale}")
+        if self.decimals < 0:
+            raise ValueError(f"metric {self.name}: decimals must be >= 0, got {self.decimals}")
+
+    @property
+    def direction(self) -> str:
+        return "higher is better" if self.higher_is_better else "lower is better"
+
+    def fmt(self, value: float | None, sign: bool = False) -> str:
+        """``value`` with the metric's decimals (``nan`` for a missing value; never ``-0.00``).
+
+        Args:
+            value: the number.
+            sign: print ``+`` before positive numbers.
+        """
+        if value is None or math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return ("+inf" if sign else "inf") if value > 0 else "-inf"
+        text = f"{value:+.{self.decimals}f}" if sign else f"{value:.{self.decimals}f}"
+        return f"{0.0:.{self.decimals}f}" if float(text) == 0.0 else text  # no "-0.00"
+
+
+_DESCRIPTIONS = {
+    "score": "task score: 100 x the mean sample score of each task, averaged over tasks",
+    "fidelity_kl": "KL(full || method) in nats per token of the full cache's greedy answer, teacher-forced over "
+    "the method's cache",
+    "top1_agreement": "fraction of the full cache's answer tokens that are the method's argmax (teacher-forced)",
+    "gold_nll_delta": "mean NLL (nats) of the gold answer over the method's cache minus the full cache's",
+}
+METRICS: dict[str, Metric] = {
+    "score": Metric("score", True, 100.0, 2, _DESCRIPTIONS["score"]),
+    "fidelity_kl": Metric("fidelity_kl", False, 1.0, 4, _DESCRIPTIONS["fidelity_kl"]),
+    "top1_agreement": Metric("top1_agreement", True, 1.0, 3, _DESCRIPTIONS["top1_agreement"]),
+    "gold_nll_delta": Metric("gold_nll_delta", False, 1.0, 4, _DESCRIPTIONS["gold_nll_delta"]),
+}
+"""The metrics of the results contract, in report order."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A macro mean with its interval: ``method`` says which (``bca``, ``percentile``, ``sign-flip inversion``)."""
+
+    mean: float
+    low: float
+    high: float
+    samples: int
+    tasks: int
+    method: str = "bca"
+
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+class Bootstrap:
+    """Stratified bootstrap of macro means: BCa intervals (percentile on request).
+
+    Args:
+        resamples: number of resamples (at least ``MIN_RESAMPLES``).
+        seed: non-negative seed; the draws of a task depend only on it, the task and its sample ids.
+        confidence: two-sided interval level in (0, 1).
+    """
+
+    def __init__(self, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, confidence: float = CONFIDENCE) -> None:
+        if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < MIN_RESAMPLES:
+            raise ValueError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {resamples!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        if not 0.0 < confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+        self.resamples = resamples
+        self.seed = seed
+        self.confidence = confidence
+        self._weights: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
+
+    def weights(self, task: str, ids: Sequence[str]) -> np.ndarray:
+        """``(resamples, len(ids))``: how often each sample is drawn in each resample, divided by ``len(ids)``.
+
+        ``weights @ values`` is the mean of every resample of the task at once.
+
+        Args:
+            task: the stratum's name (part of the seed).
+            ids: the stratum's sample ids, in the order of the values they will weight (part of the seed).
+        """
+        key = (task, tuple(ids))
+        cached = self._weights.get(key)
+        if cached is not None:
+            return cached
+        n = len(key[1])
+        if n == 0:
+            raise ValueError(f"task {task!r} has no samples to resample")
+        digest = zlib.crc32("\x1f".join(key[1]).encode(), zlib.crc32(task.encode()))
+        rng = np.random.default_rng([self.seed, digest, n])
+        draws = rng.integers(0, n, size=(self.resamples, n))
+        offsets = (np.arange(self.resamples) * n)[:, None]
+        counts = np.bincount((draws + offsets).ravel(), minlength=self.resamples * n).reshape(self.resamples, n)
+        weights = counts / float(n)
+        self._weights[key] = weights
+        return weights
+
+    def distribution(self, samples: Samples) -> tuple[float, np.ndarray, int, int]:
+        """The macro mean of ``samples``, its ``(resamples,)`` bootstrap replicates, samples and tasks used.
+
+        Args:
+            samples: task -> sample id -> value; tasks without samples are left out.
+        """
+        tasks = sorted(task for task, values in samples.items() if values)
+        if not tasks:
+            raise ValueError("no samples to estimate from")
+        replicates = np.zeros(self.resamples)
+        point = 0.0
+        count = 0
+        for task in tasks:
+            ids = sorted(samples[task])
+            values = np.array([samples[task][i] for i in ids], dtype=np.float64)
+            replicates += self.weights(task, ids) @ values
+            point += float(values.mean())
+            count += len(ids)
+        return point / len(tasks), replicates / len(tasks), count, len(tasks)
+
+    @staticmethod
+    def jackknife(samples: Samples) -> np.ndarray:
+        """The leave-one-out macro means: each sample left out of its own task (tasks of one sample are skipped).
+
+        Args:
+            samples: task -> sample id -> value; tasks without samples are left out.
+        """
+        tasks = [task for task in sorted(samples) if samples[task]]
+        means = {task: float(np.mean(list(samples[task].values()))) for task in tasks}
+        point = sum(means.values()) / len(tasks)
+        out = []
+        for task in tasks:
+            n = len(samples[task])
+            if n < 2:
+                continue
+            values = np.array([samples[task][i] for i in sorted(samples[task])], dtype=np.float64)
+            out.append(point + ((means[task] * n - values) / (n - 1) - means[task]) / len(tasks))
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def estimate(self, samples: Samples, method: str = "bca") -> Estimate:
+        """The macro mean of ``samples`` with its BCa (default) or percentile interval.
+
+        BCa (:func:`~ripplekv_eval.reporting.significance.bca_interval`): the percentile interval corrected for
+        the median bias of the replicates and for skewness (the jackknife acceleration over samples); with a symmetric,
+        unbiased bootstrap distribution both agree.
+
+        Args:
+            samples: task -> sample id -> value; tasks without samples are left out.
+            method: ``bca`` or ``percentile``.
+        """
+        point, replicates, count, tasks = self.distribution(samples)
+        if method == "percentile":
+            tail = 50.0 * (1.0 - self.confidence)
+            low, high = np.percentile(replicates, [tail, 100.0 - tail])
+        elif method == "bca":
+            low, high = bca_interval(point, replicates, self.jackknife(samples), self.confidence)
+        else:
+            raise ValueError(f"method must be 'bca' or 'percentile', got {method!r}")
+        return Estimate(point, float(low), float(high), count, tasks, method)
+
+
+def collect(
+    rows: Iterable[Mapping[str, Any]], metric: Metric, task_of: Callable[[Mapping[str, Any]], str]
+) -> dict[tuple[str, float], Samples]:
+    """(method, budget) -> task -> sample id -> ``scale x value`` for the rows where ``metric`` is a number.
+
+    Rows where the field is absent or null are skipped (a ``--score fidelity`` run's compressed scores, runs
+    written before the fidelity fields existed).
+
+    Args:
+        rows: result rows (``results.jsonl``).
+        metric: the metric (its ``name`` is the row field, its ``scale`` multiplies every value).
+        task_of: a row's stratum (its task).
+    """
+    values: dict[tuple[str, float], Samples] = {}
+    for row in rows:
+        value = row.get(metric.name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"row {row.get('sample_id')!r}: {metric.name} must be a finite number, got {value!r}")
+        key = (row_configuration(row), float(row["budget"]))
+        task = values.setdefault(key, {}).setdefault(task_of(row), {})
+        task[str(row["sample_id"])] = metric.scale * float(value)
+    return values

@@ -1,0 +1,242 @@
+"""What ``ripplekv eval`` runs: :class:`EvalConfig` (the options) and :class:`EvalSample` (one prompt to score).
+
+Options common to every suite are fields of :class:`EvalConfig`; options of one suite (LongBench's data folder,
+RULER's context length, the needle grid, the JSONL file and metric) go in ``EvalConfig.options`` and are
+validated, completed with their defaults and frozen by the suite (:mod:`ripplekv_eval.suites`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ripplekv.allocation.budgets import BudgetSpec
+from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
+from ripplekv.presses.method_spec import base_method, parse_method
+from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
+from ripplekv.presses.scorers import SCORERS
+from ripplekv_eval.sample import (
+    DEFAULT_SCORER,
+    FULL_BUDGET,
+    MIN_NEW_TOKENS,
+    EvalSample,
+    configuration_name,
+    positive_int,
+)
+
+__all__ = [
+    "CHAT_TEMPLATE_MODES",
+    "DEFAULT_BUDGETS",
+    "DEFAULT_METHODS",
+    "FULL_BUDGET",
+    "MIN_NEW_TOKENS",
+    "PROTOCOLS",
+    "SCORE_MODES",
+    "DECODE_MODES",
+    "EvalConfig",
+    "EvalSample",
+    "positive_int",
+]
+
+PROTOCOLS = ("question-aware", "query-agnostic")
+SCORE_MODES = ("both", "fidelity")
+DECODE_MODES = ("batched", "sequential")
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
+DEFAULT_BUDGETS = (0.1, 0.2, 0.3)
+"""Tokens generated before a stop token may be chosen, for every task: the first generated token is never a stop
+token. LongBench's ``pred.py`` passes ``min_length=context_length + 1`` for samsum, where a model that starts with
+a newline (its stop token) otherwise answers nothing; the same can happen on any task with an end-of-sequence."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to evaluate (the options of ``ripplekv eval``).
+
+    Args:
+        suite: a registered suite name (:data:`ripplekv_eval.suites.SUITES`).
+        model: model path, hub id, ``.gguf`` file or alias.
+        methods: method names of :data:`ripplekv.presses.registry.METHODS`, each optionally with its parameters
+            (:mod:`ripplekv.presses.method_spec`: ``cake:tau1=2,tau2=0.5``), stored in their canonical form (the
+            parameters in declared order, defaults left out), which names the method in rows and reports; ``full``
+            runs once per sample at budget 1.0 whatever ``budgets`` holds.
+        budgets: kept fractions in (0, 1] (a value above 1 is an error: token counts go in ``tokens``).
+        tokens: average token counts kept per layer (integers >= 2: a row stores its budget as one number, and 1
+            would read as the fraction 1.0, the full cache's); run after the fractions. Not taken by kvpress's own
+            presses (:data:`ripplekv.presses.registry.FRACTION_ONLY_METHODS`).
+        scorers: the token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs
+            under each, a configuration per (method, scorer, budget) named ``method@scorer`` (the default scorer,
+            SnapKV, keeps the plain method name); the methods without a scorer
+            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. Every configuration of a sample
+            is derived from the sample's one prefill.
+        tasks: the suite's tasks to run (default: the suite's own default; a suite without tasks refuses them).
+        limit: at most this many samples per task; what it counts is the suite's (see each suite).
+        profile: sensitivity profile JSON (the ripplekv methods need it).
+        oracle_profile: damage profile JSON file(s) written by ``ripplekv analyze`` (the ``ripplekv-oracle`` method
+            needs them): one used at every budget, or one per budget, each used at the budget it was measured at
+            (a single path is accepted too; stored as a tuple).
+        strict_profile: a profile of other weights than the model's is an error, not a warning (not part of
+            the run's identity: it changes no result).
+        protocol: ``question-aware`` (the whole prompt is compressed) or ``query-agnostic`` (the context part
+            is compressed, then the question is run over each compressed cache).
+        window_size: SnapKV's observation window.
+        max_new_tokens: cap on every task's answer length (default: the task's own).
+        seed: seed of the generated suites (RULER, needle).
+        dtype: model dtype override.
+        device: model device override.
+        score: ``both`` (decode and score every configuration, and record fidelity) or ``fidelity`` (only the
+            full cache is decoded and scored; the compressed configurations get fidelity only).
+        chat_template: ``auto`` (each suite's rule: LongBench pred.py's, the others the chat template whenever
+            the tokenizer has one), ``on`` (always; the tokenizer must have one) or ``off`` (plain prompts).
+        decode: ``batched`` (default: with ``score="both"`` the compressed configurations of a sample decode as one
+            batch, :mod:`ripplekv_eval.fastpath.batched`) or ``sequential`` (one at a time). Same greedy tokens up to
+            float rounding at near-ties; not part of the configuration compared on resume.
+        decode_rows: most configurations per decoding batch (None: as many as ``decode_memory`` allows).
+        decode_memory: most bytes of caches a sample holds for one batched decode (each laid out for the batch,
+            :func:`~ripplekv_eval.fastpath.batched.row_bytes`): the configurations are derived, scored and decoded in
+            groups within it, each released before the next is derived. None (default): the bytes of one full cache
+            of the sample's compressed part. A configuration larger than the bound decodes alone. Like ``decode``
+            and ``decode_rows``, not part of the configuration compared on resume.
+        prefill_chunk: most tokens per prefill pass of a sample's shared prefill (an integer >= 1; None: one pass):
+            a longer compressed part is recorded in chunks over its growing cache, bounding the prefill's activations
+            by the chunk (:func:`~ripplekv_eval.fastpath.record.record_prefill`). A part within it (default 8,192
+            tokens) is prefilled exactly as in one pass; a longer one differs from one pass by float rounding, so the
+            chunk is part of the configuration compared on resume when some sample is longer than it.
+        options: the suite's own options, a mapping of option name (the ``ripplekv eval`` flag with ``_`` for
+            ``-``) to value; replaced by the suite's frozen options dataclass, defaults filled in.
+    """
+
+    suite: str
+    model: str = "smollm2-135m"
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    budgets: tuple[float, ...] = DEFAULT_BUDGETS
+    tokens: tuple[int, ...] = ()
+    scorers: tuple[str, ...] = (DEFAULT_SCORER,)
+    tasks: tuple[str, ...] | None = None
+    limit: int | None = None
+    profile: str | None = None
+    protocol: str = "question-aware"
+    window_size: int = DEFAULT_WINDOW
+    max_new_tokens: int | None = None
+    seed: int = 0
+    dtype: str | None = None
+    device: str | None = None
+    score: str = "both"
+    chat_template: str = "auto"
+    decode: str = "batched"
+    decode_rows: int | None = None
+    decode_memory: int | None = None
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK
+    options: Any = field(default_factory=dict)
+    oracle_profile: tuple[str, ...] | None = None
+    strict_profile: bool = False
+
+    def __post_init__(self) -> None:
+        from ripplekv_eval.suites import get_suite
+
+        suite = get_suite(self.suite)
+        unknown = [str(m) for m in self.methods if base_method(str(m)) not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        object.__setattr__(self, "methods", tuple(parse_method(str(m)).canonical() for m in self.methods))
+        object.__setattr__(self, "budgets", tuple(self.budgets))
+        if self.tasks is not None:
+            object.__setattr__(self, "tasks", tuple(self.tasks))
+        if not self.methods:
+            raise ValueError("no methods given")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"methods contain duplicates: {', '.join(self.methods)}")
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        object.__setattr__(self, "scorers", tuple(self.scorers))
+        if not self.scorers:
+            raise ValueError("no scorers given (the default is snapkv)")
+        unknown = [s for s in self.scorers if s not in SCORERS]
+        if unknown:
+            raise ValueError(f"unknown scorer(s) {', '.join(map(str, unknown))}; choose from {', '.join(SCORERS)}")
+        if len(set(self.scorers)) != len(self.scorers):
+            raise ValueError(f"scorers contain duplicates: {', '.join(self.scorers)}")
+        if any(m != "full" for m in self.methods) and not self.budgets and not self.tokens:
+            raise ValueError("no budgets given (budgets: kept fractions; tokens: token counts per layer)")
+        for budget in self.budgets:
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
+                raise ValueError(f"budget must be a number, got {budget!r}")
+            if budget > 1:
+                raise ValueError(
+                    f"budget {budget} is above 1: budgets are kept fractions in (0, 1]; give token counts per layer "
+                    "in tokens (--tokens)"
+                )
+            if budget <= 0:
+                raise ValueError(f"budget {budget} out of range: a kept fraction in (0, 1]")
+        for count in self.tokens:
+            if BudgetSpec(tokens=count).tokens < BudgetSpec.ROW_TOKENS_MIN:  # type: ignore[operator]
+                raise ValueError(
+                    f"tokens {count}: a row stores its budget as one number, and {count} is the kept fraction 1.0 "
+                    "(the full cache's row); evaluate 2 or more tokens per layer"
+                )
+        if len(set(self.budgets)) != len(self.budgets):
+            raise ValueError(f"budgets contain duplicates: {self.budgets}")
+        if len(set(self.tokens)) != len(self.tokens):
+            raise ValueError(f"tokens contain duplicates: {self.tokens}")
+        by_fraction = [m for m in self.methods if base_method(m) in FRACTION_ONLY_METHODS]
+        if self.tokens and by_fraction:
+            raise ValueError(
+                f"{', '.join(by_fraction)} (kvpress's own presses) take kept fractions only, not token counts: "
+                "drop them from the methods or drop tokens"
+            )
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.score not in SCORE_MODES:
+            raise ValueError(f"score must be one of {', '.join(SCORE_MODES)}, got {self.score!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
+        positive_int("decode_rows", self.decode_rows, allow_none=True)
+        positive_int("decode_memory", self.decode_memory, allow_none=True)
+        check_prefill_chunk(self.prefill_chunk)
+        if self.chat_template not in CHAT_TEMPLATE_MODES:
+            modes = ", ".join(CHAT_TEMPLATE_MODES)
+            raise ValueError(f"chat_template must be one of {modes}, got {self.chat_template!r}")
+        if self.tasks is not None and (not self.tasks or len(set(self.tasks)) != len(self.tasks)):
+            raise ValueError(f"tasks must be a non-empty list without duplicates, got {self.tasks!r}")
+        if self.oracle_profile is not None:
+            paths = (
+                (self.oracle_profile,) if isinstance(self.oracle_profile, (str, os.PathLike)) else self.oracle_profile
+            )
+            if not isinstance(paths, (tuple, list)):
+                raise TypeError(f"oracle_profile must be a path or a sequence of paths, got {type(paths).__name__}")
+            paths = tuple(os.fspath(p) if isinstance(p, os.PathLike) else p for p in paths)
+            if not paths or not all(isinstance(p, str) and p for p in paths) or len(set(paths)) != len(paths):
+                raise ValueError(f"oracle_profile must be one or more distinct profile paths, got {paths!r}")
+            object.__setattr__(self, "oracle_profile", paths)
+        positive_int("limit", self.limit, allow_none=True)
+        positive_int("window_size", self.window_size)
+        positive_int("max_new_tokens", self.max_new_tokens, allow_none=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        object.__setattr__(self, "options", suite.parse_options(self.options))
+        suite.check_tasks(self.tasks)
+
+    @property
+    def budget_values(self) -> tuple[float | int, ...]:
+        """Every budget as results rows store it: the fractions (floats <= 1), then the token counts (ints >= 2)."""
+        return tuple(float(b) for b in self.budgets) + tuple(int(t) for t in self.tokens)
+
+    @property
+    def configurations(self) -> list[tuple[str, float]]:
+        """The (configuration name, budget) pairs run on every sample: ``full`` once at 1.0, the others at every
+        budget, each method built on a scorer once per scorer (scorer by scorer, in the given order).
+
+        A name is :func:`~ripplekv_eval.sample.configuration_name`'s (``ripplekv``, ``ripplekv@tova``); a
+        budget is a number as in the rows (:attr:`budget_values`): a kept fraction ``<= 1`` or a token count
+        ``> 1`` (an int); :meth:`ripplekv.allocation.BudgetSpec.from_value` reads it back.
+        """
+        pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
+        for index, scorer in enumerate(self.scorers):
+            for method in self.methods:
+                unscored = base_method(method) in METHODS_WITHOUT_SCORER
+                if method == "full" or (unscored and index > 0):
+                    continue
+                name = method if unscored else configuration_name(method, scorer)
+                pairs += [(name, b) for b in self.budget_values]
+        return pairs

@@ -1,0 +1,195 @@
+"""``ripplekv eval --workers N [--ray-address ADDR]``: the evaluation sharded over Ray actors.
+
+Each actor loads the model once (one GPU each where the cluster has GPUs), builds the presses and the samples
+as :func:`ripplekv_eval.running.runner.run_eval` does, and runs whole samples
+(:class:`~ripplekv_eval.running.rows.SampleRunner`), handing each row to the driver as soon as it is computed. The
+driver reads the profiles and opens the output folder with ``run_eval``'s own steps
+(:func:`~ripplekv_eval.running.runner.load_run_profiles`,
+:func:`~ripplekv_eval.running.runner.open_run_folder`) and alone writes the output folder: the same
+``config.json`` (checked against every actor's resolved configuration) and the same append-only ``results.jsonl``, a row
+at a time as rows arrive, in whatever order the samples finish. Resuming is the single-process run's: rows already in
+``results.jsonl`` are skipped and the ``full`` row's ``answer_ids`` are reused, so the rows equal a single-process run's
+(timing fields aside, and given the same number of torch threads per process).
+
+A sample whose actor dies is handed out again (to another actor, or to the dead one's replacement) with only the
+configurations the driver has not received yet, and the full cache's answer once its row has arrived; nothing
+that reached the driver is computed twice and no row is lost (:mod:`ripplekv.distributed`).
+
+The model, data and profile paths must be readable on every node (a shared filesystem, or the same paths);
+``--workers 1`` without ``--ray-address`` is the in-process run and never imports Ray.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ripplekv.allocation.budgets import budget_value
+from ripplekv.distributed import (
+    DEFAULT_MAX_ATTEMPTS,
+    StreamWorker,
+    WorkerPool,
+    actor_options,
+    check_workers,
+    ray_session,
+)
+from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv_eval.running.config import EvalConfig
+from ripplekv_eval.running.results import RunFolder, row_key
+from ripplekv_eval.running.rows import SampleRunner
+from ripplekv_eval.running.runner import (
+    EvalSummary,
+    build_presses,
+    build_samples,
+    load_run_profiles,
+    open_run_folder,
+    resolve_config,
+)
+
+__all__ = ["EvalWorker", "ModelFactory", "run_eval_ray"]
+
+ModelFactory = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
+"""A picklable callable that loads the model and its tokenizer (called once on every actor)."""
+
+
+class EvalWorker(StreamWorker):
+    """The Ray actor of an evaluation: one model, every sample of the run, one sample at a time.
+
+    Args:
+        config: the evaluation.
+        profile: the sensitivity profile, where the methods use one.
+        oracles: the damage profiles of ``ripplekv-oracle``, where it runs.
+        model_factory: loads the model and its tokenizer (picklable).
+        hook: see :class:`~ripplekv.distributed.StreamWorker` (tests).
+    """
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        profile: SensitivityProfile | None,
+        oracles: tuple[SensitivityProfile, ...],
+        model_factory: ModelFactory,
+        hook: Callable[[Hashable, int], None] | None = None,
+    ) -> None:
+        super().__init__(hook)
+        self.config = config
+        self.profile = profile
+        self.oracles = oracles
+        self.model_factory = model_factory
+        self.runner: SampleRunner | None = None
+        self.samples: dict[str, Any] = {}
+
+    def setup(self) -> dict[str, Any]:
+        """Load the model, build the presses and samples; return the resolved configuration and the sample ids."""
+        from ripplekv.models.attention import enable_varlen_attention
+
+        model, tokenizer = self.model_factory()
+        enable_varlen_attention(model)
+        presses = build_presses(self.config, self.profile, model, self.oracles)
+        samples = build_samples(self.config, tokenizer, model)
+        self.samples = {sample.id: sample for sample in samples}
+        self.runner = SampleRunner(self.config, model, tokenizer, presses)
+        resolved = resolve_config(self.config, model, samples, self.profile, self.oracles)
+        return {"resolved": resolved, "samples": [sample.id for sample in samples]}
+
+    def items(self, key: Hashable, *args: Any) -> Iterator[dict[str, Any]]:
+        """The rows of one sample's pending configurations.
+
+        Args:
+            key: the sample id.
+            args: the pending ``(method, budget)`` pairs and the full cache's answer (or None).
+        """
+        if self.runner is None:
+            raise RuntimeError("EvalWorker.items called before setup")
+        pending, answer = args
+        return self.runner.run_sample(self.samples[str(key)], [(m, budget_value(b)) for m, b in pending], answer)
+
+
+def run_eval_ray(
+    config: EvalConfig,
+    out: str | os.PathLike[str],
+    workers: int = 2,
+    ray_address: str | None = None,
+    model_factory: ModelFactory | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+    worker_hook: Callable[[Hashable, int], None] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> EvalSummary:
+    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors; see the module docstring.
+
+    Args:
+        config: the evaluation.
+        out: the output folder (created; resumed when it holds the same configuration, whichever way it was run).
+        workers: Ray actors, each with its own model.
+        ray_address: the Ray cluster to join; None starts a local one (or uses this process's connection).
+        model_factory: loads the model and tokenizer on each actor (picklable); default
+            :func:`ripplekv.models.load_model` of ``config.model``, ``config.dtype`` and ``config.device``.
+        on_row: called on the driver with every row right after it was written.
+        progress: show a progress bar.
+        worker_hook: called on the actors before each row (tests: a crash on a chosen sample).
+        max_attempts: times a sample may lose its actor before the run stops.
+    """
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    check_workers(workers)
+    profiles = load_run_profiles(config)  # read here, as run_eval reads them, and sent to the actors
+    if model_factory is None:
+        from ripplekv.models import load_model
+
+        model_factory = functools.partial(load_model, config.model, dtype=config.dtype, device=config.device)
+    with ray_session(ray_address) as ray:
+        options = actor_options(ray, workers, config.device)
+        worker_args = (config, profiles.profile, profiles.oracles, model_factory, worker_hook)
+        pool = WorkerPool(ray, EvalWorker, worker_args, workers, options, max_attempts)
+        folder: RunFolder | None = None
+        try:
+            description = pool.start()
+            folder = open_run_folder(config, out, description["resolved"], profiles)
+            log, done, answers = folder.log, folder.done, folder.answers
+            sample_ids: list[str] = description["samples"]
+            configurations = config.configurations
+            total = len(sample_ids) * len(configurations)
+            already = sum((sample, m, b) in done for sample in sample_ids for m, b in configurations)
+
+            def arguments(key: Hashable) -> tuple[Any, ...] | None:
+                pending = [(m, b) for m, b in configurations if (str(key), m, b) not in done]
+                return (pending, answers.get(str(key))) if pending else None
+
+            written = 0
+            with tqdm(
+                total=total, initial=already, desc=f"eval {config.suite}", unit="run", disable=not progress
+            ) as bar:
+
+                def on_item(key: Hashable, row: dict[str, Any]) -> None:
+                    nonlocal written
+                    if row_key(row) in done or str(row["sample_id"]) != str(key):
+                        raise RuntimeError(f"a Ray worker returned an unexpected row {row_key(row)} for {key!r}")
+                    log.append(row)
+                    done.add(row_key(row))
+                    if row["method"] == "full" and row.get("answer_ids"):
+                        answers[str(key)] = [int(t) for t in row["answer_ids"]]
+                    written += 1
+                    bar.update(1)
+                    if on_row is not None:
+                        on_row(row)
+
+                pool.run(sample_ids, arguments, on_item)
+        finally:
+            pool.close()
+            if folder is not None:
+                folder.close()  # its lock
+    return EvalSummary(
+        out=folder.out,
+        rows=len(log.read()),
+        new_rows=written,
+        samples=len(sample_ids),
+        configurations=len(configurations),
+        seconds=time.perf_counter() - start,
+    )
