@@ -1,9 +1,10 @@
 """The interface every evaluation suite implements, and helpers the suites share.
 
-A suite turns an :class:`~ripplekv_eval.running.config.EvalConfig` into scored samples: it owns its options (a
-frozen dataclass, validated in ``__post_init__``), its task names, its samples (prompt token ids, answer length,
-stop tokens, metric, gold answer) and the part of ``config.json`` that identifies them. The runner only calls
-these methods, so a new suite is a new :class:`Suite` subclass registered in :mod:`ripplekv_eval.suites`.
+A suite turns a :class:`SuiteRequest` (what a run asks of it; ``running.config.EvalConfig`` is one) into scored
+samples: it owns its options (a frozen dataclass, validated in ``__post_init__``), its task names, its samples
+(prompt token ids, answer length, stop tokens, metric, gold answer) and the part of ``config.json`` that identifies
+them. The runner only calls these methods, so a new suite is a new :class:`Suite` subclass registered in
+:mod:`ripplekv_eval.suites`.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ripplekv.inference.generate import chat_prompt_parts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv_eval.running.config import EvalConfig
     from ripplekv_eval.sample import EvalSample
 
 __all__ = [
     "Suite",
+    "SuiteRequest",
     "cap_new_tokens",
     "default_max_length",
     "encode",
@@ -31,6 +32,17 @@ __all__ = [
     "split_prompt",
     "use_chat_template",
 ]
+
+
+class SuiteRequest(Protocol):
+    """What a run asks of a suite: its options, tasks, sample cap, prompt format, answer cap and seed."""
+
+    options: Any
+    tasks: Sequence[str] | None
+    limit: int | None
+    chat_template: str
+    max_new_tokens: int | None
+    seed: int
 
 
 def flag(option: str) -> str:
@@ -79,7 +91,7 @@ class Suite(ABC):
 
     @abstractmethod
     def samples(
-        self, config: EvalConfig, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
+        self, config: SuiteRequest, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
     ) -> list[EvalSample]:
         """The samples of ``config``, in run order.
 
@@ -90,7 +102,7 @@ class Suite(ABC):
         """
 
     @abstractmethod
-    def resolve(self, config: EvalConfig, model: PreTrainedModel) -> dict[str, Any]:
+    def resolve(self, config: SuiteRequest, model: PreTrainedModel) -> dict[str, Any]:
         """The suite's part of ``config.json``'s resolved configuration (compared on resume), defaults filled in.
 
         Args:
@@ -98,7 +110,7 @@ class Suite(ABC):
             model: the model.
         """
 
-    def sources(self, config: EvalConfig) -> dict[str, Any]:
+    def sources(self, config: SuiteRequest) -> dict[str, Any]:
         """Where the suite's data came from (recorded in ``config.json``, not compared on resume).
 
         Args:
@@ -129,7 +141,7 @@ def split_prompt(tokenizer: PreTrainedTokenizerBase, head: str, tail: str) -> tu
     return tuple(head_ids + tail_ids), len(head_ids)
 
 
-def cap_new_tokens(config: EvalConfig, tokens: int) -> int:
+def cap_new_tokens(config: SuiteRequest, tokens: int) -> int:
     """A task's answer length under ``config.max_new_tokens`` (a cap).
 
     Args:

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ripplekv_eval.sample import EvalSample
-from ripplekv_eval.suites.base import Suite, prompt_parts, split_prompt
+from ripplekv_eval.suites.base import Suite, SuiteRequest, prompt_parts, split_prompt
 from ripplekv_eval.tasks.jsonlines import iter_json_lines
 from ripplekv_eval.tasks.metrics import METRICS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv_eval.running.config import EvalConfig
 
 __all__ = ["DEFAULT_JSONL_METRIC", "JSONL_MAX_NEW_TOKENS", "JsonlOptions", "JsonlRecord", "JsonlSuite", "load_jsonl"]
 
@@ -150,7 +149,7 @@ class JsonlSuite(Suite):
     description = "a JSONL file of context/question/answers records, scored with a LongBench metric"
     options_type = JsonlOptions
 
-    def task(self, config: EvalConfig) -> str:
+    def task(self, config: SuiteRequest) -> str:
         """The task name: the file's name without its ``.jsonl`` suffix.
 
         Args:
@@ -164,7 +163,7 @@ class JsonlSuite(Suite):
             raise ValueError("the jsonl suite has one task, named after its --data file: --tasks does not apply")
 
     def samples(
-        self, config: EvalConfig, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
+        self, config: SuiteRequest, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
     ) -> list[EvalSample]:
         options: JsonlOptions = config.options
         metric = METRICS[options.metric]
@@ -199,12 +198,12 @@ class JsonlSuite(Suite):
             )
         return samples
 
-    def resolve(self, config: EvalConfig, model: PreTrainedModel) -> dict[str, Any]:
+    def resolve(self, config: SuiteRequest, model: PreTrainedModel) -> dict[str, Any]:
         options: JsonlOptions = config.options
         digest = hashlib.sha256(Path(options.data).read_bytes()).hexdigest()
         own = dict.fromkeys(r.task for r in load_jsonl(options.data, options.metric)[: config.limit] if r.task)
         tasks = list(own) if own else [self.task(config)]
         return {"tasks": tasks, "limit": config.limit, "metric": options.metric, "data_sha256": digest}
 
-    def sources(self, config: EvalConfig) -> dict[str, Any]:
+    def sources(self, config: SuiteRequest) -> dict[str, Any]:
         return {"data": config.options.data}

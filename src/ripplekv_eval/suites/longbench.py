@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ripplekv_eval.sample import EvalSample, positive_int
-from ripplekv_eval.suites.base import Suite, cap_new_tokens, default_max_length
+from ripplekv_eval.suites.base import Suite, SuiteRequest, cap_new_tokens, default_max_length
 from ripplekv_eval.tasks import longbench
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv_eval.running.config import EvalConfig
 
 __all__ = ["LongBenchOptions", "LongBenchSuite"]
 
@@ -60,7 +59,7 @@ class LongBenchSuite(Suite):
         for task in tasks or ():
             longbench.base_task(task)
 
-    def tasks(self, config: EvalConfig) -> list[str]:
+    def tasks(self, config: SuiteRequest) -> list[str]:
         """The tasks to run: ``config.tasks``, or every English task with a file in the data folder.
 
         Args:
@@ -76,7 +75,7 @@ class LongBenchSuite(Suite):
             raise ValueError(f"no LongBench task file (<task>.jsonl, English tasks) in {data_dir}")
         return tasks
 
-    def max_length(self, config: EvalConfig, model: PreTrainedModel | None) -> int:
+    def max_length(self, config: SuiteRequest, model: PreTrainedModel | None) -> int:
         """The truncation length: the option, else the model's ``max_position_embeddings``.
 
         Args:
@@ -90,7 +89,7 @@ class LongBenchSuite(Suite):
         return default_max_length(model)
 
     def samples(
-        self, config: EvalConfig, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
+        self, config: SuiteRequest, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
     ) -> list[EvalSample]:
         max_length = self.max_length(config, model)
         newline = None
@@ -127,11 +126,11 @@ class LongBenchSuite(Suite):
                 )
         return samples
 
-    def resolve(self, config: EvalConfig, model: PreTrainedModel) -> dict[str, Any]:
+    def resolve(self, config: SuiteRequest, model: PreTrainedModel) -> dict[str, Any]:
         resolved = {"tasks": self.tasks(config), "limit": config.limit, "max_length": self.max_length(config, model)}
         if config.options.skip:  # only when set: runs from before the option resume unchanged
             resolved["skip"] = config.options.skip
         return resolved
 
-    def sources(self, config: EvalConfig) -> dict[str, Any]:
+    def sources(self, config: SuiteRequest) -> dict[str, Any]:
         return {"data_dir": config.options.data_dir}

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt
 from ripplekv_eval.sample import EvalSample, positive_int
-from ripplekv_eval.suites.base import Suite, cap_new_tokens, prompt_parts, split_prompt
+from ripplekv_eval.suites.base import Suite, SuiteRequest, cap_new_tokens, prompt_parts, split_prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv_eval.running.config import EvalConfig
 
 __all__ = [
     "DEFAULT_NEEDLE_DEPTHS",
@@ -80,7 +79,7 @@ class NeedleSuite(Suite):
             raise ValueError("the needle suite has no tasks: choose --needle-lengths and --needle-depths")
 
     def samples(
-        self, config: EvalConfig, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
+        self, config: SuiteRequest, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
     ) -> list[EvalSample]:
         options: NeedleOptions = config.options
         samples = []
@@ -110,7 +109,7 @@ class NeedleSuite(Suite):
                     )
         return samples
 
-    def resolve(self, config: EvalConfig, model: PreTrainedModel) -> dict[str, Any]:
+    def resolve(self, config: SuiteRequest, model: PreTrainedModel) -> dict[str, Any]:
         options: NeedleOptions = config.options
         return {
             "needle_lengths": list(options.needle_lengths),

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from ripplekv.inference.generate import chat_prompt_parts
 from ripplekv_eval.sample import EvalSample, positive_int
-from ripplekv_eval.suites.base import Suite, cap_new_tokens, split_prompt, use_chat_template
+from ripplekv_eval.suites.base import Suite, SuiteRequest, cap_new_tokens, split_prompt, use_chat_template
 from ripplekv_eval.tasks import ruler
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv_eval.running.config import EvalConfig
 
 __all__ = ["DEFAULT_CONTEXT_TOKENS", "DEFAULT_RULER_SAMPLES", "RulerOptions", "RulerSuite"]
 
@@ -60,7 +59,7 @@ class RulerSuite(Suite):
             raise ValueError(f"unknown RULER task(s) {', '.join(unknown)}; tasks are: {', '.join(ruler.TASKS)}")
 
     def samples(
-        self, config: EvalConfig, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
+        self, config: SuiteRequest, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
     ) -> list[EvalSample]:
         per_task = config.limit or DEFAULT_RULER_SAMPLES
         context_tokens = config.options.context_tokens
@@ -89,7 +88,7 @@ class RulerSuite(Suite):
             )
         return samples
 
-    def resolve(self, config: EvalConfig, model: PreTrainedModel) -> dict[str, Any]:
+    def resolve(self, config: SuiteRequest, model: PreTrainedModel) -> dict[str, Any]:
         return {
             "tasks": list(config.tasks or ruler.TASKS),
             "limit": config.limit or DEFAULT_RULER_SAMPLES,
