@@ -192,6 +192,11 @@ def _agreement(got: list[float], want: list[float]) -> tuple[float, float, float
     return float(spearmanr(got_, want_)[0]), float(relative.max()), float(np.median(relative))
 
 
+def within(worst: float, median: float) -> bool:
+    """The tolerance of a bfloat16 profile against float32: worst relative error under 0.2, median under 0.1."""
+    return worst < 0.2 and median < 0.1
+
+
 @pytest.mark.parametrize("fast", [True, False], ids=["batched_by_depth", "layer_by_layer"])
 def test_bfloat16_profile_equals_float32_profile_of_the_same_weights(fast: bool) -> None:
     """An 8-layer model in bfloat16 scores every layer as the same weights in float32 do.
@@ -212,11 +217,11 @@ def test_bfloat16_profile_equals_float32_profile_of_the_same_weights(fast: bool)
     got = score_sample(half, ctx, cont, config).kl
     assert min(want) < 1e-3, want  # scores as small as the least sensitive layers of a real model
     rho, worst, median = _agreement(got, want)
-    assert rho >= 0.95 and worst < 0.2 and median < 0.1, (rho, worst, median, got, want)
+    assert rho >= 0.95 and within(worst, median), (rho, worst, median, got, want)
     for precision in ("model", "float32-head"):  # the tolerance catches bfloat16 arithmetic left in the passes
         rounded = score_sample(half, ctx, cont, replace(config, precision=precision)).kl
         _, worst, median = _agreement(rounded, want)
-        assert worst > 0.3 and median > 0.15, (precision, worst, median)
+        assert not within(worst, median), (precision, worst, median)
 
 
 def test_float32_head_is_the_models_own_head_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
