@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpress import AdaKVPress, SnapKVPress
 
-from ripplekv.allocation import ProfileSchedule, TokenBudgetError, UniformSchedule, resolve_average_budget
+from ripplekv.allocation import BudgetSpec, ProfileSchedule, TokenBudgetError, UniformSchedule
 from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
@@ -61,7 +61,7 @@ def test_uniform_schedule_masks_what_kvpress_adakv_masks(arch: str, budget: floa
     ours = prefill(model, ids, _ada(UniformSchedule(budget), alpha, evict_balanced=False))
     assert layer_lengths(ours.cache) == [100] * LAYERS  # masked, not evicted, as kvpress does
     assert _masked(ours) == _masked(theirs) and len(_masked(ours)) == LAYERS
-    assert kept_tokens(ours) == kept_tokens(theirs) == [resolve_average_budget(budget, 100)] * LAYERS
+    assert kept_tokens(ours) == kept_tokens(theirs) == [BudgetSpec(budget).average(100)] * LAYERS
     assert greedy_decode(model, ours, 6, set()) == greedy_decode(model, theirs, 6, set())
 
 
@@ -263,7 +263,7 @@ def test_layer_budgets_follow_the_profile_schedule(
     ada = _ada(schedule)
     budgets = ada.layer_budgets(prompt, layers)
     assert budgets == LayerBudgetPress(SnapKVPress(window_size=WINDOW), schedule).layer_budgets(prompt, layers)
-    assert sum(budgets) == layers * resolve_average_budget(budget, prompt)  # SnapKV's total
+    assert sum(budgets) == layers * BudgetSpec(budget).average(prompt)  # SnapKV's total
     assert all(1 <= b <= prompt for b in budgets)
     uniform = replace(ada, schedule=UniformSchedule(budget)).layer_budgets(prompt, layers)
-    assert uniform == (resolve_average_budget(budget, prompt),) * layers  # kvpress AdaKV's per-layer count
+    assert uniform == (BudgetSpec(budget).average(prompt),) * layers  # kvpress AdaKV's per-layer count

@@ -12,7 +12,7 @@ import pytest
 import torch
 from kvpress import SnapKVPress, StreamingLLMPress
 
-from ripplekv.allocation.budget_spec import TokenBudgetError
+from ripplekv.allocation.budget import TokenBudgetError
 from ripplekv.allocation.lava import LavaRule, lava_token_scores
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule

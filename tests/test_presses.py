@@ -230,7 +230,8 @@ def test_ripplekv_is_the_profile_schedule_of_layer_budget_press(arch: str) -> No
     ids = random_ids(150, 2)
     ripple = RippleKVPress(SnapKVPress(window_size=8), 0.2, scores=SCORES_4, ratio=6.0, gamma=4.0)
     generic = LayerBudgetPress(SnapKVPress(window_size=8), ProfileSchedule(0.2, SCORES_4, ratio=6.0, gamma=4.0))
-    assert ripple.layer_press == generic and ripple.layer_budgets(150) == generic.layer_budgets(150, 4)
+    assert isinstance(ripple, LayerBudgetPress) and ripple.schedule == generic.schedule
+    assert ripple.layer_budgets(150) == generic.layer_budgets(150, 4)
     _assert_same_tensors(prefill(model, ids, ripple).cache, prefill(model, ids, generic).cache)
 
 
@@ -332,7 +333,7 @@ def test_bad_arguments_are_clear_errors() -> None:
             make_press("snapkv", budget=bad)
     with pytest.raises(ValueError, match="budget"):
         RippleKVPress(budget=0.0, scores=(1.0,))
-    with pytest.raises(ValueError, match=r"RippleKVPress: budget=12.5 is above 1.*tokens="):
+    with pytest.raises(ValueError, match=r"budget=12.5 is above 1.*tokens="):
         RippleKVPress(budget=12.5, scores=(1.0,))
     with pytest.raises(ValueError, match="NaN"):
         RippleKVPress(budget=0.2, scores=(1.0, float("nan")))
@@ -413,7 +414,7 @@ def test_kvpress_wrappers_that_set_the_ratio_refuse_our_presses() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"budget": 2}, r"RippleKVPress: budget=2 is above 1.*use tokens=2"),
+        ({"budget": 2}, r"budget=2 is above 1.*use tokens=2"),
         ({"budget": 1.0000001}, r"above 1"),
         ({"budget": 0}, r"budget must be > 0"),
         ({"tokens": 0}, r"tokens must be >= 1"),
@@ -429,7 +430,9 @@ def test_ripplekv_press_budget_errors(kwargs, message) -> None:
 
 def test_ripplekv_press_default_and_replace() -> None:
     press = RippleKVPress(scores=SCORES_4)
-    assert press.spec.budget == 0.2 and press.compression_ratio == pytest.approx(0.8)  # the default fraction
+    assert (
+        press.schedule.budget == 0.2 and press.budget is None and press.compression_ratio == pytest.approx(0.8)
+    )  # the default fraction
     by_tokens = dataclasses.replace(press, tokens=16)
     assert by_tokens.layer_budgets(100) == ProfileSchedule(scores=SCORES_4, tokens=16).layer_budgets(4, 100, 64)
     assert RippleKVPress(scores=SCORES_4, tokens=1, min_tokens=1).layer_budgets(100) == (1, 1, 1, 1)
@@ -471,3 +474,13 @@ def test_make_press_takes_any_scorer(name: str) -> None:
         make_press("streamingllm", budget=0.25, scorer=scorer)
     with pytest.raises(TypeError, match="ScorerPress"):
         make_press(name, budget=0.25, profile=profile, scorer=object())  # type: ignore[arg-type]
+
+
+def test_ripplekv_press_builds_its_schedule_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RippleKV schedule is built at construction, not again at each layer of each prefill."""
+    press = RippleKVPress(SnapKVPress(window_size=8), 0.3, scores=SCORES_4)
+    built = []
+    original = ProfileSchedule.__post_init__
+    monkeypatch.setattr(ProfileSchedule, "__post_init__", lambda self: built.append(original(self)))
+    prefill(tiny_model("llama", layers=4), random_ids(64), press)
+    assert built == [] and isinstance(press, LayerBudgetPress)

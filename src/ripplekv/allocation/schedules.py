@@ -12,7 +12,7 @@ only in how many tokens each layer keeps. Each method is therefore a *schedule*,
 Every schedule spends exactly the same global budget ``L * average`` (SnapKV's number of kept tokens), so methods
 are always compared at the same number of kept tokens. The budget is given as ``budget=`` (a kept fraction in
 ``(0, 1]``; the first field, so ``UniformSchedule(0.1)`` is 10%) or as ``tokens=`` (an average token count per
-layer, keyword only), exactly one of the two (:class:`~ripplekv.allocation.budget_spec.BudgetSpec`).
+layer, keyword only), exactly one of the two (:class:`~ripplekv.allocation.budget.BudgetSpec`).
 """
 
 from __future__ import annotations
@@ -24,15 +24,8 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import ClassVar
 
-from ripplekv.allocation.apportion import scale_to_total
-from ripplekv.allocation.budget_spec import BudgetSpec, check_budget
-from ripplekv.allocation.budgets import (
-    DEFAULT_GAMMA,
-    DEFAULT_RATIO,
-    AllocationConfig,
-    allocate_budgets,
-    validate_scores,
-)
+from ripplekv.allocation.budget import BudgetSpec, scale_to_total
+from ripplekv.allocation.ripplekv_rule import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig, allocate, validate_scores
 from ripplekv.validation import is_integer
 
 __all__ = [
@@ -58,7 +51,7 @@ class BudgetSchedule(ABC):
     tokens in all.
 
     ``compression_ratio`` is kvpress's ``1 - budget`` for a fraction; for a token budget it raises
-    :class:`~ripplekv.allocation.budget_spec.TokenBudgetError`, there being no ratio without the prompt length;
+    :class:`~ripplekv.allocation.budget.TokenBudgetError`, there being no ratio without the prompt length;
     ``compression_ratio_for(prompt_tokens)`` is defined for both (see :class:`BudgetSpec`).
     """
 
@@ -69,13 +62,16 @@ class BudgetSchedule(ABC):
 
     def _check_budget(self) -> None:
         """Validate and normalise ``budget`` / ``tokens`` (called by each subclass's ``__post_init__``)."""
-        spec = check_budget(self.budget, self.tokens, owner=type(self).__name__)
+        try:
+            spec = BudgetSpec(self.budget, self.tokens)
+        except ValueError as error:
+            raise ValueError(f"{type(self).__name__}: {error}") from None
         object.__setattr__(self, "budget", spec.budget)
         object.__setattr__(self, "tokens", spec.tokens)
 
     @property
     def spec(self) -> BudgetSpec:
-        """The budget as a :class:`~ripplekv.allocation.budget_spec.BudgetSpec`."""
+        """The budget as a :class:`~ripplekv.allocation.budget.BudgetSpec`."""
         return BudgetSpec(self.budget, self.tokens)
 
     def average(self, prompt_tokens: int) -> int:
@@ -189,7 +185,7 @@ class PyramidSchedule(BudgetSchedule):
         layer l keeps (max_num - l * steps) selected tokens + the W window tokens
 
     The integer ``steps`` make those capacities overshoot or undershoot ``L * C`` by a few percent, so they
-    are used as weights and rescaled (:func:`ripplekv.allocation.apportion.scale_to_total`) to SnapKV's total
+    are used as weights and rescaled (:func:`ripplekv.allocation.budget.scale_to_total`) to SnapKV's total
     ``L * C`` exactly, every layer keeping at least ``W`` tokens (and ``floor``) and at most ``n``: methods
     are compared at the same number of kept tokens. There is no fallback to uniform budgets (kvpress 0.5.5's
     ``PyramidKVPress`` falls back to SnapKV unless ``C - W >= beta * W``, i.e. at every length used here).
@@ -258,7 +254,7 @@ def _pyramid_budgets(schedule: PyramidSchedule, n_layers: int, prompt_tokens: in
 class ProfileSchedule(BudgetSchedule):
     """RippleKV's schedule (2026): budgets from measured per-layer sensitivity scores.
 
-    The RippleKV rule of :func:`ripplekv.allocation.allocate_budgets`: min-max normalise the scores, weight
+    The RippleKV rule of :func:`ripplekv.allocation.allocate`: min-max normalise the scores, weight
     ``w_l = ratio ** s_l``, clip to ``[1 / gamma, gamma]``, rescale to the global budget (water-filling,
     largest remainder).
 
@@ -309,7 +305,7 @@ class ProfileSchedule(BudgetSchedule):
         return replace(self, scores=tuple(self.scores[i] for i in layers))
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
-        """The RippleKV allocation of the scores (``floor`` is ``allocate_budgets``'s ``min_tokens``)."""
+        """The RippleKV allocation of the scores (``floor`` is ``allocate``'s ``min_tokens``)."""
         _check_call(n_layers, floor)
         self.check_layers(n_layers)
         return _profile_budgets(self, prompt_tokens, floor)
@@ -318,8 +314,4 @@ class ProfileSchedule(BudgetSchedule):
 @lru_cache(maxsize=256)
 def _profile_budgets(schedule: ProfileSchedule, prompt_tokens: int, floor: int) -> tuple[int, ...]:
     config = AllocationConfig(ratio=schedule.ratio, gamma=schedule.gamma)
-    return tuple(
-        allocate_budgets(
-            schedule.scores, schedule.budget, prompt_tokens, config, min_tokens=floor, tokens=schedule.tokens
-        )
-    )
+    return allocate(schedule.scores, schedule.budget, prompt_tokens, config, floor, tokens=schedule.tokens).budgets

@@ -11,7 +11,7 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ripplekv.allocation.budgets import kept_ratio
+from ripplekv.allocation.budget import compression_ratio_keeping
 from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
@@ -123,7 +123,7 @@ class LayerBudgetPress(BasePress):
 
     ``compression_ratio`` is the schedule's: kvpress's ``1 - budget`` for a kept fraction (the average over the
     compressed layers), and for a token budget (``UniformSchedule(tokens=512)``) a
-    :class:`~ripplekv.allocation.budgets.TokenBudgetError` naming :meth:`compression_ratio_for`, which gives the
+    :class:`~ripplekv.allocation.budget.TokenBudgetError` naming :meth:`compression_ratio_for`, which gives the
     ratio of a known prompt length for both kinds. It is never NaN: kvpress code that reads an inner press's ratio
     (``ComposedPress`` multiplies the retained fractions of its presses after each layer) then works on a fraction
     budget and stops with that error on a token budget, instead of carrying NaN along. kvpress's wrappers that
@@ -245,7 +245,9 @@ class LayerBudgetPress(BasePress):
         n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
-        scorer = scorer_at_ratio(self.press, kept_ratio(n_kept, k_len))  # a copy: the caller's press is untouched
+        scorer = scorer_at_ratio(
+            self.press, compression_ratio_keeping(n_kept, k_len)
+        )  # a copy: the caller's press is untouched
         scores = token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs)
         indices = scores.topk(n_kept, dim=-1).indices
         indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)

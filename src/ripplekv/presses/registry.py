@@ -30,7 +30,6 @@ from ripplekv.allocation import (
     BudgetSpec,
     PyramidSchedule,
     UniformSchedule,
-    check_budget,
 )
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule
@@ -247,7 +246,10 @@ def make_press(
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
     if budget is None and tokens is None:
         budget = DEFAULT_PRESS_BUDGET
-    spec = check_budget(budget, tokens, owner=f"make_press({name!r})")
+    try:
+        spec = BudgetSpec(budget, tokens)
+    except ValueError as error:
+        raise ValueError(f"make_press({name!r}): {error}") from None
     if scorer is not None:
         if key in _NO_SCORER:
             raise ValueError(f"method {name!r} has no token scorer to replace (scorer= applies to {_with_scorer()})")

@@ -1,21 +1,11 @@
-"""Per-layer KV-cache budget allocation (the RippleKV rule).
-
-The RippleKV paper (2026) turns per-layer downstream-sensitivity scores into per-layer KV-cache budgets:
+"""The RippleKV rule (RippleKV paper, 2026): per-layer sensitivity scores to per-layer KV-cache budgets.
 
 1. min-max normalise the scores ``s`` to ``[0, 1]`` (all-equal scores normalise to 0, i.e. uniform);
-2. map each normalised score to a multiplier ``w_l = ratio ** s_l`` (``ratio`` sets the disparity between
-   the least and the most sensitive layer; ``ratio == 1`` is uniform);
+2. map each normalised score to a multiplier ``w_l = ratio ** s_l`` (``ratio``, the paper's ``r``, sets the
+   disparity between the least and the most sensitive layer; ``ratio == 1`` is uniform);
 3. clip the multipliers to ``[1 / gamma, gamma]`` (``gamma >= 1``; ``gamma == 1`` is uniform);
-4. rescale so that the per-layer budgets sum to the global budget ``B = L * average``.
-
-A budget is given in one of two ways, never read from the size of one number: ``budget=`` a kept fraction of the
-prompt in ``(0, 1]``, or ``tokens=`` an average number of kept tokens per layer (an integer ``>= 1``); what a budget
-is, and how it resolves to kept tokens per layer, is :mod:`ripplekv.allocation.budget_spec` (:class:`BudgetSpec`;
-its names are importable from here too).
-
-:func:`allocate_budgets` does step 4 with integer budgets that sum exactly to ``B``, stay within
-``[floor, prompt_tokens]`` and are proportional to the weights among the layers that are not at a bound.
-All of step 4 is done in exact rational arithmetic, so the result is deterministic and platform-independent.
+4. rescale so that the integer per-layer budgets sum to the global budget ``L * average``
+   (:func:`~ripplekv.allocation.budget.scale_to_total`).
 """
 
 from __future__ import annotations
@@ -27,15 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv.allocation.apportion import scale_to_total
-from ripplekv.allocation.budget_spec import (
-    BudgetSpec,
-    TokenBudgetError,
-    budget_value,
-    check_budget,
-    kept_ratio,
-    resolve_average_budget,
-)
+from ripplekv.allocation.budget import BudgetSpec, scale_to_total
 from ripplekv.validation import is_integer, is_real
 
 __all__ = [
@@ -45,18 +27,9 @@ __all__ = [
     "Allocation",
     "AllocationConfig",
     "allocate",
-    "allocate_budgets",
     "layer_weights",
     "normalize_scores",
     "validate_scores",
-    # re-exported, imported from here across the package: what a budget is (budget_spec) and the apportionment
-    "BudgetSpec",
-    "TokenBudgetError",
-    "budget_value",
-    "check_budget",
-    "kept_ratio",
-    "resolve_average_budget",
-    "scale_to_total",
 ]
 
 DEFAULT_RATIO: float = 4.0
@@ -181,51 +154,6 @@ def layer_weights(scores: Sequence[float], config: AllocationConfig = DEFAULT_CO
     return _weights_from_normalized(normalize_scores(scores), config)
 
 
-def allocate_budgets(
-    scores: Sequence[float],
-    budget: float | None = None,
-    prompt_tokens: int | None = None,
-    config: AllocationConfig = DEFAULT_CONFIG,
-    min_tokens: int = 1,
-    *,
-    tokens: int | None = None,
-) -> list[int]:
-    """Integer per-layer KV-cache budgets by the RippleKV rule (paper, 2026).
-
-    The global budget is ``B = L * average`` for ``L = len(scores)`` and ``average`` the budget's
-    :meth:`BudgetSpec.average` (a kept fraction ``budget`` or a token count ``tokens``, exactly one of them).
-    Each layer gets a real share ``x_l = clip(t * w_l, floor, prompt_tokens)`` of ``B`` with ``w`` from
-    :func:`layer_weights` and ``t`` chosen so that ``sum(x) == B`` (water-filling: layers at a bound are fixed
-    there and the excess or deficit is shared among the others in proportion to their weights). The shares are
-    rounded by largest remainder (ties: larger weight, then higher score -- lower when ``ratio < 1`` --, then
-    lower layer index), so the budgets
-
-    * sum exactly to ``B``;
-    * lie in ``[floor, prompt_tokens]`` with ``floor = min(min_tokens, prompt_tokens)``, lowered to ``B // L``
-      when ``L * floor > B`` (a floor above the average cannot be met by every layer; ``B // L`` is the
-      average, which is ``>= 1``, so no layer is ever left empty unless ``min_tokens == 0``);
-    * are non-decreasing in the scores for ``ratio >= 1`` (non-increasing for ``ratio < 1``), even where
-      clipping gives several layers the same weight; equal scores give budgets that differ by at most one;
-    * are all equal to the average for equal scores, ``ratio == 1`` or ``gamma == 1``.
-
-    Args:
-        scores: one finite sensitivity score per layer (higher = more sensitive).
-        budget: a kept fraction of the prompt in ``(0, 1]`` (see :func:`resolve_average_budget`); or None with
-            ``tokens``.
-        prompt_tokens: the number of prompt tokens (``>= 1``; required); also the per-layer cap.
-        config: the disparity ``ratio`` and the clip bound ``gamma``.
-        min_tokens: the requested minimum number of kept tokens per layer (``>= 0``), see ``floor`` above.
-        tokens: instead of ``budget``, the average number of kept tokens per layer (an integer ``>= 1``).
-
-    Returns:
-        ``L`` integer budgets, one per layer.
-
-    Raises:
-        ValueError: on invalid scores, budget, prompt_tokens or min_tokens.
-    """
-    return list(allocate(scores, budget, prompt_tokens, config, min_tokens, tokens=tokens).budgets)
-
-
 @dataclass(frozen=True)
 class Allocation:
     """A RippleKV allocation (paper, 2026) with its intermediate quantities, as reported by the CLI.
@@ -236,7 +164,7 @@ class Allocation:
         weights: the clipped multipliers ``clip(ratio ** normalized, 1 / gamma, gamma)``.
         budgets: the integer per-layer budgets (number of kept KV entries per layer).
         prompt_tokens: the prompt length the budgets were computed for (also the per-layer cap).
-        average_budget: the average budget per layer, from :func:`resolve_average_budget`.
+        average_budget: the average budget per layer (:meth:`BudgetSpec.average`).
         total: the global budget ``len(budgets) * average_budget`` (``== sum(budgets)``).
     """
 
@@ -270,15 +198,34 @@ def allocate(
     *,
     tokens: int | None = None,
 ) -> Allocation:
-    """Like :func:`allocate_budgets`, but return the full :class:`Allocation` (RippleKV paper, 2026).
+    """Integer per-layer KV-cache budgets by the RippleKV rule, with the quantities they came from.
+
+    The global budget is ``B = L * average`` for ``L = len(scores)`` and ``average`` the budget's
+    the budget's average (a kept fraction ``budget`` or a token count ``tokens``, exactly one of them).
+    Each layer gets a real share ``x_l = clip(t * w_l, floor, prompt_tokens)`` of ``B`` with ``w`` from
+    :func:`layer_weights` and ``t`` chosen so that ``sum(x) == B`` (water-filling: layers at a bound are fixed
+    there and the excess or deficit is shared among the others in proportion to their weights). The shares are
+    rounded by largest remainder (ties: larger weight, then higher score -- lower when ``ratio < 1`` --, then
+    lower layer index), so the budgets
+
+    * sum exactly to ``B``;
+    * lie in ``[floor, prompt_tokens]`` with ``floor = min(min_tokens, prompt_tokens)``, lowered to ``B // L``
+      when ``L * floor > B`` (a floor above the average cannot be met by every layer; ``B // L`` is the
+      average, which is ``>= 1``, so no layer is ever left empty unless ``min_tokens == 0``);
+    * are non-decreasing in the scores for ``ratio >= 1`` (non-increasing for ``ratio < 1``), even where
+      clipping gives several layers the same weight; equal scores give budgets that differ by at most one;
+    * are all equal to the average for equal scores, ``ratio == 1`` or ``gamma == 1``.
 
     Args:
         scores: one finite sensitivity score per layer (higher = more sensitive).
         budget: a kept fraction of the prompt in ``(0, 1]``; or None with ``tokens``.
         prompt_tokens: the number of prompt tokens (``>= 1``; required); also the per-layer cap.
         config: the disparity ``ratio`` and the clip bound ``gamma``.
-        min_tokens: the requested minimum number of kept tokens per layer (``>= 0``).
+        min_tokens: the requested minimum number of kept tokens per layer (``>= 0``), see ``floor`` above.
         tokens: instead of ``budget``, the average number of kept tokens per layer (an integer ``>= 1``).
+
+    Returns:
+        The :class:`Allocation`; its ``budgets`` are the ``L`` integer budgets.
 
     Raises:
         ValueError: on invalid scores, budget, prompt_tokens or min_tokens.
@@ -291,7 +238,9 @@ def allocate(
     preference = array if config.ratio >= 1 else -array
     if not is_integer(min_tokens) or min_tokens < 0:
         raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
-    average = resolve_average_budget(budget, prompt_tokens, tokens=tokens)
+    if not is_integer(prompt_tokens) or prompt_tokens < 1:  # type: ignore[operator]
+        raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
+    average = BudgetSpec(budget, tokens).average(int(prompt_tokens))  # type: ignore[arg-type]
     total = len(weights) * average
     budgets = scale_to_total([float(w) for w in weights], total, int(min_tokens), int(prompt_tokens), preference)
     return Allocation(
