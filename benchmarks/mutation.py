@@ -100,7 +100,6 @@ RUN_TESTS = (
 )
 MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/allocation/budget.py": tuple(dict.fromkeys(ALLOCATION_TESTS + PER_PROMPT_TESTS)),
-    "ripplekv/allocation/ripplekv_rule.py": ALLOCATION_TESTS,
     "ripplekv/allocation/schedules.py": ALLOCATION_TESTS,
     "ripplekv/allocation/per_prompt.py": PER_PROMPT_TESTS + ("tests/test_per_prompt_press.py",),
     "ripplekv/allocation/cake.py": PER_PROMPT_TESTS,

@@ -33,8 +33,16 @@ from ripplekv.allocation.per_prompt import (
     fill_shares,
     layer_floor,
 )
-from ripplekv.allocation.ripplekv_rule import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig, allocate, normalize_scores
-from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, UniformSchedule
+from ripplekv.allocation.schedules import (
+    DEFAULT_GAMMA,
+    DEFAULT_RATIO,
+    AllocationConfig,
+    ProfileSchedule,
+    PyramidSchedule,
+    UniformSchedule,
+    allocate,
+    normalize_scores,
+)
 from ripplekv.allocation.squeezeattention import (
     DEFAULT_SQUEEZE_P,
     SqueezeAttentionRule,

@@ -277,11 +277,11 @@ def test_allocate_schedules_match_the_presses(profile_path: Path, capsys: pytest
         assert main([*ALLOCATE, "--profile", str(profile_path), "--schedule", schedule, "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         press = make_press(method, budget=0.1, profile=profile_path)
-        assert out["budgets"] == list(press.layer_budgets(2048, 30)), schedule
+        assert out["budgets"] == list(press.layer_budgets(30, 2048)), schedule
         assert sum(out["budgets"]) == 30 * 204
     assert main([*ALLOCATE, "--profile", str(profile_path), "--schedule", "ripplekv-local", "--json"]) == 0
     local = json.loads(capsys.readouterr().out)["budgets"]
-    assert local == list(make_press("ripplekv-local", budget=0.1, profile=profile_path).layer_budgets(2048))
+    assert local == list(make_press("ripplekv-local", budget=0.1, profile=profile_path).layer_budgets(30, 2048))
 
 
 def test_allocate_compare_and_without_profile(profile_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,9 +1,9 @@
 """Per-layer KV-cache budgets: what a budget is, the RippleKV rule, the schedules, the per-prompt rules.
 
 :mod:`~ripplekv.allocation.budget` defines a budget (a kept fraction or a token count, :class:`BudgetSpec`) and its
-integer split over layers; :mod:`~ripplekv.allocation.ripplekv_rule` is the RippleKV rule (paper, 2026);
-:mod:`~ripplekv.allocation.schedules` holds the per-layer budget schedules (uniform/SnapKV, pyramid/PyramidKV,
-profile/RippleKV) that :class:`ripplekv.presses.LayerBudgetPress` applies.
+integer split over layers; :mod:`~ripplekv.allocation.schedules` holds the per-layer budget schedules
+(uniform/SnapKV, pyramid/PyramidKV, profile/RippleKV with the RippleKV rule, paper 2026) that
+:class:`ripplekv.presses.LayerBudgetPress` applies.
 The per-prompt rules (CAKE, SqueezeAttention, DynamicKV, LAVa: :mod:`ripplekv.allocation.cake`,
 ``squeezeattention``, ``dynamickv``, ``lava``) decide budgets from statistics every layer produces during the
 prefill (:mod:`ripplekv.allocation.per_prompt`, :class:`PerPromptSchedule`).
@@ -27,22 +27,20 @@ from ripplekv.allocation.dynamickv import (
 )
 from ripplekv.allocation.lava import LavaRule, LavaStatistic, lava_layer_statistic
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
-from ripplekv.allocation.ripplekv_rule import (
+from ripplekv.allocation.schedules import (
     DEFAULT_CONFIG,
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
     Allocation,
     AllocationConfig,
-    allocate,
-    layer_weights,
-    normalize_scores,
-    validate_scores,
-)
-from ripplekv.allocation.schedules import (
     BudgetSchedule,
     ProfileSchedule,
     PyramidSchedule,
     UniformSchedule,
+    allocate,
+    layer_weights,
+    normalize_scores,
+    validate_scores,
 )
 from ripplekv.allocation.squeezeattention import (
     SqueezeAttentionRule,

@@ -181,9 +181,9 @@ class LayerBudgetAdaPress(BasePress):
         """Average fraction of a ``prompt_tokens``-token prompt removed, for both kinds (``1 - average / prompt``)."""
         return self.layer_press.compression_ratio_for(prompt_tokens)
 
-    def layer_budgets(self, prompt_tokens: int, n_layers: int) -> tuple[int, ...]:
+    def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
         """Average tokens kept per head by each of ``n_layers`` layers (the layer keeps that times its KV heads)."""
-        return self.layer_press.layer_budgets(prompt_tokens, n_layers)
+        return self.layer_press.layer_budgets(n_layers, prompt_tokens)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the schedule (and profile) against the model; enable variable-length attention where layers may differ.

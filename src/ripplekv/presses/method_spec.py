@@ -32,8 +32,7 @@ from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule
 from ripplekv.allocation.lava import LavaRule
 from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA
-from ripplekv.allocation.ripplekv_rule import AllocationConfig
-from ripplekv.allocation.schedules import PyramidSchedule
+from ripplekv.allocation.schedules import AllocationConfig, PyramidSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.profiling.damage_profile import ORACLE_METHOD
 

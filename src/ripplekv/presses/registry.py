@@ -1,16 +1,9 @@
-"""One name per method: ``make_press(name, budget=..., profile=...)`` or ``make_press(name, tokens=..., ...)``.
+"""``make_press``: a method's press by name, built by the method's factory here (the table of methods, what each
+computes and its parameters, is :data:`~ripplekv.presses.method_spec.METHOD_TABLE`).
 
-SnapKV, PyramidKV and RippleKV are one press, :class:`LayerBudgetPress` over SnapKV's scorer, with three
-per-layer budget schedules (uniform, pyramid, profile); they keep the same total number of tokens at a given
-budget. kvpress's own PyramidKVPress stays available as ``pyramidkv-kvpress`` for comparison.
-
-Every method compresses a model's global layers only and leaves sliding-window layers whole (Gemma 3's local
-layers, :mod:`ripplekv.models.layer_types`): the schedules spread the global layers' budget over them, and
-kvpress's own presses are wrapped in :class:`GlobalLayersPress`.
-
-A budget is ``budget=`` (a kept fraction in ``(0, 1]``) or ``tokens=`` (an average token count per layer). The
-methods built on the per-layer schedules take either; kvpress's own presses (:data:`FRACTION_ONLY_METHODS`) are
-configured by a compression ratio and take a fraction only.
+SnapKV, PyramidKV and RippleKV are one press, :class:`LayerBudgetPress`, under three schedules, at the same total.
+kvpress's own presses compress global layers only here (:class:`GlobalLayersPress`: Gemma 3's sliding-window layers
+are left whole, as the schedules leave them).
 """
 
 from __future__ import annotations
@@ -54,6 +47,7 @@ DEFAULT_WINDOW = 64
 
 
 METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
+"""Every method name, in the table's order."""
 
 FRACTION_ONLY_METHODS: tuple[str, ...] = tuple(name for name, m in METHOD_TABLE.items() if not m.takes_tokens)
 """kvpress's own presses: configured by ``compression_ratio``, they take a kept fraction, not ``tokens``."""
@@ -212,47 +206,28 @@ def make_press(
     tokens: int | None = None,
     scorer: ScorerPress | str | None = None,
 ) -> BasePress:
-    """Build the press of a method by name (see :data:`~ripplekv.presses.method_spec.METHOD_TABLE`).
+    """Build the press of a method by name.
 
     Args:
-        name: one of :data:`METHODS`, optionally with its parameters (a method spec,
-            :mod:`ripplekv.presses.method_spec`: ``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``,
-            ``"squeezeattention:p=0.625"``, ``"dynamickv:radio_max=5,window=8"``; each method's parameters are
-            :data:`~ripplekv.presses.method_spec.METHOD_TABLE`), or a
-            :class:`~ripplekv.presses.method_spec.MethodSpec`. The methods are ``full``; ``snapkv``, ``pyramidkv``,
-            ``ripplekv`` and ``ripplekv-local`` (SnapKV's scorer under the uniform, PyramidKV, RippleKV and
-            RippleKV-local-signal budget schedules,
-            all keeping the same total); ``ripplekv-ada`` (the RippleKV budgets allocated over heads as AdaKV does,
-            :class:`~ripplekv.presses.layer_budget_ada_press.LayerBudgetAdaPress`; with a uniform schedule that
-            press keeps what ``adakv`` keeps); ``ripplekv-oracle`` (the RippleKV rule over a *damage* profile
-            written by ``ripplekv analyze``, passed as ``profile``: see :mod:`ripplekv.profiling.damage_profile`);
-            ``cake``, ``squeezeattention``, ``dynamickv``, ``lava`` and ``lava-layer`` (per-prompt allocators,
-            :mod:`ripplekv.allocation`); ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
-            presses).
-        budget: kept fraction of the prompt in (0, 1] (a value above 1 is an error: use ``tokens``); with
-            neither ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET` (1.0). Ignored by ``full``.
+        name: a method of :data:`~ripplekv.presses.method_spec.METHOD_TABLE` (what each computes), optionally with
+            its parameters (``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``), or a :class:`MethodSpec`.
+        budget: kept fraction of the prompt in (0, 1] (above 1 is an error: use ``tokens``); with neither
+            ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET`.
         profile: sensitivity profile, or the path of its JSON file; required by the ``ripplekv`` methods
-            (``ripplekv-oracle``: a damage profile).
-        window_size: SnapKV observation window (every method with SnapKV's scorer, AdaKV).
-        ratio: RippleKV disparity ``r`` (the ``ripplekv`` methods; the same as ``r=`` in ``name``, and an error
-            when both are given with different values).
-        gamma: RippleKV clip bound (likewise ``gamma=`` in ``name``).
-        strict_profile: a profile measured on other weights than the model's (its weights fingerprint differs) is
-            an error instead of a warning (see :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
-        tokens: instead of ``budget``, the average number of tokens kept per layer (an integer ``>= 1``; keyword
-            only). Taken by every method but kvpress's own presses (:data:`FRACTION_ONLY_METHODS`); validated, then
-            ignored, by ``full``.
-        scorer: the token scorer (any kvpress ``ScorerPress``, or a name of
-            :data:`~ripplekv.presses.scorers.SCORERS` built with ``window_size``; keyword only) of every method
-            built on a scorer: the schedules (``snapkv``, ``pyramidkv``, ``ripplekv``, ``ripplekv-local``,
-            ``ripplekv-oracle``, the per-prompt ``cake``, ``squeezeattention``, ``dynamickv``, ``lava``), ``adakv``
-            and ``ripplekv-ada``. Default SnapKV with ``window_size``. ``streamingllm``, ``pyramidkv-kvpress`` and
-            ``full`` take none. Each press gets its own copy, so one scorer can build many presses.
+            (``ripplekv-oracle``: a damage profile written by ``ripplekv analyze``).
+        window_size: SnapKV's observation window (the default scorer's, PyramidKV's, kvpress's presses').
+        ratio: RippleKV's disparity ``r``, as ``r=`` in ``name`` (both given and different: an error).
+        gamma: RippleKV's clip bound, as ``gamma=`` in ``name``.
+        strict_profile: a profile of other weights than the model's is an error instead of a warning.
+        tokens: instead of ``budget``, the average number of tokens kept per layer (keyword only; not taken by
+            :data:`FRACTION_ONLY_METHODS`).
+        scorer: the token scorer of a method built on one (any kvpress ``ScorerPress``, or a name of
+            :data:`~ripplekv.presses.scorers.SCORERS`; keyword only; not taken by :data:`METHODS_WITHOUT_SCORER`);
+            default SnapKV with ``window_size``. Each press gets its own copy.
 
     Raises:
-        ValueError: for an unknown name or parameter, a parameter out of its method's range, a bad budget or
-            window, both ``budget`` and ``tokens``, ``tokens`` for one of :data:`FRACTION_ONLY_METHODS`, or a
-            missing profile.
+        ValueError: for an unknown name or parameter, a bad value, budget or window, ``tokens`` for a
+            fraction-only method, or a missing profile.
         TypeError: if ``profile`` is neither a :class:`SensitivityProfile`, a path nor ``None``.
     """
     method = parse_method(name, **_ripple_overrides(name, ratio, gamma))

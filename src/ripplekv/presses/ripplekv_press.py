@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.ripplekv_rule import DEFAULT_GAMMA, DEFAULT_RATIO
-from ripplekv.allocation.schedules import ProfileSchedule
+from ripplekv.allocation.schedules import DEFAULT_GAMMA, DEFAULT_RATIO, ProfileSchedule
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.profiling.profile import SensitivityProfile
 
@@ -43,7 +42,7 @@ class RippleKVPress(LayerBudgetPress):
 
     A :class:`LayerBudgetPress` whose schedule, built once here, is the :class:`ProfileSchedule` of a profile's
     per-layer scores (``w_l = ratio ** s_l`` clipped to ``[1/gamma, gamma]``, rescaled to the global budget:
-    :mod:`ripplekv.allocation.ripplekv_rule`). Token selection is the scorer's; no extra model pass is run. On a
+    :func:`ripplekv.allocation.allocate`). Token selection is the scorer's; no extra model pass is run. On a
     model with sliding-window layers the global layers' scores are used. Applying the press checks the profile
     against the model.
 
@@ -87,10 +86,6 @@ class RippleKVPress(LayerBudgetPress):
         budget = DEFAULT_BUDGET if self.budget is None and self.tokens is None else self.budget
         self.schedule = ProfileSchedule(budget, scores, self.ratio, self.gamma, tokens=self.tokens)
         super().__post_init__()
-
-    def layer_budgets(self, prompt_tokens: int, n_layers: int | None = None) -> tuple[int, ...]:
-        """:meth:`LayerBudgetPress.layer_budgets`, ``n_layers`` defaulting to the number of scores."""
-        return super().layer_budgets(prompt_tokens, len(self.schedule.scores) if n_layers is None else n_layers)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the profile against ``model``, then :meth:`LayerBudgetPress.post_init_from_model`."""

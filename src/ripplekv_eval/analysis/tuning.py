@@ -382,7 +382,7 @@ class TuneRunner:
             groups: dict[tuple[int, ...], list[str]] = {}
             for candidate in self.config.candidates:
                 press = self.presses[candidate.key, float(budget)]
-                groups.setdefault(press.layer_budgets(len(prefix), self.n_layers), []).append(candidate.key)
+                groups.setdefault(press.layer_budgets(self.n_layers, len(prefix)), []).append(candidate.key)
             rivals: dict[Any, list[str]] = {}
             for spec in self.config.method_candidates:
                 key = spec.canonical()
