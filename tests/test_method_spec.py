@@ -262,3 +262,18 @@ def test_a_parameter_of_a_dataclass_has_its_fields_kind_and_default() -> None:
                 assert param.default == field.default and param.kind.__name__ == field.type, (method, param)
     assert parse_method("ripplekv:r=8").config(AllocationConfig) == AllocationConfig(ratio=8.0)
     assert parse_method("pyramidkv").values == {"beta": PyramidSchedule.beta}
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "replacement"),
+    [
+        ("ripplekv.presses.method_spec", "METHOD_PARAMS", "METHOD_TABLE[name].params"),
+        ("ripplekv.presses.descriptions", "METHOD_DESCRIPTIONS", "METHOD_TABLE[name].description"),
+        ("ripplekv.presses", "METHOD_DESCRIPTIONS", "METHOD_TABLE[name].description"),
+    ],
+)
+def test_removed_tables_point_to_the_method_table(module: str, name: str, replacement: str) -> None:
+    import re
+
+    with pytest.raises(ImportError, match=re.escape(replacement)):
+        exec(f"from {module} import {name}", {})

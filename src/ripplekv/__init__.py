@@ -43,7 +43,7 @@ _REMOVED = {"allocate_budgets": "ripplekv.allocate(scores, ...).budgets"}
 def __getattr__(name: str) -> Any:
     """Import a public name's module on first use."""
     if name in _REMOVED:
-        raise AttributeError(f"ripplekv.{name} is gone: use {_REMOVED[name]}")
+        raise ImportError(f"ripplekv.{name} is gone: use {_REMOVED[name]}")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'ripplekv' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -92,11 +92,11 @@ REMOVED: dict[str, str] = {
     "kept_ratio": "compression_ratio_keeping",
     "resolve_average_budget": "BudgetSpec(budget, tokens).average(prompt_tokens)",
 }
-"""Names this package had, and what replaces each (an ``AttributeError`` says so)."""
+"""Names this package had, and what replaces each (an ``ImportError``, which ``from ... import`` passes on)."""
 
 
 def __getattr__(name: str) -> Any:
-    """Raise ``AttributeError``, naming the replacement of a removed name."""
+    """Raise ``ImportError`` naming the replacement of a removed name; ``AttributeError`` for any other."""
     if name in REMOVED:
-        raise AttributeError(f"ripplekv.allocation.{name} is gone: use {REMOVED[name]}")
+        raise ImportError(f"ripplekv.allocation.{name} is gone: use {REMOVED[name]}")
     raise AttributeError(f"module 'ripplekv.allocation' has no attribute {name!r}")

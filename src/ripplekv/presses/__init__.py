@@ -32,7 +32,7 @@ def __getattr__(name: str) -> Any:
         name: the attribute looked up on the package.
     """
     if name == "METHOD_DESCRIPTIONS":
-        raise AttributeError("ripplekv.presses.METHOD_DESCRIPTIONS is gone: use METHOD_TABLE[name].description")
+        raise ImportError("ripplekv.presses.METHOD_DESCRIPTIONS is gone: use METHOD_TABLE[name].description")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'ripplekv.presses' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

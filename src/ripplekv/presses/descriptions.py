@@ -44,3 +44,13 @@ def describe_method(name: str) -> str:
         return name
     params = name.partition(PARAM_SEPARATOR)[2]
     return f"{method.description}, with {params.replace(',', ', ')}" if params else method.description
+
+
+def __getattr__(name: str) -> object:
+    """Name the replacement of a removed name (an ``ImportError``, which ``from ... import`` passes on)."""
+    if name == "METHOD_DESCRIPTIONS":
+        raise ImportError(
+            "ripplekv.presses.descriptions.METHOD_DESCRIPTIONS is gone: use "
+            "ripplekv.presses.method_spec.METHOD_TABLE[name].description"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -427,3 +427,12 @@ def expand_grid(text: str) -> list[MethodSpec]:
         spec = parse_method(f"{head}{PARAM_SEPARATOR}" + ",".join(f"{k}={v}" for k, v in zip(keys, combo)))
         specs.setdefault(spec.canonical(), spec)
     return list(specs.values())
+
+
+def __getattr__(name: str) -> object:
+    """Name the replacement of a removed name (an ``ImportError``, which ``from ... import`` passes on)."""
+    if name == "METHOD_PARAMS":
+        raise ImportError(
+            "ripplekv.presses.method_spec.METHOD_PARAMS is gone: use METHOD_TABLE[name].params (and .check)"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
