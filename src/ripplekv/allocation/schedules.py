@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
@@ -77,9 +77,9 @@ class BudgetSchedule(ABC):
         object.__setattr__(self, "budget", spec.budget)
         object.__setattr__(self, "tokens", spec.tokens)
 
-    @property
+    @cached_property
     def spec(self) -> BudgetSpec:
-        """The budget as a :class:`~ripplekv.allocation.budget.BudgetSpec`."""
+        """The budget as a :class:`~ripplekv.allocation.budget.BudgetSpec` (built once per schedule)."""
         return BudgetSpec(self.budget, self.tokens)
 
     def average(self, prompt_tokens: int) -> int:

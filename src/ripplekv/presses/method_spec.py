@@ -236,6 +236,7 @@ METHOD_TABLE: dict[str, Method] = {
     "dynamickv": Method(
         "SnapKV scorer, DynamicKV budgets per prompt (global top-k of window attention over layers)",
         "build_dynamickv",
+        # radio_max is the authors' (misspelt) name, kept: the specs of committed runs use it
         (*(Param.of(DynamicKVRule, n) for n in ("radio_max", "update_interval", "kernel_size", "pooling")), _WINDOW),
     ),
     "lava": Method(
