@@ -99,9 +99,7 @@ RUN_TESTS = (
     *RELATIONS,
 )
 MODULES: dict[str, tuple[str, ...]] = {
-    "ripplekv/allocation/apportion.py": PER_PROMPT_TESTS + ("tests/test_allocation.py",),
-    "ripplekv/allocation/budgets.py": ALLOCATION_TESTS,
-    "ripplekv/allocation/budget_spec.py": ALLOCATION_TESTS,
+    "ripplekv/allocation/budget.py": tuple(dict.fromkeys(ALLOCATION_TESTS + PER_PROMPT_TESTS)),
     "ripplekv/allocation/schedules.py": ALLOCATION_TESTS,
     "ripplekv/allocation/per_prompt.py": PER_PROMPT_TESTS + ("tests/test_per_prompt_press.py",),
     "ripplekv/allocation/cake.py": PER_PROMPT_TESTS,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpress import AdaKVPress, SnapKVPress
 
-from ripplekv.allocation import ProfileSchedule, TokenBudgetError, UniformSchedule, resolve_average_budget
+from ripplekv.allocation import BudgetSpec, ProfileSchedule, TokenBudgetError, UniformSchedule
 from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
@@ -61,7 +61,7 @@ def test_uniform_schedule_masks_what_kvpress_adakv_masks(arch: str, budget: floa
     ours = prefill(model, ids, _ada(UniformSchedule(budget), alpha, evict_balanced=False))
     assert layer_lengths(ours.cache) == [100] * LAYERS  # masked, not evicted, as kvpress does
     assert _masked(ours) == _masked(theirs) and len(_masked(ours)) == LAYERS
-    assert kept_tokens(ours) == kept_tokens(theirs) == [resolve_average_budget(budget, 100)] * LAYERS
+    assert kept_tokens(ours) == kept_tokens(theirs) == [BudgetSpec(budget).average(100)] * LAYERS
     assert greedy_decode(model, ours, 6, set()) == greedy_decode(model, theirs, 6, set())
 
 
@@ -88,8 +88,8 @@ def test_profile_schedule_keeps_the_layer_budgets_head_wise(arch: str) -> None:
     schedule = ProfileSchedule(0.3, SCORES, ratio=8.0, gamma=3.0)
     press = _ada(schedule, alpha=0.2)
     state = prefill(model, random_ids(n, seed=5), press)
-    budgets = list(press.layer_budgets(n, LAYERS))
-    assert budgets == list(LayerBudgetPress(SnapKVPress(window_size=WINDOW), schedule).layer_budgets(n, LAYERS))
+    budgets = list(press.layer_budgets(LAYERS, n))
+    assert budgets == list(LayerBudgetPress(SnapKVPress(window_size=WINDOW), schedule).layer_budgets(LAYERS, n))
     assert len(set(budgets)) > 1  # the profile really changed the per-layer budgets
     assert sum(budgets) == LAYERS * int(n * 0.3)  # SnapKV's total
     assert kept_tokens(state) == budgets
@@ -105,7 +105,7 @@ def test_safeguard_is_respected_and_binds() -> None:
     model = enable_varlen_attention(tiny_model("llama", layers=LAYERS))
     ids, n = random_ids(120, seed=11), 120
     schedule = ProfileSchedule(0.2, SCORES, ratio=8.0, gamma=3.0)
-    budgets = _ada(schedule).layer_budgets(n, LAYERS)
+    budgets = _ada(schedule).layer_budgets(LAYERS, n)
 
     def smallest_heads(alpha: float) -> list[int]:
         state = prefill(model, ids, _ada(schedule, alpha))
@@ -139,7 +139,7 @@ def test_balanced_heads_are_evicted_physically() -> None:
     evicted = prefill(model, ids, _ada(schedule, alpha=1.0))  # alpha 1: every head keeps its uniform share
     masked = prefill(model, ids, _ada(schedule, alpha=1.0, evict_balanced=False))
     full = prefill(model, ids)
-    budgets = list(_ada(schedule).layer_budgets(90, LAYERS))
+    budgets = list(_ada(schedule).layer_budgets(LAYERS, 90))
     assert layer_lengths(evicted.cache) == kept_tokens(evicted) == kept_tokens(masked) == budgets
     assert not _masked(evicted)
     for layer, budget in enumerate(budgets):
@@ -168,7 +168,7 @@ def test_ripplekv_ada_through_a_shared_prefill() -> None:
     record = record_prefill(model, ids)
     derived, _ = derived_prefill(record, press)
     direct = prefill(model, ids, press)
-    assert kept_tokens(derived) == kept_tokens(direct) == list(ripple.layer_budgets(96, 3))
+    assert kept_tokens(derived) == kept_tokens(direct) == list(ripple.layer_budgets(3, 96))
     assert sum(kept_tokens(derived)) == 3 * int(96 * 0.25)
     assert _masked(derived) == _masked(direct)
     tokens = greedy_decode(model, direct, 6, set())
@@ -261,9 +261,9 @@ def test_layer_budgets_follow_the_profile_schedule(
     schedule = ProfileSchedule(budget, tuple(scores), ratio, gamma)
     layers = len(scores)
     ada = _ada(schedule)
-    budgets = ada.layer_budgets(prompt, layers)
-    assert budgets == LayerBudgetPress(SnapKVPress(window_size=WINDOW), schedule).layer_budgets(prompt, layers)
-    assert sum(budgets) == layers * resolve_average_budget(budget, prompt)  # SnapKV's total
+    budgets = ada.layer_budgets(layers, prompt)
+    assert budgets == LayerBudgetPress(SnapKVPress(window_size=WINDOW), schedule).layer_budgets(layers, prompt)
+    assert sum(budgets) == layers * BudgetSpec(budget).average(prompt)  # SnapKV's total
     assert all(1 <= b <= prompt for b in budgets)
-    uniform = replace(ada, schedule=UniformSchedule(budget)).layer_budgets(prompt, layers)
-    assert uniform == (resolve_average_budget(budget, prompt),) * layers  # kvpress AdaKV's per-layer count
+    uniform = replace(ada, schedule=UniformSchedule(budget)).layer_budgets(layers, prompt)
+    assert uniform == (BudgetSpec(budget).average(prompt),) * layers  # kvpress AdaKV's per-layer count

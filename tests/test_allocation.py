@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -19,14 +20,12 @@ from ripplekv.allocation import (
     AllocationConfig,
     BudgetSpec,
     TokenBudgetError,
+    UniformSchedule,
     allocate,
-    allocate_budgets,
     budget_value,
-    check_budget,
-    kept_ratio,
+    compression_ratio_keeping,
     layer_weights,
     normalize_scores,
-    resolve_average_budget,
     scale_to_total,
 )
 
@@ -52,13 +51,13 @@ min_token_counts = st.integers(min_value=0, max_value=128)
 
 
 def alloc(scores, budget, prompt_tokens, config=DEFAULT_CONFIG, min_tokens=1):
-    """``allocate_budgets`` with a drawn budget (``{"budget": f}`` or ``{"tokens": n}``)."""
-    return allocate_budgets(scores, prompt_tokens=prompt_tokens, config=config, min_tokens=min_tokens, **budget)
+    """``allocate(...).budgets`` with a drawn budget (``{"budget": f}`` or ``{"tokens": n}``)."""
+    return list(allocate(scores, prompt_tokens=prompt_tokens, config=config, min_tokens=min_tokens, **budget).budgets)
 
 
 def average_of(budget, prompt_tokens):
-    """``resolve_average_budget`` of a drawn budget."""
-    return resolve_average_budget(prompt_tokens=prompt_tokens, **budget)
+    """The average of a drawn budget."""
+    return BudgetSpec(**budget).average(prompt_tokens)
 
 
 def effective_floor(n_layers: int, average: int, prompt_tokens: int, min_tokens: int) -> int:
@@ -212,7 +211,7 @@ def test_invariant_to_affine_rescaling(scores, scale, shift, budget, prompt_toke
 
 @PROPERTY
 @given(budgets, prompt_lengths)
-def test_resolve_average_budget_range(budget, prompt_tokens):
+def test_budget_average_range(budget, prompt_tokens):
     average = average_of(budget, prompt_tokens)
     assert isinstance(average, int)
     assert 1 <= average <= prompt_tokens
@@ -234,7 +233,7 @@ def test_hand_computed_example():
     config = AllocationConfig(ratio=4.0, gamma=10.0)
     np.testing.assert_array_equal(layer_weights([0.0, 1.0], config), [1.0, 4.0])
     # B = 2 * int(100 * 0.5) = 100, shares 100 * [1, 4] / 5 = [20, 80].
-    assert allocate_budgets([0.0, 1.0], 0.5, 100, config) == [20, 80]
+    assert list(allocate([0.0, 1.0], 0.5, 100, config).budgets) == [20, 80]
 
 
 def test_cap_redistributes_the_excess():
@@ -242,35 +241,35 @@ def test_cap_redistributes_the_excess():
     # at 100 and the other 80 tokens are shared 1 : 2 = [26.67, 53.33] -> floors [26, 53] + 1 leftover token to
     # the larger remainder (layer 0).
     config = AllocationConfig(ratio=4.0, gamma=10.0)
-    assert allocate_budgets([0.0, 0.5, 1.0], 0.6, 100, config) == [27, 53, 100]
+    assert list(allocate([0.0, 0.5, 1.0], 0.6, 100, config).budgets) == [27, 53, 100]
     # Two layers: shares [32, 128] -> [60, 100].
-    assert allocate_budgets([0.0, 1.0], 0.8, 100, config) == [60, 100]
+    assert list(allocate([0.0, 1.0], 0.8, 100, config).budgets) == [60, 100]
 
 
 def test_floor_redistributes_the_deficit():
     # weights [1, 10]; B = 20; shares [1.8, 18.2]; the floor of 5 lifts layer 0, layer 1 gets the rest.
     config = AllocationConfig(ratio=10.0, gamma=10.0)
-    assert allocate_budgets([0.0, 1.0], None, 1000, config, min_tokens=5, tokens=10) == [5, 15]
-    assert allocate_budgets([0.0, 1.0], prompt_tokens=1000, config=config, min_tokens=0, tokens=10) == [2, 18]
+    assert list(allocate([0.0, 1.0], None, 1000, config, min_tokens=5, tokens=10).budgets) == [5, 15]
+    assert list(allocate([0.0, 1.0], prompt_tokens=1000, config=config, min_tokens=0, tokens=10).budgets) == [2, 18]
     # A floor above the average (50 > 10) cannot hold for every layer: it is lowered to B // L = 10.
-    assert allocate_budgets([0.0, 1.0], prompt_tokens=1000, config=config, min_tokens=50, tokens=10) == [10, 10]
+    assert list(allocate([0.0, 1.0], prompt_tokens=1000, config=config, min_tokens=50, tokens=10).budgets) == [10, 10]
 
 
 def test_rounding_tie_breaks():
     # weights [1, 1, 2], B = 6: shares [1.5, 1.5, 3]; equal weights -> lower layer index gets the token.
-    assert allocate_budgets([0.0, 0.0, 1.0], prompt_tokens=100, config=AllocationConfig(2.0, 10.0), tokens=2) == [
+    assert list(allocate([0.0, 0.0, 1.0], prompt_tokens=100, config=AllocationConfig(2.0, 10.0), tokens=2).budgets) == [
         2,
         1,
         3,
     ]
     # weights [1, 3], B = 2: shares [0.5, 1.5]; equal remainders -> the larger weight gets the token.
     config = AllocationConfig(ratio=3.0, gamma=10.0)
-    assert allocate_budgets([0.0, 1.0], 0.1, 10, config, min_tokens=0) == [0, 2]
-    assert allocate_budgets([1.0, 0.0], 0.1, 10, config, min_tokens=0) == [2, 0]
+    assert list(allocate([0.0, 1.0], 0.1, 10, config, min_tokens=0).budgets) == [0, 2]
+    assert list(allocate([1.0, 0.0], 0.1, 10, config, min_tokens=0).budgets) == [2, 0]
     # weights clipped to the same value 2 (ratio 16, gamma 2): the higher score wins the tie, not the index.
     clipped = AllocationConfig(ratio=16.0, gamma=2.0)
     np.testing.assert_array_equal(layer_weights([0.0, 0.9, 0.8, 1.0], clipped)[1:], [2.0, 2.0, 2.0])
-    result = allocate_budgets([0.0, 0.9, 0.8, 1.0], 0.1, 100, clipped)
+    result = list(allocate([0.0, 0.9, 0.8, 1.0], 0.1, 100, clipped).budgets)
     assert sum(result) == 4 * 9 and result[3] >= result[1] >= result[2]  # 10% of 100 is 9 (kvpress rounding)
 
 
@@ -278,7 +277,7 @@ def test_weights_clip_and_inverse_ratio():
     np.testing.assert_allclose(layer_weights([0, 1, 2], AllocationConfig(4.0, 10.0)), [1, 2, 4])
     np.testing.assert_allclose(layer_weights([0, 1, 2], AllocationConfig(16.0, 2.0)), [1, 2, 2])
     np.testing.assert_allclose(layer_weights([0, 1, 2], AllocationConfig(0.25, 2.0)), [1, 0.5, 0.5])
-    assert allocate_budgets([0.0, 1.0], 0.5, 100, AllocationConfig(0.25, 10.0)) == [80, 20]
+    assert list(allocate([0.0, 1.0], 0.5, 100, AllocationConfig(0.25, 10.0)).budgets) == [80, 20]
 
 
 def test_normalize_extreme_scores():
@@ -287,44 +286,44 @@ def test_normalize_extreme_scores():
     np.testing.assert_array_equal(normalize_scores([2.0, 4.0, 3.0]), [0.0, 1.0, 0.5])
 
 
-def test_resolve_average_budget_examples():
-    assert resolve_average_budget(0.1, 1000) == 99  # int(1000 * (1 - 0.9)), as kvpress keeps
-    assert resolve_average_budget(0.5, 1000) == 500
-    assert resolve_average_budget(0.1, 100) == 9  # as kvpress: int(100 * (1 - 0.9)) == 9
-    assert resolve_average_budget(0.001, 10) == 1  # never below one token
-    assert resolve_average_budget(1, 37) == 37  # 1 is the fraction 100%
-    assert resolve_average_budget(1.0, 37) == 37
-    assert resolve_average_budget(prompt_tokens=37, tokens=1) == 1  # one token per layer: never read as 100%
-    assert resolve_average_budget(prompt_tokens=1000, tokens=2) == 2
-    assert resolve_average_budget(None, 1000, tokens=512) == 512
-    assert resolve_average_budget(prompt_tokens=100, tokens=512) == 100  # capped at the prompt
-    assert resolve_average_budget(prompt_tokens=100, tokens=np.int64(512)) == 100
+def test_budget_average_examples():
+    assert BudgetSpec(0.1).average(1000) == 99  # int(1000 * (1 - 0.9)), as kvpress keeps
+    assert BudgetSpec(0.5).average(1000) == 500
+    assert BudgetSpec(0.1).average(100) == 9  # as kvpress: int(100 * (1 - 0.9)) == 9
+    assert BudgetSpec(0.001).average(10) == 1  # never below one token
+    assert BudgetSpec(1).average(37) == 37  # 1 is the fraction 100%
+    assert BudgetSpec(1.0).average(37) == 37
+    assert BudgetSpec(tokens=1).average(37) == 1  # one token per layer: never read as 100%
+    assert BudgetSpec(tokens=2).average(1000) == 2
+    assert BudgetSpec(None, 512).average(1000) == 512
+    assert BudgetSpec(tokens=512).average(100) == 100  # capped at the prompt
+    assert BudgetSpec(tokens=np.int64(512)).average(100) == 100
 
 
 @pytest.mark.parametrize("budget", [0, 0.0, -1, -0.5, 1.5, 512.5, math.nan, math.inf, -math.inf, "0.5", True])
 def test_invalid_budget(budget):
     with pytest.raises(ValueError, match="budget"):
-        resolve_average_budget(budget, 100)
+        BudgetSpec(budget).average(100)
     with pytest.raises(ValueError, match="budget"):
-        allocate_budgets([0.0, 1.0], budget, 100)
+        list(allocate([0.0, 1.0], budget, 100).budgets)
 
 
 @pytest.mark.parametrize("budget", [2, 512, 512.0, 1.0000001, np.float64(512.0)])
 def test_budget_above_one_points_to_tokens(budget):
     """A value above 1 is never read as a token count: the error says to use tokens=."""
     with pytest.raises(ValueError, match=r"above 1.*tokens="):
-        resolve_average_budget(budget, 1000)
+        BudgetSpec(budget).average(1000)
     with pytest.raises(ValueError, match=r"above 1.*tokens="):
         allocate([0.0, 1.0], budget, 1000)
 
 
 def test_budget_and_tokens_exactly_one():
     with pytest.raises(ValueError, match="not both"):
-        allocate_budgets([0.0, 1.0], 0.5, 100, tokens=10)
+        list(allocate([0.0, 1.0], 0.5, 100, tokens=10).budgets)
     with pytest.raises(ValueError, match="no budget given"):
-        allocate_budgets([0.0, 1.0], prompt_tokens=100)
+        list(allocate([0.0, 1.0], prompt_tokens=100).budgets)
     with pytest.raises(ValueError, match="no budget given"):
-        resolve_average_budget(None, 100)
+        BudgetSpec(None).average(100)
 
 
 # ------------------------------------------------------------------------------- BudgetSpec, at each boundary
@@ -359,8 +358,8 @@ BOUNDARY_ERRORS = [
 def test_budget_spec_refuses(kwargs, message):
     with pytest.raises(ValueError, match=message):
         BudgetSpec(**kwargs)
-    with pytest.raises(ValueError, match=f"^Owner: .*{message}"):
-        check_budget(**kwargs, owner="Owner")
+    with pytest.raises(ValueError, match=f"^UniformSchedule: .*{message}"):
+        UniformSchedule(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -407,18 +406,18 @@ def test_compression_ratio_of_each_kind():
 
 @PROPERTY
 @given(st.integers(1, 100_000).flatmap(lambda n: st.tuples(st.integers(1, n), st.just(n))))
-def test_kept_ratio_round_trips_through_kvpress(pair):
+def test_compression_ratio_keeping_round_trips_through_kvpress(pair):
     kept, total = pair
-    ratio = kept_ratio(kept, total)
+    ratio = compression_ratio_keeping(kept, total)
     assert 0 <= ratio < 1
     assert ratio == pytest.approx(1 - kept / total, abs=1e-12)
     assert compute_n_kept(total, ratio) == kept
 
 
 @pytest.mark.parametrize(("kept", "total"), [(0, 10), (11, 10), (1, 0), (1.0, 10), (True, 10)])
-def test_kept_ratio_refuses(kept, total):
+def test_compression_ratio_keeping_refuses(kept, total):
     with pytest.raises(ValueError):
-        kept_ratio(kept, total)
+        compression_ratio_keeping(kept, total)
 
 
 def test_budget_values_of_rows():
@@ -441,19 +440,19 @@ def test_budget_values_of_rows():
 
 def test_nan_budget_message():
     with pytest.raises(ValueError, match="NaN"):
-        resolve_average_budget(math.nan, 100)
+        BudgetSpec(math.nan).average(100)
 
 
 @pytest.mark.parametrize("prompt_tokens", [0, -3, 1.5, 10.0, True, None])
 def test_invalid_prompt_tokens(prompt_tokens):
     with pytest.raises(ValueError, match="prompt_tokens"):
-        resolve_average_budget(0.5, prompt_tokens)
+        BudgetSpec(0.5).average(prompt_tokens)
 
 
 @pytest.mark.parametrize("min_tokens", [-1, 1.5, None, True])
 def test_invalid_min_tokens(min_tokens):
     with pytest.raises(ValueError, match="min_tokens"):
-        allocate_budgets([0.0, 1.0], 0.5, 100, min_tokens=min_tokens)
+        list(allocate([0.0, 1.0], 0.5, 100, min_tokens=min_tokens).budgets)
 
 
 @pytest.mark.parametrize("ratio", [0, 0.0, -1.0, math.nan, math.inf, "4", True])
@@ -470,7 +469,7 @@ def test_invalid_gamma(gamma):
 
 def test_nan_score():
     with pytest.raises(ValueError, match=r"layer 2 is NaN"):
-        allocate_budgets([0.0, 1.0, math.nan, 2.0], 0.5, 100)
+        list(allocate([0.0, 1.0, math.nan, 2.0], 0.5, 100).budgets)
     with pytest.raises(ValueError, match="NaN"):
         layer_weights([math.nan], AllocationConfig())
 
@@ -478,13 +477,13 @@ def test_nan_score():
 @pytest.mark.parametrize("bad", [math.inf, -math.inf])
 def test_infinite_score(bad):
     with pytest.raises(ValueError, match=r"layer 1 .*non-finite"):
-        allocate_budgets([0.0, bad], 0.5, 100)
+        list(allocate([0.0, bad], 0.5, 100).budgets)
 
 
 @pytest.mark.parametrize("scores", [[], (), np.array([]), np.zeros((2, 2)), ["a", "b"]])
 def test_malformed_scores(scores):
     with pytest.raises(ValueError, match="scores"):
-        allocate_budgets(scores, 0.5, 100)
+        list(allocate(scores, 0.5, 100).budgets)
     with pytest.raises(ValueError, match="scores"):
         layer_weights(scores, AllocationConfig())
 
@@ -517,8 +516,8 @@ def test_defaults_and_allocation_record():
 
 
 def test_single_layer_gets_the_average():
-    assert allocate_budgets([7.0], 0.25, 999) == [249]
-    assert allocate_budgets([7.0], prompt_tokens=999, tokens=4096) == [999]
+    assert list(allocate([7.0], 0.25, 999).budgets) == [249]
+    assert list(allocate([7.0], prompt_tokens=999, tokens=4096).budgets) == [999]
 
 
 # ----------------------------------------------------------------------------------------- scale_to_total
@@ -563,3 +562,18 @@ def test_scale_to_total_examples_and_errors():
     for name, args in (("total", (-1, 0, 10)), ("floor", (4, 1.5, 10)), ("cap", (4, 0, None))):
         with pytest.raises(ValueError, match=f"{name} must be an integer >= 0"):
             scale_to_total([1.0, 1.0], *args)
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "replacement"),
+    [
+        ("ripplekv.allocation", "kept_ratio", "compression_ratio_keeping"),
+        ("ripplekv.allocation", "check_budget", "BudgetSpec(budget, tokens)"),
+        ("ripplekv.allocation", "resolve_average_budget", "BudgetSpec(budget, tokens).average(prompt_tokens)"),
+        ("ripplekv.allocation", "allocate_budgets", "allocate(scores, ...).budgets"),
+        ("ripplekv", "allocate_budgets", "ripplekv.allocate(scores, ...).budgets"),
+    ],
+)
+def test_removed_names_point_to_their_replacement(module, name, replacement):
+    with pytest.raises(ImportError, match=re.escape(f"use {replacement}")):
+        exec(f"from {module} import {name}", {})

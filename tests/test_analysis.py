@@ -226,7 +226,7 @@ def test_damage_profile_round_trip_and_oracle_press(tmp_path: Path) -> None:
     press = make_press(ORACLE_METHOD, budget=0.2, profile=tmp_path / "damage.json", window_size=WINDOW)
     assert isinstance(press, RippleKVPress)
     expected = ProfileSchedule(0.2, loaded.scores).layer_budgets(LAYERS, 200, WINDOW)
-    assert press.layer_budgets(200, LAYERS) == expected and expected[1] == max(expected)
+    assert press.layer_budgets(LAYERS, 200) == expected and expected[1] == max(expected)
     sensitivity = replace(loaded, extra={})
     assert not is_damage_profile(sensitivity)
     with pytest.raises(ValueError, match="needs a damage profile .* got a sensitivity profile"):

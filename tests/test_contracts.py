@@ -22,15 +22,7 @@ from transformers import DynamicCache
 
 import ripplekv.allocation.dynamickv as dynamickv
 import ripplekv.allocation.squeezeattention as squeezeattention
-from ripplekv.allocation.budgets import (
-    DEFAULT_GAMMA,
-    DEFAULT_RATIO,
-    AllocationConfig,
-    BudgetSpec,
-    allocate,
-    kept_ratio,
-    normalize_scores,
-)
+from ripplekv.allocation.budget import BudgetSpec, compression_ratio_keeping
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, global_topk_counts
 from ripplekv.allocation.lava import LavaRule, lava_layer_statistic
@@ -41,7 +33,16 @@ from ripplekv.allocation.per_prompt import (
     fill_shares,
     layer_floor,
 )
-from ripplekv.allocation.schedules import ProfileSchedule, PyramidSchedule, UniformSchedule
+from ripplekv.allocation.schedules import (
+    DEFAULT_GAMMA,
+    DEFAULT_RATIO,
+    AllocationConfig,
+    ProfileSchedule,
+    PyramidSchedule,
+    UniformSchedule,
+    allocate,
+    normalize_scores,
+)
 from ripplekv.allocation.squeezeattention import (
     DEFAULT_SQUEEZE_P,
     SqueezeAttentionRule,
@@ -128,10 +129,10 @@ def test_allocation_is_frozen() -> None:
         result.total = 0  # type: ignore[misc]
 
 
-def test_kept_ratio_names_a_bad_prompt_length() -> None:
-    """Kills ``or -> and`` in the ``prompt_tokens`` check of :func:`kept_ratio`."""
+def test_compression_ratio_keeping_names_a_bad_prompt_length() -> None:
+    """Kills ``or -> and`` in the ``prompt_tokens`` check of :func:`compression_ratio_keeping`."""
     with pytest.raises(ValueError, match="prompt_tokens must be an integer >= 1, got 0"):
-        kept_ratio(1, 0)
+        compression_ratio_keeping(1, 0)
 
 
 def test_rounding_ties_go_to_the_less_sensitive_layer_when_ratio_is_below_one() -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from kvpress import SnapKVPress
 
-from ripplekv.allocation import resolve_average_budget
+from ripplekv.allocation import BudgetSpec
 from ripplekv.allocation.lava import lava_token_scores
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
 from ripplekv.allocation.per_prompt import PerPromptSchedule
@@ -286,7 +286,7 @@ def test_every_layer_keeps_its_lava_budget_at_snapkvs_total(model: Any, ids: tor
     layer_rule = prefill(model, ids, make_press("lava-layer", budget=BUDGET, window_size=WINDOW, scorer="lava"))
     budgets = layer_lengths(layer_rule.cache)
     assert len(set(budgets)) > 1  # the layer rule does move budgets here
-    assert kept_tokens(state) == budgets and sum(budgets) == LAYERS * resolve_average_budget(BUDGET, PROMPT)
+    assert kept_tokens(state) == budgets and sum(budgets) == LAYERS * BudgetSpec(BUDGET).average(PROMPT)
     for layer, budget in enumerate(budgets):
         counts = _head_counts(state, layer)
         assert sum(counts) == 2 * budget  # unmasked tokens of the layer: its budget in every head on average
@@ -361,7 +361,7 @@ def test_lava_on_smollm2_direct_equals_derived(smollm2: dict[str, Any]) -> None:
     derived, _ = derived_prefill(record_prefill(model, ids), press)
     layer_rule = prefill(model, ids, make_press("lava-layer", budget=0.2, scorer="lava"))
     assert kept_tokens(direct) == kept_tokens(derived) == layer_lengths(layer_rule.cache)
-    assert sum(kept_tokens(direct)) == 30 * resolve_average_budget(0.2, ids.shape[1])  # SnapKV's total
+    assert sum(kept_tokens(direct)) == 30 * BudgetSpec(0.2).average(ids.shape[1])  # SnapKV's total
     assert _masked(direct) == _masked(derived) and len(_masked(direct)) > 10
     for a, b in zip(direct.cache.layers, derived.cache.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

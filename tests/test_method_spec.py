@@ -8,12 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kvpress import KnormPress
 
+from ripplekv.allocation import AllocationConfig, PyramidSchedule
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.cli.args import method_list
 from ripplekv.presses import make_press
-from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS, describe_method
+from ripplekv.presses.descriptions import describe_method
 from ripplekv.presses.method_spec import (
-    METHOD_PARAMS,
+    METHOD_TABLE,
     MethodSpec,
     base_method,
     expand_grid,
@@ -33,10 +34,10 @@ def _profile() -> SensitivityProfile:
 
 
 def test_every_method_declares_its_parameters_and_every_default_is_a_valid_setting() -> None:
-    assert set(METHOD_PARAMS) == set(METHODS)
+    assert set(METHOD_TABLE) == set(METHODS)
     for name in METHODS:
         assert parse_method(name) == MethodSpec(name)
-        assert parse_method(name).values == {p.name: p.default for p in METHOD_PARAMS[name][0]}
+        assert parse_method(name).values == {p.name: p.default for p in METHOD_TABLE[name].params}
 
 
 def test_one_setting_has_one_name() -> None:
@@ -187,8 +188,8 @@ def test_eval_config_stores_canonical_specs_and_refuses_bad_ones() -> None:
 
 
 def test_reports_describe_a_spec_by_its_method_and_parameters() -> None:
-    assert describe_method("cake:tau1=2,tau2=0.5") == METHOD_DESCRIPTIONS["cake"] + ", with tau1=2, tau2=0.5"
-    assert describe_method("cake") == METHOD_DESCRIPTIONS["cake"]
+    assert describe_method("cake:tau1=2,tau2=0.5") == METHOD_TABLE["cake"].description + ", with tau1=2, tau2=0.5"
+    assert describe_method("cake") == METHOD_TABLE["cake"].description
     assert describe_method("unknown:x=1") == "unknown:x=1"
 
 
@@ -231,3 +232,48 @@ def test_a_statistic_window_of_its_own_reads_the_keys_the_selection_chooses_amon
     with torch.no_grad():
         prefill(model, ids, press)
     assert seen == [n - max(press.window, reserve)] * 4  # the prefix before both windows
+
+
+@pytest.mark.parametrize(
+    "committed",
+    [
+        "dynamickv:radio_max=2,window=64",
+        "lava:window=64,floor_alpha=0.1",
+        "lava-layer:window=128",
+        "cake:tau1=8,tau2=2,window=32",
+        "ripplekv:gamma=6",
+        "pyramidkv:beta=5",
+        "squeezeattention:p=0.8",
+    ],
+)
+def test_specs_of_committed_runs_keep_their_names(committed: str) -> None:
+    """Rows of committed runs are keyed by canonical specs: the table's parameter order must keep them."""
+    assert parse_method(committed).canonical() == committed
+
+
+def test_a_parameter_of_a_dataclass_has_its_fields_kind_and_default() -> None:
+    """Parameters and defaults are declared once, on the dataclasses the methods are built from."""
+    import dataclasses
+
+    for method in METHOD_TABLE.values():
+        for param in method.params:
+            if param.owner is not None:
+                field = {f.name: f for f in dataclasses.fields(param.owner)}[param.field or param.name]
+                assert param.default == field.default and param.kind.__name__ == field.type, (method, param)
+    assert parse_method("ripplekv:r=8").config(AllocationConfig) == AllocationConfig(ratio=8.0)
+    assert parse_method("pyramidkv").values == {"beta": PyramidSchedule.beta}
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "replacement"),
+    [
+        ("ripplekv.presses.method_spec", "METHOD_PARAMS", "METHOD_TABLE[name].params"),
+        ("ripplekv.presses.descriptions", "METHOD_DESCRIPTIONS", "METHOD_TABLE[name].description"),
+        ("ripplekv.presses", "METHOD_DESCRIPTIONS", "METHOD_TABLE[name].description"),
+    ],
+)
+def test_removed_tables_point_to_the_method_table(module: str, name: str, replacement: str) -> None:
+    import re
+
+    with pytest.raises(ImportError, match=re.escape(replacement)):
+        exec(f"from {module} import {name}", {})

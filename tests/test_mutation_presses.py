@@ -12,7 +12,7 @@ import pytest
 import torch
 from kvpress import SnapKVPress, StreamingLLMPress
 
-from ripplekv.allocation.budget_spec import TokenBudgetError
+from ripplekv.allocation.budget import TokenBudgetError
 from ripplekv.allocation.lava import LavaRule, lava_token_scores
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
@@ -20,7 +20,7 @@ from ripplekv.models.attention import attention_implementation, supports_per_lay
 from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
 from ripplekv.presses.lava_scorer import LavaScorerPress
-from ripplekv.presses.method_spec import METHOD_PARAMS, parse_method
+from ripplekv.presses.method_spec import METHOD_TABLE, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
 from ripplekv.presses.score_memo import ScoreMemo, scorer_key
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed
@@ -284,7 +284,7 @@ def test_lava_spec_defaults_are_the_rules_and_name_one_setting_one_way(method: s
     """The declared defaults are :class:`LavaRule`'s and :class:`LavaScorerPress`'s (``gqa_support`` True), the
     press built from the bare name has the rule's defaults, and a spec giving a default is the bare name. Seeded bug
     caught: ``gqa_support``'s declared default False."""
-    declared = {p.name: p.default for p in METHOD_PARAMS[method][0]}
+    declared = {p.name: p.default for p in METHOD_TABLE[method].params}
     for name in ("kernel_size", "pooling", "gqa_support"):
         assert declared[name] == getattr(LavaRule(), name) == getattr(LavaScorerPress(), name)
     assert make_press(method, budget=0.5).schedule.rule == LavaRule()
@@ -376,7 +376,7 @@ def test_method_spec_is_frozen_and_hashable() -> None:
 def test_streamingllm_declared_sink_default_is_kvpress() -> None:
     """The declared ``n_sink`` default is kvpress's StreamingLLMPress's (4), the bare name builds it, and a spec
     giving 4 is the bare name. Seeded bug caught: the declared default 5."""
-    declared = {p.name: p.default for p in METHOD_PARAMS["streamingllm"][0]}
+    declared = {p.name: p.default for p in METHOD_TABLE["streamingllm"].params}
     assert declared["n_sink"] == StreamingLLMPress().n_sink == 4
     assert make_press("streamingllm", budget=0.5).press.n_sink == 4
     assert parse_method("streamingllm:n_sink=4").canonical() == "streamingllm"

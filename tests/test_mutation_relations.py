@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from ripplekv.allocation.budgets import AllocationConfig, BudgetSpec, check_budget, kept_ratio
+from ripplekv.allocation import AllocationConfig, BudgetSpec, compression_ratio_keeping
 from ripplekv.inference import extend, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import make_press
@@ -371,26 +371,27 @@ def test_profiling_config_bounds(field: str, accepted: Any, refused: Any) -> Non
 
 def test_allocation_and_budget_bounds() -> None:
     """Seeded bugs caught: ``ratio < 0`` for ``<= 0``, ``gamma <= 1`` for ``< 1``, ``budget > 1`` read as
-    ``>= 1``, ``tokens < 1`` as ``<= 1``, the kept-token range of :func:`kept_ratio` off by one at either end."""
+    ``>= 1``, ``tokens < 1`` as ``<= 1``, the kept-token range of :func:`compression_ratio_keeping` off by one at
+    either end."""
     assert AllocationConfig(ratio=5e-324).ratio == 5e-324
     with pytest.raises(ValueError, match="ratio"):
         AllocationConfig(ratio=0.0)
     assert AllocationConfig(gamma=1.0).gamma == 1.0
     with pytest.raises(ValueError, match="gamma"):
         AllocationConfig(gamma=math.nextafter(1.0, 0.0))
-    assert check_budget(budget=1.0) == BudgetSpec(budget=1.0)
+    assert BudgetSpec(budget=1.0) == BudgetSpec(budget=1.0)
     with pytest.raises(ValueError, match="above 1"):
-        check_budget(budget=math.nextafter(1.0, 2.0))
-    assert check_budget(tokens=1) == BudgetSpec(tokens=1)
+        BudgetSpec(budget=math.nextafter(1.0, 2.0))
+    assert BudgetSpec(tokens=1) == BudgetSpec(tokens=1)
     assert BudgetSpec(tokens=2).value == 2  # the smallest token count with a row value
     with pytest.raises(ValueError, match="tokens must be >= 1"):
-        check_budget(tokens=0)
+        BudgetSpec(tokens=0)
     assert BudgetSpec.from_value(1) == BudgetSpec(budget=1.0)
     assert BudgetSpec.from_value(math.nextafter(0.0, 1.0)) == BudgetSpec(budget=5e-324)
     with pytest.raises(ValueError):
         BudgetSpec.from_value(0.0)
-    assert kept_ratio(1, 10) == pytest.approx(0.9) and kept_ratio(10, 10) == 0.0
-    assert kept_ratio(1, 1) == 0.0
+    assert compression_ratio_keeping(1, 10) == pytest.approx(0.9) and compression_ratio_keeping(10, 10) == 0.0
+    assert compression_ratio_keeping(1, 1) == 0.0
     for kept, total in ((0, 10), (11, 10), (1, 0)):
         with pytest.raises(ValueError):
-            kept_ratio(kept, total)
+            compression_ratio_keeping(kept, total)

@@ -10,8 +10,7 @@ import pytest
 import torch
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress
 
-from ripplekv.allocation import UniformSchedule
-from ripplekv.allocation.budgets import resolve_average_budget
+from ripplekv.allocation import BudgetSpec, UniformSchedule
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule
 from ripplekv.allocation.lava import LavaRule
@@ -58,7 +57,7 @@ class FixedSchedule(BudgetSchedule):
     window_size: int = WINDOW
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
-        total = n_layers * resolve_average_budget(self.budget, prompt_tokens)
+        total = n_layers * BudgetSpec(self.budget).average(prompt_tokens)
         return self.rule.layer_budgets((), n_layers, prompt_tokens, total, self.window_size, floor)
 
 

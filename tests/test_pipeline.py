@@ -69,7 +69,7 @@ def test_pipeline_question_over_a_per_layer_compressed_cache(model_dir: Path, pr
     lengths = layer_lengths(cache)
     n_context = len(tokenizer.encode(tokenizer.bos_token + CONTEXT, add_special_tokens=False))
     # the pipeline removed the answer from the cache: what is left is the compressed context
-    assert lengths == list(press.layer_budgets(n_context, 3))
+    assert lengths == list(press.layer_budgets(3, n_context))
     if method == "snapkv":  # uniform budgets: the model's attention is left as it was
         assert not uses_varlen_attention(model) and len(set(lengths)) == 1
     else:

@@ -27,7 +27,6 @@ from ripplekv.models.cache import cache_tensors, layer_lengths
 from ripplekv.models.identity import cached_weights_fingerprint
 from ripplekv.presses import (
     FRACTION_ONLY_METHODS,
-    METHOD_DESCRIPTIONS,
     METHODS,
     FullPress,
     GlobalLayersPress,
@@ -58,7 +57,7 @@ def test_keeps_exactly_the_allocated_tokens(arch: str) -> None:
     press = RippleKVPress(press=SnapKVPress(window_size=8), budget=0.3, scores=SCORES_4, ratio=8.0, gamma=3.0)
     ids = random_ids(120)
     state = prefill(model, ids, press)
-    expected = list(press.layer_budgets(120))
+    expected = list(press.layer_budgets(4, 120))
     assert layer_lengths(state.cache) == expected
     assert sum(expected) == 4 * int(120 * 0.3)
     assert len(set(expected)) > 1  # the scores really changed the budgets
@@ -126,7 +125,7 @@ def test_press_is_reentrant_and_never_mutates_the_inner_press() -> None:
         state = prefill(small, random_ids(64))
         other = prefill(deep, random_ids(64))
     assert dataclasses.asdict(inner) == before
-    assert layer_lengths(state.cache) == layer_lengths(other.cache) == list(press.layer_budgets(64))
+    assert layer_lengths(state.cache) == layer_lengths(other.cache) == list(press.layer_budgets(4, 64))
     # StreamingLLM scores from its own ratio: scored at each layer's ratio, every layer keeps exactly its budget
     alone = prefill(small, random_ids(64), press)
     assert torch.equal(alone.cache.layers[2].keys, state.cache.layers[2].keys)
@@ -194,7 +193,7 @@ def test_padded_batch_is_refused() -> None:
 )
 def test_padded_batch_is_refused_even_when_layer_0_keeps_every_token(press) -> None:
     """Layer 0 whole means later passes build a padded mask for layer 0 only: the padding must be refused at once."""
-    assert press.layer_budgets(30, 2)[0] == 30
+    assert press.layer_budgets(2, 30)[0] == 30
     model = tiny_model("llama", layers=2)
     ids = random_ids(30).expand(2, 30).clone()
     for side in (slice(0, 5), slice(25, 30)):  # left and right padding
@@ -230,7 +229,8 @@ def test_ripplekv_is_the_profile_schedule_of_layer_budget_press(arch: str) -> No
     ids = random_ids(150, 2)
     ripple = RippleKVPress(SnapKVPress(window_size=8), 0.2, scores=SCORES_4, ratio=6.0, gamma=4.0)
     generic = LayerBudgetPress(SnapKVPress(window_size=8), ProfileSchedule(0.2, SCORES_4, ratio=6.0, gamma=4.0))
-    assert ripple.layer_press == generic and ripple.layer_budgets(150) == generic.layer_budgets(150, 4)
+    assert isinstance(ripple, LayerBudgetPress) and ripple.schedule == generic.schedule
+    assert ripple.layer_budgets(4, 150) == generic.layer_budgets(4, 150)
     _assert_same_tensors(prefill(model, ids, ripple).cache, prefill(model, ids, generic).cache)
 
 
@@ -253,7 +253,7 @@ def test_min_tokens_must_be_at_least_one() -> None:
         with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
             LayerBudgetPress(SnapKVPress(window_size=4), UniformSchedule(0.1), min_tokens=bad)
     press = RippleKVPress(SnapKVPress(window_size=4), 0.1, scores=(0.0, 10.0), ratio=1e3, gamma=1e3, min_tokens=1)
-    assert press.layer_budgets(40) == (1, 5)
+    assert press.layer_budgets(2, 40) == (1, 5)
     assert layer_lengths(prefill(tiny_model("llama", layers=2), random_ids(40), press).cache) == [1, 5]
 
 
@@ -266,8 +266,8 @@ def test_profile_may_be_a_path(tmp_path: Path) -> None:
             press = make_press(name, budget=0.3, profile=given, window_size=4)
             assert isinstance(press, RippleKVPress) and press.profile == profile
         assert RippleKVPress(SnapKVPress(window_size=4), 0.3, profile=given).profile == profile
-    expected = make_press("ripplekv", budget=0.3, profile=profile, window_size=4).layer_budgets(64)
-    assert make_press("ripplekv", budget=0.3, profile=str(path), window_size=4).layer_budgets(64) == expected
+    expected = make_press("ripplekv", budget=0.3, profile=profile, window_size=4).layer_budgets(3, 64)
+    assert make_press("ripplekv", budget=0.3, profile=str(path), window_size=4).layer_budgets(3, 64) == expected
     for bad in (123, json.loads(path.read_text()), [1.0, 2.0, 3.0]):
         with pytest.raises(TypeError, match="SensitivityProfile or the path of a profile JSON file"):
             make_press("ripplekv", budget=0.3, profile=bad)
@@ -299,7 +299,6 @@ def test_make_press_every_method() -> None:
     model = tiny_model("llama", layers=3)
     profile = profile_model(model, CharTokenizer(), _calibration(1), ProfilingConfig(repeats=1))
     ids = random_ids(64, 9)
-    assert set(METHOD_DESCRIPTIONS) == set(METHODS)
     damage = make_damage_profile(profile.model, [profile.scores], 0.25, {"description": "test"}, "snapkv", 4, "test")
     for name in METHODS:
         given = damage if name == ORACLE_METHOD else profile  # ripplekv-oracle takes a damage profile
@@ -309,7 +308,7 @@ def test_make_press_every_method() -> None:
         if name in ("full", "adakv"):  # AdaKV masks keys head-wise instead of dropping them
             assert lengths == [64] * 3
         elif name == "ripplekv-ada":  # head-wise inside each layer: its kept count is the profile schedule's
-            assert kept_tokens(state) == list(press.layer_budgets(64, 3)) and sum(kept_tokens(state)) == 3 * 16
+            assert kept_tokens(state) == list(press.layer_budgets(3, 64)) and sum(kept_tokens(state)) == 3 * 16
         elif name in ("snapkv", "streamingllm", "pyramidkv-kvpress"):  # kvpress's pyramid falls back to uniform
             assert lengths == [16] * 3
         elif isinstance(press, PerPromptBudgetPress):  # budgets decided per prompt: SnapKV's total exactly
@@ -317,7 +316,7 @@ def test_make_press_every_method() -> None:
             assert sum(kept) == 3 * 16 and all(4 <= n <= 64 for n in kept)
         else:  # per-layer schedules spend exactly SnapKV's total
             assert isinstance(press, (LayerBudgetPress, RippleKVPress))
-            assert sum(lengths) == 3 * 16 and lengths == list(press.layer_budgets(64, 3))
+            assert sum(lengths) == 3 * 16 and lengths == list(press.layer_budgets(3, 64))
         if name == "pyramidkv":
             assert lengths[0] > lengths[1] > lengths[2]
 
@@ -332,7 +331,7 @@ def test_bad_arguments_are_clear_errors() -> None:
             make_press("snapkv", budget=bad)
     with pytest.raises(ValueError, match="budget"):
         RippleKVPress(budget=0.0, scores=(1.0,))
-    with pytest.raises(ValueError, match=r"RippleKVPress: budget=12.5 is above 1.*tokens="):
+    with pytest.raises(ValueError, match=r"budget=12.5 is above 1.*tokens="):
         RippleKVPress(budget=12.5, scores=(1.0,))
     with pytest.raises(ValueError, match="NaN"):
         RippleKVPress(budget=0.2, scores=(1.0, float("nan")))
@@ -370,8 +369,8 @@ def test_token_budget_keeps_that_many_tokens_per_layer() -> None:
     _assert_same_tensors(state.cache, prefill(model, ids, SnapKVPress(compression_ratio=ratio, window_size=8)).cache)
     ripple = RippleKVPress(press=SnapKVPress(window_size=8), scores=SCORES_4[:3], tokens=20)
     lengths = layer_lengths(prefill(enable_varlen_attention(model), ids, ripple).cache)
-    assert sum(lengths) == 60 and lengths == list(ripple.layer_budgets(90))
-    assert make_press("snapkv", tokens=20, window_size=8).layer_budgets(90, 3) == (20, 20, 20)
+    assert sum(lengths) == 60 and lengths == list(ripple.layer_budgets(3, 90))
+    assert make_press("snapkv", tokens=20, window_size=8).layer_budgets(3, 90) == (20, 20, 20)
     assert layer_lengths(prefill(model, ids, make_press("snapkv", tokens=500, window_size=8)).cache) == [90] * 3
 
 
@@ -413,7 +412,7 @@ def test_kvpress_wrappers_that_set_the_ratio_refuse_our_presses() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"budget": 2}, r"RippleKVPress: budget=2 is above 1.*use tokens=2"),
+        ({"budget": 2}, r"budget=2 is above 1.*use tokens=2"),
         ({"budget": 1.0000001}, r"above 1"),
         ({"budget": 0}, r"budget must be > 0"),
         ({"tokens": 0}, r"tokens must be >= 1"),
@@ -429,11 +428,13 @@ def test_ripplekv_press_budget_errors(kwargs, message) -> None:
 
 def test_ripplekv_press_default_and_replace() -> None:
     press = RippleKVPress(scores=SCORES_4)
-    assert press.spec.budget == 0.2 and press.compression_ratio == pytest.approx(0.8)  # the default fraction
+    assert (
+        press.schedule.budget == 0.2 and press.budget is None and press.compression_ratio == pytest.approx(0.8)
+    )  # the default fraction
     by_tokens = dataclasses.replace(press, tokens=16)
-    assert by_tokens.layer_budgets(100) == ProfileSchedule(scores=SCORES_4, tokens=16).layer_budgets(4, 100, 64)
-    assert RippleKVPress(scores=SCORES_4, tokens=1, min_tokens=1).layer_budgets(100) == (1, 1, 1, 1)
-    assert RippleKVPress(scores=SCORES_4, budget=1.0).layer_budgets(100) == (100,) * 4
+    assert by_tokens.layer_budgets(4, 100) == ProfileSchedule(scores=SCORES_4, tokens=16).layer_budgets(4, 100, 64)
+    assert RippleKVPress(scores=SCORES_4, tokens=1, min_tokens=1).layer_budgets(4, 100) == (1, 1, 1, 1)
+    assert RippleKVPress(scores=SCORES_4, budget=1.0).layer_budgets(4, 100) == (100,) * 4
 
 
 def test_make_press_budget_or_tokens() -> None:
@@ -449,7 +450,7 @@ def test_make_press_budget_or_tokens() -> None:
     with pytest.raises(ValueError, match="tokens must be >= 1"):
         make_press("full", tokens=0)
     assert make_press("snapkv").compression_ratio == 0.0  # neither given: the documented default, 1.0
-    assert make_press("pyramidkv", tokens=40, window_size=8).layer_budgets(400, 4)[0] > 40
+    assert make_press("pyramidkv", tokens=40, window_size=8).layer_budgets(4, 400)[0] > 40
 
 
 @pytest.mark.parametrize("name", ["snapkv", "pyramidkv", "ripplekv", "adakv", "ripplekv-ada", "cake", "lava"])
@@ -471,3 +472,13 @@ def test_make_press_takes_any_scorer(name: str) -> None:
         make_press("streamingllm", budget=0.25, scorer=scorer)
     with pytest.raises(TypeError, match="ScorerPress"):
         make_press(name, budget=0.25, profile=profile, scorer=object())  # type: ignore[arg-type]
+
+
+def test_ripplekv_press_builds_its_schedule_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RippleKV schedule is built at construction, not again at each layer of each prefill."""
+    press = RippleKVPress(SnapKVPress(window_size=8), 0.3, scores=SCORES_4)
+    built = []
+    original = ProfileSchedule.__post_init__
+    monkeypatch.setattr(ProfileSchedule, "__post_init__", lambda self: built.append(original(self)))
+    prefill(tiny_model("llama", layers=4), random_ids(64), press)
+    assert built == [] and isinstance(press, LayerBudgetPress)

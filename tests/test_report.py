@@ -17,7 +17,7 @@ import pytest
 from scipy.stats import wilcoxon
 
 from ripplekv.cli.main import main
-from ripplekv.presses.descriptions import METHOD_DESCRIPTIONS
+from ripplekv.presses.method_spec import METHOD_TABLE
 from ripplekv_eval.reporting import report as report_module
 from ripplekv_eval.reporting.comparisons import analyse_metric, paired_differences, wilcoxon_p
 from ripplekv_eval.reporting.run_stats import analyse_run
@@ -318,7 +318,7 @@ def test_committed_runs_still_report(run: str) -> None:
 
 def test_legend_names_every_method() -> None:
     lines = legend(["full", "ripplekv", "mystery"])
-    assert f"| ripplekv | {METHOD_DESCRIPTIONS['ripplekv']} |" in lines and "| mystery | mystery |" in lines
+    assert f"| ripplekv | {METHOD_TABLE['ripplekv'].description} |" in lines and "| mystery | mystery |" in lines
     assert budget_label(0.3) == "30%" and budget_label(512) == "512 tokens per layer"
     assert KL.fmt(-0.00001) == "0.0000" and SCORE.fmt(-1.234, sign=True) == "-1.23"
 
@@ -349,7 +349,7 @@ def test_cli_json_metrics_seed_and_errors(tmp_path: Path, capsys: pytest.Capture
     assert "Holm over the distinct comparisons of one metric over all budgets" in captured.err
     assert main(["report", str(out), "--permutations", "10"]) == 2
     assert "draws must be an integer >= 999" in capsys.readouterr().err
-    assert document["methods"]["snapkv"] == METHOD_DESCRIPTIONS["snapkv"]
+    assert document["methods"]["snapkv"] == METHOD_TABLE["snapkv"].description
     assert main(["report", str(out), "--metrics", "nope"]) == 2
     assert "unknown metric(s) nope" in capsys.readouterr().err
     assert main(["report", str(out), "--resamples", "10"]) == 2

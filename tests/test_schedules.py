@@ -17,12 +17,12 @@ from kvpress import PyramidKVPress
 from ripplekv.allocation import (
     AllocationConfig,
     BudgetSchedule,
+    BudgetSpec,
     ProfileSchedule,
     PyramidSchedule,
     TokenBudgetError,
     UniformSchedule,
-    allocate_budgets,
-    resolve_average_budget,
+    allocate,
 )
 
 PROPERTY = settings(max_examples=300, deadline=None)
@@ -42,7 +42,7 @@ score_lists = st.lists(st.floats(-10, 10), min_size=1, max_size=64)
 
 def _check_invariants(schedule: BudgetSchedule, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
     """Exact total, every budget in [min(floor, prompt, average), prompt]."""
-    average = resolve_average_budget(schedule.budget, prompt_tokens, tokens=schedule.tokens)
+    average = BudgetSpec(schedule.budget, schedule.tokens).average(prompt_tokens)
     assert schedule.average(prompt_tokens) == average
     result = schedule.layer_budgets(n_layers, prompt_tokens, floor)
     assert isinstance(result, tuple) and len(result) == n_layers
@@ -57,14 +57,14 @@ def _check_invariants(schedule: BudgetSchedule, n_layers: int, prompt_tokens: in
 @given(budgets, layer_counts, prompt_lengths, floors)
 def test_uniform_invariants(budget, n_layers, prompt_tokens, floor):
     result = _check_invariants(UniformSchedule(**budget), n_layers, prompt_tokens, floor)
-    assert set(result) == {resolve_average_budget(prompt_tokens=prompt_tokens, **budget)}
+    assert set(result) == {BudgetSpec(**budget).average(prompt_tokens)}
 
 
 @PROPERTY
 @given(budgets, layer_counts, prompt_lengths, floors, windows, betas)
 def test_pyramid_invariants(budget, n_layers, prompt_tokens, floor, window, beta):
     schedule = PyramidSchedule(**budget, window_size=window, beta=beta)
-    average = resolve_average_budget(prompt_tokens=prompt_tokens, **budget)
+    average = BudgetSpec(**budget).average(prompt_tokens)
     if average <= window:  # nothing beyond the window to distribute: SnapKV's uniform budgets
         assert schedule.layer_budgets(n_layers, prompt_tokens, floor) == (average,) * n_layers
         return
@@ -86,9 +86,7 @@ def test_profile_invariants_and_unchanged_rule(budget, scores, prompt_tokens, fl
     schedule = ProfileSchedule(**budget, scores=scores, ratio=ratio, gamma=gamma)
     result = _check_invariants(schedule, len(scores), prompt_tokens, floor)
     config = AllocationConfig(ratio=ratio, gamma=gamma)
-    assert list(result) == allocate_budgets(
-        scores, prompt_tokens=prompt_tokens, config=config, min_tokens=floor, **budget
-    )
+    assert result == allocate(scores, prompt_tokens=prompt_tokens, config=config, min_tokens=floor, **budget).budgets
 
 
 def test_pyramid_at_2048_tokens_and_10_percent_is_a_strict_pyramid_with_snapkvs_total():
@@ -279,11 +277,11 @@ def test_allocate_schedules_match_the_presses(profile_path: Path, capsys: pytest
         assert main([*ALLOCATE, "--profile", str(profile_path), "--schedule", schedule, "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         press = make_press(method, budget=0.1, profile=profile_path)
-        assert out["budgets"] == list(press.layer_budgets(2048, 30)), schedule
+        assert out["budgets"] == list(press.layer_budgets(30, 2048)), schedule
         assert sum(out["budgets"]) == 30 * 204
     assert main([*ALLOCATE, "--profile", str(profile_path), "--schedule", "ripplekv-local", "--json"]) == 0
     local = json.loads(capsys.readouterr().out)["budgets"]
-    assert local == list(make_press("ripplekv-local", budget=0.1, profile=profile_path).layer_budgets(2048))
+    assert local == list(make_press("ripplekv-local", budget=0.1, profile=profile_path).layer_budgets(30, 2048))
 
 
 def test_allocate_compare_and_without_profile(profile_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,7 +51,7 @@ def test_scorer_runs_under_the_ripplekv_schedule(name: str) -> None:
     model = tiny_model("llama", layers=4, attn="eager" if name in NEEDS_EAGER else "sdpa")
     press = RippleKVPress(press=scorer, budget=0.3, scores=SCORES, min_tokens=4)
     state = prefill(model, random_ids(PROMPT), press)
-    assert layer_lengths(state.cache) == list(press.layer_budgets(PROMPT))
+    assert layer_lengths(state.cache) == list(press.layer_budgets(4, PROMPT))
     assert len(set(layer_lengths(state.cache))) > 1
 
 
@@ -74,7 +74,7 @@ def test_scorer_state_set_after_construction_survives_the_per_layer_ratio() -> N
     model = tiny_model("llama", layers=4)
     press = RippleKVPress(press=StatefulScorer(), budget=0.3, scores=SCORES, min_tokens=4)
     state = prefill(model, random_ids(PROMPT), press)
-    assert layer_lengths(state.cache) == list(press.layer_budgets(PROMPT))
+    assert layer_lengths(state.cache) == list(press.layer_budgets(4, PROMPT))
 
 
 def test_per_layer_ratio_copies_wrapped_scorers_and_never_touches_the_callers() -> None:

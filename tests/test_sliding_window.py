@@ -16,7 +16,7 @@ from kvpress import SnapKVPress
 from transformers import DynamicCache, Gemma3TextConfig, PreTrainedModel
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
-from ripplekv.allocation import ProfileSchedule, resolve_average_budget
+from ripplekv.allocation import BudgetSpec, ProfileSchedule
 from ripplekv.inference import extend, generate_answer, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention, sliding_window_mask
 from ripplekv.models.layer_types import NoGlobalLayersError, compressed_layers, sliding_layers
@@ -96,7 +96,7 @@ def test_compression_beyond_the_window_keeps_sliding_layers_whole(types: list[st
     layers = compressed_layers(model.config)
     assert kept == list(press.model_budgets(model.config, prompt))
     assert all(kept[i] == prompt for i in range(4) if i not in layers)
-    assert sum(kept[i] for i in layers) == len(layers) * resolve_average_budget(0.5, prompt) == 40
+    assert sum(kept[i] for i in layers) == len(layers) * BudgetSpec(0.5).average(prompt) == 40
     global_scores = [SCORES[i] for i in layers]
     assert kept[layers[global_scores.index(max(global_scores))]] > kept[layers[global_scores.index(min(global_scores))]]
     assert len(greedy_decode(model, state, 12, set())) == 12
@@ -194,7 +194,7 @@ def test_gemma3_profile_of_every_layer_allocates_over_the_global_layers() -> Non
     assert layers == (5, 11, 17)
     press = RippleKVPress(SnapKVPress(window_size=64), budget=0.2, profile=profile)
     budgets = press.model_budgets(config, 4096)
-    assert sum(budgets[i] for i in layers) == 3 * resolve_average_budget(0.2, 4096)
+    assert sum(budgets[i] for i in layers) == 3 * BudgetSpec(0.2).average(4096)
     assert all(budgets[i] == 4096 for i in range(18) if i not in layers)
     want = ProfileSchedule(0.2, tuple(profile.scores[i] for i in layers)).layer_budgets(3, 4096, 64)
     assert tuple(budgets[i] for i in layers) == want

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PROFILE
-from ripplekv.allocation import AllocationConfig, allocate_budgets
+from ripplekv.allocation import AllocationConfig, allocate
 
 from ripplekv_vllm.tiers import group_into_tiers, library_budgets, load_profile, tier_keep_fractions
 
@@ -45,8 +45,8 @@ def test_library_budgets_are_the_presses_allocation(profile) -> None:
     # LayerBudgetPress with SnapKV's scorer: the RippleKV rule with the 64-token window as the per-layer floor
     config = AllocationConfig(ratio=32, gamma=30)
     budgets = library_budgets(profile.scores, 0.1, 1024, window=64, ratio=32, gamma=30)
-    assert list(budgets) == allocate_budgets(profile.scores, 0.1, 1024, config, min_tokens=64)
-    assert list(budgets) != allocate_budgets(profile.scores, 0.1, 1024, config, min_tokens=1)  # the floor binds
+    assert budgets == allocate(profile.scores, 0.1, 1024, config, min_tokens=64).budgets
+    assert budgets != allocate(profile.scores, 0.1, 1024, config, min_tokens=1).budgets  # the floor binds
 
 
 def test_one_tier_per_layer_is_the_library_allocation(profile) -> None:

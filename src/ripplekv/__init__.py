@@ -23,7 +23,6 @@ _EXPORTS = {
     "PyramidSchedule": "ripplekv.allocation",
     "UniformSchedule": "ripplekv.allocation",
     "allocate": "ripplekv.allocation",
-    "allocate_budgets": "ripplekv.allocation",
     "generate_answer": "ripplekv.inference",
     "load_model": "ripplekv.models",
     "model_identity": "ripplekv.models",
@@ -38,9 +37,13 @@ _EXPORTS = {
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
+_REMOVED = {"allocate_budgets": "ripplekv.allocate(scores, ...).budgets"}
+
 
 def __getattr__(name: str) -> Any:
     """Import a public name's module on first use."""
+    if name in _REMOVED:
+        raise ImportError(f"ripplekv.{name} is gone: use {_REMOVED[name]}")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'ripplekv' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

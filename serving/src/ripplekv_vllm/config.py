@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig, check_budget
+from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig, BudgetSpec
 from ripplekv.profiling.profile import ProfileError
 
 from ripplekv_vllm.tiers import load_profile, tier_keep_fractions
@@ -161,9 +161,9 @@ class RippleConfig:
                 "'keep_fractions' (one kept fraction per layer)"
             )
         try:
-            budget = check_budget(self.budget, None, owner="ripplekv").budget
-        except ValueError as error:  # the library's message, e.g. "ripplekv: budget must be > 0 (...)"
-            raise RippleConfigError(str(error)) from None
+            budget = BudgetSpec(self.budget).budget
+        except ValueError as error:  # the library's message, e.g. "budget must be > 0 (...)"
+            raise RippleConfigError(f"ripplekv: {error}") from None
         try:
             AllocationConfig(ratio=self.ratio, gamma=self.gamma)
         except ValueError as error:

@@ -1,35 +1,22 @@
-"""RippleKV per-layer KV-cache budget allocation (RippleKV paper, 2026).
+"""Per-layer KV-cache budgets: what a budget is, the RippleKV rule, the schedules, the per-prompt rules.
 
-See :mod:`ripplekv.allocation.budgets` for the RippleKV rule and its guarantees, and
-:mod:`ripplekv.allocation.schedules` for the per-layer budget schedules (uniform/SnapKV, pyramid/PyramidKV,
-profile/RippleKV) that :class:`ripplekv.presses.LayerBudgetPress` applies. A budget is ``budget=`` (a kept
-fraction in ``(0, 1]``) or ``tokens=`` (an average token count per layer), never both (:class:`BudgetSpec`,
-:mod:`ripplekv.allocation.budget_spec`).
+:mod:`~ripplekv.allocation.budget` defines a budget (a kept fraction or a token count, :class:`BudgetSpec`) and its
+integer split over layers; :mod:`~ripplekv.allocation.schedules` holds the per-layer budget schedules
+(uniform/SnapKV, pyramid/PyramidKV, profile/RippleKV with the RippleKV rule, paper 2026) that
+:class:`ripplekv.presses.LayerBudgetPress` applies.
 The per-prompt rules (CAKE, SqueezeAttention, DynamicKV, LAVa: :mod:`ripplekv.allocation.cake`,
 ``squeezeattention``, ``dynamickv``, ``lava``) decide budgets from statistics every layer produces during the
 prefill (:mod:`ripplekv.allocation.per_prompt`, :class:`PerPromptSchedule`).
 """
 
-from ripplekv.allocation.apportion import scale_to_total
-from ripplekv.allocation.budget_spec import (
+from typing import Any
+
+from ripplekv.allocation.budget import (
     BudgetSpec,
     TokenBudgetError,
     budget_value,
-    check_budget,
-    kept_ratio,
-    resolve_average_budget,
-)
-from ripplekv.allocation.budgets import (
-    DEFAULT_CONFIG,
-    DEFAULT_GAMMA,
-    DEFAULT_RATIO,
-    Allocation,
-    AllocationConfig,
-    allocate,
-    allocate_budgets,
-    layer_weights,
-    normalize_scores,
-    validate_scores,
+    compression_ratio_keeping,
+    scale_to_total,
 )
 from ripplekv.allocation.cake import CakeRule, CakeStatistic, cake_layer_statistic
 from ripplekv.allocation.dynamickv import (
@@ -41,10 +28,19 @@ from ripplekv.allocation.dynamickv import (
 from ripplekv.allocation.lava import LavaRule, LavaStatistic, lava_layer_statistic
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
 from ripplekv.allocation.schedules import (
+    DEFAULT_CONFIG,
+    DEFAULT_GAMMA,
+    DEFAULT_RATIO,
+    Allocation,
+    AllocationConfig,
     BudgetSchedule,
     ProfileSchedule,
     PyramidSchedule,
     UniformSchedule,
+    allocate,
+    layer_weights,
+    normalize_scores,
+    validate_scores,
 )
 from ripplekv.allocation.squeezeattention import (
     SqueezeAttentionRule,
@@ -76,19 +72,31 @@ __all__ = [
     "TokenBudgetError",
     "UniformSchedule",
     "allocate",
-    "allocate_budgets",
     "budget_value",
     "cake_layer_statistic",
-    "check_budget",
+    "compression_ratio_keeping",
     "dynamickv_layer_statistic",
     "dynamickv_pooled_scores",
-    "kept_ratio",
     "kmeans_1d",
     "lava_layer_statistic",
     "layer_weights",
     "normalize_scores",
-    "resolve_average_budget",
     "scale_to_total",
     "squeeze_layer_statistic",
     "validate_scores",
 ]
+
+REMOVED: dict[str, str] = {
+    "allocate_budgets": "allocate(scores, ...).budgets",
+    "check_budget": "BudgetSpec(budget, tokens)",
+    "kept_ratio": "compression_ratio_keeping",
+    "resolve_average_budget": "BudgetSpec(budget, tokens).average(prompt_tokens)",
+}
+"""Names this package had, and what replaces each (an ``ImportError``, which ``from ... import`` passes on)."""
+
+
+def __getattr__(name: str) -> Any:
+    """Raise ``ImportError`` naming the replacement of a removed name; ``AttributeError`` for any other."""
+    if name in REMOVED:
+        raise ImportError(f"ripplekv.allocation.{name} is gone: use {REMOVED[name]}")
+    raise AttributeError(f"module 'ripplekv.allocation' has no attribute {name!r}")

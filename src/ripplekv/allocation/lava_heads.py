@@ -39,7 +39,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ripplekv.allocation.apportion import largest_remainder
+from ripplekv.allocation.budget import largest_remainder
 from ripplekv.validation import is_integer, is_real
 
 __all__ = ["DEFAULT_FLOOR_ALPHA", "head_floor", "lava_head_budgets", "top_k_counts"]

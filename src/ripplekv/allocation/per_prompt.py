@@ -8,7 +8,7 @@ full KV cache, then (2) after the last layer calls :meth:`PerPromptSchedule.laye
 layer to its budget.
 
 Every rule spends exactly SnapKV's global budget for the same user-facing budget,
-``n_layers * resolve_average_budget(budget, prompt_tokens)`` tokens (:class:`PerPromptSchedule` computes it
+``n_layers * BudgetSpec(budget, tokens).average(prompt_tokens)`` tokens (:class:`PerPromptSchedule` computes it
 the way :class:`~ripplekv.allocation.UniformSchedule` does), gives every layer at least the observation window
 (and ``floor``) and at most the prompt. Real shares are solved exactly (rational arithmetic,
 :func:`fill_shares`) and rounded by largest remainder, as :func:`~ripplekv.allocation.scale_to_total` does for
@@ -26,8 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ripplekv.allocation.apportion import largest_remainder
-from ripplekv.allocation.budget_spec import BudgetSpec
+from ripplekv.allocation.budget import BudgetSpec, largest_remainder
 from ripplekv.validation import is_integer, is_real
 
 __all__ = [
@@ -336,7 +335,7 @@ def check_pooling(owner: str, kernel_size: object, pooling: object) -> None:
 class PerPromptSchedule:
     """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from layer statistics.
 
-    The global budget is ``n_layers * resolve_average_budget(budget, prompt_tokens)``, exactly the number of
+    The global budget is ``n_layers * BudgetSpec(budget, tokens).average(prompt_tokens)``, exactly the number of
     tokens :class:`~ripplekv.allocation.UniformSchedule` (SnapKV) keeps, so every method is compared at the
     same number of kept tokens. Unlike a :class:`~ripplekv.allocation.BudgetSchedule`, the budgets depend on
     the prompt: :meth:`layer_budgets` takes every layer's statistic.
@@ -378,7 +377,7 @@ class PerPromptSchedule:
             raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
 
     def total(self, n_layers: int, prompt_tokens: int) -> int:
-        """SnapKV's global budget: ``n_layers * resolve_average_budget(budget, prompt_tokens)``."""
+        """SnapKV's global budget: ``n_layers * BudgetSpec(budget, tokens).average(prompt_tokens)``."""
         self.check_layers(n_layers)
         return int(n_layers) * self.spec.average(prompt_tokens)
 

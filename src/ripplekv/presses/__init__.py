@@ -13,7 +13,7 @@ from typing import Any
 _EXPORTS = {
     "FRACTION_ONLY_METHODS": "ripplekv.presses.registry",
     "METHODS": "ripplekv.presses.registry",
-    "METHOD_DESCRIPTIONS": "ripplekv.presses.descriptions",
+    "METHOD_TABLE": "ripplekv.presses.method_spec",
     "FullPress": "ripplekv.presses.full_press",
     "GlobalLayersPress": "ripplekv.presses.global_layers_press",
     "LayerBudgetAdaPress": "ripplekv.presses.layer_budget_ada_press",
@@ -31,6 +31,8 @@ def __getattr__(name: str) -> Any:
     Args:
         name: the attribute looked up on the package.
     """
+    if name == "METHOD_DESCRIPTIONS":
+        raise ImportError("ripplekv.presses.METHOD_DESCRIPTIONS is gone: use METHOD_TABLE[name].description")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'ripplekv.presses' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,34 +1,15 @@
-"""What each method and each token scorer computes, one line per name: the legends of reports and ``docs/cli.md``.
+"""What each token scorer and each method spec computes, one line: the legends of reports and ``docs/cli.md``.
 
-Kept apart from :mod:`~ripplekv.presses.registry` and :mod:`~ripplekv.presses.scorers` (which import kvpress and
-torch) so that ``ripplekv report`` prints them without importing either; ``tests/test_presses.py`` and
-``tests/test_eval_scorers.py`` check that the names here are the registered ones.
+Kept apart from :mod:`~ripplekv.presses.scorers` (which imports kvpress and torch) so that ``ripplekv report``
+prints them without importing either; ``tests/test_eval_scorers.py`` checks the names are the registered ones. A
+method's line is its entry in :data:`~ripplekv.presses.method_spec.METHOD_TABLE`.
 """
 
 from __future__ import annotations
 
-from ripplekv.profiling.damage_profile import ORACLE_METHOD
+from ripplekv.presses.method_spec import METHOD_TABLE, PARAM_SEPARATOR, base_method
 
-__all__ = ["METHOD_DESCRIPTIONS", "SCORER_DESCRIPTIONS", "describe_method"]
-
-METHOD_DESCRIPTIONS: dict[str, str] = {
-    "full": "full cache (no compression)",
-    "streamingllm": "StreamingLLM (kvpress): attention sinks + recent tokens, uniform budgets",
-    "snapkv": "SnapKV scorer, uniform per-layer budgets",
-    "pyramidkv": "SnapKV scorer, PyramidKV schedule (authors' code: linear in depth, beta 20), SnapKV's total",
-    "pyramidkv-kvpress": "kvpress 0.5.5 PyramidKVPress (falls back to uniform when prompt x budget / 20 < window)",
-    "adakv": "AdaKV (kvpress): SnapKV scores, head-wise budgets within each layer (keys masked, not freed)",
-    "ripplekv": "SnapKV scorer, RippleKV budgets from the profile's downstream-KL scores",
-    "ripplekv-local": "SnapKV scorer, RippleKV budgets from the profile's local signal (ablation)",
-    "ripplekv-ada": "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
-    ORACLE_METHOD: "SnapKV scorer, RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
-    "cake": "SnapKV scorer, CAKE budgets per prompt (window attention's entropy x variance per layer), SnapKV's total",
-    "squeezeattention": "SnapKV scorer, SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
-    "dynamickv": "SnapKV scorer, DynamicKV budgets per prompt (global top-k of window attention over layers)",
-    "lava": "SnapKV scorer, LAVa: layer budgets per prompt (value-weighted entropy), head-wise split (keys masked)",
-    "lava-layer": "SnapKV scorer, LAVa's layer rule alone (value-weighted entropy per layer), no head-wise split",
-}
-"""One line per method name: what it computes (used by reports so every table says which is which)."""
+__all__ = ["SCORER_DESCRIPTIONS", "describe_method"]
 
 SCORER_DESCRIPTIONS: dict[str, str] = {
     "snapkv": "SnapKV: attention of the last window_size queries, pooled (the window itself always kept)",
@@ -58,8 +39,18 @@ def describe_method(name: str) -> str:
     Args:
         name: a method name or spec.
     """
-    base, _, params = name.partition(":")
-    text = METHOD_DESCRIPTIONS.get(base.strip().lower())
-    if text is None:
+    method = METHOD_TABLE.get(base_method(name))
+    if method is None:
         return name
-    return f"{text}, with {params.replace(',', ', ')}" if params else text
+    params = name.partition(PARAM_SEPARATOR)[2]
+    return f"{method.description}, with {params.replace(',', ', ')}" if params else method.description
+
+
+def __getattr__(name: str) -> object:
+    """Name the replacement of a removed name (an ``ImportError``, which ``from ... import`` passes on)."""
+    if name == "METHOD_DESCRIPTIONS":
+        raise ImportError(
+            "ripplekv.presses.descriptions.METHOD_DESCRIPTIONS is gone: use "
+            "ripplekv.presses.method_spec.METHOD_TABLE[name].description"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

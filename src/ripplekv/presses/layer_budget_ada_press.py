@@ -28,7 +28,7 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.budgets import kept_ratio
+from ripplekv.allocation.budget import compression_ratio_keeping
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule, scorer_at_ratio
@@ -111,7 +111,7 @@ class LayerBudgetAdaPress(BasePress):
 
     ``compression_ratio`` and :meth:`compression_ratio_for` are those of the per-layer counts (per head on
     average), as :class:`~ripplekv.presses.LayerBudgetPress` defines them: a token budget has no
-    ``compression_ratio`` (:class:`~ripplekv.allocation.budgets.TokenBudgetError`), only a ratio for a known
+    ``compression_ratio`` (:class:`~ripplekv.allocation.budget.TokenBudgetError`), only a ratio for a known
     prompt length.
 
     Args:
@@ -181,9 +181,9 @@ class LayerBudgetAdaPress(BasePress):
         """Average fraction of a ``prompt_tokens``-token prompt removed, for both kinds (``1 - average / prompt``)."""
         return self.layer_press.compression_ratio_for(prompt_tokens)
 
-    def layer_budgets(self, prompt_tokens: int, n_layers: int) -> tuple[int, ...]:
+    def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
         """Average tokens kept per head by each of ``n_layers`` layers (the layer keeps that times its KV heads)."""
-        return self.layer_press.layer_budgets(prompt_tokens, n_layers)
+        return self.layer_press.layer_budgets(n_layers, prompt_tokens)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the schedule (and profile) against the model; enable variable-length attention where layers may differ.
@@ -230,7 +230,7 @@ class LayerBudgetAdaPress(BasePress):
         """The scorer's ``(batch, kv_heads, tokens)`` scores for this layer (called at the layer's own ratio)."""
         k_len = keys.shape[2]
         n_kept = self._layer_count(module, k_len)
-        ratio = 0.0 if n_kept is None else kept_ratio(max(1, min(n_kept, k_len)), k_len)
+        ratio = 0.0 if n_kept is None else compression_ratio_keeping(max(1, min(n_kept, k_len)), k_len)
         scorer = scorer_at_ratio(self.press, ratio)
         return token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs)
 

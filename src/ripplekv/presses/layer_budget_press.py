@@ -11,7 +11,7 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ripplekv.allocation.budgets import kept_ratio
+from ripplekv.allocation.budget import compression_ratio_keeping
 from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
@@ -73,10 +73,6 @@ def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> 
         raise ValueError(f"the prompt has {k_len} tokens, not more than the {window}-token selection window")
 
 
-def _num_layers(model: PreTrainedModel) -> int:
-    return int(model.config.get_text_config().num_hidden_layers)
-
-
 def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple[BudgetSchedule, tuple[int, ...]]:
     """The schedule over a model's compressed (global) layers, and their indices (see ``BudgetSchedule.over_layers``).
 
@@ -96,39 +92,22 @@ def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple
 class LayerBudgetPress(BasePress):
     """Per-layer KV-cache budgets from a schedule, tokens ranked by any kvpress scorer.
 
-    During prefill, layer ``l`` ranks its tokens with ``press.score()`` and keeps exactly
-    ``schedule.layer_budgets(n_layers, prompt_tokens, floor)[l]`` of them. With SnapKV's scorer,
-    :class:`~ripplekv.allocation.UniformSchedule` is SnapKV (tensor for tensor what kvpress's ``SnapKVPress``
-    keeps), :class:`~ripplekv.allocation.PyramidSchedule` is PyramidKV and
-    :class:`~ripplekv.allocation.ProfileSchedule` is RippleKV. Token selection is the scorer's; only the
-    count changes, and no extra model pass is run.
+    During prefill, compressed layer ``l`` of ``n`` keeps exactly ``layer_budgets(n, prompt_tokens)[l]`` of the
+    tokens ``press.score()`` ranks highest. With SnapKV's scorer, :class:`~ripplekv.allocation.UniformSchedule` is
+    SnapKV (tensor for tensor what kvpress's ``SnapKVPress`` keeps), :class:`~ripplekv.allocation.PyramidSchedule`
+    PyramidKV and :class:`~ripplekv.allocation.ProfileSchedule` RippleKV: only the count changes, and no extra model
+    pass is run. The scorer is never mutated (a ratio-dependent scorer, StreamingLLM, is called on a copy set to the
+    layer's ratio), so one press serves several models at once.
 
-    The press never mutates the scorer: scorers whose scores depend on ``compression_ratio`` (StreamingLLM)
-    are called on a copy set to the layer's own ratio, so one press can serve several models at once.
+    Applying the press (:meth:`post_init_from_model`) switches the model for good to the variable-length variant of
+    its attention (:mod:`ripplekv.models.attention`) when layers may get different lengths, so a multi-token pass
+    over the compressed cache works; on equal lengths the variant computes exactly what the original does. A padded
+    batch is refused at every layer. Sliding-window layers (Gemma 3's local ones) keep their whole cache, and the
+    schedule spreads the budget over the global layers alone (:meth:`BudgetSchedule.over_layers`).
 
-    Applying the press to a model (``with press(model):``, which calls :meth:`post_init_from_model`) switches
-    the model, in place and for good, to the variable-length variant of its attention implementation
-    (``ripplekv_sdpa`` / ``ripplekv_eager``, :mod:`ripplekv.models.attention`) whenever the schedule can give
-    layers different lengths, so that a multi-token pass over the compressed cache (a question after the
-    context) works on a model loaded the usual way. The variant computes exactly what the original computes on
-    caches whose layers have equal lengths.
-
-    A padded batch is refused (:class:`~ripplekv.models.attention.PaddedBatchError`) at every layer, even one
-    that keeps every token.
-
-    Only global layers are compressed (:mod:`ripplekv.models.layer_types`): a sliding-window layer (Gemma 3's
-    local layers) keeps its whole cache, as kvpress leaves Gemma 3's, and the schedule spreads the global budget
-    ``G * average`` over the ``G`` global layers alone (:meth:`BudgetSchedule.over_layers`; a profile's scores
-    of the global layers).
-
-    ``compression_ratio`` is the schedule's: kvpress's ``1 - budget`` for a kept fraction (the average over the
-    compressed layers), and for a token budget (``UniformSchedule(tokens=512)``) a
-    :class:`~ripplekv.allocation.budgets.TokenBudgetError` naming :meth:`compression_ratio_for`, which gives the
-    ratio of a known prompt length for both kinds. It is never NaN: kvpress code that reads an inner press's ratio
-    (``ComposedPress`` multiplies the retained fractions of its presses after each layer) then works on a fraction
-    budget and stops with that error on a token budget, instead of carrying NaN along. kvpress's wrappers that
-    assign ``compression_ratio`` (``AdaKVPress``, ``ChunkPress``, ``KeyRerotationPress``, ``DecodingPress``, ...)
-    accept a ``ScorerPress`` only, which this press is not.
+    ``compression_ratio`` is the schedule's (a token budget raises ``TokenBudgetError``, never NaN, so kvpress's
+    ``ComposedPress`` stops instead of carrying NaN along); kvpress's wrappers that assign it take a ``ScorerPress``
+    only, which this press is not.
 
     Args:
         press: token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored.
@@ -167,24 +146,16 @@ class LayerBudgetPress(BasePress):
 
     @property
     def compression_ratio(self) -> float:
-        """Average fraction removed over the compressed layers, for a kept fraction: ``1 - budget`` (as kvpress).
-
-        Raises:
-            TokenBudgetError: for a token budget, which has no ratio without the prompt length (use
-                :meth:`compression_ratio_for`).
-        """
+        """The schedule's :attr:`BudgetSchedule.compression_ratio` (over the compressed layers)."""
         return self.schedule.compression_ratio
 
     def compression_ratio_for(self, prompt_tokens: int) -> float:
-        """Average fraction of a ``prompt_tokens``-token prompt removed over the compressed layers, for both kinds.
-
-        ``1 - average / prompt_tokens``, ``average`` the schedule's kept tokens per layer (the floor and the
-        per-layer cap do not change the average: the schedules keep ``layers * average`` tokens in all).
-        """
+        """The schedule's :meth:`BudgetSchedule.compression_ratio_for` (the floor and the cap keep the average)."""
         return self.schedule.compression_ratio_for(prompt_tokens)
 
-    def layer_budgets(self, prompt_tokens: int, n_layers: int) -> tuple[int, ...]:
-        """Tokens kept by each of ``n_layers`` compressed layers for a prompt of ``prompt_tokens`` tokens."""
+    def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
+        """Tokens kept by each of ``n_layers`` compressed layers for a prompt of ``prompt_tokens`` tokens (the
+        schedule's budgets with this press's floor)."""
         return self.schedule.layer_budgets(n_layers, prompt_tokens, self.floor)
 
     def model_budgets(self, config: PretrainedConfig, prompt_tokens: int) -> tuple[int, ...]:
@@ -245,7 +216,9 @@ class LayerBudgetPress(BasePress):
         n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
-        scorer = scorer_at_ratio(self.press, kept_ratio(n_kept, k_len))  # a copy: the caller's press is untouched
+        scorer = scorer_at_ratio(
+            self.press, compression_ratio_keeping(n_kept, k_len)
+        )  # a copy: the caller's press is untouched
         scores = token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs)
         indices = scores.topk(n_kept, dim=-1).indices
         indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)

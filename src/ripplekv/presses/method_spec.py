@@ -1,13 +1,15 @@
-"""Method names with parameters: ``cake:tau1=2,tau2=0.5``, ``ripplekv:r=16,gamma=12``, ``squeezeattention:p=0.625``.
+"""The methods of ``make_press`` (:data:`METHOD_TABLE`) and their names with parameters: ``cake:tau1=2,tau2=0.5``.
 
-A *method spec* is a method name of :data:`~ripplekv.presses.registry.METHODS`, optionally followed by ``:`` and
-``key=value`` pairs separated by commas. Every method declares the knobs its authors expose
-(:data:`METHOD_PARAMS`: RippleKV's disparity ``r`` and clip ``gamma``, CAKE's temperatures, SqueezeAttention's
-class-3 share ``p``, DynamicKV's cap ``radio_max`` and statistic window, PyramidKV's ``beta``, ...); a spec is
-parsed (:func:`parse_method`), validated by the very dataclass the method is built from (a bad value is the same
-``ValueError`` as in Python), and written back in one canonical form (:meth:`MethodSpec.canonical`): parameters in
-their declared order, values at their shortest exact form, and a parameter equal to its default left out, so
-``cake:tau2=1,tau1=1`` is ``cake`` and resumed runs, rows and reports name one setting one way.
+:data:`METHOD_TABLE` is the one table of methods: per name, what it computes, its parameters and its factory (a
+function of :mod:`ripplekv.presses.registry`). A parameter is a field of the dataclass the method is built from
+(RippleKV's ``r`` and ``gamma`` are :class:`~ripplekv.allocation.AllocationConfig`'s, CAKE's temperatures
+:class:`~ripplekv.allocation.CakeRule`'s, PyramidKV's ``beta`` :class:`~ripplekv.allocation.PyramidSchedule`'s, ...):
+its kind and default are read from that field, and a value is validated by building the dataclass.
+
+A *method spec* is a method name, optionally followed by ``:`` and ``key=value`` pairs separated by commas; it is
+parsed (:func:`parse_method`), validated, and written back in one canonical form (:meth:`MethodSpec.canonical`):
+parameters in their declared order, values at their shortest exact form, and a parameter equal to its default left
+out, so ``cake:tau2=1,tau1=1`` is ``cake`` and resumed runs, rows and reports name one setting one way.
 
 On a command line, where methods are a comma-separated list, a ``key=value`` item continues the method before it
 (:func:`split_method_list`): ``--methods 'full,ripplekv:r=16,gamma=12,cake:tau1=2,tau2=0.5'`` is three methods.
@@ -19,27 +21,26 @@ This module imports neither torch nor kvpress (reports parse the names of commit
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ripplekv.allocation import (
-    DEFAULT_GAMMA,
-    DEFAULT_RATIO,
-    AllocationConfig,
-    CakeRule,
-    DynamicKVRule,
-    LavaRule,
-    PyramidSchedule,
-    SqueezeAttentionRule,
-)
+from ripplekv.allocation.cake import CakeRule
+from ripplekv.allocation.dynamickv import DynamicKVRule
+from ripplekv.allocation.lava import LavaRule
+from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA
+from ripplekv.allocation.schedules import AllocationConfig, PyramidSchedule
+from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
+from ripplekv.profiling.damage_profile import ORACLE_METHOD
 
 __all__ = [
     "GRID_SEPARATOR",
-    "METHOD_PARAMS",
+    "METHOD_TABLE",
     "PARAM_SEPARATOR",
+    "Method",
     "MethodSpec",
     "Param",
     "base_method",
@@ -52,6 +53,8 @@ __all__ = [
 PARAM_SEPARATOR = ":"
 GRID_SEPARATOR = "|"
 
+_KINDS: dict[str, type] = {"float": float, "int": int, "bool": bool, "str": str}
+
 
 @dataclass(frozen=True)
 class Param:
@@ -62,19 +65,33 @@ class Param:
         kind: ``float``, ``int``, ``bool`` or ``str``; a value is read as this type.
         default: the value the method uses when the key is absent (None: derived at build time, e.g. a window
             that defaults to the scorer's).
-        help: one line on what it sets.
+        owner: the dataclass whose field this is (a value is validated by building it), or None.
+        field: the owner's field name (``ratio`` for RippleKV's ``r``); empty when it is ``name``.
+        low: without an owner, the smallest valid value.
+        high: without an owner, the largest valid value (None: unbounded).
     """
 
     name: str
     kind: type
     default: Any
-    help: str
+    owner: type | None = None
+    field: str = ""
+    low: float | None = None
+    high: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in (float, int, bool, str):
             raise ValueError(f"Param {self.name!r}: kind must be float, int, bool or str, got {self.kind!r}")
         if not self.name.isidentifier():
             raise ValueError(f"Param name must be an identifier, got {self.name!r}")
+
+    @classmethod
+    def of(cls, owner: type, name: str, field: str = "") -> Param:
+        """The parameter ``name`` read from ``owner``'s dataclass field ``field`` (default ``name``): its kind and
+        default are the field's."""
+        declared = {f.name: f for f in dataclasses.fields(owner)}[field or name]
+        kind = _KINDS.get(declared.type, declared.type) if isinstance(declared.type, str) else declared.type
+        return cls(name, kind, declared.default, owner, field if field != name else "")  # type: ignore[arg-type]
 
     def read(self, method: str, text: str) -> Any:
         """The value of ``text`` as this parameter's kind.
@@ -108,118 +125,137 @@ class Param:
             raise ValueError(f"{where}: empty value")
         return text
 
-
-def _window(method: str, values: Mapping[str, Any]) -> None:
-    window = values.get("window")
-    if window is not None and window < 1:
-        raise ValueError(f"method {method!r}: window must be an integer >= 1, got {window!r}")
-
-
-def _rule_check(rule: type, fields: Sequence[str]) -> Callable[[str, Mapping[str, Any]], None]:
-    def check(method: str, values: Mapping[str, Any]) -> None:
-        _window(method, values)
-        try:
-            rule(**{k: values[k] for k in fields if k in values})
-        except ValueError as err:
-            raise ValueError(f"method {method!r}: {err}") from None
-
-    return check
+    def check_range(self, method: str, value: Any) -> None:
+        """Raise ``ValueError`` naming the method if ``value`` is outside ``[low, high]`` (None passes)."""
+        if value is None or self.low is None:
+            return
+        if self.high is None and value < self.low:
+            kind = "an integer" if self.kind is int else "a number"
+            raise ValueError(f"method {method!r}: {self.name} must be {kind} >= {self.low:g}, got {value!r}")
+        if self.high is not None and not self.low <= value <= self.high:
+            raise ValueError(f"method {method!r}: {self.name} must be in [{self.low:g}, {self.high:g}], got {value!r}")
 
 
-def _disparity_check(method: str, values: Mapping[str, Any]) -> None:
-    try:
-        AllocationConfig(ratio=values.get("r", DEFAULT_RATIO), gamma=values.get("gamma", DEFAULT_GAMMA))
-    except ValueError as err:
-        raise ValueError(f"method {method!r}: {err}") from None
+@dataclass(frozen=True)
+class Method:
+    """One method of ``make_press``.
+
+    Args:
+        description: what it computes, one line (the legend of reports).
+        factory: the name of the function of :mod:`ripplekv.presses.registry` that builds its press (kept by name:
+            this module imports no torch).
+        params: its parameters in canonical order.
+        owner_args: arguments, besides the parameters, with which an owner dataclass is built to validate values
+            (PyramidSchedule needs a budget).
+        takes_tokens: whether it takes a token budget (kvpress's own presses, configured by a compression ratio,
+            take a kept fraction only).
+        has_scorer: whether it ranks tokens with a scorer that ``make_press(scorer=...)`` replaces.
+    """
+
+    description: str
+    factory: str
+    params: tuple[Param, ...] = ()
+    owner_args: tuple[tuple[type, tuple[tuple[str, Any], ...]], ...] = ()
+    takes_tokens: bool = True
+    has_scorer: bool = True
+
+    def param(self, name: str) -> Param | None:
+        """The parameter named ``name``, or None."""
+        return next((p for p in self.params if p.name == name), None)
+
+    def config(self, owner: type, values: Mapping[str, Any]) -> Any:
+        """``owner`` built from the values of its parameters (absent ones at the field's default)."""
+        kwargs = {p.field or p.name: values[p.name] for p in self.params if p.owner is owner and p.name in values}
+        return owner(**dict(dict(self.owner_args).get(owner, ())), **kwargs)
+
+    def check(self, name: str, values: Mapping[str, Any]) -> None:
+        """Raise ``ValueError`` naming the method unless ``values`` (the given parameters) are valid."""
+        for param in self.params:
+            if param.owner is None and param.name in values:
+                param.check_range(name, values[param.name])
+        for owner in dict.fromkeys(p.owner for p in self.params if p.owner is not None):
+            try:
+                self.config(owner, values)  # type: ignore[arg-type]
+            except ValueError as err:
+                raise ValueError(f"method {name!r}: {err}") from None
 
 
-def _pyramid_check(method: str, values: Mapping[str, Any]) -> None:
-    try:
-        PyramidSchedule(budget=0.5, beta=values.get("beta", 20))
-    except ValueError as err:
-        raise ValueError(f"method {method!r}: {err}") from None
+_WINDOW = Param("window", int, None, low=1)  # the statistic's window; default: the scorer's window, else 64
+_RIPPLE = (Param.of(AllocationConfig, "r", "ratio"), Param.of(AllocationConfig, "gamma"))
+_LAVA = (*(Param.of(LavaRule, name) for name in ("kernel_size", "pooling", "gqa_support")), _WINDOW)
 
-
-def _streaming_check(method: str, values: Mapping[str, Any]) -> None:
-    if values.get("n_sink", 4) < 0:
-        raise ValueError(f"method {method!r}: n_sink must be an integer >= 0, got {values['n_sink']!r}")
-
-
-def _ada_check(method: str, values: Mapping[str, Any]) -> None:
-    alpha = values.get("alpha_safeguard", 0.2)
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"method {method!r}: alpha_safeguard must be in [0, 1], got {alpha!r}")
-
-
-def _lava_check(method: str, values: Mapping[str, Any]) -> None:
-    _LAVA[1](method, values)
-    alpha = values.get("floor_alpha", 0.2)
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"method {method!r}: floor_alpha must be in [0, 1], got {alpha!r}")
-
-
-def _no_check(method: str, values: Mapping[str, Any]) -> None:
-    return None
-
-
-_R = Param("r", float, float(DEFAULT_RATIO), "RippleKV's disparity: multipliers r ** s_l (> 0)")
-_GAMMA = Param("gamma", float, float(DEFAULT_GAMMA), "RippleKV's clip: multipliers in [1/gamma, gamma] (>= 1)")
-_WINDOW = Param("window", int, None, "the statistic's observation window (default: the scorer's window, else 64)")
-_KERNEL = Param("kernel_size", int, 7, "pooling width along the keys (odd)")
-_RIPPLE = ((_R, _GAMMA), _disparity_check)
-_LAVA = (
-    (
-        _KERNEL,
-        Param("pooling", str, "maxpool", "maxpool or avgpool"),
-        Param("gqa_support", bool, True, "max over a KV head's query heads"),
-        _WINDOW,
+METHOD_TABLE: dict[str, Method] = {
+    "full": Method("full cache (no compression)", "build_full", has_scorer=False),
+    "streamingllm": Method(
+        "StreamingLLM (kvpress): attention sinks + recent tokens, uniform budgets",
+        "build_streamingllm",
+        (Param("n_sink", int, 4, low=0),),  # kvpress StreamingLLMPress's default
+        takes_tokens=False,
+        has_scorer=False,
     ),
-    _rule_check(LavaRule, ("kernel_size", "pooling", "gqa_support")),
-)
-
-METHOD_PARAMS: dict[str, tuple[tuple[Param, ...], Callable[[str, Mapping[str, Any]], None]]] = {
-    "full": ((), _no_check),
-    "streamingllm": ((Param("n_sink", int, 4, "attention-sink tokens kept at the start"),), _streaming_check),
-    "snapkv": ((), _no_check),
-    "pyramidkv": ((Param("beta", int, 20, "PyramidKV's steepness: the top layer keeps C / beta"),), _pyramid_check),
-    "pyramidkv-kvpress": ((), _no_check),
-    "adakv": ((Param("alpha_safeguard", float, 0.2, "share of a layer's budget split evenly over heads"),), _ada_check),
-    "ripplekv": _RIPPLE,
-    "ripplekv-local": _RIPPLE,
-    "ripplekv-ada": _RIPPLE,
-    "cake": (
-        (
-            Param("tau1", float, 1.0, "temperature of the attention dispersion"),
-            Param("tau2", float, 1.0, "temperature of the temporal shift"),
-            _WINDOW,
-        ),
-        _rule_check(CakeRule, ("tau1", "tau2")),
+    "snapkv": Method("SnapKV scorer, uniform per-layer budgets", "build_snapkv"),
+    "pyramidkv": Method(
+        "SnapKV scorer, PyramidKV schedule (authors' code: linear in depth, beta 20), SnapKV's total",
+        "build_pyramidkv",
+        (Param.of(PyramidSchedule, "beta"),),
+        ((PyramidSchedule, (("budget", 1.0),)),),
     ),
-    "squeezeattention": (
-        (
-            Param("p", float, SqueezeAttentionRule.p, "class 3's budget relative to the average"),
-            Param("n_clusters", int, 3, "KMeans clusters over the layers"),
-        ),
-        _rule_check(SqueezeAttentionRule, ("p", "n_clusters")),
+    "pyramidkv-kvpress": Method(
+        "kvpress 0.5.5 PyramidKVPress (falls back to uniform when prompt x budget / 20 < window)",
+        "build_pyramidkv_kvpress",
+        takes_tokens=False,
+        has_scorer=False,
     ),
-    "dynamickv": (
-        (
-            Param("radio_max", float, 10.0, "cap on a layer's selected tokens, in multiples of the average"),
-            Param("update_interval", int, 4, "layers between two global top-k updates"),
-            _KERNEL,
-            Param("pooling", str, "avgpool", "avgpool or maxpool"),
-            _WINDOW,
-        ),
-        _rule_check(DynamicKVRule, ("radio_max", "update_interval", "kernel_size", "pooling")),
+    "adakv": Method(
+        "AdaKV (kvpress): SnapKV scores, head-wise budgets within each layer (keys masked, not freed)",
+        "build_adakv",
+        (Param("alpha_safeguard", float, 0.2, low=0, high=1),),  # kvpress AdaKVPress's default
+        takes_tokens=False,
     ),
-    "lava": (
-        (*_LAVA[0], Param("floor_alpha", float, 0.2, "share of a layer's budget every head keeps (LAVa's floor)")),
-        _lava_check,
+    "ripplekv": Method(
+        "SnapKV scorer, RippleKV budgets from the profile's downstream-KL scores", "build_ripplekv", _RIPPLE
     ),
-    "lava-layer": _LAVA,
-    "ripplekv-oracle": _RIPPLE,
+    "ripplekv-local": Method(
+        "SnapKV scorer, RippleKV budgets from the profile's local signal (ablation)", "build_ripplekv_local", _RIPPLE
+    ),
+    "ripplekv-ada": Method(
+        "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
+        "build_ripplekv_ada",
+        _RIPPLE,
+    ),
+    "cake": Method(
+        "SnapKV scorer, CAKE budgets per prompt (window attention's entropy x variance per layer), SnapKV's total",
+        "build_cake",
+        (Param.of(CakeRule, "tau1"), Param.of(CakeRule, "tau2"), _WINDOW),
+    ),
+    "squeezeattention": Method(
+        "SnapKV scorer, SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
+        "build_squeezeattention",
+        (Param.of(SqueezeAttentionRule, "p"), Param.of(SqueezeAttentionRule, "n_clusters")),
+    ),
+    "dynamickv": Method(
+        "SnapKV scorer, DynamicKV budgets per prompt (global top-k of window attention over layers)",
+        "build_dynamickv",
+        # radio_max is the authors' (misspelt) name, kept: the specs of committed runs use it
+        (*(Param.of(DynamicKVRule, n) for n in ("radio_max", "update_interval", "kernel_size", "pooling")), _WINDOW),
+    ),
+    "lava": Method(
+        "SnapKV scorer, LAVa: layer budgets per prompt (value-weighted entropy), head-wise split (keys masked)",
+        "build_lava",
+        (*_LAVA, Param("floor_alpha", float, DEFAULT_FLOOR_ALPHA, low=0, high=1)),
+    ),
+    "lava-layer": Method(
+        "SnapKV scorer, LAVa's layer rule alone (value-weighted entropy per layer), no head-wise split",
+        "build_lava_layer",
+        _LAVA,
+    ),
+    ORACLE_METHOD: Method(
+        "SnapKV scorer, RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
+        "build_ripplekv_oracle",
+        _RIPPLE,
+    ),
 }
-"""Per method: its parameters in canonical order, and the check of a set of values (the method's own dataclass)."""
+"""Every method of ``make_press`` by name: what it computes, its parameters (in canonical order), its factory."""
 
 
 def format_value(value: Any) -> str:
@@ -237,7 +273,7 @@ class MethodSpec:
     """A method and the parameters given to it (defaults left out).
 
     Args:
-        name: the method (a key of :data:`METHOD_PARAMS`).
+        name: the method (a key of :data:`METHOD_TABLE`).
         params: ``(key, value)`` pairs in the method's declared order, none equal to its default.
     """
 
@@ -245,9 +281,9 @@ class MethodSpec:
     params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.name not in METHOD_PARAMS:
-            raise ValueError(f"unknown method {self.name!r}; choose one of {', '.join(METHOD_PARAMS)}")
-        declared = {p.name: p for p in METHOD_PARAMS[self.name][0]}
+        if self.name not in METHOD_TABLE:
+            raise ValueError(f"unknown method {self.name!r}; choose one of {', '.join(METHOD_TABLE)}")
+        declared = {p.name: p for p in METHOD_TABLE[self.name].params}
         keys = [k for k, _ in self.params]
         unknown = [k for k in keys if k not in declared]
         if unknown:
@@ -260,13 +296,17 @@ class MethodSpec:
         order = [p for p in declared if p in keys]
         if keys != order:
             raise ValueError(f"method {self.name!r}: parameters must be in declared order {order}, got {keys}")
-        METHOD_PARAMS[self.name][1](self.name, dict(self.params))
+        METHOD_TABLE[self.name].check(self.name, dict(self.params))
 
     @property
     def values(self) -> dict[str, Any]:
         """Every parameter of the method with its value: the given ones, the defaults for the rest."""
         given = dict(self.params)
-        return {p.name: given.get(p.name, p.default) for p in METHOD_PARAMS[self.name][0]}
+        return {p.name: given.get(p.name, p.default) for p in METHOD_TABLE[self.name].params}
+
+    def config(self, owner: type) -> Any:
+        """The dataclass ``owner`` (a rule, :class:`AllocationConfig`, ...) built from this spec's values."""
+        return METHOD_TABLE[self.name].config(owner, self.values)
 
     @property
     def given(self) -> dict[str, Any]:
@@ -302,9 +342,9 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
             raise TypeError(f"a method must be a name or a MethodSpec, got {type(text).__name__}")
         head, sep, tail = text.strip().partition(PARAM_SEPARATOR)
         name = head.strip().lower()
-        if name not in METHOD_PARAMS:
-            raise ValueError(f"unknown method {head!r}; choose one of {', '.join(METHOD_PARAMS)}")
-        declared = {p.name: p for p in METHOD_PARAMS[name][0]}
+        if name not in METHOD_TABLE:
+            raise ValueError(f"unknown method {head!r}; choose one of {', '.join(METHOD_TABLE)}")
+        declared = {p.name: p for p in METHOD_TABLE[name].params}
         given = {}
         if sep:
             if not tail.strip():
@@ -320,7 +360,7 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
                     accepted = ", ".join(declared) or "none"
                     raise ValueError(f"method {name!r} has no parameter {key!r} (its parameters: {accepted})")
                 given[key] = declared[key].read(name, value.strip())
-    declared = {p.name: p for p in METHOD_PARAMS[name][0]}
+    declared = {p.name: p for p in METHOD_TABLE[name].params}
     for key, value in overrides.items():
         if key not in declared:
             raise ValueError(f"method {name!r} has no parameter {key!r}")
@@ -328,7 +368,7 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
             raise ValueError(f"method {name!r}: {key} is given twice ({given[key]!r} and {value!r})")
         given[key] = value
     params = tuple(
-        (p.name, given[p.name]) for p in METHOD_PARAMS[name][0] if p.name in given and given[p.name] != p.default
+        (p.name, given[p.name]) for p in METHOD_TABLE[name].params if p.name in given and given[p.name] != p.default
     )
     return MethodSpec(name, params)
 
@@ -388,3 +428,12 @@ def expand_grid(text: str) -> list[MethodSpec]:
         spec = parse_method(f"{head}{PARAM_SEPARATOR}" + ",".join(f"{k}={v}" for k, v in zip(keys, combo)))
         specs.setdefault(spec.canonical(), spec)
     return list(specs.values())
+
+
+def __getattr__(name: str) -> object:
+    """Name the replacement of a removed name (an ``ImportError``, which ``from ... import`` passes on)."""
+    if name == "METHOD_PARAMS":
+        raise ImportError(
+            "ripplekv.presses.method_spec.METHOD_PARAMS is gone: use METHOD_TABLE[name].params (and .check)"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,7 @@ from kvpress.utils import extract_keys_and_values
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ripplekv.allocation.budget_spec import TokenBudgetError
+from ripplekv.allocation.budget import TokenBudgetError
 from ripplekv.allocation.per_prompt import PerPromptSchedule, TokenStatistic
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers

@@ -1,16 +1,9 @@
-"""One name per method: ``make_press(name, budget=..., profile=...)`` or ``make_press(name, tokens=..., ...)``.
+"""``make_press``: a method's press by name, built by the method's factory here (the table of methods, what each
+computes and its parameters, is :data:`~ripplekv.presses.method_spec.METHOD_TABLE`).
 
-SnapKV, PyramidKV and RippleKV are one press, :class:`LayerBudgetPress` over SnapKV's scorer, with three
-per-layer budget schedules (uniform, pyramid, profile); they keep the same total number of tokens at a given
-budget. kvpress's own PyramidKVPress stays available as ``pyramidkv-kvpress`` for comparison.
-
-Every method compresses a model's global layers only and leaves sliding-window layers whole (Gemma 3's local
-layers, :mod:`ripplekv.models.layer_types`): the schedules spread the global layers' budget over them, and
-kvpress's own presses are wrapped in :class:`GlobalLayersPress`.
-
-A budget is ``budget=`` (a kept fraction in ``(0, 1]``) or ``tokens=`` (an average token count per layer). The
-methods built on the per-layer schedules take either; kvpress's own presses (:data:`FRACTION_ONLY_METHODS`) are
-configured by a compression ratio and take a fraction only.
+SnapKV, PyramidKV and RippleKV are one press, :class:`LayerBudgetPress`, under three schedules, at the same total.
+kvpress's own presses compress global layers only here (:class:`GlobalLayersPress`: Gemma 3's sliding-window layers
+are left whole, as the schedules leave them).
 """
 
 from __future__ import annotations
@@ -19,7 +12,6 @@ import copy
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from kvpress import AdaKVPress, PyramidKVPress, ScorerPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
@@ -27,24 +19,24 @@ from kvpress.presses.base_press import BasePress
 from ripplekv.allocation import (
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
+    AllocationConfig,
     BudgetSpec,
+    CakeRule,
+    DynamicKVRule,
+    LavaRule,
+    PerPromptRule,
+    PerPromptSchedule,
     PyramidSchedule,
+    SqueezeAttentionRule,
     UniformSchedule,
-    check_budget,
 )
-from ripplekv.allocation.cake import CakeRule
-from ripplekv.allocation.dynamickv import DynamicKVRule
-from ripplekv.allocation.lava import LavaRule
-from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA
-from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
-from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.lava_press import LavaPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
-from ripplekv.presses.method_spec import METHOD_PARAMS, MethodSpec, base_method, parse_method
+from ripplekv.presses.method_spec import METHOD_TABLE, MethodSpec, base_method, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.presses.scorers import make_scorer
@@ -54,10 +46,13 @@ from ripplekv.profiling.profile import SensitivityProfile
 DEFAULT_WINDOW = 64
 
 
-FRACTION_ONLY_METHODS: tuple[str, ...] = ("streamingllm", "pyramidkv-kvpress", "adakv")
+METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
+"""Every method name, in the table's order."""
+
+FRACTION_ONLY_METHODS: tuple[str, ...] = tuple(name for name, m in METHOD_TABLE.items() if not m.takes_tokens)
 """kvpress's own presses: configured by ``compression_ratio``, they take a kept fraction, not ``tokens``."""
 
-METHODS_WITHOUT_SCORER: tuple[str, ...] = ("full", "streamingllm", "pyramidkv-kvpress")
+METHODS_WITHOUT_SCORER: tuple[str, ...] = tuple(name for name, m in METHOD_TABLE.items() if not m.has_scorer)
 """Methods with no token scorer to replace: they run once whatever scorers an evaluation names."""
 _NO_SCORER = frozenset(METHODS_WITHOUT_SCORER)
 
@@ -68,103 +63,116 @@ DEFAULT_PRESS_BUDGET = 1.0
 
 @dataclass(frozen=True)
 class _Build:
-    """What a method's builder gets: the budget, the profile, the scorer factory and the method's parameters."""
+    """What a method's factory gets: the parsed spec, the budget, the profile and the scorer factory."""
 
-    method: str
+    method: MethodSpec
     spec: BudgetSpec
     profile: SensitivityProfile | None
     window: int
     strict: bool
     scorer: Callable[[], ScorerPress]
-    params: dict[str, Any]
 
     def fraction(self) -> float:
         if self.spec.budget is None:
             raise ValueError(
-                f"{self.method} is kvpress's own press, configured by a compression ratio: it takes a kept fraction "
-                f"(budget=), not tokens={self.spec.tokens}"
+                f"{self.method.name} is kvpress's own press, configured by a compression ratio: it takes a kept "
+                f"fraction (budget=), not tokens={self.spec.tokens}"
             )
         return float(self.spec.budget)
 
     def needs_profile(self) -> SensitivityProfile:
         if self.profile is None:
-            raise ValueError(f"method {self.method!r} needs a sensitivity profile (run `ripplekv profile` first)")
+            raise ValueError(f"method {self.method.name!r} needs a sensitivity profile (run `ripplekv profile` first)")
         return self.profile
 
-    def ripple(self, **extra: Any) -> RippleKVPress:
+    def ripple(self, profile: SensitivityProfile, signal: str = "kl") -> RippleKVPress:
         """RippleKV's press over the scorer with this method's ``r`` and ``gamma``."""
+        config = self.method.config(AllocationConfig)
         return RippleKVPress(
-            press=self.scorer(),
+            self.scorer(),
             **self.spec.kwargs(),
-            ratio=self.params["r"],
-            gamma=self.params["gamma"],
+            profile=profile,
+            signal=signal,
+            ratio=config.ratio,
+            gamma=config.gamma,
             strict_profile=self.strict,
-            **extra,
         )
 
+    def per_prompt(self, rule: type[PerPromptRule]) -> PerPromptBudgetPress:
+        """The per-prompt schedule of ``rule`` (with this method's parameters) over the scorer, SnapKV's total, the
+        window the scorer keeps reserved (none for a scorer without one)."""
+        inner = self.scorer()
+        window = self.method.values.get("window") or int(getattr(inner, "window_size", None) or self.window)
+        schedule = PerPromptSchedule(self.method.config(rule), **self.spec.kwargs(), window_size=scorer_window(inner))
+        return PerPromptBudgetPress(inner, schedule, statistic_window=window)
 
-def _ripplekv_ada(b: _Build) -> BasePress:
+
+def build_full(b: _Build) -> BasePress:
+    return FullPress()
+
+
+def build_streamingllm(b: _Build) -> BasePress:
+    return GlobalLayersPress(StreamingLLMPress(compression_ratio=1 - b.fraction(), n_sink=b.method.values["n_sink"]))
+
+
+def build_snapkv(b: _Build) -> BasePress:
+    return LayerBudgetPress(b.scorer(), UniformSchedule(**b.spec.kwargs()))
+
+
+def build_pyramidkv(b: _Build) -> BasePress:
+    schedule = PyramidSchedule(**b.spec.kwargs(), window_size=b.window, beta=b.method.values["beta"])
+    return LayerBudgetPress(b.scorer(), schedule)
+
+
+def build_pyramidkv_kvpress(b: _Build) -> BasePress:
+    return GlobalLayersPress(PyramidKVPress(compression_ratio=1 - b.fraction(), window_size=b.window))
+
+
+def build_adakv(b: _Build) -> BasePress:
+    scorer = MemoizedScorerPress(press=b.scorer(), compression_ratio=1 - b.fraction())
+    return GlobalLayersPress(AdaKVPress(scorer, alpha_safeguard=b.method.values["alpha_safeguard"]))
+
+
+def build_ripplekv(b: _Build) -> BasePress:
+    return b.ripple(b.needs_profile())
+
+
+def build_ripplekv_local(b: _Build) -> BasePress:
+    return b.ripple(b.needs_profile(), signal="local")
+
+
+def build_ripplekv_oracle(b: _Build) -> BasePress:
+    return b.ripple(require_damage_profile(ORACLE_METHOD, b.profile))
+
+
+def build_ripplekv_ada(b: _Build) -> BasePress:
     """RippleKV's per-layer budgets (the ``ripplekv`` schedule, same floor) with AdaKV's head-wise allocation."""
-    ripple = b.ripple(profile=b.needs_profile())
+    ripple = b.ripple(b.needs_profile())
     return LayerBudgetAdaPress(b.scorer(), ripple.schedule, profile=b.profile, strict_profile=b.strict)
 
 
-def _per_prompt(rule: type[PerPromptRule], fields: tuple[str, ...]) -> Callable[[_Build], BasePress]:
-    """The builder of a per-prompt schedule's method: the rule (with the method's parameters) over the scorer,
-    SnapKV's total, the window the scorer keeps reserved (none for a scorer without one)."""
-
-    def build(b: _Build) -> BasePress:
-        inner = b.scorer()
-        window = b.params.get("window") or int(getattr(inner, "window_size", None) or b.window)
-        schedule = PerPromptSchedule(
-            rule(**{k: b.params[k] for k in fields}), **b.spec.kwargs(), window_size=scorer_window(inner)
-        )
-        return PerPromptBudgetPress(inner, schedule, statistic_window=window)
-
-    return build
+def build_cake(b: _Build) -> BasePress:
+    return b.per_prompt(CakeRule)
 
 
-def _lava(b: _Build) -> BasePress:
+def build_squeezeattention(b: _Build) -> BasePress:
+    return b.per_prompt(SqueezeAttentionRule)
+
+
+def build_dynamickv(b: _Build) -> BasePress:
+    return b.per_prompt(DynamicKVRule)
+
+
+def build_lava_layer(b: _Build) -> BasePress:
+    return b.per_prompt(LavaRule)
+
+
+def build_lava(b: _Build) -> BasePress:
     """LAVa complete: ``lava-layer``'s press (its layer budgets) with LAVa's head-wise split inside each layer."""
-    layer = _per_prompt(LavaRule, ("kernel_size", "pooling", "gqa_support"))(b)
+    layer = b.per_prompt(LavaRule)
     return LavaPress(
-        layer.press,  # type: ignore[attr-defined]
-        layer.schedule,  # type: ignore[attr-defined]
-        statistic_window=layer.statistic_window,  # type: ignore[attr-defined]
-        floor_alpha=b.params.get("floor_alpha", DEFAULT_FLOOR_ALPHA),
+        layer.press, layer.schedule, statistic_window=layer.statistic_window, floor_alpha=b.method.values["floor_alpha"]
     )
-
-
-_BUILDERS: dict[str, Callable[[_Build], BasePress]] = {
-    "full": lambda b: FullPress(),
-    "streamingllm": lambda b: GlobalLayersPress(
-        StreamingLLMPress(compression_ratio=1 - b.fraction(), n_sink=b.params["n_sink"])
-    ),
-    "snapkv": lambda b: LayerBudgetPress(b.scorer(), UniformSchedule(**b.spec.kwargs())),
-    "pyramidkv": lambda b: LayerBudgetPress(
-        b.scorer(), PyramidSchedule(**b.spec.kwargs(), window_size=b.window, beta=b.params["beta"])
-    ),
-    "pyramidkv-kvpress": lambda b: GlobalLayersPress(
-        PyramidKVPress(compression_ratio=1 - b.fraction(), window_size=b.window)
-    ),
-    "adakv": lambda b: GlobalLayersPress(
-        AdaKVPress(  # kvpress's AdaKV
-            MemoizedScorerPress(press=b.scorer(), compression_ratio=1 - b.fraction()),
-            alpha_safeguard=b.params["alpha_safeguard"],
-        )
-    ),
-    "ripplekv": lambda b: b.ripple(profile=b.needs_profile()),
-    "ripplekv-local": lambda b: b.ripple(profile=b.needs_profile(), signal="local"),
-    "ripplekv-ada": _ripplekv_ada,
-    "cake": _per_prompt(CakeRule, ("tau1", "tau2")),
-    "squeezeattention": _per_prompt(SqueezeAttentionRule, ("p", "n_clusters")),
-    "dynamickv": _per_prompt(DynamicKVRule, ("radio_max", "update_interval", "kernel_size", "pooling")),
-    "lava": _lava,
-    "lava-layer": _per_prompt(LavaRule, ("kernel_size", "pooling", "gqa_support")),
-    ORACLE_METHOD: lambda b: b.ripple(profile=require_damage_profile(ORACLE_METHOD, b.profile)),
-}
-
-METHODS: tuple[str, ...] = tuple(_BUILDERS)
 
 
 def selection_window(press: BasePress | None) -> int:
@@ -198,47 +206,28 @@ def make_press(
     tokens: int | None = None,
     scorer: ScorerPress | str | None = None,
 ) -> BasePress:
-    """Build the press of a method by name (see :data:`~ripplekv.presses.descriptions.METHOD_DESCRIPTIONS`).
+    """Build the press of a method by name.
 
     Args:
-        name: one of :data:`METHODS`, optionally with its parameters (a method spec,
-            :mod:`ripplekv.presses.method_spec`: ``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``,
-            ``"squeezeattention:p=0.625"``, ``"dynamickv:radio_max=5,window=8"``; each method's parameters are
-            :data:`~ripplekv.presses.method_spec.METHOD_PARAMS`), or a
-            :class:`~ripplekv.presses.method_spec.MethodSpec`. The methods are ``full``; ``snapkv``, ``pyramidkv``,
-            ``ripplekv`` and ``ripplekv-local`` (SnapKV's scorer under the uniform, PyramidKV, RippleKV and
-            RippleKV-local-signal budget schedules,
-            all keeping the same total); ``ripplekv-ada`` (the RippleKV budgets allocated over heads as AdaKV does,
-            :class:`~ripplekv.presses.layer_budget_ada_press.LayerBudgetAdaPress`; with a uniform schedule that
-            press keeps what ``adakv`` keeps); ``ripplekv-oracle`` (the RippleKV rule over a *damage* profile
-            written by ``ripplekv analyze``, passed as ``profile``: see :mod:`ripplekv.profiling.damage_profile`);
-            ``cake``, ``squeezeattention``, ``dynamickv``, ``lava`` and ``lava-layer`` (per-prompt allocators,
-            :mod:`ripplekv.allocation`); ``streamingllm``, ``adakv`` and ``pyramidkv-kvpress`` (kvpress's own
-            presses).
-        budget: kept fraction of the prompt in (0, 1] (a value above 1 is an error: use ``tokens``); with
-            neither ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET` (1.0). Ignored by ``full``.
+        name: a method of :data:`~ripplekv.presses.method_spec.METHOD_TABLE` (what each computes), optionally with
+            its parameters (``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``), or a :class:`MethodSpec`.
+        budget: kept fraction of the prompt in (0, 1] (above 1 is an error: use ``tokens``); with neither
+            ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET`.
         profile: sensitivity profile, or the path of its JSON file; required by the ``ripplekv`` methods
-            (``ripplekv-oracle``: a damage profile).
-        window_size: SnapKV observation window (every method with SnapKV's scorer, AdaKV).
-        ratio: RippleKV disparity ``r`` (the ``ripplekv`` methods; the same as ``r=`` in ``name``, and an error
-            when both are given with different values).
-        gamma: RippleKV clip bound (likewise ``gamma=`` in ``name``).
-        strict_profile: a profile measured on other weights than the model's (its weights fingerprint differs) is
-            an error instead of a warning (see :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
-        tokens: instead of ``budget``, the average number of tokens kept per layer (an integer ``>= 1``; keyword
-            only). Taken by every method but kvpress's own presses (:data:`FRACTION_ONLY_METHODS`); validated, then
-            ignored, by ``full``.
-        scorer: the token scorer (any kvpress ``ScorerPress``, or a name of
-            :data:`~ripplekv.presses.scorers.SCORERS` built with ``window_size``; keyword only) of every method
-            built on a scorer: the schedules (``snapkv``, ``pyramidkv``, ``ripplekv``, ``ripplekv-local``,
-            ``ripplekv-oracle``, the per-prompt ``cake``, ``squeezeattention``, ``dynamickv``, ``lava``), ``adakv``
-            and ``ripplekv-ada``. Default SnapKV with ``window_size``. ``streamingllm``, ``pyramidkv-kvpress`` and
-            ``full`` take none. Each press gets its own copy, so one scorer can build many presses.
+            (``ripplekv-oracle``: a damage profile written by ``ripplekv analyze``).
+        window_size: SnapKV's observation window (the default scorer's, PyramidKV's, kvpress's presses').
+        ratio: RippleKV's disparity ``r``, as ``r=`` in ``name`` (both given and different: an error).
+        gamma: RippleKV's clip bound, as ``gamma=`` in ``name``.
+        strict_profile: a profile of other weights than the model's is an error instead of a warning.
+        tokens: instead of ``budget``, the average number of tokens kept per layer (keyword only; not taken by
+            :data:`FRACTION_ONLY_METHODS`).
+        scorer: the token scorer of a method built on one (any kvpress ``ScorerPress``, or a name of
+            :data:`~ripplekv.presses.scorers.SCORERS`; keyword only; not taken by :data:`METHODS_WITHOUT_SCORER`);
+            default SnapKV with ``window_size``. Each press gets its own copy.
 
     Raises:
-        ValueError: for an unknown name or parameter, a parameter out of its method's range, a bad budget or
-            window, both ``budget`` and ``tokens``, ``tokens`` for one of :data:`FRACTION_ONLY_METHODS`, or a
-            missing profile.
+        ValueError: for an unknown name or parameter, a bad value, budget or window, ``tokens`` for a
+            fraction-only method, or a missing profile.
         TypeError: if ``profile`` is neither a :class:`SensitivityProfile`, a path nor ``None``.
     """
     method = parse_method(name, **_ripple_overrides(name, ratio, gamma))
@@ -247,7 +236,10 @@ def make_press(
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
     if budget is None and tokens is None:
         budget = DEFAULT_PRESS_BUDGET
-    spec = check_budget(budget, tokens, owner=f"make_press({name!r})")
+    try:
+        spec = BudgetSpec(budget, tokens)
+    except ValueError as error:
+        raise ValueError(f"make_press({name!r}): {error}") from None
     if scorer is not None:
         if key in _NO_SCORER:
             raise ValueError(f"method {name!r} has no token scorer to replace (scorer= applies to {_with_scorer()})")
@@ -259,17 +251,15 @@ def make_press(
     def build_scorer() -> ScorerPress:
         return SnapKVPress(window_size=window_size) if scorer is None else copy.copy(scorer)
 
-    context = _Build(
-        key, spec, resolve_profile(profile), window_size, bool(strict_profile), build_scorer, method.values
-    )
-    return _BUILDERS[key](context)
+    factory = globals()[METHOD_TABLE[key].factory]
+    return factory(_Build(method, spec, resolve_profile(profile), window_size, bool(strict_profile), build_scorer))
 
 
 def _ripple_overrides(name: str, ratio: float, gamma: float) -> dict[str, float]:
     """``make_press``'s ``ratio`` and ``gamma`` keywords as the ``r`` and ``gamma`` of a method that has them (the
     defaults say nothing; other methods ignore them, as they always have)."""
-    declared = {p.name for p in METHOD_PARAMS.get(base_method(name), ((), None))[0]}
-    if "r" not in declared:
+    method = METHOD_TABLE.get(base_method(name))
+    if method is None or method.param("r") is None:
         return {}
     out = {}
     if float(ratio) != float(DEFAULT_RATIO):

@@ -31,7 +31,7 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation.budgets import BudgetSpec, budget_value
+from ripplekv.allocation.budget import BudgetSpec, budget_value
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import KVPair, cache_from_tensors, cache_tensors

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv.allocation.budgets import BudgetSpec
+from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.analysis.correlation import (

@@ -4,7 +4,7 @@ calibration split.
 RippleKV's budgets come from a profile and two numbers: the disparity ``r`` (multipliers ``r ** s_l``) and the
 clip ``gamma`` (multipliers in ``[1/gamma, gamma]``). Every other method has knobs of its own (CAKE's ``tau1`` and
 ``tau2``, SqueezeAttention's ``p``, DynamicKV's ``radio_max`` and window, PyramidKV's ``beta``, ...:
-:data:`ripplekv.presses.method_spec.METHOD_PARAMS`), given as grids of method specs (``cake:tau1=0.5|1|2``,
+:data:`ripplekv.presses.method_spec.METHOD_TABLE`), given as grids of method specs (``cake:tau1=0.5|1|2``,
 :func:`~ripplekv.presses.method_spec.expand_grid`), each method's defaults always among them. Tuning parity: every
 method's grid is scored on the same prompts, from the same prefill, under the same token scorer, by the same
 fidelity, and chosen by the same rule. This module scores every candidate -- every given profile crossed with every
@@ -382,7 +382,7 @@ class TuneRunner:
             groups: dict[tuple[int, ...], list[str]] = {}
             for candidate in self.config.candidates:
                 press = self.presses[candidate.key, float(budget)]
-                groups.setdefault(press.layer_budgets(len(prefix), self.n_layers), []).append(candidate.key)
+                groups.setdefault(press.layer_budgets(self.n_layers, len(prefix)), []).append(candidate.key)
             rivals: dict[Any, list[str]] = {}
             for spec in self.config.method_candidates:
                 key = spec.canonical()

@@ -29,7 +29,7 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation.budgets import budget_value
+from ripplekv.allocation.budget import budget_value
 from ripplekv.distributed import (
     DEFAULT_MAX_ATTEMPTS,
     StreamWorker,

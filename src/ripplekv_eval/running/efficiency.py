@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.budgets import resolve_average_budget
+from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.inference.generate import Prefill, full_cache_bytes, kept_tokens
 from ripplekv.inference.module_state import ABSENT
 from ripplekv.models.cache import cache_bytes
@@ -123,7 +123,7 @@ def computed_kv_table(
         for tokens in lengths:
             full = shape.cache_bytes(tokens, element_bytes)
             for budget in budgets:
-                kept = resolve_average_budget(budget, tokens)
+                kept = BudgetSpec(budget).average(tokens)
                 masked_entries = shape.layers * shape.kv_heads * (tokens - kept)
                 rows.append(
                     {

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ripplekv.allocation.budgets import budget_value
+from ripplekv.allocation.budget import budget_value
 from ripplekv_eval.running.folder_config import (
     CONFIG_FILE,
     CONFIG_FORMAT,

@@ -44,7 +44,7 @@ from typing import Any
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation.budgets import BudgetSpec
+from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.method_spec import base_method
 from ripplekv.presses.registry import make_press

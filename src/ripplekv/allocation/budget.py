@@ -1,17 +1,19 @@
-"""What a KV-cache budget is: a kept fraction of the prompt or an average token count per layer.
+"""What a KV-cache budget is, and how it becomes integer per-layer budgets.
 
-One concern: a budget as the schedules, presses and results rows give it. ``budget=`` is a kept fraction in
-``(0, 1]``, ``tokens=`` an average number of kept tokens per layer (an integer ``>= 1``), exactly one of them, never
-read from the size of one number (:class:`BudgetSpec`, validated by :func:`check_budget`). A budget resolves to the
-kept entries per layer of a prompt exactly as kvpress counts them (:meth:`BudgetSpec.average`,
-:func:`resolve_average_budget`), and :func:`kept_ratio` gives the kvpress ``compression_ratio`` that keeps a given
-count. How the RippleKV rule (paper, 2026) shares a budget among layers is :mod:`ripplekv.allocation.budgets`.
+``budget=`` is a kept fraction of the prompt in ``(0, 1]``, ``tokens=`` an average number of kept tokens per layer
+(an integer ``>= 1``), exactly one of them, never read from the size of one number (:class:`BudgetSpec`). A budget
+resolves to the kept entries per layer exactly as kvpress counts them (:meth:`BudgetSpec.average`), and every
+schedule splits the global budget ``layers * average`` into integers with :func:`scale_to_total` (water-filling in
+exact rational arithmetic, then largest-remainder rounding: deterministic and platform-independent).
+:func:`compression_ratio_keeping` is the kvpress ``compression_ratio`` that keeps a given count.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import ClassVar
 
 from ripplekv.validation import is_integer, is_real
@@ -20,9 +22,9 @@ __all__ = [
     "BudgetSpec",
     "TokenBudgetError",
     "budget_value",
-    "check_budget",
-    "kept_ratio",
-    "resolve_average_budget",
+    "compression_ratio_keeping",
+    "largest_remainder",
+    "scale_to_total",
 ]
 
 
@@ -68,29 +70,8 @@ def _budget_problem(budget: object, tokens: object) -> str | None:
     return None
 
 
-def check_budget(budget: object = None, tokens: object = None, owner: str | None = None) -> BudgetSpec:
-    """Validate a budget given as a kept fraction (``budget``) or as an average token count (``tokens``).
-
-    Args:
-        budget: kept fraction of the prompt, in ``(0, 1]``; None when ``tokens`` is given.
-        tokens: average number of kept tokens per layer, an integer ``>= 1``; None when ``budget`` is given.
-        owner: named at the start of the error message (e.g. ``"UniformSchedule"``).
-
-    Returns:
-        The :class:`BudgetSpec`.
-
-    Raises:
-        ValueError: unless exactly one of ``budget`` and ``tokens`` is given and valid; the message names the
-            problem (a ``budget`` above 1 points to ``tokens=``).
-    """
-    problem = _budget_problem(budget, tokens)
-    if problem is not None:
-        raise ValueError(f"{owner}: {problem}" if owner else problem)
-    return BudgetSpec(budget, tokens)  # type: ignore[arg-type]
-
-
-def kept_ratio(kept: int, prompt_tokens: int) -> float:
-    """The compression ratio that keeps ``kept`` of ``prompt_tokens`` tokens, as kvpress counts them.
+def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
+    """The kvpress ``compression_ratio`` (the fraction removed) that keeps ``kept`` of ``prompt_tokens`` tokens.
 
     ``1 - kept / prompt_tokens``, moved by a few ulps where float rounding would otherwise make kvpress's
     ``int(prompt_tokens * (1 - ratio))`` (``kvpress.utils.compute_n_kept``) keep one token fewer or more: a
@@ -126,7 +107,8 @@ class BudgetSpec:
     """A KV-cache budget: a kept fraction of the prompt, or an average number of kept tokens per layer.
 
     Exactly one of the two is set, so ``1.0`` (keep everything) and ``tokens=1`` (one token per layer) can never
-    be confused. Schedules and presses take the same two arguments (``budget=``, ``tokens=``) and build one.
+    be confused. Schedules and presses take the same two arguments (``budget=``, ``tokens=``) and build one; an
+    invalid pair is a ``ValueError`` naming the problem (a ``budget`` above 1 points to ``tokens=``).
 
     ``compression_ratio`` follows kvpress (the fraction removed) for a fraction only: ``1 - budget``. A token
     budget removes a fraction that depends on the prompt length, so its ``compression_ratio`` raises
@@ -195,14 +177,14 @@ class BudgetSpec:
     def compression_ratio_for(self, prompt_tokens: int) -> float:
         """The fraction of a ``prompt_tokens``-token prompt removed: ``1 - average(prompt_tokens) / prompt_tokens``.
 
-        Defined for both kinds; it is :func:`kept_ratio` of the kept count, so a kvpress press given this ratio
-        keeps exactly :meth:`average` tokens. For a fraction it can differ from :attr:`compression_ratio` by the
-        rounding of the kept count (10% of 100 tokens keeps 9: 0.91, not 0.9).
+        Defined for both kinds; it is :func:`compression_ratio_keeping` of the kept count, so a kvpress press given
+        this ratio keeps exactly :meth:`average` tokens. For a fraction it can differ from
+        :attr:`compression_ratio` by the rounding of the kept count (10% of 100 tokens keeps 9: 0.91, not 0.9).
 
         Raises:
             ValueError: if ``prompt_tokens`` is not an integer ``>= 1``.
         """
-        return kept_ratio(self.average(prompt_tokens), int(prompt_tokens))
+        return compression_ratio_keeping(self.average(prompt_tokens), int(prompt_tokens))
 
     @property
     def value(self) -> float | int:
@@ -266,25 +248,102 @@ def budget_value(value: object) -> float | int:
     return BudgetSpec.from_value(value).value
 
 
-def resolve_average_budget(
-    budget: float | None = None, prompt_tokens: int | None = None, *, tokens: int | None = None
-) -> int:
-    """The average number of kept KV entries per layer of a budget (:meth:`BudgetSpec.average`).
+def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:
+    """Exact real shares ``x_l = clip(t * w_l, low, high)`` with ``sum(x) == total``.
+
+    Water-filling: layers whose proportional share crosses a bound are fixed at that bound and the rest of the
+    budget is shared among the remaining layers in proportion to their weights, until no bound is violated.
+    Each round fixes only the side (cap or floor) with the larger total violation, which is the side whose
+    violators stay violators at the final level ``t``; requires ``len(w) * low <= total <= len(w) * high``.
+    """
+    shares: list[Fraction | None] = [None] * len(weights)
+    free = list(range(len(weights)))
+    remaining = Fraction(total)
+    while free:
+        level = remaining / sum(weights[i] for i in free)
+        over = [i for i in free if level * weights[i] > high]
+        under = [i for i in free if level * weights[i] < low]
+        if not over and not under:
+            for i in free:
+                shares[i] = level * weights[i]
+            break
+        excess = sum((level * weights[i] - high for i in over), Fraction(0))
+        deficit = sum((low - level * weights[i] for i in under), Fraction(0))
+        fixed: list[tuple[int, int]] = []
+        if excess >= deficit:
+            fixed += [(i, high) for i in over]
+        if deficit >= excess:
+            fixed += [(i, low) for i in under]
+        for i, bound in fixed:
+            shares[i] = Fraction(bound)
+            remaining -= bound
+        fixed_ids = {i for i, _ in fixed}
+        free = [i for i in free if i not in fixed_ids]
+    return [share if share is not None else Fraction(0) for share in shares]
+
+
+def largest_remainder(
+    shares: Sequence[Fraction], weights: Sequence[Fraction], preference: Sequence[float], total: int
+) -> list[int]:
+    """Round exact shares summing to ``total`` to integers summing to ``total``.
+
+    Every layer gets ``floor(x_l)``; the leftover units go to the largest fractional remainders, ties broken
+    by larger weight, then larger ``preference``, then lower layer index. A layer gets at most ``ceil(x_l)``,
+    so integer bounds that hold for the real shares also hold for the integers.
+    """
+    floors = [math.floor(share) for share in shares]
+    leftover = total - sum(floors)
+    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - floors[i]), -weights[i], -preference[i], i))
+    budgets = list(floors)
+    for i in order[:leftover]:
+        budgets[i] += 1
+    return budgets
+
+
+def scale_to_total(
+    weights: Sequence[float | Fraction],
+    total: int,
+    floor: int,
+    cap: int,
+    preference: Sequence[float] | None = None,
+) -> list[int]:
+    """Integer shares of ``total`` proportional to ``weights``, within ``[floor, cap]``, summing to ``total``.
+
+    The common last step of every per-layer budget schedule (RippleKV, PyramidKV): exact real shares
+    ``x_l = clip(t * w_l, floor, cap)`` with ``sum(x) == total`` (water-filling), rounded by largest remainder
+    (ties: larger weight, then larger ``preference``, then lower index). Shares are therefore monotone in the
+    weights, and integer bounds that hold for the real shares hold for the integers. A ``floor`` above the
+    average ``total // len(weights)`` cannot be met by every entry and is lowered to that average.
 
     Args:
-        budget: a kept *fraction* of the prompt, ``0 < budget <= 1`` (``0.1`` is the 10% budget of the RippleKV
-            paper, 2026); a value above 1 is an error (use ``tokens``).
-        prompt_tokens: the number of prompt tokens whose KV entries are being compressed (``>= 1``; required).
-        tokens: instead of ``budget``, an average number of tokens per layer (an integer ``>= 1``).
+        weights: one positive, finite weight per entry (floats are used exactly, as binary fractions).
+        total: the integer sum the shares must reach, ``0 <= total <= len(weights) * cap``.
+        floor: the smallest share (``>= 0``), lowered to ``cap`` and, when too large, to ``total // len(weights)``.
+        cap: the largest share (``>= 0``).
+        preference: tie-breaker between entries of equal weight and equal remainder (default: none).
 
     Returns:
-        For a fraction, ``max(1, int(prompt_tokens * (1 - (1 - budget))))``, kvpress's count; for a token count,
-        ``min(tokens, prompt_tokens)``. Always in ``[1, prompt_tokens]``.
+        ``len(weights)`` integers in ``[min(floor, cap, total // len(weights)), cap]`` summing to ``total``.
 
     Raises:
-        ValueError: if ``prompt_tokens`` is not an integer ``>= 1``, or unless exactly one of ``budget`` and
-            ``tokens`` is given and valid.
+        ValueError: on empty or non-positive weights, or a ``total``, ``floor`` or ``cap`` out of range.
     """
-    if not is_integer(prompt_tokens) or prompt_tokens < 1:  # type: ignore[operator]
-        raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
-    return check_budget(budget, tokens).average(int(prompt_tokens))  # type: ignore[arg-type]
+    if len(weights) == 0:
+        raise ValueError("scale_to_total needs at least one weight")
+    for name, value in (("total", total), ("floor", floor), ("cap", cap)):
+        if not is_integer(value) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if not all(isinstance(w, Fraction) or math.isfinite(float(w)) for w in weights):
+        raise ValueError(f"weights must be finite, got {list(weights)}")
+    exact = [Fraction(w) if isinstance(w, Fraction) else Fraction(float(w)) for w in weights]
+    if any(w <= 0 for w in exact):
+        raise ValueError(f"weights must be positive, got {[float(w) for w in exact]}")
+    n = len(exact)
+    if total > n * cap:
+        raise ValueError(f"a total of {total} does not fit in {n} shares of at most {cap}")
+    low = min(int(floor), int(cap))
+    if n * low > total:
+        low = total // n
+    shares = _water_fill(exact, int(total), low, int(cap))
+    ties = [0.0] * n if preference is None else [float(p) for p in preference]
+    return largest_remainder(shares, exact, ties, int(total))
