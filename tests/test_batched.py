@@ -151,18 +151,18 @@ def test_batches_group_similar_caches_and_compact_headwise_masks(model) -> None:
     states = _states(model)
     full = sum(layer.keys.shape[2] for layer in states[0].cache.layers)
     adakv = [s for s in states if s.attention_state]
-    assert adakv and all(sum(row_lengths(s, 0)) < full for s in adakv), "AdaKV rows must cost what they keep"
+    assert adakv and all(sum(row_lengths(s)) < full for s in adakv), "AdaKV rows must cost what they keep"
     for max_rows in (None, 2):
         batches = plan_batches(states, max_rows)
         assert sorted(i for batch in batches for i in batch) == list(range(len(states)))
         assert max_rows is None or all(len(batch) <= max_rows for batch in batches)
         for batch in batches:  # each batch is cheaper than decoding its last (largest) row apart
-            lengths = [row_lengths(states[i], i) for i in batch]
+            lengths = [row_lengths(states[i]) for i in batch]
             layers = len(lengths[0])
             padded = len(batch) * sum(max(column) for column in zip(*lengths)) / layers
             without = (len(batch) - 1) * sum(max(column) for column in zip(*lengths[:-1] or [[0] * layers])) / layers
             assert len(batch) == 1 or padded <= without + STEP_COST_TOKENS + sum(lengths[-1]) / layers
-    assert plan_batches(states) == [sorted(range(len(states)), key=lambda i: sum(row_lengths(states[i], i)))]
+    assert plan_batches(states) == [sorted(range(len(states)), key=lambda i: sum(row_lengths(states[i])))]
     cache, validity = padded_batch(adakv)
     assert all(layer.keys.shape[2] < states[0].cache.layers[0].keys.shape[2] for layer in cache.layers)
     assert all(bool(valid.any(dim=-1).all()) for valid in validity.layers)
