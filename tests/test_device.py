@@ -264,6 +264,7 @@ def test_passes_over_compressed_caches_do_not_synchronise_with_the_host() -> Non
     and the ragged batched step.
     """
     from ripplekv.inference.module_state import applied_state
+
     from ripplekv.models.cache import fork_cache
     from ripplekv_eval.fastpath.batched import ragged_batch
 
