@@ -15,7 +15,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from ripplekv.models.attention import CACHE_KWARG, attends_per_layer_natively, enable_varlen_attention
 from ripplekv.models.cache import cache_bytes, fork_cache, layer_lengths
 from ripplekv.models.chunked_prefill import check_prefill_chunk, chunk_bounds, prefill_in_chunks
-from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of, take_mask
+from ripplekv.models.headwise import MASKED_KEYS, attention_modules, discard_masks, headwise_of, take_mask
 from ripplekv.presses.registry import check_prompt_length
 
 PROTOCOLS = ("question-aware", "query-agnostic")
@@ -106,12 +106,12 @@ def prefill(
     start = time.perf_counter()
     if press is not None:
         modules = attention_modules(model)
+        discard_masks(modules)
         try:
             with press(model):
                 logits = model(input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         except BaseException:
-            for module in modules:
-                vars(module).pop(MASKED_KEYS, None)
+            discard_masks(modules)
             raise
         cache.layers = [take_mask(module, layer) for module, layer in zip(modules, cache.layers, strict=True)]
     else:
@@ -144,8 +144,7 @@ def _kvpress_masks(model: PreTrainedModel, cache: DynamicCache) -> Iterator[None
             setattr(modules[index], MASKED_KEYS, mask.indices)
         yield
     finally:
-        for index in masked:
-            vars(modules[index]).pop(MASKED_KEYS, None)
+        discard_masks(modules[index] for index in masked)
 
 
 def cache_forward(

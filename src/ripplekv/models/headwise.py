@@ -18,6 +18,7 @@ removes it from the module.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,15 @@ from transformers.cache_utils import DynamicLayer
 
 from ripplekv.models.attention_masks import headwise_attention_mask
 
-__all__ = ["MASKED_KEYS", "HeadwiseMask", "MaskedLayer", "attention_modules", "headwise_of", "take_mask"]
+__all__ = [
+    "MASKED_KEYS",
+    "HeadwiseMask",
+    "MaskedLayer",
+    "attention_modules",
+    "discard_masks",
+    "headwise_of",
+    "take_mask",
+]
 
 MASKED_KEYS = "masked_key_indices"
 """kvpress's attention-module attribute for head-wise masks: ``(batch, kv_head, position)`` index tensors."""
@@ -139,6 +148,13 @@ def attention_modules(model: PreTrainedModel) -> list[nn.Module]:
             f"cannot find the attention modules of {type(model).__name__} (expected model.model.layers[i].self_attn)"
         )
     return [layer.self_attn for layer in layers]
+
+
+def discard_masks(modules: Iterable[nn.Module]) -> None:
+    """Remove kvpress's head-wise masks from ``modules``: before a compression (a mask left there by a press used
+    directly belongs to no cache it makes) and after a failed one."""
+    for module in modules:
+        vars(module).pop(MASKED_KEYS, None)
 
 
 def take_mask(module: nn.Module, layer: DynamicLayer) -> DynamicLayer:

@@ -41,7 +41,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ripplekv.inference.generate import Prefill
 from ripplekv.models.cache import cache_from_layers, dynamic_layer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
-from ripplekv.models.headwise import MASKED_KEYS, take_mask
+from ripplekv.models.headwise import discard_masks, take_mask
 from ripplekv.presses.registry import check_prompt_length
 from ripplekv.presses.score_memo import memoized
 from ripplekv_eval.fastpath.hidden_tail import (
@@ -132,15 +132,13 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
 
 def _derive(record: PrefillRecord, press: BasePress) -> DynamicCache:
     modules = [layer.module for layer in record.layers]
-    for module in modules:  # a mask left by a press used directly belongs to no derived cache
-        vars(module).pop(MASKED_KEYS, None)
+    discard_masks(modules)
     if getattr(press, "derives_all_layers", False):  # statistics of every layer first, then every layer's budget
         versions = [_tensor_versions(layer) for layer in record.layers]
         try:
             pairs = press.derive(record.layers, record.model.config)
         except BaseException:
-            for module in modules:
-                vars(module).pop(MASKED_KEYS, None)
+            discard_masks(modules)
             raise
         layers = [take_mask(module, dynamic_layer(*pair)) for module, pair in zip(modules, pairs, strict=True)]
         if [_tensor_versions(layer) for layer in record.layers] != versions:
@@ -156,7 +154,7 @@ def _derive(record: PrefillRecord, press: BasePress) -> DynamicCache:
                 layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, kwargs
             )
         except BaseException:
-            vars(layer.module).pop(MASKED_KEYS, None)
+            discard_masks([layer.module])
             raise
         layers.append(take_mask(layer.module, dynamic_layer(keys, values)))
         if _tensor_versions(layer) != versions:
