@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 from kvpress import AdaKVPress, SnapKVPress
 
 from ripplekv.allocation import BudgetSpec, ProfileSchedule, TokenBudgetError, UniformSchedule
-from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill
+from ripplekv.inference import Prefill, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
+from ripplekv.models.headwise import MASKED_KEYS, headwise_of
 from ripplekv.presses import LayerBudgetAdaPress, LayerBudgetPress, make_press
-from ripplekv.presses.layer_budget_ada_press import MASKED_KEYS, headwise_keep_mask, safeguard_tokens
+from ripplekv.presses.layer_budget_ada_press import headwise_keep_mask, safeguard_tokens
 from ripplekv.profiling import ProfilingConfig
 from ripplekv.profiling.sensitivity import profile_model
 from ripplekv_eval.fastpath.derive import derived_prefill, is_derivable
@@ -33,12 +34,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _masked(state: Prefill) -> dict[int, set[tuple[int, int, int]]]:
-    """Per layer, the masked (batch, head, position) entries of a prefill's attention state."""
+    """Per layer, the masked (batch, head, position) entries its cache layer holds."""
     found: dict[int, set[tuple[int, int, int]]] = {}
-    for entry in state.attention_state:
-        indices = entry.attributes.get(MASKED_KEYS)
-        if indices is not None and indices is not module_state.ABSENT:
-            found[entry.layer] = set(zip(*(t.tolist() for t in indices)))
+    for index, layer in enumerate(state.cache.layers):
+        mask = headwise_of(layer)
+        if mask is not None:
+            found[index] = set(zip(*(t.tolist() for t in mask.indices)))
     return found
 
 
@@ -176,7 +177,7 @@ def test_ripplekv_ada_through_a_shared_prefill() -> None:
     torch.testing.assert_close(
         teacher_forced_logprobs(model, derived, tokens), teacher_forced_logprobs(model, direct, tokens)
     )
-    assert all(MASKED_KEYS not in vars(layer.self_attn) for layer in model.model.layers)  # captured, not left
+    assert all(MASKED_KEYS not in vars(layer.self_attn) for layer in model.model.layers)  # moved into the cache layers
     with pytest.raises(ValueError, match="needs a sensitivity profile"):
         make_press("ripplekv-ada", budget=0.25)
     other = tiny_model("llama", layers=3, seed=1)
@@ -186,7 +187,6 @@ def test_ripplekv_ada_through_a_shared_prefill() -> None:
 
 
 def test_bad_arguments_are_clear_errors() -> None:
-    assert MASKED_KEYS == module_state.MASKED_KEYS
     for bad in (1.5, -0.1, float("nan")):
         with pytest.raises(ValueError, match="alpha_safeguard must be in"):
             LayerBudgetAdaPress(alpha_safeguard=bad)

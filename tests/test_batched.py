@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ripplekv.inference import greedy_decode
-from ripplekv.inference.generate import Prefill, extend
+from ripplekv.inference.generate import Prefill, cache_forward, extend
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.padded import KeyValidity, pad_layers
 from ripplekv.presses import make_press
@@ -20,6 +20,7 @@ from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, synthetic_profile, tiny_model
+from tests.test_ada_press import _masked
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,7 +48,7 @@ def test_batched_greedy_equals_one_at_a_time(model) -> None:
     states = _states(model)
     lengths = {tuple(layer.keys.shape[2] for layer in s.cache.layers) for s in states}
     assert len(lengths) > 3, "the caches should differ in per-layer lengths"
-    assert any(s.attention_state for s in states), "AdaKV's head-wise masks should be among the rows"
+    assert any(map(_masked, states)), "AdaKV's head-wise masks should be among the rows"
     stops = {7, 11, 200}
     sequential = [greedy_decode(model, s, 12, stops, min_new_tokens=1) for s in states]
     batched = batched_greedy_decode(model, states, 12, stops, min_new_tokens=1)
@@ -150,19 +151,19 @@ def test_batches_group_similar_caches_and_compact_headwise_masks(model) -> None:
 
     states = _states(model)
     full = sum(layer.keys.shape[2] for layer in states[0].cache.layers)
-    adakv = [s for s in states if s.attention_state]
-    assert adakv and all(sum(row_lengths(s, 0)) < full for s in adakv), "AdaKV rows must cost what they keep"
+    adakv = [s for s in states if _masked(s)]
+    assert adakv and all(sum(row_lengths(s)) < full for s in adakv), "AdaKV rows must cost what they keep"
     for max_rows in (None, 2):
         batches = plan_batches(states, max_rows)
         assert sorted(i for batch in batches for i in batch) == list(range(len(states)))
         assert max_rows is None or all(len(batch) <= max_rows for batch in batches)
         for batch in batches:  # each batch is cheaper than decoding its last (largest) row apart
-            lengths = [row_lengths(states[i], i) for i in batch]
+            lengths = [row_lengths(states[i]) for i in batch]
             layers = len(lengths[0])
             padded = len(batch) * sum(max(column) for column in zip(*lengths)) / layers
             without = (len(batch) - 1) * sum(max(column) for column in zip(*lengths[:-1] or [[0] * layers])) / layers
             assert len(batch) == 1 or padded <= without + STEP_COST_TOKENS + sum(lengths[-1]) / layers
-    assert plan_batches(states) == [sorted(range(len(states)), key=lambda i: sum(row_lengths(states[i], i)))]
+    assert plan_batches(states) == [sorted(range(len(states)), key=lambda i: sum(row_lengths(states[i])))]
     cache, validity = padded_batch(adakv)
     assert all(layer.keys.shape[2] < states[0].cache.layers[0].keys.shape[2] for layer in cache.layers)
     assert all(bool(valid.any(dim=-1).all()) for valid in validity.layers)
@@ -176,25 +177,11 @@ def test_ragged_batch_multi_token_pass_matches_each_cache_alone(model) -> None:
     cache = ragged_batch(states, room=3)
     new = torch.tensor([[5, 9, 2]])
     positions = torch.arange(PROMPT, PROMPT + 3)
-    logits = model(
-        new.expand(len(states), -1),
-        past_key_values=cache,
-        use_cache=True,
-        cache_position=positions,
-        position_ids=positions.unsqueeze(0).expand(len(states), -1),
-        ragged_cache=cache,
-    ).logits
+    logits = cache_forward(model, new.expand(len(states), -1), cache, positions)
     for row, state in enumerate(states):
         for i in range(3):  # every position: the new tokens are causal among themselves
             alone = extend(model, state, new[:, : i + 1]).next_logits
             torch.testing.assert_close(logits[row, i], alone, atol=1e-4, rtol=1e-4)
     assert [layer.lengths for layer in cache.layers][0][0] == states[0].cache.layers[0].keys.shape[2] + 3
     with pytest.raises(ValueError, match="room"):
-        model(
-            torch.tensor([[1]] * len(states)),
-            past_key_values=cache,
-            use_cache=True,
-            ragged_cache=cache,
-            cache_position=torch.tensor([PROMPT + 3]),
-            position_ids=torch.tensor([[PROMPT + 3]] * len(states)),
-        )
+        cache_forward(model, torch.tensor([[1]] * len(states)), cache, torch.tensor([PROMPT + 3]))

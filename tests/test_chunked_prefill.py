@@ -27,6 +27,7 @@ from ripplekv.inference.generate import Prefill, greedy_decode, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import ReservedLayer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds
+from ripplekv.models.headwise import headwise_of
 from ripplekv.presses import make_press
 from ripplekv.profiling import ProfilingConfig, sensitivity
 from ripplekv.profiling.sensitivity import score_sample
@@ -108,10 +109,10 @@ def _records_match(direct: PrefillRecord, chunked: PrefillRecord) -> None:
 def _kept_indices(record: PrefillRecord, state: Prefill) -> list[list[list[int]]]:
     """Per layer and KV head, the sorted prompt positions the derived cache keeps (AdaKV: those not masked)."""
     masked: dict[int, set[tuple[int, int]]] = {}
-    for module_state in state.attention_state:
-        indices = module_state.attributes.get("masked_key_indices")
-        if isinstance(indices, tuple):
-            masked[module_state.layer] = {(int(h), int(p)) for _, h, p in zip(*indices)}
+    for index, layer in enumerate(state.cache.layers):
+        mask = headwise_of(layer)
+        if mask is not None:
+            masked[index] = {(int(h), int(p)) for _, h, p in zip(*mask.indices)}
     found = []
     for index, (full, layer) in enumerate(zip(record.layers, state.cache.layers)):
         heads = []

@@ -27,8 +27,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import ripplekv
 from ripplekv.inference import generate_answer, greedy_decode
-from ripplekv.inference.generate import Prefill, extend
-from ripplekv.models.attention import enable_varlen_attention, fit_attention_mask
+from ripplekv.inference.generate import Prefill, cache_forward, extend
+from ripplekv.models.attention import CACHE_KWARG, enable_varlen_attention, fit_attention_mask
 from ripplekv.models.cache import cache_from_layers
 from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.presses import RippleKVPress, make_press
@@ -40,6 +40,7 @@ from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, synthetic_profile, tiny_model
+from tests.test_ada_press import _masked
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -199,7 +200,7 @@ def test_varlen_attention_runs_on_the_queries_device(name: str) -> None:
         ragged = cache_from_layers([RaggedLayer(rows, 4) for _ in range(2)])
         for layer in ragged.layers:
             layer.update(_meta(2, 2, 1, 16), _meta(2, 2, 1, 16))
-        out, _ = attention(module, _meta(2, 4, 1, 16), None, None, None, scaling=0.25, ragged_cache=ragged)
+        out, _ = attention(module, _meta(2, 4, 1, 16), None, None, None, scaling=0.25, **{CACHE_KWARG: ragged})
         assert out.device == META and out.shape == (2, 1, 4, 16)
 
 
@@ -228,7 +229,7 @@ class _Tokenizer:
 def test_batched_decoding_and_teacher_forcing_make_no_tensor_off_device() -> None:
     model = enable_varlen_attention(tiny_model("llama", layers=3, seed=3))
     states = _states(model)
-    assert any(state.attention_state for state in states), "AdaKV rows (head-wise masks) should be among them"
+    assert any(map(_masked, states)), "AdaKV rows (head-wise masks) should be among them"
     with no_device_violations():
         batched = batched_greedy_decode(model, states, 6, {7}, min_new_tokens=1)
         sequential = [greedy_decode(model, state, 6, {7}, min_new_tokens=1) for state in states]
@@ -260,10 +261,9 @@ def test_passes_over_compressed_caches_do_not_synchronise_with_the_host() -> Non
     """A decoding step or a multi-token pass reads nothing back from the device in library code.
 
     Covers the mask function (no ``int(cache_position[0])``, no ``padding.all()`` on unpadded passes), the fitted
-    causal offset, the head-wise masks of an AdaKV cache (validated once per application, not per layer and pass)
-    and the ragged batched step.
+    causal offset, the head-wise masks of an AdaKV cache (validated once, when its layer is made, not per layer and
+    pass) and the ragged batched step.
     """
-    from ripplekv.inference.module_state import applied_state
     from ripplekv.models.cache import fork_cache
     from ripplekv_eval.fastpath.batched import ragged_batch
 
@@ -272,25 +272,18 @@ def test_passes_over_compressed_caches_do_not_synchronise_with_the_host() -> Non
     position = states[0].prompt_tokens
     for state in states:
         cache = fork_cache(state.cache)
-        with applied_state(model, state.attention_state):
-            for ids in (torch.tensor([[5]]), torch.tensor([[6, 7, 8]])):
-                positions = torch.arange(position, position + ids.shape[1])
-                spy = DeviceSpy()
-                with spy, torch.no_grad():
-                    model(ids, past_key_values=cache, cache_position=positions, position_ids=positions[None])
-                assert not spy.host_reads and not spy.violations, spy.host_reads + spy.violations
+        for ids in (torch.tensor([[5]]), torch.tensor([[6, 7, 8]])):
+            positions = torch.arange(position, position + ids.shape[1])
+            spy = DeviceSpy()
+            with spy, torch.no_grad():
+                cache_forward(model, ids, cache, positions)
+            assert not spy.host_reads and not spy.violations, spy.host_reads + spy.violations
         assert cache.layers[0].get_seq_length() == state.cache.layers[0].get_seq_length() + 4
     ragged = ragged_batch(states, room=2)
     step = torch.tensor([position])
     spy = DeviceSpy()
     with spy, torch.no_grad():
-        model(
-            torch.tensor([[5]] * len(states)),
-            past_key_values=ragged,
-            cache_position=step,
-            position_ids=step.expand(len(states), 1),
-            ragged_cache=ragged,
-        )
+        cache_forward(model, torch.tensor([[5]] * len(states)), ragged, step)
     assert not spy.host_reads and not spy.violations, spy.host_reads + spy.violations
 
 

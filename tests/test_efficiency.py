@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from kvpress import SnapKVPress
+from transformers import DynamicCache
 
 from benchmarks.efficiency import COMPUTED_BUDGETS, COMPUTED_LENGTHS, PUBLISHED, resumed_rows, write_result
 from ripplekv.allocation import ProfileSchedule
@@ -111,7 +112,7 @@ def test_held_and_kept_bytes_of_each_method(model) -> None:
             if name == "adakv":
                 assert fp.held_fraction == 1.0 and fp.state_bytes == masked_entries * INDEX_BYTES
                 assert fp.total_fraction == 1.0 + masked_entries * INDEX_BYTES / fp.full_bytes
-    assert state_bytes(()) == 0
+    assert state_bytes(DynamicCache()) == 0
 
 
 def test_efficiency_resume_keeps_finished_lengths_of_the_same_settings(tmp_path: Path) -> None:

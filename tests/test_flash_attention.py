@@ -29,6 +29,7 @@ from ripplekv.models.attention import (
     uses_varlen_attention,
     varlen_name,
 )
+from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
 from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig, passes, sensitivity
 from ripplekv.profiling.passes import can_share_prefix
@@ -161,6 +162,30 @@ def test_generate_under_flash_attention_equals_ripplekv_sdpa(flash: Any) -> None
             assert ours.layer_tokens == theirs.layer_tokens
             if name in ("ripplekv", "pyramidkv"):
                 assert len(set(ours.layer_tokens)) > 1, "the schedule should give layers different budgets"
+
+
+def test_flash_attention_gets_the_cache_layers_masks_for_each_pass_only(flash: Any) -> None:
+    """Under FlashAttention the masks a cache layer holds reach kvpress's wrapper through the attention modules for
+    one pass and are removed after it; modules holding masks already are a clear error. Seeded bug caught: the masks
+    left on the modules after the pass."""
+    model = flash()
+    press = _per_layer_presses(model)["adakv"]
+    state = derived_prefill(record_prefill(model, random_ids(96, seed=5)), press)[0]
+    seen: list[bool] = []
+    modules = attention_modules(model)
+    look = lambda module, args: seen.append(getattr(module, MASKED_KEYS, None) is not None)  # noqa: E731
+    handles = [module.register_forward_pre_hook(look) for module in modules]
+    try:
+        greedy_decode(model, state, 3, set())
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(seen) == 2 * len(modules) and all(seen)
+    assert all(MASKED_KEYS not in vars(module) for module in modules)
+    setattr(modules[1], MASKED_KEYS, headwise_of(state.cache.layers[1]).indices)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"layer\(s\) \[1\] hold head-wise masks already"):
+        greedy_decode(model, state, 3, set())
+    del modules[1].masked_key_indices
 
 
 def _states(model: Any) -> list[Any]:

@@ -7,16 +7,17 @@ import torch
 from kvpress import SnapKVPress
 
 from ripplekv.inference import Prefill, extend, generate_answer, greedy_decode, kept_tokens, prefill
-from ripplekv.inference.module_state import MASKED_KEYS, attention_modules
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import (
     PassThroughLayer,
     PreallocatedLayer,
     cache_from_layers,
+    cache_from_tensors,
     cache_tensors,
     fork_cache,
     layer_lengths,
 )
+from ripplekv.models.headwise import MASKED_KEYS, attention_modules
 from ripplekv.presses import RippleKVPress, make_press
 from tests.conftest import random_ids, tiny_model
 
@@ -98,10 +99,10 @@ def test_kept_tokens_do_not_count_adakv_masked_keys(model) -> None:
     press = make_press("adakv", budget=0.3, window_size=8)
     state = prefill(model, ids, press)
     assert layer_lengths(state.cache) == [80] * 4  # AdaKV keeps every key and masks some per head
-    assert all(getattr(m, MASKED_KEYS, None) is None for m in attention_modules(model))  # captured, not left
+    assert all(getattr(m, MASKED_KEYS, None) is None for m in attention_modules(model))  # moved into the cache
     n_kept = int(80 * (1 - press.compression_ratio))  # kvpress's compute_n_kept
     assert kept_tokens(state) == [n_kept] * 4
-    plain = Prefill(state.cache, state.next_logits, state.prompt_tokens, state.seconds)
+    plain = Prefill(cache_from_tensors(cache_tensors(state.cache)), state.next_logits, state.prompt_tokens, 0.0)
     assert kept_tokens(plain) == [80] * 4
     snap = prefill(model, ids, make_press("snapkv", budget=0.3, window_size=8))
     assert kept_tokens(snap) == layer_lengths(snap.cache) == [n_kept] * 4

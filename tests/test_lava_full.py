@@ -19,13 +19,13 @@ from ripplekv.allocation.lava import lava_token_scores
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
-from ripplekv.inference import Prefill, greedy_decode, kept_tokens, module_state, prefill
+from ripplekv.inference import Prefill, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
+from ripplekv.models.headwise import MASKED_KEYS
 from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
 from ripplekv.presses.lava_scorer import LavaScorerPress
-from ripplekv.presses.layer_budget_ada_press import MASKED_KEYS
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.score_memo import token_scores
 from ripplekv.presses.scorers import make_scorer
@@ -33,6 +33,7 @@ from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
+from tests.test_ada_press import _masked
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -211,15 +212,6 @@ def test_scorer_scores_the_prefix_by_the_formula_and_keeps_the_window() -> None:
 # ------------------------------------------------------------------------------------------------- the press
 
 
-def _masked(state: Prefill) -> dict[int, set[tuple[int, int, int]]]:
-    found: dict[int, set[tuple[int, int, int]]] = {}
-    for entry in state.attention_state:
-        indices = entry.attributes.get(MASKED_KEYS)
-        if indices is not None and indices is not module_state.ABSENT:
-            found[entry.layer] = set(zip(*(t.tolist() for t in indices)))
-    return found
-
-
 def _head_counts(state: Prefill, layer: int) -> list[int]:
     length = state.cache.layers[layer].keys.shape[2]
     heads = state.cache.layers[layer].keys.shape[1]
@@ -256,7 +248,7 @@ def test_direct_press_equals_the_press_derived_from_a_record(model: Any, ids: to
     torch.testing.assert_close(
         teacher_forced_logprobs(model, derived, tokens), teacher_forced_logprobs(model, direct, tokens)
     )
-    assert all(MASKED_KEYS not in vars(layer.self_attn) for layer in model.model.layers)  # captured, not left
+    assert all(MASKED_KEYS not in vars(layer.self_attn) for layer in model.model.layers)  # moved into the cache
 
 
 def test_kvpress_context_manager_sets_the_same_cache_and_masks(model: Any, ids: torch.Tensor) -> None:

@@ -18,6 +18,7 @@ from kvpress.utils import get_prerope_query_states
 
 from ripplekv.inference.generate import prefill
 from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.headwise import headwise_of
 from ripplekv.presses import make_press
 from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
 from ripplekv.presses.score_memo import ScoreMemo, memoized, scorer_key
@@ -106,8 +107,9 @@ def test_a_chunked_prescored_record_keeps_the_same_tokens(chunk: int) -> None:
 
 
 def _masks(state: Any) -> list[tuple[int, list[torch.Tensor]]]:
-    """AdaKV's masked key indices per layer (the state its derived cache carries)."""
-    return [(m.layer, list(m.attributes["masked_key_indices"])) for m in state.attention_state]
+    """AdaKV's masked key indices per layer (held by its derived cache's layers)."""
+    masks = [(index, headwise_of(layer)) for index, layer in enumerate(state.cache.layers)]
+    return [(index, list(mask.indices)) for index, mask in masks if mask is not None]
 
 
 def test_adakv_scores_through_the_memo_and_a_bare_kvpress_adakv_is_refused() -> None:

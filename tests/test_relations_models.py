@@ -15,8 +15,8 @@ from transformers import DynamicCache, Gemma3Config, MistralConfig, PretrainedCo
 
 from ripplekv.allocation.dynamickv import DynamicKVRule
 from ripplekv.allocation.per_prompt import PerPromptSchedule
-from ripplekv.inference.module_state import headwise_attention_mask
 from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.attention_masks import headwise_attention_mask
 from ripplekv.models.chunked_prefill import chunk_bounds, prefill_in_chunks
 from ripplekv.models.layer_types import NoGlobalLayersError, compressed_layers, sliding_layers
 from ripplekv.models.padded import KeyValidity, RaggedLayer
@@ -77,9 +77,9 @@ def test_a_ragged_rows_mask_gives_each_query_head_its_own_kv_heads_validity() ->
 
 def test_adakvs_headwise_mask_bars_every_query_head_of_the_masked_kv_head_only() -> None:
     """``headwise_attention_mask``: a masked (KV head, position) is hidden from exactly the query heads of that KV
-    head. Seeded bug caught (in memory only: module_state.py is being edited by another agent): ``h % kv_heads``."""
-    masked = (torch.tensor([0, 0, 0]), torch.tensor([0, 1, 1]), torch.tensor([2, 0, 3]))
-    mask = headwise_attention_mask(None, masked, HEADS, KV_HEADS, query_len=1, key_len=6)
+    head. Seeded bug caught: ``h % kv_heads``."""
+    head, position = torch.tensor([0, 1, 1]), torch.tensor([2, 0, 3])
+    mask = headwise_attention_mask(None, head, position, HEADS, KV_HEADS, query_len=1, key_len=6, device="cpu")
     hidden = {(0, 2), (1, 0), (1, 3)}
     for h in range(HEADS):
         for p in range(6):

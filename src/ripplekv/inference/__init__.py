@@ -4,19 +4,19 @@ from ripplekv.inference.generate import (
     PROTOCOLS,
     GenerationResult,
     Prefill,
+    cache_forward,
     extend,
     generate_answer,
     greedy_decode,
     kept_tokens,
     prefill,
 )
-from ripplekv.inference.module_state import ModuleState
 
 __all__ = [
     "PROTOCOLS",
     "GenerationResult",
-    "ModuleState",
     "Prefill",
+    "cache_forward",
     "extend",
     "generate_answer",
     "greedy_decode",

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.inference.module_state import ABSENT, ModuleState, applied_state, attention_modules, capture_state
-from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.attention import CACHE_KWARG, attends_per_layer_natively, enable_varlen_attention
 from ripplekv.models.cache import cache_bytes, fork_cache, layer_lengths
 from ripplekv.models.chunked_prefill import check_prefill_chunk, chunk_bounds, prefill_in_chunks
+from ripplekv.models.headwise import MASKED_KEYS, attention_modules, discard_masks, headwise_of, take_mask
 from ripplekv.presses.registry import check_prompt_length
 
 PROTOCOLS = ("question-aware", "query-agnostic")
@@ -24,26 +26,18 @@ class Prefill:
     """A prompt prefilled (and compressed) into a cache.
 
     Args:
-        cache: the (compressed) cache of the prompt. :func:`extend`, :func:`greedy_decode` and
+        cache: the (compressed) cache of the prompt, head-wise masks (AdaKV) held by its layers
+            (:class:`~ripplekv.models.headwise.MaskedLayer`). :func:`extend`, :func:`greedy_decode` and
             :func:`ripplekv_eval.fastpath.fidelity.teacher_forced_logprobs` run over a fork of it and never change it.
         next_logits: ``(vocab,)`` logits of the token after the prompt.
         prompt_tokens: tokens of the prompt, i.e. the position of the next token.
         seconds: wall time of the prefill (plus any derivation or extension).
-        attention_state: attention-module attributes the press set for later passes (AdaKV's
-            ``masked_key_indices``), applied during every pass over this cache and removed afterwards
-            (see :mod:`ripplekv.inference.module_state`); empty for presses that act through the cache alone.
     """
 
     cache: DynamicCache
     next_logits: torch.Tensor
     prompt_tokens: int
     seconds: float
-    attention_state: tuple[ModuleState, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "attention_state", tuple(self.attention_state))
-        if not all(isinstance(state, ModuleState) for state in self.attention_state):
-            raise TypeError("attention_state must hold ModuleState entries")
 
 
 @dataclass(frozen=True)
@@ -81,8 +75,9 @@ def prefill(
 ) -> Prefill:
     """Run ``input_ids`` (shape ``(1, n)``) into ``cache`` (a new one by default), compressing with ``press``.
 
-    Attributes the press sets on the attention modules (AdaKV's ``masked_key_indices``) are captured into the
-    result's ``attention_state`` and the modules are restored: later passes over the result apply them.
+    Head-wise masks the press leaves on the attention modules (kvpress's ``masked_key_indices``, AdaKV) are read
+    once after the pass into the cache's layers (:func:`~ripplekv.models.headwise.take_mask`) and removed from the
+    modules.
 
     Args:
         model: the model.
@@ -108,22 +103,84 @@ def prefill(
     check_prompt_length(press, input_ids.shape[1])
     cache = cache if cache is not None else (DynamicCache() if len(chunks) == 1 else None)
     device = next(model.parameters()).device
-    captured: list[ModuleState] = []
     start = time.perf_counter()
     if press is not None:
-        with capture_state(attention_modules(model), captured), press(model):
-            logits = model(input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        modules = attention_modules(model)
+        discard_masks(modules)
+        try:
+            with press(model):
+                logits = model(input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        except BaseException:
+            discard_masks(modules)
+            raise
+        cache.layers = [take_mask(module, layer) for module, layer in zip(modules, cache.layers, strict=True)]
     else:
         cache, logits = prefill_in_chunks(model, input_ids.to(device), prefill_chunk, cache)
-    return Prefill(cache, logits[0, -1], input_ids.shape[1], time.perf_counter() - start, tuple(captured))
+    return Prefill(cache, logits[0, -1], input_ids.shape[1], time.perf_counter() - start)
+
+
+@contextmanager
+def _kvpress_masks(model: PreTrainedModel, cache: DynamicCache) -> Iterator[None]:
+    """Under FlashAttention, which runs no ripplekv attention function, the cache's head-wise masks for one pass.
+
+    kvpress's wrapper of the FlashAttention function realises them with fake keys read from the attention modules
+    (``masked_key_indices``), as kvpress does under it: set here for the pass and removed after it. Exact on
+    single-token decoding; a multi-token pass may raise kvpress's ``ValueError: Could not find fake keys`` and then
+    needs ``attn_implementation='sdpa'``. Under ripplekv's attention functions nothing is set.
+    """
+    masked = {index: mask for index, mask in enumerate(map(headwise_of, cache.layers)) if mask is not None}
+    if not masked or not attends_per_layer_natively(model):
+        yield
+        return
+    modules = attention_modules(model)
+    held = [index for index in masked if getattr(modules[index], MASKED_KEYS, None) is not None]
+    if held:
+        raise ValueError(
+            f"the attention modules of layer(s) {held} hold head-wise masks already (a kvpress press used directly, or "
+            "a pass inside a pass): run a pass over a head-wise masked cache on its own"
+        )
+    try:
+        for index, mask in masked.items():
+            setattr(modules[index], MASKED_KEYS, mask.indices)
+        yield
+    finally:
+        discard_masks(modules[index] for index in masked)
+
+
+def cache_forward(
+    model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache, positions: torch.Tensor, **kwargs: Any
+) -> torch.Tensor:
+    """The logits of one forward pass of ``input_ids`` (``(rows, n)``) over ``cache`` at ``positions`` (``(n,)``).
+
+    The pass carries the cache to ripplekv's attention functions
+    (:data:`~ripplekv.models.attention_functions.CACHE_KWARG`), which read each layer's head-wise mask and kind from
+    it; under FlashAttention the masks go to kvpress's wrapper instead (:func:`_kvpress_masks`). The cache is
+    extended in place: pass a fork to keep a prefill.
+
+    Args:
+        model: the model.
+        input_ids: the new tokens, every row at the same positions.
+        cache: the cache they attend over.
+        positions: their positions.
+        **kwargs: further forward arguments (``logits_to_keep``, a padded batch's ``key_validity``).
+    """
+    with _kvpress_masks(model, cache):
+        return model(
+            input_ids,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0).expand(input_ids.shape[0], -1),
+            **{CACHE_KWARG: cache},
+            **kwargs,
+        ).logits
 
 
 @torch.no_grad()
 def extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
     """Run more prompt tokens over a (possibly compressed) cache, at their true positions.
 
-    The pass runs over a fork of ``state.cache`` (``state`` is left unchanged) with ``state.attention_state``
-    applied; the result holds the fork and the same attention state.
+    The pass runs over a fork of ``state.cache`` (``state`` is left unchanged); the result holds the fork.
 
     Args:
         model: the model ``state`` was prefilled with.
@@ -135,42 +192,25 @@ def extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> P
     positions = torch.arange(state.prompt_tokens, state.prompt_tokens + input_ids.shape[1], device=device)
     cache = fork_cache(state.cache)
     start = time.perf_counter()
-    with applied_state(model, state.attention_state):
-        logits = model(
-            input_ids.to(device),
-            past_key_values=cache,
-            use_cache=True,
-            cache_position=positions,
-            position_ids=positions.unsqueeze(0),
-            logits_to_keep=1,
-        ).logits
+    logits = cache_forward(model, input_ids.to(device), cache, positions, logits_to_keep=1)
     return Prefill(
-        cache,
-        logits[0, -1],
-        state.prompt_tokens + input_ids.shape[1],
-        state.seconds + time.perf_counter() - start,
-        state.attention_state,
+        cache, logits[0, -1], state.prompt_tokens + input_ids.shape[1], state.seconds + time.perf_counter() - start
     )
 
 
 def kept_tokens(state: Prefill) -> list[int]:
     """Tokens kept per layer of ``state.cache``; keys masked head-wise (AdaKV) are not counted.
 
-    A layer whose attention state holds ``masked_key_indices`` (kvpress's ``(batch, head, position)`` index
-    tensors) counts ``round(masked entries / kv_heads)`` tokens fewer than it holds.
+    A layer holding a head-wise mask counts ``round(masked entries / kv_heads)`` tokens fewer than it holds.
 
     Args:
         state: a prefilled (compressed) prompt.
     """
     kept = layer_lengths(state.cache)
-    for module_state in state.attention_state:
-        masked = module_state.attributes.get("masked_key_indices")
-        if masked is None or masked is ABSENT:
-            continue
-        if module_state.layer >= len(kept):
-            raise ValueError(f"attention state for layer {module_state.layer}, but the cache has {len(kept)} layers")
-        kv_heads = state.cache.layers[module_state.layer].keys.shape[1]
-        kept[module_state.layer] -= round(len(masked[0]) / kv_heads)
+    for index, layer in enumerate(state.cache.layers):
+        mask = headwise_of(layer)
+        if mask is not None:
+            kept[index] -= round(mask.entries / mask.kv_heads)
     return kept
 
 
@@ -193,8 +233,7 @@ def greedy_decode(
 ) -> list[int]:
     """Greedy tokens after a prefill, ending with the first id of ``stop_ids`` generated (included) if any.
 
-    Decodes over a fork of ``state.cache`` with ``state.attention_state`` applied, so one :class:`Prefill` can be
-    decoded several times.
+    Decodes over a fork of ``state.cache``, so one :class:`Prefill` can be decoded several times.
 
     Args:
         model: the model ``state`` was prefilled with.
@@ -218,23 +257,16 @@ def greedy_decode(
     tokens: list[int] = []
     logits = state.next_logits
     position = state.prompt_tokens
-    with applied_state(model, state.attention_state):
-        for _ in range(max_new_tokens):
-            if len(tokens) < min_new_tokens and banned.numel():
-                logits = logits.index_fill(-1, banned, float("-inf"))
-            token = int(logits.argmax())
-            tokens.append(token)
-            if token in stop_ids or len(tokens) == max_new_tokens:
-                break
-            pos = torch.tensor([position], device=device)
-            logits = model(
-                torch.tensor([[token]], device=device),
-                past_key_values=cache,
-                use_cache=True,
-                cache_position=pos,
-                position_ids=pos.unsqueeze(0),
-            ).logits[0, -1]
-            position += 1
+    for _ in range(max_new_tokens):
+        if len(tokens) < min_new_tokens and banned.numel():
+            logits = logits.index_fill(-1, banned, float("-inf"))
+        token = int(logits.argmax())
+        tokens.append(token)
+        if token in stop_ids or len(tokens) == max_new_tokens:
+            break
+        pos = torch.tensor([position], device=device)
+        logits = cache_forward(model, torch.tensor([[token]], device=device), cache, pos)[0, -1]
+        position += 1
     return tokens
 
 

@@ -26,10 +26,11 @@ Which implementations attend over per-layer caches (:func:`supports_per_layer_le
   causal mask bottom-right on every call, over whatever keys the layer holds, and transformers' mask function for
   it returns ``None`` for an unpadded batch, which is also why kvpress runs per-layer presses under it. They are
   kept as the user loaded them. Three passes need ripplekv's own attention functions and are not served by
-  FlashAttention: a padded batch over compressed caches (``key_validity``), the ragged batched decode
-  (``ragged_cache``) and profiling's shared-prefix rows (``shared_prefix``); their callers fall back to exact
-  paths (one cache at a time, :func:`ripplekv.profiling.passes.layer_by_layer`) under it
-  (:func:`uses_varlen_attention` says whether a model runs ripplekv's functions).
+  FlashAttention: a padded batch over compressed caches (``key_validity``), the ragged batched decode (a cache of
+  :class:`~ripplekv.models.padded.RaggedLayer`) and profiling's shared-prefix rows (``shared_prefix``); their callers
+  fall back to exact paths (one cache at a time, :func:`ripplekv.profiling.passes.layer_by_layer`) under it
+  (:func:`uses_varlen_attention` says whether a model runs ripplekv's functions). Head-wise masked caches (AdaKV)
+  run under it through kvpress's fake keys (:func:`ripplekv.inference.generate.cache_forward`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from ripplekv.models.attention_functions import SlidingWindowError, sdpa_gqa_forward, varlen_attention_function
+from ripplekv.models.attention_functions import (
+    CACHE_KWARG,
+    SlidingWindowError,
+    sdpa_gqa_forward,
+    varlen_attention_function,
+)
 from ripplekv.models.attention_masks import (
     PaddedBatchError,
     fit_attention_mask,
@@ -62,6 +68,7 @@ __all__ = [
     "uses_varlen_attention",
     "varlen_name",
     # re-exported, imported from here across the package: the masks and the attention functions
+    "CACHE_KWARG",
     "PaddedBatchError",
     "SlidingWindowError",
     "fit_attention_mask",
@@ -169,7 +176,7 @@ def attends_per_layer_natively(model: PreTrainedModel) -> bool:
 def uses_varlen_attention(model: PreTrainedModel) -> bool:
     """Whether ``model`` runs ripplekv's own attention functions (``ripplekv_sdpa`` / ``ripplekv_eager``).
 
-    Only these serve the passes that carry ``key_validity`` (a padded batch of compressed caches), ``ragged_cache``
+    Only these serve the passes that carry ``key_validity`` (a padded batch of compressed caches), a ragged cache
     (batched decoding) or ``shared_prefix`` (profiling's fast path). Whether a model can attend over per-layer
     caches at all is :func:`supports_per_layer_lengths`.
     """

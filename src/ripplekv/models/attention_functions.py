@@ -2,15 +2,19 @@
 
 One concern: computing a layer's attention over per-layer KV caches, given the mask of
 :mod:`ripplekv.models.attention_masks`. :func:`varlen_attention_function` builds the function registered for a
-stock implementation (``sdpa`` or ``eager``); each call serves one of these passes:
+stock implementation (``sdpa`` or ``eager``). A pass over a cache carries it (:data:`CACHE_KWARG`; transformers hands
+the attention function its keyword arguments, not the cache), and the layer says what it is:
 
-* ``shared_prefix``: many rows over one shared cached prefix (:mod:`ripplekv.models.shared_prefix`, profiling's
-  fast path); a sliding-window layer beyond its window raises :class:`SlidingWindowError`;
-* ``ragged_cache``: caches of their own lengths, each row attended over its own keys and values
-  (:class:`ripplekv.models.padded.RaggedLayer`, batched decoding);
-* ``key_validity``: a padded batch of compressed caches, each layer's mask built from which cached entries each row
-  may see (:class:`ripplekv.models.padded.KeyValidity`, batched teacher forcing);
-* otherwise an ordinary pass, its mask fitted to the layer's own key length.
+* a :class:`~ripplekv.models.padded.RaggedLayer`: caches of their own lengths, each row attended over its own keys
+  and values (batched decoding);
+* a layer holding a head-wise mask (:class:`~ripplekv.models.headwise.MaskedLayer`, AdaKV): its masked entries are
+  excluded exactly, through a per-head boolean mask;
+* any other layer: an ordinary pass, its mask fitted to the layer's own key length.
+
+Two passes carry data of the pass rather than of a layer: ``shared_prefix``, many rows over one shared cached prefix
+(:mod:`ripplekv.models.shared_prefix`, profiling's fast path; a sliding-window layer beyond its window raises
+:class:`SlidingWindowError`), and ``key_validity``, a padded batch of compressed caches whose masks are built from which
+cached entries each row may see (:class:`ripplekv.models.padded.KeyValidity`, batched teacher forcing).
 
 A plain causal offset (new queries over a longer layer, no padding) is no dense tensor at all: sdpa gets
 :func:`torch.nn.attention.bias.causal_lower_right` (:func:`sdpa_gqa_forward`). When every layer has the same
@@ -27,10 +31,14 @@ from torch.nn.attention.bias import causal_lower_right
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ripplekv.models.attention_masks import fit_attention_mask, sliding_layer_mask, sliding_window_mask
+from ripplekv.models.headwise import MASKED_KEYS, headwise_of
 from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import shared_prefix_attention
 
-__all__ = ["SlidingWindowError", "sdpa_gqa_forward", "varlen_attention_function"]
+__all__ = ["CACHE_KWARG", "SlidingWindowError", "sdpa_gqa_forward", "varlen_attention_function"]
+
+CACHE_KWARG = "ripplekv_cache"
+"""The keyword argument of a forward pass that carries its cache to ripplekv's attention functions."""
 
 
 class SlidingWindowError(ValueError):
@@ -96,8 +104,8 @@ def _validity_mask(
     """
     if not isinstance(validity, KeyValidity):
         raise TypeError(f"key_validity must be a KeyValidity, got {type(validity).__name__}")
-    if getattr(module, "masked_key_indices", None) is not None:
-        raise ValueError("a padded batch carries head-wise masks in its key validity, not in masked_key_indices")
+    if getattr(module, MASKED_KEYS, None) is not None:
+        raise ValueError(f"a padded batch carries head-wise masks in its key validity, not in {MASKED_KEYS}")
     if validity.rows != query.shape[0]:
         raise ValueError(f"key validity for {validity.rows} rows, the pass has {query.shape[0]}")
     allowed = validity.mask(module.layer_idx, query.shape[2], key.shape[2], query.shape[1])
@@ -108,15 +116,12 @@ def _validity_mask(
 
 
 def _ragged_attention(
-    module: torch.nn.Module, query: torch.Tensor, ragged: Any, scaling: float | None, window: int | None = None
+    module: torch.nn.Module, query: torch.Tensor, layer: RaggedLayer, scaling: float | None, window: int | None = None
 ) -> torch.Tensor:
-    """Each row's queries over that row's own keys and values (a :class:`RaggedLayer` of ``ragged``); a sliding
-    layer's (``window``) keys, never compressed, get its sliding mask too."""
-    layer = ragged.layers[module.layer_idx]
-    if not isinstance(layer, RaggedLayer):
-        raise TypeError(f"ragged_cache layer {module.layer_idx} is a {type(layer).__name__}, not a RaggedLayer")
-    if getattr(module, "masked_key_indices", None) is not None:
-        raise ValueError("a ragged batch carries head-wise masks in its rows, not in masked_key_indices")
+    """Each row's queries over that row's own keys and values (``layer``'s rows); a sliding layer's (``window``)
+    keys, never compressed, get its sliding mask too."""
+    if getattr(module, MASKED_KEYS, None) is not None:
+        raise ValueError(f"a ragged batch carries head-wise masks in its rows, not in {MASKED_KEYS}")
     heads, query_len = query.shape[1], query.shape[2]
     outputs = []
     for row in range(query.shape[0]):
@@ -170,11 +175,22 @@ def varlen_attention_function(base_name: str, default: Callable, additive: bool)
                     f"{window}: profile such a sequence with the generic path (ripplekv.profiling.passes)"
                 )
             return shared_prefix_attention(query, key, value, shared, kwargs.get("scaling")), None
-        ragged = kwargs.pop("ragged_cache", None)
-        if ragged is not None:  # caches of their own lengths, attended row by row (see ripplekv.models.padded)
-            return _ragged_attention(module, query, ragged, kwargs.get("scaling"), window), None
+        cache = kwargs.pop(CACHE_KWARG, None)
+        layer = None if cache is None else cache.layers[module.layer_idx]
+        if isinstance(layer, RaggedLayer):  # caches of their own lengths, attended row by row
+            return _ragged_attention(module, query, layer, kwargs.get("scaling"), window), None
+        headwise = headwise_of(layer)
+        if headwise is not None:  # the layer's head-wise masked entries (AdaKV), excluded exactly
+            if window is not None or additive:
+                raise ValueError(
+                    "head-wise masked keys (AdaKV) need sdpa attention over a global layer, not eager attention "
+                    "or a sliding-window layer"
+                )
+            attention_mask = headwise.attention_mask(
+                attention_mask, query.shape[1], query.shape[2], key.shape[2], query.device
+            )
         validity = kwargs.pop("key_validity", None)
-        masked = getattr(module, "masked_key_indices", None) is not None  # kvpress's head-wise wrapper is live
+        masked = getattr(module, MASKED_KEYS, None) is not None  # a press used directly: kvpress's wrapper masks
         beyond_window = window is not None and key.shape[2] > window
         if base_name == "sdpa" and validity is None and attention_mask is None and not masked and not beyond_window:
             return sdpa_gqa_forward(module, query, key, value, None, dropout, **kwargs)  # causal offset, no dense mask

@@ -35,6 +35,7 @@ from transformers.masking_utils import causal_mask_function
 __all__ = [
     "PaddedBatchError",
     "fit_attention_mask",
+    "headwise_attention_mask",
     "sliding_layer_mask",
     "sliding_window_mask",
     "varlen_mask_function",
@@ -159,6 +160,45 @@ def fit_attention_mask(
     fill = 0.0 if additive else True
     prefix = torch.full((*mask.shape[:-1], key_len - query_len), fill, dtype=mask.dtype, device=mask.device)
     return torch.cat([prefix, new], dim=-1)
+
+
+def headwise_attention_mask(
+    base: torch.Tensor | None,
+    head: torch.Tensor,
+    position: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    query_len: int,
+    key_len: int,
+    device: torch.device | str | None,
+) -> torch.Tensor:
+    """The boolean mask of one layer with head-wise masked cached entries (AdaKV) excluded exactly.
+
+    Args:
+        base: the mask the layer received (boolean, True = attend; ``None`` when transformers built none).
+        head, position: the masked entries' KV heads and positions (among the cached keys).
+        heads: query heads of the layer; each KV head's entries are hidden from every query head of its group.
+        kv_heads: key/value heads of the layer.
+        query_len: new tokens of the pass (the last ``query_len`` keys).
+        key_len: keys of the layer in the pass (cached plus new).
+        device: where the mask is made (the device of the queries).
+
+    Returns:
+        ``(batch, heads, query_len, key_len)``: ``base`` fitted to the layer (bottom-right causal when ``None``) and
+        the masked entries.
+
+    Raises:
+        ValueError: for an additive (float) ``base``: eager attention cannot take the boolean mask.
+    """
+    if base is not None and base.dtype != torch.bool:
+        raise ValueError("head-wise masked keys (AdaKV) need a boolean attention mask: use sdpa, not eager attention")
+    allowed = fit_attention_mask(base, query_len, key_len, device=device)
+    if allowed is None:
+        allowed = _causal_mask(query_len, key_len, False, torch.float32, device)
+    keep = torch.ones(kv_heads, key_len, dtype=torch.bool, device=device)
+    keep[head.to(device), position.to(device)] = False
+    keep = keep.repeat_interleave(heads // kv_heads, dim=0)
+    return allowed.to(device) & keep.view(1, heads, 1, key_len)
 
 
 def _plain_causal(kwargs: dict[str, Any]) -> bool:

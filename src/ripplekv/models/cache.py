@@ -20,6 +20,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from ripplekv.models.headwise import HeadwiseMask, MaskedLayer
+
 KVPair = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -34,15 +36,17 @@ def cache_from_tensors(pairs: Sequence[KVPair]) -> DynamicCache:
     Appending to the returned cache never modifies the given tensors, since ``DynamicLayer.update``
     concatenates into new storage.
     """
-    layers = []
-    for keys, values in pairs:
-        if keys.shape != values.shape:
-            raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} differ in shape")
-        layer = DynamicLayer()
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-        layers.append(layer)
-    return cache_from_layers(layers)
+    return cache_from_layers([dynamic_layer(keys, values) for keys, values in pairs])
+
+
+def dynamic_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+    """A ``DynamicLayer`` holding ``keys`` and ``values`` by reference."""
+    if keys.shape != values.shape:
+        raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} differ in shape")
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+    return layer
 
 
 def layer_lengths(cache: DynamicCache) -> list[int]:
@@ -114,17 +118,18 @@ class PassThroughLayer(DynamicLayer):
 def fork_cache(cache: DynamicCache) -> DynamicCache:
     """A new cache container over the same tensors: running over the fork never changes ``cache``.
 
-    Each layer object is copied shallowly (its tensors by reference); ``DynamicLayer`` and
-    ``DynamicSlidingWindowLayer`` append through ``torch.cat`` and then rebind their attributes, so neither the
-    given cache's layer objects nor its tensors are written by a pass over the fork. Layers that write into
+    Each layer object is copied shallowly (its tensors, and a head-wise mask, by reference); ``DynamicLayer``,
+    :class:`~ripplekv.models.headwise.MaskedLayer` and ``DynamicSlidingWindowLayer`` append through ``torch.cat`` and
+    then rebind their attributes, so neither the given cache's layer objects nor its tensors are written by a pass over
+    the fork. Layers that write into
     their buffers in place (:class:`PreallocatedLayer`) or store nothing (:class:`PassThroughLayer`), and any
     other layer type, are refused with a ``TypeError``.
     """
     layers = []
     for i, layer in enumerate(cache.layers):
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+        if type(layer) not in (DynamicLayer, MaskedLayer, DynamicSlidingWindowLayer):
             raise TypeError(
-                f"cannot fork cache layer {i} of type {type(layer).__name__}: only DynamicLayer and "
+                f"cannot fork cache layer {i} of type {type(layer).__name__}: only DynamicLayer, MaskedLayer and "
                 "DynamicSlidingWindowLayer append without writing into their tensors"
             )
         layers.append(copy.copy(layer))
@@ -185,12 +190,20 @@ class OverlayLayer(DynamicLayer):
     Args:
         keys, values: the base layer's ``(batch, kv_heads, n, head_dim)`` tensors (never written).
         appended: tokens appended after them, as ``(keys, values)`` (default: none).
+        headwise: the base layer's head-wise mask (a :class:`~ripplekv.models.headwise.MaskedLayer`'s), or None.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, appended: KVPair | None = None) -> None:
+    def __init__(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        appended: KVPair | None = None,
+        headwise: HeadwiseMask | None = None,
+    ) -> None:
         super().__init__()
         self.lazy_initialization(keys, values)
         self.base_keys, self.base_values = keys, values
+        self.headwise = headwise
         if appended is None:
             empty = (*keys.shape[:2], 0)
             appended = (keys.new_empty((*empty, keys.shape[3])), values.new_empty((*empty, values.shape[3])))
@@ -213,16 +226,16 @@ class OverlayLayer(DynamicLayer):
         return int(self.base_keys.shape[-2] + self.keys.shape[-2])
 
     def fork(self) -> OverlayLayer:
-        """A new layer over the same base and appended tensors (by reference)."""
-        return OverlayLayer(self.base_keys, self.base_values, (self.keys, self.values))
+        """A new layer over the same base and appended tensors and head-wise mask (by reference)."""
+        return OverlayLayer(self.base_keys, self.base_values, (self.keys, self.values), self.headwise)
 
 
 def lean_fork(cache: DynamicCache) -> DynamicCache:
     """A fork of ``cache`` that holds its tensors by reference and what a pass appends apart (no copy).
 
-    ``DynamicLayer`` and :class:`OverlayLayer` layers become :class:`OverlayLayer`; any other layer (a sliding
-    window's, which crops itself) is forked as :func:`fork_cache` forks it, the exact copying path. Running over the
-    fork never changes ``cache``.
+    ``DynamicLayer``, :class:`~ripplekv.models.headwise.MaskedLayer` (its mask kept) and :class:`OverlayLayer` layers
+    become :class:`OverlayLayer`; any other layer (a sliding window's, which crops itself) is forked as
+    :func:`fork_cache` forks it, the exact copying path. Running over the fork never changes ``cache``.
 
     Args:
         cache: the cache to fork.
@@ -231,6 +244,8 @@ def lean_fork(cache: DynamicCache) -> DynamicCache:
     for layer in cache.layers:
         if type(layer) is DynamicLayer:
             layers.append(OverlayLayer(layer.keys, layer.values))
+        elif type(layer) is MaskedLayer:
+            layers.append(OverlayLayer(layer.keys, layer.values, headwise=layer.headwise))
         elif isinstance(layer, OverlayLayer):
             layers.append(layer.fork())
         else:

@@ -12,7 +12,7 @@ Masked entries get exactly zero attention weight, so each row computes what it c
 rounding (different reduction lengths and batched matrix products).
 
 Only ripplekv's attention functions (``ripplekv_sdpa`` / ``ripplekv_eager``) read ``key_validity`` and
-``ragged_cache``; FlashAttention ignores keyword arguments it does not know, so callers check
+ragged layers; FlashAttention ignores keyword arguments it does not know, so callers check
 :func:`ripplekv.models.attention.uses_varlen_attention` first (:mod:`ripplekv_eval.fastpath.batched` does: it raises
 ``NotBatchableError`` for decoding and teacher-forces one cache at a time otherwise).
 """
@@ -162,7 +162,7 @@ class RaggedLayer(DynamicLayer):
 
     ``update`` writes each row's new tokens into that row's buffer and hands the new tokens back; the attention
     reads every row's own keys and values through :meth:`row` (the variable-length attention functions do this
-    when the pass carries ``ragged_cache``: the cache made of these layers). The projections and MLPs of the pass
+    when the pass carries the cache made of these layers). The projections and MLPs of the pass
     run batched over all rows; only attention runs row by row, each over exactly its own entries.
 
     Args:

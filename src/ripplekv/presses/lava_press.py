@@ -15,15 +15,15 @@ layer's heads, every head at least ``floor_alpha`` of the average), its own high
 Heads of one layer then keep different numbers of tokens, which a dense cache cannot hold. The layer keeps, in
 every head, the ``m_l = max_h k_h`` highest-scored tokens (as :func:`~ripplekv.presses.per_prompt_press.select_top`
 keeps them, best first), and the surplus ``m_l - k_h`` of every other head is masked through kvpress's
-``module.masked_key_indices`` (``(batch, kv_head, position)``), the state AdaKV uses and
-:mod:`ripplekv.inference.module_state` captures with the cache and applies exactly on later passes. The cache's
+``module.masked_key_indices`` (``(batch, kv_head, position)``), as AdaKV's are, which ripplekv moves into the cache
+layer that later passes read (:mod:`ripplekv.models.headwise`). The cache's
 memory is the sum of the layers' maxima ``m_l`` (AdaKV keeps every token and masks); its attention sees exactly
 ``k_h`` tokens per head, ``B_l`` per head on average. A layer whose heads all keep ``B_l`` is evicted physically with
 no mask. Under ``floor_alpha = 1`` every layer is, and the caches are ``lava-layer``'s.
 
 Directly (``with press(model): model(...)``) the masks are set on the attention modules in the last compressed
 layer's hook; from a prefill record (:func:`ripplekv_eval.fastpath.derive.derived_prefill`) :meth:`LavaPress.derive`
-sets them on the recorded modules and the derivation captures them as the cache's attention state.
+sets them on the recorded modules and the derivation moves them into the derived cache's layers.
 """
 
 from __future__ import annotations

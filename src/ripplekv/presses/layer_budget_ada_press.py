@@ -13,9 +13,9 @@ how a layer's entries are shared among its heads. This press composes the two: l
 
 Heads keep different numbers of tokens, which a dense cache cannot hold. The press therefore leaves the layer's keys
 and values whole and sets kvpress's ``module.masked_key_indices`` (``(batch, kv_head, position)`` index tensors of the
-dropped entries), the state :mod:`ripplekv.inference.module_state` captures with the cache and applies exactly on
-every later pass. When every head of a layer happens to keep the same number of tokens the press evicts them
-physically instead (each head its own positions, in position order), freeing their memory.
+dropped entries), as kvpress's AdaKV does; ripplekv's prefill moves them into the cache layer, which later passes read
+(:mod:`ripplekv.models.headwise`). When every head of a layer happens to keep the same number of tokens the press
+evicts them physically instead (each head its own positions, in position order), freeing their memory.
 """
 
 from __future__ import annotations
@@ -31,17 +31,13 @@ from transformers import PreTrainedModel
 from ripplekv.allocation.budget import compression_ratio_keeping
 from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
+from ripplekv.models.headwise import MASKED_KEYS
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule, scorer_at_ratio
 from ripplekv.presses.score_memo import token_scores
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv.validation import is_real
 
 __all__ = ["DEFAULT_ALPHA_SAFEGUARD", "LayerBudgetAdaPress", "headwise_keep_mask", "safeguard_tokens"]
-
-# kvpress's head-wise key masks: (batch, kv_head, position) index tensors of the dropped entries. The name is kvpress's
-# (``kvpress.attention_patch``); ``ripplekv.inference.module_state.MASKED_KEYS`` is the same string (importing it here
-# would import ``ripplekv.inference``, which imports the press registry).
-MASKED_KEYS = "masked_key_indices"
 
 DEFAULT_ALPHA_SAFEGUARD = 0.2
 """kvpress's default ``alpha_safeguard`` (AdaKV's paper uses 0.2 as well)."""
@@ -189,7 +185,7 @@ class LayerBudgetAdaPress(BasePress):
         """Check the schedule (and profile) against the model; enable variable-length attention where layers may differ.
 
         FlashAttention is kept as loaded (it attends over per-layer caches natively; its head-wise masks are kvpress's
-        fake keys, see :func:`ripplekv.inference.module_state.applied_state`); stock ``sdpa`` is switched.
+        fake keys, see :func:`ripplekv.inference.generate.cache_forward`); stock ``sdpa`` is switched.
 
         Raises:
             ValueError: if the schedule or profile does not fit the model, or the attention implementation has no

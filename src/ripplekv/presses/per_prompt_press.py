@@ -42,8 +42,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from ripplekv.allocation.budget import TokenBudgetError
 from ripplekv.allocation.per_prompt import PerPromptSchedule, TokenStatistic
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
+from ripplekv.models.headwise import MASKED_KEYS
 from ripplekv.models.layer_types import compressed_layers
-from ripplekv.presses.layer_budget_ada_press import MASKED_KEYS
 from ripplekv.presses.layer_budget_press import check_compressible
 from ripplekv.presses.score_memo import layer_statistic, token_scores
 from ripplekv.validation import is_integer
@@ -372,7 +372,7 @@ class PerPromptBudgetPress(BasePress):
                 out.append((layer.keys, layer.values))
                 continue
             kept_keys, kept_values, masked = self.prune(layer.keys, layer.values, scores[index], budgets[index], config)
-            if masked is not None:  # captured with the derived cache, the module restored (derive_cache)
+            if masked is not None:  # moved into the derived cache's layer (derive_cache)
                 setattr(layer.module, MASKED_KEYS, masked)
             out.append((kept_keys, kept_values))
         return out

@@ -35,6 +35,7 @@ from ripplekv.allocation.budget import BudgetSpec, budget_value
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import KVPair, cache_from_tensors, cache_tensors
+from ripplekv.models.headwise import headwise_of
 from ripplekv.presses.registry import make_press
 from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache, derived_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
@@ -111,13 +112,13 @@ def uniform_compressed(record: PrefillRecord, press: BasePress) -> list[KVPair]:
 
     Args:
         record: the prompt's recorded full prefill.
-        press: a press acting through the cache alone (SnapKV); one that sets attention-module state (AdaKV) is
+        press: a press acting through the keys and values alone (SnapKV); one that masks keys head-wise (AdaKV) is
             refused with :class:`~ripplekv_eval.fastpath.derive.NotDerivableError`.
     """
-    cache, states = derive_cache(record, press)
-    if states:
+    cache = derive_cache(record, press)
+    if any(headwise_of(layer) is not None for layer in cache.layers):
         raise NotDerivableError(
-            f"{type(press).__name__} sets attention-module state: its layers cannot be spliced into the full cache"
+            f"{type(press).__name__} masks keys head-wise: its layers cannot be spliced into the full cache"
         )
     return cache_tensors(cache)
 

@@ -45,6 +45,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, BudgetSpec, budget_value
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
 from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.headwise import headwise_of
 from ripplekv.presses.method_spec import MethodSpec, expand_grid, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS_WITHOUT_SCORER, make_press
@@ -231,14 +232,14 @@ class TuneConfig:
 
 def teacher_forced(model: PreTrainedModel, states: Sequence[Prefill], tokens: Sequence[int]) -> list[torch.Tensor]:
     """The teacher-forced log-probabilities of ``tokens`` over every state: padded batches for plain caches, one at a
-    time for caches with attention-module state (head-wise masks: AdaKV, LAVa), each in its input position.
+    time for caches with head-wise masks (AdaKV, LAVa), each in its input position.
 
     Args:
         model: the model.
         states: the caches.
         tokens: the forced tokens.
     """
-    plain = [i for i, state in enumerate(states) if not state.attention_state]
+    plain = [i for i, state in enumerate(states) if all(headwise_of(layer) is None for layer in state.cache.layers)]
     out: list[torch.Tensor | None] = [None] * len(states)
     if plain:
         batched = batched_teacher_forced_logprobs(model, [states[i] for i in plain], tokens, TEACHER_FORCED_ROWS)

@@ -8,12 +8,11 @@ One concern: which caches can share a batch, and the batch caches they become.
   step-cost model (:func:`plan_batches`, :data:`STEP_COST_TOKENS`) so padding stays cheap.
 * A **ragged batch** (:func:`ragged_batch`, for decoding): every row keeps its own length, one
   :class:`~ripplekv.models.padded.RaggedLayer` per layer over the rows' own buffers (:func:`ragged_cache_of`).
-* Head-wise masked caches (AdaKV's ``masked_key_indices``, taken from the cache's attention state) are compacted
-  first in both: each head keeps only its own entries, and a per-row mask covers the heads' different counts.
+* Head-wise masked cache layers (AdaKV's, :class:`~ripplekv.models.headwise.MaskedLayer`) are compacted first in
+  both: each head keeps only its own entries, and a per-row mask covers the heads' different counts.
 
 Caches that cannot share a batch raise :class:`NotBatchableError` (:func:`check_states`): a sliding-window layer
-(its cache crops itself), attention state other than head-wise key masks (module attributes cannot differ per row),
-a batch size other than 1, or rows that do not continue at the same position.
+(its cache crops itself), a batch size other than 1, or rows that do not continue at the same position.
 
 Memory: a ragged batch holds each row's entries (head-wise masked layers compacted) plus room for the answer in
 buffers of its own, a copy of the caches it was built from. :func:`decode_row` lays one cache out that way on its
@@ -35,8 +34,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ripplekv.inference.generate import Prefill
-from ripplekv.inference.module_state import ABSENT, MASKED_KEYS
-from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, cache_from_tensors
+from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, dynamic_layer
+from ripplekv.models.headwise import MaskedLayer, headwise_of
 from ripplekv.models.padded import KeyValidity, RaggedLayer, compact_heads, pad_layers
 
 __all__ = [
@@ -81,26 +80,13 @@ def _layer_kv(layer: DynamicLayer) -> KVPair:
     return layer.whole() if isinstance(layer, OverlayLayer) else (layer.keys, layer.values)
 
 
-def _row_validity(state: Prefill, row: int) -> dict[int, torch.Tensor]:
-    """Per layer with head-wise masked keys, the ``(kv_heads, n)`` entries row ``row`` may see."""
+def _row_validity(state: Prefill) -> dict[int, torch.Tensor]:
+    """Per layer with head-wise masked keys, the ``(kv_heads, n)`` entries the cache's row may see."""
     valid: dict[int, torch.Tensor] = {}
-    for module_state in state.attention_state:
-        for name, value in module_state.attributes.items():
-            if name != MASKED_KEYS:
-                raise NotBatchableError(
-                    f"row {row}: the cache's attention state sets {name!r} on layer {module_state.layer}, which "
-                    "cannot differ per batch row; decode it alone"
-                )
-            if value is None or value is ABSENT:
-                continue
-            layer = state.cache.layers[module_state.layer]
-            kv_heads, length = layer.keys.shape[1], layer.get_seq_length()
-            batch, head, position = value
-            if batch.numel() and int(batch.max()) > 0:
-                raise NotBatchableError(f"row {row}: head-wise masked keys of a batch larger than one")
-            keep = torch.ones(kv_heads, length, dtype=torch.bool, device=layer.keys.device)
-            keep[head.to(keep.device), position.to(keep.device)] = False
-            valid[module_state.layer] = keep
+    for index, layer in enumerate(state.cache.layers):
+        mask = headwise_of(layer)
+        if mask is not None:
+            valid[index] = mask.keep(layer.get_seq_length(), layer.keys.device)
     return valid
 
 
@@ -127,7 +113,7 @@ def check_states(states: Sequence[Prefill]) -> None:
             layers = len(state.cache.layers)
             raise NotBatchableError(f"row {row} has {layers} layers, row 0 has {len(first.cache.layers)}")
         for index, layer in enumerate(state.cache.layers):
-            if type(layer) not in (DynamicLayer, OverlayLayer):
+            if type(layer) not in (DynamicLayer, MaskedLayer, OverlayLayer):
                 raise NotBatchableError(
                     f"row {row}, layer {index}: a {type(layer).__name__} cannot be padded into a batch "
                     "(only full-attention DynamicLayer caches can)"
@@ -147,7 +133,7 @@ def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
             and the same ``prompt_tokens`` (the rows decode at the same positions). They are not changed.
     """
     check_states(states)
-    validity = [_row_validity(state, row) for row, state in enumerate(states)]
+    validity = [_row_validity(state) for state in states]
     layers, masks = [], []
     for index in range(len(states[0].cache.layers)):
         rows = []
@@ -156,7 +142,7 @@ def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
             keep = validity[row].get(index)
             rows.append((keys, values, None) if keep is None else compact_heads(keys, values, keep))
         keys, values, valid = pad_layers(rows)
-        layers.append(_dynamic(keys, values))
+        layers.append(dynamic_layer(keys, values))
         masks.append(valid)
     return cache_from_layers(layers), KeyValidity(tuple(masks))
 
@@ -165,7 +151,8 @@ def ragged_batch(states: Sequence[Prefill], room: int) -> DynamicCache:
     """A batch cache whose rows keep their own lengths (:class:`~ripplekv.models.padded.RaggedLayer`), no padding.
 
     Head-wise masked layers (AdaKV) are compacted (:func:`~ripplekv.models.padded.compact_heads`). Passes over it
-    must carry it as ``ragged_cache`` too: the attention then runs row by row over each row's own entries.
+    carry it to ripplekv's attention functions (:func:`~ripplekv.inference.generate.cache_forward`): the attention then
+    runs row by row over each row's own entries.
 
     Args:
         states: prefilled (compressed) caches of one prompt; left unchanged.
@@ -214,9 +201,9 @@ def row_bytes(state: Prefill, room: int) -> int:
     """
     check_states([state])
     check_count("room", room, 0)
-    validity = _row_validity(state, 0)
+    validity = _row_validity(state)
     total = 0
-    for index, (layer, length) in enumerate(zip(state.cache.layers, row_lengths(state, 0))):
+    for index, (layer, length) in enumerate(zip(state.cache.layers, row_lengths(state))):
         kv_heads = layer.keys.shape[1]
         per_token = kv_heads * (layer.keys.shape[3] + layer.values.shape[3]) * layer.keys.element_size()
         total += per_token * (length + room) + (kv_heads * length if index in validity else 0)
@@ -237,7 +224,7 @@ def decode_row(state: Prefill, room: int) -> DecodeRow:
     """
     check_states([state])
     check_count("room", room, 0)
-    validity = _row_validity(state, 0)
+    validity = _row_validity(state)
     buffers, lengths, valid = [], [], []
     for index, layer in enumerate(state.cache.layers):
         keys, values = _layer_kv(layer)
@@ -296,16 +283,11 @@ def ragged_cache_of(rows: Sequence[DecodeRow]) -> DynamicCache:
     for index in range(len(rows[0].buffers)):
         first_keys, first_values = rows[0].buffers[index]
         length = rows[0].lengths[index]
-        like = _dynamic(first_keys[:, :, :length], first_values[:, :, :length])  # dtype and device; never attended
+        like = dynamic_layer(first_keys[:, :, :length], first_values[:, :, :length])  # dtype and device; never attended
         buffers = [row.buffers[index] for row in rows]
         lengths = [row.lengths[index] for row in rows]
         layers.append(RaggedLayer._of(buffers, lengths, [row.valid[index] for row in rows], like))
     return cache_from_layers(layers)
-
-
-def _dynamic(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
-    """A ``DynamicLayer`` holding ``keys`` and ``values``."""
-    return cache_from_tensors([(keys, values)]).layers[0]
 
 
 STEP_COST_TOKENS = 8192
@@ -316,15 +298,14 @@ step over the cost of one cached token of one row, from the step costs in docs/r
 configuration of a prompt as one batch")."""
 
 
-def row_lengths(state: Prefill, row: int) -> list[int]:
-    """Entries per layer the row occupies in a batch (head-wise masked layers compacted).
+def row_lengths(state: Prefill) -> list[int]:
+    """Entries per layer the cache occupies as a batch row (head-wise masked layers compacted).
 
     Args:
         state: a prefilled (compressed) cache.
-        row: its row in the batch (named in error messages).
     """
     lengths = [layer.get_seq_length() for layer in state.cache.layers]
-    for layer, keep in _row_validity(state, row).items():
+    for layer, keep in _row_validity(state).items():
         lengths[layer] = int(keep.sum(dim=-1).max())
     return lengths
 
@@ -350,7 +331,7 @@ def plan_batches(states: Sequence[Prefill], max_rows: int | None = None) -> list
         check_count("max_rows", max_rows, 1)
     check_states(states)
     layers = len(states[0].cache.layers) if states else 1
-    lengths = [row_lengths(state, row) for row, state in enumerate(states)]
+    lengths = [row_lengths(state) for state in states]
 
     def cost(rows: int, widest: Sequence[int]) -> float:
         return STEP_COST_TOKENS + rows * sum(widest) / layers

@@ -24,7 +24,7 @@ flip a greedy choice only where the two best logits are within rounding of each 
 
 Caches that cannot be batched raise :class:`NotBatchableError` (see :mod:`ripplekv_eval.fastpath.batch_layout`), and so
 does a model that does not run ripplekv's attention functions
-(:func:`~ripplekv.models.attention.uses_varlen_attention`), which alone read the ``ragged_cache`` of a batched
+(:func:`~ripplekv.models.attention.uses_varlen_attention`), which alone read the ragged cache of a batched
 decoding step: FlashAttention, kept as loaded, attends over per-layer caches correctly one cache at a time, but
 would attend each row over nothing but its new token here. Batched teacher forcing falls back to one cache at a
 time under such a model itself.
@@ -45,7 +45,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from ripplekv.inference.generate import Prefill
+from ripplekv.inference.generate import Prefill, cache_forward
 from ripplekv.models.attention import unsupported_implementation_message, uses_varlen_attention
 from ripplekv.models.cache import cache_from_layers
 from ripplekv_eval.fastpath.batch_layout import (
@@ -154,7 +154,7 @@ def batched_greedy_decode_rows(
 
 def can_batch(model: PreTrainedModel) -> bool:
     """Whether ``model`` can decode a ragged batch of caches: it runs ripplekv's attention functions, which alone read
-    a batched step's ``ragged_cache`` (FlashAttention, kept as loaded, would attend each row over its new token only).
+    a batched step's ragged cache (FlashAttention, kept as loaded, would attend each row over its new token only).
     Check it before laying caches out as decode rows: a row cannot fall back to decoding alone.
 
     Args:
@@ -189,14 +189,7 @@ def _decode_batch(
             active = [active[slot] for slot in staying]
         step = torch.tensor([[tokens[row][-1]] for row in active], device=device)
         pos = torch.tensor([position], device=device)
-        logits = model(
-            step,
-            past_key_values=cache,
-            use_cache=True,
-            cache_position=pos,
-            position_ids=pos.expand(len(active), 1),
-            ragged_cache=cache,
-        ).logits[:, -1]
+        logits = cache_forward(model, step, cache, pos)[:, -1]
         position += 1
 
 
@@ -240,14 +233,8 @@ def batched_teacher_forced_logprobs(
             device = group[0].next_logits.device
             start = group[0].prompt_tokens
             positions = torch.arange(start, start + len(ids) - 1, device=device)
-            logits = model(
-                torch.tensor([ids[:-1]], device=device).expand(len(group), -1),
-                past_key_values=cache,
-                use_cache=True,
-                cache_position=positions,
-                position_ids=positions.unsqueeze(0).expand(len(group), -1),
-                key_validity=validity,
-            ).logits
+            ids_rows = torch.tensor([ids[:-1]], device=device).expand(len(group), -1)
+            logits = cache_forward(model, ids_rows, cache, positions, key_validity=validity)
             rest = logits.to("cpu", torch.float64)
         for index, logprobs in zip(batch, torch.log_softmax(torch.cat([first, rest], dim=1), dim=-1).unbind(0)):
             results[index] = logprobs

@@ -7,7 +7,7 @@ the same tensors a direct ``prefill(model, ids, press)`` produces (tested tensor
 Which presses are derivable (:func:`is_derivable`, checked again on every call):
 
 1. the press keeps :class:`BasePress`'s ``forward_hook`` and ``__call__``: its whole effect on a prefill is
-   to replace each layer's keys and values by what ``compress`` returns, plus any attributes ``compress`` sets on
+   to replace each layer's keys and values by what ``compress`` returns, plus the head-wise masks it leaves on
    the attention module (presses that override the hook or the context manager, e.g. decoding-time or composed
    presses, are not derivable); a press class may also declare ``derivable_from_record = False`` to opt out;
 2. ``compress`` leaves the recorded tensors as they were (a press writing into them in place invalidates the
@@ -19,15 +19,10 @@ Which presses are derivable (:func:`is_derivable`, checked again on every call):
    (:func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_needed`); else :class:`NotDerivableError` names the
    ``hidden_tail`` to record with.
 
-Presses that act through attention-module state are derivable too. AdaKV keeps every key and sets
-``module.masked_key_indices``, which kvpress's attention wrapper reads on every later pass. Around each layer's
-``compress`` the module's instance attributes are snapshotted; what ``compress`` changed is captured as a
-:class:`~ripplekv.inference.module_state.ModuleState` of that layer and the module is restored at once. The
-captured state travels with the derived cache as ``Prefill.attention_state``, and ``extend``, ``greedy_decode``
-and ``teacher_forced_logprobs`` set it on the modules for the duration of each pass over that cache and put back
-what was there afterwards (also on an exception). Configurations derived from one record therefore never see
-each other's masks, and the modules are left as they were. :func:`compress_recorded` returns a bare cache and so
-refuses such presses; use :func:`derived_prefill`.
+Head-wise presses are derivable too. AdaKV keeps every key and sets kvpress's ``module.masked_key_indices``; right
+after each layer's ``compress`` the mask is moved into the derived cache's layer
+(:func:`~ripplekv.models.headwise.take_mask`), which the passes over that cache read. Configurations derived from
+one record therefore never see each other's masks, and the modules are left without them.
 
 FullPress, StreamingLLM, SnapKV, PyramidKV (kvpress's and the authors' schedule), AdaKV and RippleKV (any scorer)
 are derivable. Every compressed cache derived from a record holds new tensors (``gather``) or, for layers a press
@@ -44,9 +39,9 @@ from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel
 
 from ripplekv.inference.generate import Prefill
-from ripplekv.inference.module_state import ModuleState, capture_state
-from ripplekv.models.cache import cache_from_tensors
+from ripplekv.models.cache import cache_from_layers, dynamic_layer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
+from ripplekv.models.headwise import discard_masks, take_mask
 from ripplekv.presses.registry import check_prompt_length
 from ripplekv.presses.score_memo import memoized
 from ripplekv_eval.fastpath.hidden_tail import (
@@ -60,7 +55,6 @@ from ripplekv_eval.fastpath.recording_press import LayerRecord
 
 __all__ = [
     "NotDerivableError",
-    "compress_recorded",
     "compressed_prefill_in_chunks",
     "derive_cache",
     "derived_prefill",
@@ -82,8 +76,8 @@ class _RecordedKwargs(dict):
 def is_derivable(press: BasePress) -> bool:
     """Static part of the rule (see the module docstring): default hook and context manager, no opt-out.
 
-    :func:`compress_recorded` also checks, on every call, that ``compress`` writes no module state and no
-    recorded tensor and reads only recorded kwargs.
+    :func:`derive_cache` also checks, on every call, that ``compress`` writes no recorded tensor and reads only
+    recorded kwargs.
     """
     if not getattr(press, "derivable_from_record", True):
         return False
@@ -101,14 +95,12 @@ def _tensor_versions(layer: LayerRecord) -> list[int]:
 
 
 @torch.no_grad()
-def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache, tuple[ModuleState, ...]]:
-    """The cache ``prefill(model, ids, press)`` would have built, and the attention-module state it set.
+def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
+    """The cache ``prefill(model, ids, press)`` would have built, head-wise masks (AdaKV) in its layers.
 
     Calls ``press.post_init_from_model(model)`` first (RippleKV checks its profile there), then
-    ``press.compress`` layer by layer on the recorded inputs. Attributes ``compress`` sets on a layer's attention
-    module (AdaKV's ``masked_key_indices``) are captured into the returned state and the module is restored at
-    once, so no configuration sees another's state. Raises :class:`NotDerivableError` for a press that cannot be
-    derived (see the module docstring).
+    ``press.compress`` layer by layer on the recorded inputs. Raises :class:`NotDerivableError` for a press that
+    cannot be derived (see the module docstring).
 
     Args:
         record: the recorded full prefill.
@@ -138,70 +130,54 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache,
         return _derive(record, press)
 
 
-def _derive(record: PrefillRecord, press: BasePress) -> tuple[DynamicCache, tuple[ModuleState, ...]]:
+def _derive(record: PrefillRecord, press: BasePress) -> DynamicCache:
+    modules = [layer.module for layer in record.layers]
+    discard_masks(modules)
     if getattr(press, "derives_all_layers", False):  # statistics of every layer first, then every layer's budget
         versions = [_tensor_versions(layer) for layer in record.layers]
-        captured: list[ModuleState] = []  # module state derive sets (LavaPress's head-wise masks), modules restored
-        with capture_state([layer.module for layer in record.layers], captured):
+        try:
             pairs = press.derive(record.layers, record.model.config)
+        except BaseException:
+            discard_masks(modules)
+            raise
+        layers = [take_mask(module, dynamic_layer(*pair)) for module, pair in zip(modules, pairs, strict=True)]
         if [_tensor_versions(layer) for layer in record.layers] != versions:
             record.invalid = f"{type(press).__name__}.derive wrote into the recorded tensors in place"
             raise NotDerivableError(record.invalid)
-        return cache_from_tensors(pairs), tuple(captured)
-    pairs = []
-    states: list[ModuleState] = []
-    for index, layer in enumerate(record.layers):
+        return cache_from_layers(layers)
+    layers = []
+    for layer in record.layers:
         versions = _tensor_versions(layer)
         kwargs = _RecordedKwargs(layer.kwargs)
-        captured: list[ModuleState] = []
-        with capture_state([layer.module], captured):
+        try:
             keys, values = press.compress(
                 layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, kwargs
             )
+        except BaseException:
+            discard_masks([layer.module])
+            raise
+        layers.append(take_mask(layer.module, dynamic_layer(keys, values)))
         if _tensor_versions(layer) != versions:
             record.invalid = f"{type(press).__name__}.compress wrote into the recorded tensors in place"
             raise NotDerivableError(record.invalid)
-        states.extend(ModuleState(index, state.module, state.attributes) for state in captured)
-        pairs.append((keys, values))
-    return cache_from_tensors(pairs), tuple(states)
-
-
-def compress_recorded(record: PrefillRecord, press: BasePress) -> DynamicCache:
-    """The cache ``prefill(model, ids, press)`` would have built, for presses that act through the cache alone.
-
-    A bare cache cannot carry attention-module state: for a press whose ``compress`` sets some (AdaKV) this
-    raises :class:`NotDerivableError` (the modules are left as they were); use :func:`derived_prefill`, which
-    carries that state with the cache.
-
-    Args:
-        record: the recorded full prefill.
-        press: the press to derive a cache for.
-    """
-    cache, states = derive_cache(record, press)
-    if states:
-        names = sorted({name for state in states for name in state.attributes})
-        raise NotDerivableError(
-            f"{type(press).__name__}.compress sets {', '.join(names)} on the attention modules (state read by later "
-            "passes, as AdaKV's masked keys): a bare cache cannot carry it, use derived_prefill"
-        )
-    return cache
+    return cache_from_layers(layers)
 
 
 def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, float]:
     """A :class:`Prefill` over the cache derived for ``press``, and the seconds the derivation took.
 
-    Works for every press of :func:`ripplekv.presses.make_press`, AdaKV included: the attention-module state
-    ``compress`` set is the result's ``attention_state``, applied during every later pass over it. Its ``seconds``
-    is the recorded prefill's time plus the derivation's, what a direct prefill would report.
+    Works for every press of :func:`ripplekv.presses.make_press`, AdaKV included (its masks held by the cache's
+    layers). Its ``seconds`` is the recorded prefill's time plus the derivation's, what a direct prefill would
+    report.
 
     Args:
         record: the recorded full prefill.
         press: the press to derive a cache for.
     """
     start = time.perf_counter()
-    cache, states = derive_cache(record, press)
+    cache = derive_cache(record, press)
     seconds = time.perf_counter() - start
-    prefill_state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds, states)
+    prefill_state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds)
     return prefill_state, seconds
 
 

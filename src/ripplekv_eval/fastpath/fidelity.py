@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from ripplekv.inference.generate import Prefill
-from ripplekv.inference.module_state import applied_state
+from ripplekv.inference.generate import Prefill, cache_forward
 from ripplekv.models.cache import fork_cache
 
 __all__ = ["ROW_BLOCK", "Fidelity", "fidelity", "logprob_rows", "mean_nll", "row_blocks", "teacher_forced_logprobs"]
@@ -91,8 +90,8 @@ def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequ
 
     Row ``i`` is the distribution of the token at position ``i`` given the prompt and ``tokens[:i]``: row 0 is
     ``state.next_logits``; the others come from one forward pass of ``tokens[:-1]`` over a fork of
-    ``state.cache`` (``state`` is left unchanged) at their true positions (``state.prompt_tokens`` onwards),
-    with ``state.attention_state`` applied. Multi-token passes over per-layer compressed caches need an
+    ``state.cache`` (``state`` is left unchanged) at their true positions (``state.prompt_tokens`` onwards).
+    Multi-token passes over per-layer compressed caches need an
     implementation that attends over them (:func:`ripplekv.models.attention.supports_per_layer_lengths`: ripplekv's
     variants, see :func:`~ripplekv.models.attention.enable_varlen_attention`, or FlashAttention).
 
@@ -109,14 +108,7 @@ def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequ
     if len(ids) > 1:
         device = state.next_logits.device
         positions = torch.arange(state.prompt_tokens, state.prompt_tokens + len(ids) - 1, device=device)
-        with applied_state(model, state.attention_state):
-            logits = model(
-                torch.tensor([ids[:-1]], device=device),
-                past_key_values=fork_cache(state.cache),
-                use_cache=True,
-                cache_position=positions,
-                position_ids=positions.unsqueeze(0),
-            ).logits
+        logits = cache_forward(model, torch.tensor([ids[:-1]], device=device), fork_cache(state.cache), positions)
         if logits.shape[1] != len(ids) - 1:
             raise ValueError(f"the model returned logits for {logits.shape[1]} of {len(ids) - 1} positions")
         return logprob_rows(state.next_logits, logits[0])

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from ripplekv.inference.generate import Prefill, greedy_decode
-from ripplekv.inference.module_state import applied_state
+from ripplekv.inference.generate import Prefill, cache_forward, greedy_decode
 from ripplekv.models.cache import lean_fork
 from ripplekv_eval.fastpath.fidelity import logprob_rows
 
@@ -51,17 +50,9 @@ def lean_extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor)
     positions = _positions(state, input_ids.shape[1])
     cache = lean_fork(state.cache)
     start = time.perf_counter()
-    with applied_state(model, state.attention_state):
-        logits = model(
-            input_ids.to(positions.device),
-            past_key_values=cache,
-            use_cache=True,
-            cache_position=positions,
-            position_ids=positions.unsqueeze(0),
-            logits_to_keep=1,
-        ).logits
+    logits = cache_forward(model, input_ids.to(positions.device), cache, positions, logits_to_keep=1)
     seconds = state.seconds + time.perf_counter() - start
-    return Prefill(cache, logits[0, -1], int(positions[-1]) + 1, seconds, state.attention_state)
+    return Prefill(cache, logits[0, -1], int(positions[-1]) + 1, seconds)
 
 
 @torch.no_grad()
@@ -83,14 +74,7 @@ def lean_teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens:
     if len(ids) == 1:
         return logprob_rows(state.next_logits, None)
     positions = _positions(state, len(ids) - 1)
-    with applied_state(model, state.attention_state):
-        logits = model(
-            torch.tensor([ids[:-1]], device=positions.device),
-            past_key_values=lean_fork(state.cache),
-            use_cache=True,
-            cache_position=positions,
-            position_ids=positions.unsqueeze(0),
-        ).logits
+    logits = cache_forward(model, torch.tensor([ids[:-1]], device=positions.device), lean_fork(state.cache), positions)
     return logprob_rows(state.next_logits, logits[0])
 
 

@@ -19,17 +19,17 @@ On a CUDA device, kernels run asynchronously and the process's RSS says nothing 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.inference.generate import Prefill, full_cache_bytes, kept_tokens
-from ripplekv.inference.module_state import ABSENT
 from ripplekv.models.cache import cache_bytes
+from ripplekv.models.headwise import headwise_of
 from ripplekv.validation import is_integer
 
 __all__ = [
@@ -141,29 +141,18 @@ def computed_kv_table(
     return rows
 
 
-def state_bytes(states: Iterable[Any]) -> int:
-    """Bytes of the tensors in a prefill's attention state (AdaKV's masked-key indices), each storage once.
+def state_bytes(cache: DynamicCache) -> int:
+    """Bytes of the head-wise masks the cache's layers hold (AdaKV's masked-key indices), each storage once.
 
     Args:
-        states: :class:`~ripplekv.inference.ModuleState` entries (``Prefill.attention_state``).
+        cache: a prefilled (compressed) cache.
     """
     seen: dict[tuple[int, int], int] = {}
-
-    def add(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
+    for layer in cache.layers:
+        mask = headwise_of(layer)
+        for tensor in () if mask is None else mask.indices:
+            storage = tensor.untyped_storage()
             seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                add(item)
-        elif isinstance(value, Mapping):
-            for item in value.values():
-                add(item)
-
-    for state in states:
-        for value in state.attributes.values():
-            if value is not ABSENT:
-                add(value)
     return sum(seen.values())
 
 
@@ -222,7 +211,7 @@ def cache_footprint(model: PreTrainedModel, state: Prefill) -> CacheFootprint:
         prompt_tokens=state.prompt_tokens,
         layers=len(kept),
         held_bytes=cache_bytes(state.cache),
-        state_bytes=state_bytes(state.attention_state),
+        state_bytes=state_bytes(state.cache),
         full_bytes=full_cache_bytes(model, state.prompt_tokens),
         kept_tokens=kept,
     )

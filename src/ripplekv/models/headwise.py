@@ -1,0 +1,177 @@
+"""Cache layers that hide some of their entries from attention, KV head by KV head (AdaKV's head-wise masks).
+
+AdaKV (Feng et al. 2024, https://arxiv.org/abs/2407.11550: kvpress's ``AdaKVPress``, ripplekv's
+``LayerBudgetAdaPress``) and LAVa (``LavaPress``) give the KV heads of a layer different numbers of tokens, which a
+dense cache cannot hold: they keep the keys and mask the dropped (head, position) entries. The mask belongs to one
+compressed cache, not to the model, so the cache layer holds it (:class:`MaskedLayer`, like transformers' sliding
+window layer owns its window): two caches never see each other's masks, and a pass over a cache needs no module state.
+ripplekv's attention functions read it from the cache the pass carries and exclude the masked entries exactly
+(:meth:`HeadwiseMask.attention_mask`).
+
+kvpress's protocol for such masks is an attribute of the attention module, ``masked_key_indices``
+(:data:`MASKED_KEYS`), set by ``compress`` and read by kvpress's attention wrapper on later passes. Every head-wise
+press speaks it (kvpress's own set it themselves, and ripplekv's do too, so that a press used directly,
+``with press(model): model.generate(...)``, decodes as kvpress's AdaKV does). ripplekv reads it once, right after
+compression (the prefill's pass, a derivation's ``compress``): :func:`take_mask` moves it into the cache layer and
+removes it from the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from ripplekv.models.attention_masks import headwise_attention_mask
+
+__all__ = [
+    "MASKED_KEYS",
+    "HeadwiseMask",
+    "MaskedLayer",
+    "attention_modules",
+    "discard_masks",
+    "headwise_of",
+    "take_mask",
+]
+
+MASKED_KEYS = "masked_key_indices"
+"""kvpress's attention-module attribute for head-wise masks: ``(batch, kv_head, position)`` index tensors."""
+
+Indices = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class HeadwiseMask:
+    """The (KV head, position) entries of a cache layer that attention skips.
+
+    Validated once here (one host synchronisation), so passes over the layer build their masks without one.
+
+    Args:
+        indices: kvpress's ``masked_key_indices``: ``(batch, kv_head, position)`` index tensors, batch size 1.
+        kv_heads: KV heads of the layer.
+        length: cached positions of the layer when it was masked; every index is below it, and tokens appended
+            later are seen by every head.
+    """
+
+    indices: Indices
+    kv_heads: int
+    length: int
+
+    def __post_init__(self) -> None:
+        indices = tuple(self.indices)
+        if len(indices) != 3 or not all(isinstance(t, torch.Tensor) for t in indices):
+            raise ValueError(f"{MASKED_KEYS} must be (batch, head, position) index tensors, got {len(indices)} items")
+        object.__setattr__(self, "indices", indices)
+        batch, head, position = indices
+        if batch.numel() and int(batch.max()) > 0:
+            raise ValueError("head-wise masked keys are supported for batch size 1 only")
+        if head.numel() and int(head.max()) >= self.kv_heads:
+            raise ValueError(f"{MASKED_KEYS} point outside the cached keys of the layer ({self.kv_heads} KV heads)")
+        if position.numel() and int(position.max()) >= self.length:
+            raise ValueError(f"{MASKED_KEYS} point outside the cached keys of the layer ({self.length} positions)")
+
+    @property
+    def entries(self) -> int:
+        """Masked (head, position) entries."""
+        return int(self.indices[1].numel())
+
+    def keep(self, length: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """``(kv_heads, length)`` boolean, False on the masked entries (``length >= self.length``: appended tokens
+        are kept), on ``device`` (default: the indices')."""
+        device = self.indices[1].device if device is None else device
+        keep = torch.ones(self.kv_heads, length, dtype=torch.bool, device=device)
+        keep[self.indices[1].to(device), self.indices[2].to(device)] = False
+        return keep
+
+    def attention_mask(
+        self, base: torch.Tensor | None, heads: int, query_len: int, key_len: int, device: torch.device
+    ) -> torch.Tensor:
+        """The layer's boolean mask in a pass, masked entries excluded (:func:`headwise_attention_mask`).
+
+        Args:
+            base: the mask the layer received (boolean; ``None`` when transformers built none).
+            heads: query heads of the layer.
+            query_len: new tokens of the pass (the last ``query_len`` keys).
+            key_len: keys of the layer in the pass (cached plus new).
+            device: where the mask is made (the queries').
+        """
+        if key_len - query_len < self.length:
+            raise ValueError(f"{MASKED_KEYS} point outside the cached keys of the layer")
+        _, head, position = self.indices
+        return headwise_attention_mask(base, head, position, heads, self.kv_heads, query_len, key_len, device)
+
+
+class MaskedLayer(DynamicLayer):
+    """A ``DynamicLayer`` some of whose cached entries attention skips, per KV head (its :class:`HeadwiseMask`).
+
+    Appends by concatenation, as ``DynamicLayer`` does, so it forks the same way
+    (:func:`~ripplekv.models.cache.fork_cache`); appended tokens are seen by every head.
+
+    Args:
+        keys, values: the layer's ``(1, kv_heads, n, head_dim)`` tensors, held by reference.
+        headwise: the masked entries among the ``n`` positions.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, headwise: HeadwiseMask) -> None:
+        super().__init__()
+        if (headwise.kv_heads, headwise.length) != (keys.shape[1], keys.shape[2]):
+            raise ValueError(
+                f"a head-wise mask of {headwise.kv_heads} heads x {headwise.length} positions over keys of shape "
+                f"{tuple(keys.shape)}"
+            )
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+        self.headwise = headwise
+
+
+def headwise_of(layer: object) -> HeadwiseMask | None:
+    """The head-wise mask a cache layer holds (``headwise`` of :class:`MaskedLayer` and of its lean forks,
+    :class:`~ripplekv.models.cache.OverlayLayer`), None for any other layer."""
+    return getattr(layer, "headwise", None)
+
+
+def attention_modules(model: PreTrainedModel) -> list[nn.Module]:
+    """The attention module of every decoder layer, in layer order (the modules kvpress hooks).
+
+    Args:
+        model: a decoder-only transformers model (``model.model.layers[i].self_attn``, or under
+            ``model.model.language_model`` for multimodal wrappers).
+    """
+    inner = getattr(model, "model", None)
+    layers = getattr(getattr(inner, "language_model", inner), "layers", None)
+    if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
+        raise TypeError(
+            f"cannot find the attention modules of {type(model).__name__} (expected model.model.layers[i].self_attn)"
+        )
+    return [layer.self_attn for layer in layers]
+
+
+def discard_masks(modules: Iterable[nn.Module]) -> None:
+    """Remove kvpress's head-wise masks from ``modules``: before a compression (a mask left there by a press used
+    directly belongs to no cache it makes) and after a failed one."""
+    for module in modules:
+        vars(module).pop(MASKED_KEYS, None)
+
+
+def take_mask(module: nn.Module, layer: DynamicLayer) -> DynamicLayer:
+    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a press left on ``module``, if it left one.
+
+    Reads kvpress's ``module.masked_key_indices`` once and removes it from the module (see the module docstring).
+
+    Args:
+        module: the attention module of the layer, right after the press compressed it.
+        layer: the layer's compressed cache layer.
+
+    Raises:
+        ValueError: for a mask on a sliding-window layer, or one that does not fit the layer's keys.
+    """
+    indices = vars(module).pop(MASKED_KEYS, None)
+    if indices is None:
+        return layer
+    if layer.is_sliding:
+        raise ValueError("head-wise masked keys are not supported on sliding-window layers")
+    return MaskedLayer(layer.keys, layer.values, HeadwiseMask(indices, layer.keys.shape[1], layer.keys.shape[2]))
