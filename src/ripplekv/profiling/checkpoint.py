@@ -4,7 +4,7 @@ A JSON-lines file: the first line is the run's key (architecture, weights finger
 noise settings), then one line per finished sample. A file whose key differs from the current run's (other
 weights of the same architecture, another calibration set, another alpha...) is never mixed in: the run
 starts over and overwrites it, with a warning naming the fields that differ. One run writes a checkpoint at a
-time: :class:`Checkpoint` holds a :class:`~ripplekv.locking.WriterLock` on ``.<file>.lock`` until it is closed (or its
+time: :class:`Checkpoint` holds a :func:`~ripplekv.locking.writer_lock` on ``.<file>.lock`` until it is closed (or its
 process ends), so a second run on the same output stops before it reads, restarts or appends anything.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ripplekv.locking import WriterLock
+from ripplekv.locking import writer_lock
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Checkpoint:
         self.path = Path(path)
         self.key = dict(key)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.lock = WriterLock(self.path.with_name(f".{self.path.name}.lock"), str(self.path))
+        self.lock = writer_lock(self.path.with_name(f".{self.path.name}.lock"), str(self.path))
         try:
             self.done: dict[int, SampleScores] = _read(self.path, self.key) if self.path.exists() else {}
             if not self.done:

@@ -1,4 +1,4 @@
-"""One writer per run folder: :class:`FolderLock`, a :class:`~ripplekv.locking.WriterLock` on ``OUT/.lock``.
+"""One writer per run folder: :func:`folder_lock`, a :func:`~ripplekv.locking.writer_lock` on ``OUT/.lock``.
 
 See :mod:`ripplekv_eval.running.results`: :func:`~ripplekv_eval.running.results.open_results` takes it
 before it checks the folder's config or repairs its rows file.
@@ -8,19 +8,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ripplekv.locking import WriterBusyError, WriterLock
+from filelock import FileLock
 
-__all__ = ["LOCK_FILE", "FolderLock", "RunFolderBusyError"]
+from ripplekv.locking import WriterBusyError, writer_lock
+
+__all__ = ["LOCK_FILE", "RunFolderBusyError", "folder_lock"]
 
 LOCK_FILE = ".lock"
-"""The file of a run folder whose ``flock`` its one writer holds (it records that writer's pid)."""
+"""The lock file of a run folder, held by its one writer."""
 
 RunFolderBusyError = WriterBusyError
 """Another run is writing into the output folder (the lock's error, under the name the run loop documents)."""
 
 
-class FolderLock(WriterLock):
-    """The writer lock of a run folder (``folder/.lock``).
+def folder_lock(folder: Path) -> FileLock:
+    """The held writer lock of a run folder (``folder/.lock``).
 
     Args:
         folder: the run folder (it exists).
@@ -28,6 +30,4 @@ class FolderLock(WriterLock):
     Raises:
         RunFolderBusyError: another run holds it.
     """
-
-    def __init__(self, folder: Path) -> None:
-        super().__init__(Path(folder) / LOCK_FILE, str(folder))
+    return writer_lock(Path(folder) / LOCK_FILE, str(folder))

@@ -6,10 +6,10 @@ written; :class:`ResultsLog` reads it back, cutting off a last line an interrupt
 ``tune``) shares: open the folder, skip the rows written, append each new row as soon as it exists. The folder's
 ``config.json`` is :mod:`ripplekv_eval.running.folder_config`'s (its names are re-exported here).
 
-One writer per folder: :func:`open_results` takes an exclusive lock on ``OUT/.lock`` (``flock``, released when the
-run's :class:`RunFolder` is closed or its process ends, however it ends), so a second run into the same folder, which
-would repair the first's half-written row away and append rows twice, stops at once with
-:class:`RunFolderBusyError` naming the process that holds it. Where ``fcntl`` is missing (Windows) nothing is locked.
+One writer per folder: :func:`open_results` takes an exclusive lock on ``OUT/.lock`` (``filelock``, released when
+the run's :class:`RunFolder` is closed or its process ends, however it ends), so a second run into the same folder,
+which would repair the first's half-written row away and append rows twice, stops at once with
+:class:`RunFolderBusyError`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from ripplekv.allocation.budget import budget_value
 from ripplekv_eval.running.folder_config import (
     CONFIG_FILE,
@@ -32,7 +34,7 @@ from ripplekv_eval.running.folder_config import (
     extends,
     sha256_json,
 )
-from ripplekv_eval.running.folder_lock import LOCK_FILE, FolderLock, RunFolderBusyError
+from ripplekv_eval.running.folder_lock import LOCK_FILE, RunFolderBusyError, folder_lock
 from ripplekv_eval.sample import row_configuration
 
 __all__ = [
@@ -42,7 +44,6 @@ __all__ = [
     "RESULTS_FILE",
     "ROW_KEYS",
     "ConfigMismatchError",
-    "FolderLock",
     "ResultsLog",
     "RowKey",
     "RunFolder",
@@ -196,7 +197,7 @@ class RunFolder:
     log: ResultsLog
     done: set[RowKey]
     answers: dict[str, list[int]]
-    lock: FolderLock | None = None
+    lock: FileLock | None = None
 
     def close(self) -> None:
         """Release the folder's lock (the rows stay readable through :attr:`log`)."""
@@ -240,7 +241,7 @@ def open_results(
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    lock = FolderLock(out)  # before the config is checked or the rows file repaired: one writer at a time
+    lock = folder_lock(out)  # before the config is checked or the rows file repaired: one writer at a time
     try:
         check_or_write_config(out, resolved, sources, rows_file, extendable)
         log = ResultsLog(out / rows_file)
