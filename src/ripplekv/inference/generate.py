@@ -23,7 +23,7 @@ PROTOCOLS = ("question-aware", "query-agnostic")
 
 @dataclass(frozen=True)
 class Prefill:
-    """A prompt prefilled (and compressed) into a cache, which passes over it fork and never change.
+    """A prompt prefilled (and compressed) into a cache; passes over it run on a fork and never change it.
 
     Attributes:
         next_logits: ``(vocab,)`` logits of the token after the prompt.
