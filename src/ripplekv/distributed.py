@@ -1,17 +1,9 @@
 """Ray plumbing shared by ``ripplekv eval --workers N`` and ``ripplekv profile --workers N``.
 
-Work is cut into *units* (an evaluation sample, a calibration sample), each identified by a key. A
-:class:`WorkerPool` starts ``N`` Ray actors; each loads the model once (:meth:`StreamWorker.setup`) and then
-runs one unit at a time, handing its results (rows, scores) to the driver one by one: the driver pulls them
-with :meth:`StreamWorker.next_item`, so each result is on the driver (and written there) as soon as it exists.
-
-A unit whose actor dies (a crash, ``ray.kill``, a lost node) goes back to the front of the queue and a new
-actor takes the dead one's place. The driver rebuilds the unit's arguments when it hands it out again, from
-what it has received so far, so a unit that was half done reruns only its missing part. A unit that loses its
-actor ``max_attempts`` times stops the run (:class:`WorkerLostError`).
-
-An actor takes one GPU where the cluster has GPUs (and the model is not asked for on the CPU); otherwise an
-equal share of the cluster's CPUs. Ray is an optional dependency, imported only here and only when used.
+Work is cut into keyed *units* (samples); each actor loads the model once and streams a unit's results to the
+driver one at a time, so each is written as soon as it exists. A unit whose actor dies goes back to the front of
+the queue, its arguments rebuilt from what the driver has, so only its missing part reruns. Ray is optional,
+imported only here and only when used.
 """
 
 from __future__ import annotations
@@ -60,22 +52,16 @@ def require_ray() -> ModuleType:
 
 
 def check_workers(workers: object) -> None:
-    """Raise ValueError unless ``workers`` is an integer >= 1.
-
-    Args:
-        workers: the number of Ray workers asked for.
-    """
+    """Raise ValueError unless ``workers`` is an integer >= 1."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
 
 
 @contextmanager
 def ray_session(address: str | None = None) -> Iterator[ModuleType]:
-    """Ray, connected: the process's existing connection, else a new one (shut down on exit).
+    """Ray, connected: the process's existing connection, else a new one to ``address`` (shut down on exit).
 
-    Args:
-        address: the cluster to join (``auto``, ``ray://host:10001``, ``host:6379``); None starts a local
-            cluster on this machine. Ignored when this process is already connected.
+    ``address``: ``auto``, ``ray://host:10001`` or ``host:6379``; None starts a local cluster.
     """
     ray = require_ray()
     started = not ray.is_initialized()
@@ -89,12 +75,8 @@ def ray_session(address: str | None = None) -> Iterator[ModuleType]:
 
 
 def actor_options(ray: ModuleType, workers: int, device: str | None = None) -> dict[str, Any]:
-    """Ray resources of one actor: one GPU where the cluster has GPUs, else ``1/workers`` of its CPUs.
-
-    Args:
-        ray: the connected ``ray`` module.
-        workers: the number of actors that must run at once.
-        device: the model's device; ``cpu`` asks for CPU actors on a cluster with GPUs.
+    """Ray resources of one actor: one GPU where the cluster has GPUs (unless ``device`` is ``cpu``), else
+    ``1/workers`` of its CPUs.
 
     Raises:
         ValueError: the cluster cannot hold ``workers`` actors at once.
@@ -115,14 +97,11 @@ def actor_options(ray: ModuleType, workers: int, device: str | None = None) -> d
 
 
 class StreamWorker(ABC):
-    """Base class of the actors: :meth:`setup` loads what every unit needs, then :meth:`begin` starts a unit
-    and :meth:`next_item` hands its results over one at a time.
-
-    Subclasses implement :meth:`setup` and :meth:`items`.
+    """Base class of the actors (subclasses implement :meth:`setup` and :meth:`items`).
 
     Args:
-        hook: called as ``hook(key, count)`` before each :meth:`next_item` of a unit, with the number of items
-            of the unit handed over so far; for tests (e.g. a crash on a chosen unit). Must be picklable.
+        hook: picklable, called as ``hook(key, items handed over so far)`` before each :meth:`next_item`; for
+            tests (e.g. a crash on a chosen unit).
     """
 
     def __init__(self, hook: Callable[[Hashable, int], None] | None = None) -> None:
@@ -137,20 +116,10 @@ class StreamWorker(ABC):
 
     @abstractmethod
     def items(self, key: Hashable, *args: Any) -> Iterator[Any]:
-        """The results of one unit, none of them None.
-
-        Args:
-            key: the unit.
-            args: the unit's arguments, built by the driver.
-        """
+        """The results of one unit, none of them None."""
 
     def begin(self, key: Hashable, *args: Any) -> None:
-        """Start a unit (the previous one, if unfinished, is dropped).
-
-        Args:
-            key: the unit.
-            args: its arguments, passed to :meth:`items`.
-        """
+        """Start a unit (the previous one, if unfinished, is dropped)."""
         self._key, self._items, self._count = key, self.items(key, *args), 0
 
     def next_item(self) -> Any:
@@ -176,10 +145,7 @@ class WorkerPool:
     """``workers`` actors of one :class:`StreamWorker` subclass, and the loop that shares units among them.
 
     Args:
-        ray: the connected ``ray`` module.
-        worker_class: the :class:`StreamWorker` subclass (a plain class; made a Ray actor here).
-        args: its constructor's arguments (picklable).
-        workers: the number of actors.
+        args: the constructor's arguments (picklable).
         options: Ray resources of each actor (:func:`actor_options`).
         max_attempts: times a unit may lose its actor before the run stops.
     """
@@ -226,13 +192,7 @@ class WorkerPool:
             raise ValueError(f"Ray worker {index} loaded another setup than worker 0 (model, data or options differ)")
 
     def call(self, index: int, method: str, *args: Any) -> Any:
-        """Run ``method(*args)`` on actor ``index`` and return its result.
-
-        Args:
-            index: the actor.
-            method: the name of one of its methods.
-            args: the method's arguments.
-        """
+        """Run ``method(*args)`` on actor ``index`` and return its result."""
         return self.ray.get(getattr(self.actors[index], method).remote(*args))
 
     def run(
@@ -244,10 +204,8 @@ class WorkerPool:
         """Run every unit of ``keys`` (in this order) on the actors; return how many actors were lost.
 
         Args:
-            keys: the units.
             arguments: a unit's arguments, called each time it is handed out (again after a lost actor);
                 None when nothing is left of it.
-            on_item: called on the driver with each result as it arrives.
 
         Raises:
             WorkerLostError: a unit lost its actor ``max_attempts`` times.

@@ -10,18 +10,10 @@ __all__ = ["is_integer", "is_real"]
 
 
 def is_integer(value: object) -> bool:
-    """True for integers (Python or NumPy), excluding ``bool``.
-
-    Args:
-        value: any object.
-    """
+    """True for integers (Python or NumPy), excluding ``bool``."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def is_real(value: object) -> bool:
-    """True for real numbers (Python or NumPy), excluding ``bool``.
-
-    Args:
-        value: any object.
-    """
+    """True for real numbers (Python or NumPy), excluding ``bool``."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))

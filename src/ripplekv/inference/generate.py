@@ -23,12 +23,9 @@ PROTOCOLS = ("question-aware", "query-agnostic")
 
 @dataclass(frozen=True)
 class Prefill:
-    """A prompt prefilled (and compressed) into a cache.
+    """A prompt prefilled (and compressed) into a cache; passes over it run on a fork and never change it.
 
-    Args:
-        cache: the (compressed) cache of the prompt, head-wise masks (AdaKV) held by its layers
-            (:class:`~ripplekv.models.headwise.MaskedLayer`). :func:`extend`, :func:`greedy_decode` and
-            :func:`ripplekv_eval.fastpath.fidelity.teacher_forced_logprobs` run over a fork of it and never change it.
+    Attributes:
         next_logits: ``(vocab,)`` logits of the token after the prompt.
         prompt_tokens: tokens of the prompt, i.e. the position of the next token.
         seconds: wall time of the prefill (plus any derivation or extension).
@@ -73,24 +70,17 @@ def prefill(
     cache: DynamicCache | None = None,
     prefill_chunk: int | None = None,
 ) -> Prefill:
-    """Run ``input_ids`` (shape ``(1, n)``) into ``cache`` (a new one by default), compressing with ``press``.
+    """Run the unpadded prompt ``input_ids`` ``(1, n)`` into ``cache`` (written in place), compressing with ``press``.
 
-    Head-wise masks the press leaves on the attention modules (kvpress's ``masked_key_indices``, AdaKV) are read
-    once after the pass into the cache's layers (:func:`~ripplekv.models.headwise.take_mask`) and removed from the
-    modules.
+    Head-wise masks the press leaves on the attention modules (AdaKV) move into the cache's layers
+    (:func:`~ripplekv.models.headwise.take_mask`). Tokens after a context go through :func:`extend` instead.
 
     Args:
-        model: the model.
-        input_ids: the prompt, one unpadded sequence.
-        press: a kvpress press compressing the cache during the pass (None: no compression).
-        cache: the cache to fill (written in place); a new ``DynamicCache`` by default. To run tokens after a
-            (compressed) context at their true positions use :func:`extend` instead.
-        prefill_chunk: without a press, a prompt longer than this is run in chunks of at most ``prefill_chunk``
-            tokens over the growing cache (:func:`~ripplekv.models.chunked_prefill.prefill_in_chunks`: activations
-            of one chunk; the cache equal to a one-pass prefill's up to float rounding). None (default): one pass.
-            A press compresses each layer inside its one pass (kvpress's hook compresses a first pass only), so
-            with a press a prompt longer than the chunk raises ValueError: record it in chunks and derive the
-            press's cache instead (:func:`ripplekv_eval.fastpath.derive.compressed_prefill_in_chunks`).
+        prefill_chunk: without a press, longer prompts run in chunks
+            (:func:`~ripplekv.models.chunked_prefill.prefill_in_chunks`); None: one pass.
+
+    Raises:
+        ValueError: with a press, for a prompt longer than ``prefill_chunk`` (kvpress compresses a first pass only).
     """
     _check_single(input_ids)
     chunks = chunk_bounds(int(input_ids.shape[1]), check_prefill_chunk(prefill_chunk))
@@ -121,12 +111,10 @@ def prefill(
 
 @contextmanager
 def _kvpress_masks(model: PreTrainedModel, cache: DynamicCache) -> Iterator[None]:
-    """Under FlashAttention, which runs no ripplekv attention function, the cache's head-wise masks for one pass.
+    """Under FlashAttention, the cache's head-wise masks set on the attention modules for one pass (for kvpress).
 
-    kvpress's wrapper of the FlashAttention function realises them with fake keys read from the attention modules
-    (``masked_key_indices``), as kvpress does under it: set here for the pass and removed after it. Exact on
-    single-token decoding; a multi-token pass may raise kvpress's ``ValueError: Could not find fake keys`` and then
-    needs ``attn_implementation='sdpa'``. Under ripplekv's attention functions nothing is set.
+    Exact on single-token decoding; a multi-token pass may raise kvpress's ``Could not find fake keys`` and then
+    needs ``attn_implementation='sdpa'``.
     """
     masked = {index: mask for index, mask in enumerate(map(headwise_of, cache.layers)) if mask is not None}
     if not masked or not attends_per_layer_natively(model):
@@ -150,19 +138,10 @@ def _kvpress_masks(model: PreTrainedModel, cache: DynamicCache) -> Iterator[None
 def cache_forward(
     model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache, positions: torch.Tensor, **kwargs: Any
 ) -> torch.Tensor:
-    """The logits of one forward pass of ``input_ids`` (``(rows, n)``) over ``cache`` at ``positions`` (``(n,)``).
+    """The logits of ``input_ids`` ``(rows, n)`` over ``cache`` at ``positions`` ``(n,)``, every row alike.
 
-    The pass carries the cache to ripplekv's attention functions
-    (:data:`~ripplekv.models.attention_functions.CACHE_KWARG`), which read each layer's head-wise mask and kind from
-    it; under FlashAttention the masks go to kvpress's wrapper instead (:func:`_kvpress_masks`). The cache is
-    extended in place: pass a fork to keep a prefill.
-
-    Args:
-        model: the model.
-        input_ids: the new tokens, every row at the same positions.
-        cache: the cache they attend over.
-        positions: their positions.
-        **kwargs: further forward arguments (``logits_to_keep``, a padded batch's ``key_validity``).
+    The cache is passed to the attention functions (:data:`~ripplekv.models.attention_functions.CACHE_KWARG`) and
+    extended in place: pass a fork to keep a prefill. ``kwargs``: e.g. ``logits_to_keep``, ``key_validity``.
     """
     with _kvpress_masks(model, cache):
         return model(
@@ -178,15 +157,7 @@ def cache_forward(
 
 @torch.no_grad()
 def extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
-    """Run more prompt tokens over a (possibly compressed) cache, at their true positions.
-
-    The pass runs over a fork of ``state.cache`` (``state`` is left unchanged); the result holds the fork.
-
-    Args:
-        model: the model ``state`` was prefilled with.
-        state: the prefilled (compressed) prompt.
-        input_ids: the new tokens, shape ``(1, n)``.
-    """
+    """Run more prompt tokens ``(1, n)`` over a fork of ``state.cache``, at their true positions."""
     _check_single(input_ids)
     device = next(model.parameters()).device
     positions = torch.arange(state.prompt_tokens, state.prompt_tokens + input_ids.shape[1], device=device)
@@ -199,13 +170,7 @@ def extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> P
 
 
 def kept_tokens(state: Prefill) -> list[int]:
-    """Tokens kept per layer of ``state.cache``; keys masked head-wise (AdaKV) are not counted.
-
-    A layer holding a head-wise mask counts ``round(masked entries / kv_heads)`` tokens fewer than it holds.
-
-    Args:
-        state: a prefilled (compressed) prompt.
-    """
+    """Tokens kept per layer of ``state.cache``, less ``round(masked entries / kv_heads)`` head-wise (AdaKV)."""
     kept = layer_lengths(state.cache)
     for index, layer in enumerate(state.cache.layers):
         mask = headwise_of(layer)
@@ -233,18 +198,10 @@ def greedy_decode(
 ) -> list[int]:
     """Greedy tokens after a prefill, ending with the first id of ``stop_ids`` generated (included) if any.
 
-    Decodes over a fork of ``state.cache``, so one :class:`Prefill` can be decoded several times.
-
     Args:
-        model: the model ``state`` was prefilled with.
-        state: the prefilled (compressed) prompt.
-        max_new_tokens: most tokens to generate (>= 1).
-        stop_ids: token ids that end the answer.
-        min_new_tokens: for the first ``min_new_tokens`` tokens the stop ids cannot be chosen (their logits are
-            set to -inf before the argmax), as transformers' ``MinNewTokensLengthLogitsProcessor`` and
-            LongBench's ``pred.py`` (``min_length``) do.
-        fork: how the decoding cache is made from ``state.cache``, which is left unchanged (default
-            :func:`~ripplekv.models.cache.fork_cache`; the shared prefill passes its by-reference fork).
+        min_new_tokens: the stop ids cannot be chosen before (LongBench's ``min_length``).
+        fork: makes the decoding cache from ``state.cache``, left unchanged (default
+            :func:`~ripplekv.models.cache.fork_cache`).
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -306,16 +263,10 @@ def generate_answer(
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with the cache compressed by ``press``.
 
-    Protocols:
-        ``question-aware`` (default; the paper's and KVCache-Factory's): the whole prompt, question
-        included, is prefilled and compressed, so SnapKV's observation window holds the question.
-        ``query-agnostic`` (kvpress's): only the context is compressed; the question is then run over the
-        compressed cache as a multi-token pass.
-
-    Stock ``sdpa`` and ``eager`` are switched to their variable-length variants
-    (:func:`ripplekv.models.attention.enable_varlen_attention`, idempotent; identical results on ordinary
-    caches), which multi-token passes over per-layer compressed caches need; FlashAttention is kept as loaded (it
-    attends over such caches natively).
+    ``protocol``: ``question-aware`` (the paper's and KVCache-Factory's: the question is compressed with the
+    context, so SnapKV's window holds it) or ``query-agnostic`` (kvpress's: the question runs over the compressed
+    context). Switches the model to variable-length attention
+    (:func:`~ripplekv.models.attention.enable_varlen_attention`).
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")

@@ -1,36 +1,11 @@
-"""Attention over KV caches whose layers hold different numbers of tokens.
+"""Which attention implementation a model runs over KV caches whose layers hold different numbers of tokens.
 
-After per-layer compression (RippleKV, PyramidKV, ...) layer ``l`` of the cache holds ``n_l`` tokens, but
-transformers builds one attention mask per forward pass, sized from layer 0 (``kv_len = n_0 + q_len``).
-Single-token decoding survives because sdpa needs no mask for one query, yet any multi-token pass over the
-compressed cache (a question appended after the context, a teacher-forced continuation) fails with a shape
-error, or, worse, silently uses ``is_causal=True`` with top-left alignment.
-
-The fix lives at the one place that knows both lengths, the attention function: the mask built for layer 0 is
-fitted to each layer's own key length (:mod:`ripplekv.models.attention_masks`, sliding-window layers included), and
-the attention functions (:mod:`ripplekv.models.attention_functions`) serve the passes over padded and ragged batches
-of compressed caches and over a shared prefix. This module's one concern is which implementation a model runs:
-registering ripplekv's, switching a model to them, and saying whether a model can attend over per-layer caches.
-
-The functions are registered under new names through transformers' public ``AttentionInterface`` and
-``AttentionMaskInterface`` (nothing of the library is patched): ``ripplekv_sdpa`` and ``ripplekv_eager``.
-When every layer has the same length they compute exactly what ``sdpa`` and ``eager`` compute.
-
-Which implementations attend over per-layer caches (:func:`supports_per_layer_lengths`):
-
-* ``sdpa`` and ``eager`` do not: transformers slices one mask, built from layer 0's length, for every layer, and
-  stock sdpa's ``is_causal`` aligns a causal mask top-left (query ``i`` sees keys ``<= i``), not bottom-right
-  (query ``i`` sees every cached key and the new keys up to itself). :func:`enable_varlen_attention` switches
-  them to ``ripplekv_sdpa`` / ``ripplekv_eager``.
-* ``flash_attention_2`` and ``flash_attention_3`` do, as loaded: FlashAttention (flash-attn >= 2.1) aligns its
-  causal mask bottom-right on every call, over whatever keys the layer holds, and transformers' mask function for
-  it returns ``None`` for an unpadded batch, which is also why kvpress runs per-layer presses under it. They are
-  kept as the user loaded them. Three passes need ripplekv's own attention functions and are not served by
-  FlashAttention: a padded batch over compressed caches (``key_validity``), the ragged batched decode (a cache of
-  :class:`~ripplekv.models.padded.RaggedLayer`) and profiling's shared-prefix rows (``shared_prefix``); their callers
-  fall back to exact paths (one cache at a time, :func:`ripplekv.profiling.passes.layer_by_layer`) under it
-  (:func:`uses_varlen_attention` says whether a model runs ripplekv's functions). Head-wise masked caches (AdaKV)
-  run under it through kvpress's fake keys (:func:`ripplekv.inference.generate.cache_forward`).
+transformers sizes one mask per pass from layer 0, so a multi-token pass over a per-layer compressed cache fails
+with a shape error or, worse, stock sdpa's ``is_causal`` aligns top-left. ``ripplekv_sdpa`` / ``ripplekv_eager``,
+registered through transformers' public ``AttentionInterface`` (nothing patched), fit the mask per layer
+(:mod:`ripplekv.models.attention_masks`) and equal ``sdpa`` / ``eager`` on uniform caches. FlashAttention
+(flash-attn >= 2.1) aligns bottom-right per call and is kept as loaded, but cannot serve ``key_validity``, ragged
+caches or ``shared_prefix``; callers then take exact per-cache paths.
 """
 
 from __future__ import annotations
@@ -133,13 +108,9 @@ def attention_implementation(model: PreTrainedModel) -> str:
 
 
 def enable_varlen_attention(model: PreTrainedModel) -> PreTrainedModel:
-    """Make ``model`` attend correctly over per-layer compressed caches, in place; returns it for chaining.
+    """Make ``model`` attend correctly over per-layer compressed caches, in place (idempotent); returns it.
 
-    ``sdpa`` and ``eager`` are switched to ``ripplekv_sdpa`` / ``ripplekv_eager``: stock sdpa aligns its causal mask
-    top-left and both slice the one mask built from layer 0's length for every layer, which is wrong over caches
-    whose layers hold different numbers of tokens. ``flash_attention_2`` / ``flash_attention_3`` are kept as
-    loaded: they attend bottom-right causally over each layer's own keys already (see the module docstring).
-    Safe to call repeatedly; results are unchanged for uniform caches.
+    ``sdpa`` / ``eager`` become ``ripplekv_sdpa`` / ``ripplekv_eager``; FlashAttention is kept (module docstring).
 
     Raises:
         ValueError: the implementation can do neither (the message names the implementations to load).
@@ -155,41 +126,23 @@ def enable_varlen_attention(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def supports_per_layer_lengths(model: PreTrainedModel) -> bool:
-    """Whether ``model`` attends correctly over caches whose layers differ in length.
-
-    True for ripplekv's variants (``ripplekv_sdpa``, ``ripplekv_eager``) and for FlashAttention
-    (``flash_attention_2``, ``flash_attention_3``), which does natively; False for stock ``sdpa`` and ``eager``
-    (:func:`enable_varlen_attention` switches those) and anything else.
-    """
+    """Whether ``model`` attends correctly over caches whose layers differ in length (ripplekv's or FlashAttention)."""
     return uses_varlen_attention(model) or attends_per_layer_natively(model)
 
 
 def attends_per_layer_natively(model: PreTrainedModel) -> bool:
-    """Whether ``model`` runs an implementation that attends over per-layer caches as loaded (FlashAttention).
-
-    Such an implementation takes no dense attention mask: passes that need one of ripplekv's (padded batches of
-    compressed caches, head-wise masks as a boolean mask) use another way under it or refuse to run.
-    """
+    """Whether ``model`` runs FlashAttention, which attends over per-layer caches as loaded but takes no dense mask."""
     return attention_implementation(model) in NATIVE_PER_LAYER_ATTENTION
 
 
 def uses_varlen_attention(model: PreTrainedModel) -> bool:
-    """Whether ``model`` runs ripplekv's own attention functions (``ripplekv_sdpa`` / ``ripplekv_eager``).
-
-    Only these serve the passes that carry ``key_validity`` (a padded batch of compressed caches), a ragged cache
-    (batched decoding) or ``shared_prefix`` (profiling's fast path). Whether a model can attend over per-layer
-    caches at all is :func:`supports_per_layer_lengths`.
-    """
+    """Whether ``model`` runs ``ripplekv_sdpa`` / ``ripplekv_eager``, the only readers of ``key_validity``, ragged
+    caches and ``shared_prefix``."""
     return attention_implementation(model).startswith(VARLEN_PREFIX)
 
 
 def unsupported_implementation_message(model: PreTrainedModel, what: str) -> str:
-    """An error message: ``what`` needs ripplekv's attention functions, which ``model`` does not run.
-
-    Args:
-        model: the model.
-        what: the pass that cannot run, e.g. ``"batched decoding"``.
-    """
+    """An error message: ``what`` (e.g. ``"batched decoding"``) needs ripplekv's attention functions."""
     return (
         f"{what} runs through ripplekv's attention functions, which attention implementation "
         f"{attention_implementation(model)!r} does not use: load the model with attn_implementation='sdpa' (or "

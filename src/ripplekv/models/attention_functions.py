@@ -1,24 +1,10 @@
 """The attention functions registered as ``ripplekv_sdpa`` and ``ripplekv_eager``.
 
-One concern: computing a layer's attention over per-layer KV caches, given the mask of
-:mod:`ripplekv.models.attention_masks`. :func:`varlen_attention_function` builds the function registered for a
-stock implementation (``sdpa`` or ``eager``). A pass over a cache carries it (:data:`CACHE_KWARG`; transformers hands
-the attention function its keyword arguments, not the cache), and the layer says what it is:
-
-* a :class:`~ripplekv.models.padded.RaggedLayer`: caches of their own lengths, each row attended over its own keys
-  and values (batched decoding);
-* a layer holding a head-wise mask (:class:`~ripplekv.models.headwise.MaskedLayer`, AdaKV): its masked entries are
-  excluded exactly, through a per-head boolean mask;
-* any other layer: an ordinary pass, its mask fitted to the layer's own key length.
-
-Two passes carry data of the pass rather than of a layer: ``shared_prefix``, many rows over one shared cached prefix
-(:mod:`ripplekv.models.shared_prefix`, profiling's fast path; a sliding-window layer beyond its window raises
-:class:`SlidingWindowError`), and ``key_validity``, a padded batch of compressed caches whose masks are built from which
-cached entries each row may see (:class:`ripplekv.models.padded.KeyValidity`, batched teacher forcing).
-
-A plain causal offset (new queries over a longer layer, no padding) is no dense tensor at all: sdpa gets
-:func:`torch.nn.attention.bias.causal_lower_right` (:func:`sdpa_gqa_forward`). When every layer has the same
-length the functions compute exactly what ``sdpa`` and ``eager`` compute.
+A pass carries its cache (:data:`CACHE_KWARG`; transformers hands attention functions keywords, not the cache) and
+the layer decides: a :class:`~ripplekv.models.padded.RaggedLayer` attends row by row, a
+:class:`~ripplekv.models.headwise.MaskedLayer` excludes its masked entries exactly, any other layer gets its mask
+fitted. ``shared_prefix`` and ``key_validity`` are keywords of the pass. On uniform caches the functions compute
+exactly what ``sdpa`` and ``eager`` compute.
 """
 
 from __future__ import annotations
@@ -58,18 +44,10 @@ def sdpa_gqa_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention, bottom-right causal and without copying keys and values for GQA.
 
-    Without a mask, a causal pass of ``q`` new queries over ``k > q`` keys (a question after a compressed context)
-    gets :func:`torch.nn.attention.bias.causal_lower_right` (query ``i`` sees keys ``<= i + k - q``): no dense
-    tensor, and torch picks a kernel that applies the offset itself where one exists (on the CPU and otherwise it
-    materialises the boolean mask on the query's device). Stock sdpa would pass ``is_causal=True``, which aligns
-    top-left. A causal square keeps ``is_causal``; one query attends to every key.
-
-    transformers repeats the KV heads (a full copy of the layer's cache) whenever a mask is present, because
-    some GPU kernels reject ``enable_gqa`` with a mask; on the CPU torch handles both together, and every
-    multi-token pass over a cache (a question after the context, a profiling continuation) has a mask. This
-    function therefore takes dense masks on the CPU only (:func:`varlen_attention_function` routes the others to
-    transformers); ``causal_lower_right`` is taken on every device (with ``enable_gqa``, torch's flash kernel
-    attends the grouped heads itself and the other kernels expand them).
+    Without a mask, ``q`` queries over ``k > q`` keys get ``causal_lower_right`` (query ``i`` sees keys
+    ``<= i + k - q``), no dense tensor; stock sdpa's ``is_causal=True`` would align top-left. transformers repeats
+    the KV heads (a copy of the layer) whenever a mask is present, as some GPU kernels reject ``enable_gqa`` with
+    one; so dense masks come here on the CPU only.
     """
     groups = query.shape[1] // key.shape[1]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -97,11 +75,7 @@ def sdpa_gqa_forward(
 def _validity_mask(
     module: torch.nn.Module, validity: KeyValidity, query: torch.Tensor, key: torch.Tensor
 ) -> torch.Tensor:
-    """The mask of a pass over a padded batch of caches; it replaces the one transformers built for layer 0.
-
-    One dense mask per layer and pass, inherent to the padded batch (each layer's rows see different entries),
-    made on the device of the validity, i.e. of the cache (:func:`ripplekv.models.padded.pad_layers`).
-    """
+    """The additive mask of a pass over a padded batch of caches, on the cache's device (replaces layer 0's)."""
     if not isinstance(validity, KeyValidity):
         raise TypeError(f"key_validity must be a KeyValidity, got {type(validity).__name__}")
     if getattr(module, MASKED_KEYS, None) is not None:
@@ -118,8 +92,7 @@ def _validity_mask(
 def _ragged_attention(
     module: torch.nn.Module, query: torch.Tensor, layer: RaggedLayer, scaling: float | None, window: int | None = None
 ) -> torch.Tensor:
-    """Each row's queries over that row's own keys and values (``layer``'s rows); a sliding layer's (``window``)
-    keys, never compressed, get its sliding mask too."""
+    """Each row's queries over that row's own keys and values; a sliding layer's also get its ``window`` mask."""
     if getattr(module, MASKED_KEYS, None) is not None:
         raise ValueError(f"a ragged batch carries head-wise masks in its rows, not in {MASKED_KEYS}")
     heads, query_len = query.shape[1], query.shape[2]
@@ -145,18 +118,13 @@ def _ragged_attention(
 
 
 def varlen_attention_function(base_name: str, default: Callable, additive: bool) -> Callable:
-    """The attention function registered as ``ripplekv_<base_name>``; see the module docstring.
+    """The attention function registered as ``ripplekv_<base_name>`` (``sdpa`` or ``eager``).
 
-    Args:
-        base_name: the stock implementation it stands in for (``sdpa`` or ``eager``), looked up in transformers'
-            ``ALL_ATTENTION_FUNCTIONS`` on every call.
-        default: the stock attention function, used when ``base_name`` is not registered.
-        additive: whether the implementation takes additive float masks (eager) rather than boolean ones (sdpa).
+    ``base_name`` is looked up in ``ALL_ATTENTION_FUNCTIONS`` on every call (``default`` when absent);
+    ``additive``: the implementation takes float masks (eager) rather than boolean ones (sdpa).
     """
 
-    # The signature of transformers' attention functions, ``dropout`` the sixth positional parameter: kvpress wraps
-    # every registered function when it is imported (``attention_patch``) and passes ``dropout`` by position, so a
-    # function registered before kvpress is imported is called that way.
+    # ``dropout`` sixth positional: kvpress wraps every registered function and passes it by position.
     def attention(
         module: torch.nn.Module,
         query: torch.Tensor,
@@ -211,8 +179,7 @@ def varlen_attention_function(base_name: str, default: Callable, additive: bool)
             )
         if base_name == "sdpa" and query.device.type == "cpu" and not masked:
             return sdpa_gqa_forward(module, query, key, value, mask, dropout, **kwargs)
-        # Resolved per call: a library that wraps the registered function (kvpress wraps every entry of
-        # ALL_ATTENTION_FUNCTIONS for its head-wise masking, e.g. AdaKV) keeps working under the new name.
+        # Resolved per call, so a wrapper of the registered function (kvpress's, for AdaKV) keeps working.
         base = ALL_ATTENTION_FUNCTIONS.get(base_name, default)
         return base(module, query, key, value, mask, dropout=dropout, **kwargs)
 

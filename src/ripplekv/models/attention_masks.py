@@ -1,27 +1,11 @@
 """The attention masks of passes over KV caches whose layers hold different numbers of tokens.
 
-One concern: which keys each query of a layer may see. transformers builds one attention mask per forward pass,
-sized from layer 0 (``kv_len = n_0 + q_len``); here that mask is *fitted* to each layer's own key length
-(:func:`fit_attention_mask`). The columns of the new tokens (the last ``q_len``) are kept as they are (causal
-among themselves); the cached prefix of the layer is fully visible, which is exact for batches without padding. A
-padded batch raises (:class:`PaddedBatchError`) instead of attending to the wrong tokens; a pass over a padded
-batch of compressed caches carries a ``key_validity`` instead (:mod:`ripplekv.models.attention_functions`).
-
-Sliding-window layers (Gemma 3's local layers) attend to the last ``W`` positions only. They are never compressed
-(:mod:`ripplekv.models.layer_types`): their keys are the whole sequence (a ``DynamicLayer``) or its last ``W - 1``
-positions plus the new ones (transformers' ``DynamicSlidingWindowLayer``), contiguous positions ending at the
-pass's last token either way. A sliding layer therefore uses the library's own sliding mask as it is (built from
-the cache's sizes, window offset included) and is never fitted; when that mask was built for another layer's
-length (the cache's first layer is a compressed global one) it gets the model's sliding mask rebuilt for its own
-keys: query ``i`` sees the ``W`` keys ending at its own, bottom-right aligned (:func:`sliding_window_mask`).
-
-:func:`varlen_mask_function` wraps transformers' ``sdpa_mask`` / ``eager_mask`` into the mask function registered
-for ``ripplekv_sdpa`` / ``ripplekv_eager`` (:mod:`ripplekv.models.attention`).
-
-Device placement: every mask is built on the device of the tensors it is combined with, once per layer and pass
-at most, never copied between devices. The mask function makes no host synchronisation on unpadded passes; a pass
-with a 2D ``attention_mask`` (padding) costs one per forward pass (is it all ones, does layer 0 hold every
-position), as transformers' own sdpa mask does.
+transformers builds one mask per pass, sized from layer 0; :func:`fit_attention_mask` fits it to each layer: the
+new tokens stay causal among themselves and the layer's cached prefix is fully visible, exact without padding (a
+padded batch raises :class:`PaddedBatchError`; see ``key_validity`` in :mod:`ripplekv.models.attention_functions`).
+Sliding-window layers are never compressed, so their keys are contiguous positions: they keep the library's sliding
+mask, rebuilt for their own length when needed (:func:`sliding_window_mask`). Masks are made on the queries' device;
+unpadded passes make no host synchronisation.
 """
 
 from __future__ import annotations
@@ -54,23 +38,11 @@ def sliding_window_mask(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
-    """The sliding-window causal mask of a layer whose keys are contiguous positions ending at the last query.
+    """The ``(1, 1, query_len, key_len)`` sliding-window causal mask of keys ending at the last query.
 
-    Query ``i`` (the ``i``-th of the last ``query_len`` keys) sees the keys ``j`` with
-    ``i + key_len - query_len - window < j <= i + key_len - query_len``: transformers'
-    ``sliding_window_causal_mask_function`` (``kv_idx > q_idx - window``) in the layer's own key positions.
-
-    Args:
-        query_len: new tokens of the pass (the last ``query_len`` keys).
-        key_len: keys of the layer, its cached tokens plus the new ones.
-        window: the sliding window ``W``.
-        additive: build an additive float mask (eager) rather than a boolean one (sdpa).
-        dtype: float dtype of an additive mask.
-        device: where the mask is made (the device of the queries it is used with).
-
-    Returns:
-        A ``(1, 1, query_len, key_len)`` mask, or ``None`` when the keys fit the window and no mask is needed
-        (see :func:`fit_attention_mask`).
+    Query ``i`` sees keys ``j`` with ``i + key_len - query_len - window < j <= i + key_len - query_len``
+    (transformers' ``kv_idx > q_idx - window`` in the layer's own positions); when the keys fit the window, as
+    :func:`fit_attention_mask`. ``additive``: a float mask (eager) rather than a boolean one (sdpa).
     """
     if key_len <= window:
         return fit_attention_mask(None, query_len, key_len, additive, dtype, device=device)
@@ -91,20 +63,8 @@ def sliding_layer_mask(
     dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor | None:
-    """A sliding layer's mask: the library's own when it was built for this layer's keys, else rebuilt.
-
-    A mask built for another length was built from a compressed first layer, which the mask function
-    (:func:`varlen_mask_function`) allows for unpadded batches only, so the rebuilt mask needs no padding.
-
-    Args:
-        mask: the mask transformers built for the pass (sized from the layer it was built for), or ``None``.
-        query_len: new tokens of the pass (the last ``query_len`` keys).
-        key_len: keys of this layer, its cached tokens plus the new ones.
-        window: the layer's sliding window ``W``.
-        additive: build an additive float mask (eager) rather than a boolean one (sdpa).
-        dtype: float dtype of an additive mask.
-        device: where a rebuilt mask is made (the device of the queries).
-    """
+    """A sliding layer's mask: ``mask`` when built for ``key_len`` keys, else rebuilt (no padding: a mask of
+    another length comes from a compressed first layer, which :func:`varlen_mask_function` allows unpadded only)."""
     if mask is not None and mask.shape[-1] == key_len:
         return mask
     return sliding_window_mask(query_len, key_len, window, additive, dtype, device)
@@ -130,23 +90,17 @@ def fit_attention_mask(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
-    """Fit the mask transformers built for layer 0 to a layer holding ``key_len`` keys.
+    """Fit the mask transformers built for layer 0 to a layer holding ``key_len`` keys (cached plus new).
 
     Args:
-        mask: the 4D mask of the forward pass, shape ``(batch, 1, query_len, kv_len_of_layer_0)``, boolean
-            (True = attend) or additive float (0 = attend); ``None`` when no mask was built, either because
-            transformers skipped it (plain causal square) or because the mask function
-            (:func:`varlen_mask_function`) left it to the layers.
-        query_len: number of new tokens in this pass; they are the last ``query_len`` keys of every layer.
-        key_len: number of keys of this layer (its cached tokens plus the new ones).
-        additive: build additive float masks (eager) rather than boolean ones (sdpa).
-        dtype: float dtype of additive masks.
-        device: where a mask built from nothing (``mask`` is ``None``) is made: the device of the queries it
-            will be used with (default: ``mask``'s device, else the CPU). A fitted ``mask`` stays on its device.
+        mask: ``(batch, 1, query_len, kv_len_of_layer_0)``, boolean (True = attend) or additive (0 = attend);
+            ``None`` when transformers or :func:`varlen_mask_function` built none.
+        query_len: new tokens of the pass, the last ``query_len`` keys of every layer.
+        device: where a mask built from nothing is made (a fitted ``mask`` stays on its device).
 
     Returns:
-        A ``(batch, 1, query_len, key_len)`` mask, or ``None`` when none is needed (one query, or a causal
-        square that sdpa handles with ``is_causal``).
+        ``(batch, 1, query_len, key_len)``, or ``None`` when none is needed (one query, or a causal square that
+        sdpa handles with ``is_causal``).
     """
     if key_len < query_len:
         raise ValueError(f"layer holds {key_len} keys for {query_len} queries: the cache is inconsistent")
@@ -172,20 +126,10 @@ def headwise_attention_mask(
     key_len: int,
     device: torch.device | str | None,
 ) -> torch.Tensor:
-    """The boolean mask of one layer with head-wise masked cached entries (AdaKV) excluded exactly.
+    """The ``(batch, heads, query_len, key_len)`` boolean mask of a layer with head-wise masked entries (AdaKV).
 
-    Args:
-        base: the mask the layer received (boolean, True = attend; ``None`` when transformers built none).
-        head, position: the masked entries' KV heads and positions (among the cached keys).
-        heads: query heads of the layer; each KV head's entries are hidden from every query head of its group.
-        kv_heads: key/value heads of the layer.
-        query_len: new tokens of the pass (the last ``query_len`` keys).
-        key_len: keys of the layer in the pass (cached plus new).
-        device: where the mask is made (the device of the queries).
-
-    Returns:
-        ``(batch, heads, query_len, key_len)``: ``base`` fitted to the layer (bottom-right causal when ``None``) and
-        the masked entries.
+    ``base`` (fitted; bottom-right causal when ``None``) with the entries at KV heads ``head`` and ``position``
+    hidden from every query head of their group.
 
     Raises:
         ValueError: for an additive (float) ``base``: eager attention cannot take the boolean mask.
@@ -202,8 +146,7 @@ def headwise_attention_mask(
 
 
 def _plain_causal(kwargs: dict[str, Any]) -> bool:
-    """Whether a pass's mask is plain causal: no padding, no custom mask function, no sliding window or chunk
-    (transformers passes their size as ``local_size``)."""
+    """Whether a pass's mask is plain causal: no padding, mask function, sliding window or chunk (``local_size``)."""
     if kwargs.get("attention_mask") is not None or kwargs.get("use_vmap", False):
         return False
     return (
@@ -212,29 +155,17 @@ def _plain_causal(kwargs: dict[str, Any]) -> bool:
 
 
 def varlen_mask_function(base: Callable) -> Callable:
-    """The mask function registered for a variable-length attention implementation, over transformers' ``base``.
-
-    Args:
-        base: transformers' mask function of the stock implementation (``sdpa_mask`` or ``eager_mask``).
-
-    Returns:
-        A mask function with ``base``'s keyword signature (see its inner docstring for what it returns).
-    """
+    """The mask function registered for ``ripplekv_sdpa`` / ``ripplekv_eager`` over transformers' ``base``
+    (``sdpa_mask`` or ``eager_mask``), with its keyword signature."""
 
     def varlen_mask(
         *, cache_position: torch.Tensor, kv_length: int, kv_offset: int = 0, **kwargs: Any
     ) -> torch.Tensor | None:
-        """The mask of the layer transformers sized it from, or ``None`` to let each layer's attention build its own.
+        """``base``'s mask when the layer it is sized from holds every past position, else ``None`` (each layer
+        builds its own; an unpadded causal pass always gets ``None``, with no host synchronisation).
 
-        An unpadded causal pass needs no mask from here: every layer's new queries see all of its cached keys and
-        the new keys up to themselves (what the attention function does when it gets ``None``), whatever the
-        layer holds, so no host synchronisation is made. A padded batch (a 2D ``attention_mask`` with zeros), a
-        custom mask function or a sliding-window mask (``local_size``) gets the library's own mask when the layer
-        it is sized from holds every past position from ``kv_offset`` on (a sliding-window cache layer holds its
-        window only); this costs one host synchronisation per forward pass (reading ``cache_position[0]`` and
-        whether the mask is all ones), as transformers' own sdpa mask does. A padded batch over a compressed layer
-        raises; a sliding layer handed ``None`` rebuilds its own sliding mask (sliding layers are never
-        compressed).
+        Raises:
+            PaddedBatchError: for a padded batch over a compressed layer.
         """
         if _plain_causal(kwargs):
             return None

@@ -1,15 +1,5 @@
-"""Cheap views of a prefilled KV cache.
-
-A transformers ``DynamicCache`` grows by concatenation (``torch.cat`` allocates a new tensor), so a cache
-whose layers *reference* the tensors of a prefilled cache can be run over and extended without ever
-writing into the prefill. This is how profiling runs many continuations over one prefill, and how one
-prefill can feed several compressed caches.
-
-:class:`OverlayLayer` (and :func:`lean_fork`) goes one step further: it keeps the cache it runs over by reference
-and the tokens a pass appends apart, so a pass over the fork never holds a second copy of the cache.
-:class:`ReservedLayer` is the cache of a prompt prefilled in chunks: one buffer per layer, the prompt's size,
-written chunk by chunk.
-"""
+"""Cheap views of a prefilled KV cache: layers that reference a prefill's tensors, so many passes can run over
+one prefill without writing into it (``DynamicLayer`` appends through ``torch.cat``, into new storage)."""
 
 from __future__ import annotations
 
@@ -31,11 +21,7 @@ def cache_tensors(cache: DynamicCache) -> list[KVPair]:
 
 
 def cache_from_tensors(pairs: Sequence[KVPair]) -> DynamicCache:
-    """A ``DynamicCache`` whose layers hold the given tensors by reference (no copy).
-
-    Appending to the returned cache never modifies the given tensors, since ``DynamicLayer.update``
-    concatenates into new storage.
-    """
+    """A ``DynamicCache`` whose layers hold the given tensors by reference; appending never writes into them."""
     return cache_from_layers([dynamic_layer(keys, values) for keys, values in pairs])
 
 
@@ -60,11 +46,9 @@ def cache_bytes(cache: DynamicCache) -> int:
 
 
 class PreallocatedLayer(DynamicLayer):
-    """A cache layer over buffers that already hold a prefix and have room for more tokens.
+    """A cache layer over buffers holding a prefix, with room for more tokens written in place (no ``torch.cat``).
 
-    ``update`` writes the new tokens into the buffers in place instead of concatenating (a ``torch.cat``
-    copies the whole layer). Meant for many short passes over one long prefix: each pass builds new
-    layer objects over the same buffers, starting at the prefix, and overwrites the tail of the previous pass.
+    For many short passes over one long prefix: each pass's new layers overwrite the previous pass's tail.
     """
 
     def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, prefix: int) -> None:
@@ -96,11 +80,8 @@ def cache_from_layers(layers: Sequence[DynamicLayer]) -> DynamicCache:
 
 
 class PassThroughLayer(DynamicLayer):
-    """A cache layer that stores nothing: ``update`` hands the new tokens straight back.
-
-    For passes whose attention reads the cached prefix elsewhere (a shared prefix, see
-    :mod:`ripplekv.models.shared_prefix`) and only needs each row's own new tokens from the cache.
-    """
+    """A cache layer that stores nothing: ``update`` hands the new tokens back (the prefix is read elsewhere,
+    :mod:`ripplekv.models.shared_prefix`)."""
 
     def __init__(self, prefix: int) -> None:
         super().__init__()
@@ -116,14 +97,11 @@ class PassThroughLayer(DynamicLayer):
 
 
 def fork_cache(cache: DynamicCache) -> DynamicCache:
-    """A new cache container over the same tensors: running over the fork never changes ``cache``.
+    """A new cache over the same tensors (layers copied shallowly): running over the fork never changes ``cache``.
 
-    Each layer object is copied shallowly (its tensors, and a head-wise mask, by reference); ``DynamicLayer``,
-    :class:`~ripplekv.models.headwise.MaskedLayer` and ``DynamicSlidingWindowLayer`` append through ``torch.cat`` and
-    then rebind their attributes, so neither the given cache's layer objects nor its tensors are written by a pass over
-    the fork. Layers that write into
-    their buffers in place (:class:`PreallocatedLayer`) or store nothing (:class:`PassThroughLayer`), and any
-    other layer type, are refused with a ``TypeError``.
+    Raises:
+        TypeError: for a layer that does not append through ``torch.cat`` (only ``DynamicLayer``,
+            :class:`~ripplekv.models.headwise.MaskedLayer` and ``DynamicSlidingWindowLayer`` do).
     """
     layers = []
     for i, layer in enumerate(cache.layers):
@@ -139,15 +117,8 @@ def fork_cache(cache: DynamicCache) -> DynamicCache:
 class ReservedLayer(DynamicLayer):
     """A cache layer that reserves room for ``tokens`` tokens on its first update and writes every update into it.
 
-    For a prompt of known length run in chunks (:func:`ripplekv.models.chunked_prefill.prefill_in_chunks`): each
-    layer holds one buffer of the prompt's size from the first chunk on, instead of a ``DynamicLayer``'s
-    concatenation per chunk (a new copy of the layer each time, and on an accelerator a caching allocator left with
-    blocks of every intermediate size). ``keys`` and ``values`` are views of the buffers up to the tokens written;
-    after the last chunk they are the whole buffers. The buffers are made with ``new_empty`` from the first update's
-    tensors (their device and dtype).
-
-    Args:
-        tokens: the room, in tokens (>= 1).
+    For a prompt run in chunks: one buffer per layer instead of a copy per chunk (which also leaves an
+    accelerator's caching allocator with blocks of every size). ``keys``/``values`` are views up to the tokens written.
     """
 
     def __init__(self, tokens: int) -> None:
@@ -178,19 +149,11 @@ class ReservedLayer(DynamicLayer):
 
 
 class OverlayLayer(DynamicLayer):
-    """A cache layer over another layer's tensors, held by reference, with the tokens appended since kept apart.
+    """A cache layer over another layer's tensors (never written), with the tokens appended since kept apart.
 
-    ``update`` appends the new tokens to the layer's own (short) tensors and returns the whole layer, base then
-    appended, as a new tensor it does not keep. A pass therefore allocates one layer's concatenation at a time and
-    frees it after that layer's attention, where a ``DynamicLayer`` fork (``torch.cat`` into its own storage)
-    keeps a copy of every layer, one more full cache for a pass over the full cache, for as long as the fork
-    lives. Attention receives the same tensors either way, under any attention implementation (each step also
-    copies the layer once, as ``DynamicLayer.update`` does).
-
-    Args:
-        keys, values: the base layer's ``(batch, kv_heads, n, head_dim)`` tensors (never written).
-        appended: tokens appended after them, as ``(keys, values)`` (default: none).
-        headwise: the base layer's head-wise mask (a :class:`~ripplekv.models.headwise.MaskedLayer`'s), or None.
+    ``update`` returns base plus appended as a new tensor it does not keep, so a pass holds one layer's
+    concatenation at a time, where a ``DynamicLayer`` fork keeps a second full cache while it lives. Attention
+    receives the same tensors either way.
     """
 
     def __init__(
@@ -231,15 +194,8 @@ class OverlayLayer(DynamicLayer):
 
 
 def lean_fork(cache: DynamicCache) -> DynamicCache:
-    """A fork of ``cache`` that holds its tensors by reference and what a pass appends apart (no copy).
-
-    ``DynamicLayer``, :class:`~ripplekv.models.headwise.MaskedLayer` (its mask kept) and :class:`OverlayLayer` layers
-    become :class:`OverlayLayer`; any other layer (a sliding window's, which crops itself) is forked as
-    :func:`fork_cache` forks it, the exact copying path. Running over the fork never changes ``cache``.
-
-    Args:
-        cache: the cache to fork.
-    """
+    """A fork of ``cache`` of :class:`OverlayLayer` layers (no copy); others (a sliding window's, which crops
+    itself) are forked by :func:`fork_cache`. Running over the fork never changes ``cache``."""
     layers: list[DynamicLayer] = []
     for layer in cache.layers:
         if type(layer) is DynamicLayer:

@@ -1,27 +1,9 @@
-"""Tokenizer files for a GGUF model, repairing what transformers gets wrong when it reads a GGUF tokenizer itself.
+"""Tokenizer files for a GGUF model, repairing what transformers 5.2 gets wrong reading a GGUF tokenizer itself.
 
-For ``SmolLM2-135M-Instruct`` (architecture ``llama``, tokenizer model ``gpt2``) transformers 5.2 picks its
-*Llama* GGUF converter, which
-
-* swaps the special tokens: eos becomes ``<|im_start|>`` (the bos token) instead of ``<|im_end|>`` (id 2),
-  so generation never stops at the end of an assistant turn;
-* prepends ``<|im_start|>`` as a BOS token to every encoding, although the GGUF says
-  ``add_bos_token = False`` (the original Hugging Face tokenizer adds no BOS either);
-* wraps the result in a ``CodeLlamaTokenizer`` that appends five infilling tokens (ids 49152-49156) beyond
-  the model's 49152-row embedding, and sets no pad token.
-
-For byte-level BPE GGUFs (``tokenizer.ggml.model == "gpt2"``) the tokenizer is therefore rebuilt here from
-the GGUF vocabulary and merges, the way the original ``tokenizer.json`` is built.
-
-SentencePiece BPE GGUFs (``tokenizer.ggml.model == "llama"``: Llama 2, Mistral, Gemma) store pieces and scores but
-no merges. For Gemma 3 (``gemma-3-270m``, 262,144 pieces) transformers 5.2 builds a tokenizer that splits every word
-into single characters ("The capital" -> ``T h e ▁ c a p i t a l``) and adds no BOS, on which the model's loss is
-about 9.5 nats per token. Such a tokenizer is rebuilt here too (:func:`_build_spm_tokenizer`): SentencePiece BPE
-merges, at each step, the adjacent pair whose joined piece scores highest, so the merges are every split of every
-normal piece into two normal pieces, ranked by the joined piece's score. Other tokenizer models keep the
-transformers tokenizer with its special tokens set from the GGUF ids.
-
-Used by the GGUF conversion in :mod:`ripplekv.models.loading`.
+For SmolLM2 (byte-level BPE) it makes eos ``<|im_start|>`` instead of ``<|im_end|>`` (generation never stops),
+prepends a BOS the GGUF disables, and appends five tokens beyond the 49,152-row embedding. For Gemma 3
+(SentencePiece BPE, no merges stored) it splits every word into characters (loss ~9.5 nats per token). Both kinds
+are rebuilt here; other tokenizers keep transformers' with the GGUF's special tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +15,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-# the logger of the module this code was split from, so log filters and captures keep matching its records
+# loading's logger, which log filters and captures match
 logger = logging.getLogger("ripplekv.models.loading")
 
 __all__ = ["CHATML_TEMPLATE", "convert_tokenizer", "gguf_metadata"]
@@ -121,13 +103,10 @@ _NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
 
 
 def spm_merges(tokens: list[str], scores: list[float], token_types: list[int]) -> list[tuple[str, str]]:
-    """BPE merges equivalent to SentencePiece BPE over ``tokens``: every way to split a normal piece into two normal
-    pieces, highest-scoring joined piece first (ties: by the ids of the two halves, so the order is deterministic).
+    """BPE merges equivalent to SentencePiece BPE over ``tokens``: every split of a normal piece (type 1) into two
+    normal pieces, highest-scoring joined piece first (ties: by the halves' ids, so the order is deterministic).
 
-    Args:
-        tokens: the pieces, by id.
-        scores: their SentencePiece scores.
-        token_types: their GGUF token types (only normal pieces, type 1, take part in merges).
+    SentencePiece BPE merges, at each step, the adjacent pair whose joined piece scores highest.
     """
     if not len(tokens) == len(scores) == len(token_types):
         raise ValueError(f"{len(tokens)} tokens, {len(scores)} scores and {len(token_types)} token types")

@@ -1,19 +1,9 @@
 """Cache layers that hide some of their entries from attention, KV head by KV head (AdaKV's head-wise masks).
 
-AdaKV (Feng et al. 2024, https://arxiv.org/abs/2407.11550: kvpress's ``AdaKVPress``, ripplekv's
-``LayerBudgetAdaPress``) and LAVa (``LavaPress``) give the KV heads of a layer different numbers of tokens, which a
-dense cache cannot hold: they keep the keys and mask the dropped (head, position) entries. The mask belongs to one
-compressed cache, not to the model, so the cache layer holds it (:class:`MaskedLayer`, like transformers' sliding
-window layer owns its window): two caches never see each other's masks, and a pass over a cache needs no module state.
-ripplekv's attention functions read it from the cache the pass carries and exclude the masked entries exactly
-(:meth:`HeadwiseMask.attention_mask`).
-
-kvpress's protocol for such masks is an attribute of the attention module, ``masked_key_indices``
-(:data:`MASKED_KEYS`), set by ``compress`` and read by kvpress's attention wrapper on later passes. Every head-wise
-press speaks it (kvpress's own set it themselves, and ripplekv's do too, so that a press used directly,
-``with press(model): model.generate(...)``, decodes as kvpress's AdaKV does). ripplekv reads it once, right after
-compression (the prefill's pass, a derivation's ``compress``): :func:`take_mask` moves it into the cache layer and
-removes it from the module.
+AdaKV (Feng et al. 2024, https://arxiv.org/abs/2407.11550) and LAVa give a layer's KV heads different numbers of
+tokens by masking dropped (head, position) entries. The mask belongs to one compressed cache, so its layer holds it
+(:class:`MaskedLayer`): caches never see each other's masks. Presses leave it on the attention module as kvpress's
+``masked_key_indices``; :func:`take_mask` moves it into the cache layer right after compression.
 """
 
 from __future__ import annotations
@@ -46,15 +36,11 @@ Indices = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 @dataclass(frozen=True)
 class HeadwiseMask:
-    """The (KV head, position) entries of a cache layer that attention skips.
+    """The (KV head, position) entries of a cache layer that attention skips, validated once (one host sync).
 
-    Validated once here (one host synchronisation), so passes over the layer build their masks without one.
-
-    Args:
-        indices: kvpress's ``masked_key_indices``: ``(batch, kv_head, position)`` index tensors, batch size 1.
-        kv_heads: KV heads of the layer.
-        length: cached positions of the layer when it was masked; every index is below it, and tokens appended
-            later are seen by every head.
+    Attributes:
+        indices: kvpress's ``(batch, kv_head, position)`` index tensors, batch size 1.
+        length: cached positions when masked; tokens appended later are seen by every head.
     """
 
     indices: Indices
@@ -90,15 +76,7 @@ class HeadwiseMask:
     def attention_mask(
         self, base: torch.Tensor | None, heads: int, query_len: int, key_len: int, device: torch.device
     ) -> torch.Tensor:
-        """The layer's boolean mask in a pass, masked entries excluded (:func:`headwise_attention_mask`).
-
-        Args:
-            base: the mask the layer received (boolean; ``None`` when transformers built none).
-            heads: query heads of the layer.
-            query_len: new tokens of the pass (the last ``query_len`` keys).
-            key_len: keys of the layer in the pass (cached plus new).
-            device: where the mask is made (the queries').
-        """
+        """The layer's boolean mask in a pass, masked entries excluded (:func:`headwise_attention_mask`)."""
         if key_len - query_len < self.length:
             raise ValueError(f"{MASKED_KEYS} point outside the cached keys of the layer")
         _, head, position = self.indices
@@ -108,12 +86,7 @@ class HeadwiseMask:
 class MaskedLayer(DynamicLayer):
     """A ``DynamicLayer`` some of whose cached entries attention skips, per KV head (its :class:`HeadwiseMask`).
 
-    Appends by concatenation, as ``DynamicLayer`` does, so it forks the same way
-    (:func:`~ripplekv.models.cache.fork_cache`); appended tokens are seen by every head.
-
-    Args:
-        keys, values: the layer's ``(1, kv_heads, n, head_dim)`` tensors, held by reference.
-        headwise: the masked entries among the ``n`` positions.
+    Appends by concatenation, so it forks like ``DynamicLayer``; appended tokens are seen by every head.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, headwise: HeadwiseMask) -> None:
@@ -135,12 +108,7 @@ def headwise_of(layer: object) -> HeadwiseMask | None:
 
 
 def attention_modules(model: PreTrainedModel) -> list[nn.Module]:
-    """The attention module of every decoder layer, in layer order (the modules kvpress hooks).
-
-    Args:
-        model: a decoder-only transformers model (``model.model.layers[i].self_attn``, or under
-            ``model.model.language_model`` for multimodal wrappers).
-    """
+    """The attention module of every decoder layer (``model.model[.language_model].layers[i].self_attn``)."""
     inner = getattr(model, "model", None)
     layers = getattr(getattr(inner, "language_model", inner), "layers", None)
     if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
@@ -158,13 +126,7 @@ def discard_masks(modules: Iterable[nn.Module]) -> None:
 
 
 def take_mask(module: nn.Module, layer: DynamicLayer) -> DynamicLayer:
-    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a press left on ``module``, if it left one.
-
-    Reads kvpress's ``module.masked_key_indices`` once and removes it from the module (see the module docstring).
-
-    Args:
-        module: the attention module of the layer, right after the press compressed it.
-        layer: the layer's compressed cache layer.
+    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a press left on ``module`` (removed there).
 
     Raises:
         ValueError: for a mask on a sliding-window layer, or one that does not fit the layer's keys.

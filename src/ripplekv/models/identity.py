@@ -24,13 +24,8 @@ _ARCH_FIELDS = (
 
 
 def model_identity(model: PreTrainedModel) -> dict[str, Any]:
-    """Identity of a model's architecture, used to check that a profile belongs to a model.
-
-    Returns ``name_or_path``, the architecture fields ``model_type``, ``num_hidden_layers``,
-    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``hidden_size``, ``vocab_size``, and
-    ``config_hash``: the sha256 of the canonical JSON of the architecture fields only (not of paths or
-    dtype), so two models with the same architecture hash equally wherever they were loaded from.
-    """
+    """``name_or_path``, the architecture fields and ``config_hash``, the sha256 of those fields only (not paths or
+    dtype), so one architecture hashes equally wherever it was loaded from."""
     config = getattr(model, "config", None)
     if config is None:
         raise ValueError(f"model_identity needs a transformers model with a config, got {type(model).__name__}")
@@ -64,20 +59,10 @@ def model_identity(model: PreTrainedModel) -> dict[str, Any]:
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
-    """A digest of a model's weights: ``sha256:`` and the sha256 of every parameter's name, dtype, shape and bytes.
+    """``"sha256:<hex>"`` over every parameter's name, dtype, shape and raw bytes, in ``named_parameters()`` order.
 
-    :func:`model_identity` says which architecture a model has; this says which weights (and in which dtype)
-    it holds, so results measured on one set of weights are not mixed with another's (e.g. a profiling
-    checkpoint resumed with a fine-tuned copy of the same architecture). Parameters are hashed in
-    ``named_parameters()`` order (tied weights once); buffers are derived from the config and left out.
-    Hashes the raw bytes (no conversion; its cost is in docs/results.md, "Profiling cost"); parameters on an
-    accelerator are copied to the CPU one at a time.
-
-    Args:
-        model: any torch module (a transformers model in practice).
-
-    Returns:
-        ``"sha256:<64 hex digits>"``.
+    Which weights (and dtype) a model holds, so results of one fine-tune are not mixed with another's. Buffers
+    (derived from the config) are left out; accelerator parameters are copied to the CPU one at a time.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"weights_fingerprint needs a torch module, got {type(model).__name__}")
@@ -95,16 +80,8 @@ _FINGERPRINTS: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKey
 
 
 def cached_weights_fingerprint(model: torch.nn.Module) -> str:
-    """:func:`weights_fingerprint` of ``model``, computed once per model object.
-
-    Checking a profile against its model happens at every prefill with a press; hashing the weights each time
-    would cost a full read of them. The digest is kept for as long as the model object lives (a weak
-    reference), so weights changed in place afterwards (training) are not seen: call :func:`weights_fingerprint`
-    for a fresh digest.
-
-    Args:
-        model: any torch module.
-    """
+    """:func:`weights_fingerprint` of ``model``, computed once per model object (profiles are checked at every
+    prefill); weights changed in place afterwards are not seen."""
     found = _FINGERPRINTS.get(model)
     if found is None:
         found = _FINGERPRINTS[model] = weights_fingerprint(model)

@@ -1,10 +1,7 @@
 """Which decoder layers attend through a sliding window, and which ones a press compresses.
 
-Models such as Gemma 3 mix global layers with sliding-window (local) layers that only ever attend to the last
-``sliding_window`` positions. Like kvpress (which skips Gemma 3's sliding layers), RippleKV compresses the global
-layers only: a sliding layer keeps its whole cache (transformers' own ``DynamicSlidingWindowLayer`` keeps its
-window), attends through the model's own sliding mask, and is left out of every budget schedule, which spreads
-the global budget over the global layers.
+Like kvpress for Gemma 3, RippleKV compresses global layers only: sliding layers keep their cache and mask, and
+budget schedules spread the budget over the global layers.
 """
 
 from __future__ import annotations
@@ -22,14 +19,8 @@ class NoGlobalLayersError(ValueError):
 
 
 def sliding_layers(config: PretrainedConfig) -> tuple[bool, ...]:
-    """Per decoder layer, whether it attends through a sliding window.
-
-    From the text config's ``layer_types`` (Gemma 3, Qwen 2 with ``use_sliding_window``, ...); a config without
-    ``layer_types`` but with a ``sliding_window`` (Mistral v0.1) has every layer sliding, one without either none.
-
-    Args:
-        config: the model's config (a multimodal config's text config is used).
-    """
+    """Per decoder layer, whether it attends through a sliding window (the text config's ``layer_types``; without
+    them, every layer when ``sliding_window`` is set, as in Mistral v0.1)."""
     text = config.get_text_config()
     n_layers = int(text.num_hidden_layers)
     types = getattr(text, "layer_types", None)
@@ -42,9 +33,6 @@ def sliding_layers(config: PretrainedConfig) -> tuple[bool, ...]:
 
 def compressed_layers(config: PretrainedConfig) -> tuple[int, ...]:
     """Indices of the layers a press compresses: the global (not sliding-window) layers, in order.
-
-    Args:
-        config: the model's config.
 
     Raises:
         NoGlobalLayersError: if every layer is a sliding-window layer.

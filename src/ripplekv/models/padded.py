@@ -1,20 +1,8 @@
-"""Several compressed caches of one prompt as one padded batch: which cached keys each row may see.
+"""Several compressed caches of one prompt as one batch: padded (:class:`KeyValidity`) or ragged (:class:`RaggedLayer`).
 
-After per-layer compression, the caches of different methods (or budgets) of the same prompt hold different
-numbers of tokens in each layer, and AdaKV's caches additionally hide some (head, token) entries. To run them as
-one batch, each layer's keys and values are stacked into ``(rows, kv_heads, longest, dim)`` tensors, shorter rows
-padded on the left, and :class:`KeyValidity` records, per layer, which of those cached entries each row may
-attend to. The variable-length attention functions (:mod:`ripplekv.models.attention`) read it from the
-``key_validity`` keyword argument of the forward pass and build each layer's boolean mask from it: the row's
-valid cached entries, then the tokens appended since the batch was built (causal among themselves).
-
-Masked entries get exactly zero attention weight, so each row computes what it computes alone, up to float
-rounding (different reduction lengths and batched matrix products).
-
-Only ripplekv's attention functions (``ripplekv_sdpa`` / ``ripplekv_eager``) read ``key_validity`` and
-ragged layers; FlashAttention ignores keyword arguments it does not know, so callers check
-:func:`ripplekv.models.attention.uses_varlen_attention` first (:mod:`ripplekv_eval.fastpath.batched` does: it raises
-``NotBatchableError`` for decoding and teacher-forces one cache at a time otherwise).
+Each layer is stacked into ``(rows, kv_heads, longest, dim)``, left-padded; masked entries get exactly zero weight,
+so each row computes what it computes alone up to float rounding. Only ripplekv's attention functions read these
+(FlashAttention ignores unknown keywords): callers check :func:`ripplekv.models.attention.uses_varlen_attention`.
 """
 
 from __future__ import annotations
@@ -30,13 +18,8 @@ __all__ = ["KeyValidity", "RaggedLayer", "compact_heads", "pad_layers"]
 
 @dataclass(frozen=True)
 class KeyValidity:
-    """Per layer, which cached (head, position) entries each batch row may attend to.
-
-    Args:
-        layers: one boolean tensor per layer, ``(rows, kv_heads, cached)``: True where the row's entry is one of
-            its own cached keys (False for left padding and for keys the row's press masked head-wise). Tokens
-            appended to the cache after these (decoded or teacher-forced) are always valid.
-    """
+    """Per layer, ``(rows, kv_heads, cached)``: True where the entry is one of the row's own cached keys (False on
+    padding and head-wise masked keys). Tokens appended later are always valid, causal among themselves."""
 
     layers: tuple[torch.Tensor, ...]
 
@@ -60,14 +43,8 @@ class KeyValidity:
         return KeyValidity(tuple(layer.index_select(0, rows.to(layer.device)) for layer in self.layers))
 
     def mask(self, layer: int, query_len: int, key_len: int, heads: int) -> torch.Tensor:
-        """The boolean attention mask of one layer in a pass, ``(rows, heads, query_len, key_len)``.
-
-        Args:
-            layer: the layer index.
-            query_len: new tokens of the pass (the last ``query_len`` keys of the layer).
-            key_len: keys of the layer in the pass: its cached entries, the tokens appended since, the new ones.
-            heads: query heads (a multiple of the KV heads; each KV head's validity is repeated for its group).
-        """
+        """The boolean mask ``(rows, heads, query_len, key_len)`` of one layer; ``key_len`` counts cached, appended
+        and new keys, and each KV head's validity is repeated for its group of ``heads``."""
         if not 0 <= layer < len(self.layers):
             raise ValueError(f"no key validity for layer {layer} ({len(self.layers)} layers)")
         cached = self.layers[layer]
@@ -90,19 +67,11 @@ class KeyValidity:
 def compact_heads(
     keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drop one cache layer's masked (head, position) entries physically, each head left-padded to the longest.
+    """Drop one layer's masked entries (``keep`` ``(kv_heads, n)`` False) physically, each head left-padded.
 
-    A head-wise masked cache (AdaKV) holds every token in every head and hides most of them; as a batch row it
-    would cost as much as the full cache. Here each head keeps only its own entries, in position order (attention
-    does not depend on the order of keys; their rotary positions are already applied).
-
-    Args:
-        keys, values: ``(1, kv_heads, n, dim)``.
-        keep: ``(kv_heads, n)`` boolean, True for the entries the row may see.
-
-    Returns:
-        ``(keys, values, valid)`` of shapes ``(1, kv_heads, m, dim)`` and ``(kv_heads, m)``, ``m`` the most entries
-        any head keeps; each head's entries are the last ones, ``valid`` False on its padding.
+    A head-wise masked (AdaKV) row would otherwise cost a full cache; key order does not matter (rotary positions
+    are applied). Returns ``(1, kv_heads, m, dim)`` keys and values and ``(kv_heads, m)`` validity, ``m`` the most
+    entries any head keeps.
     """
     counts = keep.sum(dim=-1)
     longest = int(counts.max()) if counts.numel() else 0
@@ -122,15 +91,9 @@ def compact_heads(
 def pad_layers(
     layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack one layer of several single-row caches, left-padded to the longest.
+    """Stack one layer of single-row caches ``(keys, values, valid or None)``, left-padded with zeros to the longest.
 
-    Args:
-        layers: per row, ``(keys, values, valid)``: keys and values of shape ``(1, kv_heads, n_row, dim)`` and an
-            optional ``(kv_heads, n_row)`` boolean tensor of the entries the row may see (None: all).
-
-    Returns:
-        ``(keys, values, valid)``: ``(rows, kv_heads, longest, dim)`` tensors (padding zero) and the
-        ``(rows, kv_heads, longest)`` validity, False on the padding.
+    Returns ``(rows, kv_heads, longest, dim)`` keys and values and ``(rows, kv_heads, longest)`` validity.
     """
     if not layers:
         raise ValueError("no rows to pad")
@@ -158,17 +121,10 @@ def pad_layers(
 
 
 class RaggedLayer(DynamicLayer):
-    """One layer of a batch of caches that keep their own lengths: no padding, one buffer per row.
+    """One layer of a batch of caches that keep their own lengths: one buffer per row, no padding.
 
-    ``update`` writes each row's new tokens into that row's buffer and hands the new tokens back; the attention
-    reads every row's own keys and values through :meth:`row` (the variable-length attention functions do this
-    when the pass carries the cache made of these layers). The projections and MLPs of the pass
-    run batched over all rows; only attention runs row by row, each over exactly its own entries.
-
-    Args:
-        rows: per row ``(keys, values, valid)``: ``(1, kv_heads, n_row, dim)`` tensors and an optional
-            ``(kv_heads, n_row)`` boolean tensor of the entries the row may see (compacted head-wise masks).
-        room: tokens that can be appended to every row.
+    Projections and MLPs run batched; attention runs row by row over :meth:`row`. ``rows`` as in
+    :func:`pad_layers`; ``room``: tokens that can be appended to every row.
     """
 
     def __init__(self, rows: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], room: int) -> None:
@@ -229,10 +185,8 @@ class RaggedLayer(DynamicLayer):
         return key_buffer[:, :, : self.lengths[index]], value_buffer[:, :, : self.lengths[index]]
 
     def row_mask(self, index: int, query_len: int, heads: int) -> torch.Tensor | None:
-        """Row ``index``'s boolean mask ``(1, heads, query_len, n_row)``, or None when it sees every entry.
-
-        Built on the device of the row's buffers (where its keys are), so no copy is needed to attend with it.
-        """
+        """Row ``index``'s boolean mask ``(1, heads, query_len, n_row)`` on its buffers' device, or None when it
+        sees every entry."""
         valid = self.valid[index]
         length = self.lengths[index]
         if valid is None and query_len == 1:

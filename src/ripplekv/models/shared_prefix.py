@@ -1,20 +1,9 @@
 """Attention of many batch rows over one shared cached prefix, without copying the prefix per row.
 
-Profiling runs the same short continuation for many perturbed variants of one prefilled context. Each
-variant (a batch row) has its own new tokens, but all of them attend to the same cached prefix of a layer.
-Stock attention needs keys and values of shape ``(batch, heads, prefix + new, dim)``, i.e. one copy of the
-whole prefix per row. Here the prefix is read once: the scores of every row's queries against the prefix
-come from one attention call per KV head (torch's fused CPU kernel, which also returns the log-sum-exp),
-the scores against the row's own new tokens (causal) from a small batched product, and the two parts are
-merged into one softmax through their log-sum-exps.
-
-A row may also see the prefix's values plus a delta (a noisy Value cache): by linearity
-``softmax(QK^T) (V + D) = softmax(QK^T) V + softmax(QK^T) D``, so the delta costs one extra product for
-those rows only.
-
-Used through the variable-length attention functions of :mod:`ripplekv.models.attention`: a decoder layer
-called with ``shared_prefix=SharedPrefix(...)`` in its keyword arguments, over a cache whose layer returns
-only the new tokens (:class:`ripplekv.models.cache.PassThroughLayer`).
+The prefix part (one call per KV head, with its log-sum-exp) and each row's own causal new tokens are merged into
+one softmax through their log-sum-exps. A row's value delta (noise) costs one extra product by linearity:
+``softmax(QK^T) (V + D) = softmax(QK^T) V + softmax(QK^T) D``. Passed as ``shared_prefix=SharedPrefix(...)``
+over a :class:`~ripplekv.models.cache.PassThroughLayer` cache.
 """
 
 from __future__ import annotations
@@ -29,13 +18,9 @@ MAX_SCORE_BYTES = 256 * 2**20  # rows are processed in chunks whose prefix score
 
 @dataclass(frozen=True)
 class SharedPrefix:
-    """The cached prefix of one layer, shared by every row of the batch.
+    """The ``(1, kv_heads, prefix, dim)`` cached keys and values of one layer, shared by every row of the batch.
 
-    Attributes:
-        keys: ``(1, kv_heads, prefix, dim)`` prefix keys (rotary already applied, as cached).
-        values: ``(1, kv_heads, prefix, dim)`` prefix values.
-        value_delta: optional ``(rows, kv_heads, prefix, dim)``: the last ``rows`` rows of the batch see
-            ``values + value_delta[row]`` instead of ``values``.
+    ``value_delta`` ``(rows, kv_heads, prefix, dim)``: the last ``rows`` rows see ``values + value_delta[row]``.
     """
 
     keys: torch.Tensor
@@ -50,16 +35,9 @@ def shared_prefix_attention(
     prefix: SharedPrefix,
     scaling: float | None = None,
 ) -> torch.Tensor:
-    """Attention of ``query`` over ``prefix`` followed by each row's own new tokens (causal among them).
+    """Attention of ``query`` ``(batch, heads, new, dim)`` over ``prefix`` then each row's own new tokens (causal).
 
-    Args:
-        query: ``(batch, heads, new, dim)``.
-        key, value: the rows' new tokens, ``(batch, kv_heads, new, dim)``.
-        prefix: the shared prefix (and optional value delta of the last rows).
-        scaling: score scale, default ``1 / sqrt(dim)``.
-
-    Returns:
-        ``(batch, new, heads, dim)``, the layout transformers' attention functions return.
+    Returns ``(batch, new, heads, dim)``, the layout transformers' attention functions return.
     """
     batch, heads, new, dim = query.shape
     kv_heads, length = prefix.keys.shape[1], prefix.keys.shape[2]

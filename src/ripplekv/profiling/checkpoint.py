@@ -1,11 +1,8 @@
 """Per-sample checkpoints of a profiling run, so an interrupted run resumes where it stopped.
 
-A JSON-lines file: the first line is the run's key (architecture, weights fingerprint, calibration digest,
-noise settings), then one line per finished sample. A file whose key differs from the current run's (other
-weights of the same architecture, another calibration set, another alpha...) is never mixed in: the run
-starts over and overwrites it, with a warning naming the fields that differ. One run writes a checkpoint at a
-time: :class:`Checkpoint` holds a :func:`~ripplekv.locking.writer_lock` on ``.<file>.lock`` until it is closed (or its
-process ends), so a second run on the same output stops before it reads, restarts or appends anything.
+A JSON-lines file: the run's key (model, weights, calibration, settings), then one line per finished sample. A
+file of another key is overwritten, with a warning naming the fields that differ. A
+:func:`~ripplekv.locking.writer_lock` on ``.<file>.lock`` stops a second run on the same file before it touches it.
 """
 
 from __future__ import annotations
@@ -25,14 +22,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SampleScores:
-    """Per-layer scores of one calibration sample.
-
-    Attributes:
-        kl: per-layer KL divergence (nats), averaged over positions and noise draws.
-        local: per-layer relative change of the layer's attention output.
-        context_tokens: tokens of the (possibly cut) context.
-        continuation_tokens: tokens of the continuation.
-    """
+    """Per-layer KL (nats) and local scores of one calibration sample, averaged over positions and draws."""
 
     kl: tuple[float, ...]
     local: tuple[float, ...]
@@ -66,11 +56,7 @@ def _read(path: Path, key: Mapping[str, Any]) -> dict[int, SampleScores]:
 
 
 class Checkpoint:
-    """Per-sample results in a JSON-lines file; the first line is the run's key.
-
-    Args:
-        path: the checkpoint file (created with its parent directories if needed).
-        key: what must match for saved samples to be reused (JSON-serialisable).
+    """Per-sample results in a JSON-lines file; the first line is the run's ``key`` (JSON-serialisable).
 
     Raises:
         ripplekv.locking.WriterBusyError: another run holds the checkpoint.

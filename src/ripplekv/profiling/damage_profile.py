@@ -1,23 +1,9 @@
-"""Damage profiles: measured per-layer damage saved as a :class:`~ripplekv.profiling.SensitivityProfile`.
+"""Damage profiles: per-layer damage measured by ``ripplekv analyze``, saved as a sensitivity profile.
 
-``ripplekv analyze`` measures, per prompt and layer, the fidelity loss of compressing that layer alone (see
-:mod:`ripplekv_eval.analysis.damage`). Its mean per layer at one budget, saved in the sensitivity-profile format, is a
-*damage profile*: the RippleKV rule allocated over it (the ``ripplekv-oracle`` method) is the ceiling any offline
-per-layer profile can reach on those prompts. A damage profile is an ordinary profile file (same class, same
-``ripplekv-profile/1`` format, checked against the model the same way) whose ``extra`` says what it is:
-
-=====================  ==========================================================================================
-``extra["kind"]``      ``"layer-damage"`` (:data:`DAMAGE_KIND`); a sensitivity profile has none
-``extra["budget"]``    the budget the damage was measured at (a kept fraction, or tokens per layer)
-``extra["scorer"]``    the method that compressed the one layer (``snapkv``) and ``extra["window_size"]`` its window
-=====================  ==========================================================================================
-
-``scores`` is the mean damage per layer (mean KL(full || one layer compressed) over the prompts), ``sample_scores``
-each prompt's damage, and ``local_scores`` repeats ``scores`` (there is no local signal); ``alpha`` is 0 (no noise
-was added) and ``calibration`` describes the prompts (suite, count, hash of their token ids).
-
-The damage is measured on the prompts it is then evaluated on, so an oracle's fidelity on those prompts is an
-in-sample ceiling, not a held-out result.
+``scores`` is the mean KL(full || that layer alone compressed) per layer over the prompts, at the budget in
+``extra["budget"]`` (``extra["kind"] == "layer-damage"``); ``local_scores`` repeats it and ``alpha`` is 0 (no noise
+was added). The RippleKV rule over it (``ripplekv-oracle``) is an in-sample ceiling for any offline per-layer
+profile on those prompts, not a held-out result.
 """
 
 from __future__ import annotations
@@ -44,19 +30,12 @@ ORACLE_METHOD = "ripplekv-oracle"
 
 
 def is_damage_profile(profile: SensitivityProfile) -> bool:
-    """Whether ``profile`` is a damage profile (``extra["kind"] == "layer-damage"``).
-
-    Args:
-        profile: any profile.
-    """
+    """Whether ``profile`` is a damage profile (``extra["kind"] == "layer-damage"``)."""
     return isinstance(profile, SensitivityProfile) and profile.extra.get("kind") == DAMAGE_KIND
 
 
 def damage_budget(profile: SensitivityProfile) -> float:
-    """The budget a damage profile was measured at.
-
-    Args:
-        profile: a damage profile.
+    """The budget a damage profile was measured at (a kept fraction, or tokens per layer).
 
     Raises:
         ValueError: ``profile`` is not a damage profile, or its budget is missing or not a positive number.
@@ -70,12 +49,7 @@ def damage_budget(profile: SensitivityProfile) -> float:
 
 
 def require_damage_profile(method: str, profile: SensitivityProfile | None) -> SensitivityProfile:
-    """``profile`` if it is a damage profile, else a ValueError saying what ``method`` needs.
-
-    Args:
-        method: the method's name (for the message).
-        profile: the profile given to it.
-    """
+    """``profile`` if it is a damage profile, else a ValueError saying what ``method`` needs."""
     if profile is None:
         raise ValueError(
             f"method {method!r} needs a damage profile (written by `ripplekv analyze`; `ripplekv eval` takes it "
@@ -103,15 +77,9 @@ def make_damage_profile(
     """A damage profile: the mean of ``damage`` over prompts per layer, tagged with its budget.
 
     Args:
-        model: the model's identity (:func:`ripplekv.models.model_identity`).
         damage: one row per prompt, one damage value (mean KL, nats) per layer.
-        budget: the budget the one layer was compressed to.
-        calibration: what the prompts were (suite, count, a hash of their token ids), recorded as the profile's
-            ``calibration``.
-        scorer: the method that compressed the layer (``snapkv``).
-        window_size: its observation window.
-        library_version: the ripplekv version measuring it.
-        weights_fingerprint: digest of the model's weights (:func:`ripplekv.models.loading.weights_fingerprint`).
+        calibration: what the prompts were (suite, count, a hash of their token ids).
+        scorer: the method that compressed the layer (``snapkv``), with observation window ``window_size``.
 
     Raises:
         ValueError: no prompt, rows of different lengths, a non-finite or negative damage, or a bad budget.
@@ -145,13 +113,7 @@ def make_damage_profile(
 
 
 def select_oracle_profile(profiles: Sequence[SensitivityProfile], budget: float) -> SensitivityProfile:
-    """The damage profile ``ripplekv-oracle`` uses at ``budget``.
-
-    The one measured at ``budget`` (to 1e-9); when a single damage profile is given, that one at every budget.
-
-    Args:
-        profiles: the damage profiles given (``--oracle-profile``).
-        budget: the budget being run.
+    """The damage profile ``ripplekv-oracle`` uses at ``budget``: the one measured there (to 1e-9), or the only one.
 
     Raises:
         ValueError: no profile, one that is not a damage profile, two at one budget, or several profiles none of

@@ -1,13 +1,7 @@
 """``ripplekv profile --workers N [--ray-address ADDR]``: sensitivity profiling sharded over Ray actors.
 
-Each actor loads the model once and scores whole calibration samples
-(:func:`~ripplekv.profiling.sensitivity.score_sample`, tokenised and cut by
-:func:`~ripplekv.profiling.sensitivity.calibration_ids`, noise seeded by the sample's index as in a single process).
-The driver receives each sample's scores as it is finished, appends them to the same checkpoint
-(``P.json.partial.jsonl``, keyed as :func:`~ripplekv.profiling.sensitivity.profile_model` keys it, so a run
-interrupted either way resumes either way), and merges them in sample order into the same profile
-(:func:`~ripplekv.profiling.sensitivity.assemble_profile`): equal to a single-process profile, given the same
-number of torch threads per process. A sample whose actor dies is scored again elsewhere.
+Actors score whole samples; the driver checkpoints them as a single process does (either resumes the other) and
+assembles the same profile, given the same number of torch threads per process.
 """
 
 from __future__ import annotations
@@ -45,13 +39,7 @@ CalibrationFactory = Callable[[PreTrainedTokenizerBase], CalibrationSet]
 
 
 class ProfileWorker(StreamWorker):
-    """The Ray actor of a profiling run: one model, one calibration sample at a time.
-
-    Args:
-        config: profiling parameters.
-        model_factory: loads the model and its tokenizer (picklable).
-        hook: see :class:`~ripplekv.distributed.StreamWorker` (tests).
-    """
+    """The Ray actor of a profiling run: one model (``model_factory``, picklable), one sample at a time."""
 
     def __init__(
         self,
@@ -73,22 +61,13 @@ class ProfileWorker(StreamWorker):
         return {"identity": model_identity(self.model), "fingerprint": weights_fingerprint(self.model)}
 
     def calibration(self, factory: CalibrationFactory) -> CalibrationSet:
-        """The calibration set ``factory`` builds with this actor's tokenizer.
-
-        Args:
-            factory: tokenizer -> calibration set (picklable).
-        """
+        """The calibration set the picklable ``factory`` builds with this actor's tokenizer."""
         if self.tokenizer is None:
             raise RuntimeError("ProfileWorker.calibration called before setup")
         return factory(self.tokenizer)
 
     def items(self, key: Hashable, *args: Any) -> Iterator[SampleScores]:
-        """The scores of one calibration sample (one item).
-
-        Args:
-            key: the sample's index in the calibration set (the noise seed).
-            args: the sample (a :class:`~ripplekv.profiling.calibration.CalibrationSample`).
-        """
+        """The scores of the sample ``args[0]``, index ``key`` (the noise seed)."""
         if self.model is None or self.tokenizer is None:
             raise RuntimeError("ProfileWorker.items called before setup")
         (sample,) = args
@@ -112,17 +91,11 @@ def profile_model_ray(
 
     Args:
         model_factory: loads the model and tokenizer on each actor (picklable).
-        calibration: the calibration set, or a picklable ``tokenizer -> CalibrationSet`` run on one actor (so the
-            driver never loads the model).
-        config: noise scale, repeats, seed and context limit (default: :class:`ProfilingConfig()`).
-        checkpoint: optional JSON-lines checkpoint, as :func:`~ripplekv.profiling.sensitivity.profile_model`'s.
-        progress: optional callback ``progress(done, total)`` after each sample.
-        workers: Ray actors, each with its own model.
-        ray_address: the Ray cluster to join; None starts a local one (or uses this process's connection).
-        device: the device ``model_factory`` loads the model on (``cpu`` asks for CPU actors where the cluster has
-            GPUs; None: GPU actors where it has them).
-        worker_hook: called on the actors before each sample's scores are handed over (tests).
-        max_attempts: times a sample may lose its actor before the run stops.
+        calibration: the set, or a picklable ``tokenizer -> CalibrationSet`` run on one actor (the driver never
+            loads the model).
+        device: where ``model_factory`` loads the model (``cpu`` asks for CPU actors; see
+            :func:`~ripplekv.distributed.actor_options`).
+        worker_hook: see :class:`~ripplekv.distributed.StreamWorker` (tests).
     """
     check_workers(workers)
     config = config or ProfilingConfig()

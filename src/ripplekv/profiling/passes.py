@@ -1,31 +1,10 @@
 """The perturbed continuation passes of sensitivity profiling, and the reference they are compared with.
 
-A clean continuation pass over the prefilled cache records every decoder layer's call (its input hidden
-states and keyword arguments). The perturbed passes then start at the perturbed layer ``l`` from that
-recorded input (layers below ``l`` cannot see a perturbation of layer ``l``).
-
-The reference distribution of a perturbed row is always computed by the *same arithmetic, in the same
-batch* as the row itself: one extra row whose noise is zero. Comparing against a reference computed another
-way (stock attention in bfloat16 against the fast path's float32 attention, or another batch shape) leaves a
-numerical floor in every score, larger for the early layers whose perturbed rows run through more layers of
-the other arithmetic. With the reference in the batch, ``alpha = 0`` gives the same KL (zero up to float64
-rounding) at every layer, in float32 and in bfloat16.
-
-Two strategies, same results:
-
-* :func:`batched_by_depth` (RippleKV attention, full attention): one pass over the layers whose batch grows
-  by depth, every row attending to each layer's shared clean prefix (:mod:`ripplekv.models.shared_prefix`).
-* :func:`layer_by_layer` (any attention implementation): per layer ``l``, one batch of the reference row and
-  the noise draws, run from layer ``l`` up over preallocated cache buffers.
-
-Both run in float32 whatever the model's dtype: the decoder layers of the continuation passes
-(:class:`Float32Layers`, float32 copies of a bfloat16 or float16 model's layers over the prefilled cache cast to
-float32) and the final norm and output projection (:class:`Float32Head`). Rows whose inputs differ (the perturbed
-rows and their reference) round differently, and in bfloat16 that rounding is a KL floor above the least
-sensitive layers' scores: a logit of magnitude 16 is a multiple of 0.06 (~1e-4 nats of KL), and every layer's
-hidden states are rounded to 8 bits of mantissa on the way. Only the prefill (the clean cache and the recorded
-inputs of each layer) keeps the model's dtype: it is the operating point being measured, the same for every row.
-``benchmarks/profile_bf16.py`` measures what each part contributes.
+Perturbed passes start at layer ``l`` from the input the clean pass recorded there. Each row's reference is one
+zero-noise row in the same batch (same arithmetic), so ``alpha = 0`` gives KL 0 (to float64 rounding) at every
+layer; a reference computed otherwise leaves a numerical floor, largest at the early layers. Passes run in float32
+whatever the model's dtype (only the prefill keeps it): in bfloat16 a logit of magnitude 16 is a multiple of 0.06
+(~1e-4 nats of KL), a floor above the least sensitive layers (``benchmarks/profile_bf16.py``).
 """
 
 from __future__ import annotations
@@ -51,14 +30,7 @@ from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_
 
 @dataclass(frozen=True)
 class NoiseSpec:
-    """What the perturbed rows of one sample get.
-
-    Attributes:
-        alpha: relative noise scale.
-        repeats: noise draws (rows) per perturbed layer.
-        seed: profiling seed.
-        sample: index of the sample (part of the noise seed).
-    """
+    """What the perturbed rows of one sample get: ``repeats`` noise draws (rows) per layer, relative scale ``alpha``."""
 
     alpha: float
     repeats: int
@@ -72,13 +44,7 @@ class NoiseSpec:
 
 @dataclass(frozen=True)
 class CleanPass:
-    """What the clean continuation pass leaves for the perturbed passes.
-
-    Attributes:
-        clean: the prefilled ``(keys, values)`` of every layer, batch 1.
-        calls: ``(args, kwargs)`` of each decoder layer's call in the clean continuation pass.
-        new_tokens: continuation length.
-    """
+    """The clean continuation pass: prefilled ``(keys, values)`` per layer (batch 1) and each layer's ``calls``."""
 
     clean: Sequence[KVPair]
     calls: Sequence[tuple[tuple, dict]]
@@ -91,13 +57,12 @@ class CleanPass:
 
 
 PRECISIONS = ("float32", "float32-head", "model")
-"""Arithmetic of the continuation passes: ``float32`` (layers and head, the default), ``float32-head`` (the final
-norm and output projection only) or ``model`` (the model's dtype throughout: the arithmetic before float32 passes,
-kept to measure what they change)."""
+"""Arithmetic of the continuation passes: float32 layers and head (default), float32 head only, or the model's dtype
+(kept to measure what float32 changes)."""
 
 MAX_HEAD_BYTES = 256 * 2**20
-"""Largest float32 copy of the output projection :class:`Float32Head` keeps; a larger one is cast in vocabulary
-chunks of at most this size on every call (a 128K-token vocabulary of width 4,096 is 2 GiB in float32)."""
+"""Largest float32 output projection kept by :class:`Float32Head`; larger ones are cast in chunks per call
+(a 128K vocabulary of width 4,096 is 2 GiB in float32)."""
 
 
 def _check_precision(precision: str) -> None:
@@ -106,11 +71,7 @@ def _check_precision(precision: str) -> None:
 
 
 class ModelHead:
-    """The model's final norm and output projection as the model computes them (its dtype, soft-capping too).
-
-    Args:
-        model: a causal LM with ``get_decoder().norm`` and ``get_output_embeddings()``.
-    """
+    """The model's final norm and output projection as the model computes them (its dtype, soft-capping too)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.norm, self.head = decoder_of(model).norm, model.get_output_embeddings()
@@ -126,16 +87,7 @@ class ModelHead:
 
 
 class Float32Head:
-    """The model's final norm and output projection, computed in float32 (logits for the profiling KL).
-
-    The norm runs on the hidden states cast to float32 (transformers' RMS norms compute in float32 and return the
-    input's dtype, so their output stays float32, the norm weight promoted); the projection is ``F.linear`` of
-    the float32 weight (and bias, if any), then the final logit soft-capping the config declares
-    (``final_logit_softcapping``: Gemma 2; ``tanh(z / c) * c``), as the model's own forward applies it. The float32
-    weight is cast once when it takes at most :data:`MAX_HEAD_BYTES`, else in vocabulary chunks on each call.
-
-    Args:
-        model: a causal LM with ``get_decoder().norm`` and a linear ``get_output_embeddings()``.
+    """The model's final norm and output projection in float32, then its ``final_logit_softcapping`` (Gemma 2).
 
     Raises:
         ValueError: if the output embeddings are not a linear layer.
@@ -178,16 +130,8 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 class Float32Layers:
-    """The decoder layers the continuation passes run, in float32.
-
-    A float32 (or float64) model's own layers are used as they are. Those of a bfloat16 or float16 model are
-    copied and cast to float32 on first use (``copy.deepcopy(layer).float()``: the model is never modified) and
-    kept for reuse while the copies take at most ``max_bytes``; beyond it a layer is copied again on each use.
-
-    Args:
-        layers: the model's decoder layers.
-        max_bytes: the most bytes of copies kept.
-    """
+    """The decoder layers in float32: bfloat16/float16 layers are copied (the model is never modified), and the
+    copies kept while they take at most ``max_bytes``; float32 layers are used as they are."""
 
     def __init__(self, layers: Sequence[nn.Module], max_bytes: int = MAX_LAYER_COPY_BYTES) -> None:
         self.layers = list(layers)
@@ -228,11 +172,7 @@ def decoder_of(model: PreTrainedModel) -> nn.Module:
 
 @contextmanager
 def record_layer_calls(layers: Sequence[nn.Module]) -> Iterator[list[tuple[tuple, dict]]]:
-    """Record ``(args, kwargs)`` of each decoder layer's call during the block.
-
-    Args:
-        layers: the decoder layers.
-    """
+    """Record ``(args, kwargs)`` of each decoder layer's call during the block."""
     calls: list[tuple[tuple, dict]] = [((), {})] * len(layers)
 
     def recorder(index: int) -> Callable:
@@ -264,22 +204,8 @@ def _record_attention_output(layer: nn.Module, store: list[torch.Tensor]) -> Ite
 
 
 def can_share_prefix(model: PreTrainedModel, length: int) -> bool:
-    """Whether :func:`batched_by_depth` applies: RippleKV attention, and every layer sees every key.
-
-    The shared-prefix attention shows every row the whole prefix, which a sliding-window layer of window ``W``
-    sees exactly while the sequence fits the window (its last position ``length - 1`` sees the ``W`` positions
-    up to it). A model with sliding-window layers and a longer sequence takes :func:`layer_by_layer`, whose
-    layers attend through the masks of the clean pass.
-
-    The shared-prefix rows are read by ripplekv's own attention functions only (``ripplekv_sdpa`` /
-    ``ripplekv_eager``, :func:`ripplekv.models.attention.uses_varlen_attention`). Under any other implementation,
-    FlashAttention included (kept as the user loaded it), this is False and profiling takes the exact generic path,
-    :func:`layer_by_layer`, which gives the same scores up to float rounding.
-
-    Args:
-        model: the profiled model.
-        length: context plus continuation tokens.
-    """
+    """Whether :func:`batched_by_depth` applies: ripplekv's attention functions (the only readers of a shared
+    prefix), and every sliding window fits ``length`` (context plus continuation tokens)."""
     config = model.config.get_text_config()
     window = getattr(config, "sliding_window", None)
     fits = window is None or window >= length or not any(sliding_layers(config))
@@ -324,18 +250,9 @@ def _input(hidden: torch.Tensor, clean: CleanPass) -> torch.Tensor:
 def layer_by_layer(
     model: PreTrainedModel, clean: CleanPass, noise: NoiseSpec, precision: str = "float32"
 ) -> tuple[list[float], list[float]]:
-    """Generic path, any attention implementation: per layer l, one batch from layer l up.
+    """Per-layer KL and local (relative attention-output change) scores, any attention implementation.
 
-    Row 0 of the batch keeps the clean Values (the reference), rows ``1..repeats`` carry the noise draws.
-
-    Args:
-        model: the profiled model.
-        clean: the clean continuation pass.
-        noise: noise of the perturbed rows.
-        precision: one of :data:`PRECISIONS`.
-
-    Returns:
-        Per-layer KL scores and local (relative attention-output change) scores.
+    Per layer ``l``, one batch run from ``l`` up: row 0 the clean reference, rows ``1..repeats`` the noise draws.
     """
     layers, head, clean = _arithmetic(model, clean, precision, keep_copies=True)
     batch = 1 + noise.repeats
@@ -357,27 +274,11 @@ def layer_by_layer(
 def batched_by_depth(
     model: PreTrainedModel, clean: CleanPass, noise: NoiseSpec, precision: str = "float32"
 ) -> tuple[list[float], list[float]]:
-    """Fast path: every perturbation in one batch, grown by depth, over shared prefixes.
+    """:func:`layer_by_layer`'s scores in one pass, the batch grown by depth over shared clean prefixes.
 
-    Row 0 is the reference: the continuation over the clean cache, computed by the shared-prefix attention
-    like every other row. At layer j the batch holds it and one block of ``repeats`` rows per perturbed layer
-    l <= j: blocks l < j carry the hidden states their perturbation produced so far, and block j enters as a
-    copy of row 0 (layers below j cannot see a perturbation of layer j). Every row attends to layer j's clean
-    prefix, read once for the whole batch; block j (the last rows) adds its noise to the prefix values. Same
-    arithmetic as :func:`layer_by_layer`, a single pass over the layers, and no copy of the prefix per row.
-
-    Only ripplekv's attention functions serve the ``shared_prefix`` keyword (FlashAttention would ignore it and
-    attend to the new tokens alone): callers check :func:`can_share_prefix` and take :func:`layer_by_layer` when
-    it is False.
-
-    Args:
-        model: the profiled model (RippleKV attention, see :func:`can_share_prefix`).
-        clean: the clean continuation pass.
-        noise: noise of the perturbed rows.
-        precision: one of :data:`PRECISIONS`.
-
-    Returns:
-        Per-layer KL scores and local (relative attention-output change) scores.
+    At layer j the batch holds the reference (row 0) and one block of ``repeats`` rows per layer l <= j; block j
+    enters as a copy of row 0 and adds its noise to the prefix values, read once for the whole batch. Only when
+    :func:`can_share_prefix` (FlashAttention would ignore ``shared_prefix``).
     """
     layers, head, clean = _arithmetic(model, clean, precision, keep_copies=False)  # each layer runs once
     repeats = noise.repeats

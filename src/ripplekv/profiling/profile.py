@@ -40,25 +40,14 @@ class SensitivityProfile:
     """Per-layer sensitivity of a model's output to noise in that layer's Value cache.
 
     Attributes:
-        model: identity of the profiled model (see :func:`ripplekv.models.model_identity`); its
-            ``config_hash`` is checked whenever the profile is used.
-        scores: per-layer score ``s_l``: KL(P_full || P_perturbed) of the continuation's next-token
-            distributions, averaged over positions, noise draws and calibration samples. The allocation uses it.
-            Every layer is scored, sliding-window layers included (a profile of a model is one score per layer,
-            as before); presses compress global layers only and allocate from the global layers' scores.
+        model: identity of the profiled model; its ``config_hash`` is checked whenever the profile is used.
+        scores: per-layer KL(P_full || P_perturbed), averaged over positions, draws and samples; every layer is
+            scored, sliding ones included (presses allocate from the global layers' scores).
         sample_scores: the same per sample (rows: samples, columns: layers).
-        local_scores: per-layer relative change of the layer's own attention output under the same
-            perturbation (no downstream propagation): the paper's ``local`` ablation signal.
-        alpha: noise scale: each cached value vector ``v`` of the layer got ``alpha * ||v|| * u``.
-        repeats: noise draws per (sample, layer).
-        seed: seed of the noise draws.
-        calibration: description, sha256 and sizes of the calibration set.
-        library_version: ripplekv version that measured it.
+        local_scores: relative change of the layer's own attention output (the paper's ``local`` ablation).
+        alpha, repeats, seed: the noise (:class:`~ripplekv.profiling.sensitivity.ProfilingConfig`).
         created: ISO-8601 UTC timestamp.
-        extra: free-form additional information.
-        weights_fingerprint: digest of the profiled weights (see
-            :func:`ripplekv.models.loading.weights_fingerprint`); ``None`` in profiles written before it
-            existed. Informational: a profile is applied to any model of its architecture.
+        weights_fingerprint: digest of the profiled weights; ``None`` in older profiles. A mismatch warns only.
     """
 
     model: Mapping[str, Any]
@@ -102,15 +91,8 @@ class SensitivityProfile:
     def check_model(self, model: PreTrainedModel, strict: bool = False) -> None:
         """Check that ``model`` is the model this profile was measured on.
 
-        The architecture must match (its ``config_hash``): another architecture is always an error. The weights
-        are compared next, when the profile recorded their fingerprint: a fine-tune of the same architecture, or
-        the same weights in another dtype, makes a profile of other weights, which warns (once per pair of
-        fingerprints, :class:`ProfileWeightsWarning`) or, with ``strict``, raises. The model's fingerprint is
-        computed once per model object (:func:`ripplekv.models.identity.cached_weights_fingerprint`).
-
-        Args:
-            model: the model the profile is applied to.
-            strict: raise :class:`ProfileError` instead of warning when the weights differ.
+        Other weights of the architecture (a fine-tune, another dtype) warn once per pair of fingerprints
+        (:class:`ProfileWeightsWarning`), or raise with ``strict``.
 
         Raises:
             ProfileError: another architecture, or (``strict``) other weights.

@@ -1,30 +1,11 @@
 """Offline sensitivity profiling (RippleKV paper, 2026, step 1).
 
-For every calibration sample (a context and its continuation):
-
-1. prefill the context once into a full ``DynamicCache`` (in chunks of at most ``ProfilingConfig.prefill_chunk``
-   tokens when it is longer, :mod:`ripplekv.models.chunked_prefill`);
-2. run the continuation over a by-reference fork of that cache (:func:`ripplekv.models.cache.lean_fork`: the
-   continuation's tokens are kept apart, the prefill is never copied), recording the input hidden states and call
-   arguments of every decoder layer;
-3. for each layer ``l`` and each noise draw: add norm-adaptive noise to layer ``l``'s cached *Values* only
-   (each value vector ``v`` gets ``alpha * ||v|| * u``, ``u`` a uniformly random unit vector, see
-   :mod:`ripplekv.profiling.noise`), rerun the continuation **from layer l up** (layers below ``l`` cannot
-   see the perturbation, so their recorded outputs are reused) and take ``KL(P_ref || P_perturbed)``
-   averaged over the continuation positions. ``P_ref`` is the continuation over the clean cache computed in
-   the same batch by the same arithmetic as the perturbed rows (:mod:`ripplekv.profiling.passes`), and the
-   KL is taken in float64 from both sides' log-softmax (:mod:`ripplekv.profiling.divergence`), so noise-free
-   rows score 0 at every layer and in any dtype. The continuation passes and the logits run in float32 even
-   for a bfloat16 model (only the prefill keeps the model's dtype), so its scores are not buried under
-   rounding noise.
-
-Cost: one prefill per sample plus, per layer, ``(L - l) / L`` of a continuation pass, never L prefills.
-Keys and every other layer are never touched. The noise draws of a repeat are batched into one pass.
-Everything is seeded: the same inputs give the same profile.
-
-Progress is checkpointed per sample to a JSON-lines file keyed by the architecture, a fingerprint of the
-weights, the calibration set and the settings (:mod:`ripplekv.profiling.checkpoint`), so an interrupted run
-resumes where it stopped and a checkpoint of other weights is never mixed in.
+Per calibration sample: prefill the context once; run the continuation over a by-reference fork
+(:func:`ripplekv.models.cache.lean_fork`), recording each layer's input; then per layer ``l`` add norm-adaptive
+noise to layer ``l``'s cached Values only (:mod:`ripplekv.profiling.noise`), rerun from layer ``l`` up
+(:mod:`ripplekv.profiling.passes`) and take ``KL(P_ref || P_perturbed)`` averaged over continuation positions.
+Cost: one prefill per sample plus ``(L - l) / L`` of a continuation pass per layer. Seeded, and checkpointed per
+sample (:mod:`ripplekv.profiling.checkpoint`).
 """
 
 from __future__ import annotations
@@ -77,9 +58,7 @@ __all__ = [
 ]
 
 DEFAULT_ALPHA = 0.5
-# Bumped whenever the arithmetic of a score changes, so a checkpoint of older scores is never resumed:
-# 2 = float64 KL from both log-softmaxes, reference computed in the perturbed rows' batch;
-# 3 = continuation passes, final norm and output projection in float32 for bfloat16 / float16 models.
+# Bumped whenever a score's arithmetic changes, so a checkpoint of older scores is never resumed (3: float32 passes).
 SCORING_VERSION = 3
 DEFAULT_REPEATS = 1  # benchmarks/profile_stability.py: rho 0.983 across noise seeds, 0.995 vs 4 repeats
 CONTINUATIONS = ("text", "model")
@@ -91,32 +70,19 @@ class ProfilingConfig:
     """Parameters of sensitivity profiling.
 
     Attributes:
-        alpha: relative noise scale; each cached value vector ``v`` of the perturbed layer becomes
-            ``v + alpha * ||v|| * u`` with ``u`` a random unit vector. Norm-adaptive: every layer gets noise
-            proportional to its own value magnitudes, so scores compare layers fairly.
-        repeats: independent noise draws per (sample, layer), averaged (and run as one batch).
-        seed: seed of the noise; draws depend only on ``(seed, sample index, repeat, layer)``.
-        max_context_tokens: contexts are cut to their last ``max_context_tokens`` tokens (None: the model's
-            ``max_position_embeddings`` minus the continuation).
-        continuation: what runs over the perturbed cache: ``"text"`` (default, the paper's: each sample's
-            ``continuation`` text, teacher-forced over its ``context``) or ``"model"`` (the sample's ``context``
-            followed by its ``question`` is prefilled, and the model's own greedy answer to it -- at most
-            ``answer_tokens`` tokens, up to its end-of-sequence token, the first token never that token -- is the
-            continuation: what the cache serves at inference).
-        answer_tokens: the cap on the model's own answer (``continuation="model"``), >= 1.
-        max_continuation_tokens: text continuations are cut to their first ``max_continuation_tokens`` tokens
-            (None, the default: each is taken whole). Bounds the profiling cost of calibration data with long
-            answers (a teacher-forced continuation of ``m`` tokens costs up to ``layers * m`` token passes).
-        precision: arithmetic of the continuation passes (:data:`~ripplekv.profiling.passes.PRECISIONS`):
-            ``"float32"`` (default: decoder layers, final norm and output projection in float32 whatever the
-            model's dtype, over the prefill made in it), ``"float32-head"`` (only the norm and projection) or
-            ``"model"`` (the model's dtype throughout; in bfloat16 its rounding is a KL noise above the least
-            sensitive layers' scores). The two others exist to measure that (``benchmarks/profile_bf16.py``).
-        prefill_chunk: contexts longer than this are prefilled in chunks of at most ``prefill_chunk`` tokens
-            (:mod:`ripplekv.models.chunked_prefill`: the activations of one chunk, a cache equal to a one-pass
-            prefill's up to float rounding); None: one pass. Contexts within it (default 8,192 tokens) are prefilled
-            exactly as without chunking, so their scores do not depend on it; a longer context's scores differ from a
-            one-pass prefill's by float rounding. Part of the checkpoint key when it is not the default.
+        alpha: relative noise scale: each value vector ``v`` becomes ``v + alpha * ||v|| * u``, ``u`` a random
+            unit vector (proportional to each layer's own magnitudes, so layers compare fairly).
+        repeats: noise draws per (sample, layer), averaged.
+        seed: draws depend only on ``(seed, sample index, repeat, layer)``.
+        max_context_tokens: contexts keep their last tokens (None: ``max_position_embeddings`` minus the
+            continuation).
+        continuation: ``"text"`` (the paper's: the sample's continuation, teacher-forced) or ``"model"`` (the
+            model's own greedy answer to context + question, at most ``answer_tokens``, never starting with EOS).
+        max_continuation_tokens: text continuations keep their first tokens (None: whole); a continuation of
+            ``m`` tokens costs up to ``layers * m`` token passes.
+        precision: one of :data:`~ripplekv.profiling.passes.PRECISIONS`.
+        prefill_chunk: longer contexts are prefilled in chunks (:mod:`ripplekv.models.chunked_prefill`), equal to
+            one pass up to float rounding; None: one pass. Part of the checkpoint key when not the default.
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -156,19 +122,12 @@ def score_sample(
     config: ProfilingConfig,
     sample_index: int = 0,
 ) -> SampleScores:
-    """Per-layer sensitivity scores of one sample (see the module docstring).
+    """Per-layer KL and local scores of one sample, averaged over positions and draws, then clamped at 0.
 
     Args:
-        model: a decoder-only transformers model with ``model.get_decoder().layers`` (Llama, Qwen2, Mistral...).
-        context_ids: ``(1, n)`` token ids prefilled into the cache.
-        continuation_ids: ``(1, m)`` token ids run over the cache, ``m >= 1``; None: the model's own greedy answer
-            after the context (at most ``config.answer_tokens`` tokens, see :func:`greedy_continuation`).
-        config: profiling parameters.
-        sample_index: index of the sample, part of the noise seed.
-
-    Returns:
-        The per-layer KL and local scores, each averaged over positions and noise draws, then clamped at 0
-        (never per position).
+        context_ids: ``(1, n)`` ids prefilled into the cache.
+        continuation_ids: ``(1, m)`` ids, ``m >= 1``; None: the model's own answer (:func:`greedy_continuation`).
+        sample_index: part of the noise seed.
     """
     given = continuation_ids is not None
     if context_ids.dim() != 2 or context_ids.shape[0] != 1 or (given and continuation_ids.dim() != 2):
@@ -219,17 +178,10 @@ def _stop_ids(model: PreTrainedModel) -> set[int]:
 def greedy_continuation(
     model: PreTrainedModel, cache: DynamicCache, logits: torch.Tensor, position: int, max_tokens: int
 ) -> torch.Tensor:
-    """``(1, m)``: the model's greedy answer after a prefill, ``1 <= m <= max_tokens``, on the logits' device.
+    """``(1, m)``: the model's greedy answer after a prefill, ``1 <= m <= max_tokens``; extends ``cache``.
 
-    Decoding stops after the model's end-of-sequence token (included, as in ``ripplekv eval``'s answers), which
-    cannot be the first token (LongBench's ``min_length``). ``cache`` is extended in place.
-
-    Args:
-        model: the model.
-        cache: its cache after the prefill.
-        logits: ``(1, vocab)`` next-token logits of the prefill.
-        position: tokens in the cache.
-        max_tokens: the cap (>= 1).
+    Stops after the end-of-sequence token (included, as in ``ripplekv eval``), which cannot be the first token
+    (LongBench's ``min_length``). ``logits``: ``(1, vocab)`` of the prefill; ``position``: tokens in the cache.
     """
     stops = _stop_ids(model)
     banned = sorted(i for i in stops if 0 <= i < logits.shape[-1])
@@ -256,19 +208,7 @@ def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
 def calibration_ids(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sample: CalibrationSample, config: ProfilingConfig
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``(1, n)`` context and ``(1, m)`` continuation ids :func:`score_sample` takes for one sample.
-
-    With ``config.continuation == "model"`` the context is the sample's context followed by its question and the
-    continuation is None (the model's own answer, decoded by :func:`score_sample`, at most
-    ``config.answer_tokens`` tokens). The context is cut to its last ``config.max_context_tokens`` tokens, or
-    (when that is None) to the model's ``max_position_embeddings`` minus the continuation.
-
-    Args:
-        model: the model to profile (its ``max_position_embeddings`` bounds the context).
-        tokenizer: its tokenizer.
-        sample: the calibration sample.
-        config: profiling parameters.
-    """
+    """The ``(1, n)`` context and ``(1, m)`` continuation ids (None for the model's own answer) of one sample."""
     own = config.continuation == "model"
     context_ids = _tokenize(tokenizer, sample.context + sample.question if own else sample.context)
     continuation_ids = None if own else _tokenize(tokenizer, sample.continuation)
@@ -286,14 +226,7 @@ def calibration_ids(
 def checkpoint_key(
     identity: dict[str, Any], fingerprint: str, calibration: CalibrationSet, config: ProfilingConfig
 ) -> dict[str, Any]:
-    """What a checkpoint's samples must match to be reused (the first line of the checkpoint file).
-
-    Args:
-        identity: :func:`~ripplekv.models.loading.model_identity` of the model.
-        fingerprint: :func:`~ripplekv.models.loading.weights_fingerprint` of its weights.
-        calibration: the calibration set.
-        config: profiling parameters.
-    """
+    """What a checkpoint's samples must match to be reused (the first line of the checkpoint file)."""
     return {
         "model": identity["config_hash"],
         "weights": fingerprint,
@@ -322,8 +255,7 @@ def _questions_sha256(calibration: CalibrationSet) -> str:
 
 
 def _continuation_settings(config: ProfilingConfig) -> dict[str, Any]:
-    """``{"continuation": "model", "answer_tokens": N}`` for the model's own answers; ``{}`` for whole text
-    continuations (as before); ``{"max_continuation_tokens": N}`` for text continuations cut to N tokens."""
+    """The continuation settings that differ from whole text continuations (``{}`` for those)."""
     if config.continuation == "text":
         cap = config.max_continuation_tokens
         return {} if cap is None else {"max_continuation_tokens": cap}
@@ -337,15 +269,7 @@ def assemble_profile(
     config: ProfilingConfig,
     done: Mapping[int, SampleScores],
 ) -> SensitivityProfile:
-    """The profile of per-sample scores: every sample's scores, averaged in sample order.
-
-    Args:
-        identity: :func:`~ripplekv.models.loading.model_identity` of the model.
-        fingerprint: :func:`~ripplekv.models.loading.weights_fingerprint` of its weights.
-        calibration: the calibration set.
-        config: profiling parameters.
-        done: the scores of every sample index of ``calibration``.
-    """
+    """The profile of ``done`` (scores of every sample index), averaged in sample order."""
     from ripplekv.version import __version__
 
     total = len(calibration)
@@ -386,18 +310,12 @@ def profile_model(
     checkpoint: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SensitivityProfile:
-    """Measure the sensitivity profile of ``model`` on ``calibration``.
+    """Measure the sensitivity profile of ``model`` (evaluation mode, any device and dtype) on ``calibration``.
 
     Args:
-        model: the model to profile (evaluation mode; any device and dtype).
-        tokenizer: its tokenizer.
-        calibration: calibration samples (context + continuation).
-        config: noise scale, repeats, seed and context limit (default: :class:`ProfilingConfig()`).
-        checkpoint: optional JSON-lines file; finished samples are appended to it and a rerun with the
-            same architecture, weights (:func:`ripplekv.models.loading.weights_fingerprint`), calibration and
-            config skips them. A checkpoint made by any other run (e.g. other weights of the same architecture)
-            is not reused: the run starts over and overwrites it, logging a warning.
-        progress: optional callback ``progress(done, total)`` after each sample.
+        checkpoint: JSON-lines file of finished samples, which a rerun of the same model, weights, calibration
+            and config skips; one of any other run is overwritten, with a warning.
+        progress: called as ``progress(done, total)`` after each sample.
     """
     config = config or ProfilingConfig()
     if len(calibration) == 0:
