@@ -194,7 +194,8 @@ class DynamicKVRule(PerPromptRule):
         """Replay the updates: each layer's cap, and the last update's counts.
 
         ``spare = total - L * w`` is the selected tokens in all. A layer's cap is the minimum of ``budget_size``
-        and its shares ``floor(spare * c_l / sum(c))`` at the updates before the last.
+        and its shares ``floor(spare * c_l / sum(c))`` at the updates before the last. An update after ``m`` layers
+        takes the top ``spare * h * m // L`` entries (rounded down: ``base`` need not be an integer).
         """
         arrays, heads = _check_stats(stats)
         caps = [int(budget_size)] * n_layers
