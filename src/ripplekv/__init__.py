@@ -1,11 +1,8 @@
 """RippleKV: layer-wise KV-cache budgets from downstream sensitivity profiling.
 
-Data flows one way through the package (``docs/architecture.md``; ``tests/test_imports.py`` enforces it):
-``models``, ``distributed``, ``allocation`` -> ``profiling`` -> ``presses`` -> ``inference`` -> ``evaluation`` ->
-``analysis`` -> ``cli``. A layer imports only the layers before it.
-
-The names below are resolved on first use (PEP 562), so importing a torch-free module of the package
-(``ripplekv_eval.reporting.stats``, ``ripplekv report``) does not import torch, transformers or kvpress.
+Layers import one way (``docs/architecture.md``, enforced by ``tests/test_imports.py``): ``models``,
+``distributed``, ``allocation`` -> ``profiling`` -> ``presses`` -> ``inference`` -> ``cli``. The names below are
+resolved on first use (PEP 562), so torch-free modules (``ripplekv report``) import no torch, transformers or kvpress.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Per-layer KV-cache budgets: what a budget is, the RippleKV rule, the schedules, the per-prompt rules.
-
-:mod:`~ripplekv.allocation.budget` defines a budget (a kept fraction or a token count, :class:`BudgetSpec`) and its
-integer split over layers; :mod:`~ripplekv.allocation.schedules` holds the per-layer budget schedules
-(uniform/SnapKV, pyramid/PyramidKV, profile/RippleKV with the RippleKV rule, paper 2026) that
-:class:`ripplekv.presses.LayerBudgetPress` applies.
-The per-prompt rules (CAKE, SqueezeAttention, DynamicKV, LAVa: :mod:`ripplekv.allocation.cake`,
-``squeezeattention``, ``dynamickv``, ``lava``) decide budgets from statistics every layer produces during the
-prefill (:mod:`ripplekv.allocation.per_prompt`, :class:`PerPromptSchedule`).
+"""Per-layer KV-cache budgets: what a budget is (:mod:`~ripplekv.allocation.budget`), the offline schedules
+:class:`ripplekv.presses.LayerBudgetPress` applies (:mod:`~ripplekv.allocation.schedules`, the RippleKV rule among
+them), and the per-prompt rules decided from prefill statistics (:mod:`~ripplekv.allocation.per_prompt`: CAKE,
+SqueezeAttention, DynamicKV, LAVa).
 """
 
 from typing import Any

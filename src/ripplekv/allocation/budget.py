@@ -1,11 +1,7 @@
-"""What a KV-cache budget is, and how it becomes integer per-layer budgets.
+"""What a KV-cache budget is (:class:`BudgetSpec`), and how it becomes integer per-layer budgets.
 
-``budget=`` is a kept fraction of the prompt in ``(0, 1]``, ``tokens=`` an average number of kept tokens per layer
-(an integer ``>= 1``), exactly one of them, never read from the size of one number (:class:`BudgetSpec`). A budget
-resolves to the kept entries per layer exactly as kvpress counts them (:meth:`BudgetSpec.average`), and every
-schedule splits the global budget ``layers * average`` into integers with :func:`scale_to_total` (water-filling in
-exact rational arithmetic, then largest-remainder rounding: deterministic and platform-independent).
-:func:`compression_ratio_keeping` is the kvpress ``compression_ratio`` that keeps a given count.
+Every schedule splits the global budget ``layers * average`` into integers with :func:`scale_to_total`: exact
+rational water-filling, then largest-remainder rounding, so budgets are deterministic and platform-independent.
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ __all__ = [
 class TokenBudgetError(ValueError):
     """``compression_ratio`` asked of a token budget, which has none without the prompt length.
 
-    Use ``compression_ratio_for(prompt_tokens)``. A ``ValueError``, not an ``AttributeError``: ``getattr(press,
-    "compression_ratio", default)`` does not silently swallow it.
+    A ``ValueError``, not an ``AttributeError``, so ``getattr(press, "compression_ratio", default)`` does not
+    silently swallow it.
     """
 
 
@@ -71,21 +67,14 @@ def _budget_problem(budget: object, tokens: object) -> str | None:
 
 
 def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
-    """The kvpress ``compression_ratio`` (the fraction removed) that keeps ``kept`` of ``prompt_tokens`` tokens.
+    """The kvpress ``compression_ratio`` (fraction removed) that keeps exactly ``kept`` of ``prompt_tokens`` tokens.
 
-    ``1 - kept / prompt_tokens``, moved by a few ulps where float rounding would otherwise make kvpress's
-    ``int(prompt_tokens * (1 - ratio))`` (``kvpress.utils.compute_n_kept``) keep one token fewer or more: a
-    kvpress press configured with this ratio keeps exactly ``kept`` tokens.
-
-    Args:
-        kept: tokens kept, in ``[1, prompt_tokens]``.
-        prompt_tokens: tokens of the prompt (``>= 1``).
-
-    Returns:
-        A ratio in ``[0, 1)``; 0 when every token is kept.
+    ``1 - kept / prompt_tokens``, moved by a few ulps where float rounding would make kvpress's
+    ``int(prompt_tokens * (1 - ratio))`` (``kvpress.utils.compute_n_kept``) keep one token fewer or more; 0 when
+    every token is kept.
 
     Raises:
-        ValueError: if the counts are not integers in range.
+        ValueError: if the counts are not integers with ``1 <= kept <= prompt_tokens``.
     """
     if not is_integer(prompt_tokens) or prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
@@ -106,14 +95,10 @@ def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
 class BudgetSpec:
     """A KV-cache budget: a kept fraction of the prompt, or an average number of kept tokens per layer.
 
-    Exactly one of the two is set, so ``1.0`` (keep everything) and ``tokens=1`` (one token per layer) can never
-    be confused. Schedules and presses take the same two arguments (``budget=``, ``tokens=``) and build one; an
-    invalid pair is a ``ValueError`` naming the problem (a ``budget`` above 1 points to ``tokens=``).
-
-    ``compression_ratio`` follows kvpress (the fraction removed) for a fraction only: ``1 - budget``. A token
-    budget removes a fraction that depends on the prompt length, so its ``compression_ratio`` raises
-    :class:`TokenBudgetError` rather than return a made-up number (or NaN, which kvpress arithmetic would carry
-    on with); :meth:`compression_ratio_for` gives the ratio for a known prompt length, for both kinds.
+    Exactly one is set, so ``1.0`` (keep everything) and ``tokens=1`` are never confused; an invalid pair is a
+    ``ValueError`` naming the problem (a ``budget`` above 1 points to ``tokens=``). A token budget removes a
+    fraction that depends on the prompt length, so its ``compression_ratio`` raises :class:`TokenBudgetError`
+    rather than return a made-up number (or NaN, which kvpress arithmetic would carry on with).
 
     Attributes:
         budget: kept fraction of the prompt in ``(0, 1]`` (``0.1`` is 10%), or None.
@@ -141,12 +126,11 @@ class BudgetSpec:
         return self.tokens is not None
 
     def average(self, prompt_tokens: int) -> int:
-        """Kept KV entries per layer on average for a prompt of ``prompt_tokens`` tokens (``>= 1``).
+        """Kept KV entries per layer on average, in ``[1, prompt_tokens]``.
 
-        A fraction keeps ``max(1, int(prompt_tokens * (1 - (1 - budget))))``: exactly kvpress's
-        ``int(k_len * (1 - compression_ratio))`` with ``compression_ratio = 1 - budget``, float rounding included
-        (``1 - 0.9`` is ``0.09999999999999998``, so 10% of 100 tokens is 9, as in kvpress). A token count keeps
-        ``min(tokens, prompt_tokens)``. The result is always in ``[1, prompt_tokens]``.
+        A fraction keeps ``max(1, int(prompt_tokens * (1 - (1 - budget))))``, kvpress's float expression exactly
+        (``1 - 0.9`` is ``0.09999999999999998``, so 10% of 100 tokens is 9, as in kvpress); a token count keeps
+        ``min(tokens, prompt_tokens)``.
 
         Raises:
             ValueError: if ``prompt_tokens`` is not an integer ``>= 1``.
@@ -164,8 +148,7 @@ class BudgetSpec:
         """``1 - budget`` for a kept fraction (kvpress's convention: the fraction removed).
 
         Raises:
-            TokenBudgetError: for a token budget, which removes a different fraction of every prompt length; use
-                :meth:`compression_ratio_for` with the prompt length.
+            TokenBudgetError: for a token budget; use :meth:`compression_ratio_for`.
         """
         if self.tokens is not None:
             raise TokenBudgetError(
@@ -175,11 +158,10 @@ class BudgetSpec:
         return 1.0 - float(self.budget)  # type: ignore[arg-type]
 
     def compression_ratio_for(self, prompt_tokens: int) -> float:
-        """The fraction of a ``prompt_tokens``-token prompt removed: ``1 - average(prompt_tokens) / prompt_tokens``.
+        """The fraction of a ``prompt_tokens``-token prompt removed, for both kinds, kvpress keeping :meth:`average`.
 
-        Defined for both kinds; it is :func:`compression_ratio_keeping` of the kept count, so a kvpress press given
-        this ratio keeps exactly :meth:`average` tokens. For a fraction it can differ from
-        :attr:`compression_ratio` by the rounding of the kept count (10% of 100 tokens keeps 9: 0.91, not 0.9).
+        It can differ from :attr:`compression_ratio` by the rounding of the kept count (10% of 100 tokens keeps 9:
+        0.91, not 0.9).
 
         Raises:
             ValueError: if ``prompt_tokens`` is not an integer ``>= 1``.
@@ -188,10 +170,7 @@ class BudgetSpec:
 
     @property
     def value(self) -> float | int:
-        """The budget as one number, as results rows store it: the fraction (a float), or the token count (an int).
-
-        Rows written before token budgets had their own argument hold the same numbers, so a value ``<= 1`` is a
-        fraction and a value ``> 1`` a token count (:meth:`from_value`).
+        """The budget as one number, as results rows store it: ``<= 1`` a fraction (float), ``> 1`` tokens (int).
 
         Raises:
             ValueError: for ``tokens=1``, whose number would read back as the fraction 1.0 (keep everything).
@@ -207,10 +186,7 @@ class BudgetSpec:
 
     @classmethod
     def from_value(cls, value: object) -> BudgetSpec:
-        """The budget of a number as results rows store it (:attr:`value`): ``<= 1`` a fraction, ``> 1`` tokens.
-
-        Args:
-            value: a kept fraction in ``(0, 1]``, or an integer-valued token count ``>= 2`` (``512`` or ``512.0``).
+        """The budget of a number as results rows store it (:attr:`value`), e.g. ``0.1``, ``512`` or ``512.0``.
 
         Raises:
             ValueError: for anything else (a value above 1 that is not a whole number, ``<= 0``, NaN, a bool).
@@ -239,9 +215,6 @@ class BudgetSpec:
 def budget_value(value: object) -> float | int:
     """A results row's ``budget`` number normalised: a fraction as a float, a token count as an int.
 
-    Args:
-        value: a kept fraction in ``(0, 1]`` or an integer-valued token count ``>= 2``.
-
     Raises:
         ValueError: as :meth:`BudgetSpec.from_value`.
     """
@@ -249,11 +222,9 @@ def budget_value(value: object) -> float | int:
 
 
 def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:
-    """Exact real shares ``x_l = clip(t * w_l, low, high)`` with ``sum(x) == total``.
+    """Exact real shares ``x_l = clip(t * w_l, low, high)`` with ``sum(x) == total`` (water-filling).
 
-    Water-filling: layers whose proportional share crosses a bound are fixed at that bound and the rest of the
-    budget is shared among the remaining layers in proportion to their weights, until no bound is violated.
-    Each round fixes only the side (cap or floor) with the larger total violation, which is the side whose
+    Each round fixes at their bound only the side (cap or floor) with the larger total violation, the side whose
     violators stay violators at the final level ``t``; requires ``len(w) * low <= total <= len(w) * high``.
     """
     shares: list[Fraction | None] = [None] * len(weights)
@@ -287,9 +258,8 @@ def largest_remainder(
 ) -> list[int]:
     """Round exact shares summing to ``total`` to integers summing to ``total``.
 
-    Every layer gets ``floor(x_l)``; the leftover units go to the largest fractional remainders, ties broken
-    by larger weight, then larger ``preference``, then lower layer index. A layer gets at most ``ceil(x_l)``,
-    so integer bounds that hold for the real shares also hold for the integers.
+    Leftover units after ``floor(x_l)`` go to the largest remainders, ties to larger weight, then larger
+    ``preference``, then lower index. A layer gets at most ``ceil(x_l)``, so integer bounds on the shares hold.
     """
     floors = [math.floor(share) for share in shares]
     leftover = total - sum(floors)
@@ -309,21 +279,10 @@ def scale_to_total(
 ) -> list[int]:
     """Integer shares of ``total`` proportional to ``weights``, within ``[floor, cap]``, summing to ``total``.
 
-    The common last step of every per-layer budget schedule (RippleKV, PyramidKV): exact real shares
-    ``x_l = clip(t * w_l, floor, cap)`` with ``sum(x) == total`` (water-filling), rounded by largest remainder
-    (ties: larger weight, then larger ``preference``, then lower index). Shares are therefore monotone in the
-    weights, and integer bounds that hold for the real shares hold for the integers. A ``floor`` above the
-    average ``total // len(weights)`` cannot be met by every entry and is lowered to that average.
-
-    Args:
-        weights: one positive, finite weight per entry (floats are used exactly, as binary fractions).
-        total: the integer sum the shares must reach, ``0 <= total <= len(weights) * cap``.
-        floor: the smallest share (``>= 0``), lowered to ``cap`` and, when too large, to ``total // len(weights)``.
-        cap: the largest share (``>= 0``).
-        preference: tie-breaker between entries of equal weight and equal remainder (default: none).
-
-    Returns:
-        ``len(weights)`` integers in ``[min(floor, cap, total // len(weights)), cap]`` summing to ``total``.
+    The last step of every offline schedule: :func:`_water_fill` then :func:`largest_remainder`, so shares are
+    monotone in the weights. Weights are positive and finite (floats used exactly, as binary fractions);
+    ``total <= len(weights) * cap``. ``floor`` is lowered to ``cap`` and, when every entry cannot meet it, to
+    ``total // len(weights)``. ``preference`` breaks ties of equal weight and remainder.
 
     Raises:
         ValueError: on empty or non-positive weights, or a ``total``, ``floor`` or ``cap`` out of range.

@@ -1,62 +1,14 @@
 """DynamicKV's per-layer budgets: a global top-k of window-attention scores over the layers seen so far.
 
-Paper: Zhou et al., "DynamicKV: Task-Aware Adaptive KV Cache Compression for Long Context LLMs", EMNLP 2025,
-arXiv:2412.14838.
-
-Source read: github.com/DreamMr/DynamicKV at commit ``8ab3c08d4f0a93ef3322e267e1faa03c4e12fd24``:
-``kv_compression/token_drop/methods/dynamic_v11.py`` (``DynamicKVClusterV11.budget_compute_per_layer``: the
-statistic; ``update_and_reset_budget``: the budgets; ``init_dynamickv_V11``: fallbacks),
-``kv_compression/token_drop/llama_model_impl/dynamickv_v11.py`` (when updates run, what is kept between them),
-``run/longbench/scripts/run_llama/run_llama3_8b_dynamic_v11.2_max_radio_10.sh`` (the settings run).
-
-Formula. ``L`` layers, a prompt of ``n`` tokens, window ``w``, ``base = C - w`` selected tokens per layer on
-average (``C`` the uniform per-layer budget), ``h`` query heads.
-
-* Statistic of layer ``l``: the pooled window attention ``S_l[h, j] = pool_j(sum_i A[h, i, j])``: the
-  softmaxed attention of the ``w`` window queries summed over those queries, for each prefix key ``j`` and
-  head, smoothed along the keys by an average (or max) pool of width ``kernel_size`` (stride 1, zero padding,
-  ``count_include_pad``). Each layer keeps its ``budget_size = min(int(radio_max * base), n - w)`` best tokens
-  per head.
-* Progressive update: after every 4th layer (``m = 4, 8, ...`` layers seen) the scores of all ``m`` seen
-  layers are pooled into one list and its global top ``base * h * m`` entries are taken; layer ``l``'s count
-  ``c_l`` is how many of them are its own. Each seen layer then keeps
-  ``base * L * c_l / sum(c)`` selected tokens (a share of the *whole-model* total ``base * L``), plus its window.
-* What earlier updates constrain: between updates the code truncates each seen layer's cache (its top tokens,
-  best first) to that share, and a later update can only truncate it further (asking for more returns the
-  tokens already kept, padded with duplicated window tokens). So a layer keeps the *minimum* of its shares
-  over every update that saw it, and at most ``budget_size``. Its count in a later update is recomputed from
-  its full scores (never from the truncated cache), so only that minimum carries over.
-
-Defaults (the Llama script, SmolLM2-135M being a Llama-architecture model): ``kernel_size = 7``,
-``pooling = "avgpool"``, ``radio_max = 10``, updates every 4 layers (the code's ``layer_idx % 4 == 3``). The
-scripts use ``window_size = 8``; the window here is the scorer's (see below). Nothing is depth-specific except
-the update schedule, whose consequence for 30 layers is the second deviation below.
-
-Deviations from the authors' code:
-
-* Shared window: the statistic is computed over the token scorer's observation window (SnapKV's 64 by
-  default) instead of DynamicKV's 8, so that the window the budgets reserve is the one the scorer keeps.
-* A last update at the last layer: the code updates only when ``layer_idx % 4 == 3``, so for 30 layers the
-  last update is after layer 27 and layers 28-29 keep ``budget_size`` (up to ten times the average) and the
-  total is exceeded; the authors' models (28 or 32 layers) are multiples of 4. Here the final update always
-  runs over all ``L`` layers, with ``tk = base * h * L``.
-* One pass after the prefill: the updates are replayed from the stored statistics once the last layer is
-  seen, which gives exactly the minimum-over-updates budgets above (no update reads a truncated cache).
-* Exact total: the code rounds each share down (``int(budget_size * c / sum c)``, rescaled by its sum, the
-  remainder to the last seen layer), divides the counts by ``m`` with integer division, and loses whatever
-  the earlier minimum removes. Here the final shares ``w + t * c_l`` are solved exactly with each layer capped
-  at ``w`` plus its earlier minimum and ``budget_size`` (proportional water-filling: what a capped layer
-  cannot take goes to the others in proportion to their counts), within ``[max(floor, w), n]``, rounded by
-  largest remainder. If those caps cannot hold the total, the earlier minima are dropped (then, if still
-  needed, ``budget_size``). The intermediate shares are ``floor(base * L * c_l / sum(c))``.
-* Ties: ``torch.topk`` breaks ties at the threshold arbitrarily; here the entries tied at the threshold share
-  the remaining slots in proportion to how many each layer has (fractional counts), so equal layers get equal
-  counts.
-* Non-integer ``base``: ``base * h * m`` is rounded down when ``total - L * w`` is not a multiple of ``L``.
-* Precision and batch: scores are pooled in float64; a batch's entries are pooled with the heads (``h`` is
-  then batch times heads), so its prompts share one set of budgets. The statistic is the layer's whole sorted
-  score list (``h * (n - w)`` floats: the global top-k has no smaller exact summary); pass ``keep`` to
-  :func:`dynamickv_layer_statistic` to store only the best entries (exact while ``keep >= h * (total - L w)``).
+Zhou et al., EMNLP 2025, arXiv:2412.14838 (github.com/DreamMr/DynamicKV @ ``8ab3c08``, ``dynamic_v11.py``). With
+``base = C - w`` selected tokens per layer on average and ``h`` query heads, layer ``l``'s statistic is its pooled
+window attention; after every 4th layer the global top ``base * h * m`` entries of the ``m`` layers seen give each
+a count ``c_l``, and it keeps ``base * L * c_l / sum(c)`` selected tokens, at most
+``budget_size = min(int(radio_max * base), n - w)``. The code only truncates a cache further, so a layer keeps the
+*minimum* of its shares over the updates (replayed here in one pass after the prefill). Defaults, the authors'
+Llama script: ``kernel_size = 7``, ``pooling = "avgpool"``, ``radio_max = 10``, updates every 4 layers.
+Deviations (a last update at the last layer, exact total, shared ties, the scorer's window):
+docs/allocators.md, "DynamicKV".
 """
 
 from __future__ import annotations
@@ -96,9 +48,9 @@ class DynamicKVStatistic(NamedTuple):
     """One layer's DynamicKV statistic.
 
     Attributes:
-        scores: the layer's pooled window-attention scores over all heads and prefix keys, flattened and
-            sorted in decreasing order (float64; possibly only the best ``keep`` of them).
-        heads: the number of score rows (query heads, times the batch size), ``h`` in ``base * h * m``.
+        scores: the pooled window-attention scores over all heads and prefix keys, flattened, in decreasing order
+            (float64; possibly only the best ``keep``).
+        heads: score rows (query heads times batch size), ``h`` in ``base * h * m``.
     """
 
     scores: np.ndarray
@@ -108,16 +60,11 @@ class DynamicKVStatistic(NamedTuple):
 def dynamickv_pooled_scores(
     window_attention: torch.Tensor, kernel_size: int = 7, pooling: str = "avgpool"
 ) -> torch.Tensor:
-    """DynamicKV's pooled scores: window attention summed over the window queries, pooled along the keys.
+    """DynamicKV's pooled scores ``(batch, heads, n - w)`` in float64: window attention summed over the window
+    queries, pooled along the keys (stride 1; ``"avgpool"`` counts the zero padding, as ``F.avg_pool1d``).
 
-    Args:
-        window_attention: softmaxed window attention ``(batch, heads, w, n - w)`` over the prefix keys, one row
-            per query head (kvpress's ``SnapKVPress.compute_window_attention``).
-        kernel_size: the pooling width (odd, ``>= 1``).
-        pooling: ``"avgpool"`` (zero padding counted, as ``F.avg_pool1d``) or ``"maxpool"``.
-
-    Returns:
-        ``(batch, heads, n - w)`` float64 scores.
+    ``window_attention`` is softmaxed ``(batch, heads, w, n - w)``, one row per query head (kvpress's
+    ``SnapKVPress.compute_window_attention``).
 
     Raises:
         ValueError: on a tensor that is not 4-D or has no prefix key, an even kernel or an unknown pooling.
@@ -143,16 +90,11 @@ def dynamickv_pooled_scores(
 
 
 def dynamickv_layer_statistic(pooled_scores: torch.Tensor, keep: int | None = None) -> DynamicKVStatistic:
-    """One layer's DynamicKV statistic from its pooled window-attention scores.
+    """One layer's DynamicKV statistic from :func:`dynamickv_pooled_scores`, scores sorted in decreasing order.
 
     Args:
-        pooled_scores: ``(batch, heads, n - w)`` pooled scores per query head and prefix key
-            (:func:`dynamickv_pooled_scores`).
-        keep: store only the ``keep`` highest scores (``>= 1``; default: all). The budgets are unchanged as long
-            as ``keep >= heads * (total - n_layers * window)``, the most entries one layer can count.
-
-    Returns:
-        ``DynamicKVStatistic(scores sorted in decreasing order as float64, heads = batch * heads)``.
+        keep: store only the ``keep`` highest scores (default: all); the budgets are unchanged while
+            ``keep >= heads * (total - n_layers * window)``, the most entries one layer can count.
 
     Raises:
         ValueError: if the tensor is not 3-D, is empty, holds non-finite values, or ``keep < 1``.
@@ -177,13 +119,6 @@ def global_topk_counts(scores: Sequence[np.ndarray], k: int) -> tuple[Fraction, 
 
     Entries tied at the ``k``-th value share the slots left in proportion to how many each list has, so the
     counts are exact fractions summing to ``min(k, all entries)``.
-
-    Args:
-        scores: one 1-D array of finite scores per layer.
-        k: the number of top entries (``>= 0``).
-
-    Returns:
-        One count per list.
     """
     arrays = [np.asarray(s, dtype=np.float64).reshape(-1) for s in scores]
     entries = sum(a.size for a in arrays)
@@ -220,15 +155,10 @@ def _check_stats(stats: Sequence[Sequence[object]]) -> tuple[list[np.ndarray], i
 class DynamicKVRule(PerPromptRule):
     """DynamicKV's allocation (Zhou et al., EMNLP 2025): shares from a progressive global top-k over layers.
 
-    See the module docstring for the formula, the source and every deviation.
-
     Attributes:
-        kernel_size: width of the pooling along the keys (odd, ``>= 1``; default 7).
-        pooling: ``"avgpool"`` (default) or ``"maxpool"``.
-        radio_max: the cap ``budget_size = min(int(radio_max * base), n - w)`` on a layer's selected tokens,
-            in multiples of the average (finite, ``>= 1``; default 10; the authors' name).
-        update_interval: layers between two updates (an integer ``>= 1``; default 4); a last update always
-            runs at the last layer.
+        kernel_size: width of the pooling along the keys (odd).
+        radio_max: the cap on a layer's selected tokens in multiples of the average (``>= 1``; the authors' name).
+        update_interval: layers between two updates; a last update always runs at the last layer.
     """
 
     kernel_size: int = 7
@@ -261,17 +191,11 @@ class DynamicKVRule(PerPromptRule):
     def progressive_caps(
         self, stats: Sequence[Sequence[object]], n_layers: int, spare: int, budget_size: int
     ) -> tuple[tuple[int, ...], tuple[Fraction, ...]]:
-        """Replay the updates: each layer's minimum intermediate share, and the final counts.
+        """Replay the updates: each layer's cap, and the last update's counts.
 
-        Args:
-            stats: one ``(scores, heads)`` per layer.
-            n_layers: number of layers ``L``.
-            spare: selected tokens in all, ``total - L * w`` (``base * L``).
-            budget_size: the per-layer cap on selected tokens.
-
-        Returns:
-            ``(caps, counts)``: per layer the minimum of ``budget_size`` and of its shares
-            ``floor(spare * c_l / sum(c))`` at the updates before the last, and the last update's counts.
+        ``spare = total - L * w`` is the selected tokens in all. A layer's cap is the minimum of ``budget_size``
+        and its shares ``floor(spare * c_l / sum(c))`` at the updates before the last. An update after ``m`` layers
+        takes the top ``spare * h * m // L`` entries (rounded down: ``base`` need not be an integer).
         """
         arrays, heads = _check_stats(stats)
         caps = [int(budget_size)] * n_layers
@@ -296,22 +220,7 @@ class DynamicKVRule(PerPromptRule):
         window: int,
         floor: int,
     ) -> tuple[int, ...]:
-        """DynamicKV's budgets: the window plus a share of ``total - L * w`` by the last update's counts.
-
-        Args:
-            stats: one ``(scores, heads)`` per layer.
-            n_layers: number of layers.
-            prompt_tokens: prompt length; also the per-layer cap.
-            total: global number of kept tokens.
-            window: the scorer's observation window ``w``, kept by every layer.
-            floor: smallest budget per layer.
-
-        Returns:
-            ``n_layers`` integers summing to ``total``, in ``[layer_floor(...), prompt_tokens]``.
-
-        Raises:
-            ValueError: on invalid arguments or statistics.
-        """
+        """The window plus a share of ``total - L * w`` by the last update's counts, under the replayed caps."""
         check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
         # invalid statistics are an error at every total, before the even-split shortcut
         arrays, heads = _check_stats(stats)

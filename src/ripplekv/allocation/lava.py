@@ -1,50 +1,12 @@
 """LAVa's per-layer budgets: the normalised entropy of value-weighted window attention.
 
-Paper: Shen et al., "LAVa: Layer-wise KV Cache Eviction with Dynamic Budget Allocation", 2025,
-arXiv:2509.09754.
-
-Source read: github.com/MGDDestiny/Lava at commit ``71d3cc89dfd10edf524e7eee2bb417b4a129f1b8``:
-``adaptive_snapkv/monkeypatch/snapkv_utils.py`` (``LavaKVCluster.calcul_attn_score``: the statistic;
-``update_kv_gqa`` / ``re_update_kv_gqa``: the head-wise split), ``adaptive_snapkv/monkeypatch/
-adaptive_mistral_hijack_lava.py`` (the decoder loop: the layer budgets), ``experiments/LongBench/
-eval_longbench_lava.sh``, ``experiments/LongBench/pred.py`` and ``experiments/LongBench/config/
-c*_w32_k7_maxpool.json`` (the settings run).
-
-Formula. For layer ``l`` with window attention ``A[b, h, i, j]`` (softmaxed over all keys, sliced to the
-``n - w`` prefix keys) and values ``V[b, g, j, :]`` (``g`` the KV head of query head ``h``):
-
-* ``S[b, h, j] = pool_j(mean_i A[b, h, i, j]) * max_j' ||V[b, g(h), j', :]||_1`` (max pool of width 7 along
-  the keys, padded with ``-inf``; the value norm is the L1 norm, its max over the prefix keys);
-* with ``gqa_support`` (the authors' LongBench script passes ``--gqa_support``), ``S`` is reduced to KV heads
-  by a max over the query heads of each group;
-* ``p = S / (sum S + 1e-16)`` over *all* entries of the layer (batch, heads and keys flattened together),
-  entropy ``E = -sum p log(p + 1e-16)``, normalised ``e_l = E / log(N)`` with ``N`` the number of entries;
-* each layer's budget beyond its window is ``e_l / sum(e) * L * (C - w)`` (``C`` the per-layer cache size).
-  (LAVa then splits a layer's budget among its heads: :mod:`ripplekv.allocation.lava_heads`, run with this rule
-  by :class:`ripplekv.presses.lava_press.LavaPress`; ``S`` itself is the token score of
-  :class:`ripplekv.presses.lava_scorer.LavaScorerPress`.)
-
-Defaults: ``kernel_size = 7``, ``pooling = "maxpool"``, ``gqa_support = True`` (``c*_w32_k7_maxpool.json``
-and ``eval_longbench_lava.sh``). SmolLM2-135M uses grouped-query attention (9 query heads, 3 KV heads), like
-the Mistral-7B the script runs, so the same ``gqa_support`` applies; nothing in the rule depends on depth.
-
-Deviations from the authors' code:
-
-* Shared window: the statistic is computed over the token scorer's observation window (SnapKV's 64 by
-  default) instead of LAVa's 32, so that the window the budgets reserve is the one the scorer keeps.
-* One pass after the prefill: the code recomputes every seen layer's share of the whole-model total after each
-  layer and can only shrink a layer's cache (``re_update_kv_gqa`` returns early when the new capacity is
-  larger). With non-negative ``e``, a layer's share ``e_l / sum_{j <= m} e_j`` only decreases as ``m``
-  grows, so the last step's shares are the binding ones: computing them once after the last layer gives the
-  same budgets.
-* Exact total and bounds: the code truncates each share to an integer, and a layer whose share exceeds its
-  prefix keeps the whole prompt with the excess lost. Here the shares ``w + t * e_l`` are solved by exact
-  proportional water-filling within ``[max(floor, w), n]`` (a capped layer's excess goes to the others in
-  proportion to ``e``), rounded by largest remainder (ties: the higher ``e``); budgets never decrease with
-  ``e``. All ``e_l == 0`` gives uniform budgets.
-* A single entry (``N == 1``) has no normalised entropy (``log 1 == 0``); it is defined as 0 here.
-* Precision: the statistic is computed in float64 from the attention and values as given (the code uses
-  the model's dtype).
+Shen et al., 2025, arXiv:2509.09754 (github.com/MGDDestiny/Lava @ ``71d3cc8``, ``LavaKVCluster.calcul_attn_score``).
+With window attention ``A`` over the ``n - w`` prefix keys and values ``V`` (``g`` the KV head of query head ``h``):
+``S[b, h, j] = pool_j(mean_i A[b, h, i, j]) * max_j' ||V[b, g, j', :]||_1`` (reduced to KV heads by a max with
+``gqa_support``); ``p = S / (sum S + 1e-16)`` over all the layer's ``N`` entries; ``e_l = -sum p log(p + 1e-16) /
+log N`` (0 when ``N == 1``); each layer keeps its window plus ``e_l / sum(e) * L * (C - w)``. The head-wise split
+is :mod:`ripplekv.allocation.lava_heads`. Defaults: ``kernel_size = 7``, ``maxpool``, ``gqa_support``. Deviations
+(one pass after the prefill, exact total, float64, the scorer's window): docs/allocators.md, "LAVa".
 """
 
 from __future__ import annotations
@@ -75,12 +37,7 @@ LAVA_EPS: float = 1e-16
 
 
 class LavaStatistic(NamedTuple):
-    """One layer's LAVa statistic.
-
-    Attributes:
-        entropy: ``e_l``, the normalised entropy (in ``[0, 1]``) of the layer's value-weighted pooled window
-            attention.
-    """
+    """One layer's LAVa statistic: ``e_l``, the normalised entropy (in ``[0, 1]``) of its scores ``S``."""
 
     entropy: float
 
@@ -93,22 +50,13 @@ def lava_token_scores(
     gqa_support: bool = True,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """LAVa's score of every prefix token: ``S`` of the module docstring (``calcul_attn_score`` before the entropy).
+    """LAVa's score ``S`` of every prefix token (``calcul_attn_score`` before the entropy), non-negative.
 
-    Query head ``h`` reads the values of KV head ``h // groups`` (transformers' ``repeat_kv``), and with
-    ``gqa_support`` the query heads ``g * groups ... (g + 1) * groups - 1`` are reduced to KV head ``g`` by a max.
-
-    Args:
-        window_attention: softmaxed window attention over the prefix keys, ``(batch, heads, w, n - w)``, one row
-            per query head (kvpress's ``SnapKVPress.compute_window_attention``).
-        values: the layer's value states ``(batch, kv_heads, n, head_dim)``; only the first ``n - w`` are read.
-        kernel_size: pooling width along the keys (odd, ``>= 1``).
-        pooling: ``"maxpool"`` (padded with ``-inf``) or ``"avgpool"`` (zero padding counted).
-        gqa_support: reduce the scores to KV heads by a max over each group's query heads.
-        dtype: the floating dtype computed in (default float64).
-
-    Returns:
-        ``(batch, kv_heads, n - w)`` with ``gqa_support``, else ``(batch, heads, n - w)``; non-negative.
+    ``window_attention`` is softmaxed ``(batch, heads, w, n - w)``, one row per query head (kvpress's
+    ``SnapKVPress.compute_window_attention``); ``values`` is ``(batch, kv_heads, n, head_dim)``, of which the first
+    ``n - w`` are read. Query head ``h`` reads KV head ``h // groups`` (``repeat_kv``). ``"maxpool"`` pads with
+    ``-inf``, ``"avgpool"`` counts the zero padding. Returns ``(batch, kv_heads, n - w)`` with ``gqa_support``,
+    else ``(batch, heads, n - w)``, in ``dtype`` (default float64).
 
     Raises:
         ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
@@ -156,19 +104,7 @@ def lava_layer_statistic(
     pooling: str = "maxpool",
     gqa_support: bool = True,
 ) -> LavaStatistic:
-    """LAVa's normalised entropy of one layer: the entropy of :func:`lava_token_scores` over all its entries.
-
-    Args:
-        window_attention: softmaxed window attention over the prefix keys, ``(batch, heads, w, n - w)``, one row
-            per query head (kvpress's ``SnapKVPress.compute_window_attention``).
-        values: the layer's value states ``(batch, kv_heads, n, head_dim)``, the prompt's ``n`` tokens
-            (``values`` in a press's ``compress``); only the first ``n - w`` (the prefix) are read.
-        kernel_size: pooling width along the keys (odd, ``>= 1``).
-        pooling: ``"maxpool"`` (padded with ``-inf``) or ``"avgpool"`` (zero padding counted).
-        gqa_support: reduce the scores to KV heads by a max over each group's query heads.
-
-    Returns:
-        ``LavaStatistic(E / log N)`` in float64 (see the module docstring).
+    """LAVa's ``LavaStatistic(E / log N)`` of one layer in float64, over all entries of :func:`lava_token_scores`.
 
     Raises:
         ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
@@ -188,12 +124,9 @@ def lava_layer_statistic(
 class LavaRule(PerPromptRule):
     """LAVa's layer allocation (Shen et al., 2025): budgets beyond the window proportional to the entropy ``e_l``.
 
-    See the module docstring for the formula, the source and every deviation.
-
     Attributes:
-        kernel_size: pooling width along the keys (odd, ``>= 1``; default 7).
-        pooling: ``"maxpool"`` (default) or ``"avgpool"``.
-        gqa_support: reduce scores to KV heads by a max over each group (default ``True``).
+        kernel_size: pooling width along the keys (odd).
+        gqa_support: reduce scores to KV heads by a max over each group's query heads.
     """
 
     kernel_size: int = 7
@@ -223,23 +156,7 @@ class LavaRule(PerPromptRule):
         window: int,
         floor: int,
     ) -> tuple[int, ...]:
-        """LAVa's budgets: the window plus a share of ``total - L * w`` proportional to ``e`` (see the module).
-
-        Args:
-            stats: one ``(entropy,)`` per layer.
-            n_layers: number of layers.
-            prompt_tokens: prompt length; also the per-layer cap.
-            total: global number of kept tokens.
-            window: the scorer's observation window ``w``, kept by every layer.
-            floor: smallest budget per layer.
-
-        Returns:
-            ``n_layers`` integers summing to ``total``, in ``[layer_floor(...), prompt_tokens]``, non-decreasing
-            in ``e``.
-
-        Raises:
-            ValueError: on invalid arguments or statistics.
-        """
+        """The window plus a share of ``total - L * w`` proportional to ``e``; non-decreasing in ``e``."""
         check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
         if any(len(tuple(s)) != 1 for s in stats):
             raise ValueError("every LAVa statistic must be a 1-tuple (entropy,)")

@@ -1,18 +1,10 @@
 """Per-prompt per-layer budget rules: budgets decided from statistics every layer produces during the prefill.
 
-The schedules of :mod:`ripplekv.allocation.schedules` fix every layer's budget before the prompt is seen. The
-rules here (CAKE, SqueezeAttention, DynamicKV, LAVa; one module each) instead read a small statistic from each
-layer while the prefill runs, and decide all budgets once the last layer has produced its statistic. A press
-using them therefore (1) computes ``rule.layer_statistic(...)`` in every layer's ``compress`` hook and keeps the
-full KV cache, then (2) after the last layer calls :meth:`PerPromptSchedule.layer_budgets` and prunes each
-layer to its budget.
-
-Every rule spends exactly SnapKV's global budget for the same user-facing budget,
-``n_layers * BudgetSpec(budget, tokens).average(prompt_tokens)`` tokens (:class:`PerPromptSchedule` computes it
-the way :class:`~ripplekv.allocation.UniformSchedule` does), gives every layer at least the observation window
-(and ``floor``) and at most the prompt. Real shares are solved exactly (rational arithmetic,
-:func:`fill_shares`) and rounded by largest remainder, as :func:`~ripplekv.allocation.scale_to_total` does for
-the offline schedules, so budgets are deterministic and platform-independent.
+Unlike :mod:`ripplekv.allocation.schedules`, a rule (CAKE, SqueezeAttention, DynamicKV, LAVa; one module each)
+reads a statistic from each layer while the prefill runs, so its press keeps the full cache until the last layer,
+then calls :meth:`PerPromptSchedule.layer_budgets` and prunes every layer. Rules spend exactly SnapKV's global budget,
+each layer in ``[window (and floor), prompt]``; shares are exact rationals (:func:`fill_shares`) rounded by largest
+remainder, so budgets are deterministic and platform-independent.
 """
 
 from __future__ import annotations
@@ -46,9 +38,8 @@ class PerPromptRule(ABC):
     Subclasses are frozen dataclasses of the method's hyperparameters, validated at construction.
 
     Attributes:
-        name: the method's short name (e.g. ``"cake"``).
         statistic_inputs: the tensors :meth:`layer_statistic` takes, in order (e.g. ``("window_attention",)``).
-        statistic_names: the fields of the per-layer statistic :meth:`layer_statistic` returns.
+        statistic_names: the fields of the statistic :meth:`layer_statistic` returns.
     """
 
     name: ClassVar[str]
@@ -69,20 +60,11 @@ class PerPromptRule(ABC):
         window: int,
         floor: int,
     ) -> tuple[int, ...]:
-        """Tokens kept by each layer, from every layer's statistic.
+        """Tokens kept by each layer from every layer's statistic (in layer order): ``n_layers`` integers.
 
-        Args:
-            stats: one statistic per layer, in layer order (a tuple with the fields ``statistic_names``).
-            n_layers: number of layers (``>= 1``, ``== len(stats)``).
-            prompt_tokens: prompt length (``>= 1``); also the per-layer cap.
-            total: the global number of kept tokens (``0 <= total <= n_layers * prompt_tokens``).
-            window: the scorer's observation window (``>= 0``), kept by every layer on top of its selection.
-            floor: smallest budget a layer should get (``>= 0``).
-
-        Returns:
-            ``n_layers`` integers summing exactly to ``total``, each in
-            ``[min(max(floor, window), prompt_tokens, total // n_layers), prompt_tokens]``
-            (see :func:`layer_floor`).
+        They sum exactly to ``total`` (``<= n_layers * prompt_tokens``), each in :func:`layer_floor`'s
+        ``[min(max(floor, window), prompt_tokens, total // n_layers), prompt_tokens]``; ``window`` is the scorer's
+        observation window, kept by every layer on top of its selection.
 
         Raises:
             ValueError: on an invalid argument or statistic.
@@ -93,15 +75,9 @@ class PerPromptRule(ABC):
 class TokenStatistic:
     """A per-layer statistic that reduces per-token values, so it can be computed over a prompt in chunks.
 
-    Called as a function, it is the statistic of the whole prompt at once, ``whole(*inputs)``. A prefill run in
-    chunks calls ``per_token(*inputs)`` on each chunk's inputs (values indexed by token along the last dimension)
-    and ``reduce(parts)`` once over every chunk's values, in prompt order: the same reduction over the same per-token
-    values as ``whole`` (a mean over tokens is one mean over all of them, never a mean of chunk means).
-
-    Args:
-        whole: the statistic of the whole prompt.
-        per_token: the per-token values of a part of the prompt.
-        reduce: the statistic from the per-token values of consecutive parts covering the prompt.
+    Called, it is ``whole(*inputs)``. A chunked prefill calls ``per_token(*inputs)`` per chunk (values indexed by
+    token along the last dimension) and ``reduce(parts)`` once over all chunks in prompt order: the same reduction
+    over the same values as ``whole`` (one mean over all tokens, never a mean of chunk means).
     """
 
     whole: Callable[..., Any]
@@ -145,10 +121,8 @@ def check_rule_call(
 def layer_floor(n_layers: int, prompt_tokens: int, total: int, window: int, floor: int) -> int:
     """The smallest budget every layer gets: ``min(max(floor, window), prompt_tokens)``, lowered if infeasible.
 
-    A layer always keeps the scorer's observation window (SnapKV's selection never drops it), so the window is
-    a floor like ``floor``. When ``n_layers`` such floors exceed ``total`` (a short prompt at a small budget),
-    the floor is lowered to the average ``total // n_layers``, as :func:`~ripplekv.allocation.scale_to_total`
-    does.
+    The window is a floor because SnapKV's selection never drops it. When ``n_layers`` floors exceed ``total`` (a
+    short prompt at a small budget) it is the average ``total // n_layers``, as in ``scale_to_total``.
     """
     low = min(max(int(floor), int(window)), int(prompt_tokens))
     return low if n_layers * low <= total else total // n_layers
@@ -165,24 +139,13 @@ def fill_shares(
     highs: Sequence[int],
     total: int,
 ) -> list[Fraction]:
-    """Exact real shares ``x_l = clip(a_l + t * c_l, lo_l, hi_l)`` with ``sum(x) == total``.
+    """Exact real shares ``x_l = clip(a_l + t * c_l, lo_l, hi_l)`` with ``sum(x) == total``, one level ``t`` for all.
 
-    One level ``t`` is shared by all entries: ``a = 0, c = w`` is proportional water-filling (entries at a bound
-    are fixed there, the others share the rest in proportion to ``w``), ``c = 1`` is additive water-filling
-    (the excess over a cap, or the deficit under a floor, is spread evenly). ``sum(x)`` is continuous and
-    non-decreasing in ``t``, so ``t`` is found exactly between two consecutive breakpoints. Entries with
-    ``c_l == 0`` stay at ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb ``total`` (all at their
-    bound): they then share what is left evenly (``c = 1`` among themselves).
-
-    Args:
-        offsets: ``a_l`` (finite).
-        slopes: ``c_l >= 0`` (finite).
-        lows: integer lower bounds.
-        highs: integer upper bounds, ``hi_l >= lo_l``.
-        total: the sum to reach, ``sum(lows) <= total <= sum(highs)``.
-
-    Returns:
-        One exact share per entry, within its bounds, summing exactly to ``total``.
+    ``a = 0, c = w`` is proportional water-filling; ``c = 1`` is additive (an excess over a cap, or a deficit under a
+    floor, spread evenly). ``sum(x)`` is continuous and non-decreasing in ``t``, so ``t`` is exact between two
+    breakpoints. Entries with ``c_l == 0`` stay at ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb
+    ``total``: they then share what is left evenly. Needs finite ``a``, ``c >= 0``, ``lo <= hi`` and
+    ``sum(lows) <= total <= sum(highs)``.
 
     Raises:
         ValueError: on mismatched lengths, a negative or non-finite slope, crossed bounds or an unreachable total.
@@ -257,22 +220,9 @@ def apportion(
 ) -> tuple[int, ...]:
     """Integer budgets from :func:`fill_shares`, rounded by largest remainder, summing exactly to ``total``.
 
-    Every entry gets ``floor(x_l)``; the leftover units go to the largest fractional remainders, ties broken by
-    larger ``strength`` (default: the slopes), then larger ``preference`` (default: none), then lower index. An
-    entry gets at most ``ceil(x_l)``, so the integer bounds hold for the integers too, and budgets are monotone
-    in ``strength`` wherever the real shares are.
-
-    Args:
-        offsets: ``a_l`` of :func:`fill_shares`.
-        slopes: ``c_l >= 0`` of :func:`fill_shares`.
-        total: the sum to reach.
-        lows: integer lower bounds.
-        highs: integer upper bounds.
-        strength: the first rounding tie-breaker (higher first).
-        preference: the second rounding tie-breaker (higher first).
-
-    Returns:
-        One integer per entry in ``[lo_l, hi_l]``, summing exactly to ``total``.
+    Leftover units go to the largest fractional remainders, ties to larger ``strength`` (default: the slopes), then
+    larger ``preference``, then lower index. An entry gets at most ``ceil(x_l)``, so the bounds hold for the integers
+    too, and budgets are monotone in ``strength`` wherever the real shares are.
 
     Raises:
         ValueError: as :func:`fill_shares`.
@@ -335,17 +285,12 @@ def check_pooling(owner: str, kernel_size: object, pooling: object) -> None:
 class PerPromptSchedule:
     """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from layer statistics.
 
-    The global budget is ``n_layers * BudgetSpec(budget, tokens).average(prompt_tokens)``, exactly the number of
-    tokens :class:`~ripplekv.allocation.UniformSchedule` (SnapKV) keeps, so every method is compared at the
-    same number of kept tokens. Unlike a :class:`~ripplekv.allocation.BudgetSchedule`, the budgets depend on
-    the prompt: :meth:`layer_budgets` takes every layer's statistic.
+    Unlike a :class:`~ripplekv.allocation.BudgetSchedule`, its budgets depend on the prompt: :meth:`layer_budgets`
+    takes every layer's statistic.
 
     Attributes:
-        rule: the per-prompt rule (:class:`~ripplekv.allocation.cake.CakeRule`, ...).
-        budget: kept fraction of the prompt in ``(0, 1]``, or None when ``tokens`` is given.
         window_size: the scorer's observation window (``>= 0``; kvpress's SnapKV default is 64), which every
             layer keeps and over which the statistics are computed.
-        tokens: average kept tokens per layer (an integer ``>= 1``; keyword only), or None.
     """
 
     rule: PerPromptRule
@@ -377,24 +322,17 @@ class PerPromptSchedule:
             raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
 
     def total(self, n_layers: int, prompt_tokens: int) -> int:
-        """SnapKV's global budget: ``n_layers * BudgetSpec(budget, tokens).average(prompt_tokens)``."""
+        """SnapKV's global budget: ``n_layers * spec.average(prompt_tokens)``, as :class:`UniformSchedule` keeps."""
         self.check_layers(n_layers)
         return int(n_layers) * self.spec.average(prompt_tokens)
 
     def layer_budgets(
         self, stats: Sequence[Sequence[Any]], n_layers: int, prompt_tokens: int, floor: int
     ) -> tuple[int, ...]:
-        """Tokens kept by each layer for this prompt.
+        """Tokens kept by each layer for this prompt, from every layer's statistic in layer order.
 
-        Args:
-            stats: every layer's statistic, in layer order (from ``rule.layer_statistic``).
-            n_layers: number of layers (``>= 1``).
-            prompt_tokens: prompt length (``>= 1``); also the per-layer cap.
-            floor: smallest budget a layer should keep (``>= 0``).
-
-        Returns:
-            ``n_layers`` integers summing exactly to :meth:`total`, each in
-            ``[min(max(floor, window_size), prompt_tokens, average), prompt_tokens]``.
+        ``n_layers`` integers summing exactly to :meth:`total`, each in
+        ``[min(max(floor, window_size), prompt_tokens, average), prompt_tokens]``.
 
         Raises:
             ValueError: on an invalid argument or statistic.

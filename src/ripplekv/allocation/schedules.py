@@ -1,23 +1,8 @@
-"""Per-layer KV-cache budget schedules: how many tokens each layer keeps, over one token scorer.
+"""Per-layer KV-cache budget schedules over one token scorer: SnapKV, PyramidKV and RippleKV differ only here.
 
-SnapKV, PyramidKV and RippleKV select tokens the same way (SnapKV's observation-window attention); they differ
-only in how many tokens each layer keeps. Each method is therefore a *schedule*, and one press
-(:class:`ripplekv.presses.LayerBudgetPress`) applies any schedule with any kvpress scorer:
-
-* :class:`UniformSchedule`: every layer keeps the same number of tokens (SnapKV, Li et al., 2024);
-* :class:`PyramidSchedule`: linearly fewer tokens with depth (PyramidKV, Cai et al., 2024, as its authors'
-  code computes it), rescaled to SnapKV's total;
-* :class:`ProfileSchedule`: budgets from measured per-layer sensitivities by the RippleKV rule (paper, 2026):
-
-  1. min-max normalise the scores ``s`` to ``[0, 1]`` (all-equal scores normalise to 0, i.e. uniform);
-  2. map each normalised score to a multiplier ``w_l = ratio ** s_l`` (``ratio``, the paper's ``r``, sets the
-     disparity between the least and the most sensitive layer; ``ratio == 1`` is uniform);
-  3. clip the multipliers to ``[1 / gamma, gamma]`` (``gamma >= 1``; ``gamma == 1`` is uniform);
-  4. rescale so that the integer per-layer budgets sum to the global budget (:func:`allocate`).
-
-Every schedule spends exactly SnapKV's global budget ``L * average``, so methods are compared at the same number
-of kept tokens. Its budget is ``budget=`` (the first field: ``UniformSchedule(0.1)`` is 10%) or ``tokens=`` (keyword
-only), as :class:`~ripplekv.allocation.budget.BudgetSpec` defines them.
+One press, :class:`ripplekv.presses.LayerBudgetPress`, applies any schedule with any kvpress scorer. Every schedule
+spends exactly SnapKV's global budget ``L * average`` (``budget=`` or keyword-only ``tokens=``, as
+:class:`~ripplekv.allocation.budget.BudgetSpec`), so methods are compared at the same number of kept tokens.
 """
 
 from __future__ import annotations
@@ -60,8 +45,7 @@ def _check_call(n_layers: int, floor: int) -> None:
 
 
 class BudgetSchedule(ABC):
-    """A per-layer budget schedule: frozen, validated at construction, with ``budget`` and ``tokens`` attributes
-    (exactly one set, :class:`BudgetSpec`); it spends ``n_layers * average(prompt_tokens)`` tokens in all."""
+    """A per-layer budget schedule: frozen, validated at construction, ``budget`` or ``tokens`` set (exactly one)."""
 
     budget: float | None
     tokens: int | None
@@ -69,7 +53,7 @@ class BudgetSchedule(ABC):
     """True when every layer always keeps the same number of tokens (no variable-length attention needed)."""
 
     def _check_budget(self) -> None:
-        """Validate and normalise ``budget`` / ``tokens`` (called by each subclass's ``__post_init__``)."""
+        """Validate and normalise ``budget`` / ``tokens`` (each subclass's ``__post_init__`` calls it)."""
         try:
             spec = BudgetSpec(self.budget, self.tokens)
         except ValueError as error:
@@ -79,11 +63,11 @@ class BudgetSchedule(ABC):
 
     @cached_property
     def spec(self) -> BudgetSpec:
-        """The budget as a :class:`~ripplekv.allocation.budget.BudgetSpec` (built once per schedule)."""
+        """The budget as a :class:`~ripplekv.allocation.budget.BudgetSpec`, built once."""
         return BudgetSpec(self.budget, self.tokens)
 
     def average(self, prompt_tokens: int) -> int:
-        """Kept tokens per layer on average for a prompt of ``prompt_tokens`` tokens (see :class:`BudgetSpec`)."""
+        """Kept tokens per layer on average for a prompt of ``prompt_tokens`` tokens."""
         return self.spec.average(prompt_tokens)
 
     @property
@@ -97,17 +81,10 @@ class BudgetSchedule(ABC):
 
     @abstractmethod
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
-        """Tokens kept by each layer.
+        """Tokens kept by each layer: ``n_layers`` integers summing to ``n_layers * average(prompt_tokens)``.
 
-        Args:
-            n_layers: number of layers of the model (``>= 1``).
-            prompt_tokens: number of prompt tokens being compressed (``>= 1``); also the per-layer cap.
-            floor: smallest number of tokens a layer should keep (``>= 0``), e.g. the scorer's window;
-                lowered to the average when ``n_layers * floor`` exceeds the global budget.
-
-        Returns:
-            ``n_layers`` integers summing exactly to ``n_layers * average(prompt_tokens)``, each in
-            ``[min(floor, prompt_tokens, average), prompt_tokens]``.
+        Each is in ``[min(floor, prompt_tokens, average), prompt_tokens]``; ``floor`` (e.g. the scorer's window) is
+        lowered to the average when ``n_layers * floor`` exceeds the global budget.
 
         Raises:
             ValueError: on an invalid argument, or one the schedule cannot serve.
@@ -118,16 +95,11 @@ class BudgetSchedule(ABC):
         _check_call(n_layers, 0)
 
     def over_layers(self, layers: Sequence[int], n_layers: int) -> BudgetSchedule:
-        """The schedule of the compressed ``layers`` of a model of ``n_layers`` layers (its global layers).
+        """The schedule of the compressed ``layers`` (increasing indices) of a model of ``n_layers`` layers.
 
-        A press that leaves some layers whole (sliding-window layers) spreads the budget of the compressed layers,
-        ``len(layers) * average``, over them alone: ``over_layers(...).layer_budgets(len(layers), ...)[k]`` is the
-        budget of layer ``layers[k]``. Uniform and pyramid budgets depend on the number of layers only (the
-        schedule itself); a profile schedule keeps the scores of those layers.
-
-        Args:
-            layers: indices of the compressed layers, increasing, within ``range(n_layers)``.
-            n_layers: layers of the model.
+        A press that leaves some layers whole spreads ``len(layers) * average`` over the compressed layers alone:
+        ``over_layers(...).layer_budgets(len(layers), ...)[k]`` is layer ``layers[k]``'s budget. Uniform and
+        pyramid schedules are unchanged; a profile schedule keeps those layers' scores.
 
         Raises:
             ValueError: if the schedule cannot serve the model, or ``layers`` is not a non-empty increasing
@@ -147,15 +119,10 @@ def _check_subset(layers: Sequence[int], n_layers: int) -> None:
 
 @dataclass(frozen=True)
 class UniformSchedule(BudgetSchedule):
-    """SnapKV's schedule (Li et al., 2024, arXiv:2404.14469): every layer keeps the same number of tokens.
+    """SnapKV's schedule (Li et al., 2024, arXiv:2404.14469): every layer keeps ``average(prompt_tokens)`` tokens.
 
-    Each layer keeps ``average(prompt_tokens)`` tokens: for a fraction kvpress's exact
-    ``int(prompt_tokens * (1 - compression_ratio))`` with ``compression_ratio = 1 - budget``; for a token count
+    For a fraction that is kvpress's ``int(prompt_tokens * (1 - compression_ratio))``; for a token count
     ``min(tokens, prompt_tokens)``.
-
-    Attributes:
-        budget: kept fraction of the prompt in ``(0, 1]``, or None when ``tokens`` is given.
-        tokens: average kept tokens per layer (an integer ``>= 1``; keyword only), or None.
     """
 
     budget: float | None = None
@@ -175,9 +142,8 @@ class UniformSchedule(BudgetSchedule):
 class PyramidSchedule(BudgetSchedule):
     """PyramidKV's schedule (Cai et al., 2024, arXiv:2406.02069): linearly fewer tokens with depth.
 
-    As the authors' code computes it (github.com/Zefan-Cai/PyramidKV, ``pyramidkv/pyramidkv_utils.py``,
-    ``PyramidKVCluster.update_kv``), for ``L`` layers, a prompt of ``n`` tokens, a window of ``W`` tokens and
-    ``C`` the per-layer kept tokens of the uniform budget (window included, ``C > W``)::
+    As the authors' code computes it (github.com/Zefan-Cai/PyramidKV, ``PyramidKVCluster.update_kv``), for ``L``
+    layers, ``n`` prompt tokens, a window of ``W`` and the uniform per-layer budget ``C > W``::
 
         min_num = (C - W) // beta
         max_num = 2 (C - W) - min_num
@@ -185,22 +151,14 @@ class PyramidSchedule(BudgetSchedule):
         steps   = (max_num - min_num) // (L - 1)
         layer l keeps (max_num - l * steps) selected tokens + the W window tokens
 
-    The integer ``steps`` make those capacities overshoot or undershoot ``L * C`` by a few percent, so they
-    are used as weights and rescaled (:func:`ripplekv.allocation.budget.scale_to_total`) to SnapKV's total
-    ``L * C`` exactly, every layer keeping at least ``W`` tokens (and ``floor``) and at most ``n``: methods
-    are compared at the same number of kept tokens. There is no fallback to uniform budgets (kvpress 0.5.5's
-    ``PyramidKVPress`` falls back to SnapKV unless ``C - W >= beta * W``, i.e. at every length used here).
-
-    One degenerate case: when ``C <= W`` (a short prompt at a small budget: 10% of a 284-token prompt is 28
-    tokens per layer, under a 64-token window) there are no tokens beyond the window for the pyramid to
-    distribute (the authors' code asserts ``C > W``), and every layer keeps ``C`` tokens, as SnapKV does.
+    The integer ``steps`` miss ``L * C`` by a few percent, so the capacities are weights rescaled
+    (:func:`~ripplekv.allocation.budget.scale_to_total`) to exactly ``L * C``, each layer in ``[max(W, floor), n]``.
+    No fallback to uniform (kvpress 0.5.5's ``PyramidKVPress`` falls back unless ``C - W >= beta * W``). When
+    ``C <= W`` (10% of a 284-token prompt is 28 tokens, under a 64-token window) every layer keeps ``C``, as SnapKV.
 
     Attributes:
-        budget: kept fraction of the prompt in ``(0, 1]``, or None when ``tokens`` is given.
-        window_size: SnapKV's observation window ``W`` (``>= 1``), always kept by every layer.
-        beta: the pyramid's steepness (an integer ``>= 1``; the authors' default is 20): the last layer's
-            selected tokens are about ``1 / beta`` of the average's.
-        tokens: average kept tokens per layer (an integer ``>= 1``; keyword only), or None.
+        window_size: SnapKV's observation window ``W``, always kept by every layer.
+        beta: steepness (authors' default 20): the last layer selects about ``1 / beta`` of the average's tokens.
     """
 
     budget: float | None = None
@@ -216,10 +174,7 @@ class PyramidSchedule(BudgetSchedule):
             raise ValueError(f"PyramidSchedule.beta must be an integer >= 1, got {self.beta!r}")
 
     def capacities(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
-        """The authors' per-layer capacities (selected tokens + window), before rescaling to ``L * C``.
-
-        When the uniform budget ``C`` is not larger than the window, ``C`` for every layer (see the class).
-        """
+        """The authors' per-layer capacities (selected tokens + window) before rescaling; ``C`` each if ``C <= W``."""
         _check_call(n_layers, 0)
         per_layer = self.average(prompt_tokens)
         window = int(self.window_size)
@@ -235,7 +190,7 @@ class PyramidSchedule(BudgetSchedule):
         return tuple(max_num - layer * steps + window for layer in range(n_layers))
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
-        """The capacities rescaled to ``L * C`` (see the class docstring); non-increasing in depth."""
+        """The capacities rescaled to ``L * C``; non-increasing in depth."""
         _check_call(n_layers, floor)
         return _pyramid_budgets(self, n_layers, prompt_tokens, floor)
 
@@ -254,30 +209,22 @@ def _pyramid_budgets(schedule: PyramidSchedule, n_layers: int, prompt_tokens: in
 # ------------------------------------------------------------------------------------------- the RippleKV rule
 
 DEFAULT_RATIO: float = 4.0
-"""Default disparity ``r``: the most sensitive layer gets ``r`` times the least sensitive one's multiplier.
-
-Chosen on a needle-retrieval grid over ``r`` and ``gamma``: docs/results.md, "Needle retrieval under compression,
-and choosing r and gamma" (``benchmarks/results/needle_sweep.txt``).
-"""
+"""Default disparity ``r``: the most sensitive layer's multiplier over the least's. Chosen with
+:data:`DEFAULT_GAMMA` on a needle-retrieval grid (docs/results.md, ``benchmarks/results/needle_sweep.txt``)."""
 
 DEFAULT_GAMMA: float = 3.0
-"""Default clip bound ``gamma``: multipliers are clipped to ``[1 / gamma, gamma]``.
-
-Chosen with :data:`DEFAULT_RATIO` on the same grid (see there).
-"""
+"""Default clip bound ``gamma``: multipliers are clipped to ``[1 / gamma, gamma]``."""
 
 
 @dataclass(frozen=True)
 class AllocationConfig:
-    """Hyper-parameters of the RippleKV allocation rule (RippleKV paper, 2026).
+    """Hyper-parameters of the RippleKV rule (paper, 2026).
 
     Attributes:
-        ratio: the base ``r`` of the multiplier ``w_l = r ** s_l`` applied to the min-max normalised
-            sensitivity ``s_l``. Must be finite and ``> 0``. ``r > 1`` gives more cache to more sensitive
-            layers, ``r == 1`` gives a uniform allocation and ``0 < r < 1`` inverts the ordering.
-        gamma: the clip bound; multipliers are clipped to ``[1 / gamma, gamma]`` before rescaling, which
-            bounds the ratio between any two real-valued (unrounded, not bound-limited) budgets by
-            ``gamma ** 2``. Must be finite and ``>= 1``; ``gamma == 1`` gives a uniform allocation.
+        ratio: base ``r`` of ``w_l = r ** s_l`` over the min-max normalised sensitivity ``s_l`` (finite, ``> 0``):
+            ``r > 1`` favours sensitive layers, ``1`` is uniform, ``< 1`` inverts the order.
+        gamma: clip bound (finite, ``>= 1``; ``1`` is uniform); bounds the ratio of any two unrounded,
+            not bound-limited budgets by ``gamma ** 2``.
     """
 
     ratio: float = DEFAULT_RATIO
@@ -295,10 +242,7 @@ DEFAULT_CONFIG = AllocationConfig()
 
 
 def validate_scores(scores: Sequence[float]) -> np.ndarray:
-    """``scores`` as a 1-D float64 array.
-
-    Args:
-        scores: one finite sensitivity score per layer.
+    """``scores`` (one sensitivity per layer) as a 1-D float64 array.
 
     Raises:
         ValueError: if ``scores`` is empty, not one-dimensional, not numbers, or holds NaN / infinite values.
@@ -324,16 +268,10 @@ def validate_scores(scores: Sequence[float]) -> np.ndarray:
 
 
 def normalize_scores(scores: Sequence[float]) -> np.ndarray:
-    """Min-max normalise per-layer sensitivity scores to ``[0, 1]`` (step 1 of the RippleKV rule, 2026).
-
-    Args:
-        scores: one finite sensitivity score per layer (higher = more sensitive to KV-cache compression).
-
-    Returns:
-        A float64 array ``(s - min) / (max - min)``; all zeros when every score is equal.
+    """Min-max normalise sensitivity scores to ``[0, 1]`` (step 1 of the RippleKV rule); all zeros if all equal.
 
     Raises:
-        ValueError: if ``scores`` is empty, not one-dimensional or contains NaN / infinite values.
+        ValueError: as :func:`validate_scores`.
     """
     array = validate_scores(scores)
     low = float(array.min())
@@ -359,34 +297,26 @@ def _weights_from_normalized(normalized: np.ndarray, config: AllocationConfig) -
 
 
 def layer_weights(scores: Sequence[float], config: AllocationConfig = DEFAULT_CONFIG) -> np.ndarray:
-    """Per-layer budget multipliers of the RippleKV rule (paper, 2026), before rescaling.
+    """RippleKV multipliers ``clip(ratio ** normalize_scores(scores), 1 / gamma, gamma)``, before rescaling.
 
-    Args:
-        scores: one finite sensitivity score per layer (higher = more sensitive).
-        config: the disparity ``ratio`` and the clip bound ``gamma``.
-
-    Returns:
-        A float64 array ``clip(ratio ** normalize_scores(scores), 1 / gamma, gamma)``. Equal scores get equal
-        weights, and for ``ratio >= 1`` the weights are non-decreasing in the scores.
+    Equal scores get equal weights; for ``ratio >= 1`` the weights are non-decreasing in the scores.
 
     Raises:
-        ValueError: if ``scores`` is empty, not one-dimensional or contains NaN / infinite values.
+        ValueError: as :func:`validate_scores`.
     """
     return _weights_from_normalized(normalize_scores(scores), config)
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """A RippleKV allocation (paper, 2026) with its intermediate quantities, as reported by the CLI.
+    """A RippleKV allocation with its intermediate quantities, as the CLI reports it.
 
     Attributes:
-        scores: the per-layer sensitivity scores, as given.
-        normalized: the min-max normalised scores in ``[0, 1]``.
-        weights: the clipped multipliers ``clip(ratio ** normalized, 1 / gamma, gamma)``.
-        budgets: the integer per-layer budgets (number of kept KV entries per layer).
-        prompt_tokens: the prompt length the budgets were computed for (also the per-layer cap).
-        average_budget: the average budget per layer (:meth:`BudgetSpec.average`).
-        total: the global budget ``len(budgets) * average_budget`` (``== sum(budgets)``).
+        normalized: the min-max normalised scores.
+        weights: the clipped multipliers (:func:`layer_weights`).
+        budgets: kept KV entries per layer.
+        prompt_tokens: the prompt length the budgets are for (also the per-layer cap).
+        total: ``len(budgets) * average_budget == sum(budgets)``.
     """
 
     scores: tuple[float, ...]
@@ -419,34 +349,19 @@ def allocate(
     *,
     tokens: int | None = None,
 ) -> Allocation:
-    """Integer per-layer KV-cache budgets by the RippleKV rule, with the quantities they came from.
+    """Integer per-layer budgets by the RippleKV rule, with the quantities they came from.
 
-    The global budget is ``B = L * average`` for ``L = len(scores)`` and ``average`` the budget's
-    the budget's average (a kept fraction ``budget`` or a token count ``tokens``, exactly one of them).
-    Each layer gets a real share ``x_l = clip(t * w_l, floor, prompt_tokens)`` of ``B`` with ``w`` from
-    :func:`layer_weights` and ``t`` chosen so that ``sum(x) == B`` (water-filling: layers at a bound are fixed
-    there and the excess or deficit is shared among the others in proportion to their weights). The shares are
-    rounded by largest remainder (ties: larger weight, then higher score -- lower when ``ratio < 1`` --, then
-    lower layer index), so the budgets
+    The global budget is ``B = L * average`` (``L = len(scores)``; ``budget`` or ``tokens`` as :class:`BudgetSpec`).
+    Layer ``l`` gets the real share ``clip(t * w_l, floor, prompt_tokens)``, ``w`` from :func:`layer_weights` and
+    ``t`` such that the shares sum to ``B`` (water-filling), rounded by largest remainder (ties: larger weight, then
+    higher score -- lower when ``ratio < 1`` --, then lower layer index). So the budgets
 
     * sum exactly to ``B``;
-    * lie in ``[floor, prompt_tokens]`` with ``floor = min(min_tokens, prompt_tokens)``, lowered to ``B // L``
-      when ``L * floor > B`` (a floor above the average cannot be met by every layer; ``B // L`` is the
-      average, which is ``>= 1``, so no layer is ever left empty unless ``min_tokens == 0``);
-    * are non-decreasing in the scores for ``ratio >= 1`` (non-increasing for ``ratio < 1``), even where
-      clipping gives several layers the same weight; equal scores give budgets that differ by at most one;
-    * are all equal to the average for equal scores, ``ratio == 1`` or ``gamma == 1``.
-
-    Args:
-        scores: one finite sensitivity score per layer (higher = more sensitive).
-        budget: a kept fraction of the prompt in ``(0, 1]``; or None with ``tokens``.
-        prompt_tokens: the number of prompt tokens (``>= 1``; required); also the per-layer cap.
-        config: the disparity ``ratio`` and the clip bound ``gamma``.
-        min_tokens: the requested minimum number of kept tokens per layer (``>= 0``), see ``floor`` above.
-        tokens: instead of ``budget``, the average number of kept tokens per layer (an integer ``>= 1``).
-
-    Returns:
-        The :class:`Allocation`; its ``budgets`` are the ``L`` integer budgets.
+    * lie in ``[floor, prompt_tokens]``, ``floor = min(min_tokens, prompt_tokens)`` lowered to ``B // L`` (``>= 1``)
+      when ``L * floor > B``;
+    * are non-decreasing in the scores for ``ratio >= 1`` (non-increasing below), even where clipping ties
+      weights; equal scores give budgets within one of each other;
+    * all equal the average for equal scores, ``ratio == 1`` or ``gamma == 1``.
 
     Raises:
         ValueError: on invalid scores, budget, prompt_tokens or min_tokens.
@@ -477,18 +392,10 @@ def allocate(
 
 @dataclass(frozen=True)
 class ProfileSchedule(BudgetSchedule):
-    """RippleKV's schedule (2026): budgets from measured per-layer sensitivity scores by the RippleKV rule
-    (:func:`allocate`).
+    """RippleKV's schedule (paper, 2026): :func:`allocate` over measured per-layer sensitivity ``scores``.
 
-    On a model whose press leaves some layers whole (sliding-window layers, see :meth:`over_layers`) the scores
-    are one per model layer, of which the compressed layers' are used, or one per compressed layer.
-
-    Attributes:
-        budget: kept fraction of the prompt in ``(0, 1]``, or None when ``tokens`` is given.
-        scores: one finite sensitivity score per layer (stored as a tuple of floats; required, non-empty).
-        ratio: disparity ``r`` of the multipliers (finite, ``> 0``; ``1`` gives uniform budgets).
-        gamma: clip bound of the multipliers (finite, ``>= 1``).
-        tokens: average kept tokens per layer (an integer ``>= 1``; keyword only), or None.
+    ``scores`` are one per model layer or, where the press leaves layers whole, one per compressed layer
+    (:meth:`over_layers`); ``ratio`` and ``gamma`` are :class:`AllocationConfig`'s.
     """
 
     budget: float | None = None
@@ -511,10 +418,6 @@ class ProfileSchedule(BudgetSchedule):
 
     def over_layers(self, layers: Sequence[int], n_layers: int) -> ProfileSchedule:
         """The schedule of the scores of ``layers`` alone (itself when the scores are one per compressed layer).
-
-        Args:
-            layers: indices of the compressed layers, increasing, within ``range(n_layers)``.
-            n_layers: layers of the model.
 
         Raises:
             ValueError: unless there is one score per model layer or one per compressed layer.

@@ -1,53 +1,10 @@
 """SqueezeAttention's per-layer budgets: cluster layers by how little their attention changes the residual.
 
-Paper: Wang, Cui and Gan, "SqueezeAttention: 2D Management of KV-Cache in LLM Inference via Layer-wise
-Optimal Budget", ICLR 2025, arXiv:2404.04793.
-
-Source read: github.com/hetailang/SqueezeAttention at commit ``a1933d18b09c668312cbabdfd7b1fa73888c0f6f``:
-``utils_hh/modify_llama_drop.py`` (``LlamaDecoderLayer_squeeze.forward``: the statistic;
-``LlamaModel_squeeze.forward``: the clustering and the budgets), ``pred.py`` (``--ini_size``,
-``--KV_class3``), ``README.md`` and ``script/*.sh`` (the settings the authors run).
-
-Formula. For layer ``l`` with residual stream ``h_in`` entering the layer (before its input norm) and
-attention output ``o = Attn(LN(h_in))`` (after the output projection):
-
-* similarity ``s_l = mean_t cos(h_in[t], h_in[t] + o[t])`` over the prompt tokens ``t``: a layer whose
-  attention barely turns the residual matters less;
-* KMeans with 3 clusters over the ``L`` scalars ``s_l``; the cluster with the highest centre ("class 3", the
-  least important layers) gets a budget of ``p_abs * n`` tokens per layer (``--KV_class3``), and the other
-  layers share the rest of the total ``L * ini_size * n`` equally:
-  ``a = (L * ini_size - |class 3| * p_abs) / (L - |class 3|)`` of the prompt each.
-
-Defaults. ``p = 8 / 21`` (about 0.381), with ``p`` the class-3 budget *relative to the average budget*
-(``p_abs = p * ini_size``): the README's recommended LongBench run (Mistral-7B, ``--ini_size 0.21
---KV_class3 0.08``, "a parameter where SqueezeAttention can significantly improve score"). The code's
-``--KV_class3`` is an absolute fraction of the prompt, which has no meaning across budgets (``pred.py``'s
-default 1.0 would give the other layers a negative budget), so the ratio is what transfers; the authors' other
-setting (Llama-2-7B on XSum, 0.25 / 0.4 = 0.625) is the alternative. Nothing in the source is specific to a
-model's depth, so the same value applies to SmolLM2-135M's 30 layers. ``n_clusters = 3`` as in the code.
-
-Deviations from the authors' code:
-
-* Exact clustering: the code's ``KMeans(n_clusters=3)`` (scikit-learn: Lloyd iterations from k-means++ starts, the
-  best of ``n_init`` of them: 10 before scikit-learn 1.4, one from 1.4 on; the code pins no version) aims at the
-  least-squares split of the ``L`` similarities, which :func:`kmeans_1d` computes exactly (dynamic programming over
-  the sorted values in exact integer arithmetic), so a prompt always gets the same budgets, whatever the layers'
-  order. On 172 real SmolLM2 prompts (the 140 of the RULER-4K allocator run, 32 of LongBench's) scikit-learn 1.9
-  reached that optimum in all 8600 fits with ``n_init=10`` (50 seeds each) and in 8328 with one start. What
-  remains different: a fit that misses the optimum (one start) gives the code a worse split; among equally good
-  splits (exact ties, never seen on real statistics) this takes the smallest class 3, then the smallest middle
-  cluster, scikit-learn whichever its start reaches; fewer distinct values than clusters give fewer clusters
-  (scikit-learn warns), and a single cluster (all similarities equal) gives uniform budgets.
-* Exact total and bounds: the code sets ``int(p_abs * n)`` and ``int(a * n)`` per layer (the sum misses the
-  total by up to ``L`` tokens and nothing caps a layer at the prompt). Here class 3 has weight ``p`` and the
-  others ``(L - |class 3| p) / (L - |class 3|)``, shared out by exact proportional water-filling within
-  ``[max(floor, window), n]`` and rounded by largest remainder (ties: the lower similarity first): when no
-  bound binds the real shares are exactly the code's ``p_abs * n`` and ``a * n``.
-* Input: the code records ``h_in`` and ``h_in + o`` for batch size 1 (it squeezes the batch); here a batch is
-  averaged over, so all its prompts share one set of budgets. The cosine is computed in float64 with each
-  norm clamped at ``1e-8`` (``torch.nn.functional.cosine_similarity``'s eps).
-* Scorer: the code pairs the budgets with StreamingLLM / H2O / sliding windows; here the token scorer is the
-  press's (SnapKV), and every layer keeps at least its observation window.
+Wang, Cui and Gan, ICLR 2025, arXiv:2404.04793 (github.com/hetailang/SqueezeAttention @ ``a1933d1``). Layer ``l``'s
+similarity is ``s_l = mean_t cos(h_in[t], h_in[t] + o[t])`` (``h_in`` the residual entering the layer, ``o`` its
+attention output); the highest of 3 k-means clusters ("class 3") keeps ``p`` times the average budget and the
+other layers share the rest equally. Default ``p = 8 / 21``: the README's ``--ini_size 0.21 --KV_class3 0.08``.
+Deviations (exact k-means, exact total and bounds, batch averaged): docs/allocators.md, "SqueezeAttention".
 """
 
 from __future__ import annotations
@@ -93,27 +50,16 @@ COSINE_EPS: float = 1e-8
 
 
 class SqueezeStatistic(NamedTuple):
-    """One layer's SqueezeAttention statistic.
-
-    Attributes:
-        similarity: ``s_l``, the mean over prompt tokens of ``cos(h_in, h_in + attention_output)``.
-    """
+    """One layer's SqueezeAttention statistic: ``s_l``, the mean over prompt tokens of ``cos(h_in, h_in + o)``."""
 
     similarity: float
 
 
 def squeeze_token_similarities(residual_in: torch.Tensor, attention_output: torch.Tensor) -> torch.Tensor:
-    """SqueezeAttention's per-token similarities ``cos(h_in[t], h_in[t] + o[t])`` of one layer, in float64.
+    """Per-token similarities ``cos(h_in[t], h_in[t] + o[t])`` of one layer, ``(batch, tokens)`` in float64.
 
-    What :func:`squeeze_layer_statistic` averages; a prefill run in chunks computes them per chunk and averages
-    them once over the prompt (:func:`squeeze_statistic_of_similarities`).
-
-    Args:
-        residual_in: ``h_in``, the residual stream entering the layer, ``(batch, tokens, hidden)``.
-        attention_output: ``o``, the attention block's output for the same tokens, ``(batch, tokens, hidden)``.
-
-    Returns:
-        ``(batch, tokens)`` float64 cosines.
+    ``residual_in`` (``h_in``) and ``attention_output`` (``o``) are ``(batch, tokens, hidden)``. A prefill in chunks
+    computes them per chunk and averages them once (:func:`squeeze_statistic_of_similarities`).
 
     Raises:
         ValueError: if the shapes differ, are not 3-D, have no token, or hold non-finite values.
@@ -137,13 +83,9 @@ def squeeze_token_similarities(residual_in: torch.Tensor, attention_output: torc
 
 
 def squeeze_statistic_of_similarities(parts: Sequence[torch.Tensor]) -> SqueezeStatistic:
-    """The similarity ``s_l`` from the per-token similarities of consecutive parts of the prompt.
+    """``s_l`` from the per-token similarities of consecutive parts of the prompt, in order (at least one).
 
-    One mean over every token of every part (the parts joined in order), the same reduction
-    :func:`squeeze_layer_statistic` makes over the whole prompt: never a mean of the parts' means.
-
-    Args:
-        parts: ``(batch, tokens_i)`` similarities (:func:`squeeze_token_similarities`), at least one.
+    One mean over every token of every part, as over the whole prompt: never a mean of the parts' means.
     """
     import torch
 
@@ -154,21 +96,12 @@ def squeeze_statistic_of_similarities(parts: Sequence[torch.Tensor]) -> SqueezeS
 
 
 def squeeze_layer_statistic(residual_in: torch.Tensor, attention_output: torch.Tensor) -> SqueezeStatistic:
-    """SqueezeAttention's similarity of one layer: how little its attention turns the residual stream.
+    """SqueezeAttention's similarity of one layer, averaged over the batch too, in float64.
 
-    The caller must supply the decoder layer's *input* residual stream, which kvpress's attention hook does not
-    see (its ``hidden_states`` are already normalised by the layer's input norm). Either register a forward
-    pre-hook on the decoder layer (``model.model.layers[l]``) and keep its first argument, or take the input of
-    ``post_attention_layernorm`` (which is ``h_in + o``) together with the attention module's output. The
-    attention output is the first element of the attention module's forward output (after ``o_proj``), before
-    any residual add.
-
-    Args:
-        residual_in: ``h_in``, the residual stream entering the layer, ``(batch, tokens, hidden)``.
-        attention_output: ``o``, the attention block's output for the same tokens, ``(batch, tokens, hidden)``.
-
-    Returns:
-        ``SqueezeStatistic(mean_t cos(h_in[t], h_in[t] + o[t]))``, averaged over the batch too, in float64.
+    ``residual_in`` is the decoder layer's *input*, which kvpress's attention hook does not see (its hidden states
+    are already normalised): take it with a forward pre-hook on ``model.model.layers[l]``, or take
+    ``post_attention_layernorm``'s input (``h_in + o``). ``attention_output`` is the attention module's first
+    output (after ``o_proj``), before any residual add.
 
     Raises:
         ValueError: if the shapes differ, are not 3-D, have no token, or hold non-finite values.
@@ -182,14 +115,12 @@ def _mean(values: np.ndarray) -> float:
 
 
 def _optimal_bounds(ordered: np.ndarray, counts: np.ndarray, k: int) -> list[int]:
-    """Bounds ``0 = b_0 < b_1 < ... < b_k = m`` of the least-squares split of ``m`` distinct sorted values.
+    """Bounds ``0 = b_0 < ... < b_k = m`` of the least-squares split of ``m`` distinct sorted values.
 
-    Cluster ``j`` is ``ordered[b_j : b_{j+1}]`` (with ``counts`` copies of each value). The total within-cluster
-    sum of squares is ``sum x^2 - sum_j S_j^2 / n_j`` (``S_j`` the cluster's sum, ``n_j`` its count), so the split
-    maximises ``sum_j S_j^2 / n_j``. Every value is an integer multiple of one power of two (floats are dyadic),
-    and ``lcm(1..n)`` clears every ``n_j``: the dynamic programme compares exact integers, so equally good splits
-    are exactly equal and the tie rule decides between them. Tie rule: the last bound as large as possible (the
-    highest cluster as small as possible), then the one below it, and so on.
+    Cluster ``j`` is ``ordered[b_j : b_{j+1}]`` (``counts`` copies of each value). The split maximises
+    ``sum_j S_j^2 / n_j`` (``S_j`` a cluster's sum, ``n_j`` its count), computed in exact integers (floats are
+    dyadic; ``lcm(1..n)`` clears every ``n_j``), so equally good splits tie exactly. Ties: the last bound as large
+    as possible (the highest cluster smallest), then the one below it, and so on.
     """
     exact = [Fraction(v) for v in ordered.tolist()]
     scale = max(f.denominator for f in exact)
@@ -217,25 +148,16 @@ def _optimal_bounds(ordered: np.ndarray, counts: np.ndarray, k: int) -> list[int
 
 
 def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Exact 1-D k-means: the split into clusters with the least total within-cluster sum of squares.
+    """Exact 1-D k-means into ``min(n_clusters, distinct values)`` clusters: the least within-cluster sum of squares.
 
-    ``k = min(n_clusters, distinct values)`` clusters. In one dimension an optimal split cuts the sorted values
-    into ``k`` runs and never separates equal values (copies of a value in two clusters: moving one from the
-    cluster of the farther centre lowers the sum, or, if the centres are equal, merging the two and splitting a
-    cluster of two distinct values does; tests/test_squeeze_kmeans.py checks every partition of small inputs), so
-    a dynamic programme over the sorted distinct values (weighted by their copies) finds the optimum, in exact
-    integer arithmetic (see :func:`_optimal_bounds`): the least-squares optimum scikit-learn's ``KMeans`` aims at,
-    found for certain rather than from random starts. Among equally good splits the highest cluster is the
-    smallest one, then the next below it, and so on (a rule on the sorted values, so independent of their order;
-    for SqueezeAttention it squeezes the fewest layers). A centre is the mean of its values (``math.fsum``).
-
-    Args:
-        values: the finite values to cluster (at least one).
-        n_clusters: the requested number of clusters (``>= 1``).
+    An optimal split cuts the sorted values into runs and never separates equal values
+    (tests/test_squeeze_kmeans.py checks every partition of small inputs), so a dynamic programme over the sorted
+    distinct values finds the optimum scikit-learn's ``KMeans`` aims at, for certain (:func:`_optimal_bounds`).
+    Among equally good splits the highest cluster is the smallest (squeezing the fewest layers), independent of
+    the values' order. A centre is the mean of its values (``math.fsum``).
 
     Returns:
-        ``(labels, centres)``: a cluster label per value, and the clusters' centres in increasing order
-        (label ``k`` has the ``k``-th smallest centre).
+        ``(labels, centres)``: a label per value; centres increasing (label ``k`` has the ``k``-th smallest).
 
     Raises:
         ValueError: on no value, a non-finite value or ``n_clusters < 1``.
@@ -254,16 +176,7 @@ def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, 
 
 
 def squeeze_groups(similarities: Sequence[float], n_clusters: int = 3) -> tuple[bool, ...]:
-    """Which layers are in SqueezeAttention's "class 3" (the cluster of highest similarity).
-
-    Args:
-        similarities: one finite ``s_l`` per layer.
-        n_clusters: the number of KMeans clusters (the authors use 3).
-
-    Returns:
-        One flag per layer: ``True`` for the highest cluster. All ``False`` when the values form a single
-        cluster (all equal).
-    """
+    """One flag per layer: in SqueezeAttention's "class 3", the highest-similarity cluster (none if only one)."""
     labels, centres = kmeans_1d(similarities, n_clusters)
     if len(centres) < 2:
         return (False,) * len(labels)
@@ -275,12 +188,9 @@ def squeeze_groups(similarities: Sequence[float], n_clusters: int = 3) -> tuple[
 class SqueezeAttentionRule(PerPromptRule):
     """SqueezeAttention's allocation (Wang et al., ICLR 2025): squeeze the least important cluster of layers.
 
-    See the module docstring for the formula, the source and every deviation.
-
     Attributes:
-        p: class 3's budget as a fraction of the average per-layer budget (``0 < p <= 1``; ``1`` is uniform;
-            default ``8 / 21``).
-        n_clusters: KMeans clusters over the layers' similarities (an integer ``>= 2``; default 3).
+        p: class 3's budget as a fraction of the average per-layer budget (``0 < p <= 1``; ``1`` is uniform).
+        n_clusters: k-means clusters over the layers' similarities (``>= 2``).
     """
 
     p: float = DEFAULT_SQUEEZE_P
@@ -298,24 +208,15 @@ class SqueezeAttentionRule(PerPromptRule):
     def layer_statistic(  # type: ignore[override]
         self, residual_in: torch.Tensor, attention_output: torch.Tensor
     ) -> SqueezeStatistic:
-        """:func:`squeeze_layer_statistic` (the caller supplies the decoder layer's input, see there)."""
+        """:func:`squeeze_layer_statistic` (the caller supplies the decoder layer's input)."""
         return squeeze_layer_statistic(residual_in, attention_output)
 
     def token_statistic(self, residual_in: torch.Tensor, attention_output: torch.Tensor) -> torch.Tensor:
-        """:func:`squeeze_token_similarities`: the per-token values :meth:`layer_statistic` averages.
-
-        Args:
-            residual_in: the decoder layer's input, ``(batch, tokens, hidden)``.
-            attention_output: its attention output, ``(batch, tokens, hidden)``.
-        """
+        """:func:`squeeze_token_similarities`: the per-token values :meth:`layer_statistic` averages."""
         return squeeze_token_similarities(residual_in, attention_output)
 
     def statistic_from_tokens(self, parts: Sequence[torch.Tensor]) -> SqueezeStatistic:
-        """:func:`squeeze_statistic_of_similarities`: the statistic from every part's :meth:`token_statistic`.
-
-        Args:
-            parts: per-token similarities of consecutive parts of the prompt, in order.
-        """
+        """:func:`squeeze_statistic_of_similarities` over consecutive parts' :meth:`token_statistic`, in order."""
         return squeeze_statistic_of_similarities(parts)
 
     def weights(self, similarities: Sequence[float]) -> tuple[Fraction, ...]:
@@ -337,22 +238,9 @@ class SqueezeAttentionRule(PerPromptRule):
         window: int,
         floor: int,
     ) -> tuple[int, ...]:
-        """SqueezeAttention's budgets: the :meth:`weights` shared out over ``total`` (see the module).
+        """The :meth:`weights` shared out over ``total`` from one ``(similarity,)`` per layer.
 
-        Args:
-            stats: one ``(similarity,)`` per layer.
-            n_layers: number of layers.
-            prompt_tokens: prompt length; also the per-layer cap.
-            total: global number of kept tokens.
-            window: the scorer's observation window, the smallest budget with ``floor``.
-            floor: smallest budget per layer.
-
-        Returns:
-            ``n_layers`` integers summing to ``total``, in ``[layer_floor(...), prompt_tokens]``, never larger for
-            a layer of higher similarity.
-
-        Raises:
-            ValueError: on invalid arguments or statistics.
+        Never larger for a layer of higher similarity (the :class:`PerPromptRule` contract otherwise).
         """
         check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
         if any(len(tuple(s)) != 1 for s in stats):

@@ -14,7 +14,7 @@ PROFILE_SCHEDULES = ("ripplekv", "ripplekv-local")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``allocate`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    """Add the ``allocate`` subcommand to ``subparsers``; return its parser."""
     from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
     from ripplekv.presses.registry import DEFAULT_WINDOW
 

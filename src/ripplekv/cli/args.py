@@ -1,8 +1,7 @@
 """Argument types and option groups shared by the ``ripplekv`` commands, and ``--profile`` loading.
 
-Imported by every command module at start-up, so it imports nothing heavy at its top. The argparse ``type``
-functions keep their names: argparse prints a type's ``__name__`` when it rejects a value (``invalid
-positive_int value: 'x'``).
+Imported by every command at start-up, so nothing heavy at its top. The ``type`` functions keep their names:
+argparse prints a type's ``__name__`` when it rejects a value (``invalid positive_int value: 'x'``).
 """
 
 from __future__ import annotations
@@ -72,12 +71,7 @@ def row_tokens_arg(text: str) -> int:
 
 
 def add_budget_args(parser: argparse.ArgumentParser, default_budget: float | None = None) -> None:
-    """Add ``--budget F`` (a kept fraction) and ``--tokens N`` (tokens per layer), mutually exclusive.
-
-    Args:
-        parser: the command's parser.
-        default_budget: the fraction used when neither is given (None: one of them is required).
-    """
+    """Add ``--budget F`` and ``--tokens N``, mutually exclusive; one is required unless ``default_budget`` is set."""
     group = parser.add_mutually_exclusive_group(required=default_budget is None)
     default = "" if default_budget is None else f" (default {default_budget:g} when --tokens is not given)"
     group.add_argument(
@@ -90,11 +84,7 @@ def add_budget_args(parser: argparse.ArgumentParser, default_budget: float | Non
 
 
 def resolve_budget(args: argparse.Namespace) -> dict[str, float | int]:
-    """``{"budget": F}`` or ``{"tokens": N}`` of :func:`add_budget_args`' options (for ``make_press`` and schedules).
-
-    Args:
-        args: the parsed arguments.
-    """
+    """``{"budget": F}`` or ``{"tokens": N}`` of :func:`add_budget_args`' options (for ``make_press`` and schedules)."""
     if args.tokens is not None:
         return {"tokens": int(args.tokens)}
     budget = args.budget if args.budget is not None else args.default_budget
@@ -102,12 +92,7 @@ def resolve_budget(args: argparse.Namespace) -> dict[str, float | int]:
 
 
 def resolve_budgets(args: argparse.Namespace, default: tuple[float, ...]) -> tuple[float, ...]:
-    """The fractions of ``--budgets``: as given; else ``default``, unless ``--tokens`` was given alone.
-
-    Args:
-        args: the parsed arguments (``budgets`` None when ``--budgets`` was not given; ``tokens`` a tuple or None).
-        default: the fractions run when neither option is given.
-    """
+    """The fractions of ``--budgets`` as given; else ``default``, unless ``--tokens`` was given alone."""
     if args.budgets is not None:
         return tuple(args.budgets)
     return () if args.tokens else tuple(default)
@@ -137,12 +122,8 @@ def comma_list(kind: Callable[[str], Any], name: str) -> Callable[[str], tuple[A
 
 
 def method_list(text: str) -> tuple[str, ...]:
-    """An argparse ``type``: a comma-separated list of method specs, each in its canonical form
-    (:func:`ripplekv.presses.method_spec.split_method_list`; ``key=value`` items continue the method before them).
-
-    Args:
-        text: the option's value.
-    """
+    """An argparse ``type``: comma-separated method specs in canonical form (``key=value`` items continue the method
+    before them, :func:`ripplekv.presses.method_spec.split_method_list`)."""
     from ripplekv.presses.method_spec import parse_method, split_method_list
 
     try:
@@ -152,11 +133,7 @@ def method_list(text: str) -> tuple[str, ...]:
 
 
 def method_spec_arg(text: str) -> str:
-    """An argparse ``type``: one method spec (``cake:tau1=2,tau2=0.5``), in its canonical form.
-
-    Args:
-        text: the option's value.
-    """
+    """An argparse ``type``: one method spec (``cake:tau1=2,tau2=0.5``), in its canonical form."""
     from ripplekv.presses.method_spec import parse_method
 
     try:
@@ -210,9 +187,6 @@ def load_profile(path: str | None, required: bool) -> SensitivityProfile | None:
 
 def prefill_chunk_arg(text: str) -> int | None:
     """``--prefill-chunk``: an integer >= 1 (tokens per prefill pass) or ``none`` (one pass whatever the length).
-
-    Args:
-        text: e.g. ``"8192"`` or ``"none"``.
 
     Raises:
         argparse.ArgumentTypeError: if ``text`` is neither.

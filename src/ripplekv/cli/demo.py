@@ -21,7 +21,7 @@ DEMO_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``demo`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    """Add the ``demo`` subcommand to ``subparsers``; return its parser."""
     d = subparsers.add_parser(
         "demo",
         help="the main job on the default model: profile, allocate, answer a needle question",
@@ -96,8 +96,7 @@ def cached_default_profile(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``ripplekv demo`` with parsed ``args``: print the table, save the plot and results; return the exit
-    status."""
+    """Run ``ripplekv demo``: print the table, save the plot and results; return the exit status."""
     from ripplekv.cli.plots import plot_profile_and_budgets
     from ripplekv.inference import generate_answer
     from ripplekv.models import load_model

@@ -20,7 +20,7 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``generate`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    """Add the ``generate`` subcommand to ``subparsers``; return its parser."""
     from ripplekv.inference import PROTOCOLS
     from ripplekv.presses import METHODS
     from ripplekv.presses.registry import DEFAULT_WINDOW

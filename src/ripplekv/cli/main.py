@@ -1,12 +1,8 @@
 """The ``ripplekv`` command line: profile, allocate, generate, demo, and the commands of installed plugins.
 
-Each command is a module with ``add_parser(subparsers)`` and ``run(args) -> int``. The library's four are in this
-package; the evaluation harness (``ripplekv_eval``: ``eval``, ``report``, ``analyze``, ``tune``) adds its own
-through the ``ripplekv.commands`` entry points, so the library never imports it. ``profile`` runs on Ray actors with
-``--workers N`` (N > 1) or ``--ray-address`` (``pip install 'ripplekv[ray]'``).
-
-:func:`main` parses the arguments, runs the command and turns the errors a user can fix (bad input or files,
-a missing optional dependency, a Ray worker lost too often) into an ``error:`` line on stderr and exit status 2.
+Each command is a module with ``add_parser(subparsers)`` and ``run(args) -> int``. The harness (``ripplekv_eval``:
+``eval``, ``report``, ``analyze``, ``tune``) adds its own through the ``ripplekv.commands`` entry points, so the
+library never imports it. :func:`main` turns errors a user can fix into an ``error:`` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -44,11 +40,8 @@ ENTRY_POINT_GROUP = "ripplekv.commands"
 
 
 def commands(names: Sequence[str] | None = None) -> dict[str, ModuleType]:
-    """The command modules by name, the library's first, then those of installed plugins (or only ``names``).
-
-    Args:
-        names: load only these (a plugin command is imported only when named or when ``names`` is None).
-    """
+    """The command modules by name, the library's first, then installed plugins' (a plugin is imported only when
+    named or when ``names`` is None)."""
     found: dict[str, ModuleType] = {"profile": profile, "allocate": allocate, "generate": generate, "demo": demo}
     wanted = None if names is None else set(names)
     for point in entry_points(group=ENTRY_POINT_GROUP):
@@ -63,11 +56,7 @@ parses them without the other commands' parsers and leaves transformers' logging
 
 
 def build_parser(names: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The ``ripplekv`` argument parser, with every command of :func:`commands` (or only ``names``).
-
-    Args:
-        names: the names of the commands to add, or None for all of them.
-    """
+    """The ``ripplekv`` argument parser, with every command of :func:`commands` (or only ``names``)."""
     parser = argparse.ArgumentParser(
         prog="ripplekv",
         description="RippleKV: per-layer KV-cache budgets from downstream sensitivity profiling.",

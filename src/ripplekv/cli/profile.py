@@ -13,7 +13,7 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``profile`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    """Add the ``profile`` subcommand to ``subparsers``; return its parser."""
     from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
     from ripplekv.profiling.sensitivity import DEFAULT_ALPHA, DEFAULT_REPEATS
 

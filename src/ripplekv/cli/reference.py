@@ -45,11 +45,7 @@ def _default(action: argparse.Action) -> str:
 
 
 def options_reference(parser: argparse.ArgumentParser | None = None) -> str:
-    """Markdown tables of every command's options (the text between the markers).
-
-    Args:
-        parser: the ``ripplekv`` parser (default: :func:`ripplekv.cli.main.build_parser`).
-    """
+    """Markdown tables of every command's options (the text between the markers), of ``build_parser()`` by default."""
     parser = parser or build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     parts = []

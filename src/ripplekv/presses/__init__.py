@@ -26,11 +26,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use.
-
-    Args:
-        name: the attribute looked up on the package.
-    """
+    """Import a public name's module on first use."""
     if name == "METHOD_DESCRIPTIONS":
         raise ImportError("ripplekv.presses.METHOD_DESCRIPTIONS is gone: use METHOD_TABLE[name].description")
     if name not in _EXPORTS:

@@ -1,8 +1,6 @@
 """What each token scorer and each method spec computes, one line: the legends of reports and ``docs/cli.md``.
 
-Kept apart from :mod:`~ripplekv.presses.scorers` (which imports kvpress and torch) so that ``ripplekv report``
-prints them without importing either; ``tests/test_eval_scorers.py`` checks the names are the registered ones. A
-method's line is its entry in :data:`~ripplekv.presses.method_spec.METHOD_TABLE`.
+Apart from :mod:`~ripplekv.presses.scorers` so that ``ripplekv report`` prints them without kvpress or torch.
 """
 
 from __future__ import annotations
@@ -32,13 +30,8 @@ SCORER_DESCRIPTIONS: dict[str, str] = {
 
 
 def describe_method(name: str) -> str:
-    """What a method spec computes: its method's description, and the parameters it was given (a spec of
-    :mod:`ripplekv.presses.method_spec`, ``cake:tau1=2``: "..., with tau1=2"); a name without a description prints
-    as it is.
-
-    Args:
-        name: a method name or spec.
-    """
+    """What a method spec computes: its description, with the given parameters (``cake:tau1=2``: "..., with tau1=2");
+    an unknown name prints as it is."""
     method = METHOD_TABLE.get(base_method(name))
     if method is None:
         return name

@@ -18,15 +18,9 @@ __all__ = ["GlobalLayersPress"]
 class GlobalLayersPress(BasePress):
     """Compress the global layers with ``press``; leave sliding-window layers (Gemma 3's local ones) whole.
 
-    kvpress 0.5.5 skips the sliding layers of ``Gemma3ForConditionalGeneration`` only; a text-only Gemma 3
-    (``Gemma3ForCausalLM``) would have every layer compressed, and a compressed sliding layer no longer holds
-    the window the model attends to. This press delegates ``compress`` to ``press`` on global layers and keeps
-    kvpress's forward hook and context manager, so it is derivable from a prefill record
-    (:mod:`ripplekv_eval.fastpath`) like the press it wraps. On a model without sliding layers it compresses
-    exactly what ``press`` does.
-
-    Args:
-        press: the kvpress press applied to the global layers (e.g. StreamingLLM, AdaKV, kvpress's PyramidKV).
+    kvpress 0.5.5 skips the sliding layers of ``Gemma3ForConditionalGeneration`` only, and a compressed sliding layer
+    no longer holds the window the model attends to. kvpress's forward hook is kept, so this is derivable from a
+    prefill record like the press it wraps; without sliding layers it compresses exactly what ``press`` does.
     """
 
     press: BasePress

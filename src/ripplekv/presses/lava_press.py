@@ -1,29 +1,12 @@
-"""LavaPress: LAVa complete, its per-prompt layer budgets and its head-wise split of each layer's budget.
+"""LavaPress: LAVa complete (Shen et al., 2025, arXiv:2509.09754), its per-prompt layer budgets and its head-wise split.
 
-Paper: Shen et al., "LAVa: Layer-wise KV Cache Eviction with Dynamic Budget Allocation", 2025, arXiv:2509.09754.
-Source read: github.com/MGDDestiny/Lava at ``71d3cc89dfd10edf524e7eee2bb417b4a129f1b8``
-(``adaptive_snapkv/monkeypatch/snapkv_utils.py``, ``LavaKVCluster``; ``adaptive_mistral_hijack_lava.py``, the
-decoder loop that sets every layer's budget and calls ``update_kv_gqa`` / ``re_update_kv_gqa``).
-
-Two steps, as in the code. (1) Layer budgets: :class:`~ripplekv.allocation.lava.LavaRule` over every compressed
-layer, after the last one, exactly as :class:`~ripplekv.presses.per_prompt_press.PerPromptBudgetPress` runs it
-(``lava-layer``): SnapKV's total, ``sum_l B_l = L * int(n * budget)``. (2) Inside layer ``l``, each KV head keeps
-the window the scorer always keeps plus its share of the layer's ``H * (B_l - w)`` prefix tokens,
-:func:`~ripplekv.allocation.lava_heads.lava_head_budgets` of the scorer's prefix scores (a joint top-k over the
-layer's heads, every head at least ``floor_alpha`` of the average), its own highest-scored tokens.
-
-Heads of one layer then keep different numbers of tokens, which a dense cache cannot hold. The layer keeps, in
-every head, the ``m_l = max_h k_h`` highest-scored tokens (as :func:`~ripplekv.presses.per_prompt_press.select_top`
-keeps them, best first), and the surplus ``m_l - k_h`` of every other head is masked through kvpress's
-``module.masked_key_indices`` (``(batch, kv_head, position)``), as AdaKV's are, which ripplekv moves into the cache
-layer that later passes read (:mod:`ripplekv.models.headwise`). The cache's
-memory is the sum of the layers' maxima ``m_l`` (AdaKV keeps every token and masks); its attention sees exactly
-``k_h`` tokens per head, ``B_l`` per head on average. A layer whose heads all keep ``B_l`` is evicted physically with
-no mask. Under ``floor_alpha = 1`` every layer is, and the caches are ``lava-layer``'s.
-
-Directly (``with press(model): model(...)``) the masks are set on the attention modules in the last compressed
-layer's hook; from a prefill record (:func:`ripplekv_eval.fastpath.derive.derived_prefill`) :meth:`LavaPress.derive`
-sets them on the recorded modules and the derivation moves them into the derived cache's layers.
+(1) Layer budgets: :class:`~ripplekv.allocation.lava.LavaRule` after the last compressed layer, as
+:class:`~ripplekv.presses.per_prompt_press.PerPromptBudgetPress` runs it (``lava-layer``). (2) Inside layer ``l``,
+each KV head keeps the scorer's window plus its share of ``H * (B_l - w)`` prefix tokens
+(:func:`~ripplekv.allocation.lava_heads.lava_head_budgets`). Every head keeps its ``m_l = max_h k_h`` best tokens in
+memory and the surplus is masked through kvpress's ``module.masked_key_indices`` (:mod:`ripplekv.models.headwise`):
+memory is the sum of the ``m_l``, attention sees exactly ``k_h`` per head. A layer whose heads all keep ``B_l`` is
+evicted with no mask (every layer under ``floor_alpha = 1``: ``lava-layer``'s caches).
 """
 
 from __future__ import annotations
@@ -57,17 +40,8 @@ def headwise_select(
 ) -> tuple[torch.Tensor, torch.Tensor, Masked | None]:
     """Keep ``counts[b][h]`` highest-scored tokens in KV head ``h`` of batch row ``b``, memory at the largest count.
 
-    Every head keeps its ``m = max(counts)`` best tokens (:func:`select_top`: best first; the whole layer, in
-    position order, when ``m`` is every token); the entries past ``counts[b][h]`` in head ``h``'s ranking are
-    returned as masked indices into the kept layer.
-
-    Args:
-        keys, values: ``(batch, kv_heads, tokens, head_dim)``.
-        scores: ``(batch, kv_heads, tokens)``.
-        counts: per batch row, per KV head, tokens kept (each in ``[0, tokens]``).
-
-    Returns:
-        The kept keys and values (``m`` tokens per head) and the masked indices, None when every head keeps ``m``.
+    Every head keeps its ``m = max(counts)`` best tokens (:func:`select_top`); the entries past ``counts[b][h]`` in
+    head ``h``'s ranking are returned as masked indices into the kept layer, None when every head keeps ``m``.
 
     Raises:
         ValueError: if ``counts`` does not give one count in ``[0, tokens]`` per batch row and head.
@@ -99,20 +73,15 @@ def headwise_select(
 
 @dataclass
 class LavaPress(PerPromptBudgetPress):
-    """LAVa (Shen et al., 2025, arXiv:2509.09754): per-prompt layer budgets, then a head-wise split of each layer.
-
-    See the module docstring. The fields are :class:`PerPromptBudgetPress`'s and ``floor_alpha``.
+    """LAVa (Shen et al., 2025): per-prompt layer budgets, then a head-wise split of each layer.
 
     Args:
-        press: the token scorer (default :class:`~ripplekv.presses.lava_scorer.LavaScorerPress`, LAVa's own, window
-            64); its scores rank tokens within each head and, over a layer's heads jointly, split the layer's budget.
-        schedule: the layer rule and the budget (default ``PerPromptSchedule(LavaRule(), 0.2)`` reserving the
-            scorer's window); its ``window_size`` must be what the scorer always keeps (``PerPromptBudgetPress``).
-            A rule that reads the residual stream is refused.
-        min_tokens: smallest budget of a layer (default the scorer's window, else 1).
-        statistic_window: the observation window of the layer statistic (default the scorer's window, else 64).
-        floor_alpha: LAVa's ``floor_alpha`` in ``[0, 1]`` (default 0.2, the authors'): every head keeps at least
-            ``floor(floor_alpha * (B_l - w))`` prefix tokens; 1 gives every head ``B_l`` (``lava-layer``'s caches).
+        press: the token scorer (default LAVa's own, window 64); its scores rank tokens within each head and, over a
+            layer's heads jointly, split the layer's budget.
+        schedule: default ``PerPromptSchedule(LavaRule(), 0.2)`` reserving the scorer's window; a rule that reads
+            the residual stream is refused.
+        floor_alpha: LAVa's ``floor_alpha`` in ``[0, 1]`` (the authors' 0.2): every head keeps at least
+            ``floor(floor_alpha * (B_l - w))`` prefix tokens.
     """
 
     press: ScorerPress = field(default_factory=LavaScorerPress)
@@ -131,15 +100,8 @@ class LavaPress(PerPromptBudgetPress):
             )
 
     def head_counts(self, scores: torch.Tensor, budget: int) -> list[tuple[int, ...]]:
-        """Tokens each KV head of a layer keeps (the reserved window included), per batch row.
-
-        Args:
-            scores: the layer's ``(batch, kv_heads, tokens)`` scores (the window last, as the scorer gives them).
-            budget: the layer's budget ``B_l`` (tokens per head on average).
-
-        Returns:
-            Per batch row, ``kv_heads`` integers summing to ``kv_heads * min(budget, tokens)``.
-        """
+        """Tokens each KV head keeps (the reserved window included), per batch row, summing to
+        ``kv_heads * min(budget, tokens)``; ``scores`` have the window last, as the scorer gives them."""
         batch, heads, tokens = scores.shape
         reserve = min(self.reserve, budget)
         if budget >= tokens or budget <= reserve:

@@ -1,24 +1,11 @@
-"""LavaScorerPress: LAVa's token score, value-weighted pooled window attention, as a kvpress ScorerPress.
+"""LavaScorerPress: LAVa's token score (Shen et al., 2025, arXiv:2509.09754) as a kvpress ScorerPress.
 
-Paper: Shen et al., "LAVa: Layer-wise KV Cache Eviction with Dynamic Budget Allocation", 2025, arXiv:2509.09754.
-Source read: github.com/MGDDestiny/Lava at ``71d3cc89dfd10edf524e7eee2bb417b4a129f1b8``,
-``adaptive_snapkv/monkeypatch/snapkv_utils.py`` (``LavaKVCluster.calcul_attn_score``: the score;
-``update_kv_gqa``: each head's cache is its own top scores plus the observation window).
-
-The score of prefix token ``j`` in KV head ``g`` is
-``S[g, j] = max_{h : h // groups == g} maxpool_j(mean_i A[h, i, j]) * max_j' ||V[g, j']||_1``: the window
-attention ``A`` (the last ``window_size`` queries, softmaxed over every key) averaged over the window queries,
-max-pooled along the keys (kernel 7), times the largest L1 norm of the KV head's prefix values (one factor per
-head: it leaves a head's ranking as the pooled attention's, but weighs heads against each other in a joint
-top-k), reduced over each KV head's query heads by a max (``gqa_support``). The formula is
-:func:`ripplekv.allocation.lava.lava_token_scores`, the very scores whose entropy is LAVa's layer statistic.
-The window itself gets a score above every prefix token's, so every head keeps it, as the code concatenates it
-to every head's selection.
-
-Deviations: the window is the run's shared one (64, kvpress's SnapKV default; the authors' is 32, see
-``docs/allocators.md``); the scores are computed in float32 (the code: the model's dtype); without
-``gqa_support`` the code expands the cache to one per *query* head (``repeat_kv``), which a kvpress cache of KV
-heads cannot hold, so ``gqa_support=False`` is refused on a grouped-query model.
+The score is :func:`ripplekv.allocation.lava.lava_token_scores`, the very scores whose entropy is LAVa's layer
+statistic: the value-norm factor is one per head, so it leaves a head's ranking as the pooled attention's but weighs
+heads against each other in a joint top-k. The window scores above every prefix token, so every head keeps it, as
+the code concatenates it to every head's selection. Deviations: the run's shared window (64; the authors' 32),
+float32 scores (the code: the model's dtype), and ``gqa_support=False`` refused on a grouped-query model (the code
+then keeps a cache per query head, which a kvpress cache of KV heads cannot hold).
 """
 
 from __future__ import annotations
@@ -39,16 +26,15 @@ __all__ = ["LavaScorerPress"]
 
 @dataclass
 class LavaScorerPress(ScorerPress):
-    """LAVa's token score (Shen et al., 2025, arXiv:2509.09754): see the module docstring.
+    """LAVa's token score (Shen et al., 2025, arXiv:2509.09754).
 
     Args:
-        compression_ratio: fraction of tokens removed when used as a kvpress press on its own (default 0).
+        compression_ratio: fraction of tokens removed when used as a kvpress press on its own.
         window_size: the observation window, the last ``window_size`` prompt positions as queries, always kept
-            (default 64, kvpress's SnapKV; the authors' LongBench configs use 32).
-        kernel_size: pooling width along the keys (odd; default 7, the authors' ``c*_w32_k7_maxpool.json``).
-        pooling: ``"maxpool"`` (default, the authors') or ``"avgpool"``.
-        gqa_support: reduce query heads to their KV head by a max (default True, the authors' LongBench script);
-            False needs as many KV heads as query heads.
+            (kvpress's SnapKV default; the authors' LongBench configs use 32).
+        kernel_size: pooling width along the keys (odd; the authors' ``c*_w32_k7_maxpool.json``).
+        gqa_support: reduce query heads to their KV head by a max (the authors' LongBench script); False needs as
+            many KV heads as query heads.
     """
 
     compression_ratio: float = 0.0
@@ -68,8 +54,7 @@ class LavaScorerPress(ScorerPress):
 
     @property
     def hidden_states_tail(self) -> int:
-        """Prompt positions of the hidden states ``score`` reads: the window's queries, plus one (the check that the
-        prompt is longer than the window), as SnapKV (:mod:`ripplekv_eval.fastpath`)."""
+        """Prompt positions of the hidden states ``score`` reads: the window's queries plus one, as SnapKV."""
         return int(self.window_size) + 1
 
     def score(
@@ -82,14 +67,6 @@ class LavaScorerPress(ScorerPress):
         kwargs: dict,
     ) -> torch.Tensor:
         """LAVa's scores ``(batch, kv_heads, tokens)`` in float32, the window's above every prefix token's.
-
-        Args:
-            module: the attention module (its config and projections, for the window's queries).
-            hidden_states: the layer's input hidden states (at least the last ``window_size + 1`` positions).
-            keys: ``(batch, kv_heads, tokens, head_dim)``.
-            values: ``(batch, kv_heads, tokens, head_dim)``.
-            attentions: the attention weights where the implementation returns them (eager), else None.
-            kwargs: the attention layer's forward kwargs (``position_embeddings``).
 
         Raises:
             ValueError: if the prompt is not longer than the window, or ``gqa_support`` is off on a grouped-query

@@ -1,21 +1,9 @@
 """LayerBudgetAdaPress: per-layer budgets from a schedule, AdaKV's head-wise allocation inside each layer.
 
-AdaKV (Feng et al., 2024, "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation for Efficient LLM
-Inference", arXiv:2407.11550) keeps a layer's budget of ``B * H`` (head, token) entries, ``H`` the KV heads, chosen by
-score across all heads jointly instead of ``B`` per head, so that heads whose attention is concentrated give entries to
-heads whose attention is spread. A safeguard makes every head keep at least ``alpha`` of its uniform share ``B``.
-
-RippleKV decides how many tokens each *layer* keeps (a :class:`~ripplekv.allocation.BudgetSchedule`); AdaKV decides
-how a layer's entries are shared among its heads. This press composes the two: layer ``l`` keeps
-``schedule.layer_budgets(...)[l] * H`` entries, allocated over heads as AdaKV allocates them. With
-:class:`~ripplekv.allocation.UniformSchedule` it keeps exactly the entries kvpress's ``AdaKVPress`` keeps; with
+AdaKV (Feng et al., 2024, arXiv:2407.11550) chooses a layer's ``B * H`` (head, token) entries by score across its
+``H`` KV heads jointly, so concentrated heads give entries to spread ones. With
+:class:`~ripplekv.allocation.UniformSchedule` this keeps exactly what kvpress's ``AdaKVPress`` keeps; with
 :class:`~ripplekv.allocation.ProfileSchedule` it is ``ripplekv-ada``.
-
-Heads keep different numbers of tokens, which a dense cache cannot hold. The press therefore leaves the layer's keys
-and values whole and sets kvpress's ``module.masked_key_indices`` (``(batch, kv_head, position)`` index tensors of the
-dropped entries), as kvpress's AdaKV does; ripplekv's prefill moves them into the cache layer, which later passes read
-(:mod:`ripplekv.models.headwise`). When every head of a layer happens to keep the same number of tokens the press
-evicts them physically instead (each head its own positions, in position order), freeing their memory.
 """
 
 from __future__ import annotations
@@ -46,30 +34,20 @@ DEFAULT_ALPHA_SAFEGUARD = 0.2
 def safeguard_tokens(n_kept: int, alpha: float) -> int:
     """Tokens every head keeps whatever its scores: ``int(n_kept * alpha)``, at least 1 when ``alpha > 0``.
 
-    Args:
-        n_kept: the layer's average number of tokens kept per head (``>= 0``).
-        alpha: the safeguard fraction in ``[0, 1]``.
+    ``n_kept`` is the layer's average tokens per head.
     """
     n_safe = int(n_kept * alpha)
     return max(1, n_safe) if alpha > 0 and n_kept > 0 else n_safe
 
 
 def headwise_keep_mask(scores: torch.Tensor, n_kept: int, n_safe: int) -> torch.Tensor:
-    """AdaKV's allocation of one layer: which (head, token) entries are kept.
+    """AdaKV's allocation of one layer: the boolean ``(batch, kv_heads, tokens)`` mask of kept entries.
 
-    Each head's ``n_safe`` highest-scored tokens are kept; the remaining ``n_kept * heads - (those)`` entries go to
-    the highest scores across all heads jointly. Every batch row keeps exactly ``n_kept * heads`` entries.
-
-    Args:
-        scores: ``(batch, kv_heads, tokens)`` scores (higher is more important).
-        n_kept: average tokens kept per head, in ``[0, tokens]``.
-        n_safe: tokens each head keeps regardless of the others, in ``[0, n_kept]``.
-
-    Returns:
-        A boolean ``(batch, kv_heads, tokens)`` tensor, True where the entry is kept.
+    Each head's ``n_safe`` highest-scored tokens are kept, the rest of the ``n_kept * heads`` entries per batch row go
+    to the highest scores across all heads jointly.
 
     Raises:
-        ValueError: if ``scores`` is not 3-D or the counts are out of range.
+        ValueError: if ``scores`` is not 3-D or ``0 <= n_safe <= n_kept <= tokens`` fails.
     """
     if scores.dim() != 3:
         raise ValueError(f"scores must be (batch, kv_heads, tokens), got shape {tuple(scores.shape)}")
@@ -92,40 +70,23 @@ def headwise_keep_mask(scores: torch.Tensor, n_kept: int, n_safe: int) -> torch.
 class LayerBudgetAdaPress(BasePress):
     """Per-layer budgets from a schedule (RippleKV), AdaKV's head-wise allocation within each layer.
 
-    During prefill, layer ``l`` scores its tokens with ``press.score()`` (one score per KV head and token), takes
-    ``n_l = schedule.layer_budgets(n_layers, prompt_tokens, floor)[l]``, and keeps the ``n_l * kv_heads`` entries
-    :func:`headwise_keep_mask` selects (AdaKV, Feng et al. 2024, arXiv:2407.11550): each head's top
-    :func:`safeguard_tokens` ``(n_l, alpha_safeguard)`` tokens, then the best scores across heads. Dropped entries
-    are recorded in kvpress's ``module.masked_key_indices`` (the keys stay in memory and are excluded from
-    attention head by head), unless every head keeps ``n_l`` tokens, in which case they are evicted physically.
-    The per-layer counts are those of :class:`~ripplekv.presses.LayerBudgetPress` with the same schedule, so every
-    schedule keeps SnapKV's total ``n_layers * int(prompt_tokens * budget)`` entries per head on average.
-
-    Not applicable to eager attention (the head-wise masks need a boolean attention mask, as kvpress's AdaKV does)
-    nor to padded batches. The scorer is never mutated. The press keeps kvpress's forward hook, so its cache can be
-    derived from a shared prefill record (:mod:`ripplekv_eval.fastpath`).
-
-    ``compression_ratio`` and :meth:`compression_ratio_for` are those of the per-layer counts (per head on
-    average), as :class:`~ripplekv.presses.LayerBudgetPress` defines them: a token budget has no
-    ``compression_ratio`` (:class:`~ripplekv.allocation.budget.TokenBudgetError`), only a ratio for a known
-    prompt length.
+    Layer ``l`` keeps ``n_l * kv_heads`` entries, ``n_l`` :class:`~ripplekv.presses.LayerBudgetPress`'s count for
+    the same schedule (so SnapKV's total per head on average), chosen by :func:`headwise_keep_mask`. Heads then hold
+    different numbers of tokens, which a dense cache cannot: the dropped entries go to kvpress's
+    ``module.masked_key_indices`` (kept in memory, masked head by head; the prefill moves them into the cache layer,
+    :mod:`ripplekv.models.headwise`), unless every head keeps ``n_l``, in which case they are evicted physically.
+    Not for eager attention (the masks need a boolean attention mask, as kvpress's AdaKV) nor padded batches. It
+    keeps kvpress's forward hook, so its cache can be derived from a shared prefill record.
 
     Args:
-        press: token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored; scorers
-            whose scores depend on it are called on a copy set to the layer's own ratio.
-        schedule: per-layer budgets (default ``UniformSchedule(0.2)``, i.e. kvpress's AdaKV at 20%; or a token
-            budget, ``UniformSchedule(tokens=512)``).
-        alpha_safeguard: fraction in ``[0, 1]`` of a layer's per-head budget that every head keeps (AdaKV's
-            safeguard; default 0.2, kvpress's). ``1`` gives every head the same count: SnapKV's per-head
-            selection, evicted physically.
-        min_tokens: smallest per-head average budget a layer may get (as :class:`~ripplekv.presses.LayerBudgetPress`);
-            default (None): the scorer's ``window_size`` if it has one, else 1.
-        evict_balanced: evict physically when every head of a layer keeps the same number of tokens (default
-            True); False always masks, as kvpress's AdaKV does.
-        profile: the profile a :class:`~ripplekv.allocation.ProfileSchedule` was allocated from, checked against
-            the model when the press is applied (``ripplekv-ada`` passes it); None skips the check.
-        strict_profile: a profile of other weights than the model's raises instead of warning once (see
-            :meth:`ripplekv.profiling.SensitivityProfile.check_model`).
+        press: token scorer; ratio-dependent scorers are called on a copy at the layer's own ratio.
+        alpha_safeguard: fraction in ``[0, 1]`` of a layer's per-head budget every head keeps (AdaKV's safeguard;
+            kvpress's 0.2); ``1`` is SnapKV's per-head selection, evicted physically.
+        min_tokens: as :class:`~ripplekv.presses.LayerBudgetPress`'s, per head on average.
+        evict_balanced: evict physically when every head of a layer keeps the same count; False always masks.
+        profile: the profile a ``ProfileSchedule`` was allocated from, checked against the model when the press is
+            applied (``ripplekv-ada`` passes it); None skips the check.
+        strict_profile: a profile of other weights than the model's raises instead of warning once.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -156,7 +117,7 @@ class LayerBudgetAdaPress(BasePress):
 
     @property
     def layer_press(self) -> LayerBudgetPress:
-        """The :class:`LayerBudgetPress` giving the per-layer counts (a new object built from the current fields)."""
+        """The :class:`LayerBudgetPress` of the per-layer counts, built from the current fields."""
         return LayerBudgetPress(self.press, self.schedule, self.min_tokens)
 
     @property
@@ -166,7 +127,7 @@ class LayerBudgetAdaPress(BasePress):
 
     @property
     def compression_ratio(self) -> float:
-        """Average fraction removed for a kept fraction: ``1 - budget`` (kvpress's convention).
+        """Average fraction removed for a kept fraction: ``1 - budget``.
 
         Raises:
             TokenBudgetError: for a token budget (use :meth:`compression_ratio_for`).
@@ -174,7 +135,7 @@ class LayerBudgetAdaPress(BasePress):
         return self.layer_press.compression_ratio
 
     def compression_ratio_for(self, prompt_tokens: int) -> float:
-        """Average fraction of a ``prompt_tokens``-token prompt removed, for both kinds (``1 - average / prompt``)."""
+        """Average fraction of a ``prompt_tokens``-token prompt removed, for both kinds."""
         return self.layer_press.compression_ratio_for(prompt_tokens)
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
@@ -182,10 +143,10 @@ class LayerBudgetAdaPress(BasePress):
         return self.layer_press.layer_budgets(n_layers, prompt_tokens)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the schedule (and profile) against the model; enable variable-length attention where layers may differ.
+        """Check the schedule (and profile) against the model; enable variable-length attention where needed.
 
-        FlashAttention is kept as loaded (it attends over per-layer caches natively; its head-wise masks are kvpress's
-        fake keys, see :func:`ripplekv.inference.generate.cache_forward`); stock ``sdpa`` is switched.
+        FlashAttention is kept as loaded (its head-wise masks are kvpress's fake keys,
+        :func:`ripplekv.inference.generate.cache_forward`); stock ``sdpa`` is switched.
 
         Raises:
             ValueError: if the schedule or profile does not fit the model, or the attention implementation has no
@@ -239,7 +200,7 @@ class LayerBudgetAdaPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keep the layer's budget head-wise (see the class); masks dropped entries or evicts when balanced."""
+        """Keep the layer's budget head-wise: mask the dropped entries, or evict them when balanced."""
         k_len = keys.shape[2]
         n_kept = self._layer_count(module, k_len)
         if n_kept is None:  # a sliding-window layer: left whole (a padded batch is refused at the global layers)

@@ -24,16 +24,10 @@ __all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_pad
 def scorer_at_ratio(press: BasePress, ratio: float) -> BasePress:
     """A copy of a scorer set to ``compression_ratio = ratio``, every other attribute kept.
 
-    Scorers such as StreamingLLM derive their scores from their ratio, so a layer is scored at its own. The copy
-    keeps state the scorer set up outside its constructor (``init=False`` fields filled in
-    ``post_init_from_model``: kvpress's ``QFilterPress`` filters, ``ExpectedAttentionStatsPress`` statistics),
-    which ``dataclasses.replace`` would drop by constructing a new object. A wrapped scorer (``press.press``, as
-    ``CriticalKVPress``, whose ratio is its inner press's) is copied too, so the caller's presses are never
-    modified.
-
-    Args:
-        press: the scorer.
-        ratio: the compression ratio of the copy.
+    Scorers such as StreamingLLM derive their scores from their ratio, so a layer is scored at its own. A shallow
+    copy keeps state set up outside the constructor (kvpress's ``QFilterPress`` filters,
+    ``ExpectedAttentionStatsPress`` statistics), which ``dataclasses.replace`` would drop; a wrapped scorer
+    (``press.press``, as ``CriticalKVPress``) is copied too, so the caller's presses are never modified.
     """
     clone = copy.copy(press)
     inner = getattr(press, "press", None)
@@ -55,15 +49,8 @@ def has_padding(attention_mask: torch.Tensor | None) -> bool:
 def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> None:
     """Raise unless one layer's prefill can be compressed: no padding, more tokens than the selection window.
 
-    Checked first, at every global layer: a layer that keeps every token would otherwise let a padded batch
-    through, and the mask fitted over the compressed layers would then attend to the padding. (Sliding-window
-    layers are never compressed and their mask hides the tokens beyond the window, padding or not.)
-
-    Args:
-        press: the press (named in the messages).
-        kwargs: the attention layer's forward kwargs (its ``attention_mask``).
-        k_len: tokens of the layer's prefill.
-        window: the scorer's observation window (0 if none).
+    Checked at every global layer, even one that keeps every token: a padded batch let through would make the mask
+    fitted over the compressed layers attend to the padding.
     """
     if has_padding(kwargs.get("attention_mask")):
         raise PaddedBatchError(
@@ -74,11 +61,7 @@ def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> 
 
 
 def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple[BudgetSchedule, tuple[int, ...]]:
-    """The schedule over a model's compressed (global) layers, and their indices (see ``BudgetSchedule.over_layers``).
-
-    Args:
-        schedule: the press's schedule.
-        config: the model's (or an attention module's) config.
+    """The schedule over a model's compressed (global) layers, and their indices (``BudgetSchedule.over_layers``).
 
     Raises:
         ValueError: if the schedule does not fit the model, or every layer is a sliding-window layer.
@@ -92,29 +75,18 @@ def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple
 class LayerBudgetPress(BasePress):
     """Per-layer KV-cache budgets from a schedule, tokens ranked by any kvpress scorer.
 
-    During prefill, compressed layer ``l`` of ``n`` keeps exactly ``layer_budgets(n, prompt_tokens)[l]`` of the
-    tokens ``press.score()`` ranks highest. With SnapKV's scorer, :class:`~ripplekv.allocation.UniformSchedule` is
-    SnapKV (tensor for tensor what kvpress's ``SnapKVPress`` keeps), :class:`~ripplekv.allocation.PyramidSchedule`
-    PyramidKV and :class:`~ripplekv.allocation.ProfileSchedule` RippleKV: only the count changes, and no extra model
-    pass is run. The scorer is never mutated (a ratio-dependent scorer, StreamingLLM, is called on a copy set to the
-    layer's ratio), so one press serves several models at once.
-
-    Applying the press (:meth:`post_init_from_model`) switches the model for good to the variable-length variant of
-    its attention (:mod:`ripplekv.models.attention`) when layers may get different lengths, so a multi-token pass
-    over the compressed cache works; on equal lengths the variant computes exactly what the original does. A padded
-    batch is refused at every layer. Sliding-window layers (Gemma 3's local ones) keep their whole cache, and the
-    schedule spreads the budget over the global layers alone (:meth:`BudgetSchedule.over_layers`).
-
-    ``compression_ratio`` is the schedule's (a token budget raises ``TokenBudgetError``, never NaN, so kvpress's
-    ``ComposedPress`` stops instead of carrying NaN along); kvpress's wrappers that assign it take a ``ScorerPress``
-    only, which this press is not.
+    Compressed layer ``l`` of ``n`` keeps the ``layer_budgets(n, prompt_tokens)[l]`` tokens ``press.score()`` ranks
+    highest. With SnapKV's scorer, :class:`~ripplekv.allocation.UniformSchedule` is SnapKV (tensor for tensor what
+    kvpress's ``SnapKVPress`` keeps), :class:`~ripplekv.allocation.PyramidSchedule` PyramidKV and
+    :class:`~ripplekv.allocation.ProfileSchedule` RippleKV; no extra model pass. The scorer is never mutated, so one
+    press serves several models at once. Sliding-window layers keep their whole cache and the schedule spreads the
+    budget over the global layers alone. A token budget's ``compression_ratio`` raises ``TokenBudgetError``, never
+    NaN, so kvpress's ``ComposedPress`` stops instead of carrying NaN along.
 
     Args:
-        press: token scorer (default ``SnapKVPress()``, window 64). Its ``compression_ratio`` is ignored.
-        schedule: per-layer budgets (default: ``UniformSchedule(0.2)``).
-        min_tokens: smallest budget a layer may get (``>= 1``; a layer with no token would break the cache);
-            default (None): the scorer's ``window_size`` if it has one (SnapKV always keeps its observation window),
-            else 1.
+        press: token scorer (default ``SnapKVPress()``, window 64); its ``compression_ratio`` is ignored.
+        min_tokens: smallest budget a layer may get (``>= 1``: a layer with no token breaks the cache); None: the
+            scorer's ``window_size`` if it has one (SnapKV always keeps its window), else 1.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -154,17 +126,11 @@ class LayerBudgetPress(BasePress):
         return self.schedule.compression_ratio_for(prompt_tokens)
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
-        """Tokens kept by each of ``n_layers`` compressed layers for a prompt of ``prompt_tokens`` tokens (the
-        schedule's budgets with this press's floor)."""
+        """Tokens kept by each of ``n_layers`` compressed layers: the schedule's budgets with this press's floor."""
         return self.schedule.layer_budgets(n_layers, prompt_tokens, self.floor)
 
     def model_budgets(self, config: PretrainedConfig, prompt_tokens: int) -> tuple[int, ...]:
-        """Tokens kept by every layer of a model: its budget for a global layer, the whole prompt for a sliding one.
-
-        Args:
-            config: the model's config.
-            prompt_tokens: tokens of the prompt.
-        """
+        """Tokens kept by every layer of a model: its budget for a global layer, the whole prompt for a sliding one."""
         schedule, layers = global_schedule(self.schedule, config)
         budgets = dict(zip(layers, schedule.layer_budgets(len(layers), prompt_tokens, self.floor)))
         n_layers = int(config.get_text_config().num_hidden_layers)
@@ -173,9 +139,9 @@ class LayerBudgetPress(BasePress):
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the schedule against the model and, unless budgets are uniform, enable variable-length attention.
 
-        A model that attends over per-layer caches already (``ripplekv_sdpa``, ``ripplekv_eager``, or FlashAttention
-        as loaded: :func:`~ripplekv.models.attention.supports_per_layer_lengths`) is left as it is; stock ``sdpa``
-        and ``eager`` are switched to their ripplekv variants.
+        The switch is for good; on equal lengths the variant computes exactly what the original does. A model that
+        already attends over per-layer caches (:func:`~ripplekv.models.attention.supports_per_layer_lengths`,
+        FlashAttention included) is left as it is.
 
         Raises:
             ValueError: if the schedule does not fit the model (e.g. a profile of another depth), or if the
@@ -205,9 +171,7 @@ class LayerBudgetPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keep layer ``module.layer_idx``'s budget of the scorer's highest-scored tokens (see the class); a
-        sliding-window layer is left whole (its mask hides what lies beyond the window, padding or not: a padded
-        batch is refused at the global layers)."""
+        """Keep layer ``module.layer_idx``'s budget of the scorer's highest-scored tokens; sliding layers stay whole."""
         schedule, layers = global_schedule(self.schedule, module.config)
         if module.layer_idx not in layers:
             return keys, values

@@ -1,15 +1,8 @@
 """A scorer whose scores go through the record's memo, for presses that call their scorer's ``score`` themselves.
 
-kvpress's :class:`~kvpress.AdaKVPress` (Feng et al., "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget
-Allocation for Efficient LLM Inference", 2024) calls ``self.press.score(...)`` in its ``compress``. Given a
-:class:`MemoizedScorerPress` around a scorer, it gets that scorer's very scores, computed once per layer and
-record while a :class:`~ripplekv.presses.score_memo.ScoreMemo` is active (:func:`~ripplekv.presses.score_memo.
-token_scores`): a prompt's AdaKV configurations at several budgets share them with every schedule over the same
-scorer, and a prefill record that prescored ExpectedAttention (``ripplekv_eval.fastpath``) need not keep every
-hidden state for AdaKV either. Outside a memo it computes them as the scorer does.
-
-AdaKV writes into the scores it is given (its safeguard ``scatter_``), so each call returns a copy: the memo's
-tensor is never changed.
+kvpress's :class:`~kvpress.AdaKVPress` calls ``self.press.score(...)``; around a scorer, this gives it the scores
+:func:`~ripplekv.presses.score_memo.token_scores` computes once per layer and record, shared with every schedule over
+the same scorer. AdaKV writes into the scores it is given (its safeguard ``scatter_``), so each call returns a copy.
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ class MemoizedScorerPress(ScorerPress):
     """``press``'s scores through the active score memo, returned as a copy.
 
     Args:
-        press: the token scorer (any kvpress ``ScorerPress``; it scores at this press's ``compression_ratio``).
-        compression_ratio: the ratio the wrapping press reads and sets (AdaKV's), as for any ``ScorerPress``.
+        press: the token scorer; it scores at this press's ``compression_ratio``, which the wrapping press sets.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -56,7 +48,6 @@ class MemoizedScorerPress(ScorerPress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> torch.Tensor:
-        """A copy of ``press``'s ``(batch, kv_heads, tokens)`` scores at this press's ratio (memoised while a memo is
-        active, for the scorers whose scores do not depend on it)."""
+        """A copy of ``press``'s ``(batch, kv_heads, tokens)`` scores at this press's ratio, memoised where exact."""
         scorer = scorer_at_ratio(self.press, self.compression_ratio)  # a copy: the caller's scorer is untouched
         return token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs).clone()

@@ -1,22 +1,10 @@
 """The methods of ``make_press`` (:data:`METHOD_TABLE`) and their names with parameters: ``cake:tau1=2,tau2=0.5``.
 
-:data:`METHOD_TABLE` is the one table of methods: per name, what it computes, its parameters and its factory (a
-function of :mod:`ripplekv.presses.registry`). A parameter is a field of the dataclass the method is built from
-(RippleKV's ``r`` and ``gamma`` are :class:`~ripplekv.allocation.AllocationConfig`'s, CAKE's temperatures
-:class:`~ripplekv.allocation.CakeRule`'s, PyramidKV's ``beta`` :class:`~ripplekv.allocation.PyramidSchedule`'s, ...):
-its kind and default are read from that field, and a value is validated by building the dataclass.
-
-A *method spec* is a method name, optionally followed by ``:`` and ``key=value`` pairs separated by commas; it is
-parsed (:func:`parse_method`), validated, and written back in one canonical form (:meth:`MethodSpec.canonical`):
-parameters in their declared order, values at their shortest exact form, and a parameter equal to its default left
-out, so ``cake:tau2=1,tau1=1`` is ``cake`` and resumed runs, rows and reports name one setting one way.
-
-On a command line, where methods are a comma-separated list, a ``key=value`` item continues the method before it
-(:func:`split_method_list`): ``--methods 'full,ripplekv:r=16,gamma=12,cake:tau1=2,tau2=0.5'`` is three methods.
-A tuning grid gives several values of a key separated by ``|`` (:func:`expand_grid`):
-``cake:tau1=0.5|1|2,tau2=0.5|1|2`` is nine specs.
-
-This module imports neither torch nor kvpress (reports parse the names of committed runs without them).
+A parameter is a field of the dataclass the method is built from (RippleKV's ``r`` is
+:class:`~ripplekv.allocation.AllocationConfig`'s ``ratio``): its kind and default are read from that field, and a
+value is validated by building the dataclass. A spec has one canonical form (:meth:`MethodSpec.canonical`: declared
+order, shortest exact values, defaults left out, so ``cake:tau2=1,tau1=1`` is ``cake``), so resumed runs, rows and
+reports name one setting one way. No torch or kvpress import: reports parse committed runs' names without them.
 """
 
 from __future__ import annotations
@@ -61,10 +49,7 @@ class Param:
     """One knob of a method.
 
     Args:
-        name: its key in a spec (``r``, ``tau1``, ...).
-        kind: ``float``, ``int``, ``bool`` or ``str``; a value is read as this type.
-        default: the value the method uses when the key is absent (None: derived at build time, e.g. a window
-            that defaults to the scorer's).
+        default: the value when the key is absent (None: derived at build time, e.g. the scorer's window).
         owner: the dataclass whose field this is (a value is validated by building it), or None.
         field: the owner's field name (``ratio`` for RippleKV's ``r``); empty when it is ``name``.
         low: without an owner, the smallest valid value.
@@ -87,8 +72,7 @@ class Param:
 
     @classmethod
     def of(cls, owner: type, name: str, field: str = "") -> Param:
-        """The parameter ``name`` read from ``owner``'s dataclass field ``field`` (default ``name``): its kind and
-        default are the field's."""
+        """The parameter ``name`` of ``owner``'s field ``field`` (default ``name``), of the field's kind and default."""
         declared = {f.name: f for f in dataclasses.fields(owner)}[field or name]
         kind = _KINDS.get(declared.type, declared.type) if isinstance(declared.type, str) else declared.type
         return cls(name, kind, declared.default, owner, field if field != name else "")  # type: ignore[arg-type]
@@ -142,13 +126,10 @@ class Method:
 
     Args:
         description: what it computes, one line (the legend of reports).
-        factory: the name of the function of :mod:`ripplekv.presses.registry` that builds its press (kept by name:
-            this module imports no torch).
-        params: its parameters in canonical order.
-        owner_args: arguments, besides the parameters, with which an owner dataclass is built to validate values
+        factory: the name of its builder in :mod:`ripplekv.presses.registry` (by name: no torch import here).
+        owner_args: arguments besides the parameters with which an owner is built to validate values
             (PyramidSchedule needs a budget).
-        takes_tokens: whether it takes a token budget (kvpress's own presses, configured by a compression ratio,
-            take a kept fraction only).
+        takes_tokens: whether it takes a token budget (kvpress's own presses take a kept fraction only).
         has_scorer: whether it ranks tokens with a scorer that ``make_press(scorer=...)`` replaces.
     """
 
@@ -270,12 +251,7 @@ def format_value(value: Any) -> str:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method and the parameters given to it (defaults left out).
-
-    Args:
-        name: the method (a key of :data:`METHOD_TABLE`).
-        params: ``(key, value)`` pairs in the method's declared order, none equal to its default.
-    """
+    """A method and the parameters given to it: ``(key, value)`` pairs in declared order, none at its default."""
 
     name: str
     params: tuple[tuple[str, Any], ...] = ()
@@ -327,10 +303,8 @@ class MethodSpec:
 def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
     """The spec of ``name`` or ``name:key=value,...``, validated, defaults dropped.
 
-    Args:
-        text: the spec (a :class:`MethodSpec` passes through, with ``overrides`` applied).
-        overrides: parameter values given by keyword (Python's ``make_press(..., ratio=...)``); a key given both in
-            ``text`` and here with another value is an error.
+    ``overrides`` are values given by keyword (``make_press(..., ratio=...)``); a key given both in ``text`` and here
+    with another value is an error. A :class:`MethodSpec` passes through with ``overrides`` applied.
 
     Raises:
         ValueError: on an unknown method or parameter, a malformed pair, a value of the wrong kind or out of range.

@@ -1,9 +1,6 @@
-"""``make_press``: a method's press by name, built by the method's factory here (the table of methods, what each
-computes and its parameters, is :data:`~ripplekv.presses.method_spec.METHOD_TABLE`).
-
-SnapKV, PyramidKV and RippleKV are one press, :class:`LayerBudgetPress`, under three schedules, at the same total.
-kvpress's own presses compress global layers only here (:class:`GlobalLayersPress`: Gemma 3's sliding-window layers
-are left whole, as the schedules leave them).
+"""``make_press``: a method's press by name, built by its factory here (the methods and their parameters are
+:data:`~ripplekv.presses.method_spec.METHOD_TABLE`). kvpress's own presses compress global layers only
+(:class:`GlobalLayersPress`), as the schedules do.
 """
 
 from __future__ import annotations
@@ -99,8 +96,7 @@ class _Build:
         )
 
     def per_prompt(self, rule: type[PerPromptRule]) -> PerPromptBudgetPress:
-        """The per-prompt schedule of ``rule`` (with this method's parameters) over the scorer, SnapKV's total, the
-        window the scorer keeps reserved (none for a scorer without one)."""
+        """``rule``'s per-prompt press over the scorer, reserving the window the scorer keeps (none without one)."""
         inner = self.scorer()
         window = self.method.values.get("window") or int(getattr(inner, "window_size", None) or self.window)
         schedule = PerPromptSchedule(self.method.config(rule), **self.spec.kwargs(), window_size=scorer_window(inner))
@@ -209,21 +205,18 @@ def make_press(
     """Build the press of a method by name.
 
     Args:
-        name: a method of :data:`~ripplekv.presses.method_spec.METHOD_TABLE` (what each computes), optionally with
-            its parameters (``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``), or a :class:`MethodSpec`.
+        name: a method of :data:`~ripplekv.presses.method_spec.METHOD_TABLE`, optionally with its parameters
+            (``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``), or a :class:`MethodSpec`.
         budget: kept fraction of the prompt in (0, 1] (above 1 is an error: use ``tokens``); with neither
             ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET`.
         profile: sensitivity profile, or the path of its JSON file; required by the ``ripplekv`` methods
             (``ripplekv-oracle``: a damage profile written by ``ripplekv analyze``).
         window_size: SnapKV's observation window (the default scorer's, PyramidKV's, kvpress's presses').
         ratio: RippleKV's disparity ``r``, as ``r=`` in ``name`` (both given and different: an error).
-        gamma: RippleKV's clip bound, as ``gamma=`` in ``name``.
         strict_profile: a profile of other weights than the model's is an error instead of a warning.
-        tokens: instead of ``budget``, the average number of tokens kept per layer (keyword only; not taken by
-            :data:`FRACTION_ONLY_METHODS`).
-        scorer: the token scorer of a method built on one (any kvpress ``ScorerPress``, or a name of
-            :data:`~ripplekv.presses.scorers.SCORERS`; keyword only; not taken by :data:`METHODS_WITHOUT_SCORER`);
-            default SnapKV with ``window_size``. Each press gets its own copy.
+        tokens: instead of ``budget``, the average tokens kept per layer (not for :data:`FRACTION_ONLY_METHODS`).
+        scorer: the token scorer (a kvpress ``ScorerPress`` or a name of :data:`~ripplekv.presses.scorers.SCORERS`;
+            not for :data:`METHODS_WITHOUT_SCORER`); default SnapKV with ``window_size``. Each press gets a copy.
 
     Raises:
         ValueError: for an unknown name or parameter, a bad value, budget or window, ``tokens`` for a
@@ -256,8 +249,7 @@ def make_press(
 
 
 def _ripple_overrides(name: str, ratio: float, gamma: float) -> dict[str, float]:
-    """``make_press``'s ``ratio`` and ``gamma`` keywords as the ``r`` and ``gamma`` of a method that has them (the
-    defaults say nothing; other methods ignore them, as they always have)."""
+    """``make_press``'s ``ratio`` and ``gamma`` as ``r`` and ``gamma`` of a method that has them (defaults omitted)."""
     method = METHOD_TABLE.get(base_method(name))
     if method is None or method.param("r") is None:
         return {}

@@ -38,28 +38,18 @@ def resolve_profile(profile: object) -> SensitivityProfile | None:
 
 @dataclass
 class RippleKVPress(LayerBudgetPress):
-    """RippleKV (2026): each layer keeps the share of the budget its measured sensitivity asks for.
+    """RippleKV (paper, 2026): each layer keeps the share of the budget its measured sensitivity asks for.
 
     A :class:`LayerBudgetPress` whose schedule, built once here, is the :class:`ProfileSchedule` of a profile's
-    per-layer scores (``w_l = ratio ** s_l`` clipped to ``[1/gamma, gamma]``, rescaled to the global budget:
-    :func:`ripplekv.allocation.allocate`). Token selection is the scorer's; no extra model pass is run. On a
-    model with sliding-window layers the global layers' scores are used. Applying the press checks the profile
-    against the model.
+    per-layer scores. Applying the press checks the profile against the model.
 
     Args:
-        press: token scorer (default ``SnapKVPress()``, window 64).
-        budget: kept fraction of the prompt in (0, 1]; with neither ``budget`` nor ``tokens``,
-            :data:`DEFAULT_BUDGET`.
+        budget: kept fraction of the prompt in (0, 1]; with neither ``budget`` nor ``tokens``, :data:`DEFAULT_BUDGET`.
         profile: the model's sensitivity profile, or the path of its JSON file (loaded at construction).
         scores: raw per-layer scores instead of a profile (exactly one of ``profile`` and ``scores``).
-        signal: the profile signal allocated from: ``"kl"`` (downstream KL, the method) or ``"local"`` (the layer's
-            own attention-output change, the paper's ablation).
-        ratio: disparity ``r`` of the multipliers (``1`` gives uniform budgets).
-        gamma: clip bound of the multipliers.
-        strict_profile: a profile of other weights than the model's (another weights fingerprint) raises instead of
-            warning once.
-        min_tokens: as :class:`LayerBudgetPress` (keyword only).
-        tokens: instead of ``budget``, the average number of tokens kept per layer (keyword only).
+        signal: ``"kl"`` (downstream KL, the method) or ``"local"`` (the layer's own attention-output change, the
+            paper's ablation).
+        strict_profile: a profile of other weights than the model's raises instead of warning once.
     """
 
     schedule: ProfileSchedule = field(init=False)

@@ -1,20 +1,11 @@
 """A memo of token scores and per-layer statistics while many presses are derived from one prefill record.
 
-An evaluation derives every (schedule, budget) of a scorer from one recorded prefill
-(:mod:`ripplekv_eval.fastpath`). The schedules differ in how many tokens each layer keeps, not in how tokens
-are ranked: SnapKV's scores of layer ``l`` are the same for the uniform, PyramidKV, RippleKV and CAKE schedules at
-10%, 20% and 30%, and recomputing them (the window attention over the whole prompt, per layer) was most of a
-configuration's derivation time. While a :class:`ScoreMemo` is active (:func:`memoized`, which
-:func:`~ripplekv_eval.fastpath.derive.derive_cache` enters with the record's memo), :func:`token_scores` computes a
-layer's scores once per scorer and :func:`layer_statistic` a per-prompt rule's statistic once per rule; outside
-it (a direct prefill) both compute as before.
-
-Exactness: a memo entry is reused only for the very key tensor it was computed from (the record's, by identity),
-and only for scorers whose scores do not depend on the compression ratio the schedule sets (:data:`RATIO_FREE`,
-matched by exact type: a subclass may read more and is computed each time). The scores returned are the tensors
-computed the first time, so a reused result is bit for bit what recomputing gives; scorers outside the list are
-always recomputed. Memory: one ``(batch, kv_heads, tokens)`` score tensor per layer and scorer, and one small
-statistic per layer and rule.
+The schedules of one scorer differ in how many tokens each layer keeps, not in how tokens are ranked, and
+recomputing the scores was most of a derivation's time (:mod:`ripplekv_eval.fastpath`). While a :class:`ScoreMemo`
+is active (:func:`memoized`), :func:`token_scores` computes a layer's scores once per scorer and
+:func:`layer_statistic` a rule's statistic once per rule. Exact: an entry is reused only for the very key tensor it
+was computed from (by identity), and only for scorers of :data:`RATIO_FREE` (by exact type), returning the tensor
+computed the first time. Memory: one ``(batch, kv_heads, tokens)`` tensor per layer and scorer.
 """
 
 from __future__ import annotations
@@ -60,11 +51,10 @@ NEEDS_ATTENTION_WEIGHTS: frozenset[type[ScorerPress]] = frozenset({ObservedAtten
 
 
 class ScoreMemo:
-    """Results computed once per (kind, key, layer) and tied to the key tensor they were computed from.
+    """Results computed once per (kind, key, layer), tied to the key tensor they were computed from.
 
-    Entries given by :meth:`pin` (scores a prefill record computed while it ran, because computing them later
-    would need what the record does not keep) are never recomputed: reading one over another key tensor raises,
-    and :meth:`clear` keeps them.
+    :meth:`pin`'s entries (scores a prefill record computed while it ran, which later would need what the record
+    does not keep) are never recomputed: reading one over another key tensor raises, and :meth:`clear` keeps them.
     """
 
     def __init__(self) -> None:
@@ -75,14 +65,9 @@ class ScoreMemo:
         self.misses = 0
 
     def get(self, kind: str, key: Hashable, layer: int, keys: torch.Tensor, compute: Callable[[], Any]) -> Any:
-        """The memoised result of ``compute()`` for ``(kind, key, layer)`` over ``keys``.
+        """The memoised ``compute()`` for ``(kind, key, layer)``; an entry made from other ``keys`` is recomputed.
 
-        Args:
-            kind: what is memoised (``"scores"``, ``"statistic"``).
-            key: what computes it (:func:`scorer_key`, a rule's repr and window).
-            layer: the layer index.
-            keys: the layer's key tensor; an entry made from another tensor is recomputed (and replaced).
-            compute: computes the result.
+        ``kind`` is ``"scores"`` or ``"statistic"``; ``key`` what computes it (:func:`scorer_key`, a rule and window).
 
         Raises:
             ValueError: for a pinned ``(kind, key)`` without an entry of this layer over this very ``keys``.
@@ -107,16 +92,7 @@ class ScoreMemo:
         return result
 
     def pin(self, kind: str, key: Hashable, layer: int, keys: torch.Tensor, result: Any) -> None:
-        """Hold ``result`` for ``(kind, key, layer)`` over ``keys`` for good (see the class): a prefill record's
-        scores computed while it ran (:func:`~ripplekv_eval.fastpath.record.record_prefill`'s ``prescore``).
-
-        Args:
-            kind: what is held (``"scores"``).
-            key: what computed it (:func:`scorer_key`).
-            layer: the layer index.
-            keys: the layer's key tensor the result belongs to.
-            result: the result.
-        """
+        """Hold ``result`` for ``(kind, key, layer)`` over ``keys`` for good: a record's ``prescore`` scores."""
         self._pinned_keys.add((kind, key))
         self._pinned[kind, key, layer] = (keys, result)
 
@@ -141,11 +117,7 @@ _ACTIVE: ContextVar[ScoreMemo | None] = ContextVar("ripplekv_score_memo", defaul
 
 @contextmanager
 def memoized(memo: ScoreMemo) -> Iterator[ScoreMemo]:
-    """Use ``memo`` for :func:`token_scores` and :func:`layer_statistic` within the block.
-
-    Args:
-        memo: the memo (one per prefill record).
-    """
+    """Use ``memo`` (one per prefill record) for :func:`token_scores` and :func:`layer_statistic` within the block."""
     token = _ACTIVE.set(memo)
     try:
         yield memo
@@ -154,12 +126,8 @@ def memoized(memo: ScoreMemo) -> Iterator[ScoreMemo]:
 
 
 def scorer_key(scorer: ScorerPress) -> Hashable | None:
-    """What identifies a scorer's scores: its exact type and its fields but the compression ratio; None for a
-    scorer outside :data:`RATIO_FREE` (never memoised).
-
-    Args:
-        scorer: the scorer.
-    """
+    """What identifies a scorer's scores: its exact type and fields but the compression ratio; None (never
+    memoised) outside :data:`RATIO_FREE`."""
     if type(scorer) not in RATIO_FREE or not is_dataclass(scorer):
         return None
     values = tuple((f.name, getattr(scorer, f.name)) for f in fields(scorer) if f.name != "compression_ratio")
@@ -179,16 +147,7 @@ def token_scores(
     attentions: torch.Tensor | None,
     kwargs: dict,
 ) -> torch.Tensor:
-    """``scorer.score(...)`` of one layer, computed once per scorer while a memo is active (see the module).
-
-    Args:
-        scorer: the token scorer.
-        module: the attention module (its ``layer_idx``).
-        hidden_states: the layer's input hidden states.
-        keys: the layer's keys.
-        values: the layer's values.
-        attentions: attention weights, where the implementation returns them.
-        kwargs: the attention layer's forward kwargs.
+    """``scorer.score(...)`` of one layer, computed once per scorer while a memo is active.
 
     Raises:
         ValueError: for a scorer of :data:`NEEDS_ATTENTION_WEIGHTS` without attention weights (the model does not
@@ -208,14 +167,7 @@ def token_scores(
 
 
 def layer_statistic(key: Hashable, module: nn.Module, keys: torch.Tensor, compute: Callable[[], Any]) -> Any:
-    """A per-prompt rule's statistic of one layer, computed once per ``key`` while a memo is active.
-
-    Args:
-        key: what the statistic depends on besides the layer's recorded inputs (the rule and its window).
-        module: the attention module (its ``layer_idx``).
-        keys: the layer's keys (the memo entry is tied to them).
-        compute: computes the statistic.
-    """
+    """A per-prompt rule's statistic of one layer, computed once per ``key`` (the rule and its window) and ``keys``."""
     memo = _ACTIVE.get()
     if memo is None:
         return compute()

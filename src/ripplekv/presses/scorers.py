@@ -1,17 +1,10 @@
 """Token scorers by name: the second axis of a method (``make_press(name, scorer="tova")``, ``eval --scorers``).
 
-A method is a per-layer budget schedule (uniform ``snapkv``, ``pyramidkv``, ``ripplekv``, the per-prompt
-``cake``, ...) over a token scorer, a kvpress ``ScorerPress`` that ranks the prompt's tokens within each layer.
-The schedule decides how many tokens a layer keeps, the scorer which ones. SnapKV's scorer is the default (the
-paper's setting); every name here builds a fresh scorer with kvpress 0.5.5's defaults, except where a default
-would make a run irreproducible or depend on the hub (noted in
-:data:`~ripplekv.presses.descriptions.SCORER_DESCRIPTIONS`).
-
-Scorers of kvpress 0.5.5 not registered here, and why (``tests/test_scorers.py`` tries every one):
-``QFilterPress``, ``ExpectedAttentionStatsPress`` and ``KVzapPress`` download their filters, statistics or
-scoring model from the Hugging Face hub; ``PyramidKVPress`` is a schedule, not a scorer (its SnapKV scores are
-``snapkv``'s; its schedule is the ``pyramidkv`` method). ``ObservedAttentionPress`` is registered but needs a
-model loaded with eager attention (the only implementation that returns attention weights).
+The schedule decides how many tokens a layer keeps, the scorer (a kvpress ``ScorerPress``) which ones. Each name
+builds a fresh scorer with kvpress 0.5.5's defaults, except where noted in
+:data:`~ripplekv.presses.descriptions.SCORER_DESCRIPTIONS`. Not registered: ``QFilterPress``,
+``ExpectedAttentionStatsPress`` and ``KVzapPress`` (they download from the Hugging Face hub) and ``PyramidKVPress``
+(a schedule, the ``pyramidkv`` method). ``observed_attention`` needs eager attention.
 """
 
 from __future__ import annotations
@@ -66,12 +59,7 @@ SCORERS: tuple[str, ...] = tuple(_FACTORIES)
 
 
 def make_scorer(name: str, window_size: int) -> ScorerPress:
-    """A fresh scorer by name.
-
-    Args:
-        name: one of :data:`SCORERS`.
-        window_size: the observation window, used by the scorers that have one (``snapkv``, ``critical_snapkv``,
-            ``lava``).
+    """A fresh scorer by name; ``window_size`` is used by those with a window (``snapkv``, ``lava``, ...).
 
     Raises:
         ValueError: for an unknown name or a window that is not a positive integer.
