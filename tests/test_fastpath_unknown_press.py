@@ -99,6 +99,7 @@ def test_a_press_the_fast_path_does_not_know_runs_its_own_prefill(
     assert runner.hidden_tail == WINDOW + 1 and not runner.prescore  # the record does not grow for the new presses
     rows = {configuration_name(r["method"], r["scorer"]): r for r in runner.run_sample(sample, list(presses))}
     assert own == [presses[name, BUDGET] for name in NEW]
+    assert [name for name, row in rows.items() if not row["shared_prefill"]] == NEW
     assert all(press in (presses["full", 1.0], presses["snapkv", BUDGET]) for press in derived)
 
     # each new press's fidelity is that of its own prefill, scored directly

@@ -25,7 +25,8 @@ token scorer (:func:`~ripplekv_eval.sample.row_configuration`):
 ``decode_rows``     configurations decoded together with this one in one batch, its group (``--decode-rows`` and
                     ``--decode-memory`` bound it; 1 where caches cannot be batched); absent under
                     ``--decode sequential`` and where nothing was decoded
-``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: always true
+``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: whether this row's cache was
+                    derived from it (false: a press the fast path does not know, run by its own prefill)
 ``meta``            the sample's metadata (LongBench length, needle depth, ...)
 ==================  =====================================================================================
 
@@ -350,6 +351,6 @@ class SampleRunner:
             "answer_tokens": common["answer_tokens"],
             "seconds": round(time.perf_counter() - started, 4),
             "prefill_seconds": round(common["prefill_seconds"], 4),
-            "shared_prefill": True,
+            "shared_prefill": knows(self.presses[configuration, budget]),
             "meta": dict(sample.meta),
         }
