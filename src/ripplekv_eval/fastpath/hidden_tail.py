@@ -10,7 +10,8 @@ the full cache none; ExpectedAttention (query statistics over the prompt) and an
 :func:`~ripplekv_eval.fastpath.record.record_prefill`
 (whose default keeps :data:`DEFAULT_HIDDEN_TAIL`, what SnapKV reads
 at the default window); deriving a press that needs more than a record holds raises
-:class:`~ripplekv_eval.fastpath.derive.NotDerivableError`.
+:class:`~ripplekv_eval.fastpath.derive.NotDerivableError`. The tables are also what the fast path knows
+(:func:`knows`, exact classes): an evaluation derives only those presses and runs any other by its own prefill.
 
 Prescoring: ExpectedAttention would make a record keep every layer's whole hidden states (32 GiB at 128K tokens on
 Llama-3.1-8B in bf16). A record made with ``prescore`` (:func:`prescored_scorers` of the presses) computes its scores
