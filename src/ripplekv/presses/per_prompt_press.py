@@ -273,7 +273,8 @@ class PerPromptBudgetPress(BasePress):
     @contextmanager
     def __call__(self, model: PreTrainedModel) -> Iterator[None]:
         """kvpress's context manager, plus, for rules that read the residual stream, a pre-hook on each decoder
-        layer that keeps its input for the statistic (released at once)."""
+        layer that keeps its input for the statistic (released at once). A kvpress wrapper (``ComposedPress``) runs
+        its own context, not this one: such a rule under it is refused at its first layer."""
         handles = []
         if self.needs_residual:
             decoder = model.model.language_model if hasattr(model.model, "language_model") else model.model
@@ -310,6 +311,14 @@ class PerPromptBudgetPress(BasePress):
             return output
         keys, values = extract_keys_and_values(cache, index)
         check_compressible(self, kwargs, keys.shape[2], self.window)
+        if self.needs_residual and index not in self._pending.get(id(cache), _Pending()).residual:
+            raise RuntimeError(  # kvpress gives a wrapped press no hook before a decoder layer, nor an end of context
+                f"{self.schedule.rule.name} reads each decoder layer's input residual stream, which "  # type: ignore[union-attr]
+                f"{type(self).__name__} captures under its own context manager only (`with press(model):`); layer "
+                f"{index}'s was not captured: a wrapper that calls its forward_hook (kvpress's ComposedPress, "
+                "PrefillDecodingPress) cannot run it. Apply the press directly, or use a rule that reads the attention "
+                "layer's inputs (cake, dynamickv, lava-layer)"
+            )
         pending = self._pending.setdefault(id(cache), _Pending())
         recorded = {}
         if self.needs_residual:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ripplekv.cli.args import (
     add_model_args,
@@ -22,7 +22,10 @@ from ripplekv.cli.args import (
 from ripplekv_eval.cli import analyze
 from ripplekv_eval.cli.args import suite_options
 
-__all__ = ["add_parser", "memory_size", "run"]
+if TYPE_CHECKING:
+    from ripplekv_eval.running.config import EvalConfig
+
+__all__ = ["add_parser", "eval_config", "memory_size", "run"]
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
 
@@ -217,14 +220,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return e
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
-    print the summary and return the exit status."""
+def eval_config(args: argparse.Namespace) -> EvalConfig:
+    """The :class:`~ripplekv_eval.running.config.EvalConfig` of parsed ``ripplekv eval`` arguments (also what
+    ``benchmarks/reproduce_rows.py`` rebuilds a committed run's configuration with, from its ``COMMAND.sh``)."""
     from ripplekv_eval.running import runner
-    from ripplekv_eval.running.runner import EvalConfig, run_eval
+    from ripplekv_eval.running.config import EvalConfig
 
-    options = suite_options(args)
-    config = EvalConfig(
+    return EvalConfig(
         suite=args.suite,
         model=args.model,
         methods=tuple(args.methods),
@@ -246,10 +248,18 @@ def run(args: argparse.Namespace) -> int:
         decode_memory=args.decode_memory,
         prefill_chunk=args.prefill_chunk,
         chat_template=args.chat_template,
-        options=options,
+        options=suite_options(args),
         oracle_profile=args.oracle_profile,
         strict_profile=args.strict_profile,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
+    print the summary and return the exit status."""
+    from ripplekv_eval.running.runner import run_eval
+
+    config = eval_config(args)
     if on_ray(args):
         from ripplekv_eval.running.distributed import run_eval_ray
 

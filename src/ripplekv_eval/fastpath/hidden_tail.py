@@ -10,7 +10,8 @@ the full cache none; ExpectedAttention (query statistics over the prompt) and an
 :func:`~ripplekv_eval.fastpath.record.record_prefill`
 (whose default keeps :data:`DEFAULT_HIDDEN_TAIL`, what SnapKV reads
 at the default window); deriving a press that needs more than a record holds raises
-:class:`~ripplekv_eval.fastpath.derive.NotDerivableError`.
+:class:`~ripplekv_eval.fastpath.derive.NotDerivableError`. The tables are also what the fast path knows
+(:func:`knows`, exact classes): an evaluation derives only those presses and runs any other by its own prefill.
 
 Prescoring: ExpectedAttention would make a record keep every layer's whole hidden states (32 GiB at 128K tokens on
 Llama-3.1-8B in bf16). A record made with ``prescore`` (:func:`prescored_scorers` of the presses) computes its scores
@@ -46,9 +47,12 @@ from kvpress.presses.scorer_press import ScorerPress
 
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
+from ripplekv.presses.lava_press import LavaPress
+from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
+from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import DEFAULT_WINDOW
 from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv.presses.score_memo import scorer_key
@@ -59,6 +63,7 @@ __all__ = [
     "PRESCORABLE",
     "hidden_states_needed",
     "hidden_states_tail",
+    "knows",
     "prescored_scorers",
 ]
 
@@ -93,6 +98,7 @@ _SCORER_TAILS: dict[type, Callable[[Any], int | None]] = {
     RandomPress: lambda press: 0,
     ExpectedAttentionPress: lambda press: None,  # query mean and covariance over every position after the sinks
     FullPress: lambda press: 0,
+    LavaScorerPress: _snapkv_tail,  # SnapKV's window attention, pooled
 }
 # Presses whose compress reads the hidden states only through their wrapped ``press``'s score.
 _WRAPPERS: tuple[type, ...] = (
@@ -107,6 +113,9 @@ _WRAPPERS: tuple[type, ...] = (
 # calls its scorer's ``score`` itself (through the memo when that scorer is a MemoizedScorerPress, as make_press
 # builds it), and GlobalLayersPress hands the layer to its press.
 _MEMO_SCORING: tuple[type, ...] = (LayerBudgetPress, LayerBudgetAdaPress, MemoizedScorerPress, RippleKVPress)
+
+# Presses that derive every layer at once from a record (``derive``), scoring through their wrapped ``press``.
+_PER_PROMPT: tuple[type, ...] = (PerPromptBudgetPress, LavaPress)
 
 PRESCORABLE: frozenset[type[ScorerPress]] = frozenset({ExpectedAttentionPress})
 """Scorers (exact types) whose scores read every prompt position's hidden states, which a record can compute while the
@@ -151,6 +160,22 @@ def hidden_states_needed(press: BasePress, prescored: Collection[Hashable] = fro
         return None if inner is None else max(inner, int(press.window) + 1)
     rule = _SCORER_TAILS.get(kind)
     return None if rule is None else rule(press)
+
+
+def knows(press: BasePress) -> bool:
+    """Whether the shared-prefill fast path knows ``press``: the press and every press it wraps are of the exact
+    classes its tables were read from (above), whose caches derived from a record are their own prefill's (tested).
+
+    A subclass is not known, whatever it inherits: its ``score`` or hook may read or do more than its base class's.
+    An evaluation runs a press the fast path does not know by its own prefill (:mod:`ripplekv_eval.running.rows`).
+
+    Args:
+        press: a press.
+    """
+    kind = type(press)
+    if kind in _WRAPPERS or kind in _PER_PROMPT:
+        return knows(press.press)
+    return kind in _SCORER_TAILS
 
 
 def hidden_states_tail(presses: Iterable[BasePress], prescore: Iterable[ScorerPress] = ()) -> int | None:

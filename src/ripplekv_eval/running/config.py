@@ -69,8 +69,9 @@ class EvalConfig:
         scorers: the token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs
             under each, a configuration per (method, scorer, budget) named ``method@scorer`` (the default scorer,
             SnapKV, keeps the plain method name); the methods without a scorer
-            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. Every configuration of a sample
-            is derived from the sample's one prefill.
+            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. A sample's configurations are
+            derived from its one prefill where the fast path knows their presses
+            (:func:`~ripplekv_eval.fastpath.hidden_tail.knows`); any other runs its own prefill.
         tasks: the suite's tasks to run (default: the suite's own default; a suite without tasks refuses them).
         limit: at most this many samples per task; what it counts is the suite's (see each suite).
         profile: sensitivity profile JSON (the ripplekv methods need it).

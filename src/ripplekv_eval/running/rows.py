@@ -25,7 +25,8 @@ token scorer (:func:`~ripplekv_eval.sample.row_configuration`):
 ``decode_rows``     configurations decoded together with this one in one batch, its group (``--decode-rows`` and
                     ``--decode-memory`` bound it; 1 where caches cannot be batched); absent under
                     ``--decode sequential`` and where nothing was decoded
-``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: always true
+``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: whether this row's cache was
+                    derived from it (false: a press the fast path does not know, run by its own prefill)
 ``meta``            the sample's metadata (LongBench length, needle depth, ...)
 ==================  =====================================================================================
 
@@ -52,7 +53,7 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.inference.generate import Prefill, eos_ids, kept_tokens
+from ripplekv.inference.generate import Prefill, eos_ids, kept_tokens, prefill
 from ripplekv.models.cache import cache_bytes
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
@@ -67,7 +68,7 @@ from ripplekv_eval.fastpath.batched import (
 )
 from ripplekv_eval.fastpath.derive import NotDerivableError, derived_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, mean_nll
-from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, prescored_scorers
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, knows, prescored_scorers
 from ripplekv_eval.fastpath.lean import lean_extend, lean_greedy_decode, lean_teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill, residual_statistics_of
 from ripplekv_eval.running.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
@@ -163,9 +164,10 @@ class SampleRunner:
         if ("full", FULL_BUDGET) not in presses:
             raise ValueError("presses must hold the full cache's press, ('full', 1.0)")
         self.on_group = on_group
-        self.prescore = prescored_scorers(presses.values())  # scored while recording (ExpectedAttention)
-        self.hidden_tail = hidden_states_tail(presses.values(), self.prescore)  # what the presses read of them
-        self.residual_statistics = residual_statistics_of(presses.values())  # per-prompt rules of the residual
+        derived = [press for press in presses.values() if knows(press)]  # the others run their own prefill
+        self.prescore = prescored_scorers(derived)  # scored while recording (ExpectedAttention)
+        self.hidden_tail = hidden_states_tail(derived, self.prescore)  # what the presses read of them
+        self.residual_statistics = residual_statistics_of(derived)  # per-prompt rules of the residual
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -180,9 +182,16 @@ class SampleRunner:
         tail = sample.input_ids[sample.question_start :] if self.config.protocol == "query-agnostic" else ()
         return lean_extend(self.model, state, torch.tensor([list(tail)], dtype=torch.long)) if tail else state
 
-    def _derive(self, sample: EvalSample, method: str, budget: float, record: PrefillRecord) -> Prefill:
+    def _compressed(
+        self, sample: EvalSample, method: str, budget: float, record: PrefillRecord, ids: torch.Tensor
+    ) -> Prefill:
+        """The configuration's compressed prefill of ``ids``: derived from the sample's record when the fast path
+        knows its press (:func:`~ripplekv_eval.fastpath.hidden_tail.knows`), else the press's own prefill."""
+        press = self.presses[method, budget]
         try:
-            state, _ = derived_prefill(record, self.presses[method, budget])
+            if not knows(press):
+                return prefill(self.model, ids, press)
+            state, _ = derived_prefill(record, press)
         except NotDerivableError as err:
             raise ValueError(
                 f"sample {sample.id}, {method} at budget {budget}: its cache cannot be derived from the shared "
@@ -217,7 +226,7 @@ class SampleRunner:
         )
         prefill_seconds = record.seconds
         started = time.perf_counter()
-        full = self._derive(sample, "full", FULL_BUDGET, record)
+        full = self._compressed(sample, "full", FULL_BUDGET, record, ids)
         full_kept = kept_tokens(full)
         full = self._with_question(sample, full)
         tokens = list(answer) if answer else self._decode(sample, full)
@@ -240,8 +249,9 @@ class SampleRunner:
         others = [(method, budget) for method, budget in pending if method != "full"]
         for index, (method, budget) in enumerate(others):
             started = time.perf_counter()
-            state = self._derive(sample, method, budget, record)
-            self.statistics[method, budget] = layer_statistics(self.presses[method, budget], record, self.model)
+            state = self._compressed(sample, method, budget, record, ids)
+            press = self.presses[method, budget]
+            self.statistics[method, budget] = layer_statistics(press, record, self.model) if knows(press) else None
             if index == len(others) - 1:  # the last derivation: the record (and the full cache) can go
                 del record, full
             kept = kept_tokens(state)
@@ -341,6 +351,6 @@ class SampleRunner:
             "answer_tokens": common["answer_tokens"],
             "seconds": round(time.perf_counter() - started, 4),
             "prefill_seconds": round(common["prefill_seconds"], 4),
-            "shared_prefill": True,
+            "shared_prefill": knows(self.presses[configuration, budget]),
             "meta": dict(sample.meta),
         }
