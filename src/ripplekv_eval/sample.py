@@ -26,7 +26,9 @@ __all__ = [
 FULL_BUDGET = 1.0
 """The budget recorded in the ``full`` cache's rows."""
 MIN_NEW_TOKENS = 1
-"""Greedy decoding never stops on a stop token before this many new tokens (LongBench pred.py's ``min_length``)."""
+"""Greedy decoding never stops before this many new tokens, on every task: LongBench's ``pred.py`` passes
+``min_length=context_length + 1`` for samsum, where a model starting with its stop token (a newline) answers
+nothing; the same can happen on any task with an end-of-sequence."""
 DEFAULT_SCORER = "snapkv"
 """The scorer whose configurations keep the plain method name; ``ripplekv.presses.scorers.DEFAULT_SCORER`` repeated
 so that reading results never imports torch (a test checks they agree)."""
