@@ -4,8 +4,8 @@ Each actor loads the model once (one GPU each where there are GPUs) and runs who
 (:class:`~ripplekv_eval.running.rows.SampleRunner`); the driver alone writes the folder, with ``run_eval``'s own
 steps and resume, a row at a time as rows arrive. The rows equal a single-process run's (timing aside, given the
 same torch threads per process). A sample whose actor dies is handed out again with only the configurations not yet
-received (:mod:`ripplekv.distributed`): nothing is computed twice, no row lost. Model, data and profile paths must
-be readable on every node; ``--workers 1`` without ``--ray-address`` runs in-process and never imports Ray.
+received (:mod:`ripplekv.distributed`): no row is lost, none received is computed twice. Model, data and profile
+paths must be readable on every node; ``--workers 1`` without ``--ray-address`` runs in-process, never importing Ray.
 """
 
 from __future__ import annotations
