@@ -1,8 +1,6 @@
-"""What one evaluation sample is (:class:`EvalSample`) and the validators and constants every suite shares.
+"""One evaluation sample (:class:`EvalSample`), configuration names and the validators every suite shares.
 
-A leaf module of :mod:`ripplekv_eval` that every subpackage may import (the suites, the runner and the rows,
-the report); it imports nothing of the package, so the suites never import
-:mod:`ripplekv_eval.running.config` back.
+A leaf: it imports nothing of the package, so the suites never import :mod:`ripplekv_eval.running.config` back.
 """
 
 from __future__ import annotations
@@ -28,64 +26,42 @@ __all__ = [
 FULL_BUDGET = 1.0
 """The budget recorded in the ``full`` cache's rows."""
 MIN_NEW_TOKENS = 1
-"""Greedy decoding never stops on a stop token before this many new tokens (LongBench pred.py's ``min_length``)."""
+"""Greedy decoding never stops before this many new tokens, on every task: LongBench's ``pred.py`` passes
+``min_length=context_length + 1`` for samsum, where a model starting with its stop token (a newline) answers
+nothing; the same can happen on any task with an end-of-sequence."""
 DEFAULT_SCORER = "snapkv"
-"""The token scorer whose configurations keep the method's plain name (``ripplekv.presses.scorers.DEFAULT_SCORER``,
-repeated here so that reading results never imports torch; a test checks the two agree)."""
+"""The scorer whose configurations keep the plain method name; ``ripplekv.presses.scorers.DEFAULT_SCORER`` repeated
+so that reading results never imports torch (a test checks they agree)."""
 SCORER_SEPARATOR = "@"
 
 
 def configuration_name(method: str, scorer: str | None) -> str:
-    """The name a (method, scorer) pair has in reports and on resume: ``method`` under the default scorer (SnapKV)
-    or where the method has no scorer (``scorer`` None), ``method@scorer`` otherwise (``ripplekv@tova``).
-
-    Args:
-        method: the method (its per-layer schedule: ``snapkv`` is the uniform one).
-        scorer: the token scorer's name, or None for a method without one.
-    """
+    """The name of a (method, scorer) pair in reports and on resume: ``method`` under the default scorer (SnapKV) or
+    without a scorer (None), ``method@scorer`` otherwise (``ripplekv@tova``)."""
     return method if scorer is None or scorer == DEFAULT_SCORER else f"{method}{SCORER_SEPARATOR}{scorer}"
 
 
 def split_configuration(name: str) -> tuple[str, str | None]:
-    """``(method, scorer)`` of a configuration name (:func:`configuration_name`); the scorer is None for a plain
-    name, which is the method under the default scorer or a method without one.
-
-    Args:
-        name: a configuration name.
-    """
+    """Invert :func:`configuration_name`; the scorer is None for a plain name (default scorer or none)."""
     method, sep, scorer = name.partition(SCORER_SEPARATOR)
     return (method, scorer) if sep else (method, None)
 
 
 def row_configuration(row: Mapping[str, Any]) -> str:
-    """The configuration name of a result row: its ``method`` under its ``scorer`` (rows written before the
-    ``scorer`` field existed ran SnapKV's).
-
-    Args:
-        row: a result row.
-    """
+    """The configuration name of a result row (a row without ``scorer`` ran SnapKV's)."""
     return configuration_name(str(row["method"]), row.get("scorer"))
 
 
 def scored_methods(rows: Sequence[Mapping[str, Any]]) -> set[str]:
-    """The methods some row of which names a scorer (the argument :func:`row_scorer` needs).
-
-    Args:
-        rows: a run's result rows.
-    """
+    """The methods some row of which names a scorer (the argument :func:`row_scorer` needs)."""
     return {str(row["method"]) for row in rows if row.get("scorer") is not None}
 
 
 def row_scorer(row: Mapping[str, Any], scored: set[str]) -> str | None:
     """A row's token scorer, None for a method without one.
 
-    Rows written before the ``scorer`` field existed lack it: those of a method that other rows run under a named
-    scorer ran the default scorer's (SnapKV), those of the others (the full cache's, a method without a scorer) have
-    none. A run whose rows all lack the field reads as scorer-less rows.
-
-    Args:
-        row: a result row.
-        scored: :func:`scored_methods` of the run's rows.
+    Old rows lack the ``scorer`` field: those of a method in ``scored`` (:func:`scored_methods` of the run) ran the
+    default scorer (SnapKV), the others (the full cache, scorer-less methods) have none.
     """
     if "scorer" in row:
         return None if row["scorer"] is None else str(row["scorer"])
@@ -93,13 +69,7 @@ def row_scorer(row: Mapping[str, Any], scored: set[str]) -> str | None:
 
 
 def positive_int(name: str, value: object, allow_none: bool = False) -> None:
-    """Raise ValueError unless ``value`` is an integer >= 1 (or None when ``allow_none``).
-
-    Args:
-        name: the option's name, for the message.
-        value: the value to check.
-        allow_none: whether None is accepted.
-    """
+    """Raise ValueError naming option ``name`` unless ``value`` is an integer >= 1 (or None when ``allow_none``)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -112,13 +82,10 @@ class EvalSample:
 
     Args:
         id: unique within the run.
-        task: the task it belongs to (rows are grouped by it).
-        input_ids: the whole prompt's token ids.
-        question_start: first token of the question part (query-agnostic: the context is
-            ``input_ids[:question_start]``).
-        max_new_tokens: answer length.
+        task: rows are grouped by it.
+        question_start: first token of the question (query-agnostic: the context is ``input_ids[:question_start]``).
         score: the suite's metric, prediction text -> score.
-        gold: the gold answer text teacher-forced for ``gold_nll`` (None: the suite has none).
+        gold: the gold answer teacher-forced for ``gold_nll`` (None: the suite has none).
         extra_stop_ids: stop tokens besides the model's end-of-sequence ids.
         meta: copied into every row.
     """

@@ -1,8 +1,7 @@
-"""What ``ripplekv eval`` runs: :class:`EvalConfig` (the options) and :class:`EvalSample` (one prompt to score).
+"""What ``ripplekv eval`` runs: :class:`EvalConfig`, the options common to every suite.
 
-Options common to every suite are fields of :class:`EvalConfig`; options of one suite (LongBench's data folder,
-RULER's context length, the needle grid, the JSONL file and metric) go in ``EvalConfig.options`` and are
-validated, completed with their defaults and frozen by the suite (:mod:`ripplekv_eval.suites`).
+A suite's own options (LongBench's data folder, RULER's context length, ...) go in ``EvalConfig.options`` and are
+validated, completed and frozen by the suite (:mod:`ripplekv_eval.suites`).
 """
 
 from __future__ import annotations
@@ -46,9 +45,6 @@ DECODE_MODES = ("batched", "sequential")
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 DEFAULT_BUDGETS = (0.1, 0.2, 0.3)
-"""Tokens generated before a stop token may be chosen, for every task: the first generated token is never a stop
-token. LongBench's ``pred.py`` passes ``min_length=context_length + 1`` for samsum, where a model that starts with
-a newline (its stop token) otherwise answers nothing; the same can happen on any task with an end-of-sequence."""
 
 
 @dataclass(frozen=True)
@@ -58,55 +54,47 @@ class EvalConfig:
     Args:
         suite: a registered suite name (:data:`ripplekv_eval.suites.SUITES`).
         model: model path, hub id, ``.gguf`` file or alias.
-        methods: method names of :data:`ripplekv.presses.registry.METHODS`, each optionally with its parameters
-            (:mod:`ripplekv.presses.method_spec`: ``cake:tau1=2,tau2=0.5``), stored in their canonical form (the
-            parameters in declared order, defaults left out), which names the method in rows and reports; ``full``
-            runs once per sample at budget 1.0 whatever ``budgets`` holds.
-        budgets: kept fractions in (0, 1] (a value above 1 is an error: token counts go in ``tokens``).
-        tokens: average token counts kept per layer (integers >= 2: a row stores its budget as one number, and 1
-            would read as the fraction 1.0, the full cache's); run after the fractions. Not taken by kvpress's own
-            presses (:data:`ripplekv.presses.registry.FRACTION_ONLY_METHODS`).
-        scorers: the token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs
-            under each, a configuration per (method, scorer, budget) named ``method@scorer`` (the default scorer,
-            SnapKV, keeps the plain method name); the methods without a scorer
-            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. A sample's configurations are
-            derived from its one prefill where the fast path knows their presses
+        methods: names of :data:`ripplekv.presses.registry.METHODS`, optionally with parameters
+            (:mod:`ripplekv.presses.method_spec`: ``cake:tau1=2,tau2=0.5``), stored canonical (declared order, defaults
+            left out), which names the method in rows and reports; ``full`` runs once per sample at budget 1.0.
+        budgets: kept fractions in (0, 1] (above 1 is an error: token counts go in ``tokens``).
+        tokens: average token counts kept per layer, run after the fractions; integers >= 2, since a row stores its
+            budget as one number and 1 would read as the full cache's fraction 1.0. Not taken by kvpress's own presses
+            (:data:`ripplekv.presses.registry.FRACTION_ONLY_METHODS`).
+        scorers: token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs under
+            each, named ``method@scorer`` (SnapKV keeps the plain name); methods without one
+            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. Configurations are derived from
+            the sample's one prefill where the fast path knows their presses
             (:func:`~ripplekv_eval.fastpath.hidden_tail.knows`); any other runs its own prefill.
-        tasks: the suite's tasks to run (default: the suite's own default; a suite without tasks refuses them).
-        limit: at most this many samples per task; what it counts is the suite's (see each suite).
+        tasks: the suite's tasks (None: the suite's default; a suite without tasks refuses them).
+        limit: at most this many samples per task, as the suite counts them.
         profile: sensitivity profile JSON (the ripplekv methods need it).
-        oracle_profile: damage profile JSON file(s) written by ``ripplekv analyze`` (the ``ripplekv-oracle`` method
-            needs them): one used at every budget, or one per budget, each used at the budget it was measured at
-            (a single path is accepted too; stored as a tuple).
-        strict_profile: a profile of other weights than the model's is an error, not a warning (not part of
-            the run's identity: it changes no result).
-        protocol: ``question-aware`` (the whole prompt is compressed) or ``query-agnostic`` (the context part
-            is compressed, then the question is run over each compressed cache).
-        window_size: SnapKV's observation window.
-        max_new_tokens: cap on every task's answer length (default: the task's own).
+        oracle_profile: damage profile(s) from ``ripplekv analyze`` for ``ripplekv-oracle``: one for every budget, or
+            one per budget, each used at the budget it was measured at (a single path becomes a tuple).
+        strict_profile: a profile of other weights than the model's is an error, not a warning (not part of the
+            run's identity: it changes no result).
+        protocol: ``question-aware`` (the whole prompt is compressed) or ``query-agnostic`` (the context part is, then
+            the question runs over each compressed cache).
+        max_new_tokens: cap on every task's answer length.
         seed: seed of the generated suites (RULER, needle).
-        dtype: model dtype override.
-        device: model device override.
-        score: ``both`` (decode and score every configuration, and record fidelity) or ``fidelity`` (only the
-            full cache is decoded and scored; the compressed configurations get fidelity only).
-        chat_template: ``auto`` (each suite's rule: LongBench pred.py's, the others the chat template whenever
-            the tokenizer has one), ``on`` (always; the tokenizer must have one) or ``off`` (plain prompts).
-        decode: ``batched`` (default: with ``score="both"`` the compressed configurations of a sample decode as one
-            batch, :mod:`ripplekv_eval.fastpath.batched`) or ``sequential`` (one at a time). Same greedy tokens up to
-            float rounding at near-ties; not part of the configuration compared on resume.
+        score: ``both`` (decode and score every configuration, and record fidelity) or ``fidelity`` (only the full
+            cache is decoded and scored; the others get fidelity only).
+        chat_template: ``auto`` (each suite's rule: LongBench pred.py's, the others whenever the tokenizer has one),
+            ``on`` (the tokenizer must have one) or ``off``.
+        decode: ``batched`` (with ``score="both"`` a sample's compressed configurations decode as one batch,
+            :mod:`ripplekv_eval.fastpath.batched`) or ``sequential``: the same greedy tokens up to float rounding at
+            near-ties.
         decode_rows: most configurations per decoding batch (None: as many as ``decode_memory`` allows).
-        decode_memory: most bytes of caches a sample holds for one batched decode (each laid out for the batch,
-            :func:`~ripplekv_eval.fastpath.batched.row_bytes`): the configurations are derived, scored and decoded in
-            groups within it, each released before the next is derived. None (default): the bytes of one full cache
-            of the sample's compressed part. A configuration larger than the bound decodes alone. Like ``decode``
-            and ``decode_rows``, not part of the configuration compared on resume.
-        prefill_chunk: most tokens per prefill pass of a sample's shared prefill (an integer >= 1; None: one pass):
-            a longer compressed part is recorded in chunks over its growing cache, bounding the prefill's activations
-            by the chunk (:func:`~ripplekv_eval.fastpath.record.record_prefill`). A part within it (default 8,192
-            tokens) is prefilled exactly as in one pass; a longer one differs from one pass by float rounding, so the
-            chunk is part of the configuration compared on resume when some sample is longer than it.
-        options: the suite's own options, a mapping of option name (the ``ripplekv eval`` flag with ``_`` for
-            ``-``) to value; replaced by the suite's frozen options dataclass, defaults filled in.
+        decode_memory: most bytes of caches held for one batched decode (laid out for the batch,
+            :func:`~ripplekv_eval.fastpath.batched.row_bytes`): configurations are derived, scored and decoded in groups
+            within it, each released before the next. None: one full cache of the sample's compressed part. A larger
+            configuration decodes alone. ``decode``, ``decode_rows`` and ``decode_memory`` are not compared on resume.
+        prefill_chunk: most tokens per pass of a sample's shared prefill (None: one pass), bounding its activations
+            (:func:`~ripplekv_eval.fastpath.record.record_prefill`). A part within it (default 8,192 tokens) is
+            prefilled exactly as in one pass; a longer one differs by float rounding, so the chunk is compared on
+            resume when some sample is longer than it.
+        options: the suite's options, option name (the flag with ``_`` for ``-``) -> value; replaced by the suite's
+            frozen options dataclass, defaults filled in.
     """
 
     suite: str
@@ -228,9 +216,8 @@ class EvalConfig:
         """The (configuration name, budget) pairs run on every sample: ``full`` once at 1.0, the others at every
         budget, each method built on a scorer once per scorer (scorer by scorer, in the given order).
 
-        A name is :func:`~ripplekv_eval.sample.configuration_name`'s (``ripplekv``, ``ripplekv@tova``); a
-        budget is a number as in the rows (:attr:`budget_values`): a kept fraction ``<= 1`` or a token count
-        ``> 1`` (an int); :meth:`ripplekv.allocation.BudgetSpec.from_value` reads it back.
+        Names are :func:`~ripplekv_eval.sample.configuration_name`'s; budgets are :attr:`budget_values`
+        (:meth:`ripplekv.allocation.BudgetSpec.from_value` reads them back).
         """
         pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
         for index, scorer in enumerate(self.scorers):

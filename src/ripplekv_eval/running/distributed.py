@@ -1,22 +1,11 @@
 """``ripplekv eval --workers N [--ray-address ADDR]``: the evaluation sharded over Ray actors.
 
-Each actor loads the model once (one GPU each where the cluster has GPUs), builds the presses and the samples
-as :func:`ripplekv_eval.running.runner.run_eval` does, and runs whole samples
-(:class:`~ripplekv_eval.running.rows.SampleRunner`), handing each row to the driver as soon as it is computed. The
-driver reads the profiles and opens the output folder with ``run_eval``'s own steps
-(:func:`~ripplekv_eval.running.runner.load_run_profiles`,
-:func:`~ripplekv_eval.running.runner.open_run_folder`) and alone writes the output folder: the same
-``config.json`` (checked against every actor's resolved configuration) and the same append-only ``results.jsonl``, a row
-at a time as rows arrive, in whatever order the samples finish. Resuming is the single-process run's: rows already in
-``results.jsonl`` are skipped and the ``full`` row's ``answer_ids`` are reused, so the rows equal a single-process run's
-(timing fields aside, and given the same number of torch threads per process).
-
-A sample whose actor dies is handed out again (to another actor, or to the dead one's replacement) with only the
-configurations the driver has not received yet, and the full cache's answer once its row has arrived; nothing
-that reached the driver is computed twice and no row is lost (:mod:`ripplekv.distributed`).
-
-The model, data and profile paths must be readable on every node (a shared filesystem, or the same paths);
-``--workers 1`` without ``--ray-address`` is the in-process run and never imports Ray.
+Each actor loads the model once (one GPU each where there are GPUs) and runs whole samples
+(:class:`~ripplekv_eval.running.rows.SampleRunner`); the driver alone writes the folder, with ``run_eval``'s own
+steps and resume, a row at a time as rows arrive. The rows equal a single-process run's (timing aside, given the
+same torch threads per process). A sample whose actor dies is handed out again with only the configurations not yet
+received (:mod:`ripplekv.distributed`): no row is lost, none received is computed twice. Model, data and profile
+paths must be readable on every node; ``--workers 1`` without ``--ray-address`` runs in-process, never importing Ray.
 """
 
 from __future__ import annotations
@@ -60,12 +49,7 @@ ModelFactory = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
 class EvalWorker(StreamWorker):
     """The Ray actor of an evaluation: one model, every sample of the run, one sample at a time.
 
-    Args:
-        config: the evaluation.
-        profile: the sensitivity profile, where the methods use one.
-        oracles: the damage profiles of ``ripplekv-oracle``, where it runs.
-        model_factory: loads the model and its tokenizer (picklable).
-        hook: see :class:`~ripplekv.distributed.StreamWorker` (tests).
+    ``oracles``: the damage profiles of ``ripplekv-oracle``; ``hook``: see :class:`~ripplekv.distributed.StreamWorker`.
     """
 
     def __init__(
@@ -98,12 +82,7 @@ class EvalWorker(StreamWorker):
         return {"resolved": resolved, "samples": [sample.id for sample in samples]}
 
     def items(self, key: Hashable, *args: Any) -> Iterator[dict[str, Any]]:
-        """The rows of one sample's pending configurations.
-
-        Args:
-            key: the sample id.
-            args: the pending ``(method, budget)`` pairs and the full cache's answer (or None).
-        """
+        """The rows of one sample; ``args``: its pending ``(method, budget)`` pairs, the full cache's answer or None."""
         if self.runner is None:
             raise RuntimeError("EvalWorker.items called before setup")
         pending, answer = args
@@ -121,17 +100,14 @@ def run_eval_ray(
     worker_hook: Callable[[Hashable, int], None] | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> EvalSummary:
-    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors; see the module docstring.
+    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors.
 
     Args:
-        config: the evaluation.
-        out: the output folder (created; resumed when it holds the same configuration, whichever way it was run).
-        workers: Ray actors, each with its own model.
+        out: the output folder (resumed when it holds the same configuration, whichever way it was run).
         ray_address: the Ray cluster to join; None starts a local one (or uses this process's connection).
         model_factory: loads the model and tokenizer on each actor (picklable); default
             :func:`ripplekv.models.load_model` of ``config.model``, ``config.dtype`` and ``config.device``.
         on_row: called on the driver with every row right after it was written.
-        progress: show a progress bar.
         worker_hook: called on the actors before each row (tests: a crash on a chosen sample).
         max_attempts: times a sample may lose its actor before the run stops.
     """

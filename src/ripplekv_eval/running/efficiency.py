@@ -1,20 +1,10 @@
 """Efficiency accounting: the bytes a compressed cache really holds, and KV bytes computed from model configurations.
 
-Two different quantities are easy to confuse, and RippleKV's efficiency benchmark (``benchmarks/efficiency.py``,
-the paper's efficiency section) reports both:
-
-* the **held** bytes: the key and value tensors the cache keeps in memory. Evicting presses (SnapKV, PyramidKV,
-  RippleKV) hold only their kept tokens. kvpress's AdaKV keeps *every* key and value and records the dropped
-  (head, token) entries as index tensors (``masked_key_indices``), so its held fraction is 1.0, plus the indices;
-* the **effective** kept fraction: the (head, token) entries attention may still use, over the full cache's. At one
-  budget every method keeps the same total (SnapKV's ``layers * int(prompt * budget)`` tokens per head).
-
-:func:`cache_footprint` measures both on a prefilled cache; :class:`KVShape` and :func:`computed_kv_table` compute
-them for models too large to run here (from their ``config.json``), as the bytes a bf16 cache would take.
-
-On a CUDA device, kernels run asynchronously and the process's RSS says nothing of device memory:
-:func:`synchronize` belongs around every wall-clock timing there, and :func:`reset_peak_allocated` /
-:func:`peak_allocated` read the allocator's peak (``torch.cuda.max_memory_allocated``); both are no-ops off CUDA.
+The **held** bytes are the key and value tensors kept in memory: evicting presses (SnapKV, PyramidKV, RippleKV)
+hold only their kept tokens, kvpress's AdaKV holds all (held fraction 1.0) plus index tensors of the masked
+entries. The **effective** kept fraction is the (head, token) entries attention may still use; at one budget every
+method keeps the same total. ``benchmarks/efficiency.py`` reports both. On CUDA, :func:`synchronize` belongs around
+every wall-clock timing, and the peak readers use the allocator (the RSS says nothing of device memory).
 """
 
 from __future__ import annotations
@@ -53,10 +43,9 @@ class KVShape:
     """The KV-cache shape of a decoder-only model: everything its cache size depends on besides length and dtype.
 
     Attributes:
-        name: the model's name (for tables).
-        layers: decoder layers (``config.json``: ``num_hidden_layers``), ``>= 1``.
-        kv_heads: key/value heads per layer (``num_key_value_heads``), ``>= 1``.
-        head_dim: dimension of one head (``head_dim``, else ``hidden_size / num_attention_heads``), ``>= 1``.
+        layers: ``num_hidden_layers``.
+        kv_heads: ``num_key_value_heads``.
+        head_dim: ``head_dim``, else ``hidden_size / num_attention_heads``.
     """
 
     name: str
@@ -74,11 +63,8 @@ class KVShape:
 
     @classmethod
     def from_config(cls, config: Any, name: str | None = None) -> KVShape:
-        """The shape of a transformers config (its text config for multimodal models).
-
-        Args:
-            config: a ``PretrainedConfig``.
-            name: table name; default ``config.name_or_path`` or the model type.
+        """The shape of a transformers config (its text config for multimodal models); ``name`` defaults to
+        ``config.name_or_path`` or the model type.
         """
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -102,21 +88,14 @@ class KVShape:
 def computed_kv_table(
     shapes: Iterable[KVShape], lengths: Sequence[int], budgets: Sequence[float], element_bytes: int = 2
 ) -> list[dict[str, Any]]:
-    """KV-cache bytes computed (not measured) for each model, context length and budget.
+    """KV-cache bytes computed (not measured) for each model, context length and budget (kept fraction).
 
-    Every compressed method keeps ``layers * int(tokens * budget)`` tokens per head at a budget (kvpress's
-    arithmetic); evicting presses (SnapKV, PyramidKV, RippleKV) hold just those, kvpress's AdaKV holds the full
-    cache plus :data:`INDEX_BYTES` per masked (head, token) entry.
-
-    Args:
-        shapes: the models.
-        lengths: context lengths in tokens (``>= 1``).
-        budgets: kept fractions in ``(0, 1]``.
-        element_bytes: bytes per cached element (2: bf16).
+    Every compressed method keeps ``layers * int(tokens * budget)`` tokens per head (kvpress's arithmetic); evicting
+    presses hold just those, kvpress's AdaKV the full cache plus :data:`INDEX_BYTES` per masked (head, token) entry.
 
     Returns:
-        One dict per (model, length, budget): ``model``, ``tokens``, ``budget``, ``kept_tokens`` (per layer and
-        head), ``full_bytes``, ``evicting_bytes``, ``adakv_bytes``, ``adakv_index_bytes``, ``kept_fraction``.
+        One dict per (model, length, budget): ``model``, ``tokens``, ``budget``, ``kept_tokens`` (per layer and head),
+        ``full_bytes``, ``evicting_bytes``, ``adakv_bytes``, ``adakv_index_bytes``, ``kept_fraction``.
     """
     rows = []
     for shape in shapes:
@@ -142,11 +121,7 @@ def computed_kv_table(
 
 
 def state_bytes(cache: DynamicCache) -> int:
-    """Bytes of the head-wise masks the cache's layers hold (AdaKV's masked-key indices), each storage once.
-
-    Args:
-        cache: a prefilled (compressed) cache.
-    """
+    """Bytes of the head-wise masks a cache's layers hold (AdaKV's masked-key indices), each storage once."""
     seen: dict[tuple[int, int], int] = {}
     for layer in cache.layers:
         mask = headwise_of(layer)
@@ -161,8 +136,6 @@ class CacheFootprint:
     """What a compressed prompt cache costs, measured.
 
     Attributes:
-        prompt_tokens: tokens of the prompt.
-        layers: cache layers.
         held_bytes: bytes of the key and value tensors the cache holds.
         state_bytes: bytes of the attention state kept with it (AdaKV's masked-key indices; 0 for evicting presses).
         full_bytes: bytes the uncompressed cache of the prompt takes.
@@ -200,12 +173,7 @@ class CacheFootprint:
 
 
 def cache_footprint(model: PreTrainedModel, state: Prefill) -> CacheFootprint:
-    """Measure the cache of a prefilled (compressed) prompt, before any token is decoded.
-
-    Args:
-        model: the model ``state`` was prefilled with (for the full cache's bytes).
-        state: the prefill (from :func:`ripplekv.inference.prefill` or a derived prefill).
-    """
+    """Measure the cache of a prefilled (compressed) prompt, before any token is decoded."""
     kept = tuple(kept_tokens(state))
     return CacheFootprint(
         prompt_tokens=state.prompt_tokens,
@@ -225,10 +193,8 @@ def _cuda(device: torch.device | str | None) -> torch.device | None:
 
 
 def synchronize(device: torch.device | str | None) -> None:
-    """Wait until ``device`` has run every queued kernel (CUDA); nothing on other devices.
-
-    CUDA kernels run asynchronously, so a wall-clock interval means the device's time only between two
-    synchronisations: call this before starting and before stopping a timer.
+    """Wait until a CUDA ``device`` has run every queued kernel (nothing elsewhere): kernels run asynchronously, so
+    call this before starting and before stopping a timer.
     """
     cuda = _cuda(device)
     if cuda is not None:
@@ -238,8 +204,7 @@ def synchronize(device: torch.device | str | None) -> None:
 def reset_peak_allocated(device: torch.device | str | None) -> int | None:
     """Start a new peak-memory interval on a CUDA device; the bytes allocated now (None off CUDA).
 
-    Resets ``torch.cuda.max_memory_allocated`` to what is allocated now, so :func:`peak_allocated` afterwards is the
-    peak of what ran in between (memory the caching allocator keeps reserved but unallocated is not counted).
+    :func:`peak_allocated` then reads the peak of what ran in between (reserved but unallocated memory not counted).
     """
     cuda = _cuda(device)
     if cuda is None:

@@ -34,11 +34,7 @@ class ConfigMismatchError(ValueError):
 
 
 def sha256_json(data: Any) -> str:
-    """SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces).
-
-    Args:
-        data: any JSON-serialisable value.
-    """
+    """SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces)."""
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -60,13 +56,8 @@ def _versions() -> dict[str, str]:
 def extends(previous: Mapping[str, Any], resolved: Mapping[str, Any], extendable: Mapping[str, Any]) -> bool:
     """Whether ``resolved`` is ``previous`` with more values in some of the ``extendable`` list keys.
 
-    Every other key must be equal; an extendable key's saved values must all be among the new ones (a key absent
-    from a configuration holds the default that ``extendable`` gives for it).
-
-    Args:
-        previous: the saved resolved configuration.
-        resolved: the new one.
-        extendable: key -> its value when absent (``{"scorers": ["snapkv"], ...}``).
+    Every other key must be equal; an extendable key's saved values must all be among the new ones. ``extendable``
+    maps each key to its value when absent (``{"scorers": ["snapkv"], ...}``).
     """
     fixed = (previous.keys() | resolved.keys()) - extendable.keys()
     if any(previous.get(k) != resolved.get(k) for k in fixed):
@@ -88,15 +79,13 @@ def check_or_write_config(
     """Write ``out/config.json``, or check that the one there holds the same resolved configuration.
 
     Args:
-        out: the evaluation folder.
-        resolved: the resolved configuration (compared key by key on resume).
+        resolved: compared key by key on resume.
         sources: where the model, data and profile came from (recorded, not compared).
-        rows_file: the name of the folder's rows file (a folder holding one but no config is refused).
-        extendable: list keys a resumed run may extend (key -> its value when absent; see :func:`extends`): a
-            configuration that only adds values to them (another method, budget or scorer over the same samples,
-            model and settings) resumes, keeps every row, and its ``config.json`` is rewritten to the extended
-            configuration, the previous one kept under ``extended_from``. Only for runs whose row identity covers
-            those keys (``eval``'s rows: sample, method under scorer, budget).
+        rows_file: the folder's rows file (a folder holding one but no config is refused).
+        extendable: list keys a resumed run may extend (see :func:`extends`): a configuration that only adds values
+            to them (a method, budget or scorer over the same samples, model and settings) resumes and keeps every
+            row; ``config.json`` is rewritten to it, the previous one kept under ``extended_from``. Only for runs
+            whose row identity covers those keys (``eval``'s rows: sample, method under scorer, budget).
 
     Raises:
         ConfigMismatchError: the folder holds another configuration (the message names the keys that differ), an

@@ -1,34 +1,13 @@
 """``ripplekv eval``: score methods x budgets on a suite (LongBench, RULER, needle, a JSONL file, ...).
 
-Per sample, the prompt is prefilled **once** and recorded (:mod:`ripplekv_eval.fastpath`); every (method,
-budget) cache is derived from that record (AdaKV's head-wise masks included). Then:
-
-1. the full cache's state (query-agnostic: the context's cache extended with the question) decodes the full
-   cache's greedy answer, once per sample (or it is read back from the ``full`` row's ``answer_ids`` on resume);
-   the answer teacher-forced over the full cache gives the reference distributions;
-2. every configuration's cache teacher-forces that answer: ``fidelity_kl`` is the mean KL(full || method) over
-   its positions, ``top1_agreement`` the fraction of positions where the method's greedy choice (its argmax, stop
-   tokens excluded at the first position as in decoding) is the full cache's token; the suite's gold answer is
-   teacher-forced too (``gold_nll``, and ``gold_nll_delta`` against the full cache's);
-3. with ``score="both"`` (default) every configuration is decoded greedily and scored by the suite's metric; with
-   ``score="fidelity"`` only the full cache is (the other rows hold ``prediction`` and ``score`` null).
-
-Decoding never stops at the first generated token (``min_new_tokens=1``, LongBench ``pred.py``'s ``min_length``,
-applied to every task). The full cache is decoded even when ``full`` is not among the methods (it is the
-reference); its row is written only when it is. Rows are described in :mod:`ripplekv_eval.running.rows`.
-
-Protocols: ``question-aware`` (default) prefills and compresses the whole prompt; ``query-agnostic`` prefills and
-compresses the context part only, then runs the question over each derived cache with ``extend``.
-
-Output folder (:mod:`ripplekv_eval.running.results`)::
-
-    config.json     the resolved configuration (compared on resume), library and dependency versions
-    results.jsonl   one row per (sample, method, budget), appended, flushed and fsynced as soon as it finishes
-
-Re-running the same command resumes: rows already in ``results.jsonl`` are skipped, a truncated last line (an
-interrupted write) is dropped and redone, and a folder whose ``config.json`` holds a different configuration is
-refused, but for one that only adds methods, budgets, token counts or scorers (:data:`EXTENDABLE`): that run
-extends the folder, keeping its rows. An interruption loses at most the configuration in flight.
+Per sample the prompt is prefilled **once** and recorded (:mod:`ripplekv_eval.fastpath`); every (method, budget)
+cache is derived from it. The full cache's greedy answer, decoded once per sample (read back from the ``full`` row
+on resume; decoded as the reference even when ``full`` is not run), and the gold answer are teacher-forced over
+every cache for the fidelity columns (``top1_agreement`` excludes stop tokens at the first position, as decoding
+does); with ``score="both"`` every configuration is also decoded and scored. ``query-agnostic`` compresses the
+context only, then runs the question over each cache. Rows: :mod:`~ripplekv_eval.running.rows`; the folder and
+its resume: :mod:`~ripplekv_eval.running.results` (a folder that only adds configurations, :data:`EXTENDABLE`,
+is extended, keeping its rows).
 """
 
 from __future__ import annotations
@@ -106,15 +85,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EvalSummary:
-    """What one :func:`run_eval` call did.
-
-    Args:
-        out: the evaluation folder.
-        rows: rows in ``results.jsonl`` at the end.
-        new_rows: rows written by this call.
-        samples: samples of the run.
-        configurations: (configuration name, budget) pairs per sample.
-        seconds: wall time of the call.
+    """What one :func:`run_eval` call did: ``rows`` in ``results.jsonl`` at the end, ``new_rows`` written by it,
+    ``configurations`` per sample, wall ``seconds``.
     """
 
     out: Path
@@ -128,12 +100,8 @@ class EvalSummary:
 def build_samples(
     config: EvalConfig, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None
 ) -> list[EvalSample]:
-    """The samples of ``config.suite`` (in run order), with unique ids.
-
-    Args:
-        config: the evaluation.
-        tokenizer: the model's tokenizer.
-        model: the model, where a suite takes a default from it (LongBench's ``max_length``).
+    """The samples of ``config.suite`` (in run order), with unique ids; ``model`` gives defaults (LongBench's
+    ``max_length``).
     """
     samples = get_suite(config.suite).samples(config, tokenizer, model)
     if not samples:
@@ -145,9 +113,6 @@ def build_samples(
 
 def load_oracle_profiles(config: EvalConfig) -> tuple[SensitivityProfile, ...]:
     """The damage profiles of ``config.oracle_profile`` when ``ripplekv-oracle`` runs (else none), checked.
-
-    Args:
-        config: the evaluation.
 
     Raises:
         ValueError: ``ripplekv-oracle`` runs without ``oracle_profile``, or a file is not a damage profile.
@@ -172,19 +137,11 @@ def resolve_config(
     profile: SensitivityProfile | None,
     oracles: Sequence[SensitivityProfile] | None = None,
 ) -> dict[str, Any]:
-    """The configuration compared on resume: options with their defaults filled in, the model's identity, the
+    """The configuration compared on resume: options with defaults filled in, the model's identity, the
     profile's content hash, and a hash of every sample's token ids (dataset, tokenizer and prompt format).
 
-    The damage profiles of ``ripplekv-oracle`` are recorded (content hash and budget) only when that method runs,
-    so the configuration of a run without it is unchanged.
-
-    Args:
-        config: the evaluation.
-        model: the model.
-        samples: the samples of ``config``.
-        profile: the sensitivity profile, if the methods use one.
-        oracles: the damage profiles of ``ripplekv-oracle``; None loads them from ``config`` (see
-            :func:`load_oracle_profiles`).
+    The oracle profiles (``oracles``; None: loaded from ``config``) are recorded only when ``ripplekv-oracle`` runs, so
+    the configuration of a run without it is unchanged.
     """
     oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     from ripplekv.models import model_identity
@@ -229,16 +186,9 @@ def build_presses(
 ) -> dict[tuple[str, float], BasePress]:
     """The press of every configuration of ``config`` (and of ``("full", 1.0)``), checked against ``model``.
 
-    A configuration's name is a method or ``method@scorer`` (:func:`~ripplekv_eval.sample.split_configuration`:
-    the scorer by name, built with ``config.window_size``); its budget a number as in the rows: a kept fraction
-    (``<= 1``) or a token count (``> 1``), passed to :func:`~ripplekv.presses.registry.make_press` as ``budget=``
-    or ``tokens=``.
-
-    Args:
-        config: the evaluation.
-        profile: the sensitivity profile, if the methods use one.
-        model: the model (every press's ``post_init_from_model`` runs on it).
-        oracles: the damage profiles of ``ripplekv-oracle``; None loads them from ``config``.
+    A name is :func:`~ripplekv_eval.sample.split_configuration`'d (the scorer built with ``config.window_size``); a
+    budget <= 1 is a kept fraction, > 1 a token count (``budget=`` or ``tokens=`` of
+    :func:`~ripplekv.presses.registry.make_press`). ``oracles``: as :func:`resolve_config`.
     """
     oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     presses = {}
@@ -259,34 +209,23 @@ def build_presses(
 
 
 EXTENDABLE: dict[str, list[Any]] = {"methods": [], "budgets": [], "tokens": [], "scorers": [DEFAULT_SCORER]}
-"""The configuration keys a resumed ``eval`` may extend (more methods, budgets, token counts or scorers over the
-same samples and settings; every other key must match): rows already written stay, the new configurations run.
-A method that brings a profile the run did not have (``ripplekv`` added to a run without it) changes the ``profile``
-key and is refused."""
+"""The configuration keys a resumed ``eval`` may extend, key -> value when absent: rows written stay, the new
+configurations run. A method bringing a profile the run did not have changes the ``profile`` key and is refused."""
 
 
-# The steps every evaluation run shares, in process (run_eval) and on Ray (run_eval_ray), so the two cannot drift:
-# load_run_profiles before the model is loaded, open_run_folder once the resolved configuration is known.
+# Steps run_eval and run_eval_ray share, so the two cannot drift.
 
 
 def needs_sensitivity_profile(methods: Sequence[str]) -> bool:
-    """Whether any of ``methods`` takes the sensitivity profile (``--profile``): the ``ripplekv*`` methods, but
-    ``ripplekv-oracle``, which takes damage profiles (``--oracle-profile``) instead.
-
-    Args:
-        methods: method names (:data:`ripplekv.presses.METHODS`).
+    """Whether any of ``methods`` takes ``--profile``: the ``ripplekv*`` methods but ``ripplekv-oracle``, which takes
+    damage profiles (``--oracle-profile``).
     """
     return any(m.startswith("ripplekv") and base_method(m) != ORACLE_METHOD for m in methods)
 
 
 @dataclass(frozen=True)
 class RunProfiles:
-    """The profiles an evaluation's methods use, read and checked before any model is loaded.
-
-    Args:
-        profile: the sensitivity profile, where a method takes one (see :func:`needs_sensitivity_profile`).
-        oracles: the damage profiles of ``ripplekv-oracle``, where it runs (see :func:`load_oracle_profiles`).
-    """
+    """The profiles an evaluation's methods use, read and checked before any model is loaded."""
 
     profile: SensitivityProfile | None
     oracles: tuple[SensitivityProfile, ...]
@@ -294,9 +233,6 @@ class RunProfiles:
 
 def load_run_profiles(config: EvalConfig) -> RunProfiles:
     """The profiles of ``config``'s methods (the first step of every run).
-
-    Args:
-        config: the evaluation.
 
     Raises:
         ValueError: a method needs ``profile`` and it is not given, ``ripplekv-oracle`` runs without
@@ -315,18 +251,11 @@ def open_run_folder(
 ) -> RunFolder:
     """Create ``out`` (or check that its ``config.json`` holds ``resolved``) and read what it resumes from.
 
-    Args:
-        config: the evaluation.
-        out: the output folder.
-        resolved: the resolved configuration (:func:`resolve_config`).
-        profiles: the run's profiles (:func:`load_run_profiles`); the oracle profiles' paths are recorded when
-            ``ripplekv-oracle`` runs.
-
     Raises:
         ConfigMismatchError: ``out`` holds another run (see
             :func:`~ripplekv_eval.running.results.check_or_write_config`).
-        RunFolderBusyError: another run is writing into ``out`` (the folder's lock; close the returned folder,
-            or use it in a ``with`` block, to release it).
+        RunFolderBusyError: another run is writing into ``out`` (the folder's lock; close the returned folder, or use
+            it in a ``with`` block, to release it).
     """
     sources = {"model": config.model, **get_suite(config.suite).sources(config), "profile": config.profile}
     if profiles.oracles:
@@ -344,13 +273,8 @@ def run_eval(
 ) -> EvalSummary:
     """Run (or resume) the evaluation ``config`` into the folder ``out``; see the module docstring.
 
-    Args:
-        config: the evaluation.
-        out: the output folder (created; resumed when it holds the same configuration).
-        model: the model (loaded from ``config.model`` unless given together with ``tokenizer``).
-        tokenizer: its tokenizer.
-        on_row: called with every row right after it was written.
-        progress: show a progress bar.
+    ``model`` is loaded from ``config.model`` unless given together with ``tokenizer``; ``on_row`` is called with every
+    row right after it was written.
     """
     start = time.perf_counter()
     profiles = load_run_profiles(config)

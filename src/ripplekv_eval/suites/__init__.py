@@ -1,7 +1,6 @@
-"""The registry of evaluation suites: name -> :class:`~ripplekv_eval.suites.base.Suite`.
+"""The registry of evaluation suites: ``ripplekv eval --suite NAME`` runs ``SUITES[NAME]``.
 
-``ripplekv eval --suite NAME`` runs ``SUITES[NAME]``; :func:`register_suite` adds one. The runner reaches suites
-only through this registry and the :class:`Suite` interface.
+The runner reaches suites only through this registry and the :class:`~ripplekv_eval.suites.base.Suite` interface.
 """
 
 from __future__ import annotations
@@ -19,11 +18,7 @@ SUITES: dict[str, Suite] = {}
 
 
 def register_suite(suite: Suite) -> Suite:
-    """Add ``suite`` to :data:`SUITES` under ``suite.name`` (a name already taken is an error).
-
-    Args:
-        suite: the suite instance.
-    """
+    """Add ``suite`` to :data:`SUITES` under ``suite.name`` (a name already taken is an error)."""
     if not isinstance(suite, Suite):
         raise TypeError(f"expected a Suite, got {type(suite).__name__}")
     if suite.name in SUITES:
@@ -33,11 +28,7 @@ def register_suite(suite: Suite) -> Suite:
 
 
 def get_suite(name: str) -> Suite:
-    """The registered suite ``name``; ValueError naming the registered ones otherwise.
-
-    Args:
-        name: the suite's name.
-    """
+    """The registered suite ``name``; ValueError naming the registered ones otherwise."""
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; choose one of {', '.join(SUITES)}")
     return SUITES[name]

@@ -1,10 +1,8 @@
 """The interface every evaluation suite implements, and helpers the suites share.
 
-A suite turns a :class:`SuiteRequest` (what a run asks of it; ``running.config.EvalConfig`` is one) into scored
-samples: it owns its options (a frozen dataclass, validated in ``__post_init__``), its task names, its samples
-(prompt token ids, answer length, stop tokens, metric, gold answer) and the part of ``config.json`` that identifies
-them. The runner only calls these methods, so a new suite is a new :class:`Suite` subclass registered in
-:mod:`ripplekv_eval.suites`.
+A suite turns a :class:`SuiteRequest` into scored samples; it owns its options (a frozen dataclass validated in
+``__post_init__``), task names, samples and its part of ``config.json``. The runner only calls these methods, so a
+new suite is a :class:`Suite` subclass registered in :mod:`ripplekv_eval.suites`.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ __all__ = [
 
 
 class SuiteRequest(Protocol):
-    """What a run asks of a suite: its options, tasks, sample cap, prompt format, answer cap and seed."""
+    """What a run asks of a suite (``running.config.EvalConfig`` is one)."""
 
     options: Any
     tasks: Sequence[str] | None
@@ -53,8 +51,8 @@ def flag(option: str) -> str:
 class Suite(ABC):
     """One kind of evaluation: its options, tasks, samples and identity in ``config.json``.
 
-    Subclasses set ``name``, ``description`` and ``options_type`` (a frozen dataclass whose fields are the
-    suite's options, named as the ``ripplekv eval`` flags with ``_`` for ``-``, with their defaults).
+    Subclasses set ``name``, ``description`` and ``options_type``: a frozen dataclass whose fields are the suite's
+    options, named as the ``ripplekv eval`` flags with ``_`` for ``-``.
     """
 
     name: ClassVar[str]
@@ -62,10 +60,10 @@ class Suite(ABC):
     options_type: ClassVar[type]
 
     def parse_options(self, options: Any) -> Any:
-        """The suite's options dataclass from ``options`` (a mapping, or already the dataclass).
+        """The options dataclass from a mapping of option name -> value (or the dataclass itself).
 
-        Args:
-            options: option name -> value; names the suite does not have are an error naming their flags.
+        Raises:
+            ValueError: names the flags of options the suite does not have.
         """
         if isinstance(options, self.options_type):
             return options
@@ -83,81 +81,44 @@ class Suite(ABC):
 
     @abstractmethod
     def check_tasks(self, tasks: Sequence[str] | None) -> None:
-        """Raise ValueError for task names the suite does not have (``tasks`` None: the suite's default).
-
-        Args:
-            tasks: the task names asked for.
-        """
+        """Raise ValueError for task names the suite does not have (None: the suite's default)."""
 
     @abstractmethod
     def samples(
         self, config: SuiteRequest, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None
     ) -> list[EvalSample]:
-        """The samples of ``config``, in run order.
+        """The samples of ``config``, in run order (``config.options`` is this suite's options dataclass).
 
-        Args:
-            config: the evaluation (``config.options`` is this suite's options dataclass).
-            tokenizer: the model's tokenizer.
-            model: the model, where an option's default depends on it (LongBench's ``max_length``); may be None.
+        ``model`` (may be None) is needed where an option's default depends on it (LongBench's ``max_length``).
         """
 
     @abstractmethod
     def resolve(self, config: SuiteRequest, model: PreTrainedModel) -> dict[str, Any]:
-        """The suite's part of ``config.json``'s resolved configuration (compared on resume), defaults filled in.
-
-        Args:
-            config: the evaluation.
-            model: the model.
-        """
+        """The suite's part of ``config.json``'s resolved configuration, defaults filled in (compared on resume)."""
 
     def sources(self, config: SuiteRequest) -> dict[str, Any]:
-        """Where the suite's data came from (recorded in ``config.json``, not compared on resume).
-
-        Args:
-            config: the evaluation.
-        """
+        """Where the suite's data came from (recorded in ``config.json``, not compared on resume)."""
         return {}
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of ``text`` without special tokens.
-
-    Args:
-        tokenizer: the tokenizer.
-        text: the text.
-    """
+    """Token ids of ``text`` without special tokens."""
     return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 def split_prompt(tokenizer: PreTrainedTokenizerBase, head: str, tail: str) -> tuple[tuple[int, ...], int]:
-    """Token ids of ``head + tail``, each tokenized on its own (as ``generate_answer`` does), and the split.
-
-    Args:
-        tokenizer: the tokenizer.
-        head: the context part of the prompt.
-        tail: the question part.
-    """
+    """Token ids of ``head + tail``, each tokenized on its own (as ``generate_answer`` does), and the split."""
     head_ids, tail_ids = encode(tokenizer, head), encode(tokenizer, tail)
     return tuple(head_ids + tail_ids), len(head_ids)
 
 
 def cap_new_tokens(config: SuiteRequest, tokens: int) -> int:
-    """A task's answer length under ``config.max_new_tokens`` (a cap).
-
-    Args:
-        config: the evaluation.
-        tokens: the task's own answer length.
-    """
+    """A task's own answer length ``tokens``, capped by ``config.max_new_tokens``."""
     return min(tokens, config.max_new_tokens) if config.max_new_tokens else tokens
 
 
 def use_chat_template(tokenizer: PreTrainedTokenizerBase, mode: str) -> bool:
-    """Whether prompts go through the tokenizer's chat template: ``auto`` when it has one, ``on``, ``off``.
-
-    Args:
-        tokenizer: the tokenizer.
-        mode: ``auto``, ``on`` (the tokenizer must have a chat template) or ``off``.
-    """
+    """Whether prompts go through the chat template: ``mode`` ``auto`` (when the tokenizer has one), ``on``, ``off``."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if mode == "on" and not has_template:
         raise ValueError("--chat-template on, but the tokenizer has no chat template")
@@ -169,15 +130,8 @@ def use_chat_template(tokenizer: PreTrainedTokenizerBase, mode: str) -> bool:
 def prompt_parts(tokenizer: PreTrainedTokenizerBase, context: str, question: str, mode: str) -> tuple[str, str]:
     """The prompt of ``context`` + ``question`` split where the question starts.
 
-    With the chat template (see :func:`use_chat_template`) it is
-    :func:`ripplekv.inference.generate.chat_prompt_parts`; without, the same plain layout that function uses for a
-    tokenizer without a template: ``context`` then ``"\\n\\n" + question + "\\nAnswer:"``.
-
-    Args:
-        tokenizer: the tokenizer.
-        context: the long text.
-        question: the question about it.
-        mode: the chat template mode, ``auto``, ``on`` or ``off``.
+    With the chat template (:func:`use_chat_template`) it is :func:`ripplekv.inference.generate.chat_prompt_parts`;
+    without, that function's plain layout: ``context`` then ``"\\n\\n" + question + "\\nAnswer:"``.
     """
     if use_chat_template(tokenizer, mode):
         return chat_prompt_parts(tokenizer, context, question)
@@ -185,11 +139,7 @@ def prompt_parts(tokenizer: PreTrainedTokenizerBase, context: str, question: str
 
 
 def default_max_length(model: PreTrainedModel) -> int:
-    """The model's ``max_position_embeddings`` (LongBench's default truncation length).
-
-    Args:
-        model: the model.
-    """
+    """The model's ``max_position_embeddings`` (LongBench's default truncation length)."""
     value = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if not isinstance(value, int) or value < 2:
         raise ValueError("the model config has no max_position_embeddings: pass --max-length")

@@ -1,16 +1,9 @@
 """The JSONL suite: a user's own file of ``{"context", "question", "answers"}`` records, scored by a LongBench metric.
 
-One JSON object a line (blank lines skipped)::
-
-    {"context": "<long text>", "question": "<question>", "answers": ["<answer>", ...]}
-
-Optional fields: ``id`` (or ``_id``; a string or an integer, unique in the file; default the record's index) and
-``all_classes`` (a list of class names, which ``classification_score`` needs). The prompt is the project's
-question-answering prompt (:func:`ripplekv_eval.suites.base.prompt_parts`: the chat template when the
-tokenizer has one, else ``context\\n\\nquestion\\nAnswer:``). A prediction's score is the max over ``answers`` of
-the metric (a key of :data:`ripplekv_eval.tasks.metrics.METRICS`), as LongBench's ``eval.py`` computes it; the
-gold answer for ``gold_nll`` is the first answer. The task is named after the file (its name without ``.jsonl``),
-or, per record, by an optional ``task`` string (sub-tasks of one file: the statistics are stratified by task).
+Optional fields: ``id`` (or ``_id``; string or integer, unique; default the record's index), ``all_classes`` (for
+``classification_score``) and ``task`` (sub-tasks of one file; default the file's name without ``.jsonl``). The
+prompt is :func:`ripplekv_eval.suites.base.prompt_parts`'s; a prediction scores the max of the metric over
+``answers``, as LongBench's ``eval.py`` does; ``gold_nll``'s gold answer is the first.
 """
 
 from __future__ import annotations
@@ -38,11 +31,8 @@ JSONL_MAX_NEW_TOKENS = 64
 
 @dataclass(frozen=True)
 class JsonlOptions:
-    """Options of the JSONL suite.
-
-    Args:
-        data: the JSONL file; required.
-        metric: the metric, a key of :data:`ripplekv_eval.tasks.metrics.METRICS` (default ``qa_f1_score``).
+    """Options of the JSONL suite: ``data``, the file (required); ``metric``, a key of
+    :data:`ripplekv_eval.tasks.metrics.METRICS`.
     """
 
     data: str | None = None
@@ -58,16 +48,7 @@ class JsonlOptions:
 
 @dataclass(frozen=True)
 class JsonlRecord:
-    """One record of a JSONL file.
-
-    Args:
-        id: the record's ``id`` / ``_id`` as a string, or its index in the file.
-        context: the long text.
-        question: the question.
-        answers: the accepted answers (at least one).
-        all_classes: class names for ``classification_score``, or None.
-        task: the record's own task (its ``task`` field), or None for the file's.
-    """
+    """One record of a JSONL file (``task`` None: the file's task)."""
 
     id: str
     context: str
@@ -118,10 +99,6 @@ def _parse(raw: Any, index: int, metric: str, where: str) -> JsonlRecord:
 def load_jsonl(path: str | Path, metric: str = DEFAULT_JSONL_METRIC) -> list[JsonlRecord]:
     """The records of a JSONL file, checked (fields, types, unique ids, scorable by ``metric``).
 
-    Args:
-        path: the file.
-        metric: the metric the records will be scored with.
-
     Raises:
         FileNotFoundError: no such file.
         ValueError: a malformed line or record (the message names the file and line), or a repeated id.
@@ -150,11 +127,7 @@ class JsonlSuite(Suite):
     options_type = JsonlOptions
 
     def task(self, config: SuiteRequest) -> str:
-        """The task name: the file's name without its ``.jsonl`` suffix.
-
-        Args:
-            config: the evaluation.
-        """
+        """The task name: the file's name without its ``.jsonl`` suffix."""
         name = Path(config.options.data).name
         return name.removesuffix(".jsonl") or name
 

@@ -1,7 +1,7 @@
 """The LongBench suite: official ``<task>.jsonl`` files run as THUDM/LongBench's ``pred.py`` runs them.
 
-Prompts, middle truncation, the chat-template rule, generation lengths, samsum's newline stop and the metrics are
-:mod:`ripplekv_eval.tasks.longbench`'s. The gold answer (for ``gold_nll``) is the record's first answer.
+The protocol (prompts, truncation, chat rule, lengths, stops, metrics) is :mod:`ripplekv_eval.tasks.longbench`'s;
+``gold_nll``'s gold answer is the record's first.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ class LongBenchOptions:
     Args:
         data_dir: folder of official ``<task>.jsonl`` files (``_e`` files for LongBench-E); required.
         max_length: middle truncation length in tokens (default: the model's ``max_position_embeddings``).
-        skip: records skipped at the start of each task file before ``limit`` counts (default 0): a split of
-            the same files held out from another run that used the first records (e.g. ``--limit 15`` there,
-            ``--skip 15`` here).
+        skip: records skipped at the start of each task file before ``limit`` counts: a held-out split of files
+            another run used the first records of (``--limit 15`` there, ``--skip 15`` here).
     """
 
     data_dir: str | None = None
@@ -48,8 +47,7 @@ class LongBenchOptions:
 
 
 class LongBenchSuite(Suite):
-    """LongBench v1 / LongBench-E, English tasks. ``limit``: the first N records of each task file (default all)
-    after the ``skip`` first ones."""
+    """LongBench v1 / LongBench-E, English tasks. ``limit``: the first N records of each task file after ``skip``."""
 
     name = "longbench"
     description = "LongBench v1 / LongBench-E files (official prompts, truncation, chat rule and metrics)"
@@ -60,11 +58,7 @@ class LongBenchSuite(Suite):
             longbench.base_task(task)
 
     def tasks(self, config: SuiteRequest) -> list[str]:
-        """The tasks to run: ``config.tasks``, or every English task with a file in the data folder.
-
-        Args:
-            config: the evaluation.
-        """
+        """``config.tasks``, or every English task with a file in the data folder."""
         if config.tasks is not None:
             return list(config.tasks)
         data_dir = Path(config.options.data_dir)
@@ -76,12 +70,7 @@ class LongBenchSuite(Suite):
         return tasks
 
     def max_length(self, config: SuiteRequest, model: PreTrainedModel | None) -> int:
-        """The truncation length: the option, else the model's ``max_position_embeddings``.
-
-        Args:
-            config: the evaluation.
-            model: the model (needed when the option is not set).
-        """
+        """The truncation length: the option, else the model's ``max_position_embeddings``."""
         if config.options.max_length is not None:
             return config.options.max_length
         if model is None:

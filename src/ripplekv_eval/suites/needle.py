@@ -1,7 +1,5 @@
-"""The needle suite: a number hidden in essay text, over a grid of context lengths x depths.
-
-Prompts come from :func:`ripplekv.profiling.haystack.build_needle_prompt`; a prediction scores 1 when it holds the
-number as a whole number. The gold answer is the number.
+"""The needle suite: a number hidden in essay text (:func:`ripplekv.profiling.haystack.build_needle_prompt`) over
+context lengths x depths; a prediction scores 1 when it holds the number as a whole number (also the gold answer).
 """
 
 from __future__ import annotations
@@ -35,13 +33,7 @@ NEEDLE_MAX_NEW_TOKENS = 32
 
 @dataclass(frozen=True)
 class NeedleOptions:
-    """Options of the needle suite.
-
-    Args:
-        needle_lengths: context lengths in tokens.
-        needle_depths: needle depths in [0, 1] (0: start of the context).
-        needle_digits: digits of the needle's number, 1 to 18.
-    """
+    """Options of the needle suite: context lengths in tokens, depths in [0, 1] (0: start), digits 1 to 18."""
 
     needle_lengths: tuple[int, ...] = DEFAULT_NEEDLE_LENGTHS
     needle_depths: tuple[float, ...] = DEFAULT_NEEDLE_DEPTHS

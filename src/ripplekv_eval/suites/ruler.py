@@ -1,8 +1,7 @@
 """The RULER-style suite: synthetic tasks generated locally from a seed (:mod:`ripplekv_eval.tasks.ruler`).
 
-Prompt: with the chat template, the chat prompt split at the question; without (a base model, or
-``--chat-template off``), RULER's layout: the context, a newline, the question and RULER's answer prefix. The gold
-answer is the task's expected outputs joined by ``", "`` (RULER's ``string_match_all`` scores it 1.0).
+Without the chat template the prompt is RULER's: context, newline, question, answer prefix. The gold answer is the
+expected outputs joined by ``", "`` (RULER's ``string_match_all`` scores it 1.0).
 """
 
 from __future__ import annotations
@@ -28,11 +27,7 @@ DEFAULT_RULER_SAMPLES = 10
 
 @dataclass(frozen=True)
 class RulerOptions:
-    """Options of the RULER suite.
-
-    Args:
-        context_tokens: context length of every generated sample, in tokens of the model's tokenizer.
-    """
+    """Options of the RULER suite: ``context_tokens``, each sample's context length in the model's tokens."""
 
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
 

@@ -1,4 +1,1 @@
-"""The benchmarks' own protocols: LongBench's data, prompts and metrics, the RULER-style generators, JSON lines.
-
-Nothing is imported here: import the modules by path.
-"""
+"""The benchmarks' own protocols: LongBench's data, prompts and metrics, the RULER-style generators, JSON lines."""

@@ -1,21 +1,9 @@
 """The LongBench v1 / LongBench-E evaluation protocol (THUDM/LongBench ``pred.py`` and ``eval.py``), English tasks.
 
-Protocol, per record:
-
-1. format the task's official template (``config/dataset2prompt.json``) with the record's ``context`` and ``input``;
-2. tokenize it; if it has more than ``max_length`` tokens, keep the first and the last ``max_length // 2`` tokens,
-   decode each half (special tokens skipped) and join the two texts (middle truncation);
-3. apply the chat template, except for the tasks in :data:`NO_CHAT_TEMPLATE` (``chat_template="auto"``, pred.py's
-   rule; ``"on"`` / ``"off"`` apply it to every task / to none: :func:`uses_chat_template`);
-4. greedy decoding for :data:`MAX_NEW_TOKENS` tokens (samsum also stops at a newline: :func:`stop_on_newline`); the
-   first generated token is never a stop token (pred.py passes ``min_length`` for samsum; ``ripplekv eval`` does it
-   for every task, see :data:`ripplekv_eval.running.config.MIN_NEW_TOKENS`);
-5. score: :func:`postprocess` (first line for :data:`FIRST_LINE_TASKS`), the max over the answers of the task's
-   metric (:data:`TASK_METRIC`), and ``round(100 * mean, 2)`` over the task (:func:`task_score`); LongBench-E also
-   reports the mean per length bucket (:func:`task_score_e`).
-
-Steps 1-3 are :func:`build_prompt`, step 5 :func:`score_record`. LongBench-E files (``<task>_e.jsonl``) use the
-prompt, generation length and metric of their base task.
+Per record: the task's official template; middle truncation to ``max_length`` tokens; the chat template except for
+:data:`NO_CHAT_TEMPLATE` (:func:`build_prompt`); greedy decoding for :data:`MAX_NEW_TOKENS` (samsum also stops at a
+newline); scoring by :func:`score_record`, ``round(100 * mean, 2)`` per task, per length bucket for LongBench-E.
+``<task>_e.jsonl`` files use their base task's prompt, length and metric.
 """
 
 from __future__ import annotations
@@ -130,10 +118,11 @@ def _parse_record(task: str, raw: Any, where: str) -> LongBenchRecord:
 
 
 def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
-    """Read ``<data_dir>/<task>.jsonl`` (official LongBench format, one JSON object a line; blank lines skipped).
+    """Read ``<data_dir>/<task>.jsonl`` (official LongBench format).
 
-    Raises ValueError for an unknown task or a malformed line (the message names the file and the line number),
-    FileNotFoundError when the file is missing.
+    Raises:
+        ValueError: an unknown task or a malformed line (the message names the file and line).
+        FileNotFoundError: the file is missing.
     """
     base_task(task)  # validates the name before touching the disk
     path = Path(data_dir) / f"{task}.jsonl"
@@ -147,13 +136,11 @@ def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
 
 @dataclass(frozen=True)
 class BuiltPrompt:
-    """The model input for one record.
+    """The model input for one record: the final prompt ``text`` (truncated, chat template applied) and its ids.
 
-    ``text``: the final prompt string (after truncation and chat template); ``input_ids``: its token ids, ready for
-    ``generate``; ``truncated``: whether middle truncation removed tokens; ``question_start``: the index in
-    ``input_ids`` of the first token of the part of the prompt that follows ``{context}`` in the template (the
-    question / instruction, plus the chat template's assistant header), for query-agnostic protocols that prefill
-    ``input_ids[:question_start]`` alone. Best effort, see :func:`build_prompt`.
+    ``question_start`` indexes the first token of what follows ``{context}`` in the template (the question, plus the
+    chat template's assistant header), for query-agnostic protocols that prefill ``input_ids[:question_start]`` alone;
+    best effort, see :func:`build_prompt`.
     """
 
     text: str
@@ -184,9 +171,8 @@ def _token_index_at(
 def _question_char_index(text: str, question: str) -> int:
     """Where the question part starts in ``text``; -1 when none of it is left.
 
-    Trailing whitespace is ignored (chat templates often trim the message). When truncation cut into the question,
-    the longest tail of it found in ``text`` is used: a tail present in ``text`` implies every shorter tail is, so
-    the start of the longest one is found by bisection.
+    Trailing whitespace is ignored (chat templates often trim the message). When truncation cut into the question, the
+    start of its longest tail in ``text`` is found by bisection (a tail present implies every shorter one is).
     """
     question = question.rstrip()
     if not question:
@@ -209,11 +195,8 @@ def _question_char_index(text: str, question: str) -> int:
 def uses_chat_template(task: str, tokenizer: PreTrainedTokenizerBase, chat_template: str = "auto") -> bool:
     """Whether the prompt of ``task`` goes through the tokenizer's chat template.
 
-    Args:
-        task: a LongBench task (``_e`` variants included).
-        tokenizer: the tokenizer; ``auto`` uses its ``chat_template`` only when it has one.
-        chat_template: ``auto`` (pred.py: every task but :data:`NO_CHAT_TEMPLATE`), ``on`` (every task; the
-            tokenizer must have a chat template) or ``off`` (no task).
+    ``chat_template``: ``auto`` (pred.py: every task but :data:`NO_CHAT_TEMPLATE`, when the tokenizer has a template),
+    ``on`` (every task; the tokenizer must have one) or ``off``.
     """
     if chat_template not in CHAT_TEMPLATE_MODES:
         raise ValueError(f"chat_template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {chat_template!r}")
@@ -228,29 +211,15 @@ def uses_chat_template(task: str, tokenizer: PreTrainedTokenizerBase, chat_templ
 def build_prompt(
     record: LongBenchRecord, tokenizer: PreTrainedTokenizerBase, max_length: int, chat_template: str = "auto"
 ) -> BuiltPrompt:
-    """Official prompt for ``record``: template, middle truncation to ``max_length`` tokens, chat template.
+    """Official prompt for ``record``: template, middle truncation to ``max_length`` (>= 2) tokens, chat template.
 
-    Args:
-        record: the sample.
-        tokenizer: the model's tokenizer.
-        max_length: middle truncation length in tokens (>= 2).
-        chat_template: ``auto`` (pred.py's rule), ``on`` or ``off``: see :func:`uses_chat_template`.
+    As ``pred.py``: the prompt is tokenized with the tokenizer's special tokens (e.g. a BOS); past ``max_length``
+    tokens, the first and last ``max_length // 2`` are decoded separately (special tokens skipped) and joined. The
+    chat template's text already holds its special tokens, so it is tokenized with ``add_special_tokens=False``.
 
-    Middle truncation follows ``pred.py``: the formatted prompt is tokenized as the tokenizer does by default (with
-    its special tokens, e.g. a BOS); if that gives more than ``max_length`` tokens, the first and last
-    ``max_length // 2`` tokens are decoded separately (special tokens skipped) and the two texts concatenated.
-
-    Chat template (``auto``): applied unless the task is in :data:`NO_CHAT_TEMPLATE` or the tokenizer has no
-    ``chat_template``, as ``apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-    tokenize=False)``. Its text already holds the template's special tokens, so it is tokenized with
-    ``add_special_tokens=False`` (no second BOS); a plain prompt is tokenized with the tokenizer's special tokens,
-    as ``pred.py`` does.
-
-    ``question_start`` is found by locating, in the final text, the last occurrence of the template's text after
-    ``{context}`` (formatted with the record's ``input``), then the first token covering that character (offset
-    mapping of a fast tokenizer; a slow tokenizer tokenizes the prefix alone). When truncation cut into that text
-    (``max_length`` smaller than about twice the question), the longest tail of it still present is used; when
-    nothing of it is left, ``question_start == len(input_ids)``.
+    ``question_start``: the first token covering the last occurrence of the template's text after ``{context}`` (fast
+    tokenizer: offset mapping; slow: the prefix tokenized alone). When truncation cut into it (``max_length`` under
+    about twice the question) its longest remaining tail is used; when none is left, ``len(input_ids)``.
     """
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2 (two non-empty halves), got {max_length!r}")

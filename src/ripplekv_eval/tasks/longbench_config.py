@@ -1,5 +1,4 @@
-"""The official LongBench v1 configuration tables (THUDM/LongBench ``LongBench/config/*.json`` and ``pred.py`` /
-``eval.py`` constants), English tasks: prompts, generation lengths, chat-template and post-processing rules, metrics.
+"""The official LongBench v1 tables (THUDM/LongBench ``config/*.json``, ``pred.py``, ``eval.py``), English tasks.
 
 Re-exported by :mod:`ripplekv_eval.tasks.longbench`, which implements the protocol on top of them.
 """
@@ -110,8 +109,7 @@ PROMPTS: dict[str, str] = {
     "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
     "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
 }
-"""Official prompt templates (``LongBench/config/dataset2prompt.json`` of THUDM/LongBench), character for character,
-typos included, with ``{context}`` and ``{input}`` placeholders."""
+"""Official prompt templates (``config/dataset2prompt.json``), character for character, typos included."""
 
 MAX_NEW_TOKENS: dict[str, int] = {
     "narrativeqa": 128,
@@ -137,8 +135,7 @@ NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsh
 """Tasks whose prompt is fed raw, without the chat template (few-shot and code completion)."""
 
 CHAT_TEMPLATE_MODES: tuple[str, ...] = ("auto", "on", "off")
-"""``auto``: pred.py's rule (the chat template except for :data:`NO_CHAT_TEMPLATE`); ``on``: every task; ``off``:
-none."""
+"""``auto``: pred.py's rule (all but :data:`NO_CHAT_TEMPLATE`); ``on``: every task; ``off``: none."""
 
 FIRST_LINE_TASKS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})
 """Tasks whose prediction is cut to its first line before scoring."""

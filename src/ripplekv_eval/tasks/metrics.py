@@ -1,19 +1,8 @@
-"""The official LongBench v1 metrics (THUDM/LongBench ``metrics.py``), English tasks only.
+"""The official LongBench v1 metrics (THUDM/LongBench ``metrics.py``), English tasks, quirks included.
 
-Every metric has the signature ``metric(prediction, ground_truth, all_classes=None) -> float`` and scores one
-prediction against ONE ground-truth answer; a sample's score is the max over its answers (see
-:func:`ripplekv_eval.tasks.longbench.score_record`).
-
-Behaviour follows the official code, including its quirks (documented where they matter):
-
-* :func:`classification_score` removes sub-string matches from a list while iterating over it (so the element after
-  a removed one is never examined), and its ``difflib`` fallback is unreachable in the official code (the test is
-  ``em_match_list != 0``, which is always true), so a prediction that names no class scores 0.
-* :func:`code_sim_score` skips lines that CONTAIN a backtick, ``#`` or ``//`` (not only lines that start with one).
-* :func:`fuzz_ratio` is ``fuzzywuzzy.fuzz.ratio`` as the official environment runs it: fuzzywuzzy without
-  python-Levenshtein, i.e. ``difflib.SequenceMatcher``. With python-Levenshtein (or rapidfuzz) installed the
-  integer scores differ on a fair share of code lines (85 of 403 pairs built from the LongBench code answers), so
-  the difflib path is reimplemented here rather than left to whichever backend happens to be installed.
+Each metric scores one prediction against ONE ground-truth answer, ``metric(prediction, ground_truth,
+all_classes=None) -> float``; a sample scores the max over its answers
+(:func:`ripplekv_eval.tasks.longbench.score_record`).
 """
 
 from __future__ import annotations
@@ -68,11 +57,10 @@ def qa_f1_score(prediction: str, ground_truth: str, all_classes: Sequence[str] |
 
 
 def rouge_score(prediction: str, ground_truth: str, all_classes: Sequence[str] | None = None) -> float:
-    """ROUGE-L F from the ``rouge==1.0.1`` package; 0.0 where that package raises (empty text, too deep recursion).
+    """ROUGE-L F from the ``rouge==1.0.1`` package; 0.0 where that package raises.
 
-    The official code wraps the call in a bare ``except``; catching ``Exception`` covers every error the package
-    raises (ValueError on an empty hypothesis/reference, ZeroDivisionError on whitespace-only text, RecursionError
-    on very long sentences) without swallowing KeyboardInterrupt.
+    The official code's bare ``except`` becomes ``except Exception``: it covers ValueError (empty text),
+    ZeroDivisionError (whitespace-only text) and RecursionError (very long sentences), not KeyboardInterrupt.
     """
     from rouge import Rouge  # imported lazily: only the summarization tasks need it
 
@@ -86,9 +74,9 @@ def rouge_score(prediction: str, ground_truth: str, all_classes: Sequence[str] |
 def classification_score(prediction: str, ground_truth: str, all_classes: Sequence[str] | None = None) -> float:
     """Official trec/lsht score: 1/k when the ground truth is among the k class names found in the prediction.
 
-    Class names found in the prediction (as sub-strings, in ``all_classes`` order) that are a strict sub-string of
-    the ground truth are dropped, with the official loop's quirk: the list is mutated while it is walked, so the
-    element right after a dropped one is not examined and stays. No class name found: 0.0.
+    Found names (sub-strings, in ``all_classes`` order) that are a strict sub-string of the ground truth are dropped,
+    with the official loop's quirk: the list is mutated while walked, so the element after a dropped one stays. The
+    official ``difflib`` fallback is unreachable (``em_match_list != 0`` is always true): no class name found is 0.0.
     """
     if all_classes is None:
         raise ValueError("classification_score needs all_classes (the task's list of class names)")
@@ -131,8 +119,9 @@ def retrieval_score(prediction: str, ground_truth: str, all_classes: Sequence[st
 def fuzz_ratio(first: str, second: str) -> int:
     """``fuzzywuzzy.fuzz.ratio`` (0.18.0, pure-Python backend): ``round(100 * SequenceMatcher.ratio())``.
 
-    Equal strings score 100 (even two empty ones), an empty string against a non-empty one scores 0; rounding is
-    Python's ``round`` (half to even), as fuzzywuzzy's ``utils.intr`` does.
+    The official environment has no python-Levenshtein; with it (or rapidfuzz) the scores differ on 85 of 403 pairs
+    built from LongBench's code answers, hence this reimplementation. Equal strings score 100 (even two empty ones),
+    an empty against a non-empty one 0; ``round`` is half to even, as fuzzywuzzy's ``utils.intr``.
     """
     if first == second:
         return 100
@@ -144,8 +133,8 @@ def fuzz_ratio(first: str, second: str) -> int:
 def code_sim_score(prediction: str, ground_truth: str, all_classes: Sequence[str] | None = None) -> float:
     """``fuzz_ratio / 100`` between the ground truth and the first prediction line free of a backtick, ``#``, ``//``.
 
-    Leading newlines are dropped first; a line containing (anywhere) a backtick, ``#`` or ``//`` is skipped, as in
-    the official code. No such line: the prediction counts as the empty string.
+    As officially: leading newlines dropped, a line CONTAINING any of them (not only starting with one) skipped; no
+    such line counts as the empty string.
     """
     first_code_line = ""
     for line in prediction.lstrip("\n").split("\n"):

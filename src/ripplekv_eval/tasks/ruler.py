@@ -1,25 +1,10 @@
 """RULER-style synthetic long-context tasks, generated locally from a seed and scored by string match.
 
 The task families follow RULER (Hsieh et al., 2024, "RULER: What's the Real Context Size of Your Long-Context
-Language Models?"): needle retrieval in several flavours, variable tracking, common-words extraction and
-frequent-words extraction. Nothing is downloaded: the essay haystack is the Paul Graham collection read by
-:mod:`ripplekv.profiling.haystack`, every other text is built here from a seeded :class:`random.Random`.
-
-Every context is sized in tokens of the tokenizer it is generated for: it never exceeds ``context_tokens`` and
-normally lands within 2% of it. Filler pieces (haystack words or sentences, list entries, coded words) are
-tokenized once, their counts summed to pick a size, and the whole context is tokenized only to confirm (and, where
-seams between pieces tokenize differently, correct) that choice, a few times at most.
-
-Prompt layout (as in RULER, split where the question starts)::
-
-    context:  <task instruction>\\n<haystack / list / coded text>
-    question: <the query>
-    answer_prefix: <RULER's answer prefix, for base models; optional>
-
-:meth:`SyntheticSample.prompt` joins them. Scoring is RULER's ``string_match_all`` / ``string_match_part``
-(:func:`score`); every task here uses ``"all"``, as RULER does for its synthetic tasks. The generators live in
-:mod:`ripplekv_eval.tasks.ruler_niah` (needle retrieval) and :mod:`ripplekv_eval.tasks.ruler_tasks` (the
-others), the filler text and token accounting in :mod:`ripplekv_eval.tasks.ruler_text`.
+Language Models?"): needle retrieval (:mod:`~ripplekv_eval.tasks.ruler_niah`), variable tracking, common- and
+frequent-words extraction (:mod:`~ripplekv_eval.tasks.ruler_tasks`). Nothing is downloaded: the haystack is
+:mod:`ripplekv.profiling.haystack`'s essays, other text is drawn from a seeded :class:`random.Random`; contexts are
+sized in the tokenizer's tokens (:mod:`~ripplekv_eval.tasks.ruler_text`).
 """
 
 from __future__ import annotations
@@ -71,9 +56,10 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 def generate(task: str, tokenizer: TextTokenizer, context_tokens: int, seed: int) -> SyntheticSample:
     """One sample of ``task`` whose context has at most (and close to) ``context_tokens`` tokens.
 
-    Everything (needle keys and values, depths, haystack start, word lists) is drawn from ``seed``, so the same
-    arguments always give the same sample. Raises ``ValueError`` for an unknown task or a context too small
-    for the task's fixed parts.
+    Everything is drawn from ``seed``: the same arguments always give the same sample.
+
+    Raises:
+        ValueError: an unknown task, or a context too small for the task's fixed parts.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; tasks are: {', '.join(TASKS)}")
@@ -114,8 +100,8 @@ def generate_suite(
 ) -> list[SyntheticSample]:
     """``samples_per_task`` samples of each task (all of :data:`TASKS` by default), grouped by task.
 
-    Sample ``j`` of a task gets a seed derived from ``(seed, j)`` (stored in ``sample.seed``, so
-    ``generate(sample.task, tokenizer, context_tokens, sample.seed)`` rebuilds it).
+    Sample ``j``'s seed derives from ``(seed, j)`` and is stored in ``sample.seed``, so
+    ``generate(sample.task, tokenizer, context_tokens, sample.seed)`` rebuilds it.
     """
     _check_int("samples_per_task", samples_per_task, 1)
     _check_int("seed", seed, -(2**63))
@@ -139,10 +125,9 @@ def score(
 ) -> float:
     """RULER's string match for one prediction, in [0, 1].
 
-    ``"all"`` (``string_match_all``): the fraction of answers that occur in the prediction; ``"part"``
-    (``string_match_part``): 1.0 when any answer occurs. Matching is case-insensitive substring search after
-    RULER's post-processing (control characters become newlines, surrounding whitespace is stripped). Given a
-    sample, its metric is used, and its answers unless ``answers`` is passed.
+    ``"all"`` (``string_match_all``): the fraction of answers found in the prediction; ``"part"``
+    (``string_match_part``): 1.0 when any is. Case-insensitive substring search after RULER's post-processing (control
+    characters become newlines, whitespace stripped). A sample gives its metric, and its answers unless passed.
     """
     if isinstance(sample_or_metric, SyntheticSample):
         metric = sample_or_metric.metric

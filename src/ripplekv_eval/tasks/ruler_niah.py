@@ -1,10 +1,6 @@
-"""The RULER-style needle-retrieval tasks (:mod:`ripplekv_eval.tasks.ruler`): single, multi-key, multi-value
-and multi-query needles in noise, essay or needle haystacks (Hsieh et al., 2024, "RULER: What's the Real Context
-Size of Your Long-Context Language Models?").
-
-:func:`generate_niah` takes ``(spec, tokenizer, target, rng, task)`` with ``spec = NIAH_TASKS[task]`` and returns
-``(context, context_tokens, question, answers, answer_prefix)``; the other tasks are in
-:mod:`~ripplekv_eval.tasks.ruler_tasks`.
+"""The RULER-style needle-retrieval tasks (:mod:`ripplekv_eval.tasks.ruler`): single, multi-key, multi-value and
+multi-query needles in noise, essay or needle haystacks; :func:`generate_niah` is a
+:data:`~ripplekv_eval.tasks.ruler_tasks.Generator` given ``spec = NIAH_TASKS[task]`` first.
 """
 
 from __future__ import annotations
@@ -27,9 +23,7 @@ from ripplekv_eval.tasks.ruler_text import (
 
 __all__ = ["NIAH_TASKS", "generate_niah"]
 
-# ---------------------------------------------------------------------------------------------------------
 # Needle in a haystack
-# ---------------------------------------------------------------------------------------------------------
 
 _DEPTHS = tuple(round(100 * i / 39) / 100 for i in range(40))  # RULER's 40 evenly spaced depths, 0 to 1
 _VALUE_LABELS = {"number": "numbers", "word": "words", "uuid": "uuids"}

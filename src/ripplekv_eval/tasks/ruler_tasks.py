@@ -1,9 +1,5 @@
 """The RULER-style tasks other than needle retrieval (:mod:`ripplekv_eval.tasks.ruler`): variable tracking,
-common-words extraction and frequent-words extraction (Hsieh et al., 2024, "RULER: What's the Real Context Size of
-Your Long-Context Language Models?"); the needle tasks are in :mod:`~ripplekv_eval.tasks.ruler_niah`.
-
-Every generator takes ``(tokenizer, target, rng, task)`` and returns ``(context, context_tokens, question, answers,
-answer_prefix)``; :data:`OTHER_TASKS` lists them by task name with their answer lengths.
+common-words and frequent-words extraction; :data:`OTHER_TASKS` maps each to its :data:`Generator` and answer length.
 """
 
 from __future__ import annotations
@@ -33,9 +29,7 @@ Generator = Callable[..., tuple[str, int, str, tuple[str, ...], str]]
 """``(tokenizer, target, rng, task) -> (context, context_tokens, question, answers, answer_prefix)``."""
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Variable tracking
-# ---------------------------------------------------------------------------------------------------------
 
 _VT_CHAINS = 1  # RULER's defaults
 _VT_HOPS = 4
@@ -72,9 +66,7 @@ def _generate_vt(
     return context, count, question, answers, answer_prefix
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Common words extraction
-# ---------------------------------------------------------------------------------------------------------
 
 _CWE_COMMON = 10  # words asked for
 _CWE_FREQ_COMMON = 30  # RULER's frequencies for long lists; scaled down for short ones (see _cwe_frequencies)
@@ -158,9 +150,7 @@ def _generate_cwe(
     return context, count, question, tuple(common_words), answer_prefix
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Frequent words extraction
-# ---------------------------------------------------------------------------------------------------------
 
 _FWE_ALPHA = 2.0  # Zipf exponent (RULER's default)
 _FWE_ZETA = math.pi**2 / 6  # zeta(2): word k appears floor(N * k^-2 / zeta(2)) times

@@ -1,10 +1,8 @@
-"""Filler text for the RULER-style tasks (:mod:`ripplekv_eval.tasks.ruler`): word lists, token accounting,
-haystacks.
+"""Filler text for the RULER-style tasks (:mod:`ripplekv_eval.tasks.ruler`): word lists, haystacks, token accounting.
 
-Every context is sized in tokens of the tokenizer it is generated for. Filler pieces (haystack words or sentences,
-list entries, coded words) are tokenized once and their counts summed to pick a size (:class:`Units`); the whole
-context is tokenized only to confirm (and, where seams between pieces tokenize differently, correct) that choice, a
-few times at most (:func:`fit_context`).
+A context never exceeds its token target and normally lands within 2% of it. Filler pieces are tokenized once and
+their counts summed to pick a size (:class:`Units`); the whole context is tokenized only to confirm (or, where seams
+between pieces tokenize differently, correct) that choice, a few times at most (:func:`fit_context`).
 """
 
 from __future__ import annotations
@@ -35,10 +33,8 @@ __all__ = [
     "piece_token_counts",
 ]
 
-# ---------------------------------------------------------------------------------------------------------
-# Word lists (written for this module). Lists are made substring-free at first use (a word that occurs inside
-# another word of the same list is dropped), so one answer can never be matched by printing a different word.
-# ---------------------------------------------------------------------------------------------------------
+# Word lists (written for this module), made substring-free at first use (a word inside another word of the same
+# list is dropped), so one answer can never be matched by printing a different word.
 
 _ADJECTIVES_TEXT = """
 ancient angry bitter blazing bouncy brave breezy bright brisk bumpy calm careful cheerful chilly clever cloudy clumsy
@@ -95,9 +91,7 @@ def cwe_words() -> tuple[str, ...]:
     return _substring_free(_ADJECTIVES_TEXT.split() + _NOUNS_TEXT.split() + _VERBS_TEXT.split())
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Token accounting
-# ---------------------------------------------------------------------------------------------------------
 
 _FIT_TOLERANCE = 0.02  # stop refining once the context is within 2% below the target
 _MAX_FIT_ROUNDS = 12  # full tokenizations at most per sample (typically 1-3)
@@ -264,15 +258,8 @@ def fit_with_inserts(
     preamble: str,
     placed: list[tuple[float, str]],
 ) -> tuple[str, int]:
-    """The preamble and as much of ``hay`` as fits ``target`` tokens, each ``(depth, text)`` inserted at its depth.
-
-    Args:
-        tokenizer: the tokenizer the context is sized for.
-        target: the context's token budget.
-        task: the task's name (for the error when even the smallest context is too long).
-        hay: the filler units.
-        preamble: the text before the filler.
-        placed: ``(depth, text)`` pairs, each inserted at its relative depth in the filler.
+    """The preamble and as much of ``hay`` as fits ``target`` tokens, each ``(depth, text)`` inserted at its
+    relative depth in the filler (``task`` names the task in the error when even the smallest context is too long).
     """
     fixed = sum(piece_token_counts(tokenizer, [preamble + "\n", *(" " + text for _, text in placed)]))
 
@@ -291,9 +278,7 @@ def fit_with_inserts(
     )
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Haystacks
-# ---------------------------------------------------------------------------------------------------------
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 _NOISE_SENTENCES = tuple(" " + sentence.strip() for sentence in re.findall(r"[^.]+\.", NOISE))
@@ -333,8 +318,7 @@ def _essay_words(index: int) -> tuple[tuple[str, ...], tuple[bool, ...]]:
 
 
 def essay_source(start: int) -> Iterator[Batch]:
-    """Essay words from essay ``start`` on (cycling through the sorted collection), a needle only at sentence
-    starts."""
+    """Essay words from essay ``start`` on (cycling through the collection), a needle only at sentence starts."""
     total = len(essays())
     for offset in itertools.count():
         words, breakable = _essay_words((start + offset) % total)
