@@ -117,7 +117,8 @@ class LayerDamage:
 
     Args:
         kl: per layer, mean KL(full || only that layer compressed) over the answer, nats (float64 accumulation).
-        top1: per layer, the answer's tokens greedy decoding over that cache would pick (``top1_agreement``).
+        top1: per layer, the fraction of the answer's tokens greedy decoding over that cache would pick
+            (``top1_agreement``).
         uniform_kl: the same KL with every layer compressed (plain SnapKV), for reference.
         uniform_top1: its top-1 agreement.
         kept: tokens the compressed layer keeps (every layer keeps the same under SnapKV).

@@ -132,8 +132,8 @@ class TuneConfig:
         eval: the suite and its options, as for ``ripplekv eval``; its ``methods``, ``profile`` and ``score`` are
             ignored.
         profiles: label -> profile path, in order; the first is the defaults' profile.
-        ratios: the grid of ``r`` (each >= 1); the default ``r = 4`` is added when absent.
-        gammas: the grid of ``gamma`` (each >= 1); the default ``gamma = 3`` is added when absent.
+        ratios: the grid of ``r`` (each >= 1); the default ``r = 4`` is added when absent, as ``gamma = 3`` to
+            ``gammas``.
         grids: the rivals' grids (:func:`method_grid`), scored next to RippleKV's candidates.
         scorer: the token scorer of every candidate and of the uniform reference (default SnapKV).
         calibration_fraction: the share of each task's prompts (its first ones, in suite order) that selects the

@@ -51,12 +51,12 @@ class _RecordedKwargs(dict):
 
 
 def is_derivable(press: BasePress) -> bool:
-    """Whether ``press`` keeps :class:`BasePress`'s ``forward_hook`` and ``__call__`` and does not opt out.
+    """Whether ``press`` does not opt out and keeps :class:`BasePress`'s ``forward_hook`` and ``__call__``.
 
-    Then its whole effect on a prefill is what ``compress`` returns plus the head-wise masks it leaves (a press class
-    opts out with ``derivable_from_record = False``). :func:`derive_cache` also checks on every call that ``compress``
-    writes no recorded tensor, reads only recorded kwargs (all but ``past_key_values``) and no more hidden states than
-    recorded (:func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_needed`).
+    Then its whole effect on a prefill is what ``compress`` returns plus the head-wise masks it leaves; a per-prompt
+    press (``derives_all_layers``) derives every layer itself. A class opts out with ``derivable_from_record = False``.
+    :func:`derive_cache` also checks on every call that ``compress`` writes no recorded tensor, reads only recorded
+    kwargs (all but ``past_key_values``) and no more hidden states than recorded.
     """
     if not getattr(press, "derivable_from_record", True):
         return False

@@ -92,7 +92,8 @@ def record_prefill(
         residual_statistics: ``fn(residual_in, attention_output)`` per name, both ``(batch, tokens, hidden)``, computed
             per layer as the prefill runs (what a per-prompt press such as SqueezeAttention reads) and kept in each
             layer record's ``statistics``. A chunked prefill needs each to be a
-            :class:`~ripplekv.allocation.per_prompt.TokenStatistic` (:func:`residual_statistics_of`), else ValueError.
+            :class:`~ripplekv.allocation.per_prompt.TokenStatistic` (per-token values of every chunk, reduced once over
+            the prompt: :func:`residual_statistics_of`), else ValueError.
         prescore: ExpectedAttention scorers (:func:`~ripplekv_eval.fastpath.hidden_tail.prescored_scorers`) scored while
             the prefill runs, so no full hidden states are kept: in one pass exactly as derived, in chunks from
             :mod:`ripplekv_eval.fastpath.query_moments` (to the model dtype's rounding). Pinned in the record's memo;
