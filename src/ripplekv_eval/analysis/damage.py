@@ -1,22 +1,10 @@
 """Per-layer damage: the fidelity loss of compressing one layer alone, for every layer, from one prefill.
 
-The damage of layer ``l`` at budget ``b`` on a prompt is ``fidelity_kl`` exactly as
-:mod:`ripplekv_eval.running.rows` computes it (mean KL(full || candidate) in nats over the full cache's own greedy
-answer, teacher-forced, float64) for a candidate cache in which **only layer l** is compressed (SnapKV's scorer, keeping
-the tokens SnapKV keeps at ``b``) and every other layer is the full cache.
-
-All of it comes from one prefill per prompt. kvpress compresses a layer in a hook that runs *after* the layer's
-attention, so compressing layer ``l`` never changes the hidden states any layer sees during the prefill, nor the
-keys and values any other layer caches. Hence the single-layer cache of layer ``l`` is the full cache with layer
-``l`` replaced by layer ``l`` of the uniform SnapKV cache: :func:`uniform_compressed` derives that cache once per
-budget from the prefill record (:func:`ripplekv_eval.fastpath.derive.derive_cache`), and :func:`single_layer_cache`
-splices one of its layers into the record's full tensors (by reference, no copy). The tests check this against a
-real prefill with :class:`SingleLayerPress` (only layer ``l`` compressed) tensor for tensor, and the damage
-against a teacher-forced pass over that prefill.
-
-Per prompt and budget this costs one derivation of the SnapKV cache and ``layers + 1`` teacher-forced passes of the
-answer (one per layer, plus the all-layers SnapKV cache, recorded for reference); the prefill and the full cache's
-answer are shared by every budget.
+The damage of layer ``l`` at budget ``b`` is ``fidelity_kl`` (as :mod:`ripplekv_eval.running.rows` computes it)
+of a cache where only layer ``l`` is compressed by SnapKV at ``b``. kvpress compresses after each layer's attention,
+so that cache is the full cache with layer ``l`` spliced from the uniform SnapKV cache, derived once per budget
+(tested against a real prefill under :class:`SingleLayerPress`). Per prompt and budget: one derivation and
+``layers + 1`` teacher-forced passes (the +1: all layers compressed, for reference).
 """
 
 from __future__ import annotations
@@ -62,13 +50,8 @@ DAMAGE_METHOD = "snapkv"
 class SingleLayerPress(BasePress):
     """Compress only layer ``layer`` with ``press``; every other layer keeps its full cache.
 
-    The direct definition of single-layer compression (a real prefill under this press); :func:`single_layer_cache`
-    derives the same cache from a shared prefill. Applying it switches the model to variable-length attention,
-    since the layers then hold different numbers of tokens.
-
-    Args:
-        press: the press compressing the layer (e.g. ``make_press("snapkv", budget=0.1)``).
-        layer: the layer's index (>= 0, below the model's number of layers).
+    The direct definition that :func:`single_layer_cache` derives from a shared prefill. It switches the model to
+    variable-length attention, since the layers then hold different numbers of tokens.
     """
 
     press: BasePress
@@ -81,11 +64,7 @@ class SingleLayerPress(BasePress):
             raise ValueError(f"layer must be an integer >= 0, got {self.layer!r}")
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the layer exists, enable variable-length attention, then set up the inner press.
-
-        Args:
-            model: the model the press is applied to.
-        """
+        """Check the layer exists, enable variable-length attention, then set up the inner press."""
         layers = int(model.config.get_text_config().num_hidden_layers)
         if self.layer >= layers:
             raise ValueError(f"layer {self.layer} does not exist: the model has {layers} layers")
@@ -110,10 +89,8 @@ class SingleLayerPress(BasePress):
 def uniform_compressed(record: PrefillRecord, press: BasePress) -> list[KVPair]:
     """Every layer's ``(keys, values)`` under ``press``, derived from ``record`` (no model pass).
 
-    Args:
-        record: the prompt's recorded full prefill.
-        press: a press acting through the keys and values alone (SnapKV); one that masks keys head-wise (AdaKV) is
-            refused with :class:`~ripplekv_eval.fastpath.derive.NotDerivableError`.
+    Raises:
+        NotDerivableError: for a press that masks keys head-wise (AdaKV): its layers cannot be spliced.
     """
     cache = derive_cache(record, press)
     if any(headwise_of(layer) is not None for layer in cache.layers):
@@ -124,13 +101,7 @@ def uniform_compressed(record: PrefillRecord, press: BasePress) -> list[KVPair]:
 
 
 def single_layer_cache(record: PrefillRecord, compressed: Sequence[KVPair], layer: int) -> DynamicCache:
-    """The full cache of ``record`` with layer ``layer`` replaced by ``compressed[layer]`` (tensors by reference).
-
-    Args:
-        record: the prompt's recorded full prefill.
-        compressed: every layer's compressed ``(keys, values)`` (from :func:`uniform_compressed`).
-        layer: the layer to compress.
-    """
+    """The full cache of ``record`` with layer ``layer`` replaced by ``compressed[layer]`` (tensors by reference)."""
     if len(compressed) != len(record.layers):
         raise ValueError(f"{len(compressed)} compressed layers for a record of {len(record.layers)}")
     if not 0 <= layer < len(record.layers):
@@ -146,8 +117,8 @@ class LayerDamage:
 
     Args:
         kl: per layer, mean KL(full || only that layer compressed) over the answer, nats (float64 accumulation).
-        top1: per layer, the fraction of the answer's tokens that greedy decoding over that cache would pick (as
-            ``top1_agreement`` in the eval rows).
+        top1: per layer, the fraction of the answer's tokens greedy decoding over that cache would pick
+            (``top1_agreement``).
         uniform_kl: the same KL with every layer compressed (plain SnapKV), for reference.
         uniform_top1: its top-1 agreement.
         kept: tokens the compressed layer keeps (every layer keeps the same under SnapKV).
@@ -172,12 +143,8 @@ def layer_damage(
     """The damage of compressing each layer of ``record``'s prompt alone with ``press``.
 
     Args:
-        model: the model (variable-length attention enabled).
-        record: the recorded full prefill of the compressed part of the prompt.
-        press: the press compressing one layer (its uniform cache is derived once, then spliced layer by layer).
         reference: ``(len(tokens), vocab)`` log-probabilities of ``tokens`` teacher-forced over the full cache.
         tokens: the full cache's greedy answer.
-        stop_ids: the stop ids (for the top-1 agreement at the first position, as in the eval rows).
         question: tokens run over each cache before the answer (query-agnostic protocol); empty when the whole
             prompt was prefilled.
     """
@@ -204,10 +171,7 @@ def layer_damage(
 class DamageRunner:
     """Per-layer damage rows of one sample at a time (the sample's prefill and answer shared by every budget).
 
-    Args:
-        config: the evaluation options (suite, budgets, protocol, window, answer length); ``methods`` is ignored.
-        model: the model.
-        tokenizer: its tokenizer.
+    ``config.methods`` is ignored.
     """
 
     def __init__(self, config: EvalConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -224,12 +188,9 @@ class DamageRunner:
     def run_sample(
         self, sample: EvalSample, budgets: Sequence[float], answer: Sequence[int] | None = None
     ) -> Iterator[dict[str, Any]]:
-        """One row per budget of ``budgets`` for ``sample`` (see :mod:`ripplekv_eval.analysis.runner` for the fields).
+        """One row per budget of ``budgets`` for ``sample`` (fields: :mod:`ripplekv_eval.analysis.runner`).
 
-        Args:
-            sample: the sample.
-            budgets: the budgets still to run for it.
-            answer: the full cache's answer stored by an earlier run; decoded again when None.
+        ``answer`` is the full cache's answer stored by an earlier run; decoded again when None.
         """
         query_agnostic = self.config.protocol == "query-agnostic"
         prefix = sample.input_ids[: sample.question_start] if query_agnostic else sample.input_ids

@@ -1,9 +1,8 @@
 """Plots of ``ripplekv analyze`` (matplotlib, Agg).
 
-``damage_per_layer.png``: the mean damage per layer at every budget with its bootstrap interval (log scale), and
-below it the profile's KL and local scores per layer. ``damage_vs_profile_b<budget>.png`` (with a profile): the mean
-damage of each layer against its profile KL score and its local score (log-log, each point labelled with its layer),
-titled with rho.
+``damage_per_layer.png``: mean damage per layer per budget with its bootstrap band (log scale), and the profile's
+KL and local scores below. ``damage_vs_profile_b<budget>.png`` (with a profile): each layer's mean damage against
+its profile scores (log-log), titled with rho.
 """
 
 from __future__ import annotations
@@ -28,11 +27,7 @@ def _floor(values: list[float]) -> list[float]:
 
 
 def write_analysis_plots(summary: Mapping[str, Any], directory: str | os.PathLike[str]) -> list[Path]:
-    """Write the analysis plots of ``summary`` (:func:`ripplekv_eval.analysis.report.summarize`) into ``directory``.
-
-    Args:
-        summary: the analysis summary.
-        directory: the folder (created).
+    """Write the plots of ``summary`` (:func:`ripplekv_eval.analysis.report.summarize`) into ``directory`` (created).
 
     Returns:
         The paths written.

@@ -1,19 +1,9 @@
 """The summary of ``ripplekv analyze``: does a predictor rank layers as their measured damage does?
 
-For each budget, from the damage rows (:mod:`ripplekv_eval.analysis.damage`; one row per prompt and budget, each holding
-one damage per layer): the mean damage per layer over prompts with a 95% bootstrap interval, and, for each
-predictor,
-
-- ``rho``: Spearman's rho of the mean damage per layer with the mean predictor per layer, and its 95% percentile
-  bootstrap interval over prompts (:func:`ripplekv_eval.analysis.correlation.bootstrap_rho`);
-- ``per_prompt``: each prompt's own rho (its damage against its predictor row), median and quartiles;
-- ``top_k``: the overlap of the ``k`` most damaging layers with the predictor's ``k`` largest, and its chance level.
-
-Predictors (:data:`PREDICTORS`): the profile's KL scores and its local scores (when a profile is given), the layer
-index (``depth``: rho > 0 means deeper layers do more damage; the paper's 0.359 for depth is compared with this
-sign), and PyramidKV's per-layer budgets for each prompt's length, as shares of its total (``pyramidkv``: rho > 0
-would mean PyramidKV gives more tokens to the layers whose compression does more damage; its budgets fall with
-depth, so its rho is about minus depth's, ties aside).
+Per budget: the mean damage per layer over prompts (95% bootstrap interval) and, per predictor (:data:`PREDICTORS`),
+Spearman's ``rho`` of mean damage with mean predictor per layer (bootstrap interval over prompts), each prompt's
+own rho, and the top-k overlap with its chance level. ``depth``'s sign is the paper's (rho > 0: deeper layers do
+more damage); PyramidKV's budgets fall with depth, so its rho is about minus depth's.
 """
 
 from __future__ import annotations
@@ -174,8 +164,6 @@ def summarize(
         profile: the sensitivity profile whose scores are compared (None: depth and PyramidKV only).
         window_size: SnapKV's window (PyramidKV's schedule depends on it).
         top_k: how many top layers to compare (1 to the number of layers).
-        resamples: bootstrap resamples (>= 1).
-        seed: bootstrap seed (>= 0).
         confidence: interval level in (0, 1).
         context: copied into the summary (model, suite, files, ...).
     """
@@ -222,11 +210,7 @@ def _fmt(value: float | None) -> str:
 
 
 def to_markdown(summary: Mapping[str, Any]) -> str:
-    """The summary as Markdown tables: rho per predictor and budget, then the damage per layer.
-
-    Args:
-        summary: what :func:`summarize` returned.
-    """
+    """:func:`summarize`'s summary as Markdown tables: rho per predictor and budget, then the damage per layer."""
     stats = summary["statistics"]
     lines = [f"# Per-layer damage: {summary.get('model', '?')} on {summary.get('suite', '?')}", ""]
     lines.append(f"Damage: {summary['damage']}.")

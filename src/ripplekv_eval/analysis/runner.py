@@ -1,26 +1,18 @@
 """``ripplekv analyze``: per-layer damage on a suite's prompts, its rank agreement with a profile, oracle profiles.
 
-The prompts are those of ``ripplekv eval`` (:func:`ripplekv_eval.running.runner.build_samples`, same options).
-Each is prefilled once; the full cache's greedy answer is decoded once; then, at every budget, each layer is compressed
-alone and the answer teacher-forced over that cache (:mod:`ripplekv_eval.analysis.damage`).
+The prompts are ``ripplekv eval``'s (:func:`ripplekv_eval.running.runner.build_samples`). Output folder::
 
-Output folder::
-
-    config.json                   what ran (compared on resume; the profile and the statistics options are not:
-                                  they only shape the summary, recomputed on every run)
-    damage.jsonl                  one row per (prompt, budget), appended, flushed and fsynced as it finishes
+    config.json                   what ran (compared on resume; profile and statistics options only shape the summary)
+    damage.jsonl                  one row per (prompt, budget), flushed and fsynced as it finishes
     analysis.json                 the summary (:func:`ripplekv_eval.analysis.report.summarize`)
-    damage_profile_b<budget>.json the damage profile at each budget (:mod:`ripplekv.profiling.damage_profile`)
+    damage_profile_b<budget>.json the damage profile per budget (:mod:`ripplekv.profiling.damage_profile`)
     plots/                        :func:`ripplekv_eval.analysis.plots.write_analysis_plots`
 
-A row of ``damage.jsonl``: ``sample_id``, ``task``, ``method`` (``snapkv``, the compression applied to one layer),
-``budget``; ``prompt_tokens``, ``compressed_tokens`` (the prefilled part), ``kept_tokens`` (what the compressed
-layer keeps); ``damage_kl`` and ``damage_top1`` (one value per layer: the KL and top-1 agreement with only that
-layer compressed); ``uniform_kl`` and ``uniform_top1`` (every layer compressed: plain SnapKV); ``answer_tokens`` and
-``answer_ids`` (the full cache's answer, reused on resume); ``seconds``; ``prefill_seconds``; ``meta``.
-
-Re-running the same command resumes: finished rows are kept, an interrupted last line is redone, and a folder that
-holds another configuration is refused. An interruption loses at most the prompt (budget) in flight.
+A row: ``sample_id``, ``task``, ``method`` (``snapkv``), ``budget``, ``prompt_tokens``, ``compressed_tokens`` (the
+prefilled part), ``kept_tokens``, ``damage_kl`` and ``damage_top1`` (per layer, only that layer compressed),
+``uniform_kl`` and ``uniform_top1`` (every layer compressed), ``answer_tokens``, ``answer_ids`` (reused on resume),
+``seconds``, ``prefill_seconds``, ``meta``. Re-running resumes (an interrupted last line is redone); a folder of
+another configuration is refused.
 """
 
 from __future__ import annotations
@@ -58,15 +50,11 @@ DAMAGE_FILE = "damage.jsonl"
 ANALYSIS_FILE = "analysis.json"
 DEFAULT_TOP_K = 5
 DEFAULT_ANSWER_TOKENS = 32
-"""``ripplekv analyze``'s default cap on the answer teacher-forced (the issue's measurement used 32 tokens)."""
+"""``ripplekv analyze``'s default cap on the answer teacher-forced."""
 
 
 def damage_profile_name(budget: float) -> str:
-    """The file name of the damage profile at ``budget`` (``damage_profile_b0p1.json`` for 0.1).
-
-    Args:
-        budget: the budget.
-    """
+    """The file name of the damage profile at ``budget`` (``damage_profile_b0p1.json`` for 0.1)."""
     return "damage_profile_b" + f"{float(budget):g}".replace(".", "p") + ".json"
 
 
@@ -75,13 +63,10 @@ class AnalysisConfig:
     """What ``ripplekv analyze`` runs.
 
     Args:
-        eval: the suite and its options, as for ``ripplekv eval`` (suite, model, budgets, tasks, limit, profile,
-            protocol, window_size, max_new_tokens, seed, dtype, device, chat_template, options); its ``methods`` and
-            ``score`` are ignored (one layer is compressed with SnapKV; only fidelity is measured).
+        eval: the suite and its options, as for ``ripplekv eval``; its ``methods`` and ``score`` are ignored (one layer
+            is compressed with SnapKV; only fidelity is measured).
         top_k: how many of the most damaging layers are compared with each predictor's (>= 1).
         resamples: bootstrap resamples (at least the report's minimum, 2000).
-        bootstrap_seed: seed of the bootstrap (>= 0).
-        plots: write the plots.
     """
 
     eval: EvalConfig
@@ -113,13 +98,9 @@ class AnalysisSummary:
     """What one :func:`run_analysis` call did.
 
     Args:
-        out: the output folder.
-        summary: the analysis summary (also in ``analysis.json``).
         rows: damage rows in ``damage.jsonl`` at the end.
         new_rows: rows written by this call.
-        samples: prompts of the run.
         files: the files written besides ``damage.jsonl`` (summary, damage profiles, plots).
-        seconds: wall time of the call.
     """
 
     out: Path
@@ -138,14 +119,9 @@ def run_analysis(
     tokenizer: PreTrainedTokenizerBase | None = None,
     progress: bool = True,
 ) -> AnalysisSummary:
-    """Run (or resume) the analysis ``config`` into ``out``; see the module docstring.
+    """Run (or resume) the analysis ``config`` into ``out`` (created).
 
-    Args:
-        config: the analysis.
-        out: the output folder (created; resumed when it holds the same configuration).
-        model: the model (loaded from ``config.eval.model`` unless given together with ``tokenizer``).
-        tokenizer: its tokenizer.
-        progress: show a progress bar.
+    ``model`` is loaded from ``config.eval.model`` unless given together with ``tokenizer``.
     """
 
     from ripplekv.models import model_identity

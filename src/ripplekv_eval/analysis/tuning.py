@@ -1,34 +1,16 @@
-"""``ripplekv tune``: choose RippleKV's allocation (profile, r, gamma), and any rival's knobs, by fidelity on a
-calibration split.
+"""``ripplekv tune``: choose RippleKV's allocation (profile, r, gamma), and any rival's knobs, by fidelity.
 
-RippleKV's budgets come from a profile and two numbers: the disparity ``r`` (multipliers ``r ** s_l``) and the
-clip ``gamma`` (multipliers in ``[1/gamma, gamma]``). Every other method has knobs of its own (CAKE's ``tau1`` and
-``tau2``, SqueezeAttention's ``p``, DynamicKV's ``radio_max`` and window, PyramidKV's ``beta``, ...:
-:data:`ripplekv.presses.method_spec.METHOD_TABLE`), given as grids of method specs (``cake:tau1=0.5|1|2``,
-:func:`~ripplekv.presses.method_spec.expand_grid`), each method's defaults always among them. Tuning parity: every
-method's grid is scored on the same prompts, from the same prefill, under the same token scorer, by the same
-fidelity, and chosen by the same rule. This module scores every candidate -- every given profile crossed with every
-``r`` and ``gamma``, and every spec of every grid -- on a suite's prompts, by the fidelity of
-:mod:`ripplekv_eval.running.rows` (mean KL(full || candidate) over the full cache's own greedy answer,
-teacher-forced, float64), picks the candidate with the lowest mean KL on a calibration split, and measures its gain over
-the defaults (the first profile, ``r = 4``, ``gamma = 3``) on the held-out split
-(:mod:`ripplekv_eval.analysis.tuning_report`).
-
-Per prompt there is one prefill and one decoded answer, shared by every budget and candidate. Each candidate's
-cache is derived from the recorded prefill (:func:`ripplekv_eval.fastpath.derive.derived_prefill`); candidates whose
-per-layer budgets coincide on the prompt (clipping makes many do) share one cache and one score. The
-teacher-forced passes of a budget run as padded batches
-(:func:`ripplekv_eval.fastpath.batched.batched_teacher_forced_logprobs`).
-
-The rivals' candidates are derived the same way (one cache per candidate; per-prompt candidates whose budgets
-coincide on the prompt share one cache too), and each method's grid is summarised on its own against its own
-defaults (:func:`ripplekv_eval.analysis.tuning_report.summarize_methods`).
+Every candidate (each profile crossed with each ``r`` and ``gamma``, each spec of each rival's grid,
+:func:`~ripplekv.presses.method_spec.expand_grid`) is scored on the same prompts, from one shared prefill, under the
+same scorer, by ``fidelity_kl`` (:mod:`ripplekv_eval.running.rows`); the candidate of lowest mean KL on the
+calibration split is compared with the defaults (first profile, ``r = 4``, ``gamma = 3``) on the held-out split
+(:mod:`ripplekv_eval.analysis.tuning_report`). Candidates whose budgets coincide on a prompt share one cache.
 
 A row of ``tune.jsonl`` is one (prompt, budget): ``sample_id``, ``task``, ``method`` (``ripplekv``), ``budget``,
 ``prompt_tokens``, ``compressed_tokens``, ``kl`` and ``top1`` (candidate key -> value; a rival's key is its
-canonical spec, ``cake:tau1=2``, its defaults the plain name), ``snapkv_kl`` and
-``snapkv_top1`` (uniform budgets, for reference), ``distinct`` (distinct budget vectors scored), ``answer_tokens``,
-``answer_ids`` (reused on resume), ``seconds``, ``prefill_seconds``, ``meta``.
+canonical spec, ``cake:tau1=2``, its defaults the plain name), ``snapkv_kl`` and ``snapkv_top1`` (uniform budgets,
+for reference), ``distinct`` (distinct budget vectors scored), ``answer_tokens``, ``answer_ids`` (reused on resume),
+``seconds``, ``prefill_seconds``, ``meta``.
 """
 
 from __future__ import annotations
@@ -81,13 +63,7 @@ TEACHER_FORCED_ROWS = 8
 
 @dataclass(frozen=True)
 class Candidate:
-    """One allocation: a profile (by label) and RippleKV's ``r`` and ``gamma``.
-
-    Args:
-        profile: the profile's label (unique in the run).
-        ratio: the disparity ``r`` (>= 1).
-        gamma: the clip (>= 1).
-    """
+    """One allocation: a profile (by its label, unique in the run) and RippleKV's ``r`` and ``gamma`` (each >= 1)."""
 
     profile: str
     ratio: float
@@ -112,16 +88,12 @@ PROFILE_METHODS = ("ripplekv", "ripplekv-local", "ripplekv-ada", "ripplekv-oracl
 
 
 def method_grid(grids: Sequence[str]) -> tuple[MethodSpec, ...]:
-    """Every candidate of the rivals' grids (:func:`~ripplekv.presses.method_spec.expand_grid`), grid by grid, each
-    method's defaults (its plain name) added first when the grid lacks them.
-
-    Args:
-        grids: one grid per method (``cake:tau1=0.5|1|2,tau2=0.5|1|2``; a plain name is the defaults alone).
+    """Every candidate of the rivals' grids (``cake:tau1=0.5|1|2,tau2=0.5|1|2``), each method's defaults first.
 
     Raises:
         ValueError: on a malformed grid, a method given twice, a method without a scorer or configured by a
-            compression ratio (``full``, ``streamingllm``, ``adakv``, ...: not an allocation over a scorer), or a
-            RippleKV method (tuned by ``profiles``, ``ratios`` and ``gammas``).
+            compression ratio (``full``, ``streamingllm``, ``adakv``, ...), or a RippleKV method (tuned by profiles,
+            ratios and gammas).
     """
     out: list[MethodSpec] = []
     seen: set[str] = set()
@@ -157,19 +129,16 @@ class TuneConfig:
     """What ``ripplekv tune`` runs.
 
     Args:
-        eval: the suite and its options, as for ``ripplekv eval`` (suite, model, budgets, tasks, limit, protocol,
-            window_size, max_new_tokens, seed, dtype, device, chat_template, options); its ``methods``,
-            ``profile`` and ``score`` are ignored.
+        eval: the suite and its options, as for ``ripplekv eval``; its ``methods``, ``profile`` and ``score`` are
+            ignored.
         profiles: label -> profile path, in order; the first is the defaults' profile.
-        ratios: the grid of ``r`` (each >= 1); the default ``r = 4`` is added when absent.
-        gammas: the grid of ``gamma`` (each >= 1); the default ``gamma = 3`` is added when absent.
+        ratios: the grid of ``r`` (each >= 1); the default ``r = 4`` is added when absent, as ``gamma = 3`` to
+            ``gammas``.
         grids: the rivals' grids (:func:`method_grid`), scored next to RippleKV's candidates.
-        scorer: the token scorer of every candidate and of the uniform reference (a name of
-            :data:`~ripplekv.presses.scorers.SCORERS`; default SnapKV).
+        scorer: the token scorer of every candidate and of the uniform reference (default SnapKV).
         calibration_fraction: the share of each task's prompts (its first ones, in suite order) that selects the
             candidate; the rest are held out, in (0, 1).
         resamples: bootstrap resamples of the held-out comparisons (at least 2000).
-        bootstrap_seed: seed of the bootstrap (>= 0).
     """
 
     eval: EvalConfig
@@ -231,13 +200,9 @@ class TuneConfig:
 
 
 def teacher_forced(model: PreTrainedModel, states: Sequence[Prefill], tokens: Sequence[int]) -> list[torch.Tensor]:
-    """The teacher-forced log-probabilities of ``tokens`` over every state: padded batches for plain caches, one at a
-    time for caches with head-wise masks (AdaKV, LAVa), each in its input position.
+    """Teacher-forced log-probabilities of ``tokens`` over every state, in input order.
 
-    Args:
-        model: the model.
-        states: the caches.
-        tokens: the forced tokens.
+    Plain caches run as padded batches; caches with head-wise masks (AdaKV, LAVa) one at a time.
     """
     plain = [i for i, state in enumerate(states) if all(headwise_of(layer) is None for layer in state.cache.layers)]
     out: list[torch.Tensor | None] = [None] * len(states)
@@ -255,10 +220,6 @@ def split_samples(samples: Sequence[EvalSample], fraction: float) -> tuple[set[s
     """``(calibration ids, held-out ids)``: each task's first ``round(n * fraction)`` prompts calibrate.
 
     Every task with at least two prompts has at least one in each split; a task with one prompt calibrates.
-
-    Args:
-        samples: the run's prompts, in suite order.
-        fraction: the calibration share, in (0, 1).
     """
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must be in (0, 1), got {fraction!r}")
@@ -279,11 +240,7 @@ def split_samples(samples: Sequence[EvalSample], fraction: float) -> tuple[set[s
 class TuneRunner:
     """Tuning rows of one prompt at a time (its prefill and answer shared by every budget and candidate).
 
-    Args:
-        config: the tuning run.
-        profiles: label -> loaded profile (checked against ``model`` by the caller).
-        model: the model.
-        tokenizer: its tokenizer.
+    ``profiles`` maps label -> loaded profile (checked against ``model`` by the caller).
     """
 
     def __init__(
@@ -335,8 +292,10 @@ class TuneRunner:
         self.residual_statistics = residual_statistics_of(every)
 
     def _rival_key(self, press: Any, record: Any) -> tuple[Any, ...] | None:
-        """What identifies a rival's cache on this record before deriving it: a per-prompt press's type, scorer and
-        budgets (two candidates allocating alike keep the same tokens); None where it cannot be told in advance."""
+        """What identifies a rival's cache on this record before deriving it, None where it cannot be told.
+
+        For a per-prompt press: its type, scorer and budgets (two candidates allocating alike keep the same tokens).
+        """
         if type(press) is not PerPromptBudgetPress:  # a subclass may derive more than its budgets say (LAVa's heads)
             return None
         with memoized(record.memo):
@@ -349,10 +308,7 @@ class TuneRunner:
     ) -> Iterator[dict[str, Any]]:
         """One row per budget of ``budgets`` for ``sample`` (fields in the module docstring).
 
-        Args:
-            sample: the prompt.
-            budgets: the budgets still to run for it.
-            answer: the full cache's answer stored by an earlier run; decoded again when None.
+        ``answer`` is the full cache's answer stored by an earlier run; decoded again when None.
         """
         query_agnostic = self.config.eval.protocol == "query-agnostic"
         prefix = sample.input_ids[: sample.question_start] if query_agnostic else sample.input_ids

@@ -1,8 +1,6 @@
-"""``ripplekv analyze``: per-layer damage on a suite's prompts against a profile, depth and PyramidKV.
+"""``ripplekv analyze``, and ``ripplekv eval``'s ``--oracle-profile`` option (:func:`add_oracle_profile_argument`).
 
-Also :func:`add_oracle_profile_argument`, the ``--oracle-profile`` option of ``ripplekv eval`` (the damage profiles
-``ripplekv analyze`` writes, for the ``ripplekv-oracle`` method). Imported by :mod:`ripplekv.cli.main` at start-up,
-so this module imports nothing heavy at its top.
+Imported by :mod:`ripplekv.cli.main` at start-up, so nothing heavy is imported at the top.
 """
 
 from __future__ import annotations
@@ -18,11 +16,7 @@ __all__ = ["add_oracle_profile_argument", "add_parser", "run"]
 
 
 def add_oracle_profile_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--oracle-profile`` (comma-separated damage profile paths) to ``parser`` (``ripplekv eval``).
-
-    Args:
-        parser: the ``eval`` subcommand's parser.
-    """
+    """Add ``--oracle-profile`` (comma-separated damage profile paths) to ``ripplekv eval``'s ``parser``."""
     parser.add_argument(
         "--oracle-profile",
         type=comma_list(str, "oracle profiles"),
@@ -33,14 +27,7 @@ def add_oracle_profile_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``analyze`` subcommand to ``subparsers`` (the ``ripplekv`` command's).
-
-    Args:
-        subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-        The subcommand's parser.
-    """
+    """Add the ``analyze`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
     from ripplekv_eval.analysis.runner import DEFAULT_TOP_K
 
     p = subparsers.add_parser(
@@ -70,11 +57,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``ripplekv analyze`` with parsed ``args``; prints the summary, returns the exit status.
-
-    Args:
-        args: the parsed arguments of the ``analyze`` subcommand.
-    """
+    """Run ``ripplekv analyze`` with parsed ``args``; prints the summary, returns the exit status."""
     import sys
 
     from ripplekv_eval.analysis.report import to_markdown

@@ -24,14 +24,10 @@ def suite_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_fidelity_suite_args(parser: argparse.ArgumentParser, budgets_help: str) -> None:
-    """Add the model, the suite and its options, the budgets and the answer cap of a fidelity-only command.
+    """Add the model, suite, suite options, budgets and answer cap of ``analyze`` and ``tune``.
 
-    ``ripplekv analyze`` and ``ripplekv tune`` take a suite's prompts exactly as ``ripplekv eval`` does and score
-    by teacher forcing the full cache's answer (:func:`fidelity_eval_config` reads the options back).
-
-    Args:
-        parser: the command's parser.
-        budgets_help: the help text of ``--budgets``.
+    They take a suite's prompts as ``ripplekv eval`` does (:func:`fidelity_eval_config` reads the options back);
+    ``budgets_help`` is the help text of ``--budgets``.
     """
     from ripplekv.inference import PROTOCOLS
     from ripplekv.presses.registry import DEFAULT_WINDOW
@@ -75,12 +71,7 @@ def add_fidelity_suite_args(parser: argparse.ArgumentParser, budgets_help: str) 
 
 
 def add_summary_args(parser: argparse.ArgumentParser) -> None:
-    """The bootstrap and output options of the commands that print a summary of paired statistics (``analyze``,
-    ``tune``): ``--resamples``, ``--bootstrap-seed`` and ``--format``.
-
-    Args:
-        parser: the subcommand's parser.
-    """
+    """Add ``--resamples``, ``--bootstrap-seed`` and ``--format`` (commands printing paired statistics)."""
     from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES
 
     parser.add_argument(
@@ -94,12 +85,7 @@ def add_summary_args(parser: argparse.ArgumentParser) -> None:
 
 
 def fidelity_eval_config(args: argparse.Namespace, profile: str | None) -> EvalConfig:
-    """The :class:`~ripplekv_eval.running.config.EvalConfig` of :func:`add_fidelity_suite_args`' options.
-
-    Args:
-        args: the parsed arguments.
-        profile: the sensitivity profile path the command compares (None: none).
-    """
+    """The :class:`~ripplekv_eval.running.config.EvalConfig` of :func:`add_fidelity_suite_args`' options."""
     from ripplekv_eval.running.config import DEFAULT_BUDGETS, EvalConfig
 
     return EvalConfig(

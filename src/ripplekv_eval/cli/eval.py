@@ -31,10 +31,7 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g"
 
 
 def memory_size(text: str) -> int:
-    """Bytes from ``text``: a number with an optional binary unit (``B``, ``K``/``KiB``, ``M``/``MiB``, ``G``/``GiB``).
-
-    Args:
-        text: e.g. ``"1073741824"``, ``"512MiB"``, ``"1.5G"``.
+    """Bytes from ``text``: a number with an optional binary unit (``512MiB``, ``1.5G``, ``K``/``KiB``, ``B``).
 
     Raises:
         argparse.ArgumentTypeError: if ``text`` is not a size of at least one byte.
@@ -255,8 +252,7 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run (or resume) ``ripplekv eval`` with parsed ``args``, on Ray with ``--workers N > 1`` or ``--ray-address``;
-    print the summary and return the exit status."""
+    """Run (or resume) ``ripplekv eval`` (on Ray with ``--workers N > 1`` or ``--ray-address``); return the status."""
     from ripplekv_eval.running.runner import run_eval
 
     config = eval_config(args)

@@ -1,6 +1,6 @@
 """``ripplekv tune``: choose RippleKV's profile, r and gamma by fidelity on a calibration split.
 
-Imported by :mod:`ripplekv.cli.main` at start-up, so this module imports nothing heavy at its top.
+Imported by :mod:`ripplekv.cli.main` at start-up, so nothing heavy is imported at the top.
 """
 
 from __future__ import annotations
@@ -26,11 +26,7 @@ def _grid_value(text: str) -> float:
 
 
 def parse_profiles(items: list[str]) -> dict[str, str]:
-    """``--profile`` values (``PATH`` or ``LABEL=PATH``) as label -> path, in order (default label: the file stem).
-
-    Args:
-        items: the values given.
-    """
+    """``--profile`` values (``PATH`` or ``LABEL=PATH``) as label -> path, in order (default label: the file stem)."""
     profiles: dict[str, str] = {}
     for item in items:
         label, sep, path = item.partition("=")

@@ -1,27 +1,9 @@
 """Laying the compressed caches of one prompt out as batches (:mod:`ripplekv_eval.fastpath.batched` runs them).
 
-One concern: which caches can share a batch, and the batch caches they become.
-
-* A **padded batch** (:func:`padded_batch`, for teacher forcing): each layer's keys and values stacked into
-  ``(rows, kv_heads, longest, dim)`` tensors, shorter rows padded on the left, with a
-  :class:`~ripplekv.models.padded.KeyValidity` of which entries each row may attend to. Rows are grouped by a
-  step-cost model (:func:`plan_batches`, :data:`STEP_COST_TOKENS`) so padding stays cheap.
-* A **ragged batch** (:func:`ragged_batch`, for decoding): every row keeps its own length, one
-  :class:`~ripplekv.models.padded.RaggedLayer` per layer over the rows' own buffers (:func:`ragged_cache_of`).
-* Head-wise masked cache layers (AdaKV's, :class:`~ripplekv.models.headwise.MaskedLayer`) are compacted first in
-  both: each head keeps only its own entries, and a per-row mask covers the heads' different counts.
-
-Caches that cannot share a batch raise :class:`NotBatchableError` (:func:`check_states`): a sliding-window layer
-(its cache crops itself), a batch size other than 1, or rows that do not continue at the same position.
-
-Memory: a ragged batch holds each row's entries (head-wise masked layers compacted) plus room for the answer in
-buffers of its own, a copy of the caches it was built from. :func:`decode_row` lays one cache out that way on its
-own and :func:`row_bytes` says what that costs before building it, so a caller can hold decode rows instead of
-their caches and decode them in groups bounded by memory, releasing each cache as soon as its row is built. Caches
-whose layers are :class:`~ripplekv.models.cache.OverlayLayer` forks (a question run over a derived cache by
-:func:`~ripplekv_eval.fastpath.lean.lean_extend`) are read layer by layer, never copied whole.
-
-Devices: every tensor is made on the device of the caches it is built from.
+A **padded batch** (:func:`padded_batch`, teacher forcing) left-pads rows, grouped by :func:`plan_batches`; a
+**ragged batch** (:func:`ragged_batch`, decoding) keeps each row's length in buffers of its own, whose size
+:func:`row_bytes` gives before :func:`decode_row` builds them (for memory-bounded groups). Head-wise masked layers
+(AdaKV) are compacted first in both. Tensors are made on the caches' device.
 """
 
 from __future__ import annotations
@@ -62,11 +44,6 @@ class NotBatchableError(ValueError):
 def check_count(name: str, value: object, minimum: int) -> int:
     """``value``, unless it is not an ``int >= minimum`` (a bool is not).
 
-    Args:
-        name: the argument's name, for the message.
-        value: the argument.
-        minimum: its least allowed value.
-
     Raises:
         ValueError: naming ``name``, ``minimum`` and ``value``.
     """
@@ -93,12 +70,10 @@ def _row_validity(state: Prefill) -> dict[int, torch.Tensor]:
 def check_states(states: Sequence[Prefill]) -> None:
     """Raise unless ``states`` can share batches: one prompt's caches, full-attention layers, batch size 1.
 
-    Args:
-        states: prefilled (compressed) caches.
-
     Raises:
         ValueError: for no states.
-        NotBatchableError: naming the first row (and layer) that cannot join row 0's batch.
+        NotBatchableError: naming the first row (and layer) that cannot join row 0's batch (a sliding-window layer,
+            a batch size other than 1, another position or number of layers).
     """
     if not states:
         raise ValueError("no caches to batch")
@@ -123,14 +98,10 @@ def check_states(states: Sequence[Prefill]) -> None:
 
 
 def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
-    """One padded batch cache over the caches of ``states`` (left padding), and which entries each row sees.
+    """One left-padded batch cache over ``states``' caches (left unchanged), and which entries each row sees.
 
-    Head-wise masked layers (AdaKV) are compacted first (:func:`~ripplekv.models.padded.compact_heads`): a row costs
-    what it keeps, not the full cache.
-
-    Args:
-        states: prefilled (compressed) caches of the same prompt: batch size 1 each, the same number of layers
-            and the same ``prompt_tokens`` (the rows decode at the same positions). They are not changed.
+    Head-wise masked layers are compacted first (:func:`~ripplekv.models.padded.compact_heads`): a row costs what it
+    keeps. ``states`` are prefilled caches of one prompt, as :func:`check_states` requires.
     """
     check_states(states)
     validity = [_row_validity(state) for state in states]
@@ -148,15 +119,10 @@ def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
 
 
 def ragged_batch(states: Sequence[Prefill], room: int) -> DynamicCache:
-    """A batch cache whose rows keep their own lengths (:class:`~ripplekv.models.padded.RaggedLayer`), no padding.
+    """A batch cache whose rows keep their own lengths (no padding), with ``room`` tokens to append per row.
 
-    Head-wise masked layers (AdaKV) are compacted (:func:`~ripplekv.models.padded.compact_heads`). Passes over it
-    carry it to ripplekv's attention functions (:func:`~ripplekv.inference.generate.cache_forward`): the attention then
+    Only ripplekv's attention functions (via :func:`~ripplekv.inference.generate.cache_forward`) read it: attention
     runs row by row over each row's own entries.
-
-    Args:
-        states: prefilled (compressed) caches of one prompt; left unchanged.
-        room: tokens that will be appended to every row.
     """
     check_states(states)
     return ragged_cache_of([decode_row(state, room) for state in states])
@@ -164,11 +130,10 @@ def ragged_batch(states: Sequence[Prefill], room: int) -> DynamicCache:
 
 @dataclass(frozen=True)
 class DecodeRow:
-    """One cache laid out for a batched decode: per layer, its entries in buffers with room for the answer.
+    """One cache laid out for a batched decode (built by :func:`decode_row`).
 
-    Built by :func:`decode_row`; it shares no tensor with the cache it was built from, which can be released while
-    the row waits for its batch. A decode writes the answer's entries into the buffers' room (the row can be
-    decoded again: each decode starts at ``lengths``).
+    It shares no tensor with its cache, which can be released while the row waits. A decode writes into the buffers'
+    room and starts at ``lengths``, so a row can be decoded again.
 
     Args:
         buffers: per layer ``(keys, values)`` of shape ``(1, kv_heads, length + room, head_dim)``.
@@ -193,12 +158,7 @@ class DecodeRow:
 
 
 def row_bytes(state: Prefill, room: int) -> int:
-    """What :func:`decode_row` of ``state`` will hold (:meth:`DecodeRow.nbytes`), without building it.
-
-    Args:
-        state: a prefilled (compressed) cache (see :func:`padded_batch`).
-        room: tokens that will be appended.
-    """
+    """What :func:`decode_row` of ``state`` will hold (:meth:`DecodeRow.nbytes`), without building it."""
     check_states([state])
     check_count("room", room, 0)
     validity = _row_validity(state)
@@ -211,13 +171,7 @@ def row_bytes(state: Prefill, room: int) -> int:
 
 
 def decode_row(state: Prefill, room: int) -> DecodeRow:
-    """``state``'s cache laid out for a batched decode, head-wise masked layers compacted.
-
-    What :func:`~ripplekv_eval.fastpath.batched.batched_greedy_decode_rows` decodes.
-
-    Args:
-        state: a prefilled (compressed) cache (see :func:`padded_batch`); left unchanged.
-        room: tokens that will be appended (the answer's length).
+    """``state``'s cache (left unchanged) laid out with ``room`` answer tokens, head-wise masked layers compacted.
 
     Raises:
         NotBatchableError: for a cache that cannot join a batch (see :func:`check_states`).
@@ -245,11 +199,7 @@ def decode_row(state: Prefill, room: int) -> DecodeRow:
 
 
 def check_rows(rows: Sequence[DecodeRow], room: int) -> None:
-    """Raise unless ``rows`` can decode ``room`` tokens as one batch: decode rows of the same positions and layers.
-
-    Args:
-        rows: the rows (built by :func:`decode_row`).
-        room: tokens that will be decoded; every row must have room for them.
+    """Raise unless ``rows`` can decode ``room`` tokens as one batch.
 
     Raises:
         ValueError: for no rows or a row without enough room.
@@ -274,11 +224,7 @@ def check_rows(rows: Sequence[DecodeRow], room: int) -> None:
 
 
 def ragged_cache_of(rows: Sequence[DecodeRow]) -> DynamicCache:
-    """One :class:`~ripplekv.models.padded.RaggedLayer` per layer over the rows' buffers (not copied).
-
-    Args:
-        rows: decode rows of one prompt (checked by :func:`check_rows`).
-    """
+    """One :class:`~ripplekv.models.padded.RaggedLayer` per layer over the rows' buffers (not copied)."""
     layers = []
     for index in range(len(rows[0].buffers)):
         first_keys, first_values = rows[0].buffers[index]
@@ -291,19 +237,15 @@ def ragged_cache_of(rows: Sequence[DecodeRow]) -> DynamicCache:
 
 
 STEP_COST_TOKENS = 8192
-"""The fixed cost of one decoding step (reading the weights, launching every kernel), in cached tokens per row.
+"""The fixed cost of one decoding step (weights, kernel launches), in cached tokens per row.
 
-A batch's step costs about ``STEP_COST_TOKENS + rows x padded tokens`` (averaged over layers): the fixed cost of a
-step over the cost of one cached token of one row, from the step costs in docs/results.md ("Decoding every
-configuration of a prompt as one batch")."""
+A batch's step costs about ``STEP_COST_TOKENS + rows x padded tokens`` (averaged over layers); from the step costs
+in docs/results.md ("Decoding every configuration of a prompt as one batch").
+"""
 
 
 def row_lengths(state: Prefill) -> list[int]:
-    """Entries per layer the cache occupies as a batch row (head-wise masked layers compacted).
-
-    Args:
-        state: a prefilled (compressed) cache.
-    """
+    """Entries per layer the cache occupies as a batch row (head-wise masked layers compacted)."""
     lengths = [layer.get_seq_length() for layer in state.cache.layers]
     for layer, keep in _row_validity(state).items():
         lengths[layer] = int(keep.sum(dim=-1).max())
@@ -313,16 +255,10 @@ def row_lengths(state: Prefill) -> list[int]:
 def plan_batches(states: Sequence[Prefill], max_rows: int | None = None) -> list[list[int]]:
     """Split rows into batches so that padding does not cost more than the decoding steps it saves.
 
-    Every row of a batch is padded to the batch's longest row in each layer, and attention and cache updates cost
-    in proportion to the padded size, while each step also has a fixed cost (:data:`STEP_COST_TOKENS`). Rows are
-    taken from the smallest cache to the largest; a row joins the current batch when the batch's estimated step
-    cost with it is at most the cost of the two apart (and the batch holds fewer than ``max_rows`` rows), else it
-    starts a new batch. Caches of one prompt at 10-30% budgets, head-wise masked ones compacted, share one batch;
-    the full cache of a long prompt decodes apart.
-
-    Args:
-        states: the caches.
-        max_rows: most rows per batch (None: no limit).
+    Rows are taken from the smallest cache to the largest; a row joins the current batch when the batch's estimated
+    step cost with it (:data:`STEP_COST_TOKENS` plus rows times padded length) is at most the cost of the two apart
+    and the batch holds fewer than ``max_rows`` (None: no limit). Caches of one prompt at 10-30% budgets share one
+    batch; the full cache of a long prompt decodes apart.
 
     Returns:
         Lists of indices into ``states``, every index exactly once.

@@ -1,41 +1,9 @@
 """Decode (or teacher-force) every compressed cache of one prompt as one batch.
 
-An evaluation derives one compressed cache per (method, budget) from the same prefill. Decoding them one at a
-time costs one forward pass per token per configuration, and on a CPU a decoding step of a small model is mostly
-fixed cost (reading the weights; the step costs are in docs/results.md). Here the caches run as one batch, laid out
-by :mod:`ripplekv_eval.fastpath.batch_layout` (whose names are importable from here too):
-
-* **decoding** (:func:`batched_greedy_decode`): every row keeps its own length (a ragged batch, one
-  :class:`~ripplekv.models.padded.RaggedLayer` per layer). The embeddings, projections and MLPs of a step run
-  batched over all rows (the weights are read once per step), and attention runs row by row over exactly that
-  row's own entries, so no row pays for another's length;
-* **teacher forcing** (:func:`batched_teacher_forced_logprobs`): one pass of the forced tokens per padded batch,
-  rows grouped by a step-cost model (:func:`~ripplekv_eval.fastpath.batch_layout.plan_batches`) so padding stays cheap;
-* every row runs at the same positions (the caches come from one prompt); a row that generates a stop token or
-  reaches ``max_new_tokens`` leaves the batch, which shrinks to the rows still decoding.
-
-Padding every row to the longest cache was tried for decoding first and was slower than one row at a time at 4K
-tokens (attention and cache updates are memory-bound and cost what the padded size holds); see docs/results.md.
-
-The result is the same greedy tokens as :func:`~ripplekv.inference.generate.greedy_decode` on each cache alone,
-up to float rounding: a batched matrix product and a longer (masked) reduction may round differently, which can
-flip a greedy choice only where the two best logits are within rounding of each other (none did in the benchmark).
-``benchmarks/batched_decode.py`` counts such rows and prints the logit margin at which each one diverged.
-
-Caches that cannot be batched raise :class:`NotBatchableError` (see :mod:`ripplekv_eval.fastpath.batch_layout`), and so
-does a model that does not run ripplekv's attention functions
-(:func:`~ripplekv.models.attention.uses_varlen_attention`), which alone read the ragged cache of a batched
-decoding step: FlashAttention, kept as loaded, attends over per-layer caches correctly one cache at a time, but
-would attend each row over nothing but its new token here. Batched teacher forcing falls back to one cache at a
-time under such a model itself.
-
-Devices: every tensor is made on the device of the caches and logits it is combined with. Each decoding step reads
-the greedy picks on the host once (to stop rows at their stop tokens); nothing else synchronises per step.
-
-Memory: :func:`batched_greedy_decode_rows` decodes rows a caller laid out itself
-(:func:`~ripplekv_eval.fastpath.batch_layout.decode_row`, sized beforehand by
-:func:`~ripplekv_eval.fastpath.batch_layout.row_bytes`) in groups bounded by memory; :func:`batched_greedy_decode`
-builds the rows of one ``max_rows`` batch at a time.
+A small model's CPU decoding step is mostly fixed cost, so the caches derived from one prefill run together, laid
+out by :mod:`ripplekv_eval.fastpath.batch_layout`: decoding as a ragged batch (attention row by row over each row's
+own entries; padding was slower, docs/results.md), teacher forcing as padded batches. Tokens equal
+:func:`~ripplekv.inference.generate.greedy_decode` per cache up to float rounding at near-ties; one host sync a step.
 """
 
 from __future__ import annotations
@@ -90,26 +58,16 @@ def batched_greedy_decode(
     min_new_tokens: int = 0,
     max_rows: int | None = None,
 ) -> list[list[int]]:
-    """Greedy tokens after each of ``states``, decoded as one batch; see the module docstring.
+    """Greedy tokens after each of ``states`` (left unchanged), decoded as one batch per ``max_rows`` rows.
 
-    Row ``i`` of the result is what ``greedy_decode(model, states[i], max_new_tokens, stop_ids, min_new_tokens)``
-    returns, up to float rounding at near-ties. The model must run ripplekv's attention functions
-    (``ripplekv_sdpa`` / ``ripplekv_eager``, :func:`ripplekv.models.attention.enable_varlen_attention`): under
-    another implementation (FlashAttention, which is kept as loaded) this raises :class:`NotBatchableError`, and
-    the caller decodes each cache alone with :func:`~ripplekv.inference.generate.greedy_decode` (exact), as
-    :mod:`ripplekv_eval.running.rows` does.
-
-    Args:
-        model: the model the states were prefilled with.
-        states: prefilled (compressed) caches of one prompt (see :func:`padded_batch`); left unchanged.
-        max_new_tokens: most tokens per row (>= 1).
-        stop_ids: token ids that end a row's answer (included in it).
-        min_new_tokens: for a row's first ``min_new_tokens`` tokens the stop ids cannot be chosen.
-        max_rows: decode at most this many rows per batch (None: no limit); bounds the memory of the padded cache.
-            Rows are grouped into batches of similar lengths (:func:`plan_batches`).
+    Row ``i`` is ``greedy_decode(model, states[i], max_new_tokens, stop_ids, min_new_tokens)`` up to float rounding
+    at near-ties; a row leaves the batch at a stop token (included) or ``max_new_tokens``. Stop ids cannot be chosen
+    for a row's first ``min_new_tokens`` tokens. ``max_rows`` (None: no limit) bounds the memory of the batch.
 
     Raises:
-        NotBatchableError: the caches or the model's attention implementation cannot decode as one batch.
+        NotBatchableError: the caches, or a model not running ripplekv's attention functions
+            (:func:`ripplekv.models.attention.enable_varlen_attention`; FlashAttention, kept as loaded, would attend
+            each row over its new token only), cannot decode as one batch: decode each cache alone instead.
     """
     if not uses_varlen_attention(model):
         raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))
@@ -133,17 +91,7 @@ def batched_greedy_decode_rows(
     stop_ids: set[int],
     min_new_tokens: int = 0,
 ) -> list[list[int]]:
-    """Greedy tokens after each of ``rows`` (built by :func:`decode_row`), decoded as one batch.
-
-    What :func:`batched_greedy_decode` returns for the caches the rows were built from, as one batch.
-
-    Args:
-        model: the model the caches were prefilled with (variable-length attention enabled).
-        rows: the rows, of one prompt, each with room for ``max_new_tokens``.
-        max_new_tokens: most tokens per row (>= 1).
-        stop_ids: token ids that end a row's answer (included in it).
-        min_new_tokens: for a row's first ``min_new_tokens`` tokens the stop ids cannot be chosen.
-    """
+    """:func:`batched_greedy_decode` over rows built by :func:`decode_row` (each with room for ``max_new_tokens``)."""
     if not can_batch(model):
         raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))
     check_count("max_new_tokens", max_new_tokens, 1)
@@ -153,12 +101,9 @@ def batched_greedy_decode_rows(
 
 
 def can_batch(model: PreTrainedModel) -> bool:
-    """Whether ``model`` can decode a ragged batch of caches: it runs ripplekv's attention functions, which alone read
-    a batched step's ragged cache (FlashAttention, kept as loaded, would attend each row over its new token only).
-    Check it before laying caches out as decode rows: a row cannot fall back to decoding alone.
+    """Whether ``model`` runs ripplekv's attention functions, which alone read a ragged batch.
 
-    Args:
-        model: the model.
+    Check it before laying caches out as decode rows: a row cannot fall back to decoding alone.
     """
     return uses_varlen_attention(model)
 
@@ -199,16 +144,9 @@ def batched_teacher_forced_logprobs(
 ) -> list[torch.Tensor]:
     """:func:`~ripplekv_eval.fastpath.fidelity.teacher_forced_logprobs` of the same ``tokens`` over each of ``states``.
 
-    One forward pass of ``tokens[:-1]`` per batch of rows over their padded caches. A model that does not run
-    ripplekv's attention functions (FlashAttention, kept as loaded: only those read the ``key_validity`` of a padded
-    batch) teacher-forces one cache at a time instead, the same exact computation.
-
-    Args:
-        model: the model the states were prefilled with (variable-length attention enabled).
-        states: prefilled (compressed) caches of one prompt (see :func:`padded_batch`); left unchanged.
-        tokens: the forced tokens (at least one), the same for every row.
-        max_rows: rows per pass (None: all at once); the logits of a pass take ``rows * len(tokens) * vocab``
-            floats.
+    One forward pass of ``tokens[:-1]`` per padded batch (:func:`plan_batches`, at most ``max_rows`` rows; a pass's
+    logits take ``rows * len(tokens) * vocab`` floats). A model without ripplekv's attention functions is
+    teacher-forced one cache at a time, the same exact computation.
 
     Returns:
         Per state, ``(len(tokens), vocab)`` float64 log-softmax on the CPU.

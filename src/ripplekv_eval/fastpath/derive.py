@@ -1,32 +1,9 @@
 """Deriving a press's compressed cache from a prefill record, at the cost of its ``compress`` alone.
 
-:func:`derived_prefill` (or :func:`derive_cache`) applies any derivable press to a
-:class:`~ripplekv_eval.fastpath.record.PrefillRecord` layer by layer and builds the compressed cache from the results:
-the same tensors a direct ``prefill(model, ids, press)`` produces (tested tensor for tensor).
-
-Which presses are derivable (:func:`is_derivable`, checked again on every call):
-
-1. the press keeps :class:`BasePress`'s ``forward_hook`` and ``__call__``: its whole effect on a prefill is
-   to replace each layer's keys and values by what ``compress`` returns, plus the head-wise masks it leaves on
-   the attention module (presses that override the hook or the context manager, e.g. decoding-time or composed
-   presses, are not derivable); a press class may also declare ``derivable_from_record = False`` to opt out;
-2. ``compress`` leaves the recorded tensors as they were (a press writing into them in place invalidates the
-   record and raises :class:`NotDerivableError`);
-3. ``compress`` only reads kwargs the record holds (everything the attention layer received except the live
-   cache ``past_key_values`` and ``hidden_states``, which is recorded as its own field); reading another one
-   raises :class:`NotDerivableError`;
-4. ``compress`` reads no more of the hidden states than the record holds
-   (:func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_needed`); else :class:`NotDerivableError` names the
-   ``hidden_tail`` to record with.
-
-Head-wise presses are derivable too. AdaKV keeps every key and sets kvpress's ``module.masked_key_indices``; right
-after each layer's ``compress`` the mask is moved into the derived cache's layer
-(:func:`~ripplekv.models.headwise.take_mask`), which the passes over that cache read. Configurations derived from
-one record therefore never see each other's masks, and the modules are left without them.
-
-FullPress, StreamingLLM, SnapKV, PyramidKV (kvpress's and the authors' schedule), AdaKV and RippleKV (any scorer)
-are derivable. Every compressed cache derived from a record holds new tensors (``gather``) or, for layers a press
-leaves whole (the full cache, AdaKV's masked layers), the record's own tensors by reference.
+:func:`derive_cache` runs a press's ``compress`` on a :class:`~ripplekv_eval.fastpath.record.PrefillRecord` layer
+by layer: the same tensors as a direct ``prefill(model, ids, press)`` (tested tensor for tensor). Head-wise masks
+(AdaKV) move into the derived cache's layers (:func:`~ripplekv.models.headwise.take_mask`), so configurations
+derived from one record never see each other's masks. Derived caches hold new tensors or the record's by reference.
 """
 
 from __future__ import annotations
@@ -74,10 +51,12 @@ class _RecordedKwargs(dict):
 
 
 def is_derivable(press: BasePress) -> bool:
-    """Static part of the rule (see the module docstring): default hook and context manager, no opt-out.
+    """Whether ``press`` does not opt out and keeps :class:`BasePress`'s ``forward_hook`` and ``__call__``.
 
-    :func:`derive_cache` also checks, on every call, that ``compress`` writes no recorded tensor and reads only
-    recorded kwargs.
+    Then its whole effect on a prefill is what ``compress`` returns plus the head-wise masks it leaves; a per-prompt
+    press (``derives_all_layers``) derives every layer itself. A class opts out with ``derivable_from_record = False``.
+    :func:`derive_cache` also checks on every call that ``compress`` writes no recorded tensor, reads only recorded
+    kwargs (all but ``past_key_values``) and no more hidden states than recorded.
     """
     if not getattr(press, "derivable_from_record", True):
         return False
@@ -98,13 +77,10 @@ def _tensor_versions(layer: LayerRecord) -> list[int]:
 def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
     """The cache ``prefill(model, ids, press)`` would have built, head-wise masks (AdaKV) in its layers.
 
-    Calls ``press.post_init_from_model(model)`` first (RippleKV checks its profile there), then
-    ``press.compress`` layer by layer on the recorded inputs. Raises :class:`NotDerivableError` for a press that
-    cannot be derived (see the module docstring).
+    Calls ``press.post_init_from_model(model)`` first (RippleKV checks its profile there).
 
-    Args:
-        record: the recorded full prefill.
-        press: the press to derive a cache for.
+    Raises:
+        NotDerivableError: for a press that cannot be derived (:func:`is_derivable`), or an invalidated record.
     """
     if record.invalid is not None:
         raise NotDerivableError(f"the prefill record is no longer valid: {record.invalid}")
@@ -166,13 +142,7 @@ def _derive(record: PrefillRecord, press: BasePress) -> DynamicCache:
 def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, float]:
     """A :class:`Prefill` over the cache derived for ``press``, and the seconds the derivation took.
 
-    Works for every press of :func:`ripplekv.presses.make_press`, AdaKV included (its masks held by the cache's
-    layers). Its ``seconds`` is the recorded prefill's time plus the derivation's, what a direct prefill would
-    report.
-
-    Args:
-        record: the recorded full prefill.
-        press: the press to derive a cache for.
+    Its ``seconds`` is the recorded prefill's plus the derivation's, what a direct prefill would report.
     """
     start = time.perf_counter()
     cache = derive_cache(record, press)
@@ -187,21 +157,11 @@ def compressed_prefill_in_chunks(
     press: BasePress,
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
 ) -> Prefill:
-    """``prefill(model, input_ids, press)`` for a prompt of any length: recorded in chunks, the press's cache derived.
+    """``prefill(model, input_ids, press)`` for a prompt of any length: recorded in chunks, the cache derived.
 
-    kvpress compresses inside one pass, so a long prompt under a press would need the whole prompt's activations at
-    once. This records it in chunks of at most ``prefill_chunk`` tokens, keeping only what ``press`` reads (the
-    hidden-state tail of :func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_tail`, its residual statistics,
-    ExpectedAttention prescored), and derives its cache: the prefill holds one chunk's activations over the full cache,
-    then the full cache and the compressed one until the record is released on return. A prompt within the chunk is one
-    pass, and the result is then the direct prefill's bit for bit (its ``seconds`` also count the derivation).
-
-    Args:
-        model: the model.
-        input_ids: the prompt, one unpadded sequence of shape ``(1, n)``.
-        press: any derivable press (:func:`is_derivable`; every press of :func:`ripplekv.presses.make_press`).
-        prefill_chunk: most tokens per prefill pass (default
-            :data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`); None: one pass.
+    kvpress compresses inside one pass, which would need the whole prompt's activations at once. This records in chunks
+    of at most ``prefill_chunk`` tokens (None: one pass), keeping only what ``press`` reads, then derives its cache. A
+    prompt within one chunk gives the direct prefill's result bit for bit (``seconds`` also count the derivation).
 
     Raises:
         NotDerivableError: for a press whose cache cannot be derived from a record.

@@ -1,17 +1,9 @@
 """Fidelity of a compressed cache to the full cache: teacher-forced next-token distributions compared.
 
-The full cache's own greedy answer is teacher-forced over the full cache (the reference) and over a compressed
-cache (the candidate); at every position of the answer the two next-token distributions are compared by their
-KL divergence ``KL(reference || candidate)`` (in nats) and by whether the candidate's argmax is the answer's
-token (top-1 agreement). The mean NLL of a gold answer teacher-forced over a cache is reported as well. The KL
-is the same output-level signal RippleKV's profiling measures for perturbed caches (:mod:`ripplekv.profiling`),
-here taken over the positions of the answer.
-
-Everything is float64 (log-softmax of the model's logits cast to float64); no per-position clamping. The
-``(positions, vocab)`` float64 rows are computed in blocks of :data:`ROW_BLOCK` rows: each row's log-softmax and each
-row's KL sum reduce along the row alone, so the values are those of the whole-tensor computation bit for bit
-(tested), with temporaries of one block instead of several ``(positions, vocab)`` float64 tensors (on a small model
-with a large vocabulary they outweigh a short prompt's cache).
+The full cache's greedy answer is teacher-forced over the full and a compressed cache; per position, the mean
+``KL(reference || candidate)`` in nats and top-1 agreement (also the mean NLL of a gold answer). All float64, no
+clamping; ``(positions, vocab)`` rows are computed in blocks of :data:`ROW_BLOCK` rows, bit for bit the whole-tensor
+values (each reduction runs along one row; tested) with one block's temporaries.
 """
 
 from __future__ import annotations
@@ -28,18 +20,14 @@ from ripplekv.models.cache import fork_cache
 __all__ = ["ROW_BLOCK", "Fidelity", "fidelity", "logprob_rows", "mean_nll", "row_blocks", "teacher_forced_logprobs"]
 
 ROW_BLOCK = 2
-"""Rows of ``(positions, vocab)`` float64 tensors computed at once (see the module docstring)."""
+"""Rows of ``(positions, vocab)`` float64 tensors computed at once."""
 
 
 def row_blocks(rows: int) -> list[tuple[int, int]]:
-    """``(start, end)`` blocks of :data:`ROW_BLOCK` rows covering ``rows`` rows, none of a single row.
+    """``(start, end)`` blocks of :data:`ROW_BLOCK` rows covering ``rows`` (>= 1) rows, none of a single row.
 
-    A lone last row is merged into the block before it (the only block of more rows): a one-row reduction on the
-    CPU may be split across threads along the row (another summation order), where a block of several rows reduces
-    each row whole, as the whole tensor does. A single row in all (``rows == 1``) is the whole tensor.
-
-    Args:
-        rows: number of rows (>= 1).
+    A lone last row joins the block before it: a one-row CPU reduction may be split across threads (another summation
+    order), where a block of several rows reduces each row whole, as the whole tensor does.
     """
     if rows <= ROW_BLOCK:
         return [(0, rows)]
@@ -50,18 +38,10 @@ def row_blocks(rows: int) -> list[tuple[int, int]]:
 
 
 def logprob_rows(next_logits: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
-    """``log_softmax`` in float64, on the CPU, of ``next_logits`` then the rows of ``logits``.
+    """``log_softmax`` in float64, on the CPU, of ``next_logits`` (``(vocab,)``) then the rows of ``logits``.
 
-    The same values as ``torch.log_softmax(torch.cat([next_logits[None], logits]).to("cpu", torch.float64), -1)``,
-    written into one float64 tensor and normalised in place by blocks of rows (:func:`row_blocks`): at most the
-    result and ``logits`` are held at once.
-
-    Args:
-        next_logits: ``(vocab,)`` logits of the first position (the prefill's next token).
-        logits: ``(n, vocab)`` logits of the following positions, or None.
-
-    Returns:
-        ``(1 + n, vocab)`` float64 log-probabilities on the CPU.
+    The values of ``torch.log_softmax(torch.cat([next_logits[None], logits]).to("cpu", torch.float64), -1)``,
+    normalised in place by :func:`row_blocks`: at most the ``(1 + n, vocab)`` result and ``logits`` are held at once.
     """
     vocab = next_logits.shape[-1]
     rows = 1 + (0 if logits is None else int(logits.shape[0]))
@@ -89,16 +69,9 @@ def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequ
     """Next-token log-probabilities along ``tokens`` forced after the prompt of ``state``.
 
     Row ``i`` is the distribution of the token at position ``i`` given the prompt and ``tokens[:i]``: row 0 is
-    ``state.next_logits``; the others come from one forward pass of ``tokens[:-1]`` over a fork of
-    ``state.cache`` (``state`` is left unchanged) at their true positions (``state.prompt_tokens`` onwards).
-    Multi-token passes over per-layer compressed caches need an
-    implementation that attends over them (:func:`ripplekv.models.attention.supports_per_layer_lengths`: ripplekv's
-    variants, see :func:`~ripplekv.models.attention.enable_varlen_attention`, or FlashAttention).
-
-    Args:
-        model: the model ``state`` was prefilled with.
-        state: the prefilled (compressed) prompt.
-        tokens: the forced tokens (at least one).
+    ``state.next_logits``, the others one forward pass of ``tokens[:-1]`` over a fork of ``state.cache`` (left
+    unchanged). Multi-token passes over per-layer compressed caches need an implementation that attends over them
+    (:func:`ripplekv.models.attention.supports_per_layer_lengths`).
 
     Returns:
         ``(len(tokens), vocab)`` float64 log-softmax, on the CPU.
@@ -149,16 +122,9 @@ def _check_logprobs(name: str, logprobs: torch.Tensor, tokens: Sequence[int]) ->
 def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[int]) -> Fidelity:
     """Mean KL divergence and top-1 agreement of ``candidate`` against ``reference`` along ``tokens``.
 
-    Args:
-        reference: ``(positions, vocab)`` log-probabilities over the reference (full) cache, e.g. from
-            :func:`teacher_forced_logprobs`.
-        candidate: the same over the candidate (compressed) cache.
-        tokens: the forced answer (``tokens[i]`` is the token at row ``i``), usually the reference's own greedy
-            answer.
-
-    Returns:
-        ``kl``: mean over rows of ``sum_v p_ref(v) (log p_ref(v) - log p_cand(v))`` in float64 (terms with
-        ``p_ref(v) = 0`` contribute 0); ``top1``: fraction of rows with ``candidate_i.argmax() == tokens[i]``.
+    Both are ``(positions, vocab)`` log-probabilities (:func:`teacher_forced_logprobs`) over the reference (full) and
+    candidate (compressed) cache; ``tokens[i]`` is the token at row ``i``, usually the reference's greedy answer.
+    Terms with ``p_ref(v) = 0`` contribute 0 to the KL.
     """
     ref = _check_logprobs("reference", reference, tokens)
     cand = _check_logprobs("candidate", candidate, tokens)
@@ -178,12 +144,7 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
 
 
 def mean_nll(logprobs: torch.Tensor, tokens: Sequence[int]) -> float:
-    """Mean negative log-likelihood of ``tokens`` under teacher-forced ``logprobs``: ``mean_i -logprobs[i, tokens[i]]``.
-
-    Args:
-        logprobs: ``(len(tokens), vocab)`` log-probabilities (e.g. from :func:`teacher_forced_logprobs`).
-        tokens: the forced tokens.
-    """
+    """Mean negative log-likelihood of teacher-forced ``tokens``: ``mean_i -logprobs[i, tokens[i]]``."""
     rows = _check_logprobs("logprobs", logprobs, tokens)
     ids = _check_tokens(tokens, rows.shape[-1])
     index = torch.tensor(ids, device=rows.device).unsqueeze(1)

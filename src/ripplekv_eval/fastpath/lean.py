@@ -1,15 +1,9 @@
 """Lean passes over a derived cache: extend, teacher-force and decode without copying the prefill record.
 
-A compressed cache derived from a record (:mod:`ripplekv_eval.fastpath.derive`) holds, for layers a press leaves whole
-(the full cache, AdaKV's masked layers), the record's own tensors by reference. Passes over a derived cache never
-write into the record; :func:`lean_extend`, :func:`lean_greedy_decode` and :func:`lean_teacher_forced_logprobs`
-run them over :class:`~ripplekv.models.cache.OverlayLayer` forks (:func:`~ripplekv.models.cache.lean_fork`), which
-keep the cache by reference and the appended tokens apart (a ``DynamicLayer`` fork would keep a concatenated copy
-of every layer, one more full cache over the full or an AdaKV cache, for as long as the pass lasts). They hand
-attention the very tensors the copying passes do, so results are unchanged under every attention implementation.
-(The shared-prefix attention of :mod:`ripplekv.models.shared_prefix` avoids even the one-layer concatenation, but it
-is given one layer's prefix per call, which a whole-model forward cannot pass per layer, and it rounds differently
-from the stock kernels.)
+A derived cache (:mod:`ripplekv_eval.fastpath.derive`) may hold the record's tensors by reference. These passes run
+over :class:`~ripplekv.models.cache.OverlayLayer` forks (:func:`~ripplekv.models.cache.lean_fork`), which keep the
+appended tokens apart instead of a concatenated copy of every layer (one more full cache for the pass's duration).
+Attention sees the very tensors the copying passes give it, so results are unchanged.
 """
 
 from __future__ import annotations
@@ -34,16 +28,10 @@ def _positions(state: Prefill, count: int) -> torch.Tensor:
 
 @torch.no_grad()
 def lean_extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
-    """:func:`~ripplekv.inference.generate.extend` over a :func:`lean_fork`: ``state``'s cache is not copied.
+    """:func:`~ripplekv.inference.generate.extend` over a :func:`lean_fork` (same logits; ``state`` unchanged).
 
-    The result's cache holds ``state``'s tensors by reference and the new tokens apart
-    (:class:`~ripplekv.models.cache.OverlayLayer`); :func:`lean_greedy_decode`, :func:`lean_teacher_forced_logprobs` and
-    :func:`~ripplekv_eval.fastpath.batched.decode_row` take it. Same logits as ``extend``.
-
-    Args:
-        model: the model ``state`` was prefilled with.
-        state: the prefilled (compressed) prompt; left unchanged.
-        input_ids: the new tokens, shape ``(1, n)``.
+    The result's cache holds ``state``'s tensors by reference and the new ``(1, n)`` tokens apart; the lean passes
+    and :func:`~ripplekv_eval.fastpath.batched.decode_row` take it.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(f"expected new tokens of shape (1, n), n >= 1, got {tuple(input_ids.shape)}")
@@ -57,16 +45,7 @@ def lean_extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor)
 
 @torch.no_grad()
 def lean_teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequence[int]) -> torch.Tensor:
-    """:func:`~ripplekv_eval.fastpath.fidelity.teacher_forced_logprobs` over a :func:`lean_fork` (same result).
-
-    Args:
-        model: the model ``state`` was prefilled with.
-        state: the prefilled (compressed) prompt; left unchanged.
-        tokens: the forced tokens (at least one).
-
-    Returns:
-        ``(len(tokens), vocab)`` float64 log-softmax, on the CPU.
-    """
+    """:func:`~ripplekv_eval.fastpath.fidelity.teacher_forced_logprobs` over a :func:`lean_fork` (same result)."""
     vocab = state.next_logits.shape[-1]
     ids = [int(t) for t in tokens]
     if not ids or any(not 0 <= t < vocab for t in ids):
@@ -82,13 +61,5 @@ def lean_teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens:
 def lean_greedy_decode(
     model: PreTrainedModel, state: Prefill, max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0
 ) -> list[int]:
-    """:func:`~ripplekv.inference.generate.greedy_decode` over a :func:`lean_fork` (same tokens).
-
-    Args:
-        model: the model ``state`` was prefilled with.
-        state: the prefilled (compressed) prompt; left unchanged.
-        max_new_tokens: most tokens to generate (>= 1).
-        stop_ids: token ids that end the answer (included in it).
-        min_new_tokens: for the first ``min_new_tokens`` tokens the stop ids cannot be chosen.
-    """
+    """:func:`~ripplekv.inference.generate.greedy_decode` over a :func:`lean_fork` (same tokens)."""
     return greedy_decode(model, state, max_new_tokens, stop_ids, min_new_tokens, fork=lean_fork)

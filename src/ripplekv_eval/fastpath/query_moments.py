@@ -1,30 +1,10 @@
 """ExpectedAttention's query statistics accumulated chunk by chunk, so a record never keeps the prompt's hidden states.
 
-kvpress's :class:`~kvpress.ExpectedAttentionPress` (Devoto et al., "Expected Attention: KV cache compression by
-estimating attention from future queries distribution", 2025; kvpress ``presses/expected_attention_press.py``)
-scores a layer's keys from the mean ``mu`` and the covariance ``cov`` of its pre-RoPE queries over every prompt
-position after the ``n_sink`` first, in one pass over the layer's whole input::
-
-    q = get_prerope_query_states(module, hidden_states[:, n_sink:])      # (batch, heads, n, head_dim)
-    mu = q.mean(positions);  cov = (q - mu)^T (q - mu) / n               # per head
-    mu, cov = apply_avg_rope(module, mu, cov, prompt_tokens)             # averaged over the next positions
-
-Reading every position is what made a prefill record keep every layer's hidden states for it (``n_tokens *
-n_layers * hidden_size`` elements: 32 GiB at 128K tokens on Llama-3.1-8B in bf16, twice its KV cache). A record
-computes the scores instead while the prefill runs (:func:`~ripplekv_eval.fastpath.record.record_prefill`'s
-``prescore``): in one pass by kvpress's own ``score`` on the layer's input (bit for bit what deriving from every
-hidden state gives); in a chunked prefill from :class:`QueryMoments`, which merges each chunk's count, mean and
-centred second moment (Chan, Golub and LeVeque's pairwise update, "Updating formulae and a pairwise algorithm for
-computing sample variances", 1979): each chunk's moments in float32 (float64 for a float64 model) around its own
-mean, merged in float64, so no sum of squares around zero loses the variance to cancellation and nothing of the
-chunk is kept. Scores then come from :class:`MomentsExpectedAttentionPress`, kvpress's press with the statistics
-read from the moments and every later step (the averaged RoPE, the expected attention, the value norms, the
-sinks) kvpress's own.
-
-Numerics: the moments are exact to float64 rounding of float32 chunk sums, at least as exact as kvpress's one
-pass in the model's dtype (in bf16 its mean and covariance are bf16 reductions); ``mu`` and ``cov`` are then
-rounded to the queries' dtype, which kvpress computes them in. Chunked and one-pass scores therefore agree to the
-rounding of that dtype, not bit for bit (tested).
+kvpress's ExpectedAttention (Devoto et al., 2025) scores keys from the mean and covariance of a layer's pre-RoPE
+queries over every prompt position after ``n_sink``; keeping every hidden state for it costs 32 GiB at 128K tokens
+on Llama-3.1-8B in bf16. :class:`QueryMoments` merges each chunk's moments instead (Chan, Golub and LeVeque, 1979):
+float32 per chunk around its own mean, merged in float64, so scores agree with kvpress's one pass to the rounding of
+the queries' dtype (not bit for bit; tested).
 """
 
 from __future__ import annotations
@@ -44,8 +24,7 @@ class QueryMoments:
     """Count, mean and centred second moment of one layer's pre-RoPE queries, merged chunk by chunk.
 
     Args:
-        n_sink: leading prompt positions left out (ExpectedAttention's ``n_sink``: attention sinks, whose queries
-            are outliers).
+        n_sink: leading prompt positions left out (ExpectedAttention's attention sinks, whose queries are outliers).
     """
 
     n_sink: int
@@ -60,13 +39,7 @@ class QueryMoments:
 
     @torch.no_grad()
     def update(self, module: nn.Module, hidden_states: torch.Tensor, start: int) -> None:
-        """Merge the queries of the prompt positions ``[start, start + n)`` that ``hidden_states`` holds.
-
-        Args:
-            module: the attention module (its query projection).
-            hidden_states: the layer's input at those positions, ``(batch, n, hidden)``.
-            start: the prompt position of ``hidden_states[:, 0]``.
-        """
+        """Merge the queries of the prompt positions ``[start, start + n)`` that ``hidden_states`` holds."""
         skip = max(0, self.n_sink - start)
         if skip >= hidden_states.shape[1]:
             return
@@ -102,14 +75,8 @@ class QueryMoments:
 class MomentsExpectedAttentionPress(ExpectedAttentionPress):
     """kvpress's ExpectedAttention with its query statistics read from :class:`QueryMoments` of the whole prompt.
 
-    ``score`` is kvpress's; only ``get_query_statistics`` changes: the mean and covariance come from ``moments``
-    (merged over the prompt's chunks, so the ``hidden_states`` it is given are not read) and the averaged RoPE is
-    applied at the prompt's length, as kvpress does after a one-pass prefill.
-
-    Args:
-        moments: the layer's query moments over the prompt (their ``n_sink`` must be the press's).
-        prompt_tokens: the prompt's length (the first future position of the averaged RoPE).
-        (the other fields: :class:`~kvpress.ExpectedAttentionPress`'s.)
+    Only ``get_query_statistics`` changes: the moments replace the ``hidden_states`` it is given, and the averaged RoPE
+    is applied at ``prompt_tokens``, as kvpress does after a one-pass prefill. ``moments.n_sink`` must be the press's.
     """
 
     moments: QueryMoments | None = None
@@ -127,12 +94,7 @@ class MomentsExpectedAttentionPress(ExpectedAttentionPress):
     def get_query_statistics(
         self, module: nn.Module, hidden_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The moments' mean and covariance (None without ``use_covariance``), RoPE-averaged at the prompt's end.
-
-        Args:
-            module: the attention module (its rotary embedding).
-            hidden_states: not read (the statistics are the whole prompt's).
-        """
+        """The moments' mean and covariance (None without ``use_covariance``), RoPE-averaged at the prompt's end."""
         if self.moments is None:
             raise ValueError("MomentsExpectedAttentionPress needs the layer's QueryMoments")
         mu, cov = self.moments.statistics()

@@ -1,21 +1,9 @@
 """The shared prefill record: one full prefill of a prompt feeds every (method, budget) compressed cache.
 
-kvpress compresses a layer's cache in a forward hook that runs *after* the layer's attention, so compression
-never changes the prefill's hidden states, logits or the full keys and values each layer hands to its press.
-:func:`record_prefill` runs the prompt once with a :class:`~ripplekv_eval.fastpath.recording_press.RecordingPress`,
-which stores, per layer, exactly what ``compress`` receives and keeps the cache unchanged; presses are then derived
-from the :class:`PrefillRecord` (:mod:`ripplekv_eval.fastpath.derive`) at the cost of their ``compress`` alone, and the
-derived caches are passed over without copying them (:mod:`ripplekv_eval.fastpath.lean`).
-
-Memory: a record holds one full (uncompressed) KV cache, the next token's logits and, per layer, the *last*
-``hidden_tail`` input hidden states (by default :data:`~ripplekv_eval.fastpath.hidden_tail.DEFAULT_HIDDEN_TAIL`, the
-65 SnapKV reads at the default window; all of them when ``hidden_tail`` is None), with the forward kwargs indexed by
-query position cut to the same positions and the attention weights (when the attention implementation returns
-them, as ``eager`` does: use ``sdpa``) likewise. What a run's presses read of the hidden states is
-:func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_tail`, which the evaluation passes; ExpectedAttention, which
-reads every position, is prescored instead (``prescore``). Residual-stream statistics a per-prompt rule reads are
-computed as the prefill runs and kept per layer (:func:`residual_statistics_of`). A prompt longer than
-``prefill_chunk`` is recorded in chunks (see :mod:`ripplekv_eval.fastpath.recording_press`).
+kvpress compresses in a hook that runs after each layer's attention, so compression never changes the prefill's
+hidden states, logits or the keys and values handed to the press. :func:`record_prefill` stores, per layer, what
+``compress`` receives (:class:`~ripplekv_eval.fastpath.recording_press.RecordingPress`); presses are then derived
+from it (:mod:`ripplekv_eval.fastpath.derive`) at the cost of their ``compress`` alone.
 """
 
 from __future__ import annotations
@@ -91,41 +79,25 @@ def record_prefill(
 ) -> PrefillRecord:
     """Prefill ``input_ids`` (shape ``(1, n)``) once, recording every layer's compression inputs.
 
-    A prompt longer than ``prefill_chunk`` is prefilled in chunks of at most ``prefill_chunk`` tokens over the
-    growing cache (:mod:`ripplekv.models.chunked_prefill`), so the prefill's activations are those of one chunk; the
-    record holds what a one-pass prefill's holds (the full cache, the last ``hidden_tail`` hidden states, the
-    kwargs and attention weights cut to them, the residual statistics), joined from the chunks and equal to it up
-    to float rounding: presses derived from it see the same inputs, however the prompt was cut. A prompt within
-    ``prefill_chunk`` is prefilled in one pass, exactly as without chunking.
+    The record holds one full KV cache, the next token's logits and per layer the last ``hidden_tail`` hidden states
+    (with the kwargs and attention weights cut to them). A prompt longer than ``prefill_chunk`` (None: one pass) is
+    prefilled in chunks over the growing cache (:mod:`ripplekv.models.chunked_prefill`): the record equals a one-pass
+    record's up to float rounding; within one chunk it is exactly the one-pass prefill.
 
     Args:
-        model: the model.
-        input_ids: the prompt (or its context part), one unpadded sequence.
-        hidden_tail: hidden states kept per layer, the last ``hidden_tail`` positions; None keeps all of them
-            (``n_tokens * n_layers * hidden_size`` elements, 1.5 times the cache itself on SmolLM2-135M). The
-            default, :data:`~ripplekv_eval.fastpath.hidden_tail.DEFAULT_HIDDEN_TAIL` (65), is what SnapKV and the
-            presses on its scorer read at the default window. Pass
-            :func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_tail` of every press to be derived: the record then
-            holds what they read and no more (:mod:`ripplekv_eval.fastpath.hidden_tail`); deriving a press that reads
-            more than the record holds (ExpectedAttention not prescored, a wider window) raises
-            :class:`~ripplekv_eval.fastpath.derive.NotDerivableError`, naming this argument.
-        residual_statistics: per-layer statistics of the residual stream, computed while the prefill runs and kept in
-            each :class:`~ripplekv_eval.fastpath.recording_press.LayerRecord`'s ``statistics`` under their name:
-            ``fn(residual_in, attention_output)`` of the decoder layer's input and its attention output, both ``(batch,
-            tokens, hidden)`` (what a per-prompt press such as SqueezeAttention reads and a record of the attention's
-            inputs cannot give). Each layer's tensors are released as soon as its statistics are computed. A chunked
-            prefill needs each to be a :class:`~ripplekv.allocation.per_prompt.TokenStatistic` (per-token values of
-            every chunk, reduced once over the whole prompt; :func:`residual_statistics_of` gives them), else raises
-            ValueError.
-        prefill_chunk: most tokens per prefill pass (an integer >= 1; default
-            :data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`); None: one pass whatever the length.
-        prescore: scorers of :data:`~ripplekv_eval.fastpath.hidden_tail.PRESCORABLE` (ExpectedAttention) to score
-            while the prefill runs, so the record need not keep the whole prompt's hidden states for them
-            (:func:`~ripplekv_eval.fastpath.hidden_tail.prescored_scorers` of the presses to derive; pass the same to
-            :func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_tail`). In one pass each layer is scored by the
-            scorer's own ``score`` on its whole input, exactly as deriving from every hidden state; in chunks from the
-            prompt's query moments (:mod:`ripplekv_eval.fastpath.query_moments`), equal to it up to the rounding of
-            the model's dtype. The scores are pinned in the record's memo, and its ``seconds`` include them.
+        hidden_tail: hidden states kept per layer (None: all, 1.5 times the cache on SmolLM2-135M). The default (65) is
+            what SnapKV reads at its default window; pass
+            :func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_tail` of every press to derive. Deriving a press
+            that reads more raises :class:`~ripplekv_eval.fastpath.derive.NotDerivableError`.
+        residual_statistics: ``fn(residual_in, attention_output)`` per name, both ``(batch, tokens, hidden)``, computed
+            per layer as the prefill runs (what a per-prompt press such as SqueezeAttention reads) and kept in each
+            layer record's ``statistics``. A chunked prefill needs each to be a
+            :class:`~ripplekv.allocation.per_prompt.TokenStatistic` (per-token values of every chunk, reduced once over
+            the prompt: :func:`residual_statistics_of`), else ValueError.
+        prescore: ExpectedAttention scorers (:func:`~ripplekv_eval.fastpath.hidden_tail.prescored_scorers`) scored while
+            the prefill runs, so no full hidden states are kept: in one pass exactly as derived, in chunks from
+            :mod:`ripplekv_eval.fastpath.query_moments` (to the model dtype's rounding). Pinned in the record's memo;
+            ``seconds`` include them.
     """
     chunk = check_prefill_chunk(prefill_chunk)
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
@@ -198,12 +170,8 @@ def record_prefill(
 def residual_statistics_of(presses: Iterable[BasePress]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], Any]]:
     """The residual-stream statistics a record needs to derive every one of ``presses`` (see :func:`record_prefill`).
 
-    Each is the press's :attr:`~ripplekv.presses.per_prompt_press.PerPromptBudgetPress.residual_statistic`: a
-    :class:`~ripplekv.allocation.per_prompt.TokenStatistic` where the rule's statistic reduces per-token values (so
-    a chunked prefill can compute it), else the plain function.
-
-    Args:
-        presses: the presses that will be derived from the record.
+    Each is the press's ``residual_statistic``: a :class:`~ripplekv.allocation.per_prompt.TokenStatistic` where the
+    rule reduces per-token values (so a chunked prefill can compute it), else the plain function.
     """
     found: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {}
     for press in presses:

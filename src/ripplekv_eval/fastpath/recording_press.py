@@ -1,27 +1,10 @@
 """The press that records a prefill: per layer, exactly what ``compress`` receives, the cache left unchanged.
 
-:class:`RecordingPress` stores, per layer, a :class:`LayerRecord`: the attention module, its input hidden states
-(the last ``hidden_tail`` positions, copied out of each layer's hidden states as the prefill runs so the whole
-prompt's are never held at once), the full keys and values, the attention weights if the attention implementation
-returned any, and the forward kwargs, those indexed by query position (``position_embeddings``, ``position_ids``,
-``cache_position``, a 4D ``attention_mask``) and the attention weights cut to the same positions, so a scorer sees
-consistent queries. It also prescores ExpectedAttention while the prefill runs (see
-:mod:`ripplekv_eval.fastpath.hidden_tail`). :func:`~ripplekv_eval.fastpath.record.record_prefill` runs it.
-
-Chunked prefill: a prompt longer than ``prefill_chunk`` (default
-:data:`~ripplekv.models.chunked_prefill.DEFAULT_PREFILL_CHUNK`, 8,192 tokens) is recorded in chunks of at most that
-many tokens over its growing cache, so the prefill holds one chunk's activations on top of the cache instead of the
-whole prompt's. kvpress's hook only acts on a first pass, so :class:`RecordingPress` records each chunk's pass
-itself: the positions of the chunk that fall in the kept tail, their kwargs cut the same way and their attention
-weights. :meth:`RecordingPress.assemble` joins them into the one-pass record: the hidden states and the per-query
-kwargs concatenated over the chunks, each chunk's attention weights and 4D mask padded to the prompt's keys as one
-pass has them (zero weight, masked key), tensors every layer shares joined once. The keys and values are the
-cache the chunks filled (one buffer per layer, :class:`~ripplekv.models.cache.ReservedLayer`). Residual statistics
-are :class:`~ripplekv.allocation.per_prompt.TokenStatistic` values: per-token values of every chunk, reduced once
-over the prompt (SqueezeAttention's mean over tokens, never a mean of chunk means). Since presses score at
-derivation, from the record, chunk boundaries change nothing they see; the record equals a one-pass record up to
-float rounding (tested tensor for tensor, and every derivable method keeps the same tokens), and a prompt within
-the chunk is recorded in one pass, bit for bit as without chunking.
+Per layer a :class:`LayerRecord` keeps the last ``hidden_tail`` hidden states (copied out as the prefill runs),
+the full keys and values, and the attention weights and kwargs cut to the same query positions, so a scorer sees
+consistent queries. A chunked prefill is recorded chunk by chunk and joined by :meth:`RecordingPress.assemble`
+into what one pass records, up to float rounding (tested tensor for tensor); a prompt within one chunk is bit for
+bit. :func:`~ripplekv_eval.fastpath.record.record_prefill` runs it.
 """
 
 from __future__ import annotations
@@ -87,22 +70,15 @@ def _token_tensors(values: Sequence[Any], pieces: Sequence[_Piece], dim: int) ->
 class RecordingPress(BasePress):
     """A press that compresses nothing and records, per layer, what ``compress`` receives.
 
-    In one pass (a prompt prefilled at once) it records in ``compress``. In a chunked prefill (see
-    :func:`~ripplekv_eval.fastpath.record.record_prefill`)
-    kvpress's hook compresses the first chunk only, so this press's
-    own hook records every chunk's pass instead (:meth:`begin_chunk` says which positions it runs) and :meth:`assemble`
-    joins the chunks into what one pass would have recorded.
+    In one pass it records in ``compress``. kvpress's hook compresses only a first pass, so in a chunked prefill its
+    own hook records every chunk (:meth:`begin_chunk` names the positions) and :meth:`assemble` joins them.
 
     Args:
-        hidden_tail: keep the last ``hidden_tail`` positions of the hidden states (and of the kwargs and attention
-            weights indexed by query position), copied out so the layer's whole hidden states are freed; None
-            keeps them all, by reference. Default :data:`~ripplekv_eval.fastpath.hidden_tail.DEFAULT_HIDDEN_TAIL`.
-        prescore: scorers of :data:`~ripplekv_eval.fastpath.hidden_tail.PRESCORABLE` whose scores are computed while the
-            prefill runs and pinned in ``memo``: in one pass by their own ``score`` on the layer's whole input; in
-            chunks from the query moments each chunk adds to
-            (:class:`~ripplekv_eval.fastpath.query_moments.QueryMoments`),
-            scored when the chunks are assembled.
-        memo: where the prescored scores are held (the record's memo).
+        hidden_tail: keep the last ``hidden_tail`` query positions (hidden states, per-query kwargs, attention weights),
+            copied out so the layer's whole hidden states are freed; None keeps them all, by reference.
+        prescore: ExpectedAttention scorers scored while the prefill runs and pinned in ``memo`` (the record's): in one
+            pass by their own ``score``, in chunks from :class:`~ripplekv_eval.fastpath.query_moments.QueryMoments` at
+            :meth:`assemble`.
     """
 
     hidden_tail: int | None = DEFAULT_HIDDEN_TAIL
@@ -186,13 +162,7 @@ class RecordingPress(BasePress):
     # ------------------------------------------------------------------------------------------- chunked prefill
 
     def begin_chunk(self, start: int, end: int, tokens: int) -> None:
-        """Record the next pass as the chunk ``[start, end)`` of a ``tokens``-token prompt.
-
-        Args:
-            start: the chunk's first prompt position.
-            end: one past its last.
-            tokens: the whole prompt's length.
-        """
+        """Record the next pass as the chunk ``[start, end)`` of a ``tokens``-token prompt."""
         if not 0 <= start < end <= tokens:
             raise ValueError(f"chunk [{start}, {end}) is not a non-empty part of a {tokens}-token prompt")
         self._chunk = (start, end, tokens)
@@ -224,16 +194,10 @@ class RecordingPress(BasePress):
     def assemble(self, cache: DynamicCache, tokens: int) -> None:
         """Join the recorded chunks into one :class:`LayerRecord` per layer, over ``cache``'s keys and values.
 
-        The hidden states, the kwargs indexed by query position and the attention weights of the kept positions
-        are concatenated along the query positions. A chunk's attention weights and 4D attention mask span the keys
-        up to its end; they are padded to the prompt's keys as a one-pass prefill has them: zero weight, masked key
-        (``False``, or the dtype's minimum in an additive mask). A chunk whose pass had no mask (its queries see
-        every key up to their own) gets those rows made explicit when another chunk's pass had one. Tensors every
-        layer shares (position embeddings, masks) are joined once and shared. Any other kwarg is the last chunk's.
-
-        Args:
-            cache: the cache the chunked prefill filled.
-            tokens: the prompt's length.
+        Per-query tensors are concatenated over the chunks. A chunk's attention weights and 4D mask span the keys up
+        to its end and are padded to the prompt's ``tokens`` keys as one pass has them (zero weight; ``False`` or the
+        dtype's minimum); a chunk without a mask gets its causal rows made explicit. Tensors every layer shares are
+        joined once. Any other kwarg is the last chunk's.
         """
         memo: dict[tuple[int, ...], tuple[Any, torch.Tensor]] = {}
 
