@@ -100,10 +100,10 @@ def analyse(run: Path, metrics: list[str], resamples: int, seed: int, draws: int
                 chosen = {
                     family: max(members, key=lambda m: sign * means[m].mean) for family, members in families.items()
                 }
-                tests = [
-                    compare(metric, candidate, other, values[candidate, budget], values[other, budget], flip, bootstrap)
-                    for other in chosen.values()
+                pairs = [
+                    (candidate, other, values[candidate, budget], values[other, budget]) for other in chosen.values()
                 ]
+                tests = compare(metric, pairs, flip)
                 settled = settle(tests, ALPHA)
                 comparisons = {}
                 for (family, other), c in zip(chosen.items(), settled):

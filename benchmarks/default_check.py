@@ -20,8 +20,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ripplekv_eval.analysis.tuning_report import adjust, macro_mean, paired_comparison
+from ripplekv_eval.analysis.tuning_report import KL, comparison_record, macro_mean
+from ripplekv_eval.reporting.comparisons import compare, settle
 from ripplekv_eval.reporting.significance import SignFlip
+from ripplekv_eval.reporting.stats import ALPHA
 
 Samples = dict[str, dict[str, float]]
 
@@ -65,14 +67,10 @@ def check(run: Path, candidate: str, metric: str, draws: int, seed: int) -> dict
     budgets: list[dict[str, Any]] = []
     for budget in sorted({b for _, b in samples}):
         means = {m: macro_mean(restrict(samples[(m, budget)], ids)) for m in methods if (m, budget) in samples}
-        versus = {
-            other: paired_comparison(
-                flip, restrict(samples[(candidate, budget)], ids), restrict(samples[(other, budget)], ids)
-            )
-            for other in means
-            if other != candidate
-        }
-        adjust(list(versus.values()))
+        others = [other for other in means if other != candidate]
+        mine = restrict(samples[(candidate, budget)], ids)
+        tests = compare(KL, [(candidate, o, mine, restrict(samples[(o, budget)], ids)) for o in others], flip)
+        versus = {other: comparison_record(c) for other, c in zip(others, settle(tests, ALPHA))}
         budgets.append({"budget": budget, "means": means, "candidate_minus": versus})
     return {"run": str(run), "metric": metric, "candidate": candidate, "prompts": len(ids), "budgets": budgets}
 

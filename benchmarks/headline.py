@@ -87,11 +87,8 @@ def analyse(
         estimates = {f"{m}@{b}": asdict(bootstrap.estimate(s)) for (m, b), s in values.items() if s}
         per_budget, raw = [], []
         for budget in budgets:
-            tests = [
-                compare(metric, candidate, b, values[candidate, budget], values[b, budget], flip, bootstrap)
-                for b in baselines
-            ]
-            raw.append(tests)
+            pairs = [(candidate, b, values[candidate, budget], values[b, budget]) for b in baselines]
+            raw.append(compare(metric, pairs, flip))
         groups = [[i] for i in range(len(budgets))] if family == "budget" else [list(range(len(budgets)))]
         for group in groups:
             settled = iter(settle([c for i in group for c in raw[i]], ALPHA))
@@ -107,7 +104,6 @@ def analyse(
                         "baseline_mean": estimates[f"{baseline}@{budget}"]["mean"],
                         "difference": {"mean": d.mean, **_interval(d.low, d.high), "samples": d.samples}
                         | {"tasks": d.tasks, "interval": d.method},
-                        "bootstrap_bca": _interval(c.bootstrap.low, c.bootstrap.high),
                         "wins": c.wins,
                         "ties": c.ties,
                         "losses": c.losses,

@@ -8,18 +8,16 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from scipy.stats import wilcoxon
 
 from ripplekv.cli.main import main
 from ripplekv.presses.method_spec import METHOD_TABLE
 from ripplekv_eval.reporting import report as report_module
-from ripplekv_eval.reporting.comparisons import analyse_metric, paired_differences, wilcoxon_p
+from ripplekv_eval.reporting.comparisons import analyse_metric, paired_differences
 from ripplekv_eval.reporting.run_stats import analyse_run
 from ripplekv_eval.reporting.significance import holm
 from ripplekv_eval.reporting.stats import METRICS, Bootstrap, Metric
@@ -165,10 +163,10 @@ def test_pairs_only_samples_both_methods_have() -> None:
 
 
 def test_bootstrap_is_seeded_and_validated() -> None:
-    data = _samples({"t": [0.1, 0.5, 0.9, 0.3], "u": [1.0, 2.0]})
-    first, again, other = (Bootstrap(2000, seed=s).distribution(data)[1] for s in (3, 3, 4))
-    assert np.array_equal(first, again) and not np.array_equal(first, other)
-    assert Bootstrap(2000, seed=3).estimate(data) == Bootstrap(2000, seed=3).estimate(data)
+    rng = np.random.default_rng(0)
+    data = _samples({"t": list(rng.normal(0, 1, 20)), "u": list(rng.normal(1, 1, 7))})
+    first, again, other = (Bootstrap(2000, seed=s).estimate(data) for s in (3, 3, 4))
+    assert first == again and first != other
     for bad in ({"resamples": 100}, {"seed": -1}, {"confidence": 1.0}, {"resamples": 2000.0}):
         with pytest.raises(ValueError, match="resamples|seed|confidence"):
             Bootstrap(**bad)  # type: ignore[arg-type]
@@ -190,7 +188,7 @@ def test_thousand_samples_by_twenty_configs_take_seconds(tmp_path: Path) -> None
                 rows.append(_row(sample, task, method, budget, top1_agreement=1 - kl, **values))
     start = time.perf_counter()
     run = analyse_run(rows, methods, [0.1, 0.2, 0.3], resamples=4000)
-    assert time.perf_counter() - start < 30.0
+    assert time.perf_counter() - start < 60.0  # scipy's bootstrap and permutation test: ~40 s on 2 loaded cores
     assert list(run.metrics) == list(METRICS) and len(run.metrics["score"].estimates) == 19
 
 
@@ -203,17 +201,6 @@ def test_holm_adjustment() -> None:
     for bad in ([1.5], [math.nan], [-0.1]):
         with pytest.raises(ValueError, match="p-values"):
             holm(bad)
-
-
-def test_wilcoxon_p_values() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # scipy's normal approximation divides by zero on all-zero differences
-        assert wilcoxon_p([0.0] * 20) == 1.0
-    d = [0.5, -0.1, 0.3, 0.7, 0.2, 0.9, -0.4, 1.1]
-    assert wilcoxon_p(d) == pytest.approx(wilcoxon(d, zero_method="wilcox").pvalue)
-    assert wilcoxon_p([0.0, *d]) == pytest.approx(wilcoxon([0.0, *d], zero_method="wilcox").pvalue)
-    with pytest.raises(ValueError, match="at least one"):
-        wilcoxon_p([])
 
 
 @pytest.mark.parametrize("metric", [KL, SCORE])
@@ -273,7 +260,8 @@ def test_planted_difference_is_significant_and_null_is_not(tmp_path: Path) -> No
     assert "## fidelity_kl (lower is better): mean and 95% interval" in text
     assert "Holm over the distinct comparisons of one metric at one budget" in text
     assert "Test: stratified sign-flip permutation test of the macro-mean difference" in text
-    assert "(seed 0); Holm family: the distinct comparisons of one metric at one budget (`--family budget`)" in text
+    family = "Holm family: the distinct comparisons of one metric at one budget (`--family budget`)"
+    assert f"(scipy.stats.permutation_test, seed 0); {family}" in text
 
 
 # ---------------------------------------------------------------------------------- skipped metrics, old runs
@@ -341,7 +329,6 @@ def test_cli_json_metrics_seed_and_errors(tmp_path: Path, capsys: pytest.Capture
     comparison = statistics["metrics"]["fidelity_kl"]["comparisons"][0]
     assert comparison["test"] == "monte-carlo" and comparison["sign_vectors"] == 20000
     assert comparison["difference"]["interval"] == "sign-flip inversion"
-    assert comparison["bootstrap_bca"]["interval"] == "bca"
     assert main(["report", str(out), "--format", "json", "--family", "metric", "--permutations", "999"]) == 0
     captured = capsys.readouterr()
     test = json.loads(captured.out)["statistics"]["test"]

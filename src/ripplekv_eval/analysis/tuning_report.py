@@ -8,10 +8,11 @@ Every mean is the report's macro mean (each task's mean, averaged over tasks;
 - ``best``: the candidate with the lowest calibration KL (ties: the earlier candidate in grid order);
 - held-out paired differences, each the macro mean of the per-prompt differences with wins/ties/losses (a win:
   lower KL), the stratified sign-flip permutation test of that macro mean and the interval inverting it
-  (:mod:`ripplekv_eval.reporting.significance`): ``best - default`` (the gain of tuning), ``best - snapkv`` and
-  ``default - snapkv``; ``best - shared`` (the gain of tuning per budget over the one candidate chosen for all
-  budgets). Holm adjusts over the four comparisons of a budget (``family="budget"``, the default) or the twelve of
-  all budgets (``family="metric"``); **significant** = Holm-adjusted p < 0.05, and then the interval excludes 0.
+  (:func:`ripplekv_eval.reporting.comparisons.compare`, Holm by its ``settle``): ``best - default`` (the gain of
+  tuning), ``best - snapkv`` and ``default - snapkv``; ``best - shared`` (the gain of tuning per budget over the
+  one candidate chosen for all budgets). Holm adjusts over the four comparisons of a budget (``family="budget"``,
+  the default) or the twelve of all budgets (``family="metric"``); **significant** = Holm-adjusted p < 0.05, and
+  then the interval excludes 0.
 
 ``shared`` is the candidate with the lowest calibration KL averaged over the budgets: if ``best - shared`` is not
 significant at any budget, the best allocation does not depend on the budget (to this run's resolution).
@@ -25,23 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv_eval.reporting.comparisons import paired_differences
-from ripplekv_eval.reporting.significance import (
-    DEFAULT_DRAWS,
-    DEFAULT_FAMILY,
-    FAMILIES,
-    TEST_NAME,
-    SignFlip,
-    holm,
-)
-from ripplekv_eval.reporting.stats import ALPHA, Bootstrap, Samples
+from ripplekv_eval.reporting.comparisons import Comparison, compare, settle
+from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, DEFAULT_FAMILY, FAMILIES, TEST_NAME, SignFlip
+from ripplekv_eval.reporting.stats import ALPHA, METRICS, Samples
 
 __all__ = [
     "COMPARISONS",
-    "adjust",
+    "KL",
     "candidate_samples",
+    "comparison_record",
     "macro_mean",
-    "paired_comparison",
     "summarize_methods",
     "summarize_tuning",
     "tuning_markdown",
@@ -68,46 +62,25 @@ def macro_mean(samples: Samples) -> float:
 COMPARISONS = ("best_minus_default", "best_minus_snapkv", "default_minus_snapkv", "best_minus_shared")
 
 
-def paired_comparison(flip: SignFlip, a: Samples, b: Samples, bootstrap: Bootstrap | None = None) -> dict[str, Any]:
-    """``a - b`` over the prompts both have: macro mean, inverted sign-flip interval, W/T/L (a win: lower), raw p.
+KL = METRICS["fidelity_kl"]
+"""The tuned metric: wins and losses of a held-out comparison are lower and higher KL."""
 
-    ``significant`` is the raw verdict (``p < alpha``, the interval excludes 0); :func:`adjust` replaces it by
-    Holm's over a family.
 
-    Args:
-        flip: the sign-flip test (draws, seed, level).
-        a: task -> prompt id -> KL of the first candidate.
-        b: the same for the candidate it is compared with.
-        bootstrap: also give the BCa interval of the same mean (``bca_low``, ``bca_high``), or None.
-    """
-    diffs = paired_differences(a, b)
-    flat = [d for task in diffs.values() for d in task.values()]
-    if not flat:
-        raise ValueError("no held-out prompt has both candidates")
-    test = flip.test(diffs)
-    out = {
-        "difference": test.mean,
-        "low": test.low if math.isfinite(test.low) else None,  # None: unbounded (5 prompts or fewer)
-        "high": test.high if math.isfinite(test.high) else None,
-        "wins": sum(d < 0 for d in flat),
-        "ties": sum(d == 0 for d in flat),
-        "losses": sum(d > 0 for d in flat),
-        "p": test.p,
-        "test": test.method,
-        "sign_vectors": test.vectors,
-        "significant": bool(test.p < flip.alpha),
+def comparison_record(c: Comparison) -> dict[str, Any]:
+    """A held-out comparison as the summary's JSON: ``a - b``, its interval (None: unbounded), W/T/L, p, Holm p."""
+    return {
+        "difference": c.difference.mean,
+        "low": c.difference.low if math.isfinite(c.difference.low) else None,
+        "high": c.difference.high if math.isfinite(c.difference.high) else None,
+        "wins": c.wins,
+        "ties": c.ties,
+        "losses": c.losses,
+        "p": c.p,
+        "test": c.test,
+        "sign_vectors": c.vectors,
+        "significant": c.significant,
+        "p_holm": c.p_holm,
     }
-    if bootstrap is not None:
-        bca = bootstrap.estimate(diffs)
-        out.update({"bca_low": bca.low, "bca_high": bca.high})
-    return out
-
-
-def adjust(comparisons: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
-    """Set ``p_holm`` and ``significant`` (``p_holm < alpha``) of one family of :func:`paired_comparison` results."""
-    for c, adjusted in zip(comparisons, holm([c["p"] for c in comparisons])):
-        c["p_holm"] = adjusted
-        c["significant"] = bool(adjusted < alpha)
 
 
 def summarize_tuning(
@@ -116,7 +89,6 @@ def summarize_tuning(
     default: str,
     calibration: set[str],
     heldout: set[str],
-    resamples: int,
     seed: int,
     context: Mapping[str, Any] | None = None,
     draws: int = DEFAULT_DRAWS,
@@ -130,8 +102,7 @@ def summarize_tuning(
         default: the defaults' key (one of ``candidates``).
         calibration: ids of the calibration prompts.
         heldout: ids of the held-out prompts.
-        resamples: bootstrap resamples (the BCa intervals kept for reference).
-        seed: seed of the bootstrap and of the sign-flip test.
+        seed: seed of the sign-flip test.
         context: what ran (model, suite, ...), copied into the summary.
         draws: random sign vectors per comparison (beyond the exact enumeration's 16 prompts).
         family: Holm's family: ``budget`` (the four comparisons of a budget) or ``metric`` (all budgets').
@@ -145,7 +116,6 @@ def summarize_tuning(
     budgets = sorted({float(r["budget"]) for r in rows})
     if not budgets:
         raise ValueError("no tuning rows to summarise")
-    bootstrap = Bootstrap(resamples, seed)
     flip = SignFlip(draws=draws, seed=seed)
     calibration_kl: dict[float, dict[str, float]] = {}
     per_budget: list[dict[str, Any]] = []
@@ -163,6 +133,7 @@ def summarize_tuning(
         budget, at, cal_ids, held_ids = entry["budget"], entry["rows"], entry["cal"], entry["held"]
         best = min(candidates, key=lambda k: (calibration_kl[budget][k], candidates.index(k)))
         held = {key: candidate_samples(at, held_ids, key) for key in (*candidates, SNAPKV)}
+        pairs = ((best, default), (best, SNAPKV), (default, SNAPKV), (best, shared))
         out_budgets.append(
             {
                 "budget": budget,
@@ -181,17 +152,16 @@ def summarize_tuning(
                     "calibration_kl": macro_mean(candidate_samples(at, cal_ids, SNAPKV)),
                     "heldout_kl": macro_mean(held[SNAPKV]),
                 },
-                "heldout": {
-                    name: paired_comparison(flip, held[x], held[y], bootstrap)
-                    for name, (x, y) in zip(
-                        COMPARISONS, ((best, default), (best, SNAPKV), (default, SNAPKV), (best, shared))
-                    )
-                },
+                "heldout": dict(zip(COMPARISONS, compare(KL, [(x, y, held[x], held[y]) for x, y in pairs], flip))),
             }
         )
+        if None in out_budgets[-1]["heldout"].values():
+            raise ValueError(f"budget {budget:g}: no held-out prompt has both candidates of a comparison")
     groups = [[b] for b in out_budgets] if family == "budget" else [out_budgets]
     for group in groups:
-        adjust([b["heldout"][name] for b in group for name in COMPARISONS])
+        settled = iter(settle([b["heldout"][name] for b in group for name in COMPARISONS], ALPHA))
+        for b in group:
+            b["heldout"] = {name: comparison_record(next(settled)) for name in COMPARISONS}
     depends = any(b["heldout"]["best_minus_shared"]["significant"] for b in out_budgets)
     return {
         "format": "ripplekv-tune/1",
@@ -283,7 +253,6 @@ def summarize_methods(
     groups: Mapping[str, Sequence[str]],
     calibration: set[str],
     heldout: set[str],
-    resamples: int,
     seed: int,
     draws: int = DEFAULT_DRAWS,
     family: str = DEFAULT_FAMILY,
@@ -297,13 +266,12 @@ def summarize_methods(
             (:attr:`ripplekv_eval.analysis.tuning.TuneConfig.method_groups`).
         calibration: ids of the calibration prompts.
         heldout: ids of the held-out prompts.
-        resamples: bootstrap resamples.
-        seed: seed of the bootstrap and the sign-flip test.
+        seed: seed of the sign-flip test.
         draws: random sign vectors per comparison.
         family: Holm's family (see :func:`summarize_tuning`).
     """
     return {
-        method: summarize_tuning(rows, list(keys), method, calibration, heldout, resamples, seed, None, draws, family)
+        method: summarize_tuning(rows, list(keys), method, calibration, heldout, seed, None, draws, family)
         for method, keys in groups.items()
     }
 

@@ -1,20 +1,16 @@
-"""Paired comparisons of ``ripplekv report``: differences of two configurations, one test each, Holm.
+"""Paired comparisons of ``ripplekv report`` and ``ripplekv tune``: differences of two configurations, one test each,
+Holm.
 
 - **Paired difference** of method A and method B: per sample ``A - B`` over the samples both have; its estimate is
   the macro mean of the differences (:mod:`~ripplekv_eval.reporting.stats`). Wins / ties / losses count the
   samples where A is better / equal / worse by the metric's direction.
 - **Test and interval of a difference** (:mod:`~ripplekv_eval.reporting.significance`): the stratified sign-flip
-  permutation test of that macro mean (each sample's difference flipped independently, the macro mean recomputed
-  with the same task weights; exact up to ``EXACT_MAX`` samples, else Monte Carlo with the +1 correction), and the
-  interval that inverts it, so the raw p is below ``ALPHA`` exactly when the interval excludes 0. The BCa interval
-  of the same difference is kept as ``Comparison.bootstrap`` for reference.
-- **Multiplicity**: Holm's step-down adjustment over a family (``FAMILIES``; default ``budget``: the distinct
-  comparisons, unordered pairs, of one budget and metric; ``metric``: those of one metric over all its budgets).
-  A difference is *significant* when its Holm-adjusted p is below ``ALPHA`` -- and then its interval excludes 0.
-  An interval that excludes 0 with a Holm p >= ``ALPHA`` is a raw result that does not survive the family.
-
-:func:`wilcoxon_p` (the pooled Wilcoxon signed-rank test of earlier reports) is kept for comparison only; it tests
-the pooled samples, not the macro mean, and no verdict uses it.
+  permutation test of that macro mean and the interval that inverts it, so the raw p is below ``ALPHA`` exactly
+  when the interval excludes 0.
+- **Multiplicity** (:func:`settle`): Holm's step-down adjustment over a family (``FAMILIES``; default ``budget``:
+  the distinct comparisons, unordered pairs, of one budget and metric; ``metric``: those of one metric over all its
+  budgets). A difference is *significant* when its Holm-adjusted p is below ``ALPHA`` -- and then its interval
+  excludes 0. An interval that excludes 0 with a Holm p >= ``ALPHA`` is a raw result that does not survive the family.
 """
 
 from __future__ import annotations
@@ -31,20 +27,17 @@ from ripplekv_eval.reporting.stats import ALPHA, Bootstrap, Estimate, Metric, Sa
 __all__ = [
     "BASELINE",
     "REFERENCE",
-    "ZERO_METHOD",
     "Comparison",
     "MetricStats",
     "analyse_metric",
     "compare",
     "paired_differences",
     "settle",
-    "wilcoxon_p",
 ]
 
-ZERO_METHOD = "wilcox"
 BASELINE = "snapkv"
 REFERENCE = "full"
-TIE_TOLERANCE = 1e-12  # relative: differences this small are ties (exact zeros for the Wilcoxon test)
+TIE_TOLERANCE = 1e-12  # relative: differences this small are ties (exact zeros)
 
 
 def paired_differences(a: Samples, b: Samples) -> Samples:
@@ -67,33 +60,12 @@ def paired_differences(a: Samples, b: Samples) -> Samples:
     return out
 
 
-def wilcoxon_p(differences: Sequence[float]) -> float:
-    """Two-sided Wilcoxon signed-rank p-value of pooled paired differences (``zero_method="wilcox"``); all zero -> 1.
-
-    Not used for any verdict (it tests the pooled samples, not the macro mean); kept to compare with earlier reports.
-
-    Args:
-        differences: the per-sample differences (at least one, finite).
-    """
-    d = np.asarray(differences, dtype=np.float64)
-    if d.size == 0:
-        raise ValueError("the Wilcoxon test needs at least one paired difference")
-    if not np.all(np.isfinite(d)):
-        raise ValueError("paired differences must be finite")
-    if not np.any(d != 0.0):
-        return 1.0
-    from scipy.stats import wilcoxon
-
-    p = float(wilcoxon(d, zero_method=ZERO_METHOD, alternative="two-sided", method="auto").pvalue)
-    return min(1.0, p) if math.isfinite(p) else 1.0
-
-
 @dataclass(frozen=True)
 class Comparison:
     """``method`` against ``other`` at one budget: the paired difference ``method - other`` and its test.
 
     ``difference``: the macro mean of the differences with the interval inverting the sign-flip test (``method``
-    ``sign-flip inversion``); ``bootstrap``: the BCa interval of the same mean (reference only). ``p``: the raw
+    ``sign-flip inversion``). ``p``: the raw
     sign-flip p; ``test``: ``exact`` or ``monte-carlo``; ``vectors``: sign vectors used. ``p_holm`` and
     ``significant`` (``p_holm < ALPHA``) are set by :func:`settle` over the comparison's family.
     """
@@ -109,7 +81,6 @@ class Comparison:
     significant: bool = False
     test: str = ""
     vectors: int = 0
-    bootstrap: Estimate | None = None
 
     @property
     def pair(self) -> frozenset[str]:
@@ -135,39 +106,43 @@ class MetricStats:
 
 
 def compare(
-    metric: Metric, method: str, other: str, a: Samples, b: Samples, flip: SignFlip, bootstrap: Bootstrap | None = None
-) -> Comparison | None:
-    """``method - other`` over the samples both have: estimate, inverted interval, raw p, W/T/L (None: no pairs).
+    metric: Metric, pairs: Sequence[tuple[str, str, Samples, Samples]], flip: SignFlip
+) -> list[Comparison | None]:
+    """Each ``(method, other, a, b)``: ``method - other`` over the samples both have: estimate, inverted interval,
+    raw p, W/T/L (None: no sample in common). The tests run together (:meth:`SignFlip.test`).
 
     Args:
         metric: orients wins and losses.
-        method: the first method's name.
-        other: the name of the method it is compared with.
-        a: the first method's samples.
-        b: the other's.
+        pairs: the first method's name, the other's, the first method's samples, the other's.
         flip: the sign-flip test (draws, seed, level).
-        bootstrap: also the BCa interval of the difference (``Comparison.bootstrap``), or None.
     """
-    diffs = paired_differences(a, b)
-    if not diffs:
-        return None
-    flat = np.array([d for task in diffs.values() for d in task.values()])
-    better = flat > 0 if metric.higher_is_better else flat < 0
-    worse = flat < 0 if metric.higher_is_better else flat > 0
-    result = flip.test(diffs)
-    interval = Estimate(result.mean, result.low, result.high, result.samples, result.tasks, "sign-flip inversion")
-    return Comparison(
-        method=method,
-        other=other,
-        difference=interval,
-        wins=int(better.sum()),
-        ties=int((flat == 0).sum()),
-        losses=int(worse.sum()),
-        p=result.p,
-        test=result.method,
-        vectors=result.vectors,
-        bootstrap=None if bootstrap is None else bootstrap.estimate(diffs),
-    )
+    diffs = [paired_differences(a, b) for _, _, a, b in pairs]
+    tests = iter(flip.test([d for d in diffs if d]))
+    out: list[Comparison | None] = []
+    for (method, other, _, _), d in zip(pairs, diffs):
+        if not d:
+            out.append(None)
+            continue
+        result = next(tests)
+        flat = np.array([x for task in d.values() for x in task.values()])
+        better = flat > 0 if metric.higher_is_better else flat < 0
+        worse = flat < 0 if metric.higher_is_better else flat > 0
+        out.append(
+            Comparison(
+                method=method,
+                other=other,
+                difference=Estimate(
+                    result.mean, result.low, result.high, result.samples, result.tasks, "sign-flip inversion"
+                ),
+                wins=int(better.sum()),
+                ties=int((flat == 0).sum()),
+                losses=int(worse.sum()),
+                p=result.p,
+                test=result.method,
+                vectors=result.vectors,
+            )
+        )
+    return out
 
 
 def settle(comparisons: Sequence[Comparison], alpha: float = ALPHA) -> list[Comparison]:
@@ -212,21 +187,38 @@ def analyse_metric(
     if flip is None:
         flip = SignFlip(seed=bootstrap.seed, confidence=bootstrap.confidence)
     estimates = {key: bootstrap.estimate(samples) for key, samples in values.items() if samples}
-    done: dict[tuple[float, str, str], Comparison | None] = {}
+    targets: dict[float, dict[str, dict[str, str]]] = {}  # budget -> method -> kind -> other
+    for budget in budgets:
+        present = [m for m in methods if m != reference and (m, budget) in estimates]
+        for method in present:
+            others = [m for m in present if m != method]
+            kinds = targets.setdefault(budget, {}).setdefault(method, {})
+            if baseline in others:
+                kinds["baseline"] = baseline
+            if others:
+                sign = 1.0 if metric.higher_is_better else -1.0
+                kinds["best_other"] = max(others, key=lambda m: sign * estimates[m, budget].mean)
+    forward: list[tuple[float, str, str]] = []  # each unordered pair once, in the direction first asked
+    for budget, per_method in targets.items():
+        for method, kinds in per_method.items():
+            for other in kinds.values():
+                if (budget, method, other) not in forward and (budget, other, method) not in forward:
+                    forward.append((budget, method, other))
+    pairs = [(m, o, values[m, b], values[o, b]) for b, m, o in forward]
+    done = dict(zip(forward, compare(metric, pairs, flip)))
 
     def pair(budget: float, method: str, other: str) -> Comparison | None:
-        """``method - other``; the reverse of a pair already computed is that one negated (same test, same p)."""
-        back = done.get((budget, other, method))
+        """``method - other``; the reverse of a pair computed is that one negated (same test, same p)."""
+        if (budget, method, other) in done:
+            return done[budget, method, other]
+        back = done[budget, other, method]
         if back is None:
-            c = compare(metric, method, other, values[method, budget], values[other, budget], flip, bootstrap)
-            done[budget, method, other] = c
-            return c
+            return None
         return replace(
             back,
             method=method,
             other=other,
             difference=_negated(back.difference),
-            bootstrap=None if back.bootstrap is None else _negated(back.bootstrap),
             wins=back.losses,
             losses=back.wins,
         )
@@ -234,18 +226,10 @@ def analyse_metric(
     result = MetricStats(metric, estimates, family=family)
     raw: dict[float, tuple[dict[str, dict[str, Comparison]], list[Comparison]]] = {}
     for budget in budgets:
-        present = [m for m in methods if m != reference and (m, budget) in estimates]
         per_method: dict[str, dict[str, Comparison]] = {}
         unique: dict[frozenset[str], Comparison] = {}
-        for method in present:
-            others = [m for m in present if m != method]
-            targets: dict[str, str] = {}
-            if baseline in others:
-                targets["baseline"] = baseline
-            if others:
-                sign = 1.0 if metric.higher_is_better else -1.0
-                targets["best_other"] = max(others, key=lambda m: sign * estimates[m, budget].mean)
-            for kind, other in targets.items():
+        for method, kinds in targets.get(budget, {}).items():
+            for kind, other in kinds.items():
                 comparison = pair(budget, method, other)
                 if comparison is not None:
                     per_method.setdefault(method, {})[kind] = comparison

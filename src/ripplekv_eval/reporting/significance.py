@@ -1,35 +1,23 @@
 """One test per comparison, of the estimand the report prints: the task-stratified macro mean of paired differences.
 
-The reported difference of method A and method B is the macro mean ``T = (1/K) sum_k mean_{i in task k} d_i`` of the
-per-prompt differences ``d_i = A_i - B_i`` (``K`` tasks, each task's prompts weighted ``1 / (K n_k)``). This module
-tests it, gives its interval from the same test, and adjusts for multiplicity:
+The reported difference of method A and method B is the macro mean ``T = sum_i w_i d_i`` of the per-prompt
+differences ``d_i = A_i - B_i`` (``K`` tasks, each task's ``n_k`` prompts weighted ``w_i = 1 / (K n_k)``).
 
-- **Test** (Fisher's randomization test for paired data, *The Design of Experiments*, 1935, ch. III): under the null
-  that A and B are exchangeable on every prompt, each ``d_i`` is as likely as ``-d_i``. The sign of each prompt's
-  difference is flipped independently and ``T`` recomputed with the same task weights, so the strata and their
-  weights are those of the estimate. Two-sided p: the share of sign vectors with ``|T_s| >= |T|``. Exact (all
-  ``2^n`` sign vectors) up to ``exact_max`` prompts; otherwise the identity plus ``draws`` random sign vectors,
-  seeded by the seed and the prompt ids, so ``p = (1 + #{|T_b| >= |T|}) / (draws + 1)`` (the +1 correction: the
-  observed signs are one of the vectors; p is never 0). The flips' distribution has variance
-  ``sum_i w_i^2 d_i^2``, the uncentred variance estimate of ``T``: without symmetry the test is still
-  asymptotically valid for "macro mean = 0", and conservative when prompt means differ.
-- **Interval**: the inversion of that test, ``{delta : p(delta) >= alpha}``, where ``p(delta)`` is the test of the
-  shifted differences ``d_i - delta`` with the *same* sign vectors. For each sign vector the set of ``delta`` where
-  it is at least as extreme is an interval around ``T`` (closed form below), so the accepted set is an interval and
-  its ends are order statistics of those ends: exact, no root search. By construction **raw p < alpha exactly when
-  the interval excludes 0** (ties within rounding count as at least as extreme, on both sides). It is exact for a
-  common shift with symmetric errors and conservative otherwise; it never leans on resampling a task of 5 prompts,
-  where percentile bootstrap intervals are too narrow. With ``2^n * alpha < 2`` (5 prompts or fewer, exact) no shift
-  can be rejected and the interval is the whole line.
-- **Multiplicity**: Holm's step-down adjustment (Holm 1979, with the cumulative maximum that keeps it monotone)
-  over a family the caller names (:data:`FAMILIES`). **Significant** = Holm-adjusted p < alpha. Because
-  ``p_holm >= p``, a significant difference always has an interval excluding 0; the one case where they differ is
-  an interval excluding 0 whose p does not survive Holm (the interval is per comparison, the verdict per family).
-
-The BCa bootstrap (:func:`bca_interval`) of the same macro mean is kept alongside for reference
-(:class:`ripplekv_eval.reporting.stats.Bootstrap`); the verdict never depends on it.
-
-Only numpy, scipy.special (BCa's normal quantiles) and the standard library: no torch.
+- **Test** (Fisher's randomization test for paired data, *The Design of Experiments*, 1935, ch. III):
+  ``scipy.stats.permutation_test(..., permutation_type="samples")`` of one sample, which flips the sign of each
+  prompt's difference independently; ``T`` is recomputed with the same task weights. Exact (all ``2^n`` sign
+  vectors) up to ``exact_max`` prompts (or when ``draws >= 2^n``); otherwise ``draws`` random sign vectors from a
+  generator seeded by the seed and the prompt ids, with scipy's +1 correction (``p`` is never 0). Two-sided ``p``
+  is scipy's: twice the smaller one-sided ``p`` (with an exact enumeration, the share of sign vectors with
+  ``|T_s| >= |T|``).
+- **Interval**: the inversion of that test, ``{delta : p(delta) >= alpha}``, where ``p(delta)`` tests the shifted
+  differences ``d_i - delta`` with the *same* sign vectors. A vector's signed mean moves with ``delta`` by its signed
+  weight sum ``v_s``, so each one-sided count changes at one point
+  ``(T - T_s) / (1 - v_s)`` and the interval's ends are order statistics of those points: exact, no root search,
+  and **raw p < alpha exactly when the interval excludes 0**. With too few sign vectors to reach ``alpha``
+  (5 prompts or fewer, exact) it is the whole line.
+- **Multiplicity**: :func:`holm` (Holm 1979) over a family the caller names (:data:`FAMILIES`); **significant** =
+  Holm-adjusted p < alpha (:func:`~ripplekv_eval.reporting.comparisons.settle`).
 """
 
 from __future__ import annotations
@@ -38,8 +26,10 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
+from scipy.stats import permutation_test
 
 __all__ = [
     "DEFAULT_DRAWS",
@@ -50,12 +40,11 @@ __all__ = [
     "TEST_NAME",
     "FlipTest",
     "SignFlip",
-    "bca_interval",
     "holm",
 ]
 
 TEST_NAME = "stratified sign-flip permutation test of the macro-mean difference (interval: its inversion)"
-DEFAULT_DRAWS = 19999  # + the identity: 20000 sign vectors, p >= 5e-5
+DEFAULT_DRAWS = 19999  # + the observed: p >= 1e-4 (twice the smaller one-sided p, each >= 1 / 20000)
 MIN_DRAWS = 999
 EXACT_MAX = 16  # prompts up to which all 2^n sign vectors are enumerated (65,536)
 FAMILIES = {
@@ -63,7 +52,7 @@ FAMILIES = {
     "metric": "the distinct comparisons of one metric over all budgets",
 }
 DEFAULT_FAMILY = "budget"
-_TIE = 1e-9  # relative to sum |w_i d_i|: sign vectors this close to the observed |T| are ties (count as extreme)
+_TIE = 100 * np.finfo(np.float64).eps  # scipy's: signed means this close (relative to |T|) to T count as extreme
 
 
 @dataclass(frozen=True)
@@ -71,7 +60,7 @@ class FlipTest:
     """The sign-flip test of one macro-mean difference and its inverted interval.
 
     ``low`` / ``high`` are ``-inf`` / ``inf`` when no shift can be rejected. ``method``: ``exact`` or
-    ``monte-carlo``; ``vectors``: sign vectors used (``2^n``, or ``draws + 1``).
+    ``monte-carlo``; ``vectors``: sign vectors counted (``2^n``, or ``draws + 1`` with the observed).
     """
 
     mean: float
@@ -87,6 +76,28 @@ class FlipTest:
         return self.low > 0 or self.high < 0
 
 
+def _signed_sums(weights: np.ndarray, axis: int, columns: np.ndarray) -> np.ndarray:
+    """``(..., k)``: the signed weights (``axis``: the prompts) times each column of ``columns`` (``(n, k)``)."""
+    return np.moveaxis(weights, axis, -1) @ columns
+
+
+def _weighted(
+    differences: Mapping[str, Mapping[str, float]],
+) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray, float]:
+    """The prompts' (task, id) keys, their differences, their weights ``1 / (K n_k)`` and the macro mean."""
+    tasks = sorted(task for task, values in differences.items() if values)
+    if not tasks:
+        raise ValueError("no paired differences to test")
+    keys = tuple((task, sample) for task in tasks for sample in sorted(differences[task]))
+    d = np.array([differences[t][s] for t, s in keys], dtype=np.float64)
+    if not np.all(np.isfinite(d)):
+        raise ValueError("paired differences must be finite")
+    w = np.concatenate([np.full(len(differences[t]), 1.0 / (len(tasks) * len(differences[t]))) for t in tasks])
+    mean = float(np.mean([np.mean([differences[t][s] for s in sorted(differences[t])]) for t in tasks]))
+    return keys, d, w, mean
+
+
+@dataclass(frozen=True)
 class SignFlip:
     """The stratified sign-flip test (see the module docstring).
 
@@ -97,124 +108,95 @@ class SignFlip:
         exact_max: enumerate every sign vector up to this many prompts (0 to 20).
     """
 
-    def __init__(
-        self, draws: int = DEFAULT_DRAWS, seed: int = 0, confidence: float = 0.95, exact_max: int = EXACT_MAX
-    ) -> None:
-        for name, value, low in (("draws", draws, MIN_DRAWS), ("seed", seed, 0), ("exact_max", exact_max, 0)):
+    draws: int = DEFAULT_DRAWS
+    seed: int = 0
+    confidence: float = 0.95
+    exact_max: int = EXACT_MAX
+
+    def __post_init__(self) -> None:
+        for name, low in (("draws", MIN_DRAWS), ("seed", 0), ("exact_max", 0)):
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if exact_max > 20:
-            raise ValueError(f"exact_max must be at most 20 (2^20 sign vectors), got {exact_max}")
-        if not 0.0 < confidence < 1.0:
-            raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-        self.draws, self.seed, self.confidence, self.exact_max = draws, seed, confidence, exact_max
-        self._signs: dict[tuple[tuple[str, str], ...], tuple[np.ndarray, np.ndarray]] = {}
+        if self.exact_max > 20:
+            raise ValueError(f"exact_max must be at most 20 (2^20 sign vectors), got {self.exact_max}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
 
     @property
     def alpha(self) -> float:
         return 1.0 - self.confidence
 
-    def signs(self, keys: Sequence[tuple[str, str]]) -> np.ndarray:
-        """``(vectors, n)`` of +-1 (int8): every sign vector (``n <= exact_max``) or the identity + ``draws`` random.
+    def test(self, differences: Sequence[Mapping[str, Mapping[str, float]]]) -> list[FlipTest]:
+        """The test and the inverted interval of the macro mean of each of ``differences`` (task -> sample id -> d).
+
+        Differences over the same prompts share their sign vectors (they depend only on the seed and the prompts) and
+        one scipy call: grouping changes no p, only the last bits of the intervals' ends (one matrix product or
+        several).
 
         Args:
-            keys: the prompts' (task, sample id), in the order of the values they will sign (part of the seed).
+            differences: the paired differences of each comparison; tasks without any are left out.
         """
-        bits = self._cached(keys)[0].T
-        flips = np.unpackbits(bits, axis=1, count=len(keys), bitorder="little")
-        return (1 - 2 * flips.astype(np.int8)).astype(np.int8)
+        prepared = [_weighted(diff) for diff in differences]
+        groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
+        for i, (keys, _, _, _) in enumerate(prepared):
+            groups.setdefault(keys, []).append(i)
+        out: dict[int, FlipTest] = {}
+        for keys, members in groups.items():
+            w = prepared[members[0]][2]
+            columns = np.column_stack([prepared[i][1] for i in members] + [np.ones(len(w))])
+            n = len(keys)
+            resamples = 2**n if n <= self.exact_max else self.draws
+            exact = resamples >= 2**n  # scipy enumerates whenever it can: also draws >= 2^n
+            if n == 1:  # scipy needs two; one difference's two sign vectors are equally extreme at every shift
+                null, totals, pvalues = np.zeros((0, 2)), w @ columns, np.ones(len(members))
+            else:
+                digest = zlib.crc32("\x1f".join(f"{t}\x1e{i}" for t, i in keys).encode())
+                # scipy flips the signs of the weights w; one matrix product gives every comparison's T_s and,
+                # from the column of ones, v_s (how a shift moves T_s)
+                result = permutation_test(
+                    (w,),
+                    partial(_signed_sums, columns=columns),
+                    permutation_type="samples",
+                    vectorized=True,
+                    n_resamples=resamples,
+                    batch=max(1, 2**22 // n),  # memory only: the vectors do not depend on it
+                    rng=np.random.default_rng([self.seed, digest, n]),
+                )
+                null, totals, pvalues = result.null_distribution, result.statistic, result.pvalue
+            extra = 0 if exact or n == 1 else 1  # scipy's +1: the observed signs count as one vector
+            v = null[:, -1]
+            identity = v > 1.0 - 0.5 * float(w.min())  # all signs +: T_s(delta) = T(delta) for every delta
+            for row, i in enumerate(members):
+                total = float(totals[row])
+                gamma = _TIE * abs(total)  # scipy's tie tolerance
+                # T_s(delta) = u - delta v >= T(delta) - gamma = total - delta - gamma
+                #   <=> delta >= (total - u - gamma) / (1 - v); "<= T(delta) + gamma" likewise with + gamma
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    above = np.where(identity, -np.inf, (total - null[:, row] - gamma) / (1.0 - v))
+                    below = np.where(identity, np.inf, (total - null[:, row] + gamma) / (1.0 - v))
+                low, high = self._ends(np.sort(above), np.sort(below)[::-1], extra)
+                tasks = len({t for t, _ in keys})
+                method = "exact" if exact else "monte-carlo"
+                mean = prepared[i][3]
+                out[i] = FlipTest(mean, low, high, float(pvalues[row]), method, max(2, len(v) + extra), n, tasks)
+        return [out[i] for i in range(len(prepared))]
 
-    def _cached(self, keys: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-        """``(bytes, vectors)``: the sign vectors, 8 prompts a byte (bit set: flipped); and which are all equal."""
-        key = tuple(keys)
-        cached = self._signs.get(key)
-        if cached is not None:
-            return cached
-        n = len(key)
-        if n == 0:
-            raise ValueError("no paired differences to test")
-        groups = (n + 7) // 8
-        if n <= self.exact_max:  # vector c flips the prompts of c's set bits; c = 0 is the identity
-            codes = np.arange(2**n, dtype=np.int64)
-            bits = np.stack([(codes >> (8 * g)) & 0xFF for g in range(groups)], axis=1).astype(np.uint8)
-        else:
-            digest = zlib.crc32("\x1f".join(f"{t}\x1e{i}" for t, i in key).encode())
-            rng = np.random.default_rng([self.seed, digest, n])
-            bits = np.zeros((self.draws + 1, groups), dtype=np.uint8)
-            bits[1:] = rng.integers(0, 256, size=(self.draws, groups), dtype=np.uint8)
-        last = np.uint8((1 << (n - 8 * (groups - 1))) - 1)  # the bits of the last byte that are prompts
-        bits[:, -1] &= last
-        none = np.all(bits[:, :-1] == 0, axis=1) & (bits[:, -1] == 0)
-        every = np.all(bits[:, :-1] == 0xFF, axis=1) & (bits[:, -1] == last)
-        if len(self._signs) >= 8:  # a run's comparisons share few prompt sets; keep memory bounded
-            self._signs.pop(next(iter(self._signs)))
-        bits = np.ascontiguousarray(bits.T)  # (bytes, vectors): one contiguous row per byte for the look-ups
-        self._signs[key] = (bits, none | every)  # all signs equal: |T_s(delta)| = |T(delta)| for every delta
-        return bits, none | every
-
-    @staticmethod
-    def _signed_sums(bits: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        """``(vectors, k)``: each sign vector (``bits``: ``(bytes, vectors)``) applied to each column of ``(n, k)``.
-
-        Per byte of 8 prompts a table of its 256 signed sums, then one look-up per byte and vector.
-        """
-        groups = bits.shape[0]
-        padded = np.zeros((8 * groups, columns.shape[1]))
-        padded[: columns.shape[0]] = columns
-        flips = (np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1
-        table = (1.0 - 2.0 * flips) @ padded.reshape(groups, 8, -1)  # (groups, 256, k)
-        out = np.zeros((columns.shape[1], bits.shape[1]))
-        for g in range(groups):
-            index = bits[g].astype(np.intp)
-            for k in range(columns.shape[1]):
-                out[k] += table[g, :, k].take(index)
-        return out.T
-
-    def test(self, differences: Mapping[str, Mapping[str, float]]) -> FlipTest:
-        """The test and the inverted interval of the macro mean of ``differences`` (task -> sample id -> d).
+    def _ends(self, above: np.ndarray, below: np.ndarray, extra: int) -> tuple[float, float]:
+        """The shifts accepted by both one-sided counts: scipy's ``p = 2 (count + extra) / vectors >= alpha``.
 
         Args:
-            differences: the paired differences; tasks without any are left out.
+            above: ascending: the shift from which each vector counts as "at least as large".
+            below: descending: the shift up to which each vector counts as "at most as large".
+            extra: scipy's +1 of a Monte Carlo test (0 when exact).
         """
-        tasks = sorted(task for task, values in differences.items() if values)
-        if not tasks:
-            raise ValueError("no paired differences to test")
-        keys = [(task, sample) for task in tasks for sample in sorted(differences[task])]
-        d = np.array([differences[t][s] for t, s in keys], dtype=np.float64)
-        if not np.all(np.isfinite(d)):
-            raise ValueError("paired differences must be finite")
-        w = np.concatenate([np.full(len(differences[t]), 1.0 / (len(tasks) * len(differences[t]))) for t in tasks])
-        bits, whole = self._cached(keys)
-        x = w * d
-        observed = float(np.mean([np.mean([differences[t][s] for s in sorted(differences[t])]) for t in tasks]))
-        total = float(x.sum())
-        tol = _TIE * float(np.abs(x).sum())
-        # u = T_s, the macro mean under each sign vector; v: that of all-ones, how a shift delta moves T_s
-        sums = self._signed_sums(bits, np.column_stack([x, w]))
-        u, v = sums[:, 0], sums[:, 1]
-        # |u - delta v| >= |total - delta| with e = delta - total, r = u - total v: |r - e v| >= |e|, |v| < 1, holds
-        # for e between -r / (1 - v) and r / (1 + v) (the two roots, on either side of 0).
-        r = u - total * v
-        with np.errstate(divide="ignore", invalid="ignore"):
-            one, two = r / (1.0 + v), -r / (1.0 - v)
-        lo = np.where(whole, -np.inf, np.minimum(one, two)) - tol
-        hi = np.where(whole, np.inf, np.maximum(one, two)) + tol
-        vectors = bits.shape[1]
-        extreme = int(np.count_nonzero((lo <= -total) & (-total <= hi)))  # sign vectors with |T_s| >= |T| (ties in)
-        p = extreme / vectors
-        need = max(1, math.ceil(self.alpha * vectors - 1e-9))  # delta is accepted when >= need vectors cover it
-        low = float(total + np.sort(lo)[need - 1]) if need <= vectors else math.inf
-        high = float(total + np.sort(hi)[::-1][need - 1]) if need <= vectors else -math.inf
-        return FlipTest(
-            mean=observed,
-            low=low,
-            high=high,
-            p=min(1.0, p),
-            method="exact" if len(keys) <= self.exact_max else "monte-carlo",
-            vectors=vectors,
-            samples=len(keys),
-            tasks=len(tasks),
-        )
+        vectors = max(2, len(above) + extra)
+        need = 0
+        while 2.0 * ((need + extra) / vectors) < self.alpha - 1e-12:  # 1 - 0.95 is 0.05 + 4e-17: p = 0.05 is kept
+            need += 1
+        if need == 0 or need > len(above):  # every shift accepted (n = 1: the two vectors tie everywhere)
+            return -math.inf, math.inf
+        return float(above[need - 1]), float(below[need - 1])
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -234,46 +216,3 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p[i]))  # the cumulative max: step-down, monotone
         adjusted[i] = running
     return adjusted
-
-
-def bca_interval(point: float, replicates: np.ndarray, jackknife: np.ndarray, confidence: float) -> tuple[float, float]:
-    """The BCa interval (Efron 1987; Efron & Tibshirani 1993, ch. 14) from bootstrap replicates and jackknife values.
-
-    ``z0`` (bias correction) is the normal quantile of the share of replicates below ``point`` (ties within rounding
-    count half); the acceleration is ``a = sum U^3 / (6 (sum U^2)^1.5)`` with ``U`` the jackknife influence values
-    ``theta - theta_(i)``. With ``z0 = a = 0`` it is the percentile interval. Degenerate replicates (all equal)
-    give ``(point, point)``.
-
-    Args:
-        point: the estimate.
-        replicates: its bootstrap replicates.
-        jackknife: the leave-one-out estimates (an empty array: no acceleration).
-        confidence: the two-sided level.
-    """
-    from scipy.special import ndtr, ndtri
-
-    reps = np.asarray(replicates, dtype=np.float64)
-    scale = max(1.0, abs(point), float(np.max(np.abs(reps))) if reps.size else 0.0)
-    tie = 1e-12 * scale
-    if reps.size == 0 or float(np.ptp(reps)) <= tie:
-        return point, point
-    below = float(np.count_nonzero(reps < point - tie)) + 0.5 * float(np.count_nonzero(np.abs(reps - point) <= tie))
-    share = min(max(below / reps.size, 0.5 / reps.size), 1.0 - 0.5 / reps.size)
-    z0 = float(ndtri(share))
-    influence = float(np.mean(jackknife)) - np.asarray(jackknife, dtype=np.float64) if len(jackknife) else np.zeros(1)
-    # a is scale-free: computed on U / 2^k (exact, a power of two) with |U / 2^k| < 2, so that U^3 and
-    # (sum U^2)^1.5 neither overflow nor underflow at any magnitude of the data
-    peak = float(np.max(np.abs(influence)))
-    if peak > 0 and math.isfinite(peak):
-        unit = influence / 2.0 ** math.floor(math.log2(peak))
-        a = float(np.sum(unit**3)) / (6.0 * float(np.sum(unit**2)) ** 1.5)
-    else:
-        a = 0.0
-    tail = (1.0 - confidence) / 2.0
-    levels = []
-    for z in (float(ndtri(tail)), float(ndtri(1.0 - tail))):
-        denominator = 1.0 - a * (z0 + z)
-        level = float(ndtr(z0 + (z0 + z) / denominator)) if denominator > 0 else (1.0 if z > 0 else 0.0)
-        levels.append(level)
-    low, high = np.quantile(reps, levels)
-    return float(min(low, point)), float(max(high, point))

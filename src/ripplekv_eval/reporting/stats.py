@@ -4,12 +4,12 @@ A metric's value for one (method, budget) is the macro average used throughout t
 task's (stratum's) per-sample mean, averaged over the tasks. Uncertainty comes from the samples:
 
 - **Interval of a mean**: the BCa bootstrap (Efron 1987; Efron & Tibshirani, *An Introduction to the Bootstrap*,
-  1993, ch. 14) stratified by task: every resample draws each task's samples with replacement *within that task*,
-  so a task with few samples keeps its weight of ``1 / tasks`` in every resample; the acceleration is the
-  jackknife over the samples (leave one sample out of its task). The draws depend only on the seed, the task and
-  the sample ids, so configurations holding the same samples are resampled identically. Resampling a task of n
-  samples understates its variance by ``(n - 1) / n`` (a one-sample task gets none): the report warns below
-  ``FEW_SAMPLES`` (:mod:`~ripplekv_eval.reporting.tables`).
+  1993, ch. 14) of ``scipy.stats.bootstrap`` with each task as one sample: every resample draws each task's
+  samples with replacement *within that task*, so a task with few samples keeps its weight of ``1 / tasks`` in
+  every resample; the acceleration is scipy's multi-sample jackknife (leave one sample out of its task). The
+  generator is seeded by the seed and the sample ids, so configurations holding the same samples are resampled
+  identically. Resampling a task of n samples understates its variance by ``(n - 1) / n`` (a one-sample task gets
+  none): the report warns below ``FEW_SAMPLES`` (:mod:`~ripplekv_eval.reporting.tables`).
 
 Paired comparisons of two configurations, their test and Holm's adjustment are in
 :mod:`~ripplekv_eval.reporting.comparisons`.
@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.stats import bootstrap
 
-from ripplekv_eval.reporting.significance import bca_interval
 from ripplekv_eval.sample import row_configuration
 
 __all__ = [
@@ -113,7 +113,7 @@ METRICS: dict[str, Metric] = {
 
 @dataclass(frozen=True)
 class Estimate:
-    """A macro mean with its interval: ``method`` says which (``bca``, ``percentile``, ``sign-flip inversion``)."""
+    """A macro mean with its interval: ``method`` says which (``bca`` or ``sign-flip inversion``)."""
 
     mean: float
     low: float
@@ -126,54 +126,34 @@ class Estimate:
         return self.low > 0 or self.high < 0
 
 
+@dataclass(frozen=True)
 class Bootstrap:
-    """Stratified bootstrap of macro means: BCa intervals (percentile on request).
+    """BCa intervals of macro means: ``scipy.stats.bootstrap`` with one sample per task (see the module docstring).
 
     Args:
         resamples: number of resamples (at least ``MIN_RESAMPLES``).
-        seed: non-negative seed; the draws of a task depend only on it, the task and its sample ids.
+        seed: non-negative seed; the draws depend only on it and the tasks' sample ids.
         confidence: two-sided interval level in (0, 1).
     """
 
-    def __init__(self, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, confidence: float = CONFIDENCE) -> None:
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = 0
+    confidence: float = CONFIDENCE
+
+    def __post_init__(self) -> None:
+        resamples, seed = self.resamples, self.seed
         if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < MIN_RESAMPLES:
             raise ValueError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {resamples!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        if not 0.0 < confidence < 1.0:
-            raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-        self.resamples = resamples
-        self.seed = seed
-        self.confidence = confidence
-        self._weights: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
 
-    def weights(self, task: str, ids: Sequence[str]) -> np.ndarray:
-        """``(resamples, len(ids))``: how often each sample is drawn in each resample, divided by ``len(ids)``.
+    def estimate(self, samples: Samples) -> Estimate:
+        """The macro mean of ``samples`` with its BCa interval.
 
-        ``weights @ values`` is the mean of every resample of the task at once.
-
-        Args:
-            task: the stratum's name (part of the seed).
-            ids: the stratum's sample ids, in the order of the values they will weight (part of the seed).
-        """
-        key = (task, tuple(ids))
-        cached = self._weights.get(key)
-        if cached is not None:
-            return cached
-        n = len(key[1])
-        if n == 0:
-            raise ValueError(f"task {task!r} has no samples to resample")
-        digest = zlib.crc32("\x1f".join(key[1]).encode(), zlib.crc32(task.encode()))
-        rng = np.random.default_rng([self.seed, digest, n])
-        draws = rng.integers(0, n, size=(self.resamples, n))
-        offsets = (np.arange(self.resamples) * n)[:, None]
-        counts = np.bincount((draws + offsets).ravel(), minlength=self.resamples * n).reshape(self.resamples, n)
-        weights = counts / float(n)
-        self._weights[key] = weights
-        return weights
-
-    def distribution(self, samples: Samples) -> tuple[float, np.ndarray, int, int]:
-        """The macro mean of ``samples``, its ``(resamples,)`` bootstrap replicates, samples and tasks used.
+        A task of one sample adds a constant (nothing to resample); with nothing that varies the interval is the
+        point.
 
         Args:
             samples: task -> sample id -> value; tasks without samples are left out.
@@ -181,56 +161,30 @@ class Bootstrap:
         tasks = sorted(task for task, values in samples.items() if values)
         if not tasks:
             raise ValueError("no samples to estimate from")
-        replicates = np.zeros(self.resamples)
-        point = 0.0
-        count = 0
-        for task in tasks:
-            ids = sorted(samples[task])
-            values = np.array([samples[task][i] for i in ids], dtype=np.float64)
-            replicates += self.weights(task, ids) @ values
-            point += float(values.mean())
-            count += len(ids)
-        return point / len(tasks), replicates / len(tasks), count, len(tasks)
+        ids = {task: sorted(samples[task]) for task in tasks}
+        values = [np.array([samples[t][i] for i in ids[t]], dtype=np.float64) for t in tasks]
+        point = float(np.mean([v.mean() for v in values]))
+        varying = [v for v in values if np.ptp(v) > 0]
+        count = sum(len(v) for v in values)
+        if not varying:
+            return Estimate(point, point, point, count, len(tasks))
+        fixed = sum(float(v.mean()) for v in values if np.ptp(v) == 0)
 
-    @staticmethod
-    def jackknife(samples: Samples) -> np.ndarray:
-        """The leave-one-out macro means: each sample left out of its own task (tasks of one sample are skipped).
+        def macro(*resampled: np.ndarray, axis: int) -> np.ndarray:
+            return (sum(np.mean(r, axis=axis) for r in resampled) + fixed) / len(tasks)
 
-        Args:
-            samples: task -> sample id -> value; tasks without samples are left out.
-        """
-        tasks = [task for task in sorted(samples) if samples[task]]
-        means = {task: float(np.mean(list(samples[task].values()))) for task in tasks}
-        point = sum(means.values()) / len(tasks)
-        out = []
-        for task in tasks:
-            n = len(samples[task])
-            if n < 2:
-                continue
-            values = np.array([samples[task][i] for i in sorted(samples[task])], dtype=np.float64)
-            out.append(point + ((means[task] * n - values) / (n - 1) - means[task]) / len(tasks))
-        return np.concatenate(out) if out else np.zeros(0)
-
-    def estimate(self, samples: Samples, method: str = "bca") -> Estimate:
-        """The macro mean of ``samples`` with its BCa (default) or percentile interval.
-
-        BCa (:func:`~ripplekv_eval.reporting.significance.bca_interval`): the percentile interval corrected for
-        the median bias of the replicates and for skewness (the jackknife acceleration over samples); with a symmetric,
-        unbiased bootstrap distribution both agree.
-
-        Args:
-            samples: task -> sample id -> value; tasks without samples are left out.
-            method: ``bca`` or ``percentile``.
-        """
-        point, replicates, count, tasks = self.distribution(samples)
-        if method == "percentile":
-            tail = 50.0 * (1.0 - self.confidence)
-            low, high = np.percentile(replicates, [tail, 100.0 - tail])
-        elif method == "bca":
-            low, high = bca_interval(point, replicates, self.jackknife(samples), self.confidence)
-        else:
-            raise ValueError(f"method must be 'bca' or 'percentile', got {method!r}")
-        return Estimate(point, float(low), float(high), count, tasks, method)
+        key = "\x1f".join(f"{t}\x1e{i}" for t in tasks for i in ids[t])
+        result = bootstrap(
+            varying,
+            macro,
+            n_resamples=self.resamples,
+            vectorized=True,
+            confidence_level=self.confidence,
+            method="BCa",
+            rng=np.random.default_rng([self.seed, zlib.crc32(key.encode())]),
+        )
+        interval = result.confidence_interval
+        return Estimate(point, float(interval.low), float(interval.high), count, len(tasks))
 
 
 def collect(
