@@ -213,7 +213,7 @@ def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
     test = summary.get("test")
     if test is not None:
         lines += [
-            f"Test: {test['name']} ({test['draws']} random sign vectors + the identity, seed {test['seed']}); "
+            f"Test: {test['name']} ({test['draws']} random sign vectors + the observed, seed {test['seed']}); "
             f"Holm over {test['family_description']}; significant = Holm p < {test['alpha']:g}.",
             "",
         ]
