@@ -34,7 +34,7 @@ def entry(budget: dict, variant: str) -> dict:
 
 
 def test_verdicts_follow_the_paired_differences() -> None:
-    result = compare(rows(), "default", 2000, 0)
+    result = compare(rows(), "default", 0)
     assert [b["budget"] for b in result] == [0.1, 0.2]
     for budget in result:
         assert budget["prompts"] == 40
@@ -51,7 +51,7 @@ def test_verdicts_follow_the_paired_differences() -> None:
 
 
 def test_holm_adjusts_over_the_variants_only() -> None:
-    budget = compare(rows(), "default", 2000, 0)[0]
+    budget = compare(rows(), "default", 0)[0]
     family = [e for e in budget["entries"] if "p_holm" in e]
     assert {e["variant"] for e in family} == {"better", "same", "worse"}
     for e in family:
@@ -62,7 +62,7 @@ def test_holm_adjusts_over_the_variants_only() -> None:
 
 def test_unknown_reference_is_refused() -> None:
     with pytest.raises(SystemExit, match="no candidate of profile 'nope'"):
-        compare(rows(), "nope", 2000, 0)
+        compare(rows(), "nope", 0)
 
 
 def test_variant_label_of_a_candidate_key() -> None:
