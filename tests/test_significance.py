@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import json
 import math
 import subprocess
 import sys
@@ -16,9 +17,9 @@ import numpy as np
 import pytest
 from scipy.stats import wilcoxon
 
-from ripplekv_eval.reporting.comparisons import analyse_metric
+from ripplekv_eval.reporting.comparisons import analyse_metric, paired_differences
 from ripplekv_eval.reporting.significance import FlipTest, SignFlip, holm
-from ripplekv_eval.reporting.stats import METRICS, Bootstrap
+from ripplekv_eval.reporting.stats import METRICS, Bootstrap, collect
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]
@@ -66,7 +67,7 @@ def test_exact_p_is_the_share_of_sign_vectors_whose_macro_mean_is_as_extreme() -
 
 def test_exact_enumeration_matches_monte_carlo() -> None:
     rng = np.random.default_rng(11)
-    data = _samples({"a": list(rng.normal(0.25, 1.0, 9)), "b": list(rng.normal(0.1, 0.3, 6))})
+    data = _samples({"a": list(rng.normal(0.25, 1.0, 9)), "b": list(rng.normal(0.1, 0.3, 5))})
     exact = _test(SignFlip(), data)
     sampled = _test(SignFlip(draws=19999, exact_max=0), data)
     assert (exact.method, sampled.method) == ("exact", "monte-carlo") and sampled.vectors == 20000
@@ -77,10 +78,10 @@ def test_exact_enumeration_matches_monte_carlo() -> None:
 
 
 def test_monte_carlo_p_counts_the_observed_signs() -> None:
-    """Twice the one-sided (1 + #as extreme) / (draws + 1): never 0. Fails without the +1 (p = #as extreme / draws)."""
+    """p = (1 + #as extreme) / (draws + 1): never 0. Fails without the +1 (p = #as extreme / draws)."""
     data = _samples({"t": list(np.linspace(1.0, 2.0, 40))})  # every flip moves the mean below the observed one
     result = _test(SignFlip(draws=999), data)
-    assert result.p == 2 / 1000 and result.vectors == 1000
+    assert result.p == 1 / 1000 and result.vectors == 1000
 
 
 def test_p_is_uniform_under_the_null() -> None:
@@ -91,7 +92,7 @@ def test_p_is_uniform_under_the_null() -> None:
         rng = np.random.default_rng(seed)
         data = {"a": rng.normal(0, 1, 4), "b": rng.normal(0, 3, 20), "c": rng.laplace(0, 0.2, 9)}
         sampled.append(_test(flip_mc, _samples(data)).p)
-        small = {"a": rng.normal(0, 1, 4), "b": rng.standard_t(3, 6)}
+        small = {"a": rng.normal(0, 1, 4), "b": rng.standard_t(3, 10)}
         exact.append(_test(flip_exact, _samples(small)).p)
     for ps in (np.array(sampled), np.array(exact)):
         assert 0.02 <= np.mean(ps <= 0.05) <= 0.09
@@ -162,7 +163,7 @@ def test_macro_mean_significant_while_the_pooled_wilcoxon_is_not() -> None:
     differences = _samples(data)
     assert wilcoxon([v for vs in data.values() for v in vs]).pvalue > 0.3
     c = _compare(differences)
-    assert c.significant and c.difference.low > 0.3 and c.p == 2 / 20000
+    assert c.significant and c.difference.low > 0.3 and c.p == 1 / 20000
     mean = np.mean([np.mean(vs) for vs in data.values()])
     assert c.difference.mean == pytest.approx(mean) and c.difference.low < mean < c.difference.high
 
@@ -227,26 +228,54 @@ def test_sign_vectors_are_seeded_by_the_seed_and_the_prompts() -> None:
         _test(SignFlip(), {"t": {"a": math.nan}})
 
 
-def test_comparisons_over_the_same_prompts_tested_together_give_each_its_own_result() -> None:
-    """One scipy call per prompt set: each result is the one its comparison gets alone (to rounding), whatever its
-    neighbours.
+def test_monte_carlo_reproduces_the_committed_reports() -> None:
+    """The random sign vectors are the committed engine's (its seeded generator, 8 prompts a byte), so a committed
+    report's Monte Carlo p and interval come back bit for bit.
 
-    Fails when a row's interval is taken from another row of the batch, or the sign vectors depend on the batch.
+    Fails with other vectors (scipy's ``permutation_test`` draws, another packing or seed) or another p (scipy's
+    twice the smaller one-sided p).
     """
-    rng = np.random.default_rng(6)
-    flip = SignFlip(draws=999)
-    many = [_samples({"a": list(rng.normal(mu, 1.0, 20)), "b": list(rng.normal(mu, 0.5, 9))}) for mu in (0, 0.5, 1)]
-    small = _samples({"c": [1.0, 2.0, -0.5]})
-    together = flip.test([many[0], small, many[1], many[2]])
-    for joint, alone in zip(together, (_test(flip, d) for d in (many[0], small, many[1], many[2]))):
-        assert (joint.p, joint.mean, joint.vectors, joint.samples) == (
-            alone.p,
-            alone.mean,
-            alone.vectors,
-            alone.samples,
+    run = ROOT / "benchmarks" / "results" / "longbench-fidelity"
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    committed = json.loads((run / "report.json").read_text())["statistics"]["metrics"]["gold_nll_delta"]
+    values = collect(rows, METRICS["gold_nll_delta"], lambda row: row["task"])
+    cases = [c for c in committed["comparisons"] if c["budget"] == 0.3]
+    results = SignFlip().test([paired_differences(values[c["method"], 0.3], values[c["other"], 0.3]) for c in cases])
+    assert len(cases) >= 6 and {c["test"] for c in cases} == {"monte-carlo"}
+    for case, result in zip(cases, results):
+        assert (result.p, result.low, result.high, result.mean) == (
+            case["p"],
+            case["difference"]["low"],
+            case["difference"]["high"],
+            case["difference"]["mean"],
         )
-        assert (joint.low, joint.high) == pytest.approx((alone.low, alone.high), rel=1e-12)  # one product or several
-    assert len({(t.low, t.high) for t in together}) == 4
+
+
+def test_exact_enumeration_is_scipys_and_matches_a_brute_force_count() -> None:
+    """Up to ``exact_max`` prompts every sign vector counts once: p and the interval's ends from a brute-force
+    enumeration (ties included), with and without ties in the data.
+
+    Fails when the enumeration misses or repeats vectors, or scipy's draws replace it.
+    """
+    rng = np.random.default_rng(4)
+    for n_a, n_b, decimals in ((7, 6, 1), (9, 7, 6), (3, 2, 0)):
+        data = _samples({"a": list(np.round(rng.normal(0.3, 1.0, n_a), decimals)), "b": list(rng.normal(0, 1, n_b))})
+        keys = [(t, s) for t in sorted(data) for s in sorted(data[t])]
+        d = np.array([data[t][s] for t, s in keys])
+        w = np.array([1.0 / (2 * len(data[t])) for t, _ in keys])
+        signs = 1 - 2 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)
+        tsum = (signs * w) @ d
+        tol = 1e-9 * float(np.abs(w * d).sum())
+        result = _test(SignFlip(), data)
+        assert result.method == "exact" and result.vectors == 2 ** len(d)
+        assert result.p == np.count_nonzero(np.abs(tsum) >= abs(float(w @ d)) - tol) / 2 ** len(d)
+        if math.isfinite(result.low):
+            for end, outward in ((result.low, -1.0), (result.high, 1.0)):
+                for step, rejected in ((-1e-7, False), (1e-7, True)):
+                    delta = end + outward * step * (result.high - result.low)
+                    shifted = (signs * w) @ (d - delta)
+                    share = np.count_nonzero(np.abs(shifted) >= abs(float(w @ (d - delta))) - tol) / 2 ** len(d)
+                    assert (share < 0.05) == rejected
 
 
 ALLOWED = {

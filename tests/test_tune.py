@@ -98,7 +98,7 @@ def test_selection_uses_only_the_calibration_split() -> None:
     }
     rows = _rows(values, [0.7] * 6)
     calibration, heldout = {"t/0", "t/1", "t/2"}, {"t/3", "t/4", "t/5"}
-    summary = summarize_tuning(rows, ["d", "b", "c"], "d", calibration, heldout, 0)
+    summary = summarize_tuning(rows, ["d", "b", "c"], "d", calibration, heldout, 2000, 0)
     entry = summary["budgets"][0]
     assert entry["best"] == "b" and summary["shared"] == "b"
     assert [c["key"] for c in entry["candidates"]] == ["b", "d", "c"]
@@ -106,13 +106,33 @@ def test_selection_uses_only_the_calibration_split() -> None:
     assert gain["difference"] == pytest.approx(-0.1) and (gain["wins"], gain["ties"], gain["losses"]) == (3, 0, 0)
     # 3 held-out prompts: 2 of the 8 sign vectors are as extreme (p = 0.25), so no shift is rejected at 5%
     assert (gain["low"], gain["high"], gain["p"], gain["significant"]) == (None, None, 0.25, False)
+    assert gain["bca_high"] < 0  # the bootstrap (reference only) would have called it
     assert entry["heldout"]["best_minus_shared"]["difference"] == 0.0
     assert entry["snapkv"]["heldout_kl"] == pytest.approx(0.7) and summary["best_depends_on_budget"] is False
     assert "best `b` minus defaults: -0.1000" in tuning_markdown(summary)
     with pytest.raises(ValueError, match="not a candidate"):
-        summarize_tuning(rows, ["b", "c"], "d", calibration, heldout, 0)
+        summarize_tuning(rows, ["b", "c"], "d", calibration, heldout, 2000, 0)
     with pytest.raises(ValueError, match="both splits"):
-        summarize_tuning(rows, ["d", "b", "c"], "d", calibration, heldout | {"t/0"}, 0)
+        summarize_tuning(rows, ["d", "b", "c"], "d", calibration, heldout | {"t/0"}, 2000, 0)
+
+
+def test_resamples_feed_the_reference_bca_and_no_verdict() -> None:
+    """``tune --resamples`` sets the bootstrap of the held-out differences' BCa intervals; the test does not use it.
+
+    Fails when the resamples are dropped (a no-op option).
+    """
+    rng = np.random.default_rng(3)
+    n = 30
+    values = {key: list(rng.uniform(0.1, 0.5, n)) for key in ("a", "b")}
+    rows = _rows(values, list(rng.uniform(0.2, 0.6, n)))
+    calibration, heldout = {f"t/{i}" for i in range(n // 2)}, {f"t/{i}" for i in range(n // 2, n)}
+    few, more = (
+        summarize_tuning(rows, ["a", "b"], "a", calibration, heldout, r, 0)["budgets"][0]["heldout"][
+            "best_minus_snapkv"
+        ]
+        for r in (2000, 4000)
+    )
+    assert few["bca_low"] != more["bca_low"] and (few["p"], few["low"]) == (more["p"], more["low"])
 
 
 def test_shared_candidate_and_budget_dependence() -> None:
@@ -123,7 +143,7 @@ def test_shared_candidate_and_budget_dependence() -> None:
     rows = _rows({"a": low, "b": high}, [1.0] * n, 0.1) + _rows({"a": high, "b": low}, [1.0] * n, 0.2)
     calibration = {f"t/{i}" for i in range(n // 2)}
     heldout = {f"t/{i}" for i in range(n // 2, n)}
-    summary = summarize_tuning(rows, ["a", "b"], "a", calibration, heldout, 0)
+    summary = summarize_tuning(rows, ["a", "b"], "a", calibration, heldout, 2000, 0)
     assert [b["best"] for b in summary["budgets"]] == ["a", "b"]
     assert summary["best_depends_on_budget"] is True
     assert summary["budgets"][1]["heldout"]["best_minus_shared"]["significant"] is True

@@ -137,12 +137,15 @@ def run_tune(
         config.default.key,
         calibration,
         heldout,
+        config.resamples,
         config.bootstrap_seed,
         context=context,
     )
     if config.method_candidates:
         groups = config.method_groups
-        summary["methods"] = summarize_methods(rows, groups, calibration, heldout, config.bootstrap_seed)
+        summary["methods"] = summarize_methods(
+            rows, groups, calibration, heldout, config.resamples, config.bootstrap_seed
+        )
         shared = next(c for c in config.candidates if c.key == summary["shared"])
         ripple = parse_method("ripplekv", r=float(shared.ratio), gamma=float(shared.gamma)).canonical()
         summary["settings"] = tuned_settings(summary, ripple)

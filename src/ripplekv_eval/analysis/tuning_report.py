@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv_eval.reporting.comparisons import Comparison, compare, settle
+from ripplekv_eval.reporting.comparisons import Comparison, compare, paired_differences, settle
 from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, DEFAULT_FAMILY, FAMILIES, TEST_NAME, SignFlip
-from ripplekv_eval.reporting.stats import ALPHA, METRICS, Samples
+from ripplekv_eval.reporting.stats import ALPHA, METRICS, Bootstrap, Estimate, Samples
 
 __all__ = [
     "COMPARISONS",
@@ -66,8 +66,10 @@ KL = METRICS["fidelity_kl"]
 """The tuned metric: wins and losses of a held-out comparison are lower and higher KL."""
 
 
-def comparison_record(c: Comparison) -> dict[str, Any]:
-    """A held-out comparison as the summary's JSON: ``a - b``, its interval (None: unbounded), W/T/L, p, Holm p."""
+def comparison_record(c: Comparison, bca: Estimate | None = None) -> dict[str, Any]:
+    """A held-out comparison as the summary's JSON: ``a - b``, its interval (None: unbounded), W/T/L, p, the BCa
+    interval ``bca`` of the same mean when given (reference only), Holm p."""
+    reference = {} if bca is None else {"bca_low": bca.low, "bca_high": bca.high}
     return {
         "difference": c.difference.mean,
         "low": c.difference.low if math.isfinite(c.difference.low) else None,
@@ -79,6 +81,7 @@ def comparison_record(c: Comparison) -> dict[str, Any]:
         "test": c.test,
         "sign_vectors": c.vectors,
         "significant": c.significant,
+        **reference,
         "p_holm": c.p_holm,
     }
 
@@ -89,6 +92,7 @@ def summarize_tuning(
     default: str,
     calibration: set[str],
     heldout: set[str],
+    resamples: int,
     seed: int,
     context: Mapping[str, Any] | None = None,
     draws: int = DEFAULT_DRAWS,
@@ -102,7 +106,9 @@ def summarize_tuning(
         default: the defaults' key (one of ``candidates``).
         calibration: ids of the calibration prompts.
         heldout: ids of the held-out prompts.
-        seed: seed of the sign-flip test.
+        resamples: bootstrap resamples of the held-out differences' BCa intervals (``bca_low``, ``bca_high``; for
+            reference, no verdict uses them).
+        seed: seed of the bootstrap and of the sign-flip test.
         context: what ran (model, suite, ...), copied into the summary.
         draws: random sign vectors per comparison (beyond the exact enumeration's 16 prompts).
         family: Holm's family: ``budget`` (the four comparisons of a budget) or ``metric`` (all budgets').
@@ -117,6 +123,7 @@ def summarize_tuning(
     if not budgets:
         raise ValueError("no tuning rows to summarise")
     flip = SignFlip(draws=draws, seed=seed)
+    bootstrap = Bootstrap(resamples, seed)
     calibration_kl: dict[float, dict[str, float]] = {}
     per_budget: list[dict[str, Any]] = []
     for budget in budgets:
@@ -129,11 +136,17 @@ def summarize_tuning(
         per_budget.append({"budget": budget, "rows": at, "cal": cal_ids, "held": held_ids})
     shared = min(candidates, key=lambda k: (np.mean([calibration_kl[b][k] for b in budgets]), candidates.index(k)))
     out_budgets = []
+    bca: dict[float, dict[str, Estimate]] = {}  # budget -> comparison -> BCa interval of its mean (reference)
     for entry in per_budget:
         budget, at, cal_ids, held_ids = entry["budget"], entry["rows"], entry["cal"], entry["held"]
         best = min(candidates, key=lambda k: (calibration_kl[budget][k], candidates.index(k)))
         held = {key: candidate_samples(at, held_ids, key) for key in (*candidates, SNAPKV)}
         pairs = ((best, default), (best, SNAPKV), (default, SNAPKV), (best, shared))
+        tests = compare(KL, [(x, y, held[x], held[y]) for x, y in pairs], flip)
+        if None in tests:
+            raise ValueError(f"budget {budget:g}: no held-out prompt has both candidates of a comparison")
+        diffs = [paired_differences(held[x], held[y]) for x, y in pairs]
+        bca[budget] = dict(zip(COMPARISONS, bootstrap.estimates(diffs)))
         out_budgets.append(
             {
                 "budget": budget,
@@ -152,16 +165,14 @@ def summarize_tuning(
                     "calibration_kl": macro_mean(candidate_samples(at, cal_ids, SNAPKV)),
                     "heldout_kl": macro_mean(held[SNAPKV]),
                 },
-                "heldout": dict(zip(COMPARISONS, compare(KL, [(x, y, held[x], held[y]) for x, y in pairs], flip))),
+                "heldout": dict(zip(COMPARISONS, tests)),
             }
         )
-        if None in out_budgets[-1]["heldout"].values():
-            raise ValueError(f"budget {budget:g}: no held-out prompt has both candidates of a comparison")
     groups = [[b] for b in out_budgets] if family == "budget" else [out_budgets]
     for group in groups:
         settled = iter(settle([b["heldout"][name] for b in group for name in COMPARISONS], ALPHA))
         for b in group:
-            b["heldout"] = {name: comparison_record(next(settled)) for name in COMPARISONS}
+            b["heldout"] = {name: comparison_record(next(settled), bca[b["budget"]][name]) for name in COMPARISONS}
     depends = any(b["heldout"]["best_minus_shared"]["significant"] for b in out_budgets)
     return {
         "format": "ripplekv-tune/1",
@@ -213,7 +224,7 @@ def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
     test = summary.get("test")
     if test is not None:
         lines += [
-            f"Test: {test['name']} ({test['draws']} random sign vectors + the observed, seed {test['seed']}); "
+            f"Test: {test['name']} ({test['draws']} random sign vectors + the identity, seed {test['seed']}); "
             f"Holm over {test['family_description']}; significant = Holm p < {test['alpha']:g}.",
             "",
         ]
@@ -253,6 +264,7 @@ def summarize_methods(
     groups: Mapping[str, Sequence[str]],
     calibration: set[str],
     heldout: set[str],
+    resamples: int,
     seed: int,
     draws: int = DEFAULT_DRAWS,
     family: str = DEFAULT_FAMILY,
@@ -266,12 +278,13 @@ def summarize_methods(
             (:attr:`ripplekv_eval.analysis.tuning.TuneConfig.method_groups`).
         calibration: ids of the calibration prompts.
         heldout: ids of the held-out prompts.
-        seed: seed of the sign-flip test.
+        resamples: bootstrap resamples (see :func:`summarize_tuning`).
+        seed: seed of the bootstrap and of the sign-flip test.
         draws: random sign vectors per comparison.
         family: Holm's family (see :func:`summarize_tuning`).
     """
     return {
-        method: summarize_tuning(rows, list(keys), method, calibration, heldout, seed, None, draws, family)
+        method: summarize_tuning(rows, list(keys), method, calibration, heldout, resamples, seed, None, draws, family)
         for method, keys in groups.items()
     }
 

@@ -186,7 +186,8 @@ def analyse_metric(
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if flip is None:
         flip = SignFlip(seed=bootstrap.seed, confidence=bootstrap.confidence)
-    estimates = {key: bootstrap.estimate(samples) for key, samples in values.items() if samples}
+    present = [key for key, samples in values.items() if samples]
+    estimates = dict(zip(present, bootstrap.estimates([values[key] for key in present])))
     targets: dict[float, dict[str, dict[str, str]]] = {}  # budget -> method -> kind -> other
     for budget in budgets:
         present = [m for m in methods if m != reference and (m, budget) in estimates]

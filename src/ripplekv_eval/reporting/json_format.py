@@ -66,8 +66,7 @@ def significance_record(run: RunStats) -> dict[str, Any]:
         "exact_max_samples": run.exact_max,
         "draws": run.draws,
         "seed": run.seed,
-        "p": "two-sided (scipy.stats.permutation_test): twice the smaller one-sided p; exact: share of all 2^n sign "
-        "vectors; monte-carlo: (1 + #as extreme) / (draws + 1)",
+        "p": "two-sided; exact: share of all 2^n sign vectors; monte-carlo: (1 + #as extreme) / (draws + 1)",
         "interval": "inversion of the test at the report's confidence",
         "family": run.family,
         "family_description": FAMILIES[run.family],

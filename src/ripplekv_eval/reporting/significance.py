@@ -3,19 +3,18 @@
 The reported difference of method A and method B is the macro mean ``T = sum_i w_i d_i`` of the per-prompt
 differences ``d_i = A_i - B_i`` (``K`` tasks, each task's ``n_k`` prompts weighted ``w_i = 1 / (K n_k)``).
 
-- **Test** (Fisher's randomization test for paired data, *The Design of Experiments*, 1935, ch. III):
-  ``scipy.stats.permutation_test(..., permutation_type="samples")`` of one sample, which flips the sign of each
-  prompt's difference independently; ``T`` is recomputed with the same task weights. Exact (all ``2^n`` sign
-  vectors) up to ``exact_max`` prompts (or when ``draws >= 2^n``); otherwise ``draws`` random sign vectors from a
-  generator seeded by the seed and the prompt ids, with scipy's +1 correction (``p`` is never 0). Two-sided ``p``
-  is scipy's: twice the smaller one-sided ``p`` (with an exact enumeration, the share of sign vectors with
-  ``|T_s| >= |T|``).
+- **Test** (Fisher's randomization test for paired data, *The Design of Experiments*, 1935, ch. III): under the null
+  that A and B are exchangeable on every prompt, each ``d_i`` is as likely as ``-d_i``; the sign of each prompt's
+  difference is flipped independently and ``T`` recomputed with the same task weights. Two-sided p: the share of
+  sign vectors with ``|T_s| >= |T|``. Exact up to ``exact_max`` prompts: ``scipy.stats.permutation_test``
+  (``permutation_type="samples"``) enumerates all ``2^n`` sign vectors. Above that, the identity plus ``draws``
+  random sign vectors from a generator seeded by the seed and the prompt ids, so
+  ``p = (1 + #{|T_b| >= |T|}) / (draws + 1)`` (never 0). Both feed one statistic, :func:`_signed_sums`.
 - **Interval**: the inversion of that test, ``{delta : p(delta) >= alpha}``, where ``p(delta)`` tests the shifted
-  differences ``d_i - delta`` with the *same* sign vectors. A vector's signed mean moves with ``delta`` by its signed
-  weight sum ``v_s``, so each one-sided count changes at one point
-  ``(T - T_s) / (1 - v_s)`` and the interval's ends are order statistics of those points: exact, no root search,
-  and **raw p < alpha exactly when the interval excludes 0**. With too few sign vectors to reach ``alpha``
-  (5 prompts or fewer, exact) it is the whole line.
+  differences ``d_i - delta`` with the *same* sign vectors. For each vector the set of ``delta`` where it is at
+  least as extreme is an interval around ``T`` (closed form in :meth:`SignFlip.test`), so the ends are order
+  statistics: exact, no root search, and **raw p < alpha exactly when the interval excludes 0** (ties within
+  rounding count as extreme on both sides). With ``2^n * alpha < 2`` (5 prompts or fewer) it is the whole line.
 - **Multiplicity**: :func:`holm` (Holm 1979) over a family the caller names (:data:`FAMILIES`); **significant** =
   Holm-adjusted p < alpha (:func:`~ripplekv_eval.reporting.comparisons.settle`).
 """
@@ -26,7 +25,7 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache
 
 import numpy as np
 from scipy.stats import permutation_test
@@ -44,7 +43,7 @@ __all__ = [
 ]
 
 TEST_NAME = "stratified sign-flip permutation test of the macro-mean difference (interval: its inversion)"
-DEFAULT_DRAWS = 19999  # + the observed: p >= 1e-4 (twice the smaller one-sided p, each >= 1 / 20000)
+DEFAULT_DRAWS = 19999  # + the identity: 20000 sign vectors, p >= 5e-5
 MIN_DRAWS = 999
 EXACT_MAX = 16  # prompts up to which all 2^n sign vectors are enumerated (65,536)
 FAMILIES = {
@@ -52,7 +51,8 @@ FAMILIES = {
     "metric": "the distinct comparisons of one metric over all budgets",
 }
 DEFAULT_FAMILY = "budget"
-_TIE = 100 * np.finfo(np.float64).eps  # scipy's: signed means this close (relative to |T|) to T count as extreme
+_TIE = 1e-9  # relative to sum |w_i d_i|: sign vectors this close to the observed |T| are ties (count as extreme)
+_FLIPS = (np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1  # byte b flips the prompts of its set bits
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class FlipTest:
     """The sign-flip test of one macro-mean difference and its inverted interval.
 
     ``low`` / ``high`` are ``-inf`` / ``inf`` when no shift can be rejected. ``method``: ``exact`` or
-    ``monte-carlo``; ``vectors``: sign vectors counted (``2^n``, or ``draws + 1`` with the observed).
+    ``monte-carlo``; ``vectors``: sign vectors used (``2^n``, or ``draws + 1``).
     """
 
     mean: float
@@ -76,25 +76,50 @@ class FlipTest:
         return self.low > 0 or self.high < 0
 
 
-def _signed_sums(weights: np.ndarray, axis: int, columns: np.ndarray) -> np.ndarray:
-    """``(..., k)``: the signed weights (``axis``: the prompts) times each column of ``columns`` (``(n, k)``)."""
-    return np.moveaxis(weights, axis, -1) @ columns
+def _signed_sums(bits: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``(vectors, k)``: each sign vector (``bits``: ``(bytes, vectors)``, bit set: flipped) applied to each column
+    of ``columns`` (``(n, k)``): per byte of 8 prompts a table of its 256 signed sums, then one look-up per byte.
+    """
+    groups = bits.shape[0]
+    padded = np.zeros((8 * groups, columns.shape[1]))
+    padded[: columns.shape[0]] = columns
+    table = (1.0 - 2.0 * _FLIPS) @ padded.reshape(groups, 8, -1)  # (groups, 256, k)
+    out = np.zeros((columns.shape[1], bits.shape[1]))
+    for g in range(groups):
+        index = bits[g].astype(np.intp)
+        for k in range(columns.shape[1]):
+            out[k] += table[g, :, k].take(index)
+    return out.T
 
 
-def _weighted(
-    differences: Mapping[str, Mapping[str, float]],
-) -> tuple[tuple[tuple[str, str], ...], np.ndarray, np.ndarray, float]:
-    """The prompts' (task, id) keys, their differences, their weights ``1 / (K n_k)`` and the macro mean."""
-    tasks = sorted(task for task, values in differences.items() if values)
-    if not tasks:
-        raise ValueError("no paired differences to test")
-    keys = tuple((task, sample) for task in tasks for sample in sorted(differences[task]))
-    d = np.array([differences[t][s] for t, s in keys], dtype=np.float64)
-    if not np.all(np.isfinite(d)):
-        raise ValueError("paired differences must be finite")
-    w = np.concatenate([np.full(len(differences[t]), 1.0 / (len(tasks) * len(differences[t]))) for t in tasks])
-    mean = float(np.mean([np.mean([differences[t][s] for s in sorted(differences[t])]) for t in tasks]))
-    return keys, d, w, mean
+@lru_cache(maxsize=4)
+def _enumerated(n: int) -> np.ndarray:
+    """``(bytes, 2^n)``: every sign vector of ``n`` prompts (bit set: flipped), enumerated by
+    ``scipy.stats.permutation_test`` (``permutation_type="samples"`` flips the signs of ones); the order changes no
+    count.
+    """
+    if n == 1:  # scipy needs two observations
+        return np.array([[0, 1]], dtype=np.uint8)
+    flipped = permutation_test(
+        (np.ones(n),),
+        lambda signs, axis: np.moveaxis(signs, axis, -1) < 0,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=2**n,
+    ).null_distribution
+    return np.ascontiguousarray(np.packbits(flipped, axis=-1, bitorder="little").T)
+
+
+@lru_cache(maxsize=8)  # a run's comparisons share few prompt sets
+def _drawn(seed: int, draws: int, keys: tuple[tuple[str, str], ...]) -> np.ndarray:
+    """``(bytes, draws + 1)``: the identity, then ``draws`` random sign vectors seeded by ``seed`` and the prompts."""
+    n = len(keys)
+    groups = (n + 7) // 8
+    digest = zlib.crc32("\x1f".join(f"{t}\x1e{i}" for t, i in keys).encode())
+    bits = np.zeros((draws + 1, groups), dtype=np.uint8)
+    bits[1:] = np.random.default_rng([seed, digest, n]).integers(0, 256, size=(draws, groups), dtype=np.uint8)
+    bits[:, -1] &= np.uint8((1 << (n - 8 * (groups - 1))) - 1)  # the bits of the last byte that are prompts
+    return np.ascontiguousarray(bits.T)
 
 
 @dataclass(frozen=True)
@@ -127,76 +152,64 @@ class SignFlip:
     def alpha(self) -> float:
         return 1.0 - self.confidence
 
+    def null(self, keys: tuple[tuple[str, str], ...], columns: np.ndarray) -> np.ndarray:
+        """``(vectors, k)``: the signed sums of ``columns`` (``(n, k)``) under every sign vector of the test.
+
+        Args:
+            keys: the prompts' (task, sample id), in the order of the rows of ``columns`` (part of the seed).
+            columns: the values to sign, one row per prompt.
+        """
+        n = len(keys)
+        bits = _enumerated(n) if n <= self.exact_max else _drawn(self.seed, self.draws, keys)
+        return _signed_sums(bits, columns)
+
     def test(self, differences: Sequence[Mapping[str, Mapping[str, float]]]) -> list[FlipTest]:
         """The test and the inverted interval of the macro mean of each of ``differences`` (task -> sample id -> d).
-
-        Differences over the same prompts share their sign vectors (they depend only on the seed and the prompts) and
-        one scipy call: grouping changes no p, only the last bits of the intervals' ends (one matrix product or
-        several).
 
         Args:
             differences: the paired differences of each comparison; tasks without any are left out.
         """
-        prepared = [_weighted(diff) for diff in differences]
-        groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
-        for i, (keys, _, _, _) in enumerate(prepared):
-            groups.setdefault(keys, []).append(i)
-        out: dict[int, FlipTest] = {}
-        for keys, members in groups.items():
-            w = prepared[members[0]][2]
-            columns = np.column_stack([prepared[i][1] for i in members] + [np.ones(len(w))])
-            n = len(keys)
-            resamples = 2**n if n <= self.exact_max else self.draws
-            exact = resamples >= 2**n  # scipy enumerates whenever it can: also draws >= 2^n
-            if n == 1:  # scipy needs two; one difference's two sign vectors are equally extreme at every shift
-                null, totals, pvalues = np.zeros((0, 2)), w @ columns, np.ones(len(members))
-            else:
-                digest = zlib.crc32("\x1f".join(f"{t}\x1e{i}" for t, i in keys).encode())
-                # scipy flips the signs of the weights w; one matrix product gives every comparison's T_s and,
-                # from the column of ones, v_s (how a shift moves T_s)
-                result = permutation_test(
-                    (w,),
-                    partial(_signed_sums, columns=columns),
-                    permutation_type="samples",
-                    vectorized=True,
-                    n_resamples=resamples,
-                    batch=max(1, 2**22 // n),  # memory only: the vectors do not depend on it
-                    rng=np.random.default_rng([self.seed, digest, n]),
-                )
-                null, totals, pvalues = result.null_distribution, result.statistic, result.pvalue
-            extra = 0 if exact or n == 1 else 1  # scipy's +1: the observed signs count as one vector
-            v = null[:, -1]
-            identity = v > 1.0 - 0.5 * float(w.min())  # all signs +: T_s(delta) = T(delta) for every delta
-            for row, i in enumerate(members):
-                total = float(totals[row])
-                gamma = _TIE * abs(total)  # scipy's tie tolerance
-                # T_s(delta) = u - delta v >= T(delta) - gamma = total - delta - gamma
-                #   <=> delta >= (total - u - gamma) / (1 - v); "<= T(delta) + gamma" likewise with + gamma
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    above = np.where(identity, -np.inf, (total - null[:, row] - gamma) / (1.0 - v))
-                    below = np.where(identity, np.inf, (total - null[:, row] + gamma) / (1.0 - v))
-                low, high = self._ends(np.sort(above), np.sort(below)[::-1], extra)
-                tasks = len({t for t, _ in keys})
-                method = "exact" if exact else "monte-carlo"
-                mean = prepared[i][3]
-                out[i] = FlipTest(mean, low, high, float(pvalues[row]), method, max(2, len(v) + extra), n, tasks)
-        return [out[i] for i in range(len(prepared))]
+        return [self._one(diff) for diff in differences]
 
-    def _ends(self, above: np.ndarray, below: np.ndarray, extra: int) -> tuple[float, float]:
-        """The shifts accepted by both one-sided counts: scipy's ``p = 2 (count + extra) / vectors >= alpha``.
-
-        Args:
-            above: ascending: the shift from which each vector counts as "at least as large".
-            below: descending: the shift up to which each vector counts as "at most as large".
-            extra: scipy's +1 of a Monte Carlo test (0 when exact).
-        """
-        vectors = max(2, len(above) + extra)
-        need = 0
-        while 2.0 * ((need + extra) / vectors) < self.alpha - 1e-12:  # 1 - 0.95 is 0.05 + 4e-17: p = 0.05 is kept
-            need += 1
-        if need == 0 or need > len(above):  # every shift accepted (n = 1: the two vectors tie everywhere)
-            return -math.inf, math.inf
-        return float(above[need - 1]), float(below[need - 1])
+    def _one(self, differences: Mapping[str, Mapping[str, float]]) -> FlipTest:
+        tasks = sorted(task for task, values in differences.items() if values)
+        if not tasks:
+            raise ValueError("no paired differences to test")
+        keys = tuple((task, sample) for task in tasks for sample in sorted(differences[task]))
+        d = np.array([differences[t][s] for t, s in keys], dtype=np.float64)
+        if not np.all(np.isfinite(d)):
+            raise ValueError("paired differences must be finite")
+        w = np.concatenate([np.full(len(differences[t]), 1.0 / (len(tasks) * len(differences[t]))) for t in tasks])
+        x = w * d
+        observed = float(np.mean([np.mean([differences[t][s] for s in sorted(differences[t])]) for t in tasks]))
+        total = float(x.sum())
+        tol = _TIE * float(np.abs(x).sum())
+        # u = T_s, the macro mean under each sign vector; v: that of all-ones, how a shift delta moves T_s
+        sums = self.null(keys, np.column_stack([x, w]))
+        u, v = sums[:, 0], sums[:, 1]
+        whole = np.abs(v) > 1.0 - float(w.min())  # all signs equal (|v| = 1): |T_s(delta)| = |T(delta)| everywhere
+        # |u - delta v| >= |total - delta| with e = delta - total, r = u - total v: |r - e v| >= |e|, |v| < 1, holds
+        # for e between -r / (1 - v) and r / (1 + v) (the two roots, on either side of 0).
+        r = u - total * v
+        with np.errstate(divide="ignore", invalid="ignore"):
+            one, two = r / (1.0 + v), -r / (1.0 - v)
+        lo = np.where(whole, -np.inf, np.minimum(one, two)) - tol
+        hi = np.where(whole, np.inf, np.maximum(one, two)) + tol
+        vectors = len(sums)
+        extreme = int(np.count_nonzero((lo <= -total) & (-total <= hi)))  # sign vectors with |T_s| >= |T| (ties in)
+        need = max(1, math.ceil(self.alpha * vectors - 1e-9))  # delta is accepted when >= need vectors cover it
+        low = float(total + np.sort(lo)[need - 1]) if need <= vectors else math.inf
+        high = float(total + np.sort(hi)[::-1][need - 1]) if need <= vectors else -math.inf
+        return FlipTest(
+            mean=observed,
+            low=low,
+            high=high,
+            p=min(1.0, extreme / vectors),
+            method="exact" if len(keys) <= self.exact_max else "monte-carlo",
+            vectors=vectors,
+            samples=len(keys),
+            tasks=len(tasks),
+        )
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -150,41 +151,67 @@ class Bootstrap:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
 
     def estimate(self, samples: Samples) -> Estimate:
-        """The macro mean of ``samples`` with its BCa interval.
-
-        A task of one sample adds a constant (nothing to resample); with nothing that varies the interval is the
-        point.
+        """The macro mean of ``samples`` with its BCa interval (see :meth:`estimates`).
 
         Args:
             samples: task -> sample id -> value; tasks without samples are left out.
         """
-        tasks = sorted(task for task, values in samples.items() if values)
-        if not tasks:
-            raise ValueError("no samples to estimate from")
-        ids = {task: sorted(samples[task]) for task in tasks}
-        values = [np.array([samples[t][i] for i in ids[t]], dtype=np.float64) for t in tasks]
-        point = float(np.mean([v.mean() for v in values]))
-        varying = [v for v in values if np.ptp(v) > 0]
-        count = sum(len(v) for v in values)
-        if not varying:
-            return Estimate(point, point, point, count, len(tasks))
-        fixed = sum(float(v.mean()) for v in values if np.ptp(v) == 0)
+        return self.estimates([samples])[0]
 
-        def macro(*resampled: np.ndarray, axis: int) -> np.ndarray:
-            return (sum(np.mean(r, axis=axis) for r in resampled) + fixed) / len(tasks)
+    def estimates(self, many: Sequence[Samples]) -> list[Estimate]:
+        """The macro mean of each of ``many`` with its BCa interval.
 
-        key = "\x1f".join(f"{t}\x1e{i}" for t in tasks for i in ids[t])
-        result = bootstrap(
-            varying,
-            macro,
-            n_resamples=self.resamples,
-            vectorized=True,
-            confidence_level=self.confidence,
-            method="BCa",
-            rng=np.random.default_rng([self.seed, zlib.crc32(key.encode())]),
-        )
-        interval = result.confidence_interval
-        return Estimate(point, float(interval.low), float(interval.high), count, len(tasks))
+        Those holding the same samples share one ``scipy.stats.bootstrap`` call, vectorized over them: they are
+        resampled identically, as they would be one by one. A task of one sample adds a constant (nothing to
+        resample); with nothing that varies the interval is the point.
+
+        Args:
+            many: each: task -> sample id -> value; tasks without samples are left out.
+        """
+        groups: dict[tuple[tuple[str, tuple[str, ...]], ...], list[int]] = {}
+        for i, samples in enumerate(many):
+            tasks = sorted(task for task, values in samples.items() if values)
+            if not tasks:
+                raise ValueError("no samples to estimate from")
+            groups.setdefault(tuple((t, tuple(sorted(samples[t]))) for t in tasks), []).append(i)
+        out: dict[int, Estimate] = {}
+        for ids, members in groups.items():
+            values = [np.array([[many[i][t][s] for s in names] for i in members], dtype=np.float64) for t, names in ids]
+            out.update(zip(members, self._intervals(ids, values)))
+        return [out[i] for i in range(len(many))]
+
+    def _intervals(self, ids: tuple[tuple[str, tuple[str, ...]], ...], values: list[np.ndarray]) -> list[Estimate]:
+        """The estimates of configurations holding the same samples: ``values[k]`` is ``(configurations, n_k)``, the
+        values of task ``ids[k]`` (its name and sample ids)."""
+        rows = values[0].shape[0]
+        count = sum(len(names) for _, names in ids)
+        points = [sum(float(v[row].mean()) for v in values) / len(ids) for row in range(rows)]
+        resampled = [v for v in values if v.shape[1] > 1]
+        fixed = sum((v[:, 0] for v in values if v.shape[1] == 1), np.zeros(rows))
+        varying = np.flatnonzero(np.any([np.ptp(v, axis=1) > 0 for v in resampled], axis=0)) if resampled else []
+        lows, highs = list(points), list(points)
+        if len(varying):
+            key = "\x1f".join(f"{t}\x1e{s}" for t, names in ids for s in names)
+            interval = bootstrap(
+                [v[varying] for v in resampled],
+                partial(_macro, constant=fixed[varying], tasks=len(ids)),
+                n_resamples=self.resamples,
+                vectorized=True,
+                axis=-1,
+                confidence_level=self.confidence,
+                method="BCa",
+                rng=np.random.default_rng([self.seed, zlib.crc32(key.encode())]),
+            ).confidence_interval
+            for j, row in enumerate(varying):
+                lows[row], highs[row] = float(interval.low[j]), float(interval.high[j])
+        return [Estimate(points[row], lows[row], highs[row], count, len(ids)) for row in range(rows)]
+
+
+def _macro(*data: np.ndarray, axis: int, constant: np.ndarray, tasks: int) -> np.ndarray:
+    """The macro mean of each configuration (the leading axis) from its resampled tasks ``data`` and the sum
+    ``constant`` of its one-sample tasks' values."""
+    total = sum(np.mean(r, axis=axis) for r in data)
+    return (total + constant.reshape(constant.shape + (1,) * (total.ndim - 1))) / tasks
 
 
 def collect(

@@ -99,8 +99,7 @@ def significance_method(run: RunStats) -> str:
     """
     return (
         f"Test: {TEST_NAME}; exact up to {run.exact_max} samples, otherwise {run.draws} random sign vectors + the "
-        f"observed (scipy.stats.permutation_test, seed {run.seed}); Holm family: {FAMILIES[run.family]} "
-        f"(`--family {run.family}`)."
+        f"identity (seed {run.seed}); Holm family: {FAMILIES[run.family]} (`--family {run.family}`)."
     )
 
 
@@ -133,9 +132,8 @@ def rule_text(run: RunStats) -> str:
         "`method - other` over the samples both have, paired; their estimate is the macro mean of the per-sample "
         "differences. W/T/L: samples where the method is better / equal / worse. p: the two-sided stratified "
         "sign-flip permutation test of that macro mean (each sample's difference flipped independently, the macro "
-        f"mean recomputed with the same task weights; scipy.stats.permutation_test: twice the smaller one-sided p, "
-        f"each the share of all 2^n sign vectors up to {run.exact_max} samples, otherwise of {run.draws} random "
-        f"ones plus the observed, (1 + #as extreme) / ({run.draws} + 1), seed {run.seed}). "
+        f"mean recomputed with the same task weights; all 2^n sign vectors up to {run.exact_max} samples, otherwise "
+        f"{run.draws} random ones plus the observed, p = (1 + #as extreme) / ({run.draws} + 1), seed {run.seed}). "
         f"The {level} interval of a difference inverts that test (the shifts delta it does not reject at "
         f"{1 - run.confidence:g}, same sign vectors), so the raw p < {ALPHA:g} exactly when it excludes 0. "
         f"Each method is compared with {BASELINE} and with the best other method at that budget (by the metric's "
