@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.stats import permutation_test
 
 __all__ = [
     "DEFAULT_DRAWS",
@@ -100,6 +99,8 @@ def _enumerated(n: int) -> np.ndarray:
     """
     if n == 1:  # scipy needs two observations
         return np.array([[0, 1]], dtype=np.uint8)
+    from scipy.stats import permutation_test  # imported here: scipy.stats takes seconds to import
+
     flipped = permutation_test(
         (np.ones(n),),
         lambda signs, axis: np.moveaxis(signs, axis, -1) < 0,

@@ -25,7 +25,6 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from scipy.stats import bootstrap
 
 from ripplekv_eval.sample import row_configuration
 
@@ -191,6 +190,8 @@ class Bootstrap:
         varying = np.flatnonzero(np.any([np.ptp(v, axis=1) > 0 for v in resampled], axis=0)) if resampled else []
         lows, highs = list(points), list(points)
         if len(varying):
+            from scipy.stats import bootstrap  # imported here: scipy.stats takes seconds to import
+
             key = "\x1f".join(f"{t}\x1e{s}" for t, names in ids for s in names)
             interval = bootstrap(
                 [v[varying] for v in resampled],
