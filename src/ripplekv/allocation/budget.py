@@ -1,9 +1,6 @@
-"""A KV-cache budget and its per-layer integers: :class:`BudgetSpec`, the schedules, the RippleKV rule.
-
-Every schedule spends SnapKV's global budget ``layers * average`` and splits it with :func:`scale_to_total` (exact
-rational water-filling, then largest remainder), so methods keep the same number of tokens and budgets are
-deterministic. Every schedule takes ``(n_layers, prompt_tokens, floor)``.
-"""
+"""A KV-cache budget (:class:`BudgetSpec`) and its per-layer integers: every schedule splits SnapKV's total
+``layers * average`` with :func:`scale_to_total` (exact water-filling, largest remainder), so methods keep the same
+number of tokens; RippleKV's rule is :func:`allocate`. Every schedule takes ``(n_layers, prompt_tokens, floor)``."""
 
 from __future__ import annotations
 
@@ -18,26 +15,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ripplekv.validation import is_integer, is_real
-
-__all__ = [
-    "DEFAULT_CONFIG",
-    "DEFAULT_GAMMA",
-    "DEFAULT_RATIO",
-    "Allocation",
-    "AllocationConfig",
-    "BudgetSchedule",
-    "BudgetSpec",
-    "ProfileSchedule",
-    "TokenBudgetError",
-    "allocate",
-    "budget_value",
-    "compression_ratio_keeping",
-    "largest_remainder",
-    "layer_weights",
-    "normalize_scores",
-    "scale_to_total",
-    "validate_scores",
-]
 
 
 class TokenBudgetError(ValueError):
@@ -54,28 +31,26 @@ def _budget_problem(budget: object, tokens: object) -> str | None:
         return f"no budget given: {_BUDGET_RULE}"
     if budget is not None and tokens is not None:
         return f"give budget= or tokens=, not both (got budget={budget!r}, tokens={tokens!r})"
-    if budget is not None:
-        if not is_real(budget):
-            return f"budget must be a real number, a kept fraction in (0, 1]; got {budget!r}"
-        value = float(budget)  # type: ignore[arg-type]
-        if math.isnan(value):
-            return "budget is NaN; it must be a kept fraction in (0, 1]"
-        if math.isinf(value):
-            return f"budget is {value} (infinite); it must be a kept fraction in (0, 1]"
-        if value <= 0:
-            return f"budget must be > 0 (a kept fraction in (0, 1]), got {budget!r}"
-        if value > 1:
-            hint = f"tokens={int(value)}" if value.is_integer() else "tokens=N (an integer)"
-            return (
-                f"budget={budget!r} is above 1, but budget is a kept fraction in (0, 1]; for an average number of "
-                f"tokens kept per layer use {hint}"
-            )
-        return None
-    if not is_integer(tokens):
-        kind = "a bool" if isinstance(tokens, bool) else repr(tokens)
-        return f"tokens must be an integer >= 1 (an average token count per layer), got {kind}"
-    if tokens < 1:  # type: ignore[operator]
-        return f"tokens must be >= 1 (an average token count per layer), got {tokens!r}"
+    if budget is None:
+        if not is_integer(tokens):
+            kind = "a bool" if isinstance(tokens, bool) else repr(tokens)
+            return f"tokens must be an integer >= 1 (an average token count per layer), got {kind}"
+        too_small = tokens < 1  # type: ignore[operator]
+        return f"tokens must be >= 1 (an average token count per layer), got {tokens!r}" if too_small else None
+    if not is_real(budget):
+        return f"budget must be a real number, a kept fraction in (0, 1]; got {budget!r}"
+    value = float(budget)  # type: ignore[arg-type]
+    if not math.isfinite(value):
+        kind = "NaN" if math.isnan(value) else f"{value} (infinite)"
+        return f"budget is {kind}; it must be a kept fraction in (0, 1]"
+    if value <= 0:
+        return f"budget must be > 0 (a kept fraction in (0, 1]), got {budget!r}"
+    if value > 1:
+        hint = f"tokens={int(value)}" if value.is_integer() else "tokens=N (an integer)"
+        return (
+            f"budget={budget!r} is above 1, but budget is a kept fraction in (0, 1]; for an average number of "
+            f"tokens kept per layer use {hint}"
+        )
     return None
 
 
@@ -176,7 +151,7 @@ class BudgetSpec:
 
     def kwargs(self) -> dict[str, float | int]:
         """``{"budget": fraction}`` or ``{"tokens": count}``, for ``make_press`` and the schedules."""
-        return {"budget": float(self.budget)} if self.tokens is None else {"tokens": int(self.tokens)}  # type: ignore[arg-type]
+        return {"budget": self.budget} if self.tokens is None else {"tokens": self.tokens}  # type: ignore[dict-item]
 
     @property
     def label(self) -> str:
@@ -260,9 +235,6 @@ def scale_to_total(
     return largest_remainder(shares, exact, ties, int(total))
 
 
-# ------------------------------------------------------------------------------------------------- schedules
-
-
 def _check_subset(layers: Sequence[int], n_layers: int) -> None:
     if not layers or any(not is_integer(i) for i in layers) or list(layers) != sorted(set(layers)):
         raise ValueError(f"compressed layers must be increasing layer indices, got {list(layers)!r}")
@@ -325,8 +297,6 @@ class BudgetSchedule(ABC):
         return self
 
 
-# ------------------------------------------------------------------------------------------- the RippleKV rule
-
 DEFAULT_RATIO: float = 4.0
 """Default disparity ``r``, chosen with :data:`DEFAULT_GAMMA` on a needle-retrieval grid (docs/results.md)."""
 
@@ -335,13 +305,9 @@ DEFAULT_GAMMA: float = 3.0
 
 @dataclass(frozen=True)
 class AllocationConfig:
-    """The RippleKV rule's knobs (paper, 2026).
-
-    Attributes:
-        ratio: ``r`` of ``w_l = r ** s_l`` over the min-max normalised sensitivities ``s_l`` (finite, ``> 0``;
-            ``1`` is uniform, ``< 1`` inverts the order).
-        gamma: clip bound, weights in ``[1 / gamma, gamma]`` (finite, ``>= 1``; ``1`` is uniform).
-    """
+    """The RippleKV rule's knobs (paper, 2026): ``ratio``, the ``r`` of ``w_l = r ** s_l`` over the min-max
+    normalised sensitivities (``> 0``; ``1`` uniform, ``< 1`` inverted), and ``gamma``, weights clipped to
+    ``[1 / gamma, gamma]`` (``>= 1``)."""
 
     ratio: float = DEFAULT_RATIO
     gamma: float = DEFAULT_GAMMA
@@ -380,14 +346,11 @@ def validate_scores(scores: Sequence[float]) -> np.ndarray:
 def normalize_scores(scores: Sequence[float]) -> np.ndarray:
     """Scores min-max normalised to ``[0, 1]``; all zeros if all equal."""
     array = validate_scores(scores)
-    low = float(array.min())
-    high = float(array.max())
+    low, high = float(array.min()), float(array.max())
     if high == low:
         return np.zeros_like(array)
-    span = high - low
-    # the span of two huge finite floats can overflow to inf; halving everything first keeps it finite
-    finite = math.isfinite(span)
-    normalized = (array - low) / span if finite else (array / 2 - low / 2) / (high / 2 - low / 2)
+    span = high - low  # that of two huge finite floats can overflow to inf: halving everything keeps it finite
+    normalized = (array - low) / span if math.isfinite(span) else (array / 2 - low / 2) / (high / 2 - low / 2)
     return np.clip(normalized, 0.0, 1.0)
 
 

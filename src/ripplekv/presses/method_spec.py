@@ -1,9 +1,6 @@
-"""The methods of ``make_press`` (:data:`METHOD_TABLE`) and their names with parameters (``cake:tau1=2,tau2=0.5``).
-
-A parameter is a field of the dataclass the method is built from, its kind and default read from the field, a value
-checked by building the dataclass. A spec has one canonical form (declared order, defaults left out), so runs and
-reports name one setting one way. No torch or kvpress import: reports read committed runs' names without them.
-"""
+"""The methods of ``make_press`` (:data:`METHOD_TABLE`) and their specs, ``cake:tau1=2,tau2=0.5``: a parameter is a
+field of the dataclass the method is built from (kind and default read from it); a spec has one canonical form
+(declared order, defaults left out). No torch or kvpress import: reports read committed runs' names without them."""
 
 from __future__ import annotations
 
