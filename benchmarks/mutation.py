@@ -146,6 +146,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/test_mutation_press_edges.py",
         *RELATIONS,
     ),
+    "ripplekv/presses/method_lists.py": ("tests/test_method_spec.py", "tests/test_tune.py"),
     "ripplekv_eval/fastpath/query_moments.py": (
         "tests/test_relations_models.py",
         "tests/test_mutation_inference.py",

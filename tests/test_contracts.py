@@ -20,7 +20,16 @@ from transformers import DynamicCache
 
 import ripplekv.allocation.dynamickv as dynamickv
 import ripplekv.allocation.squeezeattention as squeezeattention
-from ripplekv.allocation.budget import BudgetSpec, compression_ratio_keeping
+from ripplekv.allocation.budget import (
+    DEFAULT_GAMMA,
+    DEFAULT_RATIO,
+    AllocationConfig,
+    BudgetSpec,
+    ProfileSchedule,
+    allocate,
+    compression_ratio_keeping,
+    normalize_scores,
+)
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, global_topk_counts
 from ripplekv.allocation.lava import LavaRule, lava_layer_statistic
@@ -31,16 +40,7 @@ from ripplekv.allocation.per_prompt import (
     fill_shares,
     layer_floor,
 )
-from ripplekv.allocation.schedules import (
-    DEFAULT_GAMMA,
-    DEFAULT_RATIO,
-    AllocationConfig,
-    ProfileSchedule,
-    PyramidSchedule,
-    UniformSchedule,
-    allocate,
-    normalize_scores,
-)
+from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
 from ripplekv.allocation.squeezeattention import (
     DEFAULT_SQUEEZE_P,
     SqueezeAttentionRule,

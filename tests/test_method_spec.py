@@ -13,15 +13,8 @@ from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.cli.args import method_list
 from ripplekv.presses import make_press
 from ripplekv.presses.descriptions import describe_method
-from ripplekv.presses.method_spec import (
-    METHOD_TABLE,
-    MethodSpec,
-    base_method,
-    expand_grid,
-    format_value,
-    parse_method,
-    split_method_list,
-)
+from ripplekv.presses.method_lists import expand_grid, split_method_list
+from ripplekv.presses.method_spec import METHOD_TABLE, MethodSpec, base_method, format_value, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import METHODS
 from ripplekv.profiling import SensitivityProfile

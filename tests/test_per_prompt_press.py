@@ -11,11 +11,11 @@ import torch
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress
 
 from ripplekv.allocation import BudgetSpec, UniformSchedule
+from ripplekv.allocation.budget import BudgetSchedule
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule
 from ripplekv.allocation.lava import LavaRule
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
-from ripplekv.allocation.schedules import BudgetSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.inference import prefill
 from ripplekv.models.cache import layer_lengths

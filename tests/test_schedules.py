@@ -1,4 +1,4 @@
-"""Per-layer budget schedules (ripplekv.allocation.schedules): uniform (SnapKV), pyramid (PyramidKV), profile."""
+"""Per-layer budget schedules (allocation.schedules, .budget): uniform (SnapKV), pyramid (PyramidKV), profile."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from kvpress import SnapKVPress
 
-from ripplekv.allocation.schedules import BudgetSchedule
+from ripplekv.allocation.budget import BudgetSchedule
 from ripplekv.inference.generate import greedy_decode, prefill
 from ripplekv.models import load_model
 from ripplekv.models.loading import ensure_converted

@@ -1,17 +1,28 @@
-"""Per-layer KV-cache budgets: what a budget is (:mod:`~ripplekv.allocation.budget`), the offline schedules
-:class:`ripplekv.presses.LayerBudgetPress` applies (:mod:`~ripplekv.allocation.schedules`, the RippleKV rule among
-them), and the per-prompt rules decided from prefill statistics (:mod:`~ripplekv.allocation.per_prompt`: CAKE,
+"""Per-layer KV-cache budgets: what a budget is, its schedules and the RippleKV rule
+(:mod:`~ripplekv.allocation.budget`), the baselines' schedules (:mod:`~ripplekv.allocation.schedules`: SnapKV,
+PyramidKV), and the per-prompt rules decided from prefill statistics (:mod:`~ripplekv.allocation.per_prompt`: CAKE,
 SqueezeAttention, DynamicKV, LAVa).
 """
 
 from typing import Any
 
 from ripplekv.allocation.budget import (
+    DEFAULT_CONFIG,
+    DEFAULT_GAMMA,
+    DEFAULT_RATIO,
+    Allocation,
+    AllocationConfig,
+    BudgetSchedule,
     BudgetSpec,
+    ProfileSchedule,
     TokenBudgetError,
+    allocate,
     budget_value,
     compression_ratio_keeping,
+    layer_weights,
+    normalize_scores,
     scale_to_total,
+    validate_scores,
 )
 from ripplekv.allocation.cake import CakeRule, CakeStatistic, cake_layer_statistic
 from ripplekv.allocation.dynamickv import (
@@ -22,21 +33,7 @@ from ripplekv.allocation.dynamickv import (
 )
 from ripplekv.allocation.lava import LavaRule, LavaStatistic, lava_layer_statistic
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
-from ripplekv.allocation.schedules import (
-    DEFAULT_CONFIG,
-    DEFAULT_GAMMA,
-    DEFAULT_RATIO,
-    Allocation,
-    AllocationConfig,
-    BudgetSchedule,
-    ProfileSchedule,
-    PyramidSchedule,
-    UniformSchedule,
-    allocate,
-    layer_weights,
-    normalize_scores,
-    validate_scores,
-)
+from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
 from ripplekv.allocation.squeezeattention import (
     SqueezeAttentionRule,
     SqueezeStatistic,

@@ -1,35 +1,25 @@
-"""What a KV-cache budget is (:class:`BudgetSpec`), and how it becomes integer per-layer budgets.
-
-Every schedule splits the global budget ``layers * average`` into integers with :func:`scale_to_total`: exact
-rational water-filling, then largest-remainder rounding, so budgets are deterministic and platform-independent.
-"""
+"""A KV-cache budget (:class:`BudgetSpec`) and its per-layer integers: every schedule splits SnapKV's total
+``layers * average`` with :func:`scale_to_total` (exact water-filling, largest remainder), so methods keep the same
+number of tokens; RippleKV's rule is :func:`allocate`. Every schedule takes ``(n_layers, prompt_tokens, floor)``."""
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import ClassVar
+from functools import cached_property, lru_cache
+from typing import Any, ClassVar
+
+import numpy as np
 
 from ripplekv.validation import is_integer, is_real
 
-__all__ = [
-    "BudgetSpec",
-    "TokenBudgetError",
-    "budget_value",
-    "compression_ratio_keeping",
-    "largest_remainder",
-    "scale_to_total",
-]
-
 
 class TokenBudgetError(ValueError):
-    """``compression_ratio`` asked of a token budget, which has none without the prompt length.
-
-    A ``ValueError``, not an ``AttributeError``, so ``getattr(press, "compression_ratio", default)`` does not
-    silently swallow it.
-    """
+    """``compression_ratio`` of a token budget, which has none without the prompt length (a ``ValueError``, so
+    ``getattr(press, "compression_ratio", default)`` does not swallow it)."""
 
 
 _BUDGET_RULE = "budget= is a kept fraction in (0, 1] (0.1 = 10%), tokens= an average token count per layer (>= 1)"
@@ -41,43 +31,41 @@ def _budget_problem(budget: object, tokens: object) -> str | None:
         return f"no budget given: {_BUDGET_RULE}"
     if budget is not None and tokens is not None:
         return f"give budget= or tokens=, not both (got budget={budget!r}, tokens={tokens!r})"
-    if budget is not None:
-        if not is_real(budget):
-            return f"budget must be a real number, a kept fraction in (0, 1]; got {budget!r}"
-        value = float(budget)  # type: ignore[arg-type]
-        if math.isnan(value):
-            return "budget is NaN; it must be a kept fraction in (0, 1]"
-        if math.isinf(value):
-            return f"budget is {value} (infinite); it must be a kept fraction in (0, 1]"
-        if value <= 0:
-            return f"budget must be > 0 (a kept fraction in (0, 1]), got {budget!r}"
-        if value > 1:
-            hint = f"tokens={int(value)}" if math.isfinite(value) and value.is_integer() else "tokens=N (an integer)"
-            return (
-                f"budget={budget!r} is above 1, but budget is a kept fraction in (0, 1]; for an average number of "
-                f"tokens kept per layer use {hint}"
-            )
-        return None
-    if not is_integer(tokens):
-        kind = "a bool" if isinstance(tokens, bool) else repr(tokens)
-        return f"tokens must be an integer >= 1 (an average token count per layer), got {kind}"
-    if tokens < 1:  # type: ignore[operator]
-        return f"tokens must be >= 1 (an average token count per layer), got {tokens!r}"
+    if budget is None:
+        if not is_integer(tokens):
+            kind = "a bool" if isinstance(tokens, bool) else repr(tokens)
+            return f"tokens must be an integer >= 1 (an average token count per layer), got {kind}"
+        too_small = tokens < 1  # type: ignore[operator]
+        return f"tokens must be >= 1 (an average token count per layer), got {tokens!r}" if too_small else None
+    if not is_real(budget):
+        return f"budget must be a real number, a kept fraction in (0, 1]; got {budget!r}"
+    value = float(budget)  # type: ignore[arg-type]
+    if not math.isfinite(value):
+        kind = "NaN" if math.isnan(value) else f"{value} (infinite)"
+        return f"budget is {kind}; it must be a kept fraction in (0, 1]"
+    if value <= 0:
+        return f"budget must be > 0 (a kept fraction in (0, 1]), got {budget!r}"
+    if value > 1:
+        hint = f"tokens={int(value)}" if value.is_integer() else "tokens=N (an integer)"
+        return (
+            f"budget={budget!r} is above 1, but budget is a kept fraction in (0, 1]; for an average number of "
+            f"tokens kept per layer use {hint}"
+        )
     return None
 
 
-def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
-    """The kvpress ``compression_ratio`` (fraction removed) that keeps exactly ``kept`` of ``prompt_tokens`` tokens.
-
-    ``1 - kept / prompt_tokens``, moved by a few ulps where float rounding would make kvpress's
-    ``int(prompt_tokens * (1 - ratio))`` (``kvpress.utils.compute_n_kept``) keep one token fewer or more; 0 when
-    every token is kept.
-
-    Raises:
-        ValueError: if the counts are not integers with ``1 <= kept <= prompt_tokens``.
-    """
-    if not is_integer(prompt_tokens) or prompt_tokens < 1:
+def _check_prompt(prompt_tokens: object) -> None:
+    if not is_integer(prompt_tokens) or prompt_tokens < 1:  # type: ignore[operator]
         raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
+
+
+def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
+    """The kvpress ``compression_ratio`` that keeps exactly ``kept`` of ``prompt_tokens`` tokens (0: all kept).
+
+    ``1 - kept / prompt_tokens``, moved by a few ulps where kvpress's ``int(prompt_tokens * (1 - ratio))`` would
+    round to one token fewer or more.
+    """
+    _check_prompt(prompt_tokens)
     if not is_integer(kept) or not 1 <= kept <= prompt_tokens:
         raise ValueError(f"kept must be an integer in [1, {prompt_tokens}], got {kept!r}")
     if kept == prompt_tokens:
@@ -93,23 +81,14 @@ def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
 
 @dataclass(frozen=True)
 class BudgetSpec:
-    """A KV-cache budget: a kept fraction of the prompt, or an average number of kept tokens per layer.
-
-    Exactly one is set, so ``1.0`` (keep everything) and ``tokens=1`` are never confused; an invalid pair is a
-    ``ValueError`` naming the problem (a ``budget`` above 1 points to ``tokens=``). A token budget removes a
-    fraction that depends on the prompt length, so its ``compression_ratio`` raises :class:`TokenBudgetError`
-    rather than return a made-up number (or NaN, which kvpress arithmetic would carry on with).
-
-    Attributes:
-        budget: kept fraction of the prompt in ``(0, 1]`` (``0.1`` is 10%), or None.
-        tokens: average kept tokens per layer (an integer ``>= 1``; at most the prompt is kept), or None.
-    """
+    """A budget: a kept fraction of the prompt (``budget`` in ``(0, 1]``) or an average of ``tokens`` kept per
+    layer (an integer ``>= 1``), exactly one of them, so ``1.0`` (keep everything) and ``tokens=1`` never mix."""
 
     budget: float | None = None
     tokens: int | None = None
 
     ROW_TOKENS_MIN: ClassVar[int] = 2
-    """The smallest token count with a numeric row value (:attr:`value`): 1 would read back as the fraction 1.0."""
+    """The smallest token count with a row value (:attr:`value`): 1 would read back as the fraction 1.0."""
 
     def __post_init__(self) -> None:
         problem = _budget_problem(self.budget, self.tokens)
@@ -122,34 +101,19 @@ class BudgetSpec:
 
     @property
     def is_tokens(self) -> bool:
-        """True for a token count, False for a kept fraction."""
         return self.tokens is not None
 
     def average(self, prompt_tokens: int) -> int:
-        """Kept KV entries per layer on average, in ``[1, prompt_tokens]``.
-
-        A fraction keeps ``max(1, int(prompt_tokens * (1 - (1 - budget))))``, kvpress's float expression exactly
-        (``1 - 0.9`` is ``0.09999999999999998``, so 10% of 100 tokens is 9, as in kvpress); a token count keeps
-        ``min(tokens, prompt_tokens)``.
-
-        Raises:
-            ValueError: if ``prompt_tokens`` is not an integer ``>= 1``.
-        """
-        if not is_integer(prompt_tokens) or prompt_tokens < 1:
-            raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
+        """Kept tokens per layer on average: ``min(tokens, prompt_tokens)``, or for a fraction kvpress's own count
+        ``max(1, int(prompt_tokens * (1 - (1 - budget))))`` (10% of 100 tokens is 9, as in kvpress)."""
+        _check_prompt(prompt_tokens)
         if self.tokens is not None:
             return min(self.tokens, int(prompt_tokens))
-        # kvpress keeps int(k_len * (1 - compression_ratio)) with compression_ratio = 1 - budget; computing the
-        # same float expression makes a uniform allocation keep exactly what kvpress's own press keeps.
         return max(1, int(prompt_tokens * (1.0 - (1.0 - float(self.budget)))))  # type: ignore[arg-type]
 
     @property
     def compression_ratio(self) -> float:
-        """``1 - budget`` for a kept fraction (kvpress's convention: the fraction removed).
-
-        Raises:
-            TokenBudgetError: for a token budget; use :meth:`compression_ratio_for`.
-        """
+        """kvpress's ``1 - budget``; a token budget raises :class:`TokenBudgetError` (use the ``_for`` variant)."""
         if self.tokens is not None:
             raise TokenBudgetError(
                 f"a budget of tokens={self.tokens} per layer has no compression_ratio without the prompt length: "
@@ -158,23 +122,12 @@ class BudgetSpec:
         return 1.0 - float(self.budget)  # type: ignore[arg-type]
 
     def compression_ratio_for(self, prompt_tokens: int) -> float:
-        """The fraction of a ``prompt_tokens``-token prompt removed, for both kinds, kvpress keeping :meth:`average`.
-
-        It can differ from :attr:`compression_ratio` by the rounding of the kept count (10% of 100 tokens keeps 9:
-        0.91, not 0.9).
-
-        Raises:
-            ValueError: if ``prompt_tokens`` is not an integer ``>= 1``.
-        """
+        """The fraction of a ``prompt_tokens``-token prompt removed when each layer keeps :meth:`average`."""
         return compression_ratio_keeping(self.average(prompt_tokens), int(prompt_tokens))
 
     @property
     def value(self) -> float | int:
-        """The budget as one number, as results rows store it: ``<= 1`` a fraction (float), ``> 1`` tokens (int).
-
-        Raises:
-            ValueError: for ``tokens=1``, whose number would read back as the fraction 1.0 (keep everything).
-        """
+        """The budget as results rows store it: ``<= 1`` a fraction (float), ``> 1`` tokens (int)."""
         if self.tokens is None:
             return float(self.budget)  # type: ignore[arg-type]
         if self.tokens < self.ROW_TOKENS_MIN:
@@ -186,11 +139,7 @@ class BudgetSpec:
 
     @classmethod
     def from_value(cls, value: object) -> BudgetSpec:
-        """The budget of a number as results rows store it (:attr:`value`), e.g. ``0.1``, ``512`` or ``512.0``.
-
-        Raises:
-            ValueError: for anything else (a value above 1 that is not a whole number, ``<= 0``, NaN, a bool).
-        """
+        """The budget of a row's number (:attr:`value`): ``0.1``, ``512`` or ``512.0``."""
         if not is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:  # type: ignore[arg-type]
             raise ValueError(f"a budget value is a kept fraction in (0, 1] or a whole token count >= 2, got {value!r}")
         number = float(value)  # type: ignore[arg-type]
@@ -202,31 +151,24 @@ class BudgetSpec:
 
     def kwargs(self) -> dict[str, float | int]:
         """``{"budget": fraction}`` or ``{"tokens": count}``, for ``make_press`` and the schedules."""
-        return {"budget": float(self.budget)} if self.tokens is None else {"tokens": int(self.tokens)}  # type: ignore[arg-type]
+        return {"budget": self.budget} if self.tokens is None else {"tokens": self.tokens}  # type: ignore[dict-item]
 
     @property
     def label(self) -> str:
-        """``10%`` for a fraction, ``512 tokens per layer`` for a token count."""
+        """``10%`` or ``512 tokens per layer``."""
         if self.tokens is not None:
             return f"{self.tokens} token{'s' if self.tokens != 1 else ''} per layer"
         return f"{100 * float(self.budget):g}%"  # type: ignore[arg-type]
 
 
 def budget_value(value: object) -> float | int:
-    """A results row's ``budget`` number normalised: a fraction as a float, a token count as an int.
-
-    Raises:
-        ValueError: as :meth:`BudgetSpec.from_value`.
-    """
+    """A row's ``budget`` number normalised (:meth:`BudgetSpec.from_value`, then :attr:`BudgetSpec.value`)."""
     return BudgetSpec.from_value(value).value
 
 
 def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:
-    """Exact real shares ``x_l = clip(t * w_l, low, high)`` with ``sum(x) == total`` (water-filling).
-
-    Each round fixes at their bound only the side (cap or floor) with the larger total violation, the side whose
-    violators stay violators at the final level ``t``; requires ``len(w) * low <= total <= len(w) * high``.
-    """
+    """Exact shares ``clip(t * w_l, low, high)`` summing to ``total``. Each round fixes at their bound only the
+    side (cap or floor) with the larger total violation, whose violators stay violators at the final ``t``."""
     shares: list[Fraction | None] = [None] * len(weights)
     free = list(range(len(weights)))
     remaining = Fraction(total)
@@ -256,11 +198,8 @@ def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) ->
 def largest_remainder(
     shares: Sequence[Fraction], weights: Sequence[Fraction], preference: Sequence[float], total: int
 ) -> list[int]:
-    """Round exact shares summing to ``total`` to integers summing to ``total``.
-
-    Leftover units after ``floor(x_l)`` go to the largest remainders, ties to larger weight, then larger
-    ``preference``, then lower index. A layer gets at most ``ceil(x_l)``, so integer bounds on the shares hold.
-    """
+    """Exact shares summing to ``total`` rounded to integers summing to ``total``: leftover units go to the largest
+    remainders (ties: larger weight, larger ``preference``, lower index); no share moves past its ceiling."""
     floors = [math.floor(share) for share in shares]
     leftover = total - sum(floors)
     order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - floors[i]), -weights[i], -preference[i], i))
@@ -271,22 +210,10 @@ def largest_remainder(
 
 
 def scale_to_total(
-    weights: Sequence[float | Fraction],
-    total: int,
-    floor: int,
-    cap: int,
-    preference: Sequence[float] | None = None,
+    weights: Sequence[float | Fraction], total: int, floor: int, cap: int, preference: Sequence[float] | None = None
 ) -> list[int]:
-    """Integer shares of ``total`` proportional to ``weights``, within ``[floor, cap]``, summing to ``total``.
-
-    The last step of every offline schedule: :func:`_water_fill` then :func:`largest_remainder`, so shares are
-    monotone in the weights. Weights are positive and finite (floats used exactly, as binary fractions);
-    ``total <= len(weights) * cap``. ``floor`` is lowered to ``cap`` and, when every entry cannot meet it, to
-    ``total // len(weights)``. ``preference`` breaks ties of equal weight and remainder.
-
-    Raises:
-        ValueError: on empty or non-positive weights, or a ``total``, ``floor`` or ``cap`` out of range.
-    """
+    """Integers proportional to positive ``weights`` in ``[floor, cap]`` summing to ``total`` (monotone in the
+    weights). ``floor`` is lowered to ``cap``, then to ``total // len(weights)`` when not every entry can meet it."""
     if len(weights) == 0:
         raise ValueError("scale_to_total needs at least one weight")
     for name, value in (("total", total), ("floor", floor), ("cap", cap)):
@@ -306,3 +233,226 @@ def scale_to_total(
     shares = _water_fill(exact, int(total), low, int(cap))
     ties = [0.0] * n if preference is None else [float(p) for p in preference]
     return largest_remainder(shares, exact, ties, int(total))
+
+
+def _check_subset(layers: Sequence[int], n_layers: int) -> None:
+    if not layers or any(not is_integer(i) for i in layers) or list(layers) != sorted(set(layers)):
+        raise ValueError(f"compressed layers must be increasing layer indices, got {list(layers)!r}")
+    if layers[0] < 0 or layers[-1] >= n_layers:
+        raise ValueError(f"compressed layers {list(layers)!r} are not layers of a model of {n_layers} layers")
+
+
+class BudgetSchedule(ABC):
+    """Per-layer budgets of a :class:`BudgetSpec` (``budget`` or ``tokens``): frozen, validated when built."""
+
+    budget: float | None
+    tokens: int | None
+    uniform: ClassVar[bool] = False
+    """True when every layer always keeps the same count (no variable-length attention needed)."""
+
+    @staticmethod
+    def _check_call(n_layers: int, floor: int) -> None:
+        if not is_integer(n_layers) or n_layers < 1:
+            raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
+        if not is_integer(floor) or floor < 0:
+            raise ValueError(f"floor must be an integer >= 0, got {floor!r}")
+
+    def _check_budget(self) -> None:
+        try:
+            spec = BudgetSpec(self.budget, self.tokens)
+        except ValueError as error:
+            raise ValueError(f"{type(self).__name__}: {error}") from None
+        object.__setattr__(self, "budget", spec.budget)
+        object.__setattr__(self, "tokens", spec.tokens)
+
+    @cached_property
+    def spec(self) -> BudgetSpec:
+        return BudgetSpec(self.budget, self.tokens)
+
+    def average(self, prompt_tokens: int) -> int:
+        return self.spec.average(prompt_tokens)
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.spec.compression_ratio
+
+    def compression_ratio_for(self, prompt_tokens: int) -> float:
+        return self.spec.compression_ratio_for(prompt_tokens)
+
+    @abstractmethod
+    def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+        """Tokens kept by each layer, summing to ``n_layers * average(prompt_tokens)``, each in
+        ``[min(floor, prompt_tokens, average), prompt_tokens]`` (``floor``, e.g. the scorer's window, is lowered
+        to the average when ``n_layers * floor`` exceeds the total)."""
+
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ``ValueError`` if the schedule cannot serve a model of ``n_layers`` layers."""
+        self._check_call(n_layers, 0)
+
+    def over_layers(self, layers: Sequence[int], n_layers: int) -> BudgetSchedule:
+        """The schedule of the compressed ``layers`` (increasing) of an ``n_layers``-layer model, which spreads
+        ``len(layers) * average`` over them alone; a profile schedule keeps those layers' scores."""
+        self.check_layers(n_layers)
+        _check_subset(layers, n_layers)
+        return self
+
+
+DEFAULT_RATIO: float = 4.0
+"""Default disparity ``r``, chosen with :data:`DEFAULT_GAMMA` on a needle-retrieval grid (docs/results.md)."""
+
+DEFAULT_GAMMA: float = 3.0
+
+
+@dataclass(frozen=True)
+class AllocationConfig:
+    """The RippleKV rule's knobs (paper, 2026): ``ratio``, the ``r`` of ``w_l = r ** s_l`` over the min-max
+    normalised sensitivities (``> 0``; ``1`` uniform, ``< 1`` inverted), and ``gamma``, weights clipped to
+    ``[1 / gamma, gamma]`` (``>= 1``)."""
+
+    ratio: float = DEFAULT_RATIO
+    gamma: float = DEFAULT_GAMMA
+
+    def __post_init__(self) -> None:
+        if not is_real(self.ratio) or not math.isfinite(self.ratio) or self.ratio <= 0:
+            raise ValueError(f"AllocationConfig.ratio must be a finite number > 0, got {self.ratio!r}")
+        if not is_real(self.gamma) or not math.isfinite(self.gamma) or self.gamma < 1:
+            raise ValueError(f"AllocationConfig.gamma must be a finite number >= 1, got {self.gamma!r}")
+
+
+DEFAULT_CONFIG = AllocationConfig()
+
+
+def validate_scores(scores: Sequence[float]) -> np.ndarray:
+    """One finite sensitivity per layer as a 1-D float64 array, or a ``ValueError`` naming the problem."""
+    try:
+        array = np.asarray(scores, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"sensitivity scores must be a sequence of real numbers: {error}") from error
+    if array.ndim != 1:
+        raise ValueError(f"sensitivity scores must be one-dimensional (one per layer), got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError("sensitivity scores are empty: need one score per layer (at least one layer)")
+    bad = np.flatnonzero(~np.isfinite(array))
+    if bad.size:
+        value = array[bad[0]]
+        kind = "NaN" if np.isnan(value) else f"{value} (infinite)"
+        raise ValueError(
+            f"sensitivity score for layer {int(bad[0])} is {kind}; all scores must be finite "
+            f"(non-finite scores in layers {bad.tolist()})"
+        )
+    return array
+
+
+def normalize_scores(scores: Sequence[float]) -> np.ndarray:
+    """Scores min-max normalised to ``[0, 1]``; all zeros if all equal."""
+    array = validate_scores(scores)
+    low, high = float(array.min()), float(array.max())
+    if high == low:
+        return np.zeros_like(array)
+    span = high - low  # that of two huge finite floats can overflow to inf: halving everything keeps it finite
+    normalized = (array - low) / span if math.isfinite(span) else (array / 2 - low / 2) / (high / 2 - low / 2)
+    return np.clip(normalized, 0.0, 1.0)
+
+
+def _weights_from_normalized(normalized: np.ndarray, config: AllocationConfig) -> np.ndarray:
+    weights = np.power(float(config.ratio), normalized)
+    # ``pow`` is not correctly rounded: a running extremum over the sorted exponents keeps the weights in order
+    order = np.argsort(normalized, kind="stable")
+    accumulate = np.maximum.accumulate if config.ratio >= 1 else np.minimum.accumulate
+    weights[order] = accumulate(weights[order])
+    return np.clip(weights, 1.0 / float(config.gamma), float(config.gamma))
+
+
+def layer_weights(scores: Sequence[float], config: AllocationConfig = DEFAULT_CONFIG) -> np.ndarray:
+    """RippleKV's multipliers ``clip(ratio ** normalize_scores(scores), 1 / gamma, gamma)``."""
+    return _weights_from_normalized(normalize_scores(scores), config)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A RippleKV allocation and what it came from (``ripplekv allocate`` prints it)."""
+
+    scores: tuple[float, ...]
+    normalized: tuple[float, ...]
+    weights: tuple[float, ...]
+    budgets: tuple[int, ...]
+    prompt_tokens: int
+    average_budget: int
+    total: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+def allocate(
+    scores: Sequence[float],
+    budget: float | None = None,
+    prompt_tokens: int | None = None,
+    config: AllocationConfig = DEFAULT_CONFIG,
+    min_tokens: int = 1,
+    *,
+    tokens: int | None = None,
+) -> Allocation:
+    """The RippleKV rule: layer ``l`` gets ``clip(t * w_l, floor, prompt_tokens)`` of the total ``L * average``,
+    ``w`` = :func:`layer_weights`, by :func:`scale_to_total` (rounding ties go to the higher score, the lower for
+    ``ratio < 1``, so a more sensitive layer never gets fewer tokens); ``floor = min_tokens``."""
+    array = validate_scores(scores)
+    normalized = normalize_scores(array)
+    weights = _weights_from_normalized(normalized, config)
+    preference = array if config.ratio >= 1 else -array
+    if not is_integer(min_tokens) or min_tokens < 0:
+        raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+    _check_prompt(prompt_tokens)
+    average = BudgetSpec(budget, tokens).average(int(prompt_tokens))  # type: ignore[arg-type]
+    total = len(weights) * average
+    budgets = scale_to_total([float(w) for w in weights], total, int(min_tokens), int(prompt_tokens), preference)
+    return Allocation(
+        scores=tuple(float(s) for s in array),
+        normalized=tuple(float(n) for n in normalized),
+        weights=tuple(float(w) for w in weights),
+        budgets=tuple(budgets),
+        prompt_tokens=int(prompt_tokens),  # type: ignore[arg-type]
+        average_budget=average,
+        total=average * len(budgets),
+    )
+
+
+@dataclass(frozen=True)
+class ProfileSchedule(BudgetSchedule):
+    """RippleKV's schedule: :func:`allocate` over per-layer sensitivity ``scores`` (one per model layer, or one
+    per compressed layer) with :class:`AllocationConfig`'s ``ratio`` and ``gamma``."""
+
+    budget: float | None = None
+    scores: tuple[float, ...] = ()
+    ratio: float = DEFAULT_RATIO
+    gamma: float = DEFAULT_GAMMA
+    tokens: int | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        self._check_budget()
+        object.__setattr__(self, "scores", tuple(float(s) for s in validate_scores(self.scores)))
+        AllocationConfig(ratio=self.ratio, gamma=self.gamma)  # validates ratio and gamma
+
+    def check_layers(self, n_layers: int) -> None:
+        self._check_call(n_layers, 0)
+        if len(self.scores) != n_layers:
+            raise ValueError(f"{len(self.scores)} layer scores for a model of {n_layers} layers")
+
+    def over_layers(self, layers: Sequence[int], n_layers: int) -> ProfileSchedule:
+        self._check_call(n_layers, 0)
+        _check_subset(layers, n_layers)
+        if len(self.scores) == len(layers):
+            return self
+        self.check_layers(n_layers)
+        return replace(self, scores=tuple(self.scores[i] for i in layers))
+
+    def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+        self._check_call(n_layers, floor)
+        self.check_layers(n_layers)
+        return _profile_budgets(self, prompt_tokens, floor)
+
+
+@lru_cache(maxsize=256)
+def _profile_budgets(schedule: ProfileSchedule, prompt_tokens: int, floor: int) -> tuple[int, ...]:
+    config = AllocationConfig(ratio=schedule.ratio, gamma=schedule.gamma)
+    return allocate(schedule.scores, schedule.budget, prompt_tokens, config, floor, tokens=schedule.tokens).budgets

@@ -123,8 +123,9 @@ def comma_list(kind: Callable[[str], Any], name: str) -> Callable[[str], tuple[A
 
 def method_list(text: str) -> tuple[str, ...]:
     """An argparse ``type``: comma-separated method specs in canonical form (``key=value`` items continue the method
-    before them, :func:`ripplekv.presses.method_spec.split_method_list`)."""
-    from ripplekv.presses.method_spec import parse_method, split_method_list
+    before them, :func:`ripplekv.presses.method_lists.split_method_list`)."""
+    from ripplekv.presses.method_lists import split_method_list
+    from ripplekv.presses.method_spec import parse_method
 
     try:
         return tuple(parse_method(item).canonical() for item in split_method_list(text))

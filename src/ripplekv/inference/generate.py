@@ -16,7 +16,7 @@ from ripplekv.models.attention import CACHE_KWARG, attends_per_layer_natively, e
 from ripplekv.models.cache import cache_bytes, fork_cache, layer_lengths
 from ripplekv.models.chunked_prefill import check_prefill_chunk, chunk_bounds, prefill_in_chunks
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, discard_masks, headwise_of, take_mask
-from ripplekv.presses.registry import check_prompt_length
+from ripplekv.presses.selection_window import check_prompt_length
 
 PROTOCOLS = ("question-aware", "query-agnostic")
 

@@ -1,15 +1,11 @@
-"""KV-cache presses: per-layer budget schedules (SnapKV, PyramidKV, RippleKV, head-wise too), one name per method.
-
-The names below are resolved on first use (PEP 562), so importing a torch-free module of the package
-(:mod:`~ripplekv.presses.descriptions`, read by ``ripplekv report``) does not import kvpress or torch.
-"""
+"""KV-cache presses, one per method. The names below are imported on first use (PEP 562), so the torch-free modules
+(:mod:`~ripplekv.presses.method_spec`, :mod:`~ripplekv.presses.descriptions`) load without kvpress or torch."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-# public name -> the module that defines it
 _EXPORTS = {
     "FRACTION_ONLY_METHODS": "ripplekv.presses.registry",
     "METHODS": "ripplekv.presses.registry",
@@ -26,7 +22,6 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use."""
     if name == "METHOD_DESCRIPTIONS":
         raise ImportError("ripplekv.presses.METHOD_DESCRIPTIONS is gone: use METHOD_TABLE[name].description")
     if name not in _EXPORTS:

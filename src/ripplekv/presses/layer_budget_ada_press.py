@@ -16,8 +16,8 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.budget import compression_ratio_keeping
-from ripplekv.allocation.schedules import BudgetSchedule, ProfileSchedule, UniformSchedule
+from ripplekv.allocation.budget import BudgetSchedule, ProfileSchedule, compression_ratio_keeping
+from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule, scorer_at_ratio

@@ -11,8 +11,8 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ripplekv.allocation.budget import compression_ratio_keeping
-from ripplekv.allocation.schedules import BudgetSchedule, UniformSchedule
+from ripplekv.allocation.budget import BudgetSchedule, compression_ratio_keeping
+from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.score_memo import token_scores

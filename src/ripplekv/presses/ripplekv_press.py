@@ -8,25 +8,19 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.schedules import DEFAULT_GAMMA, DEFAULT_RATIO, ProfileSchedule
+from ripplekv.allocation.budget import DEFAULT_GAMMA, DEFAULT_RATIO, ProfileSchedule
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.profiling.profile import SensitivityProfile
 
 __all__ = ["DEFAULT_BUDGET", "SIGNALS", "RippleKVPress", "resolve_profile"]
 
 SIGNALS = ("kl", "local")
-
 DEFAULT_BUDGET = 0.2
 """The kept fraction of a :class:`RippleKVPress` given neither ``budget`` nor ``tokens``."""
 
 
 def resolve_profile(profile: object) -> SensitivityProfile | None:
-    """A :class:`SensitivityProfile` from a profile, the path of a profile JSON file, or ``None``.
-
-    Raises:
-        TypeError: for anything else.
-        ripplekv.profiling.ProfileError: if the file is missing or not a profile.
-    """
+    """A :class:`SensitivityProfile` from a profile, the path of its JSON file, or ``None``; else ``TypeError``."""
     if profile is None or isinstance(profile, SensitivityProfile):
         return profile
     if isinstance(profile, (str, os.PathLike)):
@@ -38,17 +32,14 @@ def resolve_profile(profile: object) -> SensitivityProfile | None:
 
 @dataclass
 class RippleKVPress(LayerBudgetPress):
-    """RippleKV (paper, 2026): each layer keeps the share of the budget its measured sensitivity asks for.
-
-    A :class:`LayerBudgetPress` whose schedule, built once here, is the :class:`ProfileSchedule` of a profile's
-    per-layer scores. Applying the press checks the profile against the model.
+    """RippleKV (paper, 2026): each layer keeps the share of the budget its measured sensitivity asks for, by the
+    :class:`ProfileSchedule` of the profile's per-layer scores, built once here.
 
     Args:
-        budget: kept fraction of the prompt in (0, 1]; with neither ``budget`` nor ``tokens``, :data:`DEFAULT_BUDGET`.
-        profile: the model's sensitivity profile, or the path of its JSON file (loaded at construction).
+        budget: kept fraction in (0, 1]; with neither ``budget`` nor ``tokens``, :data:`DEFAULT_BUDGET`.
+        profile: the model's sensitivity profile, or the path of its JSON file (checked against the model).
         scores: raw per-layer scores instead of a profile (exactly one of ``profile`` and ``scores``).
-        signal: ``"kl"`` (downstream KL, the method) or ``"local"`` (the layer's own attention-output change, the
-            paper's ablation).
+        signal: ``"kl"`` (downstream KL, the method) or ``"local"`` (the layer's own output change, an ablation).
         strict_profile: a profile of other weights than the model's raises instead of warning once.
     """
 
@@ -78,7 +69,6 @@ class RippleKVPress(LayerBudgetPress):
         super().__post_init__()
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the profile against ``model``, then :meth:`LayerBudgetPress.post_init_from_model`."""
         if self.profile is not None:
             self.profile.check_model(model, strict=self.strict_profile)
         super().post_init_from_model(model)

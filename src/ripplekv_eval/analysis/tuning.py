@@ -1,7 +1,7 @@
 """``ripplekv tune``: choose RippleKV's allocation (profile, r, gamma), and any rival's knobs, by fidelity.
 
 Every candidate (each profile crossed with each ``r`` and ``gamma``, each spec of each rival's grid,
-:func:`~ripplekv.presses.method_spec.expand_grid`) is scored on the same prompts, from one shared prefill, under the
+:func:`~ripplekv.presses.method_lists.expand_grid`) is scored on the same prompts, from one shared prefill, under the
 same scorer, by ``fidelity_kl`` (:mod:`ripplekv_eval.running.rows`); the candidate of lowest mean KL on the
 calibration split is compared with the defaults (first profile, ``r = 4``, ``gamma = 3``) on the held-out split
 (:mod:`ripplekv_eval.analysis.tuning_report`). Candidates whose budgets coincide on a prompt share one cache.
@@ -28,7 +28,8 @@ from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, BudgetSpec, budget
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.headwise import headwise_of
-from ripplekv.presses.method_spec import MethodSpec, expand_grid, parse_method
+from ripplekv.presses.method_lists import expand_grid
+from ripplekv.presses.method_spec import MethodSpec, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS_WITHOUT_SCORER, make_press
 from ripplekv.presses.score_memo import memoized

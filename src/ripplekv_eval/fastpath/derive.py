@@ -19,8 +19,8 @@ from ripplekv.inference.generate import Prefill
 from ripplekv.models.cache import cache_from_layers, dynamic_layer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
 from ripplekv.models.headwise import discard_masks, take_mask
-from ripplekv.presses.registry import check_prompt_length
 from ripplekv.presses.score_memo import memoized
+from ripplekv.presses.selection_window import check_prompt_length
 from ripplekv_eval.fastpath.hidden_tail import (
     DEFAULT_HIDDEN_TAIL,
     hidden_states_needed,
