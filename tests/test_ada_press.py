@@ -19,8 +19,9 @@ from ripplekv.presses import LayerBudgetAdaPress, LayerBudgetPress, make_press
 from ripplekv.presses.layer_budget_ada_press import headwise_keep_mask, safeguard_tokens
 from ripplekv.profiling import ProfilingConfig
 from ripplekv.profiling.sensitivity import profile_model
-from ripplekv_eval.fastpath.derive import derived_prefill, is_derivable
+from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.hidden_tail import is_derivable
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 from tests.test_profiling import CharTokenizer, _calibration

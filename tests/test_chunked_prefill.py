@@ -35,7 +35,8 @@ from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, logprob_rows, row_blocks
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
 from ripplekv_eval.fastpath.lean import lean_greedy_decode
-from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
+from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.running.config import EvalConfig
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_device import DeviceSpy
@@ -188,7 +189,7 @@ def test_squeeze_statistic_over_parts_is_the_mean_over_tokens_exactly() -> None:
     assert squeeze_statistic_of_similarities(parts) == whole
     assert float(torch.stack([p.mean() for p in parts]).mean()) != pytest.approx(whole.similarity, abs=1e-6)
     press = _presses(tiny_model("llama", layers=2), ["squeezeattention"])["squeezeattention"]
-    statistic = press.residual_statistic
+    statistic = residual_statistics_of([press])["squeezeattention"]
     assert isinstance(statistic, TokenStatistic) and statistic(residual, attention) == whole
     with pytest.raises(ValueError, match="no per-token"):
         squeeze_statistic_of_similarities([])

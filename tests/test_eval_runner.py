@@ -592,6 +592,7 @@ def test_decode_groups_stay_within_the_memory_bound(
     import weakref
 
     from ripplekv.inference.generate import full_cache_bytes
+    from ripplekv_eval.fastpath import derive as derive_module
     from ripplekv_eval.running import rows as rows_module
     from ripplekv_eval.running.runner import build_presses
 
@@ -599,7 +600,7 @@ def test_decode_groups_stay_within_the_memory_bound(
     reference, config = needle_run
     built: list[weakref.ref] = []
     derived: list[weakref.ref] = []
-    make_row, derive = rows_module.decode_row, rows_module.derived_prefill
+    make_row, derive = rows_module.decode_row, derive_module.derived_prefill
 
     def tracked_row(state: Any, room: int) -> Any:
         row = make_row(state, room)
@@ -612,7 +613,7 @@ def test_decode_groups_stay_within_the_memory_bound(
         return state, seconds
 
     monkeypatch.setattr(rows_module, "decode_row", tracked_row)
-    monkeypatch.setattr(rows_module, "derived_prefill", tracked_derive)
+    monkeypatch.setattr(derive_module, "derived_prefill", tracked_derive)
     sample = build_samples(config, tokenizer, model)[0]
     presses = build_presses(config, load_run_profiles(config).profile, model)
     expected = _comparable([r for r in _rows(reference) if r["sample_id"] == sample.id])

@@ -16,10 +16,11 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_from_tensors, cache_tensors, layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
 from ripplekv.presses import METHODS, FullPress, RippleKVPress, make_press
-from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache, derived_prefill, is_derivable
+from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache, derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
-from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, hidden_states_tail
-from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, hidden_states_tail, is_derivable
+from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 
 WINDOW = 8
@@ -231,20 +232,24 @@ class _InPlace(FullPress):
         return keys, values
 
 
-@dataclass
-class _OptOut(FullPress):
-    derivable_from_record: bool = False
-
-
-def test_non_derivable_presses_are_refused() -> None:
+def test_non_derivable_presses_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subclass of a press the fast path knows is refused by its class, whatever it does; a known class whose
+    ``compress`` reads the live cache or writes into the record (as a changed kvpress might) is caught as it runs,
+    and a record written into stays refused. Seeded bugs caught: ``is_derivable`` by ``isinstance``; the version
+    check dropped."""
     model = tiny_model("llama", layers=2)
     record = record_prefill(model, random_ids(40, seed=8))
-    for press, match in ((_HookPress(), "forward hook"), (_OptOut(), "opts out"), (_CacheReader(), "past_key_values")):
-        assert not is_derivable(press) or isinstance(press, _CacheReader)
-        with pytest.raises(NotDerivableError, match=match):
+    for press in (_HookPress(), _CacheReader(), _InPlace()):
+        assert not is_derivable(press)
+        with pytest.raises(NotDerivableError, match=f"does not know {type(press).__name__}"):
             derive_cache(record, press)
+    monkeypatch.setattr(FullPress, "compress", _CacheReader.compress)
+    with pytest.raises(NotDerivableError, match="past_key_values"):
+        derive_cache(record, FullPress())
+    monkeypatch.setattr(FullPress, "compress", _InPlace.compress)
     with pytest.raises(NotDerivableError, match="in place"):
-        derive_cache(record, _InPlace())
+        derive_cache(record, FullPress())
+    monkeypatch.undo()
     with pytest.raises(NotDerivableError, match="no longer valid"):
         derive_cache(record, FullPress())
 
@@ -307,25 +312,18 @@ def test_tail_record_derives_the_caches_of_a_full_record(attn: str) -> None:
     assert lean.nbytes() < (2.0 if attn == "eager" else 1.25) * cache_bytes  # eager: + tail attention weights
 
 
-@dataclass
-class _WholePrompt(SnapKVPress):
-    hidden_states_tail = None  # declares it reads every position
-
-
 def test_tail_record_refuses_a_press_needing_more() -> None:
     model = enable_varlen_attention(tiny_model("llama", layers=LAYERS))
     ids = random_ids(60, seed=13)
     record = record_prefill(model, ids, hidden_tail=WINDOW + 1)
     with pytest.raises(NotDerivableError, match="every prompt position.*last 9 of 60"):
         derived_prefill(record, ExpectedAttentionPress(compression_ratio=0.5))
-    with pytest.raises(NotDerivableError, match="every prompt position"):
-        derived_prefill(record, _WholePrompt(compression_ratio=0.5, window_size=WINDOW))
     with pytest.raises(NotDerivableError, match="last 17 prompt positions"):
         derived_prefill(record, make_press("snapkv", budget=0.3, window_size=16))
     # a record holding every position derives them all
     whole = record_prefill(model, ids, hidden_tail=None)
-    derived = derived_prefill(whole, _WholePrompt(compression_ratio=0.5, window_size=WINDOW))[0]
-    _assert_same_cache(derived.cache, prefill(model, ids, SnapKVPress(compression_ratio=0.5, window_size=WINDOW)).cache)
+    press = ExpectedAttentionPress(compression_ratio=0.5)
+    _assert_same_cache(derived_prefill(whole, press)[0].cache, prefill(model, ids, press).cache)
     with pytest.raises(ValueError, match="hidden_tail must be"):
         record_prefill(model, ids, hidden_tail=-1)
 

@@ -164,8 +164,8 @@ def test_prescored_expected_attention_on_cuda(dtype: torch.dtype) -> None:
     device and agree with kvpress's one-pass scores (on every hidden state) to the dtype's rounding."""
     from kvpress import ExpectedAttentionPress
 
-    from ripplekv.presses.score_memo import scorer_key
     from ripplekv_eval.fastpath.record import record_prefill
+    from ripplekv_eval.fastpath.score_memo import scorer_key
 
     model = cuda_model(dtype)
     ids = random_ids(300, seed=4).to(DEVICE)

@@ -27,7 +27,6 @@ from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
 from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
-from ripplekv.presses.score_memo import token_scores
 from ripplekv.presses.scorers import make_scorer
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
@@ -292,7 +291,7 @@ def test_each_head_keeps_the_window_and_its_own_best_tokens_by_the_split(model: 
     masked = _masked(state)
     for index, (layer, kept) in enumerate(zip(record.layers, state.cache.layers)):
         inputs = (layer.module, layer.hidden_states, layer.keys, layer.values, None, layer.kwargs)
-        scores = token_scores(press.press, *inputs)
+        scores = press.press.score(*inputs)
         budget = kept_tokens(state)[index]
         split = lava_head_budgets(scores[0, :, :-WINDOW].double().numpy(), budget - WINDOW, 0.3)
         for head in range(2):

@@ -38,12 +38,12 @@ from ripplekv.models.chunked_prefill import chunk_bounds, prefill_in_chunks
 from ripplekv.models.padded import RaggedLayer, pad_layers
 from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
 from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
-from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
-from ripplekv.presses.score_memo import scorer_key
-from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, prescored_scorers
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, is_derivable, prescored_scorers
 from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
+from ripplekv_eval.fastpath.score_memo import scorer_key
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -167,25 +167,16 @@ def test_the_hidden_positions_a_scorer_reads_follow_its_window(window: int) -> N
 
 
 @dataclass
-class _Declared(KnormPress):
-    """A KNorm whose ``hidden_states_tail`` declaration overrides the table (set per instance)."""
-
-    hidden_states_tail: Any = 0
+class _Knorm(KnormPress):
+    """A KNorm subclass: not in the tables, whatever it inherits."""
 
 
-@pytest.mark.parametrize("declared", [0, 1, 7, None], ids=repr)
-def test_a_declared_hidden_tail_is_returned_as_declared(declared: int | None) -> None:
-    """A declaration of an int >= 0 (0 included) or None is what the press needs. Seeded bug: ``declared < 0`` ->
-    ``declared < 1`` (a declared 0 refused)."""
-    assert hidden_states_needed(_Declared(hidden_states_tail=declared)) == declared
-
-
-@pytest.mark.parametrize("declared", [-1, True, 2.5, "3"], ids=repr)
-def test_a_declared_hidden_tail_that_is_not_an_int_at_least_zero_is_refused(declared: Any) -> None:
-    """A negative, bool, float or string declaration is refused with the message. Seeded bug: the bool check dropped
-    (``True`` taken for 1)."""
-    with pytest.raises(ValueError, match=r"_Declared.hidden_states_tail must be an int >= 0 or None, got "):
-        hidden_states_needed(_Declared(hidden_states_tail=declared))
+def test_a_subclass_of_a_listed_scorer_reads_every_position_and_is_not_derived() -> None:
+    """The tables match exact classes: a subclass of KNorm (which reads no hidden state) is taken to read them all,
+    and neither it nor a schedule over it is derived. Seeded bug: the table looked up with ``isinstance``."""
+    assert hidden_states_needed(_Knorm()) is None
+    assert not is_derivable(_Knorm()) and not is_derivable(LayerBudgetPress(_Knorm()))
+    assert is_derivable(KnormPress()) and is_derivable(LayerBudgetPress(KnormPress()))
 
 
 def _per_prompt(scorer: Any, statistic_window: int | None) -> PerPromptBudgetPress:
@@ -210,18 +201,17 @@ def test_a_per_prompt_press_needs_its_scorers_tail_and_its_statistics_window_plu
 
 
 def test_the_scorers_a_record_prescores_are_those_scored_through_the_memo() -> None:
-    """ExpectedAttention is prescored under the presses that score through the record's memo (a schedule, a
-    per-prompt press, a MemoizedScorerPress, also inside kvpress's AdaKV), one per scorer key; never under a bare
-    kvpress AdaKV (which calls its scorer itself) nor a press declaring its own tail.
-    Seeded bugs: ``or`` -> ``and`` in ``memo_scored`` (a schedule's scorer missed); its default ``False`` -> ``True``
-    (a bare AdaKV's scorer taken); ``inner is not None`` -> ``inner is None`` (AdaKV's memoized scorer missed)."""
+    """ExpectedAttention is prescored under the presses whose scorer the fast path hands the record's memo (a
+    schedule, a per-prompt press, kvpress's AdaKV, also inside GlobalLayersPress), one per scorer key; never a bare
+    scorer (kvpress's ``compress`` scores it itself). Seeded bugs: ``or`` -> ``and`` in ``memo_scored`` (a
+    per-prompt press's scorer missed); ``inner is not None`` -> ``inner is None`` (a wrapped AdaKV's scorer
+    missed)."""
     scorer = ExpectedAttentionPress()
     assert prescored_scorers([LayerBudgetPress(scorer)]) == (scorer,)
     assert prescored_scorers([_per_prompt(scorer, None)]) == (scorer,)
-    assert prescored_scorers([MemoizedScorerPress(press=scorer)]) == (scorer,)
-    assert prescored_scorers([AdaKVPress(MemoizedScorerPress(press=scorer))]) == (scorer,)
-    assert prescored_scorers([AdaKVPress(scorer)]) == ()
-    assert prescored_scorers([LayerBudgetPress(SnapKVPress()), _Declared(hidden_states_tail=None)]) == ()
+    assert prescored_scorers([AdaKVPress(scorer)]) == (scorer,)
+    assert prescored_scorers([GlobalLayersPress(AdaKVPress(scorer))]) == (scorer,)
+    assert prescored_scorers([scorer, GlobalLayersPress(scorer)]) == ()
     same = ExpectedAttentionPress()  # equal settings: the same key, prescored once
     assert prescored_scorers([LayerBudgetPress(scorer), _per_prompt(same, 4)]) == (scorer,)
     other = ExpectedAttentionPress(n_sink=2)
@@ -229,12 +219,12 @@ def test_the_scorers_a_record_prescores_are_those_scored_through_the_memo() -> N
 
 
 def test_a_press_outside_the_wrappers_is_not_looked_into_for_memoized_scorers() -> None:
-    """kvpress's ChunkPress holds a ``press`` but scores its chunks itself, outside the record's memo: its memoized
-    ExpectedAttention is not prescored (and it reads every position). Seeded bug: ``kind in _WRAPPERS and inner is
-    not None`` -> ``or`` (any press with an inner press looked into)."""
-    chunked = ChunkPress(MemoizedScorerPress(press=ExpectedAttentionPress()))
+    """kvpress's ChunkPress holds a ``press`` but scores its chunks itself, outside the record's memo: its
+    ExpectedAttention is not prescored (and it reads every position), and it is not derived. Seeded bug: ``kind in
+    _WRAPPERS and inner is not None`` -> ``or`` (any press with an inner press looked into)."""
+    chunked = ChunkPress(LayerBudgetPress(ExpectedAttentionPress()))
     assert prescored_scorers([chunked]) == ()
-    assert hidden_states_needed(chunked) is None
+    assert hidden_states_needed(chunked) is None and not is_derivable(chunked)
 
 
 # ------------------------------------------------------------------------------------------------ chunked prefill

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from dataclasses import FrozenInstanceError
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
@@ -25,10 +24,11 @@ from ripplekv.presses import LayerBudgetPress, make_press
 from ripplekv.presses.lava_press import headwise_select
 from ripplekv.presses.method_spec import Param, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
-from ripplekv.presses.score_memo import token_scores
+from ripplekv.presses.scorers import check_attention_weights
 from ripplekv_eval.fastpath.derive import derive_cache
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
-from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
+from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,19 +102,18 @@ def test_press_equality_is_its_configuration_not_a_pending_prefill() -> None:
     assert press == other and press != _per_prompt(0.4)
 
 
-def test_attention_weights_given_are_scored() -> None:
-    """A scorer that reads attention weights scores them when the model returns them (the refusal is for their
-    absence only). Seeded bug caught: ``is not None`` in the refusal."""
-    n = 10
-    generator = torch.Generator().manual_seed(1)
-    weights = torch.softmax(torch.randn(1, 4, n, n, generator=generator), dim=-1)
-    keys, values = torch.randn(1, 2, n, 8, generator=generator), torch.randn(1, 2, n, 8, generator=generator)
-    module = SimpleNamespace(config=SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), layer_idx=0)
-    scorer = ObservedAttentionPress()
-    inputs: tuple[Any, ...] = (module, torch.zeros(1, n, 16), keys, values, weights, {})
-    assert torch.equal(token_scores(scorer, *inputs), scorer.score(*inputs))
-    with pytest.raises(ValueError, match="attn_implementation='eager'"):
-        token_scores(scorer, *inputs[:4], None, {})
+@pytest.mark.parametrize("implementation", ["eager", "ripplekv_eager", "sdpa", "ripplekv_sdpa"])
+def test_a_scorer_of_attention_weights_is_refused_without_eager_attention_only(implementation: str) -> None:
+    """ObservedAttention needs a model returning attention weights (eager, or ripplekv's eager variant); any other
+    scorer runs under any implementation. Seeded bugs caught: ``not in`` -> ``in`` in the refusal; the refusal
+    without its type check."""
+    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation=implementation))
+    check_attention_weights(SnapKVPress(), model)  # type: ignore[arg-type]
+    if "eager" in implementation:
+        check_attention_weights(ObservedAttentionPress(), model)  # type: ignore[arg-type]
+        return
+    with pytest.raises(ValueError, match=f"'{implementation}' does not return.*attn_implementation='eager'"):
+        check_attention_weights(ObservedAttentionPress(), model)  # type: ignore[arg-type]
 
 
 def test_streamingllm_takes_no_sink_at_all() -> None:

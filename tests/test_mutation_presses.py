@@ -22,9 +22,9 @@ from ripplekv.presses.lava_press import LavaPress, headwise_select
 from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.method_spec import METHOD_TABLE, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
-from ripplekv.presses.score_memo import ScoreMemo, scorer_key
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed
 from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

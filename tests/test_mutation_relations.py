@@ -37,7 +37,8 @@ from ripplekv.profiling.sensitivity import (
 )
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import Fidelity, fidelity, teacher_forced_logprobs
-from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
+from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.running.rows import greedy_agreement
 from tests.conftest import random_ids, tiny_model
 

@@ -20,13 +20,13 @@ from ripplekv.inference.generate import prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.headwise import headwise_of
 from ripplekv.presses import make_press
-from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
-from ripplekv.presses.score_memo import ScoreMemo, memoized, scorer_key
 from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill_in_chunks, derived_prefill
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, hidden_states_tail, prescored_scorers
+from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
 from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
-from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.fastpath.recording_press import RecordingPress
+from ripplekv_eval.fastpath.score_memo import MemoizedScorerPress, ScoreMemo, scorer_key
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_chunked_prefill import _kept_indices
 
@@ -112,12 +112,12 @@ def _masks(state: Any) -> list[tuple[int, list[torch.Tensor]]]:
     return [(index, list(mask.indices)) for index, mask in masks if mask is not None]
 
 
-def test_adakv_scores_through_the_memo_and_a_bare_kvpress_adakv_is_refused() -> None:
-    """``make_press("adakv")`` hands kvpress's AdaKV a MemoizedScorerPress, so over ExpectedAttention it is prescored
-    too: from a tail record it masks exactly what it masks from a record of every hidden state, and the memo's
-    scores survive AdaKV's in-place safeguard. kvpress's AdaKV around a bare ExpectedAttention, and an
-    ExpectedAttention of other settings than the prescored one, still read every position: deriving them from a
-    tail record is refused, never scored from the tail."""
+def test_adakv_scores_through_the_memo_and_other_settings_are_refused() -> None:
+    """The fast path hands kvpress's AdaKV (``make_press("adakv")``'s, or a bare one) a MemoizedScorerPress, so over
+    ExpectedAttention it is prescored too: from a tail record it masks exactly what it masks from a record of every
+    hidden state, and the memo's scores survive AdaKV's in-place safeguard. An ExpectedAttention of other settings
+    than the prescored one still reads every position: deriving it from a tail record is refused, never scored from
+    the tail."""
     model = _model()
     ids = random_ids(PROMPT, seed=6)
     presses = [make_press("adakv", budget=b, window_size=WINDOW, scorer=ExpectedAttentionPress()) for b in (0.3, 0.1)]
@@ -135,13 +135,14 @@ def test_adakv_scores_through_the_memo_and_a_bare_kvpress_adakv_is_refused() -> 
         for (_, mask_d), (_, mask_g) in zip(_masks(direct), _masks(got), strict=True):
             assert all(torch.equal(a, b) for a, b in zip(mask_d, mask_g, strict=True))
     bare = AdaKVPress(ExpectedAttentionPress(compression_ratio=0.7))
-    assert prescored_scorers([bare]) == ()
-    assert hidden_states_needed(bare, record.prescored) is None
+    assert hidden_states_needed(bare, record.prescored) == 0
+    want, got = derived_prefill(reference, bare)[0], derived_prefill(record, bare)[0]
+    for (layer_w, mask_w), (layer_g, mask_g) in zip(_masks(want), _masks(got), strict=True):
+        assert layer_w == layer_g and all(torch.equal(a, b) for a, b in zip(mask_w, mask_g, strict=True))
     other = make_press("snapkv", budget=0.3, scorer=ExpectedAttentionPress(n_sink=2))
     assert hidden_states_needed(other, record.prescored) is None
-    for press in (bare, other):
-        with pytest.raises(NotDerivableError, match="reads every prompt position"):
-            derived_prefill(record, press)
+    with pytest.raises(NotDerivableError, match="reads every prompt position"):
+        derived_prefill(record, other)
     derived_prefill(record, make_press("snapkv", budget=0.3, scorer=ExpectedAttentionPress()))  # the prescored one
 
 
@@ -284,18 +285,17 @@ def test_a_compressed_prefill_in_chunks_is_the_direct_prefill(scorer: str) -> No
 
 def test_a_memoized_scorer_hands_out_copies() -> None:
     """Writing into the scores a MemoizedScorerPress returned (AdaKV's safeguard does) changes neither the memo's
-    scores nor what the next call returns; outside a memo it scores as its scorer does."""
+    scores nor what the next call returns, which are what its scorer scores."""
     model = _model()
     record = record_prefill(model, random_ids(PROMPT, seed=6), prefill_chunk=None)
     layer = record.layers[1]
     args = (layer.module, layer.hidden_states, layer.keys, layer.values, None, dict(layer.kwargs))
-    scorer = MemoizedScorerPress(press=SnapKVPress(window_size=WINDOW), compression_ratio=0.5)
+    scorer = MemoizedScorerPress(press=SnapKVPress(window_size=WINDOW), memo=record.memo, compression_ratio=0.5)
     want = SnapKVPress(window_size=WINDOW).score(*args)
-    assert torch.equal(scorer.score(*args), want)  # no memo active
-    with memoized(record.memo):
-        first = scorer.score(*args)
-        first.fill_(0.0)
-        assert torch.equal(scorer.score(*args), want)
+    first = scorer.score(*args)
+    assert torch.equal(first, want)
+    first.fill_(0.0)
+    assert torch.equal(scorer.score(*args), want)
     assert record.memo.hits == 1
     with pytest.raises(TypeError, match="needs a kvpress ScorerPress"):
         MemoizedScorerPress(press=make_press("full"))  # type: ignore[arg-type]

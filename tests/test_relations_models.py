@@ -23,9 +23,10 @@ from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
 from ripplekv.presses import make_press
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
-from ripplekv.presses.score_memo import ScoreMemo, memoized
+from ripplekv_eval.fastpath.per_prompt import recorded_statistics
 from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.fastpath.score_memo import ScoreMemo
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -252,27 +253,33 @@ def test_each_chunk_is_announced_before_its_pass_over_the_cache_of_the_chunks_be
 
 
 @pytest.fixture(scope="module")
-def recorded_layer():  # noqa: ANN201
-    record = record_prefill(tiny_model("llama", layers=2, seed=4), random_ids(80, seed=2))
-    return record.layers[1]
+def recorded():  # noqa: ANN201
+    return record_prefill(tiny_model("llama", layers=2, seed=4), random_ids(80, seed=2))
 
 
-def _same(a: tuple, b: tuple) -> bool:
-    """Two statistics (named tuples of numbers and arrays) hold equal values."""
-    return len(a) == len(b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+def _same(a: list, b: list) -> bool:
+    """Two lists of statistics (named tuples of numbers and arrays) hold equal values."""
+    return len(a) == len(b) and all(
+        len(x) == len(y) and all(np.array_equal(np.asarray(u), np.asarray(v)) for u, v in zip(x, y))
+        for x, y in zip(a, b)
+    )
 
 
-def _statistic(press, layer):  # noqa: ANN001, ANN202
-    return press.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, dict(layer.kwargs))
+def _direct(press, record) -> list:  # noqa: ANN001
+    """Every layer's statistic as the press computes it, no memo."""
+    return [
+        press.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, dict(layer.kwargs))
+        for layer in record.layers
+    ]
 
 
-def test_per_prompt_statistics_are_shared_by_equal_rules_and_windows_only(recorded_layer) -> None:  # noqa: ANN001
-    """Over one layer's recorded keys: presses of one rule and window share one memo entry whatever their budget;
+def test_per_prompt_statistics_are_shared_by_equal_rules_and_windows_only(recorded) -> None:  # noqa: ANN001
+    """Over a record's keys: presses of one rule and window share one memo entry per layer whatever their budget;
     another window, another rule, or the same rule with other settings each get their own entry, equal to what
-    the press computes without a memo. Seeded bugs caught: the statistic keyed by nothing but its kind (in
-    ``score_memo.layer_statistic``); keyed by the rule's name only, not its settings, or without the window (in
-    memory only: per_prompt_press.py is another agent's file)."""
-    layer = recorded_layer
+    the press computes without a memo. Seeded bugs caught: the statistic keyed by nothing but the rule (in
+    ``fastpath.per_prompt.recorded_statistics``); keyed by the rule's name only, not its settings, or without the
+    window."""
+    layers, config = recorded.layers, recorded.model.config
     presses = {
         "cake w8": make_press("cake", 0.2, window_size=8),
         "cake w8 again": make_press("cake", 0.5, window_size=8),
@@ -280,14 +287,12 @@ def test_per_prompt_statistics_are_shared_by_equal_rules_and_windows_only(record
         "dynamickv w8": make_press("dynamickv", 0.2, window_size=8),
         "lava w8": make_press("lava", 0.2, window_size=8),
     }
-    direct = {name: _statistic(press, layer) for name, press in presses.items()}  # no memo
     memo = ScoreMemo()
-    with memoized(memo):
-        shared = {name: _statistic(press, layer) for name, press in presses.items()}
-    assert shared["cake w8 again"] is shared["cake w8"]
-    assert memo.hits == 1 and memo.misses == len(presses) - 1
-    for name in presses:
-        assert _same(shared[name], direct[name]), name
+    shared = {name: recorded_statistics(press, layers, config, memo) for name, press in presses.items()}
+    assert all(a is b for a, b in zip(shared["cake w8 again"], shared["cake w8"]))
+    assert memo.hits == len(layers) and memo.misses == len(layers) * (len(presses) - 1)
+    for name, press in presses.items():
+        assert _same(shared[name], _direct(press, recorded)), name
     assert not _same(shared["cake w16"], shared["cake w8"])
 
     # the same rule with other settings: another entry
@@ -295,10 +300,10 @@ def test_per_prompt_statistics_are_shared_by_equal_rules_and_windows_only(record
         press=SnapKVPress(window_size=8), schedule=PerPromptSchedule(DynamicKVRule(kernel_size=3), 0.2, 8)
     )
     memo = ScoreMemo()
-    with memoized(memo):
-        first, second = _statistic(presses["dynamickv w8"], layer), _statistic(other, layer)
-    assert memo.misses == 2 and memo.hits == 0
-    assert _same(second, _statistic(other, layer)) and not _same(first, second)
+    first = recorded_statistics(presses["dynamickv w8"], layers, config, memo)
+    second = recorded_statistics(other, layers, config, memo)
+    assert memo.misses == 2 * len(layers) and memo.hits == 0
+    assert _same(second, _direct(other, recorded)) and not _same(first, second)
 
 
 # ---------------------------------------------------------------------------- query moments over chunks

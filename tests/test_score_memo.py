@@ -9,10 +9,11 @@ from kvpress import KnormPress, RandomPress, SnapKVPress
 from ripplekv.inference import prefill
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses import make_press
-from ripplekv.presses.score_memo import ScoreMemo, memoized, scorer_key, token_scores
 from ripplekv_eval.fastpath.derive import derive_cache
-from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
-from tests.conftest import random_ids, tiny_model
+from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
+from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.fastpath.score_memo import MemoizedScorerPress, ScoreMemo, scorer_key
+from tests.conftest import random_ids, synthetic_profile, tiny_model
 
 LAYERS = 4
 PROMPT = 96
@@ -57,12 +58,11 @@ def test_scores_are_memoised_per_scorer_setting_and_per_key_tensor() -> None:
     layer = record.layers[1]
     args = (layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, dict(layer.kwargs))
     memo = ScoreMemo()
-    with memoized(memo):
-        eight = token_scores(SnapKVPress(window_size=8, compression_ratio=0.5), *args)
-        again = token_scores(SnapKVPress(window_size=8, compression_ratio=0.9), *args)  # the ratio is not read
-        sixteen = token_scores(SnapKVPress(window_size=16), *args)
-        other_keys = layer.keys.clone()
-        token_scores(SnapKVPress(window_size=8), layer.module, layer.hidden_states, other_keys, *args[3:])
+    eight = memo.scores(SnapKVPress(window_size=8, compression_ratio=0.5), *args)
+    again = memo.scores(SnapKVPress(window_size=8, compression_ratio=0.9), *args)  # the ratio is not read
+    sixteen = memo.scores(SnapKVPress(window_size=16), *args)
+    other_keys = layer.keys.clone()
+    memo.scores(SnapKVPress(window_size=8), layer.module, layer.hidden_states, other_keys, *args[3:])
     assert again is eight and memo.hits == 1 and memo.misses == 3
     assert not torch.equal(eight, sixteen)
     assert torch.equal(eight, SnapKVPress(window_size=8).score(*args))
@@ -81,16 +81,21 @@ def test_scorers_that_may_read_their_ratio_are_never_memoised() -> None:
     layer = record.layers[0]
     args = (layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, dict(layer.kwargs))
     memo = ScoreMemo()
-    with memoized(memo):
-        token_scores(RandomPress(seed=0), *args)
-        token_scores(RandomPress(seed=0), *args)
+    memo.scores(RandomPress(seed=0), *args)
+    memo.scores(RandomPress(seed=0), *args)
     assert memo.hits == memo.misses == 0
 
 
-def test_no_memo_outside_a_derivation() -> None:
+@pytest.mark.parametrize("method", ["snapkv", "adakv", "ripplekv-ada"])
+def test_a_derivation_leaves_the_callers_press_as_it_was(method: str) -> None:
+    """The fast path hands a copy of the press a memoizing scorer; the caller's press keeps its own scorer, and
+    scoring it directly after a derivation uses no memo. Seeded bug caught: ``memoizing`` wrapping the scorer of
+    the given press instead of a copy's."""
     model = tiny_model("llama", layers=LAYERS)
+    profile = synthetic_profile(model) if method == "ripplekv-ada" else None
+    press = make_press(method, budget=0.3, window_size=WINDOW, profile=profile)
+    scorer = press.press.press if method == "adakv" else press.press
     record = record_prefill(model, random_ids(PROMPT, seed=6))
-    layer = record.layers[0]
-    args = (layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, dict(layer.kwargs))
-    first, second = token_scores(SnapKVPress(), *args), token_scores(SnapKVPress(), *args)
-    assert first is not second and torch.equal(first, second)
+    derive_cache(record, press)
+    assert (press.press.press if method == "adakv" else press.press) is scorer
+    assert type(scorer) is SnapKVPress and not isinstance(scorer, MemoizedScorerPress)

@@ -76,14 +76,13 @@ class RecordingPress(LayerBudgetPress):
         """Compress as the library does, after recording what ``scores.topk`` keeps (the same call, same scores)."""
         from ripplekv.allocation.budget import compression_ratio_keeping
         from ripplekv.presses.layer_budget_press import scorer_at_ratio
-        from ripplekv.presses.score_memo import token_scores
 
         schedule, layers = global_schedule(self.schedule, module.config)
         k_len = keys.shape[2]
         n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept < k_len:
             scorer = scorer_at_ratio(self.press, compression_ratio_keeping(n_kept, k_len))
-            scores = token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs)
+            scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
             indices = scores.topk(n_kept, dim=-1).indices[0].sort(dim=-1).values
             self.kept[int(module.layer_idx)] = indices.tolist()
         return super().compress(module, hidden_states, keys, values, attentions, kwargs)

@@ -20,8 +20,7 @@ from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.lava_press import LavaPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
-from ripplekv.presses.layer_budget_press import LayerBudgetPress
-from ripplekv.presses.memoized_scorer_press import MemoizedScorerPress
+from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window
 from ripplekv.presses.registry import Build
 
@@ -68,7 +67,7 @@ def build_pyramidkv_kvpress(b: Build) -> BasePress:
 
 
 def build_adakv(b: Build) -> BasePress:
-    scorer = MemoizedScorerPress(press=b.scorer(), compression_ratio=1 - kept_fraction(b))
+    scorer = scorer_at_ratio(b.scorer(), 1 - kept_fraction(b))
     return GlobalLayersPress(AdaKVPress(scorer, alpha_safeguard=b.method.values["alpha_safeguard"]))
 
 

@@ -21,7 +21,7 @@ from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule, scorer_at_ratio
-from ripplekv.presses.score_memo import token_scores
+from ripplekv.presses.scorers import check_attention_weights
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv.validation import is_real
 
@@ -155,6 +155,7 @@ class LayerBudgetAdaPress(BasePress):
         if self.profile is not None:
             self.profile.check_model(model, strict=self.strict_profile)
         global_schedule(self.schedule, model.config)
+        check_attention_weights(self.press, model)
         if (self.evict_balanced or not self.schedule.uniform) and not supports_per_layer_lengths(model):
             current = model.config._attn_implementation
             try:
@@ -188,8 +189,7 @@ class LayerBudgetAdaPress(BasePress):
         k_len = keys.shape[2]
         n_kept = self._layer_count(module, k_len)
         ratio = 0.0 if n_kept is None else compression_ratio_keeping(max(1, min(n_kept, k_len)), k_len)
-        scorer = scorer_at_ratio(self.press, ratio)
-        return token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs)
+        return scorer_at_ratio(self.press, ratio).score(module, hidden_states, keys, values, attentions, kwargs)
 
     def compress(
         self,

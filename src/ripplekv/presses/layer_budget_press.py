@@ -15,7 +15,7 @@ from ripplekv.allocation.budget import BudgetSchedule, compression_ratio_keeping
 from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
-from ripplekv.presses.score_memo import token_scores
+from ripplekv.presses.scorers import check_attention_weights
 from ripplekv.validation import is_integer
 
 __all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_padding", "scorer_at_ratio"]
@@ -144,10 +144,12 @@ class LayerBudgetPress(BasePress):
         FlashAttention included) is left as it is.
 
         Raises:
-            ValueError: if the schedule does not fit the model (e.g. a profile of another depth), or if the
-                model's attention implementation has no variable-length variant.
+            ValueError: if the schedule does not fit the model (e.g. a profile of another depth), if the
+                model's attention implementation has no variable-length variant, or returns no attention weights
+                for a scorer that reads them.
         """
         global_schedule(self.schedule, model.config)
+        check_attention_weights(self.press, model)
         if not self.schedule.uniform and not supports_per_layer_lengths(model):
             current = model.config._attn_implementation
             try:
@@ -180,10 +182,8 @@ class LayerBudgetPress(BasePress):
         n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
-        scorer = scorer_at_ratio(
-            self.press, compression_ratio_keeping(n_kept, k_len)
-        )  # a copy: the caller's press is untouched
-        scores = token_scores(scorer, module, hidden_states, keys, values, attentions, kwargs)
+        scorer = scorer_at_ratio(self.press, compression_ratio_keeping(n_kept, k_len))  # a copy: the caller's untouched
+        scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
         indices = scores.topk(n_kept, dim=-1).indices
         indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
         return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()

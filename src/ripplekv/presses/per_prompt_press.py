@@ -14,11 +14,6 @@ layer's statistic and its token scores (``(batch, kv_heads, tokens)`` floats), t
 budget with the same top-k as :class:`~ripplekv.presses.LayerBudgetPress`. Sliding-window layers are left whole
 and the budgets are shared over the global layers.
 
-The shared prefill of the evaluation (:mod:`ripplekv_eval.fastpath`) derives the same caches from a prefill
-record: :meth:`PerPromptBudgetPress.derive` takes every layer's recorded compression inputs (and the recorded
-statistics a rule needs that the attention hook cannot see: SqueezeAttention's residual stream) and returns the
-pruned keys and values of every layer.
-
 Token scores are computed with the scorer as given (its ``compression_ratio`` untouched), so the scorer's scores
 must not depend on its compression ratio (SnapKV, ExpectedAttention, TOVA, KNorm, KeyDiff do not; StreamingLLM
 does, and is refused).
@@ -40,12 +35,12 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ripplekv.allocation.budget import TokenBudgetError
-from ripplekv.allocation.per_prompt import PerPromptSchedule, TokenStatistic
+from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.layer_budget_press import check_compressible
-from ripplekv.presses.score_memo import layer_statistic, token_scores
+from ripplekv.presses.scorers import check_attention_weights
 from ripplekv.validation import is_integer
 
 __all__ = ["DEFAULT_STATISTIC_WINDOW", "RESIDUAL_STATISTICS", "PerPromptBudgetPress", "scorer_window", "select_top"]
@@ -118,9 +113,6 @@ class PerPromptBudgetPress(BasePress):
     statistic_window: int | None = None
     _pending: dict[int, _Pending] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    derives_all_layers = True
-    """Marks a press whose cache a prefill record derives with :meth:`derive` (all layers at once)."""
-
     def __post_init__(self) -> None:
         if not isinstance(self.press, ScorerPress):
             raise TypeError(f"{type(self).__name__} wraps a kvpress ScorerPress, got {type(self.press).__name__}")
@@ -182,12 +174,13 @@ class PerPromptBudgetPress(BasePress):
 
     @property
     def needs_residual(self) -> bool:
-        """Whether the rule reads the residual stream (computed during the prefill, recorded by the record)."""
+        """Whether the rule reads the residual stream (captured by :meth:`__call__`'s pre-hooks during the prefill)."""
         return bool(RESIDUAL_STATISTICS & set(self.schedule.rule.statistic_inputs))  # type: ignore[union-attr]
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Enable variable-length attention where needed and let the scorer see the model."""
         self.schedule.check_layers(len(compressed_layers(model.config)))  # type: ignore[union-attr]
+        check_attention_weights(self.press, model)
         if not supports_per_layer_lengths(model):
             enable_varlen_attention(model)
         self.press.post_init_from_model(model)
@@ -212,24 +205,6 @@ class PerPromptBudgetPress(BasePress):
             kwargs: the attention layer's forward kwargs (``position_embeddings``).
             recorded: inputs computed while the prefill ran (``residual_in``, ``attention_output``).
         """
-        rule = self.schedule.rule  # type: ignore[union-attr]
-
-        def compute() -> Any:
-            return self._statistic(module, hidden_states, keys, values, kwargs, recorded)
-
-        if RESIDUAL_STATISTICS & set(rule.statistic_inputs):  # inputs recorded while prefilling: not memoised
-            return compute()
-        return layer_statistic((repr(rule), self.window, self.reserve), module, keys, compute)
-
-    def _statistic(
-        self,
-        module: nn.Module,
-        hidden_states: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        kwargs: Mapping[str, Any],
-        recorded: Mapping[str, Any] | None,
-    ) -> Any:
         rule = self.schedule.rule  # type: ignore[union-attr]
         inputs: list[Any] = []
         for name in rule.statistic_inputs:
@@ -258,7 +233,7 @@ class PerPromptBudgetPress(BasePress):
         kwargs: Mapping[str, Any],
     ) -> torch.Tensor:
         """The scorer's token scores of one layer, ``(batch, kv_heads, tokens)``."""
-        return token_scores(self.press, module, hidden_states, keys, values, attentions, dict(kwargs))
+        return self.press.score(module, hidden_states, keys, values, attentions, dict(kwargs))
 
     def budgets(self, stats: Sequence[Any], config: PretrainedConfig, prompt_tokens: int) -> dict[int, int]:
         """Tokens kept by each compressed layer (a dict by layer index), from every compressed layer's statistic."""
@@ -354,80 +329,6 @@ class PerPromptBudgetPress(BasePress):
             config: the model's config.
         """
         return (*select_top(keys, values, scores, budget), None)
-
-    # ------------------------------------------------------------------------------------------ from a record
-
-    def derive(self, layers: Sequence[Any], config: PretrainedConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every layer's pruned keys and values from a prefill record's layers (see :mod:`ripplekv_eval.fastpath`).
-
-        Args:
-            layers: the record's ``LayerRecord`` of every layer (``module``,
-                ``hidden_states``, ``keys``, ``values``, ``attentions``, ``kwargs`` and ``statistics``: the
-                inputs recorded while the prefill ran, for rules that read the residual stream).
-            config: the model's config.
-        """
-        compressed = compressed_layers(config)
-        stats = self.recorded_statistics(layers, config)
-        scores = {}
-        for index in compressed:
-            layer = layers[index]
-            scores[index] = self.layer_scores(
-                layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, layer.kwargs
-            )
-        budgets = self.budgets(stats, config, layers[compressed[0]].keys.shape[2])
-        out = []
-        for index, layer in enumerate(layers):
-            if index not in budgets:
-                out.append((layer.keys, layer.values))
-                continue
-            kept_keys, kept_values, masked = self.prune(layer.keys, layer.values, scores[index], budgets[index], config)
-            if masked is not None:  # moved into the derived cache's layer (derive_cache)
-                setattr(layer.module, MASKED_KEYS, masked)
-            out.append((kept_keys, kept_values))
-        return out
-
-    def recorded_statistics(self, layers: Sequence[Any], config: PretrainedConfig) -> list[Any]:
-        """The rule's statistic of every compressed layer of a prefill record (what :meth:`derive` allocates from;
-        memoised with the record, so reading them again after a derivation costs nothing).
-
-        Args:
-            layers: the record's layers, as for :meth:`derive`.
-            config: the model's config.
-        """
-        stats = []
-        for index in compressed_layers(config):
-            layer = layers[index]
-            check_compressible(self, layer.kwargs, layer.keys.shape[2], self.window)
-            recorded = getattr(layer, "statistics", None) or {}
-            if self.needs_residual:
-                name = self.schedule.rule.name  # type: ignore[union-attr]
-                if name not in recorded:
-                    raise ValueError(f"the prefill record holds no {name} statistic: record it (see record_prefill)")
-                stats.append(recorded[name])
-            else:
-                stats.append(
-                    self.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, layer.kwargs)
-                )
-        return stats
-
-    def recorded_statistic(self, residual_in: torch.Tensor, attention_output: torch.Tensor) -> Any:
-        """The statistic of a rule that reads the residual stream, computed while a record's prefill runs."""
-        return self.schedule.rule.layer_statistic(residual_in, attention_output)  # type: ignore[union-attr]
-
-    @property
-    def residual_statistic(self) -> TokenStatistic | Callable[[torch.Tensor, torch.Tensor], Any]:
-        """What a prefill record computes for this press's residual-stream rule (see ``record_prefill``).
-
-        A :class:`~ripplekv.allocation.per_prompt.TokenStatistic` when the rule reduces per-token values (it has
-        ``token_statistic`` and ``statistic_from_tokens``, as SqueezeAttention's mean over tokens), which a prefill
-        in chunks accumulates over the whole prompt; else :meth:`recorded_statistic` alone (one-pass prefills only).
-        """
-        rule = self.schedule.rule  # type: ignore[union-attr]
-        per_token = getattr(rule, "token_statistic", None)
-        reduce = getattr(rule, "statistic_from_tokens", None)
-        if per_token is None or reduce is None:
-            return self.recorded_statistic
-        return TokenStatistic(self.recorded_statistic, per_token, reduce)
 
     def __deepcopy__(self, memo: dict) -> PerPromptBudgetPress:
         clone = copy.copy(self)

@@ -28,10 +28,11 @@ from kvpress import (
     StreamingLLMPress,
     TOVAPress,
 )
+from transformers import PreTrainedModel
 
 from ripplekv.presses.lava_scorer import LavaScorerPress
 
-__all__ = ["DEFAULT_SCORER", "SCORERS", "make_scorer"]
+__all__ = ["DEFAULT_SCORER", "NEEDS_ATTENTION_WEIGHTS", "SCORERS", "check_attention_weights", "make_scorer"]
 
 DEFAULT_SCORER = "snapkv"
 """The scorer of every method unless another is named (the paper's: SnapKV over the observation window)."""
@@ -56,6 +57,24 @@ _FACTORIES: dict[str, Callable[[int], ScorerPress]] = {
 
 SCORERS: tuple[str, ...] = tuple(_FACTORIES)
 """Every registered scorer name, the default first."""
+
+NEEDS_ATTENTION_WEIGHTS: frozenset[type[ScorerPress]] = frozenset({ObservedAttentionPress})
+"""Scorers (exact types) that score from the attention weights, which only eager attention returns (kvpress 0.5.5)."""
+
+
+def check_attention_weights(scorer: ScorerPress, model: PreTrainedModel) -> None:
+    """Raise unless ``model`` returns the attention weights ``scorer`` reads (a press checks it when applied).
+
+    Raises:
+        ValueError: for a scorer of :data:`NEEDS_ATTENTION_WEIGHTS` on a model without eager attention (kvpress
+            would fail on a bare assertion at the first layer).
+    """
+    implementation = str(model.config._attn_implementation)
+    if type(scorer) in NEEDS_ATTENTION_WEIGHTS and "eager" not in implementation:
+        raise ValueError(
+            f"{type(scorer).__name__} scores tokens from the attention weights, which the attention implementation "
+            f"{implementation!r} does not return: load the model with attn_implementation='eager'"
+        )
 
 
 def make_scorer(name: str, window_size: int) -> ScorerPress:

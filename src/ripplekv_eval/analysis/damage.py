@@ -25,9 +25,9 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import KVPair, cache_from_tensors, cache_tensors
 from ripplekv.models.headwise import headwise_of
 from ripplekv.presses.registry import make_press
-from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache, derived_prefill
+from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
-from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv_eval.running.rows import greedy_agreement
@@ -87,12 +87,14 @@ class SingleLayerPress(BasePress):
 
 
 def uniform_compressed(record: PrefillRecord, press: BasePress) -> list[KVPair]:
-    """Every layer's ``(keys, values)`` under ``press``, derived from ``record`` (no model pass).
+    """Every layer's ``(keys, values)`` under ``press``: derived from ``record`` (no model pass), or the press's own
+    prefill of the record's prompt where the fast path does not derive it
+    (:func:`~ripplekv_eval.fastpath.derive.compressed_prefill`).
 
     Raises:
         NotDerivableError: for a press that masks keys head-wise (AdaKV): its layers cannot be spliced.
     """
-    cache = derive_cache(record, press)
+    cache = compressed_prefill(record, press).cache
     if any(headwise_of(layer) is not None for layer in cache.layers):
         raise NotDerivableError(
             f"{type(press).__name__} masks keys head-wise: its layers cannot be spliced into the full cache"
@@ -198,8 +200,9 @@ class DamageRunner:
         if not prefix:
             raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
         ids = torch.tensor([list(prefix)], dtype=torch.long)
-        record = record_prefill(self.model, ids, hidden_states_tail([self.full, *self.presses.values()]))
-        full, _ = derived_prefill(record, self.full)
+        derived = [press for press in (self.full, *self.presses.values()) if is_derivable(press)]
+        record = record_prefill(self.model, ids, hidden_states_tail(derived))
+        full = compressed_prefill(record, self.full)
         if question:
             full = extend(self.model, full, torch.tensor([list(question)], dtype=torch.long))
         stops = self.eos | sample.extra_stop_ids

@@ -32,14 +32,14 @@ from ripplekv.presses.method_lists import expand_grid
 from ripplekv.presses.method_spec import MethodSpec, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS_WITHOUT_SCORER, make_press
-from ripplekv.presses.score_memo import memoized
 from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
-from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.derive import compressed_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
-from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, prescored_scorers
-from ripplekv_eval.fastpath.record import record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable, prescored_scorers
+from ripplekv_eval.fastpath.per_prompt import recorded_statistics, residual_statistics_of
+from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv_eval.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv_eval.running.rows import greedy_agreement
@@ -288,6 +288,7 @@ class TuneRunner:
         for press in self.rivals.values():
             press.post_init_from_model(self.model)
         every = [*self.uniform.values(), *self.presses.values(), *self.rivals.values()]
+        every = [press for press in every if is_derivable(press)]  # the others run their own prefill
         self.prescore = prescored_scorers(every)
         self.hidden_tail = hidden_states_tail(every, self.prescore)
         self.residual_statistics = residual_statistics_of(every)
@@ -295,12 +296,12 @@ class TuneRunner:
     def _rival_key(self, press: Any, record: Any) -> tuple[Any, ...] | None:
         """What identifies a rival's cache on this record before deriving it, None where it cannot be told.
 
-        For a per-prompt press: its type, scorer and budgets (two candidates allocating alike keep the same tokens).
+        For a derived per-prompt press: its type, scorer and budgets (two candidates allocating alike keep the same
+        tokens).
         """
-        if type(press) is not PerPromptBudgetPress:  # a subclass may derive more than its budgets say (LAVa's heads)
+        if type(press) is not PerPromptBudgetPress or not is_derivable(press):  # LAVa's heads: more than its budgets
             return None
-        with memoized(record.memo):
-            stats = press.recorded_statistics(record.layers, self.model.config)
+        stats = recorded_statistics(press, record.layers, self.model.config, record.memo)
         budgets = press.budgets(stats, self.model.config, record.prompt_tokens)
         return ("per-prompt", repr(press.press), tuple(sorted(budgets.items())))
 
@@ -329,7 +330,7 @@ class TuneRunner:
             self.config.eval.prefill_chunk,
             self.prescore,
         )
-        full = with_question(derived_prefill(record, self.full)[0])
+        full = with_question(compressed_prefill(record, self.full))
         stops = self.eos | sample.extra_stop_ids
         tokens = list(answer) if answer else []
         if not tokens:
@@ -351,13 +352,13 @@ class TuneRunner:
                 rivals.setdefault(("rival", key) if shared is None else shared, []).append(key)
             vectors = list(groups)
             try:
-                states = [with_question(derived_prefill(record, self.uniform[float(budget)])[0])]
+                states = [with_question(compressed_prefill(record, self.uniform[float(budget)]))]
                 for vector in vectors:
                     press = self.presses[groups[vector][0], float(budget)]
-                    states.append(with_question(derived_prefill(record, press)[0]))
+                    states.append(with_question(compressed_prefill(record, press)))
                 kept: dict[str, list[int]] = {}
                 for keys in rivals.values():
-                    state = derived_prefill(record, self.rivals[keys[0], float(budget)])[0]
+                    state = compressed_prefill(record, self.rivals[keys[0], float(budget)])
                     kept.update(dict.fromkeys(keys, kept_tokens(state)))
                     states.append(with_question(state))
             except ValueError as err:

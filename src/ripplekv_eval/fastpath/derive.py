@@ -1,9 +1,13 @@
 """Deriving a press's compressed cache from a prefill record, at the cost of its ``compress`` alone.
 
 :func:`derive_cache` runs a press's ``compress`` on a :class:`~ripplekv_eval.fastpath.record.PrefillRecord` layer
-by layer: the same tensors as a direct ``prefill(model, ids, press)`` (tested tensor for tensor). Head-wise masks
-(AdaKV) move into the derived cache's layers (:func:`~ripplekv.models.headwise.take_mask`), so configurations
-derived from one record never see each other's masks. Derived caches hold new tensors or the record's by reference.
+by layer, its scorer scoring through the record's memo (:func:`~ripplekv_eval.fastpath.score_memo.memoizing`), or a
+per-prompt press's statistics, scores and pruning all layers at once (:mod:`ripplekv_eval.fastpath.per_prompt`):
+the same tensors as a direct ``prefill(model, ids, press)`` (tested tensor for tensor). Only the presses of
+:func:`~ripplekv_eval.fastpath.hidden_tail.is_derivable` are derived; :func:`compressed_prefill` runs any other by
+its own prefill. Head-wise masks (AdaKV) move into the derived cache's layers
+(:func:`~ripplekv.models.headwise.take_mask`), so configurations derived from one record never see each other's
+masks. Derived caches hold new tensors or the record's by reference.
 """
 
 from __future__ import annotations
@@ -15,27 +19,30 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel
 
-from ripplekv.inference.generate import Prefill
+from ripplekv.inference.generate import Prefill, prefill
 from ripplekv.models.cache import cache_from_layers, dynamic_layer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
 from ripplekv.models.headwise import discard_masks, take_mask
-from ripplekv.presses.score_memo import memoized
 from ripplekv.presses.selection_window import check_prompt_length
 from ripplekv_eval.fastpath.hidden_tail import (
     DEFAULT_HIDDEN_TAIL,
+    PER_PROMPT,
     hidden_states_needed,
     hidden_states_tail,
+    is_derivable,
     prescored_scorers,
 )
-from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.per_prompt import derive_per_prompt, residual_statistics_of
+from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.fastpath.recording_press import LayerRecord
+from ripplekv_eval.fastpath.score_memo import memoizing
 
 __all__ = [
     "NotDerivableError",
+    "compressed_prefill",
     "compressed_prefill_in_chunks",
     "derive_cache",
     "derived_prefill",
-    "is_derivable",
 ]
 
 
@@ -50,22 +57,6 @@ class _RecordedKwargs(dict):
         raise NotDerivableError(f"compress reads kwargs[{key!r}], which a prefill record does not hold")
 
 
-def is_derivable(press: BasePress) -> bool:
-    """Whether ``press`` does not opt out and keeps :class:`BasePress`'s ``forward_hook`` and ``__call__``.
-
-    Then its whole effect on a prefill is what ``compress`` returns plus the head-wise masks it leaves; a per-prompt
-    press (``derives_all_layers``) derives every layer itself. A class opts out with ``derivable_from_record = False``.
-    :func:`derive_cache` also checks on every call that ``compress`` writes no recorded tensor, reads only recorded
-    kwargs (all but ``past_key_values``) and no more hidden states than recorded.
-    """
-    if not getattr(press, "derivable_from_record", True):
-        return False
-    if getattr(press, "derives_all_layers", False):  # a per-prompt press derives every layer at once (``derive``)
-        return True
-    cls = type(press)
-    return cls.forward_hook is BasePress.forward_hook and cls.__call__ is BasePress.__call__
-
-
 def _tensor_versions(layer: LayerRecord) -> list[int]:
     tensors = [layer.hidden_states, layer.keys, layer.values]
     if layer.attentions is not None:
@@ -77,17 +68,19 @@ def _tensor_versions(layer: LayerRecord) -> list[int]:
 def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
     """The cache ``prefill(model, ids, press)`` would have built, head-wise masks (AdaKV) in its layers.
 
-    Calls ``press.post_init_from_model(model)`` first (RippleKV checks its profile there).
+    Calls ``press.post_init_from_model(model)`` first (RippleKV checks its profile there). Checks on every call
+    that ``compress`` writes no recorded tensor and reads only recorded kwargs (all but ``past_key_values``).
 
     Raises:
-        NotDerivableError: for a press that cannot be derived (:func:`is_derivable`), or an invalidated record.
+        NotDerivableError: for a press the fast path does not derive (:func:`is_derivable`), one that reads more
+            hidden states than recorded, or an invalidated record.
     """
     if record.invalid is not None:
         raise NotDerivableError(f"the prefill record is no longer valid: {record.invalid}")
     if not is_derivable(press):
         raise NotDerivableError(
-            f"{type(press).__name__} overrides the kvpress forward hook or context manager (or opts out): "
-            "its cache cannot be derived from a prefill record"
+            f"the fast path does not know {type(press).__name__} or a press it wraps (exact classes only): its cache "
+            "cannot be derived from a prefill record; prefill it directly (compressed_prefill does)"
         )
     check_prompt_length(press, record.prompt_tokens)
     held = record.hidden_tokens
@@ -102,31 +95,31 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
                 "hidden_tail=None to keep them all"
             )
     press.post_init_from_model(record.model)
-    with memoized(record.memo):  # a scorer's scores (a rule's statistics) computed once per record
-        return _derive(record, press)
+    return _derive(record, press)
 
 
 def _derive(record: PrefillRecord, press: BasePress) -> DynamicCache:
     modules = [layer.module for layer in record.layers]
     discard_masks(modules)
-    if getattr(press, "derives_all_layers", False):  # statistics of every layer first, then every layer's budget
+    if type(press) in PER_PROMPT:  # statistics of every layer first, then every layer's budget
         versions = [_tensor_versions(layer) for layer in record.layers]
         try:
-            pairs = press.derive(record.layers, record.model.config)
+            pairs = derive_per_prompt(press, record.layers, record.model.config, record.memo)  # type: ignore[arg-type]
         except BaseException:
             discard_masks(modules)
             raise
         layers = [take_mask(module, dynamic_layer(*pair)) for module, pair in zip(modules, pairs, strict=True)]
         if [_tensor_versions(layer) for layer in record.layers] != versions:
-            record.invalid = f"{type(press).__name__}.derive wrote into the recorded tensors in place"
+            record.invalid = f"deriving {type(press).__name__} wrote into the recorded tensors in place"
             raise NotDerivableError(record.invalid)
         return cache_from_layers(layers)
+    compressing = memoizing(press, record.memo)  # its scorer's scores computed once per record
     layers = []
     for layer in record.layers:
         versions = _tensor_versions(layer)
         kwargs = _RecordedKwargs(layer.kwargs)
         try:
-            keys, values = press.compress(
+            keys, values = compressing.compress(
                 layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, kwargs
             )
         except BaseException:
@@ -151,6 +144,14 @@ def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, f
     return prefill_state, seconds
 
 
+def compressed_prefill(record: PrefillRecord, press: BasePress) -> Prefill:
+    """``press``'s compressed prefill of ``record``'s prompt: derived from the record when the fast path derives it
+    (:func:`~ripplekv_eval.fastpath.hidden_tail.is_derivable`), else the press's own one-pass prefill."""
+    if is_derivable(press):
+        return derived_prefill(record, press)[0]
+    return prefill(record.model, record.input_ids, press)
+
+
 def compressed_prefill_in_chunks(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -168,7 +169,7 @@ def compressed_prefill_in_chunks(
     """
     if not is_derivable(press):
         raise NotDerivableError(
-            f"{type(press).__name__} overrides the kvpress forward hook or context manager (or opts out): it cannot "
+            f"the fast path does not know {type(press).__name__} or a press it wraps (exact classes only): it cannot "
             "be prefilled in chunks; prefill it in one pass (ripplekv.inference.generate.prefill)"
         )
     presses = [press]

@@ -9,12 +9,11 @@ from it (:mod:`ripplekv_eval.fastpath.derive`) at the cost of their ``compress``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from kvpress.presses.base_press import BasePress
 from kvpress.presses.scorer_press import ScorerPress
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
@@ -23,11 +22,11 @@ from ripplekv.allocation.per_prompt import TokenStatistic
 from ripplekv.inference.generate import prefill
 from ripplekv.models.cache import cache_from_tensors
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds, prefill_in_chunks
-from ripplekv.presses.score_memo import ScoreMemo, scorer_key
 from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL
 from ripplekv_eval.fastpath.recording_press import LayerRecord, RecordingPress
+from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
 
-__all__ = ["PrefillRecord", "record_prefill", "residual_statistics_of"]
+__all__ = ["PrefillRecord", "record_prefill"]
 
 
 @dataclass
@@ -35,6 +34,7 @@ class PrefillRecord:
     """One full prefill of a prompt, enough to derive the cache any derivable press would have produced."""
 
     model: PreTrainedModel
+    input_ids: torch.Tensor  # (1, prompt_tokens): the prompt (a press the fast path does not derive prefills it)
     layers: tuple[LayerRecord, ...]
     next_logits: torch.Tensor  # (vocab,) logits of the token after the prompt (compression does not change them)
     prompt_tokens: int
@@ -93,7 +93,7 @@ def record_prefill(
             per layer as the prefill runs (what a per-prompt press such as SqueezeAttention reads) and kept in each
             layer record's ``statistics``. A chunked prefill needs each to be a
             :class:`~ripplekv.allocation.per_prompt.TokenStatistic` (per-token values of every chunk, reduced once over
-            the prompt: :func:`residual_statistics_of`), else ValueError.
+            the prompt: :func:`~ripplekv_eval.fastpath.per_prompt.residual_statistics_of`), else ValueError.
         prescore: ExpectedAttention scorers (:func:`~ripplekv_eval.fastpath.hidden_tail.prescored_scorers`) scored while
             the prefill runs, so no full hidden states are kept: in one pass exactly as derived, in chunks from
             :mod:`ripplekv_eval.fastpath.query_moments` (to the model dtype's rounding). Pinned in the record's memo;
@@ -164,17 +164,4 @@ def record_prefill(
     )
     press.release()
     prescored = frozenset(scorer_key(scorer) for scorer in press.prescore)
-    return PrefillRecord(model, layers, next_logits, tokens, seconds, memo=press.memo, prescored=prescored)
-
-
-def residual_statistics_of(presses: Iterable[BasePress]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], Any]]:
-    """The residual-stream statistics a record needs to derive every one of ``presses`` (see :func:`record_prefill`).
-
-    Each is the press's ``residual_statistic``: a :class:`~ripplekv.allocation.per_prompt.TokenStatistic` where the
-    rule reduces per-token values (so a chunked prefill can compute it), else the plain function.
-    """
-    found: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {}
-    for press in presses:
-        if getattr(press, "derives_all_layers", False) and press.needs_residual:
-            found[press.schedule.rule.name] = press.residual_statistic
-    return found
+    return PrefillRecord(model, input_ids, layers, next_logits, tokens, seconds, memo=press.memo, prescored=prescored)

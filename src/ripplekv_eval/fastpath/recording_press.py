@@ -20,9 +20,9 @@ from kvpress.presses.scorer_press import ScorerPress
 from torch import nn
 from transformers import DynamicCache
 
-from ripplekv.presses.score_memo import ScoreMemo, scorer_key
 from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL, PRESCORABLE
 from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
+from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
 
 __all__ = ["LayerRecord", "RecordingPress"]
 

@@ -64,8 +64,8 @@ class EvalConfig:
         scorers: token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs under
             each, named ``method@scorer`` (SnapKV keeps the plain name); methods without one
             (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. Configurations are derived from
-            the sample's one prefill where the fast path knows their presses
-            (:func:`~ripplekv_eval.fastpath.hidden_tail.knows`); any other runs its own prefill.
+            the sample's one prefill where the fast path derives their presses
+            (:func:`~ripplekv_eval.fastpath.hidden_tail.is_derivable`); any other runs its own prefill.
         tasks: the suite's tasks (None: the suite's default; a suite without tasks refuses them).
         limit: at most this many samples per task, as the suite counts them.
         profile: sensitivity profile JSON (the ripplekv methods need it).

@@ -26,7 +26,7 @@ token scorer (:func:`~ripplekv_eval.sample.row_configuration`):
                     ``--decode-memory`` bound it; 1 where caches cannot be batched); absent under
                     ``--decode sequential`` and where nothing was decoded
 ``prefill_seconds`` wall time of the sample's shared prefill; ``shared_prefill``: whether this row's cache was
-                    derived from it (false: a press the fast path does not know, run by its own prefill)
+                    derived from it (false: a press the fast path does not derive, run by its own prefill)
 ``meta``            the sample's metadata (LongBench length, needle depth, ...)
 ==================  =====================================================================================
 
@@ -53,11 +53,10 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.inference.generate import Prefill, eos_ids, kept_tokens, prefill
+from ripplekv.inference.generate import Prefill, eos_ids, kept_tokens
 from ripplekv.models.cache import cache_bytes
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
-from ripplekv.presses.score_memo import memoized
 from ripplekv_eval.fastpath.batched import (
     DecodeRow,
     NotBatchableError,
@@ -66,11 +65,12 @@ from ripplekv_eval.fastpath.batched import (
     decode_row,
     row_bytes,
 )
-from ripplekv_eval.fastpath.derive import NotDerivableError, derived_prefill
+from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, mean_nll
-from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, knows, prescored_scorers
+from ripplekv_eval.fastpath.hidden_tail import PER_PROMPT, hidden_states_tail, is_derivable, prescored_scorers
 from ripplekv_eval.fastpath.lean import lean_extend, lean_greedy_decode, lean_teacher_forced_logprobs
-from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.per_prompt import recorded_statistics, residual_statistics_of
+from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.running.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv_eval.sample import DEFAULT_SCORER, split_configuration
 from ripplekv_eval.suites.base import encode
@@ -104,9 +104,9 @@ def greedy_agreement(
 
 
 def layer_statistics(press: BasePress, record: PrefillRecord, model: PreTrainedModel) -> list[list[float]] | None:
-    """The per-layer statistics a per-prompt press allocated from on ``record`` (one list of the rule's fields per
-    compressed layer), when every field is a number (CAKE, SqueezeAttention, LAVa; not DynamicKV's score tensors);
-    None for any other press. They let a reader check a row's budgets against its rule (e.g.
+    """The per-layer statistics a derived per-prompt press allocated from on ``record`` (one list of the rule's
+    fields per compressed layer), when every field is a number (CAKE, SqueezeAttention, LAVa; not DynamicKV's score
+    tensors); None for any other press. They let a reader check a row's budgets against its rule (e.g.
     ``benchmarks/squeeze_optimality.py``).
 
     Args:
@@ -114,12 +114,10 @@ def layer_statistics(press: BasePress, record: PrefillRecord, model: PreTrainedM
         record: the sample's prefill record (the statistics are memoised there: no recomputation).
         model: the model (its config names the compressed layers).
     """
-    reader = getattr(press, "recorded_statistics", None)
-    if reader is None:
+    if type(press) not in PER_PROMPT or not is_derivable(press):
         return None
     out = []
-    with memoized(record.memo):  # the statistics the derivation computed, not computed again
-        stats = reader(record.layers, model.config)
+    stats = recorded_statistics(press, record.layers, model.config, record.memo)  # type: ignore[arg-type]
     for stat in stats:
         fields = list(stat) if isinstance(stat, tuple) else [stat]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fields):
@@ -164,7 +162,7 @@ class SampleRunner:
         if ("full", FULL_BUDGET) not in presses:
             raise ValueError("presses must hold the full cache's press, ('full', 1.0)")
         self.on_group = on_group
-        derived = [press for press in presses.values() if knows(press)]  # the others run their own prefill
+        derived = [press for press in presses.values() if is_derivable(press)]  # the others run their own prefill
         self.prescore = prescored_scorers(derived)  # scored while recording (ExpectedAttention)
         self.hidden_tail = hidden_states_tail(derived, self.prescore)  # what the presses read of them
         self.residual_statistics = residual_statistics_of(derived)  # per-prompt rules of the residual
@@ -182,16 +180,12 @@ class SampleRunner:
         tail = sample.input_ids[sample.question_start :] if self.config.protocol == "query-agnostic" else ()
         return lean_extend(self.model, state, torch.tensor([list(tail)], dtype=torch.long)) if tail else state
 
-    def _compressed(
-        self, sample: EvalSample, method: str, budget: float, record: PrefillRecord, ids: torch.Tensor
-    ) -> Prefill:
-        """The configuration's compressed prefill of ``ids``: derived from the sample's record when the fast path
-        knows its press (:func:`~ripplekv_eval.fastpath.hidden_tail.knows`), else the press's own prefill."""
+    def _compressed(self, sample: EvalSample, method: str, budget: float, record: PrefillRecord) -> Prefill:
+        """The configuration's compressed prefill of the record's prompt (:func:`~ripplekv_eval.fastpath.derive.
+        compressed_prefill`: derived from the record, or the press's own prefill)."""
         press = self.presses[method, budget]
         try:
-            if not knows(press):
-                return prefill(self.model, ids, press)
-            state, _ = derived_prefill(record, press)
+            state = compressed_prefill(record, press)
         except NotDerivableError as err:
             raise ValueError(
                 f"sample {sample.id}, {method} at budget {budget}: its cache cannot be derived from the shared "
@@ -226,7 +220,7 @@ class SampleRunner:
         )
         prefill_seconds = record.seconds
         started = time.perf_counter()
-        full = self._compressed(sample, "full", FULL_BUDGET, record, ids)
+        full = self._compressed(sample, "full", FULL_BUDGET, record)
         full_kept = kept_tokens(full)
         full = self._with_question(sample, full)
         tokens = list(answer) if answer else self._decode(sample, full)
@@ -249,9 +243,9 @@ class SampleRunner:
         others = [(method, budget) for method, budget in pending if method != "full"]
         for index, (method, budget) in enumerate(others):
             started = time.perf_counter()
-            state = self._compressed(sample, method, budget, record, ids)
+            state = self._compressed(sample, method, budget, record)
             press = self.presses[method, budget]
-            self.statistics[method, budget] = layer_statistics(press, record, self.model) if knows(press) else None
+            self.statistics[method, budget] = layer_statistics(press, record, self.model)
             if index == len(others) - 1:  # the last derivation: the record (and the full cache) can go
                 del record, full
             kept = kept_tokens(state)
@@ -351,6 +345,6 @@ class SampleRunner:
             "answer_tokens": common["answer_tokens"],
             "seconds": round(time.perf_counter() - started, 4),
             "prefill_seconds": round(common["prefill_seconds"], 4),
-            "shared_prefill": knows(self.presses[configuration, budget]),
+            "shared_prefill": is_derivable(self.presses[configuration, budget]),
             "meta": dict(sample.meta),
         }
