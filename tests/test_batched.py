@@ -8,8 +8,9 @@ import torch
 from ripplekv.inference import greedy_decode
 from ripplekv.inference.generate import Prefill, cache_forward, extend
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.models.padded import KeyValidity, pad_layers
+from ripplekv.models.padded import KeyValidity
 from ripplekv.presses import make_press
+from ripplekv_eval.fastpath.batch_layout import pad_layers
 from ripplekv_eval.fastpath.batched import (
     NotBatchableError,
     batched_greedy_decode,

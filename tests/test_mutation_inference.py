@@ -16,7 +16,6 @@ import pytest
 import torch
 from kvpress import (
     AdaKVPress,
-    ChunkPress,
     ExpectedAttentionPress,
     KeyDiffPress,
     KnormPress,
@@ -27,6 +26,7 @@ from kvpress import (
     StreamingLLMPress,
     TOVAPress,
 )
+from kvpress.presses.base_press import BasePress
 from kvpress.utils import get_prerope_query_states
 from transformers import DynamicCache
 
@@ -35,12 +35,13 @@ from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.models.cache import cache_tensors
 from ripplekv.models.chunked_prefill import chunk_bounds, prefill_in_chunks
-from ripplekv.models.padded import RaggedLayer, pad_layers
+from ripplekv.models.padded import RaggedLayer
 from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+from ripplekv_eval.fastpath.batch_layout import pad_layers
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, is_derivable, prescored_scorers
 from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv_eval.fastpath.score_memo import scorer_key
@@ -218,13 +219,20 @@ def test_the_scorers_a_record_prescores_are_those_scored_through_the_memo() -> N
     assert prescored_scorers([LayerBudgetPress(scorer), LayerBudgetPress(other)]) == (scorer, other)
 
 
+@dataclass
+class _Holder(BasePress):
+    """A press outside the fast path's tables that holds another press (it may score it however it likes)."""
+
+    press: BasePress
+
+
 def test_a_press_outside_the_wrappers_is_not_looked_into_for_memoized_scorers() -> None:
-    """kvpress's ChunkPress holds a ``press`` but scores its chunks itself, outside the record's memo: its
-    ExpectedAttention is not prescored (and it reads every position), and it is not derived. Seeded bug: ``kind in
-    _WRAPPERS and inner is not None`` -> ``or`` (any press with an inner press looked into)."""
-    chunked = ChunkPress(LayerBudgetPress(ExpectedAttentionPress()))
-    assert prescored_scorers([chunked]) == ()
-    assert hidden_states_needed(chunked) is None and not is_derivable(chunked)
+    """A press the tables do not list, holding a schedule over ExpectedAttention, compresses outside the record's
+    memo: its ExpectedAttention is not prescored (and it reads every position), and it is not derived. Seeded bug:
+    ``kind in _WRAPPERS and inner is not None`` -> ``or`` (any press with an inner press looked into)."""
+    held = _Holder(LayerBudgetPress(ExpectedAttentionPress()))
+    assert prescored_scorers([held]) == ()
+    assert hidden_states_needed(held) is None and not is_derivable(held)
 
 
 # ------------------------------------------------------------------------------------------------ chunked prefill

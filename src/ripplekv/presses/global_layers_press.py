@@ -19,8 +19,8 @@ class GlobalLayersPress(BasePress):
     """Compress the global layers with ``press``; leave sliding-window layers (Gemma 3's local ones) whole.
 
     kvpress 0.5.5 skips the sliding layers of ``Gemma3ForConditionalGeneration`` only, and a compressed sliding layer
-    no longer holds the window the model attends to. kvpress's forward hook is kept, so this is derivable from a
-    prefill record like the press it wraps; without sliding layers it compresses exactly what ``press`` does.
+    no longer holds the window the model attends to. Without sliding layers it compresses exactly what ``press``
+    does.
     """
 
     press: BasePress

@@ -75,8 +75,7 @@ class LayerBudgetAdaPress(BasePress):
     different numbers of tokens, which a dense cache cannot: the dropped entries go to kvpress's
     ``module.masked_key_indices`` (kept in memory, masked head by head; the prefill moves them into the cache layer,
     :mod:`ripplekv.models.headwise`), unless every head keeps ``n_l``, in which case they are evicted physically.
-    Not for eager attention (the masks need a boolean attention mask, as kvpress's AdaKV) nor padded batches. It
-    keeps kvpress's forward hook, so its cache can be derived from a shared prefill record.
+    Not for eager attention (the masks need a boolean attention mask, as kvpress's AdaKV) nor padded batches.
 
     Args:
         press: token scorer; ratio-dependent scorers are called on a copy at the layer's own ratio.

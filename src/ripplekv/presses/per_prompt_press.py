@@ -203,7 +203,7 @@ class PerPromptBudgetPress(BasePress):
             hidden_states: its input (at least the last ``window + 1`` positions).
             keys, values: the layer's full prefill cache.
             kwargs: the attention layer's forward kwargs (``position_embeddings``).
-            recorded: inputs computed while the prefill ran (``residual_in``, ``attention_output``).
+            recorded: inputs captured while the prefill ran (``residual_in``, ``attention_output``).
         """
         rule = self.schedule.rule  # type: ignore[union-attr]
         inputs: list[Any] = []

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicLayer
 from ripplekv.inference.generate import Prefill
 from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, dynamic_layer
 from ripplekv.models.headwise import MaskedLayer, headwise_of
-from ripplekv.models.padded import KeyValidity, RaggedLayer, compact_heads, pad_layers
+from ripplekv.models.padded import KeyValidity, RaggedLayer
 
 __all__ = [
     "STEP_COST_TOKENS",
@@ -27,7 +27,9 @@ __all__ = [
     "check_count",
     "check_rows",
     "check_states",
+    "compact_heads",
     "decode_row",
+    "pad_layers",
     "padded_batch",
     "plan_batches",
     "ragged_batch",
@@ -35,6 +37,62 @@ __all__ = [
     "row_bytes",
     "row_lengths",
 ]
+
+
+def compact_heads(
+    keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop one layer's masked entries (``keep`` ``(kv_heads, n)`` False) physically, each head left-padded.
+
+    A head-wise masked (AdaKV) row would otherwise cost a full cache; key order does not matter (rotary positions
+    are applied). Returns ``(1, kv_heads, m, dim)`` keys and values and ``(kv_heads, m)`` validity, ``m`` the most
+    entries any head keeps.
+    """
+    counts = keep.sum(dim=-1)
+    longest = int(counts.max()) if counts.numel() else 0
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    out_keys = keys.new_zeros((1, kv_heads, longest, dim))
+    out_values = values.new_zeros((1, kv_heads, longest, values.shape[3]))
+    valid = torch.zeros((kv_heads, longest), dtype=torch.bool, device=keys.device)
+    for head in range(kv_heads):
+        index = keep[head].nonzero().squeeze(-1).to(keys.device)
+        start = longest - index.numel()
+        out_keys[0, head, start:] = keys[0, head].index_select(0, index)
+        out_values[0, head, start:] = values[0, head].index_select(0, index)
+        valid[head, start:] = True
+    return out_keys, out_values, valid
+
+
+def pad_layers(
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stack one layer of single-row caches ``(keys, values, valid or None)``, left-padded with zeros to the longest.
+
+    Returns ``(rows, kv_heads, longest, dim)`` keys and values and ``(rows, kv_heads, longest)`` validity.
+    """
+    if not layers:
+        raise ValueError("no rows to pad")
+    first = layers[0][0]
+    _, kv_heads, _, dim = first.shape
+    longest = max(keys.shape[2] for keys, _, _ in layers)
+    keys_out = first.new_zeros((len(layers), kv_heads, longest, dim))
+    values_out = layers[0][1].new_zeros((len(layers), kv_heads, longest, layers[0][1].shape[-1]))
+    valid_out = torch.zeros((len(layers), kv_heads, longest), dtype=torch.bool, device=first.device)
+    for row, (keys, values, valid) in enumerate(layers):
+        if keys.dim() != 4 or keys.shape[0] != 1 or keys.shape[1] != kv_heads or keys.shape[3] != dim:
+            raise ValueError(f"row {row}: keys of shape {tuple(keys.shape)} do not match (1, {kv_heads}, n, {dim})")
+        if values.shape[:3] != keys.shape[:3]:
+            raise ValueError(f"row {row}: values {tuple(values.shape)} do not match keys {tuple(keys.shape)}")
+        start = longest - keys.shape[2]
+        keys_out[row, :, start:] = keys[0]
+        values_out[row, :, start:] = values[0]
+        if valid is None:
+            valid_out[row, :, start:] = True
+        else:
+            if valid.shape != (kv_heads, keys.shape[2]):
+                raise ValueError(f"row {row}: validity {tuple(valid.shape)} does not match ({kv_heads}, n)")
+            valid_out[row, :, start:] = valid.to(first.device)
+    return keys_out, values_out, valid_out
 
 
 class NotBatchableError(ValueError):
@@ -100,7 +158,7 @@ def check_states(states: Sequence[Prefill]) -> None:
 def padded_batch(states: Sequence[Prefill]) -> tuple[DynamicCache, KeyValidity]:
     """One left-padded batch cache over ``states``' caches (left unchanged), and which entries each row sees.
 
-    Head-wise masked layers are compacted first (:func:`~ripplekv.models.padded.compact_heads`): a row costs what it
+    Head-wise masked layers are compacted first (:func:`compact_heads`): a row costs what it
     keeps. ``states`` are prefilled caches of one prompt, as :func:`check_states` requires.
     """
     check_states(states)
