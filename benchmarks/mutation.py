@@ -132,11 +132,17 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "ripplekv/presses/lava_scorer.py": ("tests/test_lava_full.py", "tests/test_mutation_presses.py", *RELATIONS),
     "ripplekv/presses/per_prompt_press.py": PRESS_TESTS,
-    "ripplekv/presses/score_memo.py": (
+    "ripplekv_eval/fastpath/score_memo.py": (
         "tests/test_score_memo.py",
         "tests/test_relations_models.py",
         "tests/test_mutation_presses.py",
-        "tests/test_mutation_press_edges.py",
+        "tests/test_prescore.py",
+        *RELATIONS,
+    ),
+    "ripplekv_eval/fastpath/per_prompt.py": (
+        "tests/test_per_prompt_press.py",
+        "tests/test_relations_models.py",
+        "tests/test_score_memo.py",
         *RELATIONS,
     ),
     "ripplekv/presses/method_spec.py": (
