@@ -18,9 +18,17 @@ import numpy as np
 import pytest
 import tqdm
 
-from ripplekv_eval.reporting.by_scorer import analyse_by_scorer, primary_method, row_scorers, verdict_lines
-from ripplekv_eval.reporting.run_stats import RunStats, analyse_run
-from ripplekv_eval.reporting.tables import _p, budget_label, markdown_sections, markdown_significance
+from ripplekv_eval.reporting.report import (
+    _p,
+    analyse_by_scorer,
+    budget_label,
+    markdown_sections,
+    markdown_significance,
+    primary_method,
+    row_scorers,
+    verdict_lines,
+)
+from ripplekv_eval.reporting.stats import RunStats, analyse_run
 from ripplekv_eval.running.folder_config import (
     CONFIG_FORMAT,
     ConfigMismatchError,

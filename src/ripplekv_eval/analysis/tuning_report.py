@@ -8,7 +8,7 @@ Every mean is the report's macro mean (each task's mean, averaged over tasks;
 - ``best``: the candidate with the lowest calibration KL (ties: the earlier candidate in grid order);
 - held-out paired differences, each the macro mean of the per-prompt differences with wins/ties/losses (a win:
   lower KL), the stratified sign-flip permutation test of that macro mean and the interval inverting it
-  (:func:`ripplekv_eval.reporting.comparisons.compare`, Holm by its ``settle``): ``best - default`` (the gain of
+  (:func:`ripplekv_eval.reporting.stats.compare`, Holm by its ``settle``): ``best - default`` (the gain of
   tuning), ``best - snapkv`` and ``default - snapkv``; ``best - shared`` (the gain of tuning per budget over the
   one candidate chosen for all budgets). Holm adjusts over the four comparisons of a budget (``family="budget"``,
   the default) or the twelve of all budgets (``family="metric"``); **significant** = Holm-adjusted p < 0.05, and
@@ -26,9 +26,22 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv_eval.reporting.comparisons import Comparison, compare, paired_differences, settle
-from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, DEFAULT_FAMILY, FAMILIES, TEST_NAME, SignFlip
-from ripplekv_eval.reporting.stats import ALPHA, METRICS, Bootstrap, Estimate, Samples
+from ripplekv_eval.reporting.stats import (
+    ALPHA,
+    DEFAULT_DRAWS,
+    DEFAULT_FAMILY,
+    FAMILIES,
+    METRICS,
+    TEST_NAME,
+    Bootstrap,
+    Comparison,
+    Estimate,
+    Samples,
+    SignFlip,
+    compare,
+    paired_differences,
+    settle,
+)
 
 __all__ = [
     "COMPARISONS",

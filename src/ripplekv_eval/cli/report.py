@@ -54,8 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv report`` with parsed ``args``: print the report; return the exit status."""
     from ripplekv_eval.reporting.report import report
-    from ripplekv_eval.reporting.significance import DEFAULT_DRAWS
-    from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES
+    from ripplekv_eval.reporting.stats import DEFAULT_DRAWS, DEFAULT_RESAMPLES
 
     metrics = None if args.metrics is None else [m.strip() for m in args.metrics.split(",") if m.strip()]
     resamples = DEFAULT_RESAMPLES if args.resamples is None else args.resamples
@@ -63,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     text = report(args.run, args.format, args.plots, metrics, args.seed, resamples, draws, args.family)
     print(text, end="")
     if args.format != "csv":
-        from ripplekv_eval.reporting.significance import FAMILIES, TEST_NAME
+        from ripplekv_eval.reporting.stats import FAMILIES, TEST_NAME
 
         print(f"significance: {TEST_NAME}; Holm over {FAMILIES[args.family]}", file=sys.stderr)
     if args.plots:
