@@ -162,7 +162,6 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/models/shared_prefix.py": CHUNK_TESTS,
     "ripplekv_eval/reporting/report.py": REPORT_TESTS,
     "ripplekv_eval/running/results.py": RUN_TESTS,
-    "ripplekv_eval/running/folder_config.py": RUN_TESTS,
 }
 WALL_FACTOR = 4
 """A child's wall-time limit in multiples of its CPU-time limit (see :func:`run_forked`)."""

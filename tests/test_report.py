@@ -27,7 +27,8 @@ from ripplekv_eval.reporting.stats import (
     holm,
     paired_differences,
 )
-from ripplekv_eval.running.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
+from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE
+from ripplekv_eval.sample import FULL_BUDGET
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]

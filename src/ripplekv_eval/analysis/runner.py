@@ -31,7 +31,7 @@ from ripplekv_eval.analysis.damage import DAMAGE_METHOD, DamageRunner
 from ripplekv_eval.analysis.report import summarize
 from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv_eval.running.config import EvalConfig
-from ripplekv_eval.running.results import budgets_of, open_results, run_pending
+from ripplekv_eval.running.results import open_results, run_pending
 from ripplekv_eval.running.runner import build_samples, resolve_config
 from ripplekv_eval.suites import get_suite
 
@@ -60,14 +60,7 @@ def damage_profile_name(budget: float) -> str:
 
 @dataclass(frozen=True)
 class AnalysisConfig:
-    """What ``ripplekv analyze`` runs.
-
-    Args:
-        eval: the suite and its options, as for ``ripplekv eval``; its ``methods`` and ``score`` are ignored (one layer
-            is compressed with SnapKV; only fidelity is measured).
-        top_k: how many of the most damaging layers are compared with each predictor's (>= 1).
-        resamples: bootstrap resamples (at least the report's minimum, 2000).
-    """
+    """What ``ripplekv analyze`` runs."""
 
     eval: EvalConfig
     top_k: int = DEFAULT_TOP_K
@@ -95,13 +88,7 @@ class AnalysisConfig:
 
 @dataclass(frozen=True)
 class AnalysisSummary:
-    """What one :func:`run_analysis` call did.
-
-    Args:
-        rows: damage rows in ``damage.jsonl`` at the end.
-        new_rows: rows written by this call.
-        files: the files written besides ``damage.jsonl`` (summary, damage profiles, plots).
-    """
+    """What one :func:`run_analysis` call did."""
 
     out: Path
     summary: dict[str, Any]
@@ -146,7 +133,12 @@ def run_analysis(
     configurations = [(DAMAGE_METHOD, b) for b in budgets]
     with open_results(out, resolved, sources, rows_file=DAMAGE_FILE, answers_from=None) as folder:
         written = run_pending(
-            samples, configurations, folder, budgets_of(runner.run_sample), desc="analyze", progress=progress
+            samples,
+            configurations,
+            folder,
+            lambda sample, pending, answer: runner.run_sample(sample, [b for _, b in pending], answer),
+            desc="analyze",
+            progress=progress,
         )
     out = folder.out
 

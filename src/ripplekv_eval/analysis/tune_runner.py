@@ -25,8 +25,8 @@ from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.scorers import DEFAULT_SCORER
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
 from ripplekv_eval.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
-from ripplekv_eval.analysis.tuning_report import summarize_methods, summarize_tuning, tuned_settings
-from ripplekv_eval.running.results import budgets_of, open_results, run_pending
+from ripplekv_eval.analysis.tuning_report import summarize_tuning
+from ripplekv_eval.running.results import open_results, run_pending
 from ripplekv_eval.running.runner import build_samples, resolve_config
 from ripplekv_eval.suites import get_suite
 
@@ -38,16 +38,7 @@ SUMMARY_FILE = "tune.json"
 
 @dataclass(frozen=True)
 class TuneResult:
-    """What one :func:`run_tune` call did.
-
-    Args:
-        out: the output folder.
-        summary: the summary (also in ``tune.json``).
-        rows: rows in ``tune.jsonl`` at the end.
-        new_rows: rows written by this call.
-        samples: prompts of the run.
-        seconds: wall time of the call.
-    """
+    """What one :func:`run_tune` call did."""
 
     out: Path
     summary: dict[str, Any]
@@ -68,15 +59,7 @@ def run_tune(
     tokenizer: PreTrainedTokenizerBase | None = None,
     progress: bool = True,
 ) -> TuneResult:
-    """Run (or resume) the tuning ``config`` into ``out``; see the module docstring.
-
-    Args:
-        config: the tuning run.
-        out: the output folder (created; resumed when it holds the same configuration).
-        model: the model (loaded from ``config.eval.model`` unless given together with ``tokenizer``).
-        tokenizer: its tokenizer.
-        progress: show a progress bar.
-    """
+    """Run (or resume) the tuning ``config`` into ``out``; see the module docstring."""
 
     from ripplekv.models import model_identity
 
@@ -112,7 +95,12 @@ def run_tune(
     configurations = [(TUNE_METHOD, b) for b in budgets]
     with open_results(out, resolved, sources, rows_file=TUNE_FILE, answers_from=None) as folder:
         written = run_pending(
-            samples, configurations, folder, budgets_of(runner.run_sample), desc="tune", progress=progress
+            samples,
+            configurations,
+            folder,
+            lambda sample, pending, answer: runner.run_sample(sample, [b for _, b in pending], answer),
+            desc="tune",
+            progress=progress,
         )
     out = folder.out
 
@@ -143,12 +131,15 @@ def run_tune(
     )
     if config.method_candidates:
         groups = config.method_groups
-        summary["methods"] = summarize_methods(
-            rows, groups, calibration, heldout, config.resamples, config.bootstrap_seed
-        )
+        summary["methods"] = {  # each rival's grid against its own defaults (its plain name), as RippleKV's
+            method: summarize_tuning(
+                rows, list(keys), method, calibration, heldout, config.resamples, config.bootstrap_seed
+            )
+            for method, keys in groups.items()
+        }
         shared = next(c for c in config.candidates if c.key == summary["shared"])
         ripple = parse_method("ripplekv", r=float(shared.ratio), gamma=float(shared.gamma)).canonical()
-        summary["settings"] = tuned_settings(summary, ripple)
+        summary["settings"] = {"ripplekv": ripple} | {m: entry["shared"] for m, entry in summary["methods"].items()}
         summary["context"]["grids"] = {name: list(keys) for name, keys in groups.items()}
         summary["context"]["scorer"] = config.scorer
     write_json_atomic(out / SUMMARY_FILE, summary)

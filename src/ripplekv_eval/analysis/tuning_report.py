@@ -49,7 +49,6 @@ __all__ = [
     "candidate_samples",
     "comparison_record",
     "macro_mean",
-    "summarize_methods",
     "summarize_tuning",
     "tuning_markdown",
 ]
@@ -111,21 +110,7 @@ def summarize_tuning(
     draws: int = DEFAULT_DRAWS,
     family: str = DEFAULT_FAMILY,
 ) -> dict[str, Any]:
-    """The tuning summary of ``rows`` (see the module docstring).
-
-    Args:
-        rows: ``tune.jsonl`` rows (one per prompt and budget).
-        candidates: candidate keys in grid order.
-        default: the defaults' key (one of ``candidates``).
-        calibration: ids of the calibration prompts.
-        heldout: ids of the held-out prompts.
-        resamples: bootstrap resamples of the held-out differences' BCa intervals (``bca_low``, ``bca_high``; for
-            reference, no verdict uses them).
-        seed: seed of the bootstrap and of the sign-flip test.
-        context: what ran (model, suite, ...), copied into the summary.
-        draws: random sign vectors per comparison (beyond the exact enumeration's 16 prompts).
-        family: Holm's family: ``budget`` (the four comparisons of a budget) or ``metric`` (all budgets').
-    """
+    """The tuning summary of ``rows`` (see the module docstring)."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if default not in candidates:
@@ -219,12 +204,7 @@ def _fmt(c: Mapping[str, Any]) -> str:
 
 
 def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
-    """A markdown report of :func:`summarize_tuning`'s summary.
-
-    Args:
-        summary: the summary.
-        top: candidates listed per budget (by calibration KL).
-    """
+    """A markdown report of :func:`summarize_tuning`'s summary."""
     ctx = summary.get("context", {})
     lines = [
         f"# ripplekv tune: {ctx.get('model', '?')} on {ctx.get('suite', '?')}",
@@ -272,56 +252,9 @@ def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summarize_methods(
-    rows: Sequence[Mapping[str, Any]],
-    groups: Mapping[str, Sequence[str]],
-    calibration: set[str],
-    heldout: set[str],
-    resamples: int,
-    seed: int,
-    draws: int = DEFAULT_DRAWS,
-    family: str = DEFAULT_FAMILY,
-) -> dict[str, dict[str, Any]]:
-    """Each rival method's grid summarised on its own, against its own defaults (its plain name), exactly as
-    :func:`summarize_tuning` summarises RippleKV's: the same rows, splits, selection rule and tests.
-
-    Args:
-        rows: ``tune.jsonl`` rows.
-        groups: method -> its candidate keys (canonical specs), the defaults first
-            (:attr:`ripplekv_eval.analysis.tuning.TuneConfig.method_groups`).
-        calibration: ids of the calibration prompts.
-        heldout: ids of the held-out prompts.
-        resamples: bootstrap resamples (see :func:`summarize_tuning`).
-        seed: seed of the bootstrap and of the sign-flip test.
-        draws: random sign vectors per comparison.
-        family: Holm's family (see :func:`summarize_tuning`).
-    """
-    return {
-        method: summarize_tuning(rows, list(keys), method, calibration, heldout, resamples, seed, None, draws, family)
-        for method, keys in groups.items()
-    }
-
-
-def tuned_settings(summary: Mapping[str, Any], ripplekv: str) -> dict[str, str]:
-    """The method spec each method is run at once tuned: its ``shared`` candidate (lowest calibration KL averaged
-    over the budgets), for RippleKV the spec of the shared candidate's ``r`` and ``gamma``.
-
-    Args:
-        summary: the tune summary (with ``methods`` for the rivals).
-        ripplekv: RippleKV's spec at the shared candidate (``ripplekv:r=16,gamma=12``), made by the caller.
-    """
-    settings = {"ripplekv": ripplekv}
-    for method, entry in summary.get("methods", {}).items():
-        settings[method] = entry["shared"]
-    return settings
-
-
 def methods_markdown(summary: Mapping[str, Any]) -> str:
     """The rivals' part of the tuning report: per method, its shared choice and, per budget, its best candidate's
     held-out gain over its defaults.
-
-    Args:
-        summary: the tune summary (its ``methods`` and ``settings``).
     """
     methods = summary.get("methods", {})
     if not methods:

@@ -49,53 +49,11 @@ DEFAULT_BUDGETS = (0.1, 0.2, 0.3)
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What to evaluate (the options of ``ripplekv eval``).
-
-    Args:
-        suite: a registered suite name (:data:`ripplekv_eval.suites.SUITES`).
-        model: model path, hub id, ``.gguf`` file or alias.
-        methods: names of :data:`ripplekv.presses.registry.METHODS`, optionally with parameters
-            (:mod:`ripplekv.presses.method_spec`: ``cake:tau1=2,tau2=0.5``), stored canonical (declared order, defaults
-            left out), which names the method in rows and reports; ``full`` runs once per sample at budget 1.0.
-        budgets: kept fractions in (0, 1] (above 1 is an error: token counts go in ``tokens``).
-        tokens: average token counts kept per layer, run after the fractions; integers >= 2, since a row stores its
-            budget as one number and 1 would read as the full cache's fraction 1.0. Not taken by kvpress's own presses
-            (:data:`ripplekv.presses.registry.FRACTION_ONLY_METHODS`).
-        scorers: token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs under
-            each, named ``method@scorer`` (SnapKV keeps the plain name); methods without one
-            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. Configurations are derived from
-            the sample's one prefill where the fast path knows their presses
-            (:func:`~ripplekv_eval.fastpath.hidden_tail.knows`); any other runs its own prefill.
-        tasks: the suite's tasks (None: the suite's default; a suite without tasks refuses them).
-        limit: at most this many samples per task, as the suite counts them.
-        profile: sensitivity profile JSON (the ripplekv methods need it).
-        oracle_profile: damage profile(s) from ``ripplekv analyze`` for ``ripplekv-oracle``: one for every budget, or
-            one per budget, each used at the budget it was measured at (a single path becomes a tuple).
-        strict_profile: a profile of other weights than the model's is an error, not a warning (not part of the
-            run's identity: it changes no result).
-        protocol: ``question-aware`` (the whole prompt is compressed) or ``query-agnostic`` (the context part is, then
-            the question runs over each compressed cache).
-        max_new_tokens: cap on every task's answer length.
-        seed: seed of the generated suites (RULER, needle).
-        score: ``both`` (decode and score every configuration, and record fidelity) or ``fidelity`` (only the full
-            cache is decoded and scored; the others get fidelity only).
-        chat_template: ``auto`` (each suite's rule: LongBench pred.py's, the others whenever the tokenizer has one),
-            ``on`` (the tokenizer must have one) or ``off``.
-        decode: ``batched`` (with ``score="both"`` a sample's compressed configurations decode as one batch,
-            :mod:`ripplekv_eval.fastpath.batched`) or ``sequential``: the same greedy tokens up to float rounding at
-            near-ties.
-        decode_rows: most configurations per decoding batch (None: as many as ``decode_memory`` allows).
-        decode_memory: most bytes of caches held for one batched decode (laid out for the batch,
-            :func:`~ripplekv_eval.fastpath.batched.row_bytes`): configurations are derived, scored and decoded in groups
-            within it, each released before the next. None: one full cache of the sample's compressed part. A larger
-            configuration decodes alone. ``decode``, ``decode_rows`` and ``decode_memory`` are not compared on resume.
-        prefill_chunk: most tokens per pass of a sample's shared prefill (None: one pass), bounding its activations
-            (:func:`~ripplekv_eval.fastpath.record.record_prefill`). A part within it (default 8,192 tokens) is
-            prefilled exactly as in one pass; a longer one differs by float rounding, so the chunk is compared on
-            resume when some sample is longer than it.
-        options: the suite's options, option name (the flag with ``_`` for ``-``) -> value; replaced by the suite's
-            frozen options dataclass, defaults filled in.
-    """
+    """What to evaluate: the options of ``ripplekv eval`` (docs/cli.md), checked. Methods are stored canonical
+    (:mod:`ripplekv.presses.method_spec`), naming them in rows and reports; ``tokens`` are counts >= 2 (a row's
+    budget column reads 1 as the fraction 1.0); ``options`` (the suite's flags with ``_`` for ``-``) become the
+    suite's options dataclass; ``strict_profile``, ``decode``, ``decode_rows`` and ``decode_memory`` change no result
+    and are not compared on resume."""
 
     suite: str
     model: str = "smollm2-135m"

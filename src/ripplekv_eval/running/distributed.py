@@ -100,17 +100,9 @@ def run_eval_ray(
     worker_hook: Callable[[Hashable, int], None] | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> EvalSummary:
-    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors.
-
-    Args:
-        out: the output folder (resumed when it holds the same configuration, whichever way it was run).
-        ray_address: the Ray cluster to join; None starts a local one (or uses this process's connection).
-        model_factory: loads the model and tokenizer on each actor (picklable); default
-            :func:`ripplekv.models.load_model` of ``config.model``, ``config.dtype`` and ``config.device``.
-        on_row: called on the driver with every row right after it was written.
-        worker_hook: called on the actors before each row (tests: a crash on a chosen sample).
-        max_attempts: times a sample may lose its actor before the run stops.
-    """
+    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors (``model_factory``: a
+    picklable loader, default :func:`ripplekv.models.load_model`; ``worker_hook``: called on the actors before each
+    row, for tests)."""
     from tqdm import tqdm
 
     start = time.perf_counter()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["iter_json_lines"]
+__all__ = ["iter_json_lines", "string_list"]
 
 
 def iter_json_lines(path: Path) -> Iterator[tuple[str, int, Any]]:
@@ -26,3 +26,10 @@ def iter_json_lines(path: Path) -> Iterator[tuple[str, int, Any]]:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from error
             yield where, line_number, raw
+
+
+def string_list(value: Any, field: str, where: str) -> tuple[str, ...]:
+    """``value`` as a tuple of strings; ValueError naming ``field`` and ``where`` unless it is a list of strings."""
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{where}: field {field!r} must be a list of strings, got {value!r:.80}")
+    return tuple(value)

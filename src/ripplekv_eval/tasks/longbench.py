@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv_eval.tasks.jsonlines import iter_json_lines
+from ripplekv_eval.tasks.jsonlines import iter_json_lines, string_list
 from ripplekv_eval.tasks.longbench_config import (
     CHAT_TEMPLATE_MODES,
     ENGLISH_TASKS,
@@ -83,12 +83,6 @@ class LongBenchRecord:
         return base_task(self.task)
 
 
-def _string_list(value: Any, field: str, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ValueError(f"{where}: field {field!r} must be a list of strings, got {value!r:.80}")
-    return tuple(value)
-
-
 def _parse_record(task: str, raw: Any, where: str) -> LongBenchRecord:
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
@@ -101,11 +95,11 @@ def _parse_record(task: str, raw: Any, where: str) -> LongBenchRecord:
     length = raw["length"]
     if isinstance(length, bool) or not isinstance(length, int):
         raise ValueError(f"{where}: field 'length' must be an integer, got {length!r}")
-    answers = _string_list(raw["answers"], "answers", where)
+    answers = string_list(raw["answers"], "answers", where)
     if not answers:
         raise ValueError(f"{where}: field 'answers' is empty")
     classes = raw.get("all_classes")
-    all_classes = None if classes is None else _string_list(classes, "all_classes", where)
+    all_classes = None if classes is None else string_list(classes, "all_classes", where)
     return LongBenchRecord(
         task=task,
         input=raw["input"],
