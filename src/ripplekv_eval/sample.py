@@ -9,20 +9,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "DEFAULT_SCORER",
-    "FULL_BUDGET",
-    "MIN_NEW_TOKENS",
-    "SCORER_SEPARATOR",
-    "EvalSample",
-    "configuration_name",
-    "positive_int",
-    "row_configuration",
-    "row_scorer",
-    "scored_methods",
-    "split_configuration",
-]
-
 FULL_BUDGET = 1.0
 """The budget recorded in the ``full`` cache's rows."""
 MIN_NEW_TOKENS = 1

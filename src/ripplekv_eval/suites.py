@@ -269,7 +269,7 @@ class RulerSuite(Suite):
             ids, split = split_prompt(tokenizer, *parts)
 
             def score(prediction: str, synthetic: ruler.SyntheticSample = synthetic) -> float:
-                return ruler.score(synthetic, prediction)
+                return ruler.score(prediction, synthetic.answers)
 
             samples.append(
                 EvalSample(

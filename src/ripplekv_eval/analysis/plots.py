@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_analysis_plots"]
-
 
 def _budget_name(key: str) -> str:
     return key.replace(".", "p")

@@ -35,17 +35,6 @@ from ripplekv_eval.running.results import open_results, run_pending
 from ripplekv_eval.running.runner import build_samples, resolve_config
 from ripplekv_eval.suites import get_suite
 
-__all__ = [
-    "ANALYSIS_FILE",
-    "DAMAGE_FILE",
-    "DEFAULT_ANSWER_TOKENS",
-    "DEFAULT_TOP_K",
-    "AnalysisConfig",
-    "AnalysisSummary",
-    "damage_profile_name",
-    "run_analysis",
-]
-
 DAMAGE_FILE = "damage.jsonl"
 ANALYSIS_FILE = "analysis.json"
 DEFAULT_TOP_K = 5
@@ -68,22 +57,13 @@ class AnalysisConfig:
     bootstrap_seed: int = 0
     plots: bool = True
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.eval, EvalConfig):
-            raise TypeError(f"eval must be an EvalConfig, got {type(self.eval).__name__}")
+    def __post_init__(self) -> None:  # the suite and budgets are checked by EvalConfig
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}")
         if isinstance(self.resamples, bool) or not isinstance(self.resamples, int) or self.resamples < MIN_RESAMPLES:
             raise ValueError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {self.resamples!r}")
         if isinstance(self.bootstrap_seed, bool) or not isinstance(self.bootstrap_seed, int) or self.bootstrap_seed < 0:
             raise ValueError(f"bootstrap_seed must be an integer >= 0, got {self.bootstrap_seed!r}")
-        if not isinstance(self.plots, bool):
-            raise TypeError(f"plots must be a bool, got {type(self.plots).__name__}")
-        if not self.eval.budget_values:
-            raise ValueError("no budgets given")
-        for budget in self.eval.budgets:
-            if not 0 < float(budget) <= 1:
-                raise ValueError(f"budget {budget} out of range: analyze takes kept fractions in (0, 1]")
 
 
 @dataclass(frozen=True)

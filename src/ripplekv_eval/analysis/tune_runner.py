@@ -30,8 +30,6 @@ from ripplekv_eval.running.results import open_results, run_pending
 from ripplekv_eval.running.runner import build_samples, resolve_config
 from ripplekv_eval.suites import get_suite
 
-__all__ = ["SUMMARY_FILE", "TUNE_FILE", "TuneResult", "run_tune"]
-
 TUNE_FILE = "tune.jsonl"
 SUMMARY_FILE = "tune.json"
 

@@ -43,16 +43,6 @@ from ripplekv_eval.reporting.stats import (
     settle,
 )
 
-__all__ = [
-    "COMPARISONS",
-    "KL",
-    "candidate_samples",
-    "comparison_record",
-    "macro_mean",
-    "summarize_tuning",
-    "tuning_markdown",
-]
-
 SNAPKV = "snapkv"
 
 

@@ -6,8 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["add_parser", "run"]
-
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``report`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""

@@ -15,8 +15,6 @@ from typing import Any
 from ripplekv_eval.reporting.summary import RunSummary, needle_task
 from ripplekv_eval.sample import FULL_BUDGET
 
-__all__ = ["write_plots"]
-
 
 def _budget_name(budget: float) -> str:
     return f"{budget:g}".replace(".", "p")

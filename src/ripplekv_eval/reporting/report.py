@@ -20,6 +20,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from ripplekv.presses.descriptions import SCORER_DESCRIPTIONS, describe_method
@@ -338,15 +339,7 @@ def format_json(summary: RunSummary, stats: RunStats | None = None, by_scorer: M
         "longbench_e_groups": {g: {"tasks": t, "samples": n} for g, (t, n) in summary.group_sizes.items()},
         "timing": None
         if timing is None
-        else {
-            "samples": timing.samples,
-            "shared_prefill": timing.shared_prefill,
-            "derived": timing.derived,
-            "own_prefill": timing.own_prefill,
-            "separate_estimate": timing.separate_estimate,
-            "total": timing.total,
-            "speedup_estimate": None if math.isnan(timing.speedup_estimate) else timing.speedup_estimate,
-        },
+        else {**asdict(timing), "total": timing.total, "speedup_estimate": _number(timing.speedup_estimate)},
         "statistics": None if stats is None else stats_json(stats),
         **({} if by_scorer is None else {"statistics_by_scorer": dict(by_scorer)}),
     }

@@ -26,8 +26,6 @@ from ripplekv_eval.sample import (
 )
 from ripplekv_eval.tasks.longbench import LONGBENCH_E_BUCKETS, length_bucket
 
-__all__ = ["AVERAGE", "RunSummary", "Timing", "load_run", "needle_task", "summarize"]
-
 AVERAGE = "average"  # the task name of the macro average in score tables
 
 

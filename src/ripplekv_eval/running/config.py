@@ -88,22 +88,18 @@ class EvalConfig:
         if unknown:
             raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
         object.__setattr__(self, "methods", tuple(parse_method(str(m)).canonical() for m in self.methods))
-        object.__setattr__(self, "budgets", tuple(self.budgets))
+        for name in ("budgets", "tokens", "scorers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.tasks is not None:
             object.__setattr__(self, "tasks", tuple(self.tasks))
-        if not self.methods:
-            raise ValueError("no methods given")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods contain duplicates: {', '.join(self.methods)}")
-        object.__setattr__(self, "tokens", tuple(self.tokens))
-        object.__setattr__(self, "scorers", tuple(self.scorers))
-        if not self.scorers:
-            raise ValueError("no scorers given (the default is snapkv)")
+        if not self.methods or not self.scorers:
+            raise ValueError("no methods or no scorers given (the default scorer is snapkv)")
         unknown = [s for s in self.scorers if s not in SCORERS]
         if unknown:
             raise ValueError(f"unknown scorer(s) {', '.join(map(str, unknown))}; choose from {', '.join(SCORERS)}")
-        if len(set(self.scorers)) != len(self.scorers):
-            raise ValueError(f"scorers contain duplicates: {', '.join(self.scorers)}")
+        for name in ("methods", "scorers", "budgets", "tokens"):
+            if len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise ValueError(f"{name} contain duplicates: {getattr(self, name)}")
         if any(m != "full" for m in self.methods) and not self.budgets and not self.tokens:
             raise ValueError("no budgets given (budgets: kept fractions; tokens: token counts per layer)")
         for budget in self.budgets:
@@ -122,28 +118,25 @@ class EvalConfig:
                     f"tokens {count}: a row stores its budget as one number, and {count} is the kept fraction 1.0 "
                     "(the full cache's row); evaluate 2 or more tokens per layer"
                 )
-        if len(set(self.budgets)) != len(self.budgets):
-            raise ValueError(f"budgets contain duplicates: {self.budgets}")
-        if len(set(self.tokens)) != len(self.tokens):
-            raise ValueError(f"tokens contain duplicates: {self.tokens}")
         by_fraction = [m for m in self.methods if base_method(m) in FRACTION_ONLY_METHODS]
         if self.tokens and by_fraction:
             raise ValueError(
                 f"{', '.join(by_fraction)} (kvpress's own presses) take kept fractions only, not token counts: "
                 "drop them from the methods or drop tokens"
             )
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
-        if self.score not in SCORE_MODES:
-            raise ValueError(f"score must be one of {', '.join(SCORE_MODES)}, got {self.score!r}")
-        if self.decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
-        positive_int("decode_rows", self.decode_rows, allow_none=True)
-        positive_int("decode_memory", self.decode_memory, allow_none=True)
+        modes = {
+            "protocol": PROTOCOLS,
+            "score": SCORE_MODES,
+            "decode": DECODE_MODES,
+            "chat_template": CHAT_TEMPLATE_MODES,
+        }
+        for name, allowed in modes.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name in ("decode_rows", "decode_memory", "limit", "max_new_tokens"):
+            positive_int(name, getattr(self, name), allow_none=True)
+        positive_int("window_size", self.window_size)
         check_prefill_chunk(self.prefill_chunk)
-        if self.chat_template not in CHAT_TEMPLATE_MODES:
-            modes = ", ".join(CHAT_TEMPLATE_MODES)
-            raise ValueError(f"chat_template must be one of {modes}, got {self.chat_template!r}")
         if self.tasks is not None and (not self.tasks or len(set(self.tasks)) != len(self.tasks)):
             raise ValueError(f"tasks must be a non-empty list without duplicates, got {self.tasks!r}")
         if self.oracle_profile is not None:
@@ -156,9 +149,6 @@ class EvalConfig:
             if not paths or not all(isinstance(p, str) and p for p in paths) or len(set(paths)) != len(paths):
                 raise ValueError(f"oracle_profile must be one or more distinct profile paths, got {paths!r}")
             object.__setattr__(self, "oracle_profile", paths)
-        positive_int("limit", self.limit, allow_none=True)
-        positive_int("window_size", self.window_size)
-        positive_int("max_new_tokens", self.max_new_tokens, allow_none=True)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         object.__setattr__(self, "options", suite.parse_options(self.options))

@@ -40,8 +40,6 @@ from ripplekv_eval.running.runner import (
     resolve_config,
 )
 
-__all__ = ["EvalWorker", "ModelFactory", "run_eval_ray"]
-
 ModelFactory = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
 """A picklable callable that loads the model and its tokenizer (called once on every actor)."""
 

@@ -7,8 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["iter_json_lines", "string_list"]
-
 
 def iter_json_lines(path: Path) -> Iterator[tuple[str, int, Any]]:
     """``(where, line_number, value)`` for every non-blank line of ``path``; ``where`` is ``"path:line"``.

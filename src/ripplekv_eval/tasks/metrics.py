@@ -13,18 +13,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from difflib import SequenceMatcher
 
-__all__ = [
-    "METRICS",
-    "classification_score",
-    "code_sim_score",
-    "count_score",
-    "fuzz_ratio",
-    "normalize_answer",
-    "qa_f1_score",
-    "retrieval_score",
-    "rouge_score",
-]
-
 Metric = Callable[..., float]
 
 _PUNCTUATION = frozenset(string.punctuation)
