@@ -3,14 +3,6 @@
 A :class:`Suite` turns a run's request into scored samples; it owns its options (a frozen dataclass validated in
 ``__post_init__``, fields named as the ``ripplekv eval`` flags with ``_`` for ``-``), task names, samples and its part
 of ``config.json``. The runner reaches suites only through :data:`SUITES` and that interface.
-
-- ``longbench``: official ``<task>.jsonl`` files run as THUDM/LongBench's ``pred.py`` runs them
-  (:mod:`ripplekv_eval.tasks.longbench`); ``gold_nll``'s gold answer is the record's first.
-- ``ruler``: RULER-style synthetic tasks (:mod:`ripplekv_eval.tasks.ruler`); without the chat template the prompt is
-  RULER's (context, newline, question, answer prefix); the gold answer is the expected outputs joined by ``", "``.
-- ``needle``: a number hidden in essay text over lengths x depths; a prediction scores 1 when it holds the number.
-- ``jsonl``: a user's file of ``{"context", "question", "answers"}`` records (optional ``id``/``_id``,
-  ``all_classes``, ``task``), scored by a LongBench metric, the max over ``answers`` as LongBench's ``eval.py``.
 """
 
 from __future__ import annotations
@@ -25,9 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ripplekv.inference.generate import chat_prompt_parts
 from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt
-from ripplekv_eval.sample import EvalSample, positive_int
+from ripplekv_eval.sample import EvalSample, check_int, use_chat_template
 from ripplekv_eval.tasks import longbench, ruler
-from ripplekv_eval.tasks.jsonlines import iter_json_lines, string_list
+from ripplekv_eval.tasks.longbench import check_record, iter_json_lines
 from ripplekv_eval.tasks.metrics import METRICS
 
 if TYPE_CHECKING:
@@ -43,11 +35,6 @@ class SuiteRequest(Protocol):
     chat_template: str
     max_new_tokens: int | None
     seed: int
-
-
-def flag(option: str) -> str:
-    """The ``ripplekv eval`` flag of an option name (``needle_lengths`` -> ``--needle-lengths``)."""
-    return "--" + option.replace("_", "-")
 
 
 class Suite(ABC):
@@ -66,10 +53,10 @@ class Suite(ABC):
         known = [f.name for f in dataclasses.fields(self.options_type)]
         unknown = [name for name in options if name not in known]
         if unknown:
-            own = ", ".join(flag(name) for name in known) or "none"
+            flags = {name: "--" + str(name).replace("_", "-") for name in [*known, *unknown]}
             raise ValueError(
-                f"{', '.join(flag(str(name)) for name in unknown)} does not apply to the {self.name} suite "
-                f"(its own options: {own})"
+                f"{', '.join(flags[name] for name in unknown)} does not apply to the {self.name} suite "
+                f"(its own options: {', '.join(flags[name] for name in known) or 'none'})"
             )
         return self.options_type(**options)
 
@@ -108,16 +95,6 @@ def cap_new_tokens(config: SuiteRequest, tokens: int) -> int:
     return min(tokens, config.max_new_tokens) if config.max_new_tokens else tokens
 
 
-def use_chat_template(tokenizer: PreTrainedTokenizerBase, mode: str) -> bool:
-    """Whether prompts go through the chat template: ``mode`` ``auto`` (when the tokenizer has one), ``on``, ``off``."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if mode == "on" and not has_template:
-        raise ValueError("--chat-template on, but the tokenizer has no chat template")
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"chat template mode must be auto, on or off, got {mode!r}")
-    return has_template and mode != "off"
-
-
 def prompt_parts(
     tokenizer: PreTrainedTokenizerBase, context: str, question: str, mode: str, plain: str | None = None
 ) -> tuple[str, str]:
@@ -142,9 +119,8 @@ class LongBenchOptions:
         if not self.data_dir:
             raise ValueError("the longbench suite needs --data-dir (a folder of official <task>.jsonl files)")
         object.__setattr__(self, "data_dir", str(self.data_dir))
-        positive_int("max_length", self.max_length, allow_none=True)
-        if self.skip is not None and (isinstance(self.skip, bool) or not isinstance(self.skip, int) or self.skip < 0):
-            raise ValueError(f"skip must be an integer >= 0, got {self.skip!r}")
+        check_int("max_length", self.max_length, allow_none=True)
+        check_int("skip", self.skip, 0, allow_none=True)
 
 
 class LongBenchSuite(Suite):
@@ -238,7 +214,7 @@ class RulerOptions:
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
 
     def __post_init__(self) -> None:
-        positive_int("context_tokens", self.context_tokens)
+        check_int("context_tokens", self.context_tokens)
 
 
 class RulerSuite(Suite):
@@ -313,7 +289,7 @@ class NeedleOptions:
         if not self.needle_lengths or not self.needle_depths:
             raise ValueError("needle lengths and depths must not be empty")
         for length in self.needle_lengths:
-            positive_int("needle length", length)
+            check_int("needle length", length)
         for depth in self.needle_depths:
             if isinstance(depth, bool) or not (isinstance(depth, (int, float)) and 0.0 <= depth <= 1.0):
                 raise ValueError(f"needle depth must be in [0, 1], got {depth!r}")
@@ -321,9 +297,8 @@ class NeedleOptions:
             self.needle_depths
         ):
             raise ValueError("needle lengths and depths must not contain duplicates")
-        if isinstance(self.needle_digits, bool) or not isinstance(self.needle_digits, int):
-            raise ValueError(f"needle digits must be an integer, got {self.needle_digits!r}")
-        if not 1 <= self.needle_digits <= 18:
+        check_int("needle digits", self.needle_digits)
+        if self.needle_digits > 18:
             raise ValueError(f"needle digits must be in [1, 18], got {self.needle_digits}")
 
 
@@ -411,21 +386,9 @@ class JsonlRecord:
 
 
 def _parse(raw: Any, index: int, metric: str, where: str) -> JsonlRecord:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    missing = [name for name in ("context", "question", "answers") if name not in raw]
-    if missing:
-        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-    for name in ("context", "question"):
-        if not isinstance(raw[name], str):
-            raise ValueError(f"{where}: field {name!r} must be a string, got {type(raw[name]).__name__}")
+    answers, all_classes = check_record(raw, where, ("context", "question"))
     if not raw["context"]:
         raise ValueError(f"{where}: field 'context' is empty")
-    answers = string_list(raw["answers"], "answers", where)
-    if not answers:
-        raise ValueError(f"{where}: field 'answers' is empty")
-    classes = raw.get("all_classes")
-    all_classes = None if classes is None else string_list(classes, "all_classes", where)
     identifier = raw.get("id", raw.get("_id", index))
     if isinstance(identifier, bool) or not isinstance(identifier, (str, int)):
         raise ValueError(f"{where}: field 'id' must be a string or an integer, got {identifier!r:.80}")

@@ -21,6 +21,7 @@ from scipy.stats import rankdata
 from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv_eval.sample import check_int
 
 SUMMARY_FORMAT = "ripplekv-analysis/1"
 PREDICTORS = ("profile_kl", "profile_local", "depth", "pyramidkv")
@@ -234,8 +235,7 @@ def summarize(
     """The analysis summary of damage rows (see the module docstring), as a JSON-ready dict."""
     if not rows:
         raise ValueError("no damage rows to summarise")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
+    check_int("top_k", top_k)
     budgets = {
         f"{budget:g}": _budget_summary(group, budget, profile, window_size, top_k, resamples, seed, confidence)
         for budget, group in _rows_by_budget(rows).items()

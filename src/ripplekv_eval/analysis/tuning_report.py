@@ -1,21 +1,10 @@
 """The summary of ``ripplekv tune``: selection on the calibration split, gains on the held-out split.
 
-Every mean is the report's macro mean (each task's mean, averaged over tasks;
-:mod:`ripplekv_eval.reporting.stats`). Per budget:
-
-- every candidate's mean KL on the calibration and the held-out prompts (the held-out means are shown, never used
-  to choose);
-- ``best``: the candidate with the lowest calibration KL (ties: the earlier candidate in grid order);
-- held-out paired differences, each the macro mean of the per-prompt differences with wins/ties/losses (a win:
-  lower KL), the stratified sign-flip permutation test of that macro mean and the interval inverting it
-  (:func:`ripplekv_eval.reporting.stats.compare`, Holm by its ``settle``): ``best - default`` (the gain of
-  tuning), ``best - snapkv`` and ``default - snapkv``; ``best - shared`` (the gain of tuning per budget over the
-  one candidate chosen for all budgets). Holm adjusts over the four comparisons of a budget (``family="budget"``,
-  the default) or the twelve of all budgets (``family="metric"``); **significant** = Holm-adjusted p < 0.05, and
-  then the interval excludes 0.
-
-``shared`` is the candidate with the lowest calibration KL averaged over the budgets: if ``best - shared`` is not
-significant at any budget, the best allocation does not depend on the budget (to this run's resolution).
+Per budget: every candidate's macro-mean KL (:mod:`ripplekv_eval.reporting.stats`) on both splits (held-out means are
+shown, never used to choose); ``best``, the lowest calibration KL (ties: grid order); and held-out paired comparisons
+(sign-flip test, Holm over the budget's four or, ``family="metric"``, all budgets' twelve): ``best - default``,
+``best - snapkv``, ``default - snapkv`` and ``best - shared``, where ``shared`` has the lowest calibration KL averaged
+over the budgets (if ``best - shared`` is never significant, the best allocation does not depend on the budget).
 """
 
 from __future__ import annotations

@@ -236,19 +236,12 @@ def eval_config(args: argparse.Namespace, **fixed: Any) -> EvalConfig:
     from ripplekv_eval.suites import SUITES
 
     names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
-    given = {
-        "budgets": resolve_budgets(args, DEFAULT_BUDGETS),
-        "tokens": tuple(args.tokens or ()),
-        "options": {name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None},
-    }
-    for name in ("suite", "model", "tasks", "limit", "protocol", "window_size", "max_new_tokens", "seed", "dtype"):
-        given[name] = getattr(args, name)
-    given.update(device=args.device, chat_template=args.chat_template)
-    for name in ("profile", "score", "decode", "decode_rows", "decode_memory", "prefill_chunk", "oracle_profile"):
-        if hasattr(args, name):
-            given[name] = getattr(args, name)
-    if hasattr(args, "methods"):
-        given.update(methods=tuple(args.methods), scorers=tuple(args.scorers), strict_profile=args.strict_profile)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if hasattr(args, f.name)}
+    given.update(
+        budgets=resolve_budgets(args, DEFAULT_BUDGETS),
+        tokens=tuple(args.tokens or ()),
+        options={name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None},
+    )
     return EvalConfig(**{**given, **fixed})
 
 

@@ -107,7 +107,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv tune`` with parsed ``args``; prints the summary, returns the exit status."""
-    from ripplekv_eval.analysis.tune_runner import run_tune
+    from ripplekv_eval.analysis.runner import run_tune
     from ripplekv_eval.analysis.tuning import TuneConfig
     from ripplekv_eval.analysis.tuning_report import methods_markdown, tuning_markdown
 

@@ -1,14 +1,9 @@
 """``ripplekv report``: tables, statistics and plots of an evaluation folder (``ripplekv eval``'s output).
 
-A task's score for one (method, budget) is ``100 * mean`` of its sample scores; the average is the mean over the
-tasks, and every cell also gives the percentage of the full cache's score on the same task (the ``full`` row, run
-once at budget 1.0, is shown under every budget). Needle cells (length x depth) are tasks; LongBench-E (``_e``) tasks
-add the official per-length view. Rows whose ``score`` is null (``--score fidelity``) stay out of the score tables.
-For ``score`` and each fidelity metric the statistics (:mod:`~ripplekv_eval.reporting.stats`) give every
-(method, budget)'s macro mean and interval, each method's paired difference to SnapKV and to the best other method,
-and one significance line per budget. A run over several token scorers (``eval --scorers``) is analysed per scorer:
-schedules are compared over one scorer at a time (Holm within the scorer), then shown as allocation x scorer
-matrices. Formats: ``md``, ``csv`` (score tables), ``json`` (everything).
+A task's score for one (method, budget) is ``100 * mean`` of its sample scores, with its percentage of the full cache's
+(``full`` runs once at 1.0 and is shown under every budget); needle cells are tasks, LongBench-E tasks add the official
+per-length view. The statistics (:mod:`~ripplekv_eval.reporting.stats`) cover the score and every fidelity metric; a
+run over several token scorers is analysed per scorer (schedules compared over one scorer, Holm within it).
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -51,20 +46,19 @@ PRIMARY = "ripplekv"  # the method whose difference to the best other schedule e
 ByScorer = Mapping[str, tuple[RunStats, list[str]]]
 
 
+def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """The lines of a markdown table."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def legend(methods: Sequence[str]) -> list[str]:
     """A markdown table: each method and what it computes (a spec names its parameters)."""
-    lines = ["| method | what it computes |", "|---|---|"]
-    for method in methods:
-        lines.append(f"| {method} | {describe_method(method)} |")
-    return lines
+    return md_table(["method", "what it computes"], [[m, describe_method(m)] for m in methods])
 
 
 def scorer_legend(scorers: Sequence[str]) -> list[str]:
     """A markdown table: each token scorer and what it ranks tokens by."""
-    lines = ["| scorer | what it ranks tokens by |", "|---|---|"]
-    for scorer in scorers:
-        lines.append(f"| {scorer} | {SCORER_DESCRIPTIONS.get(scorer, scorer)} |")
-    return lines
+    return md_table(["scorer", "what it ranks tokens by"], [[s, SCORER_DESCRIPTIONS.get(s, s)] for s in scorers])
 
 
 def budget_label(budget: float) -> str:
@@ -170,7 +164,7 @@ def markdown_significance(run: RunStats, suffix: str = "") -> list[str]:
 
 
 def _estimate_table(stats: MetricStats, methods: Sequence[str], budgets: Sequence[float]) -> list[str]:
-    lines = ["| method | " + " | ".join(f"budget {b:g}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
+    rows = []
     for method in methods:
         cells = []
         for budget in budgets:
@@ -179,8 +173,8 @@ def _estimate_table(stats: MetricStats, methods: Sequence[str], budgets: Sequenc
                 estimate = next((e for (m, _), e in stats.estimates.items() if m == REFERENCE), None)
             cells.append("–" if estimate is None else _interval(stats, estimate))
         if any(cell != "–" for cell in cells):
-            lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return lines
+            rows.append([method, *cells])
+    return md_table(["method", *(f"budget {b:g}" for b in budgets)], rows)
 
 
 def _comparison_cells(stats: MetricStats, c: Comparison | None) -> list[str]:
@@ -203,18 +197,13 @@ def markdown_sections(run: RunStats, methods: Sequence[str], budgets: Sequence[f
             if not versus:
                 continue
             title = f"### {name} at budget {budget:g}{suffix}: paired differences (`method - other`; * significant)"
-            lines += ["", title, ""]
-            lines.append(
-                f"| method | vs {BASELINE} | W/T/L | p | Holm p | best other | vs best other | W/T/L | p | Holm p |"
-            )
-            lines.append("|---|" + "---|" * 9)
-            for method in methods:
-                if method not in versus:
-                    continue
+            header = ["method", f"vs {BASELINE}", "W/T/L", "p", "Holm p", "best other", "vs best other", "W/T/L"]
+            rows = []
+            for method in [m for m in methods if m in versus]:
                 snap, best = versus[method].get("baseline"), versus[method].get("best_other")
-                cells = [*_comparison_cells(stats, snap), "–" if best is None else best.other]
-                cells += _comparison_cells(stats, best)
-                lines.append(f"| {method} | " + " | ".join(cells) + " |")
+                other = "–" if best is None else best.other
+                rows.append([method, *_comparison_cells(stats, snap), other, *_comparison_cells(stats, best)])
+            lines += ["", title, "", *md_table([*header, "p", "Holm p"], rows)]
     return lines
 
 
@@ -479,12 +468,8 @@ def _cell(summary: RunSummary, task: str, method: str, budget: float) -> str:
 
 
 def _md_table(summary: RunSummary, task: str) -> list[str]:
-    header = "| method | " + " | ".join(f"budget {b:g}" for b in summary.budgets) + " |"
-    lines = [header, "|---|" + "---|" * len(summary.budgets)]
-    for method in summary.methods:
-        cells = [_cell(summary, task, method, b) for b in summary.budgets]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return lines
+    header = ["method", *(f"budget {b:g}" for b in summary.budgets)]
+    return md_table(header, [[m, *(_cell(summary, task, m, b) for b in summary.budgets)] for m in summary.methods])
 
 
 def format_markdown(
@@ -501,7 +486,7 @@ def format_markdown(
     )
     if summary.expected_rows is not None and summary.rows < summary.expected_rows:
         lines += ["", f"**Incomplete run**: {summary.rows} of {summary.expected_rows} results."]
-    if not summary.has_full:
+    if "full" not in summary.methods:
         lines += ["", "No full-cache results: percentages of full are not available."]
     if summary.timing is not None:
         t = summary.timing

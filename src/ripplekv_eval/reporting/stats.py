@@ -1,17 +1,12 @@
 """The statistics of ``ripplekv report`` and ``ripplekv tune``: macro means, paired comparisons, Holm.
 
-A metric's value for one (method, budget) is the macro mean: each task's mean over its samples, averaged over tasks.
-
-- **Interval of a mean**: the stratified BCa bootstrap of ``scipy.stats.bootstrap`` (Efron 1987), each task one
-  sample, so every resample draws a task's samples within that task; seeded by the seed and the sample ids.
-  Resampling a task of n samples understates its variance by ``(n - 1) / n``: the report warns below ``FEW_SAMPLES``.
-- **Paired difference** ``a - b`` over the samples both have, its macro mean tested by the stratified sign-flip
-  permutation test (Fisher 1935): each prompt's difference flips sign independently and the macro mean ``T`` is
-  recomputed with the same task weights; p is the share of sign vectors with ``|T_s| >= |T|``, exact (all ``2^n``,
-  enumerated by ``scipy.stats.permutation_test``) up to ``exact_max`` prompts, else the identity plus ``draws``
-  seeded vectors (``p = (1 + #) / (draws + 1)``). The interval inverts that test with the same vectors (closed
-  form per vector, ends are order statistics), so **raw p < alpha exactly when the interval excludes 0**.
-- **Multiplicity**: :func:`holm` over a family (:data:`FAMILIES`); *significant* = Holm-adjusted p < ``ALPHA``.
+A metric's value for one (method, budget) is the macro mean (each task's mean over its samples, averaged over tasks),
+with the stratified BCa bootstrap interval of ``scipy.stats.bootstrap`` (each task one sample, seeded by the seed and
+the sample ids). A paired difference ``a - b`` over the samples both have is tested by the stratified sign-flip
+permutation test of its macro mean (Fisher 1935; exact, by ``scipy.stats.permutation_test``, up to ``exact_max``
+prompts, else ``draws`` seeded sign vectors plus the identity) and given the interval inverting that test with the same
+vectors, so raw p < alpha exactly when it excludes 0; :func:`holm` adjusts over a family (:data:`FAMILIES`). The
+report's ``rule_text`` says all this to its readers.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ripplekv_eval.running.results import complete_samples
-from ripplekv_eval.sample import FULL_BUDGET, row_configuration
+from ripplekv_eval.sample import FULL_BUDGET, check_int, row_configuration
 
 Samples = dict[str, dict[str, float]]
 """Stratum (task) -> sample id -> value."""
@@ -136,11 +131,8 @@ class Bootstrap:
     confidence: float = CONFIDENCE
 
     def __post_init__(self) -> None:
-        resamples, seed = self.resamples, self.seed
-        if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < MIN_RESAMPLES:
-            raise ValueError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {resamples!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        check_int("resamples", self.resamples, MIN_RESAMPLES)
+        check_int("seed", self.seed, 0)
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
 
@@ -292,17 +284,11 @@ class SignFlip:
 
     def __post_init__(self) -> None:
         for name, low in (("draws", MIN_DRAWS), ("seed", 0), ("exact_max", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_int(name, getattr(self, name), low)
         if self.exact_max > 20:
             raise ValueError(f"exact_max must be at most 20 (2^20 sign vectors), got {self.exact_max}")
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
-
-    @property
-    def alpha(self) -> float:
-        return 1.0 - self.confidence
 
     def test(self, differences: Sequence[Mapping[str, Mapping[str, float]]]) -> list[FlipTest]:
         """The test and inverted interval of the macro mean of each of ``differences`` (task -> sample id -> d)."""
@@ -336,7 +322,9 @@ class SignFlip:
         hi = np.where(whole, np.inf, np.maximum(one, two)) + tol
         vectors = len(sums)
         extreme = int(np.count_nonzero((lo <= -total) & (-total <= hi)))  # sign vectors with |T_s| >= |T| (ties in)
-        need = max(1, math.ceil(self.alpha * vectors - 1e-9))  # delta is accepted when >= need vectors cover it
+        need = max(
+            1, math.ceil((1.0 - self.confidence) * vectors - 1e-9)
+        )  # delta is accepted when >= need vectors cover it
         low = float(total + np.sort(lo)[need - 1]) if need <= vectors else math.inf
         high = float(total + np.sort(hi)[::-1][need - 1]) if need <= vectors else -math.inf
         return FlipTest(
@@ -461,13 +449,11 @@ def analyse_metric(
     methods: Sequence[str],
     budgets: Sequence[float],
     bootstrap: Bootstrap,
-    baseline: str = BASELINE,
-    reference: str = REFERENCE,
     flip: SignFlip | None = None,
     family: str = DEFAULT_FAMILY,
 ) -> MetricStats:
-    """Intervals, paired comparisons (each method against ``baseline`` and the best other method; ``reference`` gets
-    an interval only) and Holm-adjusted significance of one metric's ``values`` (:func:`collect`)."""
+    """Intervals, paired comparisons (each method against :data:`BASELINE` and the best other method; the full cache
+    gets an interval only) and Holm-adjusted significance of one metric's ``values`` (:func:`collect`)."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if flip is None:
@@ -476,12 +462,12 @@ def analyse_metric(
     estimates = dict(zip(present, bootstrap.estimates([values[key] for key in present])))
     targets: dict[float, dict[str, dict[str, str]]] = {}  # budget -> method -> kind -> other
     for budget in budgets:
-        present = [m for m in methods if m != reference and (m, budget) in estimates]
+        present = [m for m in methods if m != REFERENCE and (m, budget) in estimates]
         for method in present:
             others = [m for m in present if m != method]
             kinds = targets.setdefault(budget, {}).setdefault(method, {})
-            if baseline in others:
-                kinds["baseline"] = baseline
+            if BASELINE in others:
+                kinds["baseline"] = BASELINE
             if others:
                 sign = 1.0 if metric.higher_is_better else -1.0
                 kinds["best_other"] = max(others, key=lambda m: sign * estimates[m, budget].mean)

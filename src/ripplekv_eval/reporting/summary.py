@@ -77,10 +77,6 @@ class RunSummary:
     group_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     timing: Timing | None = None
 
-    @property
-    def has_full(self) -> bool:
-        return "full" in self.methods
-
     def value(self, task: str, method: str, budget: float) -> float | None:
         """A task's score (``task == "average"`` for the average); full's is the same under every budget."""
         b = FULL_BUDGET if method == "full" else budget

@@ -17,12 +17,13 @@ from ripplekv.presses.method_spec import base_method, parse_method
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
 from ripplekv.presses.scorers import SCORERS
 from ripplekv_eval.sample import (
+    CHAT_TEMPLATE_MODES,
     DEFAULT_SCORER,
     FULL_BUDGET,
     MIN_NEW_TOKENS,
     EvalSample,
+    check_int,
     configuration_name,
-    positive_int,
 )
 
 __all__ = [
@@ -36,13 +37,12 @@ __all__ = [
     "DECODE_MODES",
     "EvalConfig",
     "EvalSample",
-    "positive_int",
+    "check_int",
 ]
 
 PROTOCOLS = ("question-aware", "query-agnostic")
 SCORE_MODES = ("both", "fidelity")
 DECODE_MODES = ("batched", "sequential")
-CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 DEFAULT_BUDGETS = (0.1, 0.2, 0.3)
 
@@ -134,8 +134,8 @@ class EvalConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("decode_rows", "decode_memory", "limit", "max_new_tokens"):
-            positive_int(name, getattr(self, name), allow_none=True)
-        positive_int("window_size", self.window_size)
+            check_int(name, getattr(self, name), allow_none=True)
+        check_int("window_size", self.window_size)
         check_prefill_chunk(self.prefill_chunk)
         if self.tasks is not None and (not self.tasks or len(set(self.tasks)) != len(self.tasks)):
             raise ValueError(f"tasks must be a non-empty list without duplicates, got {self.tasks!r}")
@@ -149,8 +149,7 @@ class EvalConfig:
             if not paths or not all(isinstance(p, str) and p for p in paths) or len(set(paths)) != len(paths):
                 raise ValueError(f"oracle_profile must be one or more distinct profile paths, got {paths!r}")
             object.__setattr__(self, "oracle_profile", paths)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int("seed", self.seed, -(2**63))
         object.__setattr__(self, "options", suite.parse_options(self.options))
         suite.check_tasks(self.tasks)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,21 @@ LOCK_FILE = ".lock"
 ROW_KEYS = ("sample_id", "method", "budget")
 
 RowKey = tuple[str, str, float]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one run call (``eval``, ``analyze``, ``tune``) did: ``rows`` in its rows file at the end, ``new_rows``
+    written by it, wall ``seconds``; ``summary`` and ``files`` written (analyze, tune)."""
+
+    out: Path
+    rows: int
+    new_rows: int
+    samples: int
+    seconds: float
+    configurations: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+    files: tuple[Path, ...] = ()
 
 
 class ConfigMismatchError(ValueError):
@@ -214,12 +228,7 @@ class RunFolder:
     def __enter__(self) -> RunFolder:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: types.TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

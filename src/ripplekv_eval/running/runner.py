@@ -11,9 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -30,22 +28,10 @@ from ripplekv.profiling.damage_profile import (
 )
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.running.config import EvalConfig
-from ripplekv_eval.running.results import RunFolder, open_results, run_pending, sha256_json
+from ripplekv_eval.running.results import RunFolder, RunResult, open_results, run_pending, sha256_json
 from ripplekv_eval.running.rows import SampleRunner
 from ripplekv_eval.sample import DEFAULT_SCORER, FULL_BUDGET, EvalSample, split_configuration
 from ripplekv_eval.suites import get_suite
-
-
-@dataclass(frozen=True)
-class EvalSummary:
-    """What one :func:`run_eval` call did (``new_rows``: written by it)."""
-
-    out: Path
-    rows: int
-    new_rows: int
-    samples: int
-    configurations: int
-    seconds: float
 
 
 def build_samples(
@@ -154,8 +140,7 @@ def needs_sensitivity_profile(methods: Sequence[str]) -> bool:
     return any(m.startswith("ripplekv") and base_method(m) != ORACLE_METHOD for m in methods)
 
 
-@dataclass(frozen=True)
-class RunProfiles:
+class RunProfiles(NamedTuple):
     """The profiles of a run's methods, read and checked before any model is loaded."""
 
     profile: SensitivityProfile | None
@@ -169,6 +154,17 @@ def load_run_profiles(config: EvalConfig) -> RunProfiles:
         raise ValueError("the ripplekv methods need --profile (make one with `ripplekv profile`)")
     profile = SensitivityProfile.load(config.profile) if config.profile is not None and needs_profile else None
     return RunProfiles(profile=profile, oracles=load_oracle_profiles(config))
+
+
+def prepare(
+    config: EvalConfig, profiles: RunProfiles, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> tuple[SampleRunner, list[EvalSample], dict[str, Any]]:
+    """The sample runner, samples and resolved configuration of ``config`` on ``model`` (every worker's first step)."""
+    enable_varlen_attention(model)
+    presses = build_presses(config, profiles.profile, model, profiles.oracles)
+    samples = build_samples(config, tokenizer, model)
+    resolved = resolve_config(config, model, samples, profiles.profile, profiles.oracles)
+    return SampleRunner(config, model, tokenizer, presses), samples, resolved
 
 
 def open_run_folder(
@@ -188,7 +184,7 @@ def run_eval(
     tokenizer: PreTrainedTokenizerBase | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
-) -> EvalSummary:
+) -> RunResult:
     """Run (or resume) ``config`` into ``out`` (the model loaded unless given with its tokenizer)."""
     start = time.perf_counter()
     profiles = load_run_profiles(config)
@@ -196,11 +192,7 @@ def run_eval(
         from ripplekv.models import load_model
 
         model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
-    enable_varlen_attention(model)
-    presses = build_presses(config, profiles.profile, model, profiles.oracles)
-    samples = build_samples(config, tokenizer, model)
-    resolved = resolve_config(config, model, samples, profiles.profile, profiles.oracles)
-    runner = SampleRunner(config, model, tokenizer, presses)
+    runner, samples, resolved = prepare(config, profiles, model, tokenizer)
     with open_run_folder(config, out, resolved, profiles) as folder:  # its lock: one writer at a time
         written = run_pending(
             samples,
@@ -212,11 +204,5 @@ def run_eval(
             on_row=on_row,
         )
         rows = len(folder.log.read())
-    return EvalSummary(
-        out=folder.out,
-        rows=rows,
-        new_rows=written,
-        samples=len(samples),
-        configurations=len(config.configurations),
-        seconds=time.perf_counter() - start,
-    )
+    seconds = time.perf_counter() - start
+    return RunResult(folder.out, rows, written, len(samples), seconds, configurations=len(config.configurations))

@@ -8,11 +8,13 @@ newline); scoring by :func:`score_record`, ``round(100 * mean, 2)`` per task, pe
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv_eval.tasks.jsonlines import iter_json_lines, string_list
+from ripplekv_eval.sample import check_int, use_chat_template
 from ripplekv_eval.tasks.metrics import METRICS
 
 if TYPE_CHECKING:
@@ -138,8 +140,6 @@ MAX_NEW_TOKENS: dict[str, int] = {
 NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
 """Tasks whose prompt is fed raw, without the chat template (few-shot and code completion)."""
 
-CHAT_TEMPLATE_MODES: tuple[str, ...] = ("auto", "on", "off")
-"""``auto``: pred.py's rule (all but :data:`NO_CHAT_TEMPLATE`); ``on``: every task; ``off``: none."""
 
 FIRST_LINE_TASKS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})
 """Tasks whose prediction is cut to its first line before scoring."""
@@ -166,6 +166,50 @@ TASK_METRIC: dict[str, str] = {
 
 LONGBENCH_E_BUCKETS: tuple[str, ...] = ("0-4k", "4-8k", "8k+")
 """LongBench-E length buckets (``length`` in words: < 4000, < 8000, the rest)."""
+
+
+def iter_json_lines(path: Path) -> Iterator[tuple[str, int, Any]]:
+    """``(where, line_number, value)`` for every non-blank line of ``path``; ``where`` is ``"path:line"``.
+
+    Raises:
+        ValueError: on a line that is not valid JSON (the message names the file, line and column).
+    """
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from error
+            yield where, line_number, raw
+
+
+def _strings(value: Any, field: str, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{where}: field {field!r} must be a list of strings, got {value!r:.80}")
+    return tuple(value)
+
+
+def check_record(
+    raw: Any, where: str, strings: tuple[str, ...], other: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """A JSON record's ``(answers, all_classes)``, after checking that it is an object holding the string fields
+    ``strings``, the fields ``other`` and a non-empty list of strings ``answers`` (``where``: file and line)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    missing = [field for field in (*strings, "answers", *other) if field not in raw]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    for field in strings:
+        if not isinstance(raw[field], str):
+            raise ValueError(f"{where}: field {field!r} must be a string, got {type(raw[field]).__name__}")
+    answers = _strings(raw["answers"], "answers", where)
+    if not answers:
+        raise ValueError(f"{where}: field 'answers' is empty")
+    classes = raw.get("all_classes")
+    return answers, None if classes is None else _strings(classes, "all_classes", where)
 
 
 def base_task(task: str) -> str:
@@ -196,31 +240,11 @@ class LongBenchRecord:
 
 
 def _parse_record(task: str, raw: Any, where: str) -> LongBenchRecord:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    missing = [field for field in ("input", "context", "answers", "length", "_id") if field not in raw]
-    if missing:
-        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-    for field in ("input", "context", "_id"):
-        if not isinstance(raw[field], str):
-            raise ValueError(f"{where}: field {field!r} must be a string, got {type(raw[field]).__name__}")
+    answers, all_classes = check_record(raw, where, ("input", "context", "_id"), ("length",))
     length = raw["length"]
     if isinstance(length, bool) or not isinstance(length, int):
         raise ValueError(f"{where}: field 'length' must be an integer, got {length!r}")
-    answers = string_list(raw["answers"], "answers", where)
-    if not answers:
-        raise ValueError(f"{where}: field 'answers' is empty")
-    classes = raw.get("all_classes")
-    all_classes = None if classes is None else string_list(classes, "all_classes", where)
-    return LongBenchRecord(
-        task=task,
-        input=raw["input"],
-        context=raw["context"],
-        answers=answers,
-        all_classes=all_classes,
-        length=length,
-        id=raw["_id"],
-    )
+    return LongBenchRecord(task, raw["input"], raw["context"], answers, all_classes, length, raw["_id"])
 
 
 def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
@@ -242,12 +266,7 @@ def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
 
 @dataclass(frozen=True)
 class BuiltPrompt:
-    """The model input for one record: the final prompt ``text`` (truncated, chat template applied) and its ids.
-
-    ``question_start`` indexes the first token of what follows ``{context}`` in the template (the question, plus the
-    chat template's assistant header), for query-agnostic protocols that prefill ``input_ids[:question_start]`` alone;
-    best effort, see :func:`build_prompt`.
-    """
+    """The model input for one record: the final prompt ``text`` and its ids (see :func:`build_prompt`)."""
 
     text: str
     input_ids: list[int]
@@ -299,19 +318,11 @@ def _question_char_index(text: str, question: str) -> int:
 
 
 def uses_chat_template(task: str, tokenizer: PreTrainedTokenizerBase, chat_template: str = "auto") -> bool:
-    """Whether the prompt of ``task`` goes through the tokenizer's chat template.
-
-    ``chat_template``: ``auto`` (pred.py: every task but :data:`NO_CHAT_TEMPLATE`, when the tokenizer has a template),
-    ``on`` (every task; the tokenizer must have one) or ``off``.
-    """
-    if chat_template not in CHAT_TEMPLATE_MODES:
-        raise ValueError(f"chat_template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {chat_template!r}")
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if chat_template == "on" and not has_template:
-        raise ValueError("chat_template='on' but the tokenizer has no chat template")
-    if chat_template == "off":
-        return False
-    return has_template and (chat_template == "on" or base_task(task) not in NO_CHAT_TEMPLATE)
+    """Whether the prompt of ``task`` goes through the tokenizer's chat template (``auto``: pred.py's rule, every
+    task but :data:`NO_CHAT_TEMPLATE`)."""
+    return use_chat_template(tokenizer, chat_template) and (
+        chat_template == "on" or base_task(task) not in NO_CHAT_TEMPLATE
+    )
 
 
 def build_prompt(
@@ -327,8 +338,7 @@ def build_prompt(
     tokenizer: offset mapping; slow: the prefix tokenized alone). When truncation cut into it (``max_length`` under
     about twice the question) its longest remaining tail is used; when none is left, ``len(input_ids)``.
     """
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(f"max_length must be an integer >= 2 (two non-empty halves), got {max_length!r}")
+    check_int("max_length", max_length, 2)  # two non-empty halves
     use_chat = uses_chat_template(record.task, tokenizer, chat_template)
     task = record.base_task
     template = PROMPTS[task]

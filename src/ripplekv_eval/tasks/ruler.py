@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ripplekv.profiling.haystack import TextTokenizer, essays
+from ripplekv_eval.sample import check_int
 from ripplekv_eval.tasks.ruler_text import (
     NOISE,
     Batch,
@@ -386,14 +387,6 @@ def generate_niah(
 TASKS: tuple[str, ...] = (*NIAH_TASKS, *OTHER_TASKS)
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def generate(task: str, tokenizer: TextTokenizer, context_tokens: int, seed: int) -> SyntheticSample:
     """One sample of ``task`` whose context has at most (and close to) ``context_tokens`` tokens.
 
@@ -404,8 +397,8 @@ def generate(task: str, tokenizer: TextTokenizer, context_tokens: int, seed: int
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; tasks are: {', '.join(TASKS)}")
-    _check_int("context_tokens", context_tokens, 1)
-    _check_int("seed", seed, -(2**63))
+    check_int("context_tokens", context_tokens, 1)
+    check_int("seed", seed, -(2**63))
     rng = random.Random(f"ripplekv.ruler:{task}:{seed}")
     if task in NIAH_TASKS:
         spec = NIAH_TASKS[task]
@@ -443,10 +436,8 @@ def generate_suite(
     Sample ``j``'s seed derives from ``(seed, j)`` and is stored in ``sample.seed``, so
     ``generate(sample.task, tokenizer, context_tokens, sample.seed)`` rebuilds it.
     """
-    _check_int("samples_per_task", samples_per_task, 1)
-    _check_int("seed", seed, -(2**63))
-    if isinstance(tasks, str):
-        raise ValueError(f"tasks must be a sequence of task names, not the string {tasks!r}")
+    check_int("samples_per_task", samples_per_task, 1)
+    check_int("seed", seed, -(2**63))
     names = list(TASKS if tasks is None else tasks)
     unknown = [name for name in names if name not in TASKS]
     if unknown:

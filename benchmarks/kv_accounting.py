@@ -1,4 +1,4 @@
-"""Efficiency accounting: the bytes a compressed cache really holds, and KV bytes computed from model shapes.
+"""KV-cache accounting for ``benchmarks/efficiency.py``: the bytes a compressed cache holds, KV bytes from shapes.
 
 The **held** bytes are the key and value tensors kept in memory: evicting presses (SnapKV, PyramidKV, RippleKV)
 hold only their kept tokens, kvpress's AdaKV holds all (held fraction 1.0) plus index tensors of the masked
@@ -42,15 +42,6 @@ class KVShape:
                 or getattr(self, name) < 1
             ):
                 raise ValueError(f"KVShape.{name} must be an integer >= 1, got {getattr(self, name)!r}")
-
-    @classmethod
-    def from_config(cls, config: Any, name: str | None = None) -> KVShape:
-        """The shape of a transformers config (its text config for multimodal models)."""
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        label = name or getattr(config, "name_or_path", "") or getattr(config, "model_type", "model")
-        return cls(label, int(text.num_hidden_layers), int(kv_heads), int(head_dim))
 
     def cache_bytes(self, tokens: int, element_bytes: int = 2) -> int:
         """Key and value bytes of an uncompressed cache of ``tokens`` tokens (``element_bytes``: 2 for bf16)."""
