@@ -12,7 +12,7 @@ same scorer and the same samples:
 * ``local signal``: ``ripplekv-local`` (RippleKV's own ablation).
 
 Each difference gets the stratified sign-flip permutation test of its macro mean and the interval inverting it
-(:mod:`ripplekv_eval.reporting.significance`), Holm-adjusted over the five comparisons of one scorer, budget
+(:mod:`ripplekv_eval.reporting.stats`), Holm-adjusted over the five comparisons of one scorer, budget
 and metric; **significant** = Holm p < 0.05. The thesis line of a budget says, per scorer, whether RippleKV is
 significantly better than both the attention-statistics and the representation-change representative (*holds*),
 significantly worse than either (*fails*), or neither (*not shown*). Only samples holding every configuration of
@@ -30,10 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv.presses.method_spec import base_method
-from ripplekv_eval.reporting.by_scorer import row_scorers, rows_of_scorer
-from ripplekv_eval.reporting.comparisons import compare, settle
-from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, TEST_NAME, SignFlip
-from ripplekv_eval.reporting.stats import ALPHA, METRICS, Bootstrap, collect
+from ripplekv_eval.reporting.report import row_scorers, rows_of_scorer
+from ripplekv_eval.reporting.stats import (
+    ALPHA,
+    DEFAULT_DRAWS,
+    METRICS,
+    TEST_NAME,
+    Bootstrap,
+    SignFlip,
+    collect,
+    compare,
+    settle,
+)
 from ripplekv_eval.reporting.summary import load_run, summarize
 from ripplekv_eval.running.results import complete_samples
 from ripplekv_eval.sample import FULL_BUDGET

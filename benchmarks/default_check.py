@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv_eval.analysis.tuning_report import KL, comparison_record, macro_mean
-from ripplekv_eval.reporting.comparisons import compare, settle
-from ripplekv_eval.reporting.significance import SignFlip
-from ripplekv_eval.reporting.stats import ALPHA
+from ripplekv_eval.reporting.stats import ALPHA, SignFlip, compare, settle
 
 Samples = dict[str, dict[str, float]]
 

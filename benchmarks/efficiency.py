@@ -60,13 +60,7 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from ripplekv.inference import greedy_decode, prefill
-from ripplekv.inference.generate import eos_ids
-from ripplekv.models import load_model
-from ripplekv.presses import make_press
-from ripplekv.profiling import SensitivityProfile
-from ripplekv.profiling.haystack import essays, token_stream
-from ripplekv_eval.running.efficiency import (
+from benchmarks.kv_accounting import (
     KVShape,
     cache_footprint,
     computed_kv_table,
@@ -74,6 +68,12 @@ from ripplekv_eval.running.efficiency import (
     reset_peak_allocated,
     synchronize,
 )
+from ripplekv.inference import greedy_decode, prefill
+from ripplekv.inference.generate import eos_ids
+from ripplekv.models import load_model
+from ripplekv.presses import make_press
+from ripplekv.profiling import SensitivityProfile
+from ripplekv.profiling.haystack import essays, token_stream
 
 DEFAULT_PROFILE = Path(__file__).parent / "results" / "smollm2-135m.profile.json"
 METHODS = ("full", "snapkv", "pyramidkv", "adakv", "ripplekv", "cake", "squeezeattention", "dynamickv", "lava")

@@ -5,7 +5,7 @@ For every metric the run holds (task score, fidelity KL, top-1 agreement, gold-a
 1. each method's mean at each budget with its 95% BCa bootstrap interval (stratified by task), as ``ripplekv report``;
 2. the candidate's (default ``ripplekv``) paired difference ``candidate - baseline`` to each baseline at each budget:
    the macro mean of the per-sample differences, wins/ties/losses over samples, the stratified sign-flip permutation
-   test of that macro mean and its inverted 95% interval (:mod:`ripplekv_eval.reporting.significance`),
+   test of that macro mean and its inverted 95% interval (:mod:`ripplekv_eval.reporting.stats`),
    Holm-adjusted over the candidate's comparisons with the baselines at that budget and metric (``--family budget``,
    default) or at every budget of the metric (``--family metric``); the best baseline (by mean) is named.
    **Significant** = the Holm p < 0.05 (the rule of ``ripplekv report``); a significant difference's interval
@@ -27,10 +27,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ripplekv_eval.reporting.comparisons import compare, settle
 from ripplekv_eval.reporting.report import load_run
-from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, FAMILIES, TEST_NAME, SignFlip
-from ripplekv_eval.reporting.stats import ALPHA, METRICS, Bootstrap, collect
+from ripplekv_eval.reporting.stats import (
+    ALPHA,
+    DEFAULT_DRAWS,
+    FAMILIES,
+    METRICS,
+    TEST_NAME,
+    Bootstrap,
+    SignFlip,
+    collect,
+    compare,
+    settle,
+)
 from ripplekv_eval.running.config import FULL_BUDGET
 from ripplekv_eval.running.results import complete_samples
 

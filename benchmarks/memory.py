@@ -123,7 +123,7 @@ def _reset_peak() -> bool:
 
 
 def _eval_config(kind: str, length: int, skip: int, prefill_chunk: int | None = DEFAULT_CHUNK) -> Any:
-    from ripplekv_eval.running.runner import EvalConfig
+    from ripplekv_eval.running.config import EvalConfig
 
     return EvalConfig(
         prefill_chunk=prefill_chunk,

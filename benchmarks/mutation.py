@@ -118,9 +118,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/profiling/haystack.py": ("tests/test_calibration.py", *RELATIONS),
     "ripplekv_eval/fastpath/fidelity.py": ("tests/test_fidelity.py", *RELATIONS),
     "ripplekv_eval/running/rows.py::greedy_agreement": ("tests/test_fidelity.py", *RELATIONS),
-    "ripplekv_eval/reporting/significance.py": STATS_TESTS,
     "ripplekv_eval/reporting/stats.py": STATS_TESTS,
-    "ripplekv_eval/reporting/comparisons.py": STATS_TESTS,
     # issue 26: the modules added for the per-prompt allocators, their presses and statistics, the chunked prefill
     # and the reports
     "ripplekv/allocation/lava_heads.py": ("tests/test_lava_full.py", "tests/test_mutation_presses.py", *RELATIONS),
@@ -169,11 +167,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/models/padded.py": CHUNK_TESTS + ("tests/test_batched.py",),
     "ripplekv/models/layer_types.py": CHUNK_TESTS,
     "ripplekv/models/shared_prefix.py": CHUNK_TESTS,
-    "ripplekv_eval/reporting/by_scorer.py": REPORT_TESTS,
-    "ripplekv_eval/reporting/tables.py": REPORT_TESTS,
-    "ripplekv_eval/reporting/run_stats.py": REPORT_TESTS,
+    "ripplekv_eval/reporting/report.py": REPORT_TESTS,
     "ripplekv_eval/running/results.py": RUN_TESTS,
-    "ripplekv_eval/running/folder_config.py": RUN_TESTS,
 }
 WALL_FACTOR = 4
 """A child's wall-time limit in multiples of its CPU-time limit (see :func:`run_forked`)."""

@@ -4,7 +4,7 @@ Reads the damage rows of a ``ripplekv analyze`` run (``damage.jsonl``: for each 
 fidelity loss of compressing each layer alone) and, for every profile given, the Spearman rho between its KL scores
 and the mean damage per layer, with a 95% percentile bootstrap interval over prompts, plus each profile's paired
 difference in rho to the first profile (the same resampled prompts for every profile, so the difference has its own
-interval). Depth is listed for reference. The statistics are the library's (:mod:`ripplekv_eval.analysis.correlation`).
+interval). Depth is listed for reference. The statistics are the library's (:mod:`ripplekv_eval.analysis.report`).
 
     python benchmarks/profile_design.py benchmarks/results/analyze-smollm2 \\
         --profile essays=benchmarks/results/smollm2-135m.profile.json --profile qa=qa.profile.json --json out.json
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ripplekv.profiling.profile import SensitivityProfile
-from ripplekv_eval.analysis.correlation import bootstrap_rho, resample_weights, spearman, spearman_rows
+from ripplekv_eval.analysis.report import bootstrap_rho, resample_weights, spearman, spearman_rows
 from ripplekv_eval.analysis.runner import DAMAGE_FILE
 from ripplekv_eval.running.results import ResultsLog
 

@@ -9,7 +9,7 @@ and gamma, not used here).
 Per budget, for every variant: its macro mean KL (each task's mean, averaged over tasks), its paired difference to
 the reference profile (the macro mean of the per-prompt differences) with wins/ties/losses (a win: lower KL), the
 stratified sign-flip permutation test of that macro mean, the interval inverting it
-(:mod:`ripplekv_eval.reporting.significance`) and Holm's adjustment over the family of variants at that budget
+(:mod:`ripplekv_eval.reporting.stats`) and Holm's adjustment over the family of variants at that budget
 (uniform SnapKV is listed, outside the family). A variant beats (is worse than) the reference when its
 Holm-adjusted p is below 0.05 and its difference is below (above) 0; its interval then excludes 0. With
 ``--cost`` (a ``benchmarks/profile_design_cost.py`` JSON) each variant's profiling cost ratio is listed and a variant
@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv_eval.analysis.tuning_report import KL, SNAPKV, candidate_samples, comparison_record, macro_mean
-from ripplekv_eval.reporting import comparisons
-from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, TEST_NAME, SignFlip
-from ripplekv_eval.reporting.stats import ALPHA
+from ripplekv_eval.reporting import stats
+from ripplekv_eval.reporting.stats import ALPHA, DEFAULT_DRAWS, TEST_NAME, SignFlip, settle
 from ripplekv_eval.running.results import ResultsLog
 
 COST_BOUND = 1.5
@@ -58,9 +57,9 @@ def compare(rows: list[dict[str, Any]], reference: str, seed: int, draws: int = 
         values = {key: candidate_samples(at, None, key) for key in [*keys, SNAPKV]}
         others = [key for key in values if key != ref_key]
         pairs = [(key, ref_key, values[key], values[ref_key]) for key in others]
-        tested = dict(zip(others, comparisons.compare(KL, pairs, flip)))
+        tested = dict(zip(others, stats.compare(KL, pairs, flip)))
         family = [key for key in others if key != SNAPKV]  # Holm over the variants; SnapKV listed outside
-        tested.update(zip(family, comparisons.settle([tested[key] for key in family], ALPHA)))
+        tested.update(zip(family, settle([tested[key] for key in family], ALPHA)))
         entries = []
         for key, samples in values.items():
             entry: dict[str, Any] = {"variant": variant_of(key), "key": key, "kl": macro_mean(samples)}

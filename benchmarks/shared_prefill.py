@@ -29,7 +29,9 @@ from ripplekv.models import load_model
 from ripplekv.presses import make_press
 from ripplekv.profiling import SensitivityProfile
 from ripplekv.profiling.haystack import build_needle_prompt
-from ripplekv_eval.running.runner import RESULTS_FILE, EvalConfig, ResultsLog, run_eval
+from ripplekv_eval.running.config import EvalConfig
+from ripplekv_eval.running.results import RESULTS_FILE, ResultsLog
+from ripplekv_eval.running.runner import run_eval
 
 DEFAULT_PROFILE = Path(__file__).parent / "results" / "smollm2-135m.profile.json"
 

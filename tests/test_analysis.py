@@ -31,14 +31,6 @@ from ripplekv.profiling.damage_profile import (
     select_oracle_profile,
 )
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
-from ripplekv_eval.analysis.correlation import (
-    bootstrap_rho,
-    per_prompt_rho,
-    resample_weights,
-    spearman,
-    top_k_layers,
-    top_k_overlap,
-)
 from ripplekv_eval.analysis.damage import (
     DamageRunner,
     SingleLayerPress,
@@ -46,7 +38,16 @@ from ripplekv_eval.analysis.damage import (
     single_layer_cache,
     uniform_compressed,
 )
-from ripplekv_eval.analysis.report import summarize, to_markdown
+from ripplekv_eval.analysis.report import (
+    bootstrap_rho,
+    per_prompt_rho,
+    resample_weights,
+    spearman,
+    summarize,
+    to_markdown,
+    top_k_layers,
+    top_k_overlap,
+)
 from ripplekv_eval.analysis.runner import DAMAGE_FILE, AnalysisConfig, damage_profile_name, run_analysis
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
@@ -177,12 +178,13 @@ def test_per_prompt_rho_and_top_k_overlap() -> None:
     layers = np.arange(5.0)
     damage = np.array([layers, -layers, np.ones(5), layers**2])
     spread = per_prompt_rho(damage, np.tile(layers, (4, 1)))
-    assert spread.values[:2] == (1.0, -1.0) and math.isnan(spread.values[2]) and spread.values[3] == 1.0
-    assert (spread.defined, spread.undefined) == (3, 1)
-    assert (spread.q1, spread.median, spread.q3) == (0.0, 1.0, 1.0)
+    values = spread["values"]
+    assert values[:2] == (1.0, -1.0) and math.isnan(values[2]) and values[3] == 1.0
+    assert (spread["defined"], spread["undefined"]) == (3, 1)
+    assert (spread["q1"], spread["median"], spread["q3"]) == (0.0, 1.0, 1.0)
     overlap = top_k_overlap([0.1, 5.0, 0.3, 4.0, 0.2, 3.0], [6.0, 5.0, 4.0, 3.0, 2.0, 1.0], 3)
-    assert overlap.damage_layers == (1, 3, 5) and overlap.predictor_layers == (0, 1, 2)
-    assert overlap.overlap == 1 and overlap.chance == pytest.approx(1.5)
+    assert overlap["damage_layers"] == [1, 3, 5] and overlap["predictor_layers"] == [0, 1, 2]
+    assert overlap["overlap"] == 1 and overlap["chance"] == pytest.approx(1.5)
     assert top_k_layers([1.0, 2.0, 2.0], 2) == (1, 2)  # ties: the shallower layer first
     with pytest.raises(ValueError, match=r"k must be an integer in \[1, 3\]"):
         top_k_layers([1.0, 2.0, 2.0], 4)

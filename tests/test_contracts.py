@@ -57,7 +57,7 @@ from ripplekv.profiling import CalibrationSample, ProfilingConfig, sensitivity
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.profile import ProfileError, SensitivityProfile
 from ripplekv_eval.fastpath.fidelity import ROW_BLOCK, Fidelity, fidelity, row_blocks, teacher_forced_logprobs
-from ripplekv_eval.reporting import comparisons, significance, stats
+from ripplekv_eval.reporting import stats
 from tests.conftest import VOCAB, random_ids, tiny_model
 
 # ------------------------------------------------------------------------------------------------ checkpoint
@@ -252,11 +252,11 @@ def test_settle_marks_significant_below_the_level_only() -> None:
     """A comparison is not significant until :func:`settle` says so, and then exactly when ``p_holm < 0.05``.
     Kills ``significant: bool = True`` and ``ALPHA`` changed."""
     estimate = stats.Estimate(mean=0.0, low=-1.0, high=1.0, samples=4, tasks=1)
-    unsettled = comparisons.Comparison("a", "b", estimate, wins=1, ties=0, losses=1, p=0.01)
+    unsettled = stats.Comparison("a", "b", estimate, wins=1, ties=0, losses=1, p=0.01)
     assert not unsettled.significant and unsettled.vectors == 0 and math.isnan(unsettled.p_holm)
-    low, high = comparisons.settle([unsettled, dataclasses.replace(unsettled, other="c", p=0.049)])
+    low, high = stats.settle([unsettled, dataclasses.replace(unsettled, other="c", p=0.049)])
     assert (low.p_holm, high.p_holm) == (0.02, 0.049) and low.significant and high.significant
-    (alone,) = comparisons.settle([dataclasses.replace(unsettled, p=0.05)])
+    (alone,) = stats.settle([dataclasses.replace(unsettled, p=0.05)])
     assert not alone.significant
 
 
@@ -337,9 +337,9 @@ def test_paired_differences_tie_at_the_relative_tolerance() -> None:
     grows with the values. Kills ``<`` for ``<=``, ``/`` for ``*`` and ``max(2.0, ...)``."""
 
     def diff(x: float, y: float) -> float:
-        return comparisons.paired_differences({"t": {"s": x}}, {"t": {"s": y}})["t"]["s"]
+        return stats.paired_differences({"t": {"s": x}}, {"t": {"s": y}})["t"]["s"]
 
-    assert comparisons.TIE_TOLERANCE == 1e-12
+    assert stats.TIE_TOLERANCE == 1e-12
     assert diff(1e-12, 0.0) == 0.0
     assert diff(1.5e-12, 0.0) == 1.5e-12
     assert diff(1e6, 1e6 + 1e-7) == 0.0
@@ -361,7 +361,7 @@ def test_a_reversed_comparison_is_the_negated_one() -> None:
     x = {"t": {str(i): 0.1 * i for i in range(6)}}
     y = {"t": {str(i): 0.1 * i + 0.05 * (i % 3) + 0.01 for i in range(6)}}
     values = {("ripplekv", 0.2): x, ("snapkv", 0.2): y, ("adakv", 0.3): y}
-    result = comparisons.analyse_metric(metric, values, ["ripplekv", "snapkv", "adakv"], [0.2], stats.Bootstrap(2000))
+    result = stats.analyse_metric(metric, values, ["ripplekv", "snapkv", "adakv"], [0.2], stats.Bootstrap(2000))
     forward = result.versus[0.2]["ripplekv"]["baseline"]
     back = result.versus[0.2]["snapkv"]["best_other"]
     a, b = forward.difference, back.difference
@@ -378,21 +378,21 @@ def test_sign_flip_bounds_and_defaults() -> None:
     """Seed 0; ``exact_max`` up to 20; a confidence of 0 refused; one prompt is testable; ``exact_max`` prompts are
     enumerated exactly. Kills ``seed: int = 1``, ``exact_max >= 20`` and ``> 21``, ``0.0 <= confidence``,
     ``n == 1`` for ``n == 0`` and ``n < exact_max``."""
-    assert significance.SignFlip().seed == 0
-    assert significance.SignFlip(exact_max=20).exact_max == 20
+    assert stats.SignFlip().seed == 0
+    assert stats.SignFlip(exact_max=20).exact_max == 20
     with pytest.raises(ValueError, match="at most 20"):
-        significance.SignFlip(exact_max=21)
+        stats.SignFlip(exact_max=21)
     with pytest.raises(ValueError, match="confidence"):
-        significance.SignFlip(confidence=0.0)
-    (one,) = significance.SignFlip().test([{"t": {"a": 1.0}}])
+        stats.SignFlip(confidence=0.0)
+    (one,) = stats.SignFlip().test([{"t": {"a": 1.0}}])
     assert (one.p, one.vectors, one.method) == (1.0, 2, "exact")
-    (three,) = significance.SignFlip(draws=999, exact_max=3).test([{"t": {"a": 1.0, "b": 2.0, "c": 3.0}}])
+    (three,) = stats.SignFlip(draws=999, exact_max=3).test([{"t": {"a": 1.0, "b": 2.0, "c": 3.0}}])
     assert (three.method, three.vectors, three.p) == ("exact", 8, 0.25)
 
 
 def test_flip_test_is_frozen_and_excludes_zero_strictly() -> None:
     """Kills ``@dataclass(frozen=False)`` on :class:`FlipTest` and ``>=``/``<=`` in its ``excludes_zero``."""
-    make = lambda low, high: significance.FlipTest(0.0, low, high, 1.0, "exact", 2, 1, 1)  # noqa: E731
+    make = lambda low, high: stats.FlipTest(0.0, low, high, 1.0, "exact", 2, 1, 1)  # noqa: E731
     assert make(1e-9, 1.0).excludes_zero() and make(-1.0, -1e-9).excludes_zero()
     assert not make(0.0, 1.0).excludes_zero() and not make(-1.0, 0.0).excludes_zero()
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -404,17 +404,17 @@ def test_sign_flip_interval_at_extreme_levels() -> None:
     does any level over one prompt (its two vectors tie at every shift). Kills ``need == 0`` left out of the whole
     line and ``max(2, ...)`` for the vectors of one prompt."""
     prompts = {"t": {str(i): 1.0 + i for i in range(20)}}  # no random vector is all-equal
-    (strict,) = significance.SignFlip(draws=999, confidence=0.9999, exact_max=0).test([prompts])
+    (strict,) = stats.SignFlip(draws=999, confidence=0.9999, exact_max=0).test([prompts])
     assert (strict.low, strict.high) == (-math.inf, math.inf) and strict.method == "monte-carlo"
-    (loose,) = significance.SignFlip(confidence=0.3).test([{"t": {"a": 1.0}}])
+    (loose,) = stats.SignFlip(confidence=0.3).test([{"t": {"a": 1.0}}])
     assert (loose.low, loose.high) == (-math.inf, math.inf)
 
 
 def test_holm_accepts_the_bounds_of_a_p_value() -> None:
     """Kills ``0.0 < v`` for ``0.0 <= v``."""
-    assert significance.holm([0.0, 1.0]) == [0.0, 1.0]
+    assert stats.holm([0.0, 1.0]) == [0.0, 1.0]
     with pytest.raises(ValueError, match="p-values"):
-        significance.holm([math.nextafter(0.0, -1.0)])
+        stats.holm([math.nextafter(0.0, -1.0)])
 
 
 # ------------------------------------------------------------------------------------------------ sensitivity

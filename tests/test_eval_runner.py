@@ -19,17 +19,9 @@ from ripplekv.presses import make_press
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from ripplekv_eval.reporting import report as report_module
-from ripplekv_eval.running.runner import (
-    CONFIG_FILE,
-    RESULTS_FILE,
-    ConfigMismatchError,
-    EvalConfig,
-    ResultsLog,
-    build_samples,
-    load_run_profiles,
-    needs_sensitivity_profile,
-    run_eval,
-)
+from ripplekv_eval.running.config import EvalConfig
+from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE, ConfigMismatchError, ResultsLog
+from ripplekv_eval.running.runner import build_samples, load_run_profiles, needs_sensitivity_profile, run_eval
 from tests.conftest import save_tiny_model_dir
 
 pytestmark = [

@@ -16,15 +16,9 @@ from ripplekv.presses.descriptions import SCORER_DESCRIPTIONS
 from ripplekv.profiling import SensitivityProfile
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND
 from ripplekv_eval.reporting import report as report_module
-from ripplekv_eval.running.results import complete_samples, row_key
-from ripplekv_eval.running.runner import (
-    ConfigMismatchError,
-    EvalConfig,
-    ResultsLog,
-    build_samples,
-    resolve_config,
-    run_eval,
-)
+from ripplekv_eval.running.config import EvalConfig
+from ripplekv_eval.running.results import ConfigMismatchError, ResultsLog, complete_samples, row_key
+from ripplekv_eval.running.runner import build_samples, resolve_config, run_eval
 from ripplekv_eval.sample import DEFAULT_SCORER, configuration_name, row_configuration, split_configuration
 from tests.test_eval_runner import RESULTS_FILE, TIMING, WINDOW, _direct_prediction, loaded, model_dir, profile_path
 

@@ -21,7 +21,7 @@ from benchmarks.heldout.make_bamboo import (
     interleave,
     parse_options,
 )
-from ripplekv_eval.suites.jsonl import load_jsonl
+from ripplekv_eval.suites import load_jsonl
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "heldout" / "make_bamboo.py"
 FOUR = ["A. alpha", "B. beta", "C. gamma", "D. delta"]

@@ -289,7 +289,6 @@ def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     "module",
     [
         "ripplekv_eval.reporting.stats",
-        "ripplekv_eval.reporting.comparisons",
         "ripplekv_eval.reporting.report",
         "ripplekv_eval.reporting.plots",
         "ripplekv_eval.running.results",

@@ -16,7 +16,7 @@ from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE, ResultsLog
 from ripplekv_eval.running.runner import build_samples
-from ripplekv_eval.suites.jsonl import JSONL_MAX_NEW_TOKENS, JsonlRecord, load_jsonl
+from ripplekv_eval.suites import JSONL_MAX_NEW_TOKENS, JsonlRecord, load_jsonl
 from ripplekv_eval.tasks.metrics import code_sim_score, qa_f1_score
 from tests.conftest import save_tiny_model_dir
 

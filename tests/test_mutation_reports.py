@@ -1,7 +1,7 @@
 """Relations that kill mutants of issue 26's reports modules left alive by its first mutation round.
 
 ``ripplekv report``'s statistics and tables (``by_scorer.py``, ``tables.py``, ``run_stats.py``) and a run folder's
-bookkeeping (``running/results.py``, ``running/folder_config.py``), on small synthetic rows. Each test names the
+bookkeeping (``running/results.py``, ``config.json``), on small synthetic rows. Each test names the
 seeded bug it was checked to catch.
 """
 
@@ -18,17 +18,28 @@ import numpy as np
 import pytest
 import tqdm
 
-from ripplekv_eval.reporting.by_scorer import analyse_by_scorer, primary_method, row_scorers, verdict_lines
-from ripplekv_eval.reporting.run_stats import RunStats, analyse_run
-from ripplekv_eval.reporting.tables import _p, budget_label, markdown_sections, markdown_significance
-from ripplekv_eval.running.folder_config import (
+from ripplekv_eval.reporting.report import (
+    _p,
+    analyse_by_scorer,
+    budget_label,
+    markdown_sections,
+    markdown_significance,
+    primary_method,
+    row_scorers,
+    verdict_lines,
+)
+from ripplekv_eval.reporting.stats import RunStats, analyse_run
+from ripplekv_eval.running.results import (
     CONFIG_FORMAT,
     ConfigMismatchError,
+    ResultsLog,
     check_or_write_config,
+    complete_samples,
     extends,
+    open_results,
+    run_pending,
     sha256_json,
 )
-from ripplekv_eval.running.results import ResultsLog, complete_samples, open_results, run_pending
 from ripplekv_eval.sample import FULL_BUDGET
 
 RESAMPLES, DRAWS = 2000, 999  # the smallest the statistics accept (8 prompts: the sign-flip test is exact)

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import tqdm
 
-from ripplekv_eval.reporting.by_scorer import analyse_by_scorer, verdict_lines
-from ripplekv_eval.reporting.tables import FEW_SAMPLES, small_sample_caveat
+from ripplekv_eval.reporting.report import FEW_SAMPLES, analyse_by_scorer, small_sample_caveat, verdict_lines
 from ripplekv_eval.running.results import ResultsLog, open_results, run_pending
 from ripplekv_eval.sample import FULL_BUDGET
 from tests.test_mutation_reports import _Bar

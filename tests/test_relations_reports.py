@@ -16,18 +16,15 @@ import pytest
 
 from benchmarks import allocators_section, allocators_verdict
 from ripplekv_eval.reporting import report as report_module
-from ripplekv_eval.reporting.by_scorer import (
+from ripplekv_eval.reporting.report import (
     analyse_by_scorer,
+    budget_label,
     markdown_by_scorer,
     rows_of_scorer,
     scorers_json,
     verdict_lines,
 )
-from ripplekv_eval.reporting.comparisons import analyse_metric, compare
-from ripplekv_eval.reporting.run_stats import analyse_run
-from ripplekv_eval.reporting.significance import SignFlip
-from ripplekv_eval.reporting.stats import METRICS, Bootstrap, collect
-from ripplekv_eval.reporting.tables import budget_label
+from ripplekv_eval.reporting.stats import METRICS, Bootstrap, SignFlip, analyse_metric, analyse_run, collect, compare
 from ripplekv_eval.sample import FULL_BUDGET
 
 RESAMPLES, DRAWS = 2000, 999  # the smallest the statistics accept: fast, and Monte Carlo beyond 16 samples

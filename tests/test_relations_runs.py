@@ -16,8 +16,7 @@ import pytest
 from ripplekv.models.identity import cached_weights_fingerprint
 from ripplekv.profiling import profile as profile_module
 from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning
-from ripplekv_eval.running.folder_config import ConfigMismatchError, check_or_write_config
-from ripplekv_eval.running.results import open_results
+from ripplekv_eval.running.results import ConfigMismatchError, check_or_write_config, open_results
 from tests.conftest import synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,12 +17,18 @@ import pytest
 from ripplekv.cli.main import main
 from ripplekv.presses.method_spec import METHOD_TABLE
 from ripplekv_eval.reporting import report as report_module
-from ripplekv_eval.reporting.comparisons import analyse_metric, paired_differences
-from ripplekv_eval.reporting.run_stats import analyse_run
-from ripplekv_eval.reporting.significance import holm
-from ripplekv_eval.reporting.stats import METRICS, Bootstrap, Metric
-from ripplekv_eval.reporting.tables import budget_label, legend, significance_lines
-from ripplekv_eval.running.runner import CONFIG_FILE, FULL_BUDGET, RESULTS_FILE
+from ripplekv_eval.reporting.report import budget_label, legend, significance_lines
+from ripplekv_eval.reporting.stats import (
+    METRICS,
+    Bootstrap,
+    Metric,
+    analyse_metric,
+    analyse_run,
+    holm,
+    paired_differences,
+)
+from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE
+from ripplekv_eval.sample import FULL_BUDGET
 
 ROOT = Path(__file__).resolve().parents[1]
 KL = METRICS["fidelity_kl"]

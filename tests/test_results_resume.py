@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from ripplekv.locking import WriterBusyError
 from ripplekv_eval.running.results import (
     LOCK_FILE,
     ConfigMismatchError,
-    RunFolderBusyError,
     open_results,
     resume_state,
     run_pending,
@@ -106,7 +106,7 @@ def test_one_writer_per_folder(tmp_path: Path) -> None:
     without the lock the second open repairs the first's half-written last row away."""
     first = open_results(tmp_path, RESOLVED, {})
     first.log.path.write_text('{"sample_id": "a", "method": "full", "budget": 1.0}\n{"sample_id": "a", "met')
-    with pytest.raises(RunFolderBusyError, match="is being written by another run: wait for it to finish"):
+    with pytest.raises(WriterBusyError, match="is being written by another run: wait for it to finish"):
         open_results(tmp_path, RESOLVED, {})
     assert first.log.path.read_text().endswith('"met')  # the writer's partial row left alone
     first.close()
@@ -127,7 +127,7 @@ def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "held"
-        with pytest.raises(RunFolderBusyError, match="being written by another run"):
+        with pytest.raises(WriterBusyError, match="being written by another run"):
             open_results(tmp_path, RESOLVED, {})
     finally:
         child.send_signal(signal.SIGKILL)

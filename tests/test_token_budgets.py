@@ -131,9 +131,9 @@ def test_budgets_and_tokens_of_the_run_commands(command: str, capsys: pytest.Cap
         _parse(*common, "--tokens", "1")
     assert "kept fraction 1.0" in capsys.readouterr().err
     if command != "eval":
-        from ripplekv_eval.cli.args import fidelity_eval_config
+        from ripplekv_eval.cli.eval import eval_config
 
-        config = fidelity_eval_config(_parse(*common, "--tokens", "64"), profile=None)
+        config = eval_config(_parse(*common, "--tokens", "64"), methods=("snapkv",), score="fidelity", profile=None)
         assert config.budgets == () and config.tokens == (64,) and config.budget_values == (64,)
 
 

@@ -17,7 +17,7 @@ from ripplekv.presses import make_press
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, SensitivityProfile, profile_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
-from ripplekv_eval.analysis.tune_runner import SUMMARY_FILE, TUNE_FILE, run_tune
+from ripplekv_eval.analysis.runner import SUMMARY_FILE, TUNE_FILE, run_tune
 from ripplekv_eval.analysis.tuning import Candidate, TuneConfig, TuneRunner, method_grid, split_samples
 from ripplekv_eval.analysis.tuning_report import candidate_samples, macro_mean, summarize_tuning, tuning_markdown
 from ripplekv_eval.cli.tune import parse_profiles

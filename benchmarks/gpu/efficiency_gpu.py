@@ -64,11 +64,11 @@ from benchmarks.efficiency import (
     rows_for,
     write_result,
 )
+from benchmarks.kv_accounting import synchronize
 from ripplekv.inference import prefill
 from ripplekv.models import model_identity
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.profiling import SensitivityProfile
-from ripplekv_eval.running.efficiency import synchronize
 
 SCHEMA = "ripplekv-gpu-check/1"
 RESULT_NAME = "gpu-check.json"

@@ -9,20 +9,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "DEFAULT_SCORER",
-    "FULL_BUDGET",
-    "MIN_NEW_TOKENS",
-    "SCORER_SEPARATOR",
-    "EvalSample",
-    "configuration_name",
-    "positive_int",
-    "row_configuration",
-    "row_scorer",
-    "scored_methods",
-    "split_configuration",
-]
-
 FULL_BUDGET = 1.0
 """The budget recorded in the ``full`` cache's rows."""
 MIN_NEW_TOKENS = 1
@@ -68,12 +54,25 @@ def row_scorer(row: Mapping[str, Any], scored: set[str]) -> str | None:
     return DEFAULT_SCORER if str(row["method"]) in scored else None
 
 
-def positive_int(name: str, value: object, allow_none: bool = False) -> None:
-    """Raise ValueError naming option ``name`` unless ``value`` is an integer >= 1 (or None when ``allow_none``)."""
+def check_int(name: str, value: object, minimum: int = 1, allow_none: bool = False) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is an integer >= ``minimum`` (or None when ``allow_none``)."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+
+
+def use_chat_template(tokenizer: Any, mode: str) -> bool:
+    """Whether prompts go through the tokenizer's chat template: ``auto`` when it has one, ``on`` (it must), ``off``."""
+    if mode not in CHAT_TEMPLATE_MODES:
+        raise ValueError(f"chat_template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {mode!r}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if mode == "on" and not has_template:
+        raise ValueError("chat_template 'on', but the tokenizer has no chat template")
+    return has_template and mode != "off"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,1 @@
-"""The paper's analysis in the product: per-layer damage (:mod:`~ripplekv_eval.analysis.damage`), its agreement with
-a profile (:mod:`~ripplekv_eval.analysis.correlation`), their summary (``report``, ``plots``), ``ripplekv analyze``
-(``runner``) and ``ripplekv tune`` (``tuning``). Nothing is imported here; import the modules by path.
-"""
+"""``ripplekv analyze`` and ``ripplekv tune``: per-layer damage, its rank agreement with a profile, tuning."""

@@ -1,31 +1,27 @@
 """The summary of ``ripplekv analyze``: does a predictor rank layers as their measured damage does?
 
-Per budget: the mean damage per layer over prompts (95% bootstrap interval) and, per predictor (:data:`PREDICTORS`),
-Spearman's ``rho`` of mean damage with mean predictor per layer (bootstrap interval over prompts), each prompt's
-own rho, and the top-k overlap with its chance level. ``depth``'s sign is the paper's (rho > 0: deeper layers do
-more damage); PyramidKV's budgets fall with depth, so its rho is about minus depth's.
+Per budget: the mean damage per layer over prompts (95% percentile bootstrap interval over prompts) and, per
+predictor (:data:`PREDICTORS`), Spearman's ``rho`` of the mean damage with the mean predictor per layer (average
+ranks for ties, as ``scipy.stats.spearmanr``; NaN when either side is constant), its bootstrap interval (resamples
+whose rho is undefined are counted and left out), each prompt's own rho, and the top-k overlap with its chance level.
+``depth``'s sign is the paper's (rho > 0: deeper layers do more damage); PyramidKV's budgets fall with depth, so its
+rho is about minus depth's. Damage and predictors are ``(prompts, layers)`` float64 matrices (a fixed predictor
+repeats one row).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+from scipy.stats import rankdata
 
 from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.profiling.profile import SensitivityProfile
-from ripplekv_eval.analysis.correlation import (
-    bootstrap_rho,
-    per_prompt_rho,
-    resample_weights,
-    top_k_layers,
-    top_k_overlap,
-)
-
-__all__ = ["PAPER_RHO", "PREDICTORS", "PREDICTOR_DESCRIPTIONS", "SUMMARY_FORMAT", "summarize", "to_markdown"]
+from ripplekv_eval.sample import check_int
 
 SUMMARY_FORMAT = "ripplekv-analysis/1"
 PREDICTORS = ("profile_kl", "profile_local", "depth", "pyramidkv")
@@ -42,6 +38,94 @@ PAPER_RHO = {"profile_kl": 0.799, "depth": 0.359}
 def _num(value: float) -> float | None:
     """``value`` as a JSON number, None for NaN."""
     return None if not math.isfinite(value) else float(value)
+
+
+def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's rho of each row of ``x`` with the same row of ``y`` (NaN where either is constant)."""
+    x, y = np.atleast_2d(np.asarray(x, dtype=np.float64)), np.atleast_2d(np.asarray(y, dtype=np.float64))
+    if x.shape != y.shape or x.shape[-1] < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError(f"rank correlation needs at least 2 values per row, finite, same shapes: {x.shape}, {y.shape}")
+    rx, ry = rankdata(x, axis=-1), rankdata(y, axis=-1)
+    rx -= rx.mean(axis=-1, keepdims=True)
+    ry -= ry.mean(axis=-1, keepdims=True)
+    denominator = np.sqrt((rx * rx).sum(axis=-1) * (ry * ry).sum(axis=-1))
+    numerator = (rx * ry).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)
+    return np.clip(rho, -1.0, 1.0)
+
+
+def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
+    """Spearman's rank correlation of two vectors."""
+    return float(spearman_rows(np.asarray(x)[None], np.asarray(y)[None])[0])
+
+
+def resample_weights(prompts: int, resamples: int, seed: int) -> np.ndarray:
+    """``(resamples, prompts)``: how often each prompt is drawn in each resample, over ``prompts`` (``weights @
+    values`` is every resample's mean); the draws depend only on the arguments."""
+    draws = np.random.default_rng([seed, prompts]).integers(0, prompts, size=(resamples, prompts))
+    offsets = (np.arange(resamples) * prompts)[:, None]
+    counts = np.bincount((draws + offsets).ravel(), minlength=resamples * prompts).reshape(resamples, prompts)
+    return counts / float(prompts)
+
+
+class RhoEstimate(NamedTuple):
+    """Rho of the per-layer means with its percentile interval and the resamples where it was undefined."""
+
+    rho: float
+    low: float
+    high: float
+    undefined: int
+
+
+def bootstrap_rho(
+    damage: np.ndarray, predictor: np.ndarray, resamples: int = 4000, seed: int = 0, confidence: float = 0.95
+) -> RhoEstimate:
+    """Rho of the per-layer means of ``damage`` and ``predictor`` over prompts, with its bootstrap interval."""
+    rho = spearman(damage.mean(axis=0), predictor.mean(axis=0))
+    weights = resample_weights(damage.shape[0], resamples, seed)
+    replicates = spearman_rows(weights @ damage, weights @ predictor)
+    defined = replicates[np.isfinite(replicates)]
+    tail = 50.0 * (1.0 - confidence)
+    low, high = np.percentile(defined, [tail, 100.0 - tail]) if defined.size else (math.nan, math.nan)
+    return RhoEstimate(rho, float(low), float(high), int(replicates.size - defined.size))
+
+
+def per_prompt_rho(damage: np.ndarray, predictor: np.ndarray) -> dict[str, Any]:
+    """Each prompt's rho (NaN where undefined) with the median and quartiles of the defined ones."""
+    values = spearman_rows(damage, predictor)
+    defined = values[np.isfinite(values)]
+    q1, median, q3 = np.percentile(defined, [25.0, 50.0, 75.0]) if defined.size else (math.nan,) * 3
+    return {
+        "median": float(median),
+        "q1": float(q1),
+        "q3": float(q3),
+        "defined": int(defined.size),
+        "undefined": int(values.size - defined.size),
+        "values": tuple(float(v) for v in values),
+    }
+
+
+def top_k_layers(values: Sequence[float] | np.ndarray, k: int) -> tuple[int, ...]:
+    """The ``k`` layers with the largest values, largest first (ties: the shallower layer first)."""
+    array = np.asarray(values, dtype=np.float64)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= array.size:
+        raise ValueError(f"k must be an integer in [1, {array.size}] (the number of layers), got {k!r}")
+    return tuple(sorted(range(array.size), key=lambda i: (-array[i], i))[:k])
+
+
+def top_k_overlap(
+    damage: Sequence[float] | np.ndarray, predictor: Sequence[float] | np.ndarray, k: int
+) -> dict[str, Any]:
+    """How many of the ``k`` most damaging layers are among the predictor's ``k`` largest; chance ``k * k / layers``."""
+    first, second = top_k_layers(damage, k), top_k_layers(predictor, k)
+    return {
+        "k": k,
+        "damage_layers": list(first),
+        "predictor_layers": list(second),
+        "overlap": len(set(first) & set(second)),
+        "chance": k * k / np.asarray(damage).size,
+    }
 
 
 def _pyramid_shares(budget: float, window_size: int, layers: int, lengths: Sequence[int]) -> np.ndarray:
@@ -104,27 +188,18 @@ def _budget_summary(
     for name, predictor in _predictors(profile, budget, window_size, layers, lengths).items():
         estimate = bootstrap_rho(damage, predictor, resamples, seed, confidence)
         spread = per_prompt_rho(damage, predictor)
-        overlap = top_k_overlap(mean, predictor.mean(axis=0), top_k)
         correlations[name] = {
             "rho": _num(estimate.rho),
             "low": _num(estimate.low),
             "high": _num(estimate.high),
             "undefined_resamples": estimate.undefined,
             "per_prompt": {
-                "median": _num(spread.median),
-                "q1": _num(spread.q1),
-                "q3": _num(spread.q3),
-                "defined": spread.defined,
-                "undefined": spread.undefined,
-                "values": {str(row["sample_id"]): _num(v) for row, v in zip(rows, spread.values)},
+                **{key: _num(spread[key]) for key in ("median", "q1", "q3")},
+                "defined": spread["defined"],
+                "undefined": spread["undefined"],
+                "values": {str(row["sample_id"]): _num(v) for row, v in zip(rows, spread["values"])},
             },
-            "top_k": {
-                "k": overlap.k,
-                "damage_layers": list(overlap.damage_layers),
-                "predictor_layers": list(overlap.predictor_layers),
-                "overlap": overlap.overlap,
-                "chance": overlap.chance,
-            },
+            "top_k": top_k_overlap(mean, predictor.mean(axis=0), top_k),
             "paper": PAPER_RHO.get(name),
             "description": PREDICTOR_DESCRIPTIONS[name],
         }
@@ -157,20 +232,10 @@ def summarize(
     confidence: float = 0.95,
     context: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The analysis summary of damage rows (see the module docstring), as a JSON-ready dict.
-
-    Args:
-        rows: damage rows (``damage.jsonl``), in prompt order; a (prompt, budget) given twice counts once.
-        profile: the sensitivity profile whose scores are compared (None: depth and PyramidKV only).
-        window_size: SnapKV's window (PyramidKV's schedule depends on it).
-        top_k: how many top layers to compare (1 to the number of layers).
-        confidence: interval level in (0, 1).
-        context: copied into the summary (model, suite, files, ...).
-    """
+    """The analysis summary of damage rows (see the module docstring), as a JSON-ready dict."""
     if not rows:
         raise ValueError("no damage rows to summarise")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
+    check_int("top_k", top_k)
     budgets = {
         f"{budget:g}": _budget_summary(group, budget, profile, window_size, top_k, resamples, seed, confidence)
         for budget, group in _rows_by_budget(rows).items()

@@ -6,45 +6,39 @@ The prompts are ``ripplekv eval``'s (:func:`ripplekv_eval.running.runner.build_s
     damage.jsonl                  one row per (prompt, budget), flushed and fsynced as it finishes
     analysis.json                 the summary (:func:`ripplekv_eval.analysis.report.summarize`)
     damage_profile_b<budget>.json the damage profile per budget (:mod:`ripplekv.profiling.damage_profile`)
-    plots/                        :func:`ripplekv_eval.analysis.plots.write_analysis_plots`
+    plots/                        :func:`ripplekv_eval.reporting.plots.write_analysis_plots`
 
 A row: ``sample_id``, ``task``, ``method`` (``snapkv``), ``budget``, ``prompt_tokens``, ``compressed_tokens`` (the
 prefilled part), ``kept_tokens``, ``damage_kl`` and ``damage_top1`` (per layer, only that layer compressed),
 ``uniform_kl`` and ``uniform_top1`` (every layer compressed), ``answer_tokens``, ``answer_ids`` (reused on resume),
-``seconds``, ``prefill_seconds``, ``meta``. Re-running resumes (an interrupted last line is redone); a folder of
-another configuration is refused.
+``seconds``, ``prefill_seconds``, ``meta``. ``ripplekv tune`` (:func:`run_tune`) writes ``config.json``,
+``tune.jsonl`` (:mod:`~ripplekv_eval.analysis.tuning`'s rows) and ``tune.json`` (its summary) the same way; both resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ripplekv.presses.method_spec import parse_method
+from ripplekv.presses.scorers import DEFAULT_SCORER
 from ripplekv.profiling.damage_profile import make_damage_profile
 from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
 from ripplekv_eval.analysis.damage import DAMAGE_METHOD, DamageRunner
 from ripplekv_eval.analysis.report import summarize
+from ripplekv_eval.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
+from ripplekv_eval.analysis.tuning_report import summarize_tuning
 from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv_eval.running.config import EvalConfig
-from ripplekv_eval.running.results import budgets_of, open_results, run_pending
+from ripplekv_eval.running.results import RunResult, open_results, run_pending
 from ripplekv_eval.running.runner import build_samples, resolve_config
+from ripplekv_eval.sample import check_int
 from ripplekv_eval.suites import get_suite
-
-__all__ = [
-    "ANALYSIS_FILE",
-    "DAMAGE_FILE",
-    "DEFAULT_ANSWER_TOKENS",
-    "DEFAULT_TOP_K",
-    "AnalysisConfig",
-    "AnalysisSummary",
-    "damage_profile_name",
-    "run_analysis",
-]
 
 DAMAGE_FILE = "damage.jsonl"
 ANALYSIS_FILE = "analysis.json"
@@ -60,14 +54,7 @@ def damage_profile_name(budget: float) -> str:
 
 @dataclass(frozen=True)
 class AnalysisConfig:
-    """What ``ripplekv analyze`` runs.
-
-    Args:
-        eval: the suite and its options, as for ``ripplekv eval``; its ``methods`` and ``score`` are ignored (one layer
-            is compressed with SnapKV; only fidelity is measured).
-        top_k: how many of the most damaging layers are compared with each predictor's (>= 1).
-        resamples: bootstrap resamples (at least the report's minimum, 2000).
-    """
+    """What ``ripplekv analyze`` runs."""
 
     eval: EvalConfig
     top_k: int = DEFAULT_TOP_K
@@ -75,41 +62,10 @@ class AnalysisConfig:
     bootstrap_seed: int = 0
     plots: bool = True
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.eval, EvalConfig):
-            raise TypeError(f"eval must be an EvalConfig, got {type(self.eval).__name__}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
-            raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}")
-        if isinstance(self.resamples, bool) or not isinstance(self.resamples, int) or self.resamples < MIN_RESAMPLES:
-            raise ValueError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {self.resamples!r}")
-        if isinstance(self.bootstrap_seed, bool) or not isinstance(self.bootstrap_seed, int) or self.bootstrap_seed < 0:
-            raise ValueError(f"bootstrap_seed must be an integer >= 0, got {self.bootstrap_seed!r}")
-        if not isinstance(self.plots, bool):
-            raise TypeError(f"plots must be a bool, got {type(self.plots).__name__}")
-        if not self.eval.budget_values:
-            raise ValueError("no budgets given")
-        for budget in self.eval.budgets:
-            if not 0 < float(budget) <= 1:
-                raise ValueError(f"budget {budget} out of range: analyze takes kept fractions in (0, 1]")
-
-
-@dataclass(frozen=True)
-class AnalysisSummary:
-    """What one :func:`run_analysis` call did.
-
-    Args:
-        rows: damage rows in ``damage.jsonl`` at the end.
-        new_rows: rows written by this call.
-        files: the files written besides ``damage.jsonl`` (summary, damage profiles, plots).
-    """
-
-    out: Path
-    summary: dict[str, Any]
-    rows: int
-    new_rows: int
-    samples: int
-    files: tuple[Path, ...]
-    seconds: float
+    def __post_init__(self) -> None:  # the suite and budgets are checked by EvalConfig
+        check_int("top_k", self.top_k)
+        check_int("resamples", self.resamples, MIN_RESAMPLES)
+        check_int("bootstrap_seed", self.bootstrap_seed, 0)
 
 
 def run_analysis(
@@ -118,7 +74,7 @@ def run_analysis(
     model: PreTrainedModel | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     progress: bool = True,
-) -> AnalysisSummary:
+) -> RunResult:
     """Run (or resume) the analysis ``config`` into ``out`` (created).
 
     ``model`` is loaded from ``config.eval.model`` unless given together with ``tokenizer``.
@@ -146,7 +102,12 @@ def run_analysis(
     configurations = [(DAMAGE_METHOD, b) for b in budgets]
     with open_results(out, resolved, sources, rows_file=DAMAGE_FILE, answers_from=None) as folder:
         written = run_pending(
-            samples, configurations, folder, budgets_of(runner.run_sample), desc="analyze", progress=progress
+            samples,
+            configurations,
+            folder,
+            lambda sample, pending, answer: runner.run_sample(sample, [b for _, b in pending], answer),
+            desc="analyze",
+            progress=progress,
         )
     out = folder.out
 
@@ -193,15 +154,107 @@ def run_analysis(
         )
         files.append(damage.save(out / damage_profile_name(budget)))
     if config.plots:
-        from ripplekv_eval.analysis.plots import write_analysis_plots
+        from ripplekv_eval.reporting.plots import write_analysis_plots
 
         files += write_analysis_plots(summary, out / "plots")
-    return AnalysisSummary(
-        out=out,
-        summary=summary,
-        rows=len(rows),
-        new_rows=written,
-        samples=len(samples),
-        files=tuple(files),
-        seconds=time.perf_counter() - start,
+    seconds = time.perf_counter() - start
+    return RunResult(out, len(rows), written, len(samples), seconds, summary=summary, files=tuple(files))
+
+
+TUNE_FILE = "tune.jsonl"
+SUMMARY_FILE = "tune.json"
+
+
+def run_tune(
+    config: TuneConfig,
+    out: str | os.PathLike[str],
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Run (or resume) the tuning ``config`` into ``out``; see the module docstring."""
+    from ripplekv.models import model_identity
+
+    start = time.perf_counter()
+    options = replace(config.eval, methods=("snapkv",), score="fidelity", profile=None)
+    profiles = {label: SensitivityProfile.load(path) for label, path in config.profiles.items()}
+    if model is None or tokenizer is None:
+        from ripplekv.models import load_model
+
+        model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device)
+    for label, profile in profiles.items():
+        try:
+            profile.check_model(model)
+        except ValueError as err:
+            raise ValueError(f"profile {label!r} ({config.profiles[label]}): {err}") from err
+    runner = TuneRunner(config, profiles, model, tokenizer)
+    samples = build_samples(options, tokenizer, model)
+    calibration, heldout = split_samples(samples, config.calibration_fraction)
+    resolved = {
+        "kind": "tune",
+        **resolve_config(options, model, samples, None),
+        "profiles": {
+            label: hashlib.sha256(Path(path).read_bytes()).hexdigest() for label, path in config.profiles.items()
+        },
+        "ratios": list(config.ratios),
+        "gammas": list(config.gammas),
+        "calibration_fraction": float(config.calibration_fraction),
+    }
+    if config.method_candidates or config.scorer != DEFAULT_SCORER:  # runs without them keep their old identity
+        resolved["grids"] = [spec.canonical() for spec in config.method_candidates]
+        resolved["scorer"] = config.scorer
+
+    sources = {"model": options.model, **get_suite(options.suite).sources(options), "profiles": dict(config.profiles)}
+    budgets = list(options.budget_values)
+    configurations = [(TUNE_METHOD, b) for b in budgets]
+    with open_results(out, resolved, sources, rows_file=TUNE_FILE, answers_from=None) as folder:
+        written = run_pending(
+            samples,
+            configurations,
+            folder,
+            lambda sample, pending, answer: runner.run_sample(sample, [b for _, b in pending], answer),
+            desc="tune",
+            progress=progress,
+        )
+    out = folder.out
+
+    ids = {s.id for s in samples}
+    rows = [r for r in folder.log.read() if str(r["sample_id"]) in ids and float(r["budget"]) in budgets]
+    context = {
+        "model": model_identity(model).get("name_or_path"),
+        "suite": options.suite,
+        "prompts": len(samples),
+        "calibration_prompts": len(calibration),
+        "heldout_prompts": len(heldout),
+        "profiles": dict(config.profiles),
+        "ratios": list(config.ratios),
+        "gammas": list(config.gammas),
+        "window_size": options.window_size,
+        "protocol": options.protocol,
+        "samples_sha256": resolved["samples"]["sha256"],
+    }
+    summary = summarize_tuning(
+        rows,
+        [c.key for c in config.candidates],
+        config.default.key,
+        calibration,
+        heldout,
+        config.resamples,
+        config.bootstrap_seed,
+        context=context,
     )
+    if config.method_candidates:
+        groups = config.method_groups
+        summary["methods"] = {  # each rival's grid against its own defaults (its plain name), as RippleKV's
+            method: summarize_tuning(
+                rows, list(keys), method, calibration, heldout, config.resamples, config.bootstrap_seed
+            )
+            for method, keys in groups.items()
+        }
+        shared = next(c for c in config.candidates if c.key == summary["shared"])
+        ripple = parse_method("ripplekv", r=float(shared.ratio), gamma=float(shared.gamma)).canonical()
+        summary["settings"] = {"ripplekv": ripple} | {m: entry["shared"] for m, entry in summary["methods"].items()}
+        summary["context"]["grids"] = {name: list(keys) for name, keys in groups.items()}
+        summary["context"]["scorer"] = config.scorer
+    write_json_atomic(out / SUMMARY_FILE, summary)
+    return RunResult(out, len(rows), written, len(samples), time.perf_counter() - start, summary=summary)

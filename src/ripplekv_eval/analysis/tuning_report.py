@@ -1,21 +1,10 @@
 """The summary of ``ripplekv tune``: selection on the calibration split, gains on the held-out split.
 
-Every mean is the report's macro mean (each task's mean, averaged over tasks;
-:mod:`ripplekv_eval.reporting.stats`). Per budget:
-
-- every candidate's mean KL on the calibration and the held-out prompts (the held-out means are shown, never used
-  to choose);
-- ``best``: the candidate with the lowest calibration KL (ties: the earlier candidate in grid order);
-- held-out paired differences, each the macro mean of the per-prompt differences with wins/ties/losses (a win:
-  lower KL), the stratified sign-flip permutation test of that macro mean and the interval inverting it
-  (:func:`ripplekv_eval.reporting.comparisons.compare`, Holm by its ``settle``): ``best - default`` (the gain of
-  tuning), ``best - snapkv`` and ``default - snapkv``; ``best - shared`` (the gain of tuning per budget over the
-  one candidate chosen for all budgets). Holm adjusts over the four comparisons of a budget (``family="budget"``,
-  the default) or the twelve of all budgets (``family="metric"``); **significant** = Holm-adjusted p < 0.05, and
-  then the interval excludes 0.
-
-``shared`` is the candidate with the lowest calibration KL averaged over the budgets: if ``best - shared`` is not
-significant at any budget, the best allocation does not depend on the budget (to this run's resolution).
+Per budget: every candidate's macro-mean KL (:mod:`ripplekv_eval.reporting.stats`) on both splits (held-out means are
+shown, never used to choose); ``best``, the lowest calibration KL (ties: grid order); and held-out paired comparisons
+(sign-flip test, Holm over the budget's four or, ``family="metric"``, all budgets' twelve): ``best - default``,
+``best - snapkv``, ``default - snapkv`` and ``best - shared``, where ``shared`` has the lowest calibration KL averaged
+over the budgets (if ``best - shared`` is never significant, the best allocation does not depend on the budget).
 """
 
 from __future__ import annotations
@@ -26,20 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from ripplekv_eval.reporting.comparisons import Comparison, compare, paired_differences, settle
-from ripplekv_eval.reporting.significance import DEFAULT_DRAWS, DEFAULT_FAMILY, FAMILIES, TEST_NAME, SignFlip
-from ripplekv_eval.reporting.stats import ALPHA, METRICS, Bootstrap, Estimate, Samples
-
-__all__ = [
-    "COMPARISONS",
-    "KL",
-    "candidate_samples",
-    "comparison_record",
-    "macro_mean",
-    "summarize_methods",
-    "summarize_tuning",
-    "tuning_markdown",
-]
+from ripplekv_eval.reporting.stats import (
+    ALPHA,
+    DEFAULT_DRAWS,
+    DEFAULT_FAMILY,
+    FAMILIES,
+    METRICS,
+    TEST_NAME,
+    Bootstrap,
+    Comparison,
+    Estimate,
+    Samples,
+    SignFlip,
+    compare,
+    paired_differences,
+    settle,
+)
 
 SNAPKV = "snapkv"
 
@@ -98,21 +89,7 @@ def summarize_tuning(
     draws: int = DEFAULT_DRAWS,
     family: str = DEFAULT_FAMILY,
 ) -> dict[str, Any]:
-    """The tuning summary of ``rows`` (see the module docstring).
-
-    Args:
-        rows: ``tune.jsonl`` rows (one per prompt and budget).
-        candidates: candidate keys in grid order.
-        default: the defaults' key (one of ``candidates``).
-        calibration: ids of the calibration prompts.
-        heldout: ids of the held-out prompts.
-        resamples: bootstrap resamples of the held-out differences' BCa intervals (``bca_low``, ``bca_high``; for
-            reference, no verdict uses them).
-        seed: seed of the bootstrap and of the sign-flip test.
-        context: what ran (model, suite, ...), copied into the summary.
-        draws: random sign vectors per comparison (beyond the exact enumeration's 16 prompts).
-        family: Holm's family: ``budget`` (the four comparisons of a budget) or ``metric`` (all budgets').
-    """
+    """The tuning summary of ``rows`` (see the module docstring)."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if default not in candidates:
@@ -206,12 +183,7 @@ def _fmt(c: Mapping[str, Any]) -> str:
 
 
 def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
-    """A markdown report of :func:`summarize_tuning`'s summary.
-
-    Args:
-        summary: the summary.
-        top: candidates listed per budget (by calibration KL).
-    """
+    """A markdown report of :func:`summarize_tuning`'s summary."""
     ctx = summary.get("context", {})
     lines = [
         f"# ripplekv tune: {ctx.get('model', '?')} on {ctx.get('suite', '?')}",
@@ -259,56 +231,9 @@ def tuning_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summarize_methods(
-    rows: Sequence[Mapping[str, Any]],
-    groups: Mapping[str, Sequence[str]],
-    calibration: set[str],
-    heldout: set[str],
-    resamples: int,
-    seed: int,
-    draws: int = DEFAULT_DRAWS,
-    family: str = DEFAULT_FAMILY,
-) -> dict[str, dict[str, Any]]:
-    """Each rival method's grid summarised on its own, against its own defaults (its plain name), exactly as
-    :func:`summarize_tuning` summarises RippleKV's: the same rows, splits, selection rule and tests.
-
-    Args:
-        rows: ``tune.jsonl`` rows.
-        groups: method -> its candidate keys (canonical specs), the defaults first
-            (:attr:`ripplekv_eval.analysis.tuning.TuneConfig.method_groups`).
-        calibration: ids of the calibration prompts.
-        heldout: ids of the held-out prompts.
-        resamples: bootstrap resamples (see :func:`summarize_tuning`).
-        seed: seed of the bootstrap and of the sign-flip test.
-        draws: random sign vectors per comparison.
-        family: Holm's family (see :func:`summarize_tuning`).
-    """
-    return {
-        method: summarize_tuning(rows, list(keys), method, calibration, heldout, resamples, seed, None, draws, family)
-        for method, keys in groups.items()
-    }
-
-
-def tuned_settings(summary: Mapping[str, Any], ripplekv: str) -> dict[str, str]:
-    """The method spec each method is run at once tuned: its ``shared`` candidate (lowest calibration KL averaged
-    over the budgets), for RippleKV the spec of the shared candidate's ``r`` and ``gamma``.
-
-    Args:
-        summary: the tune summary (with ``methods`` for the rivals).
-        ripplekv: RippleKV's spec at the shared candidate (``ripplekv:r=16,gamma=12``), made by the caller.
-    """
-    settings = {"ripplekv": ripplekv}
-    for method, entry in summary.get("methods", {}).items():
-        settings[method] = entry["shared"]
-    return settings
-
-
 def methods_markdown(summary: Mapping[str, Any]) -> str:
     """The rivals' part of the tuning report: per method, its shared choice and, per budget, its best candidate's
     held-out gain over its defaults.
-
-    Args:
-        summary: the tune summary (its ``methods`` and ``settings``).
     """
     methods = summary.get("methods", {})
     if not methods:

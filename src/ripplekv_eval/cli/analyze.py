@@ -1,7 +1,5 @@
-"""``ripplekv analyze``, and ``ripplekv eval``'s ``--oracle-profile`` option (:func:`add_oracle_profile_argument`).
-
-Imported by :mod:`ripplekv.cli.main` at start-up, so nothing heavy is imported at the top.
-"""
+"""``ripplekv analyze``: per-layer damage on a suite's prompts against a profile (imported at start-up: nothing heavy
+at the top)."""
 
 from __future__ import annotations
 
@@ -9,26 +7,27 @@ import argparse
 import json
 from typing import Any
 
-from ripplekv.cli.args import comma_list, positive_int
-from ripplekv_eval.cli.args import add_fidelity_suite_args, add_summary_args, fidelity_eval_config
-
-__all__ = ["add_oracle_profile_argument", "add_parser", "run"]
+from ripplekv.cli.args import positive_int
+from ripplekv_eval.cli.eval import add_suite_args, eval_config
 
 
-def add_oracle_profile_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--oracle-profile`` (comma-separated damage profile paths) to ``ripplekv eval``'s ``parser``."""
+def add_summary_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--resamples``, ``--bootstrap-seed`` and ``--format`` (``analyze`` and ``tune`` print paired statistics)."""
+    from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES
+
     parser.add_argument(
-        "--oracle-profile",
-        type=comma_list(str, "oracle profiles"),
-        default=None,
-        help="ripplekv-oracle: damage profile(s) from `ripplekv analyze` (OUT/damage_profile_b<budget>.json), "
-        "comma-separated: one is used at every budget, several are each used at the budget they were measured at",
+        "--resamples",
+        type=positive_int,
+        default=DEFAULT_RESAMPLES,
+        help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least 2000)",
     )
+    parser.add_argument("--bootstrap-seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--format", choices=("md", "json"), default="md", help="summary printed: md (default) or json")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``analyze`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
-    from ripplekv_eval.analysis.runner import DEFAULT_TOP_K
+    from ripplekv_eval.analysis.runner import DEFAULT_ANSWER_TOKENS, DEFAULT_TOP_K
 
     p = subparsers.add_parser(
         "analyze",
@@ -42,8 +41,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "budget (OUT/damage_profile_b<budget>.json) for `ripplekv eval --methods ripplekv-oracle --oracle-profile`. "
         "Rows go to OUT/damage.jsonl as they finish; re-running the same command resumes.",
     )
-    add_fidelity_suite_args(
-        p, "kept fractions the one layer is compressed to (default 0.1,0.2,0.3 unless --tokens is given alone)"
+    add_suite_args(
+        p,
+        "kept fractions the one layer is compressed to (default 0.1,0.2,0.3 unless --tokens is given alone)",
+        DEFAULT_ANSWER_TOKENS,
+        f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
     )
     p.add_argument("--profile", default=None, help="sensitivity profile JSON to compare (omitted: depth and pyramid)")
     p.add_argument(
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from ripplekv_eval.analysis.report import to_markdown
     from ripplekv_eval.analysis.runner import AnalysisConfig, run_analysis
 
-    evaluation = fidelity_eval_config(args, profile=args.profile)
+    evaluation = eval_config(args, methods=("snapkv",), score="fidelity")
     config = AnalysisConfig(
         evaluation,
         top_k=args.top_k,

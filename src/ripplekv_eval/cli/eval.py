@@ -1,8 +1,13 @@
-"""``ripplekv eval``: score methods x budgets on a suite, in this process or sharded over Ray actors."""
+"""``ripplekv eval``: score methods x budgets on a suite, in this process or sharded over Ray actors; and the options
+of a suite's prompts that ``analyze`` and ``tune`` take as ``eval`` does (:func:`add_suite_args`, :func:`eval_config`).
+
+Imported by :mod:`ripplekv.cli.main` at start-up, so nothing heavy is imported at the top.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 from typing import TYPE_CHECKING, Any
@@ -19,23 +24,15 @@ from ripplekv.cli.args import (
     resolve_budgets,
     row_tokens_arg,
 )
-from ripplekv_eval.cli import analyze
-from ripplekv_eval.cli.args import suite_options
 
 if TYPE_CHECKING:
     from ripplekv_eval.running.config import EvalConfig
-
-__all__ = ["add_parser", "eval_config", "memory_size", "run"]
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
 
 
 def memory_size(text: str) -> int:
-    """Bytes from ``text``: a number with an optional binary unit (``512MiB``, ``1.5G``, ``K``/``KiB``, ``B``).
-
-    Raises:
-        argparse.ArgumentTypeError: if ``text`` is not a size of at least one byte.
-    """
+    """An argparse ``type``: bytes from a number with an optional binary unit (``512MiB``, ``1.5G``, ``K``, ``B``)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
     if match is None or match.group(2) not in _UNITS:
         raise argparse.ArgumentTypeError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {text!r}")
@@ -45,17 +42,103 @@ def memory_size(text: str) -> int:
     return int(size)
 
 
+def add_suite_args(p: argparse.ArgumentParser, budgets_help: str, max_new_tokens: int | None, answer_help: str) -> None:
+    """Add the model, the suite and its options, the budgets and the answer cap (``--max-new-tokens``)."""
+    from ripplekv.inference import PROTOCOLS
+    from ripplekv.presses.registry import DEFAULT_WINDOW
+    from ripplekv_eval.running.config import CHAT_TEMPLATE_MODES
+    from ripplekv_eval.suites import (
+        DEFAULT_CONTEXT_TOKENS,
+        DEFAULT_JSONL_METRIC,
+        DEFAULT_NEEDLE_DIGITS,
+        DEFAULT_RULER_SAMPLES,
+        SUITES,
+    )
+    from ripplekv_eval.tasks.metrics import METRICS
+
+    add_model_args(p)
+    p.add_argument(
+        "--suite",
+        choices=tuple(SUITES),
+        required=True,
+        help="; ".join(f"{name}: {suite.description}" for name, suite in SUITES.items()),
+    )
+    p.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
+    p.add_argument(
+        "--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records, one a line'
+    )
+    p.add_argument(
+        "--metric",
+        choices=tuple(METRICS),
+        default=None,
+        help=f"jsonl: the LongBench metric scoring each answer (default {DEFAULT_JSONL_METRIC})",
+    )
+    p.add_argument("--budgets", type=comma_list(budget_arg, "budgets"), default=None, help=budgets_help)
+    p.add_argument(
+        "--tokens",
+        type=comma_list(row_tokens_arg, "token counts"),
+        default=None,
+        help="comma-separated average tokens kept per layer (each >= 2), run besides --budgets; rows record them in "
+        "their budget column as whole numbers (a budget above 1 is a token count); not for kvpress's own presses "
+        "(streamingllm, adakv, pyramidkv-kvpress)",
+    )
+    p.add_argument("--tasks", type=comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
+    p.add_argument(
+        "--limit",
+        type=positive_int,
+        default=None,
+        help="samples per task: longbench and jsonl the first N records (default all), ruler N per task (default "
+        f"{DEFAULT_RULER_SAMPLES}), needle N seeds per (length, depth) (default 1)",
+    )
+    p.add_argument(
+        "--chat-template",
+        choices=CHAT_TEMPLATE_MODES,
+        default="auto",
+        help="auto (default): longbench as pred.py does (the chat template except for trec, triviaqa, samsum, "
+        "lsht, lcc, repobench-p), the other suites whenever the tokenizer has one; on: always; off: plain prompts",
+    )
+    p.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
+    p.add_argument(
+        "--context-tokens",
+        type=positive_int,
+        default=None,
+        help=f"ruler: context length (default {DEFAULT_CONTEXT_TOKENS})",
+    )
+    p.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
+    p.add_argument(
+        "--max-length", type=positive_int, default=None, help="longbench: truncation (default: model max positions)"
+    )
+    p.add_argument(
+        "--needle-lengths",
+        type=comma_list(positive_int, "lengths"),
+        default=None,
+        help="needle: context lengths in tokens (default 1024,2048,4096)",
+    )
+    p.add_argument(
+        "--needle-depths",
+        type=comma_list(float, "depths"),
+        default=None,
+        help="needle: depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
+    )
+    p.add_argument(
+        "--needle-digits",
+        type=positive_int,
+        default=None,
+        help=f"needle: digits of the number (default {DEFAULT_NEEDLE_DIGITS})",
+    )
+    p.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens, help=answer_help)
+    p.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
-    from ripplekv.inference import PROTOCOLS
     from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
     from ripplekv.presses import METHODS
-    from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS_WITHOUT_SCORER
+    from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
     from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
-    from ripplekv_eval.running import runner
-    from ripplekv_eval.running.config import CHAT_TEMPLATE_MODES, DECODE_MODES, SCORE_MODES
-    from ripplekv_eval.suites.jsonl import DEFAULT_JSONL_METRIC, JSONL_MAX_NEW_TOKENS
-    from ripplekv_eval.tasks.metrics import METRICS as EVAL_METRICS
+    from ripplekv_eval.running.config import DECODE_MODES, DEFAULT_METHODS, SCORE_MODES
+    from ripplekv_eval.suites import JSONL_MAX_NEW_TOKENS
 
     e = subparsers.add_parser(
         "eval",
@@ -66,28 +149,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "decoded greedily and scored. Rows go to OUT/results.jsonl as they finish; re-running the same command "
         "resumes.",
     )
-    add_model_args(e)
-    e.add_argument(
-        "--suite",
-        choices=tuple(runner.SUITES),
-        required=True,
-        help="; ".join(f"{name}: {suite.description}" for name, suite in runner.SUITES.items()),
-    )
-    e.add_argument("--data-dir", default=None, help="longbench: folder of official <task>.jsonl files")
-    e.add_argument(
-        "--data", default=None, help='jsonl: a file of {"context", "question", "answers"} records, one a line'
-    )
-    e.add_argument(
-        "--metric",
-        choices=tuple(EVAL_METRICS),
-        default=None,
-        help=f"jsonl: the LongBench metric scoring each answer (default {DEFAULT_JSONL_METRIC})",
+    add_suite_args(
+        e,
+        "comma-separated kept fractions in (0, 1] (default 0.1,0.2,0.3 unless --tokens is given alone); full always "
+        "runs once at 1.0",
+        None,
+        f"cap on every task's answer length (jsonl: the answer length, default {JSONL_MAX_NEW_TOKENS})",
     )
     e.add_argument(
         "--methods",
         type=method_list,
-        default=runner.DEFAULT_METHODS,
-        help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(runner.DEFAULT_METHODS)}); a method "
+        default=DEFAULT_METHODS,
+        help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(DEFAULT_METHODS)}); a method "
         "takes its parameters after a colon, key=value items continuing it: "
         "'full,ripplekv:r=16,gamma=12,cake:tau1=2,tau2=0.5,squeezeattention:p=0.625' (docs/cli.md lists each "
         "method's parameters)",
@@ -99,29 +172,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"comma-separated token scorers, from {', '.join(SCORERS)} (default {DEFAULT_SCORER}): every method "
         "built on a scorer runs under each (rows record method and scorer; reports name it method@scorer, the "
         f"default scorer's plain); {', '.join(METHODS_WITHOUT_SCORER)} run once",
-    )
-    e.add_argument(
-        "--budgets",
-        type=comma_list(budget_arg, "budgets"),
-        default=None,
-        help="comma-separated kept fractions in (0, 1] (default 0.1,0.2,0.3 unless --tokens is given alone); full "
-        "always runs once at 1.0",
-    )
-    e.add_argument(
-        "--tokens",
-        type=comma_list(row_tokens_arg, "token counts"),
-        default=None,
-        help="comma-separated average tokens kept per layer (each >= 2), run besides --budgets; rows record them in "
-        "their budget column as whole numbers (a budget above 1 is a token count); not for kvpress's own presses "
-        "(streamingllm, adakv, pyramidkv-kvpress)",
-    )
-    e.add_argument("--tasks", type=comma_list(str, "tasks"), default=None, help="comma-separated (default all)")
-    e.add_argument(
-        "--limit",
-        type=positive_int,
-        default=None,
-        help="samples per task: longbench and jsonl the first N records (default all), ruler N per task (default "
-        f"{runner.DEFAULT_RULER_SAMPLES}), needle N seeds per (length, depth) (default 1)",
     )
     e.add_argument(
         "--score",
@@ -159,13 +209,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "prefilled in chunks over its growing cache, bounding the prefill's activations by the chunk (the same cache "
         "up to float rounding; prompts within the chunk run exactly as one pass)",
     )
-    e.add_argument(
-        "--chat-template",
-        choices=CHAT_TEMPLATE_MODES,
-        default="auto",
-        help="auto (default): longbench as pred.py does (the chat template except for trec, triviaqa, samsum, "
-        "lsht, lcc, repobench-p), the other suites whenever the tokenizer has one; on: always; off: plain prompts",
-    )
     e.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
     e.add_argument(
         "--strict-profile",
@@ -173,82 +216,33 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a profile measured on other weights than the model's (another weights fingerprint) is an error, "
         "not a warning",
     )
-    analyze.add_oracle_profile_argument(e)
-    e.add_argument("--protocol", choices=PROTOCOLS, default="question-aware", help="default question-aware")
     e.add_argument(
-        "--context-tokens",
-        type=positive_int,
+        "--oracle-profile",
+        type=comma_list(str, "oracle profiles"),
         default=None,
-        help=f"ruler: context length (default {runner.DEFAULT_CONTEXT_TOKENS})",
+        help="ripplekv-oracle: damage profile(s) from `ripplekv analyze` (OUT/damage_profile_b<budget>.json), "
+        "comma-separated: one is used at every budget, several are each used at the budget they were measured at",
     )
-    e.add_argument("--skip", type=int, default=None, help="longbench: records skipped at the start of each task file")
-    e.add_argument(
-        "--max-length", type=positive_int, default=None, help="longbench: truncation (default: model max positions)"
-    )
-    e.add_argument(
-        "--needle-lengths",
-        type=comma_list(positive_int, "lengths"),
-        default=None,
-        help="needle: context lengths in tokens (default 1024,2048,4096)",
-    )
-    e.add_argument(
-        "--needle-depths",
-        type=comma_list(float, "depths"),
-        default=None,
-        help="needle: depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
-    )
-    e.add_argument(
-        "--needle-digits",
-        type=positive_int,
-        default=None,
-        help=f"needle: digits of the number (default {runner.DEFAULT_NEEDLE_DIGITS})",
-    )
-    e.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="SnapKV window (default 64)")
-    e.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        help=f"cap on every task's answer length (jsonl: the answer length, default {JSONL_MAX_NEW_TOKENS})",
-    )
-    e.add_argument("--seed", type=int, default=0, help="RULER and needle seed (default 0)")
     e.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_ray_args(e, "samples")
     return e
 
 
-def eval_config(args: argparse.Namespace) -> EvalConfig:
-    """The :class:`~ripplekv_eval.running.config.EvalConfig` of parsed ``ripplekv eval`` arguments (also what
-    ``benchmarks/reproduce_rows.py`` rebuilds a committed run's configuration with, from its ``COMMAND.sh``)."""
-    from ripplekv_eval.running import runner
-    from ripplekv_eval.running.config import EvalConfig
+def eval_config(args: argparse.Namespace, **fixed: Any) -> EvalConfig:
+    """The :class:`~ripplekv_eval.running.config.EvalConfig` of parsed arguments (:func:`add_suite_args` and, for
+    ``eval``, its own), ``fixed`` overriding them; ``benchmarks/reproduce_rows.py`` rebuilds committed runs with it."""
+    from ripplekv_eval.running.config import DEFAULT_BUDGETS, EvalConfig
+    from ripplekv_eval.suites import SUITES
 
-    return EvalConfig(
-        suite=args.suite,
-        model=args.model,
-        methods=tuple(args.methods),
-        scorers=tuple(args.scorers),
-        budgets=resolve_budgets(args, runner.DEFAULT_BUDGETS),
+    names = {f.name for suite in SUITES.values() for f in dataclasses.fields(suite.options_type)}
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if hasattr(args, f.name)}
+    given.update(
+        budgets=resolve_budgets(args, DEFAULT_BUDGETS),
         tokens=tuple(args.tokens or ()),
-        tasks=args.tasks,
-        limit=args.limit,
-        profile=args.profile,
-        protocol=args.protocol,
-        window_size=args.window_size,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        dtype=args.dtype,
-        device=args.device,
-        score=args.score,
-        decode=args.decode,
-        decode_rows=args.decode_rows,
-        decode_memory=args.decode_memory,
-        prefill_chunk=args.prefill_chunk,
-        chat_template=args.chat_template,
-        options=suite_options(args),
-        oracle_profile=args.oracle_profile,
-        strict_profile=args.strict_profile,
+        options={name: getattr(args, name) for name in sorted(names) if getattr(args, name, None) is not None},
     )
+    return EvalConfig(**{**given, **fixed})
 
 
 def run(args: argparse.Namespace) -> int:

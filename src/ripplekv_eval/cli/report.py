@@ -6,8 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["add_parser", "run"]
-
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``report`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
@@ -54,17 +52,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv report`` with parsed ``args``: print the report; return the exit status."""
     from ripplekv_eval.reporting.report import report
-    from ripplekv_eval.reporting.significance import DEFAULT_DRAWS
-    from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES
+    from ripplekv_eval.reporting.stats import DEFAULT_DRAWS, DEFAULT_RESAMPLES, FAMILIES, TEST_NAME
 
     metrics = None if args.metrics is None else [m.strip() for m in args.metrics.split(",") if m.strip()]
     resamples = DEFAULT_RESAMPLES if args.resamples is None else args.resamples
     draws = DEFAULT_DRAWS if args.permutations is None else args.permutations
-    text = report(args.run, args.format, args.plots, metrics, args.seed, resamples, draws, args.family)
-    print(text, end="")
+    print(report(args.run, args.format, args.plots, metrics, args.seed, resamples, draws, args.family), end="")
     if args.format != "csv":
-        from ripplekv_eval.reporting.significance import FAMILIES, TEST_NAME
-
         print(f"significance: {TEST_NAME}; Holm over {FAMILIES[args.family]}", file=sys.stderr)
     if args.plots:
         print(f"plots saved to {args.plots}", file=sys.stderr)

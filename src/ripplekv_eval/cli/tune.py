@@ -1,7 +1,5 @@
-"""``ripplekv tune``: choose RippleKV's profile, r and gamma by fidelity on a calibration split.
-
-Imported by :mod:`ripplekv.cli.main` at start-up, so nothing heavy is imported at the top.
-"""
+"""``ripplekv tune``: choose RippleKV's profile, r and gamma by fidelity on a calibration split (imported at start-up:
+nothing heavy at the top)."""
 
 from __future__ import annotations
 
@@ -12,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ripplekv.cli.args import comma_list
-from ripplekv_eval.cli.args import add_fidelity_suite_args, add_summary_args, fidelity_eval_config
-
-__all__ = ["add_parser", "parse_profiles", "run"]
+from ripplekv_eval.cli.analyze import add_summary_args
+from ripplekv_eval.cli.eval import add_suite_args, eval_config
 
 
 def _grid_value(text: str) -> float:
@@ -42,6 +39,7 @@ def parse_profiles(items: list[str]) -> dict[str, str]:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``tune`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
+    from ripplekv_eval.analysis.runner import DEFAULT_ANSWER_TOKENS
     from ripplekv_eval.analysis.tuning import DEFAULT_GAMMAS, DEFAULT_RATIOS
 
     p = subparsers.add_parser(
@@ -55,7 +53,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bootstrap intervals, Wilcoxon). Rows go to OUT/tune.jsonl as they finish; the summary to OUT/tune.json; "
         "re-running the same command resumes.",
     )
-    add_fidelity_suite_args(p, "kept fractions to tune at (default 0.1,0.2,0.3 unless --tokens is given alone)")
+    add_suite_args(
+        p,
+        "kept fractions to tune at (default 0.1,0.2,0.3 unless --tokens is given alone)",
+        DEFAULT_ANSWER_TOKENS,
+        f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
+    )
     p.add_argument(
         "--profile",
         action="append",
@@ -104,13 +107,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv tune`` with parsed ``args``; prints the summary, returns the exit status."""
-    from ripplekv_eval.analysis.tune_runner import run_tune
+    from ripplekv_eval.analysis.runner import run_tune
     from ripplekv_eval.analysis.tuning import TuneConfig
     from ripplekv_eval.analysis.tuning_report import methods_markdown, tuning_markdown
 
     profiles = parse_profiles(args.profile)
     config = TuneConfig(
-        fidelity_eval_config(args, profile=None),
+        eval_config(args, methods=("snapkv",), score="fidelity", profile=None),
         profiles,
         ratios=tuple(args.ratios),
         gammas=tuple(args.gammas),

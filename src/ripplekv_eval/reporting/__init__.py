@@ -1,4 +1,1 @@
-"""``ripplekv report``: run summaries, statistics, significance, tables, JSON and plots. No module imports torch.
-
-Nothing is imported here: import the modules by path.
-"""
+"""``ripplekv report``: run summaries, statistics and plots (no module imports torch; import them by path)."""

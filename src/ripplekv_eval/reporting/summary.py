@@ -26,8 +26,6 @@ from ripplekv_eval.sample import (
 )
 from ripplekv_eval.tasks.longbench import LONGBENCH_E_BUCKETS, length_bucket
 
-__all__ = ["AVERAGE", "RunSummary", "Timing", "load_run", "needle_task", "summarize"]
-
 AVERAGE = "average"  # the task name of the macro average in score tables
 
 
@@ -78,10 +76,6 @@ class RunSummary:
     groups: dict[tuple[str, str, float], float] = field(default_factory=dict)
     group_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     timing: Timing | None = None
-
-    @property
-    def has_full(self) -> bool:
-        return "full" in self.methods
 
     def value(self, task: str, method: str, budget: float) -> float | None:
         """A task's score (``task == "average"`` for the average); full's is the same under every budget."""

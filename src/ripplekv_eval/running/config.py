@@ -17,12 +17,13 @@ from ripplekv.presses.method_spec import base_method, parse_method
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
 from ripplekv.presses.scorers import SCORERS
 from ripplekv_eval.sample import (
+    CHAT_TEMPLATE_MODES,
     DEFAULT_SCORER,
     FULL_BUDGET,
     MIN_NEW_TOKENS,
     EvalSample,
+    check_int,
     configuration_name,
-    positive_int,
 )
 
 __all__ = [
@@ -36,66 +37,23 @@ __all__ = [
     "DECODE_MODES",
     "EvalConfig",
     "EvalSample",
-    "positive_int",
+    "check_int",
 ]
 
 PROTOCOLS = ("question-aware", "query-agnostic")
 SCORE_MODES = ("both", "fidelity")
 DECODE_MODES = ("batched", "sequential")
-CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 DEFAULT_BUDGETS = (0.1, 0.2, 0.3)
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What to evaluate (the options of ``ripplekv eval``).
-
-    Args:
-        suite: a registered suite name (:data:`ripplekv_eval.suites.SUITES`).
-        model: model path, hub id, ``.gguf`` file or alias.
-        methods: names of :data:`ripplekv.presses.registry.METHODS`, optionally with parameters
-            (:mod:`ripplekv.presses.method_spec`: ``cake:tau1=2,tau2=0.5``), stored canonical (declared order, defaults
-            left out), which names the method in rows and reports; ``full`` runs once per sample at budget 1.0.
-        budgets: kept fractions in (0, 1] (above 1 is an error: token counts go in ``tokens``).
-        tokens: average token counts kept per layer, run after the fractions; integers >= 2, since a row stores its
-            budget as one number and 1 would read as the full cache's fraction 1.0. Not taken by kvpress's own presses
-            (:data:`ripplekv.presses.registry.FRACTION_ONLY_METHODS`).
-        scorers: token scorers (:data:`ripplekv.presses.scorers.SCORERS`): every method built on a scorer runs under
-            each, named ``method@scorer`` (SnapKV keeps the plain name); methods without one
-            (:data:`~ripplekv.presses.registry.METHODS_WITHOUT_SCORER`) run once. Configurations are derived from
-            the sample's one prefill where the fast path derives their presses
-            (:func:`~ripplekv_eval.fastpath.hidden_tail.is_derivable`); any other runs its own prefill.
-        tasks: the suite's tasks (None: the suite's default; a suite without tasks refuses them).
-        limit: at most this many samples per task, as the suite counts them.
-        profile: sensitivity profile JSON (the ripplekv methods need it).
-        oracle_profile: damage profile(s) from ``ripplekv analyze`` for ``ripplekv-oracle``: one for every budget, or
-            one per budget, each used at the budget it was measured at (a single path becomes a tuple).
-        strict_profile: a profile of other weights than the model's is an error, not a warning (not part of the
-            run's identity: it changes no result).
-        protocol: ``question-aware`` (the whole prompt is compressed) or ``query-agnostic`` (the context part is, then
-            the question runs over each compressed cache).
-        max_new_tokens: cap on every task's answer length.
-        seed: seed of the generated suites (RULER, needle).
-        score: ``both`` (decode and score every configuration, and record fidelity) or ``fidelity`` (only the full
-            cache is decoded and scored; the others get fidelity only).
-        chat_template: ``auto`` (each suite's rule: LongBench pred.py's, the others whenever the tokenizer has one),
-            ``on`` (the tokenizer must have one) or ``off``.
-        decode: ``batched`` (with ``score="both"`` a sample's compressed configurations decode as one batch,
-            :mod:`ripplekv_eval.fastpath.batched`) or ``sequential``: the same greedy tokens up to float rounding at
-            near-ties.
-        decode_rows: most configurations per decoding batch (None: as many as ``decode_memory`` allows).
-        decode_memory: most bytes of caches held for one batched decode (laid out for the batch,
-            :func:`~ripplekv_eval.fastpath.batched.row_bytes`): configurations are derived, scored and decoded in groups
-            within it, each released before the next. None: one full cache of the sample's compressed part. A larger
-            configuration decodes alone. ``decode``, ``decode_rows`` and ``decode_memory`` are not compared on resume.
-        prefill_chunk: most tokens per pass of a sample's shared prefill (None: one pass), bounding its activations
-            (:func:`~ripplekv_eval.fastpath.record.record_prefill`). A part within it (default 8,192 tokens) is
-            prefilled exactly as in one pass; a longer one differs by float rounding, so the chunk is compared on
-            resume when some sample is longer than it.
-        options: the suite's options, option name (the flag with ``_`` for ``-``) -> value; replaced by the suite's
-            frozen options dataclass, defaults filled in.
-    """
+    """What to evaluate: the options of ``ripplekv eval`` (docs/cli.md), checked. Methods are stored canonical
+    (:mod:`ripplekv.presses.method_spec`), naming them in rows and reports; ``tokens`` are counts >= 2 (a row's
+    budget column reads 1 as the fraction 1.0); ``options`` (the suite's flags with ``_`` for ``-``) become the
+    suite's options dataclass; ``strict_profile``, ``decode``, ``decode_rows`` and ``decode_memory`` change no result
+    and are not compared on resume."""
 
     suite: str
     model: str = "smollm2-135m"
@@ -130,22 +88,18 @@ class EvalConfig:
         if unknown:
             raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
         object.__setattr__(self, "methods", tuple(parse_method(str(m)).canonical() for m in self.methods))
-        object.__setattr__(self, "budgets", tuple(self.budgets))
+        for name in ("budgets", "tokens", "scorers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.tasks is not None:
             object.__setattr__(self, "tasks", tuple(self.tasks))
-        if not self.methods:
-            raise ValueError("no methods given")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods contain duplicates: {', '.join(self.methods)}")
-        object.__setattr__(self, "tokens", tuple(self.tokens))
-        object.__setattr__(self, "scorers", tuple(self.scorers))
-        if not self.scorers:
-            raise ValueError("no scorers given (the default is snapkv)")
+        if not self.methods or not self.scorers:
+            raise ValueError("no methods or no scorers given (the default scorer is snapkv)")
         unknown = [s for s in self.scorers if s not in SCORERS]
         if unknown:
             raise ValueError(f"unknown scorer(s) {', '.join(map(str, unknown))}; choose from {', '.join(SCORERS)}")
-        if len(set(self.scorers)) != len(self.scorers):
-            raise ValueError(f"scorers contain duplicates: {', '.join(self.scorers)}")
+        for name in ("methods", "scorers", "budgets", "tokens"):
+            if len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise ValueError(f"{name} contain duplicates: {getattr(self, name)}")
         if any(m != "full" for m in self.methods) and not self.budgets and not self.tokens:
             raise ValueError("no budgets given (budgets: kept fractions; tokens: token counts per layer)")
         for budget in self.budgets:
@@ -164,28 +118,25 @@ class EvalConfig:
                     f"tokens {count}: a row stores its budget as one number, and {count} is the kept fraction 1.0 "
                     "(the full cache's row); evaluate 2 or more tokens per layer"
                 )
-        if len(set(self.budgets)) != len(self.budgets):
-            raise ValueError(f"budgets contain duplicates: {self.budgets}")
-        if len(set(self.tokens)) != len(self.tokens):
-            raise ValueError(f"tokens contain duplicates: {self.tokens}")
         by_fraction = [m for m in self.methods if base_method(m) in FRACTION_ONLY_METHODS]
         if self.tokens and by_fraction:
             raise ValueError(
                 f"{', '.join(by_fraction)} (kvpress's own presses) take kept fractions only, not token counts: "
                 "drop them from the methods or drop tokens"
             )
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
-        if self.score not in SCORE_MODES:
-            raise ValueError(f"score must be one of {', '.join(SCORE_MODES)}, got {self.score!r}")
-        if self.decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
-        positive_int("decode_rows", self.decode_rows, allow_none=True)
-        positive_int("decode_memory", self.decode_memory, allow_none=True)
+        modes = {
+            "protocol": PROTOCOLS,
+            "score": SCORE_MODES,
+            "decode": DECODE_MODES,
+            "chat_template": CHAT_TEMPLATE_MODES,
+        }
+        for name, allowed in modes.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name in ("decode_rows", "decode_memory", "limit", "max_new_tokens"):
+            check_int(name, getattr(self, name), allow_none=True)
+        check_int("window_size", self.window_size)
         check_prefill_chunk(self.prefill_chunk)
-        if self.chat_template not in CHAT_TEMPLATE_MODES:
-            modes = ", ".join(CHAT_TEMPLATE_MODES)
-            raise ValueError(f"chat_template must be one of {modes}, got {self.chat_template!r}")
         if self.tasks is not None and (not self.tasks or len(set(self.tasks)) != len(self.tasks)):
             raise ValueError(f"tasks must be a non-empty list without duplicates, got {self.tasks!r}")
         if self.oracle_profile is not None:
@@ -198,11 +149,7 @@ class EvalConfig:
             if not paths or not all(isinstance(p, str) and p for p in paths) or len(set(paths)) != len(paths):
                 raise ValueError(f"oracle_profile must be one or more distinct profile paths, got {paths!r}")
             object.__setattr__(self, "oracle_profile", paths)
-        positive_int("limit", self.limit, allow_none=True)
-        positive_int("window_size", self.window_size)
-        positive_int("max_new_tokens", self.max_new_tokens, allow_none=True)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int("seed", self.seed, -(2**63))
         object.__setattr__(self, "options", suite.parse_options(self.options))
         suite.check_tasks(self.tasks)
 

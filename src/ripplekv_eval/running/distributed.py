@@ -1,11 +1,9 @@
 """``ripplekv eval --workers N [--ray-address ADDR]``: the evaluation sharded over Ray actors.
 
-Each actor loads the model once (one GPU each where there are GPUs) and runs whole samples
-(:class:`~ripplekv_eval.running.rows.SampleRunner`); the driver alone writes the folder, with ``run_eval``'s own
-steps and resume, a row at a time as rows arrive. The rows equal a single-process run's (timing aside, given the
-same torch threads per process). A sample whose actor dies is handed out again with only the configurations not yet
-received (:mod:`ripplekv.distributed`): no row is lost, none received is computed twice. Model, data and profile
-paths must be readable on every node; ``--workers 1`` without ``--ray-address`` runs in-process, never importing Ray.
+Each actor loads the model once and runs whole samples; the driver alone writes the folder, with ``run_eval``'s steps
+and resume, a row at a time as rows arrive (the rows equal a single-process run's, timing aside). A sample whose actor
+dies is handed out again with only the configurations not yet received (:mod:`ripplekv.distributed`). Paths must be
+readable on every node.
 """
 
 from __future__ import annotations
@@ -27,20 +25,10 @@ from ripplekv.distributed import (
     check_workers,
     ray_session,
 )
-from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.running.config import EvalConfig
-from ripplekv_eval.running.results import RunFolder, row_key
+from ripplekv_eval.running.results import RunFolder, RunResult, row_key
 from ripplekv_eval.running.rows import SampleRunner
-from ripplekv_eval.running.runner import (
-    EvalSummary,
-    build_presses,
-    build_samples,
-    load_run_profiles,
-    open_run_folder,
-    resolve_config,
-)
-
-__all__ = ["EvalWorker", "ModelFactory", "run_eval_ray"]
+from ripplekv_eval.running.runner import RunProfiles, load_run_profiles, open_run_folder, prepare
 
 ModelFactory = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
 """A picklable callable that loads the model and its tokenizer (called once on every actor)."""
@@ -55,30 +43,21 @@ class EvalWorker(StreamWorker):
     def __init__(
         self,
         config: EvalConfig,
-        profile: SensitivityProfile | None,
-        oracles: tuple[SensitivityProfile, ...],
+        profiles: RunProfiles,
         model_factory: ModelFactory,
         hook: Callable[[Hashable, int], None] | None = None,
     ) -> None:
         super().__init__(hook)
         self.config = config
-        self.profile = profile
-        self.oracles = oracles
+        self.profiles = profiles
         self.model_factory = model_factory
         self.runner: SampleRunner | None = None
         self.samples: dict[str, Any] = {}
 
     def setup(self) -> dict[str, Any]:
         """Load the model, build the presses and samples; return the resolved configuration and the sample ids."""
-        from ripplekv.models.attention import enable_varlen_attention
-
-        model, tokenizer = self.model_factory()
-        enable_varlen_attention(model)
-        presses = build_presses(self.config, self.profile, model, self.oracles)
-        samples = build_samples(self.config, tokenizer, model)
+        self.runner, samples, resolved = prepare(self.config, self.profiles, *self.model_factory())
         self.samples = {sample.id: sample for sample in samples}
-        self.runner = SampleRunner(self.config, model, tokenizer, presses)
-        resolved = resolve_config(self.config, model, samples, self.profile, self.oracles)
         return {"resolved": resolved, "samples": [sample.id for sample in samples]}
 
     def items(self, key: Hashable, *args: Any) -> Iterator[dict[str, Any]]:
@@ -99,18 +78,10 @@ def run_eval_ray(
     progress: bool = True,
     worker_hook: Callable[[Hashable, int], None] | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-) -> EvalSummary:
-    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors.
-
-    Args:
-        out: the output folder (resumed when it holds the same configuration, whichever way it was run).
-        ray_address: the Ray cluster to join; None starts a local one (or uses this process's connection).
-        model_factory: loads the model and tokenizer on each actor (picklable); default
-            :func:`ripplekv.models.load_model` of ``config.model``, ``config.dtype`` and ``config.device``.
-        on_row: called on the driver with every row right after it was written.
-        worker_hook: called on the actors before each row (tests: a crash on a chosen sample).
-        max_attempts: times a sample may lose its actor before the run stops.
-    """
+) -> RunResult:
+    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors (``model_factory``: a
+    picklable loader, default :func:`ripplekv.models.load_model`; ``worker_hook``: called on the actors before each
+    row, for tests)."""
     from tqdm import tqdm
 
     start = time.perf_counter()
@@ -122,7 +93,7 @@ def run_eval_ray(
         model_factory = functools.partial(load_model, config.model, dtype=config.dtype, device=config.device)
     with ray_session(ray_address) as ray:
         options = actor_options(ray, workers, config.device)
-        worker_args = (config, profiles.profile, profiles.oracles, model_factory, worker_hook)
+        worker_args = (config, profiles, model_factory, worker_hook)
         pool = WorkerPool(ray, EvalWorker, worker_args, workers, options, max_attempts)
         folder: RunFolder | None = None
         try:
@@ -161,11 +132,5 @@ def run_eval_ray(
             pool.close()
             if folder is not None:
                 folder.close()  # its lock
-    return EvalSummary(
-        out=folder.out,
-        rows=len(log.read()),
-        new_rows=written,
-        samples=len(sample_ids),
-        configurations=len(configurations),
-        seconds=time.perf_counter() - start,
-    )
+    seconds = time.perf_counter() - start
+    return RunResult(folder.out, len(log.read()), written, len(sample_ids), seconds, configurations=len(configurations))

@@ -1,81 +1,139 @@
-"""The files of an evaluation folder: ``config.json`` (what ran, compared on resume) and ``results.jsonl`` (rows).
+"""An evaluation folder: ``config.json`` (what ran, compared on resume or extended) and an append-only rows file.
 
-``results.jsonl`` is append-only, one JSON row per (sample, method, budget), flushed and fsynced as soon as it is
-written; :class:`ResultsLog` reads it back, cutting off a last line an interruption left incomplete.
-:func:`open_results` and :func:`run_pending` are the resume-and-run loop every runner (``eval``, ``analyze``,
-``tune``) shares: open the folder, skip the rows written, append each new row as soon as it exists. The folder's
-``config.json`` is :mod:`ripplekv_eval.running.folder_config`'s (its names are re-exported here).
-
-One writer per folder: :func:`open_results` takes an exclusive lock on ``OUT/.lock`` (``filelock``, released when
-the run's :class:`RunFolder` is closed or its process ends, however it ends), so a second run into the same folder,
-which would repair the first's half-written row away and append rows twice, stops at once with
-:class:`RunFolderBusyError`.
+``results.jsonl`` holds one JSON row per (sample, configuration, budget), flushed and fsynced as it is written;
+:class:`ResultsLog` reads it back, cutting off a last line an interruption left incomplete. :func:`open_results` and
+:func:`run_pending` are the resume-and-run loop of ``eval``, ``analyze`` and ``tune``. One writer per folder:
+:func:`open_results` holds ``OUT/.lock`` (:func:`ripplekv.locking.writer_lock`) until the folder is closed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
 from ripplekv.allocation.budget import budget_value
-from ripplekv_eval.running.folder_config import (
-    CONFIG_FILE,
-    CONFIG_FORMAT,
-    RESULTS_FILE,
-    ConfigMismatchError,
-    check_or_write_config,
-    extends,
-    sha256_json,
-)
-from ripplekv_eval.running.folder_lock import LOCK_FILE, RunFolderBusyError, folder_lock
+from ripplekv.locking import writer_lock
+from ripplekv.profiling.profile import write_json_atomic
 from ripplekv_eval.sample import row_configuration
 
-__all__ = [
-    "CONFIG_FILE",
-    "CONFIG_FORMAT",
-    "LOCK_FILE",
-    "RESULTS_FILE",
-    "ROW_KEYS",
-    "ConfigMismatchError",
-    "ResultsLog",
-    "RowKey",
-    "RunFolder",
-    "RunFolderBusyError",
-    "check_or_write_config",
-    "complete_samples",
-    "extends",
-    "budgets_of",
-    "open_results",
-    "resume_state",
-    "row_key",
-    "run_pending",
-    "sha256_json",
-]
-
+CONFIG_FILE = "config.json"
+RESULTS_FILE = "results.jsonl"
+CONFIG_FORMAT = "ripplekv-eval/1"
+LOCK_FILE = ".lock"
 ROW_KEYS = ("sample_id", "method", "budget")
 
 RowKey = tuple[str, str, float]
 
 
+@dataclass(frozen=True)
+class RunResult:
+    """What one run call (``eval``, ``analyze``, ``tune``) did: ``rows`` in its rows file at the end, ``new_rows``
+    written by it, wall ``seconds``; ``summary`` and ``files`` written (analyze, tune)."""
+
+    out: Path
+    rows: int
+    new_rows: int
+    samples: int
+    seconds: float
+    configurations: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+    files: tuple[Path, ...] = ()
+
+
+class ConfigMismatchError(ValueError):
+    """The output folder holds a run of another configuration."""
+
+
+def sha256_json(data: Any) -> str:
+    """SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    import kvpress
+    import torch
+    import transformers
+
+    from ripplekv.version import __version__
+
+    return {
+        "ripplekv": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "kvpress": getattr(kvpress, "__version__", "unknown"),
+    }
+
+
+def extends(previous: Mapping[str, Any], resolved: Mapping[str, Any], extendable: Mapping[str, Any]) -> bool:
+    """Whether ``resolved`` is ``previous`` with more values in some ``extendable`` list keys (key -> value when
+    absent), every other key equal."""
+    fixed = (previous.keys() | resolved.keys()) - extendable.keys()
+    if any(previous.get(k) != resolved.get(k) for k in fixed):
+        return False
+    for key, default in extendable.items():
+        old, new = previous.get(key, default), resolved.get(key, default)
+        if not isinstance(old, list) or not isinstance(new, list) or any(value not in new for value in old):
+            return False
+    return True
+
+
+def check_or_write_config(
+    out: Path,
+    resolved: dict[str, Any],
+    sources: dict[str, Any],
+    rows_file: str = RESULTS_FILE,
+    extendable: Mapping[str, Any] | None = None,
+) -> None:
+    """Write ``out/config.json``, or check that the one there holds ``resolved`` (``sources`` are recorded, not
+    compared). A configuration that only adds values to ``extendable`` keys (:func:`extends`; for runs whose row
+    identity covers them) rewrites it, keeping the previous one under ``extended_from``.
+
+    Raises:
+        ConfigMismatchError: another configuration (naming the keys that differ), an unreadable config, or rows
+            without a config.
+    """
+    path = out / CONFIG_FILE
+    record: dict[str, Any] = {"format": CONFIG_FORMAT, "config": resolved, "sources": sources}
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigMismatchError(f"{path} is not valid JSON ({err}): cannot resume into {out}") from None
+        if not isinstance(saved, dict) or saved.get("format") != CONFIG_FORMAT:
+            raise ConfigMismatchError(f"{path} is not a ripplekv eval config: cannot resume into {out}")
+        previous = saved.get("config", {})
+        if previous == resolved:
+            return
+        if not (extendable and extends(previous, resolved, extendable)):
+            keys = sorted(k for k in previous.keys() | resolved.keys() if previous.get(k) != resolved.get(k))
+            details = "; ".join(
+                f"{k}: saved {json.dumps(previous.get(k))[:80]} vs now {json.dumps(resolved.get(k))[:80]}" for k in keys
+            )
+            raise ConfigMismatchError(
+                f"refusing to resume into {out}: its {CONFIG_FILE} holds another configuration ({details}). "
+                "Use another --out folder, or delete this one to start over."
+            )
+        history = [*saved.get("extended_from", []), {"config": previous, "created": saved.get("created")}]
+        record["extended_from"] = history
+    elif (out / rows_file).exists():
+        raise ConfigMismatchError(f"{out} holds {rows_file} but no {CONFIG_FILE}: cannot tell what it ran")
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_json_atomic(path, {**record, "versions": _versions(), "created": created})
+
+
 def complete_samples(
     rows: Sequence[Mapping[str, Any]], configurations: Iterable[tuple[str, float]]
 ) -> tuple[list[Mapping[str, Any]], int]:
-    """The rows of the samples that hold a row for every one of ``configurations``, and how many samples do not.
-
-    A run that is still going, or was interrupted, has samples with only some configurations; comparing means
-    over different sample sets would compare different prompts, so statistics use complete samples only.
-
-    Args:
-        rows: result rows (``results.jsonl``).
-        configurations: the (configuration name, budget) pairs every sample of the run gets.
-    """
+    """The rows of the samples that hold a row for every one of ``configurations`` (statistics compare the same
+    prompts), and how many samples do not."""
     expected = {(str(m), float(b)) for m, b in configurations}
     seen: dict[str, set[tuple[str, float]]] = {}
     for row in rows:
@@ -85,35 +143,19 @@ def complete_samples(
 
 
 def row_key(row: Mapping[str, Any]) -> RowKey:
-    """``(sample_id, configuration, budget)`` of a row: what identifies it on resume (the configuration is its
-    method under its scorer, :func:`~ripplekv_eval.sample.row_configuration`).
-
-    Args:
-        row: a result row.
-    """
+    """``(sample_id, configuration, budget)``: what identifies a row on resume."""
     return (str(row["sample_id"]), row_configuration(row), float(row["budget"]))
 
 
 class ResultsLog:
-    """An append-only JSONL file of result rows, durable row by row, repaired on open.
-
-    Args:
-        path: the ``results.jsonl`` file.
-    """
+    """An append-only JSONL file of result rows, durable row by row, repaired on open."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
 
     def read(self, repair: bool = False) -> list[dict[str, Any]]:
-        """All complete rows, in file order.
-
-        A last line without its newline, or one that does not parse as a row, is an interrupted write: with
-        ``repair`` it is cut off the file (its configuration will be redone). A bad line before the last one is
-        an error (the file was edited or damaged).
-
-        Args:
-            repair: cut an interrupted last line off the file.
-        """
+        """All complete rows, in file order. A last line without its newline, or not a row, is an interrupted write
+        (``repair`` cuts it off the file); a bad line before the last one is an error."""
         if not self.path.exists():
             return []
         data = self.path.read_bytes()
@@ -147,11 +189,7 @@ class ResultsLog:
         return rows
 
     def append(self, row: Mapping[str, Any]) -> None:
-        """Append ``row`` as one line, flushed and fsynced.
-
-        Args:
-            row: the result row (JSON-serialisable, no NaN).
-        """
+        """Append ``row`` as one line, flushed and fsynced."""
         line = json.dumps(row, allow_nan=False, ensure_ascii=False) + "\n"
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(line)
@@ -162,14 +200,8 @@ class ResultsLog:
 def resume_state(
     rows: Sequence[Mapping[str, Any]], answers_from: str | None = "full"
 ) -> tuple[set[RowKey], dict[str, list[int]]]:
-    """What a run resumes from: the keys of the rows written, and each sample's stored reference answer.
-
-    Args:
-        rows: the rows of the folder's rows file.
-        answers_from: the method whose rows hold the reference answer (the full cache's, ``"full"``, in ``eval``);
-            ``None`` takes it from any row that holds ``answer_ids`` (``analyze`` and ``tune`` store the full
-            cache's answer on every row).
-    """
+    """The keys of the rows written, and each sample's reference answer from the rows of ``answers_from`` (None:
+    any row holding ``answer_ids``)."""
     done = {row_key(row) for row in rows}
     answers: dict[str, list[int]] = {}
     for row in rows:
@@ -181,38 +213,22 @@ def resume_state(
 
 @dataclass(frozen=True)
 class RunFolder:
-    """A run folder ready to append rows to, its writer's lock held (see the module docstring).
-
-    Use it as a context manager (``with open_results(...) as folder:``) or call :meth:`close` when the run is done.
-
-    Args:
-        out: the folder.
-        log: its rows file.
-        done: the keys of the rows already written (:func:`run_pending` adds the rows it writes).
-        answers: each sample's stored reference answer (token ids), see :func:`resume_state`.
-        lock: the folder's writer lock.
-    """
+    """A run folder ready to append rows to, its writer's lock held until :meth:`close` (or the ``with`` block ends);
+    ``done`` holds the keys of the rows written, ``answers`` each sample's reference answer."""
 
     out: Path
     log: ResultsLog
     done: set[RowKey]
     answers: dict[str, list[int]]
-    lock: FileLock | None = None
+    lock: FileLock
 
     def close(self) -> None:
-        """Release the folder's lock (the rows stay readable through :attr:`log`)."""
-        if self.lock is not None:
-            self.lock.release()
+        self.lock.release()
 
     def __enter__(self) -> RunFolder:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: types.TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -224,24 +240,16 @@ def open_results(
     answers_from: str | None = "full",
     extendable: Mapping[str, Any] | None = None,
 ) -> RunFolder:
-    """Create ``out`` (or check that its ``config.json`` holds ``resolved``), repair its rows file and read what a
-    run resumes from.
-
-    Args:
-        out: the output folder.
-        resolved: the resolved configuration (compared on resume).
-        sources: where the model, data and profiles came from (recorded, not compared).
-        rows_file: the rows file's name in ``out``.
-        answers_from: see :func:`resume_state`.
-        extendable: list keys a resumed run may extend (see :func:`check_or_write_config`).
+    """Lock ``out`` (created), check or write its config (:func:`check_or_write_config`), repair its rows file and
+    read what the run resumes from.
 
     Raises:
-        ConfigMismatchError: ``out`` holds another run (see :func:`check_or_write_config`).
-        RunFolderBusyError: another run is writing into ``out``.
+        ConfigMismatchError: ``out`` holds another run.
+        ripplekv.locking.WriterBusyError: another run is writing into ``out``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    lock = folder_lock(out)  # before the config is checked or the rows file repaired: one writer at a time
+    lock = writer_lock(out / LOCK_FILE, str(out))  # before the config is checked or the rows file repaired
     try:
         check_or_write_config(out, resolved, sources, rows_file, extendable)
         log = ResultsLog(out / rows_file)
@@ -255,22 +263,6 @@ def open_results(
 RunSample = Callable[[Any, list[tuple[str, float]], "list[int] | None"], Iterable[dict[str, Any]]]
 
 
-def budgets_of(
-    run_budgets: Callable[[Any, list[float], list[int] | None], Iterable[dict[str, Any]]],
-) -> RunSample:
-    """Adapt a runner of one method at several budgets (``analyze``'s and ``tune``'s ``run_sample(sample, budgets,
-    answer)``) to :func:`run_pending`'s (method, budget) configurations.
-
-    Args:
-        run_budgets: yields the rows of one sample's pending budgets.
-    """
-
-    def run_sample(sample: Any, pending: list[tuple[str, float]], answer: list[int] | None) -> Iterable[dict[str, Any]]:
-        return run_budgets(sample, [budget for _, budget in pending], answer)
-
-    return run_sample
-
-
 def run_pending(
     samples: Sequence[Any],
     configurations: Sequence[tuple[str, float]],
@@ -280,21 +272,9 @@ def run_pending(
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
-    """Run every (sample, configuration) the folder lacks, one sample at a time, appending each row as it comes.
-
-    A sample whose configurations are all written is skipped; otherwise ``run_sample(sample, pending, answer)``
-    gets the configurations it still lacks, in ``configurations`` order, and the stored reference answer (or
-    ``None``). Returns the number of rows written.
-
-    Args:
-        samples: the run's samples (each with an ``id``).
-        configurations: the (method, budget) pairs every sample gets.
-        folder: the open run folder (:func:`open_results`).
-        run_sample: yields the rows of one sample's pending configurations.
-        desc: the progress bar's label.
-        progress: show a progress bar.
-        on_row: called with every row right after it was written.
-    """
+    """Run every (sample, configuration) the folder lacks: ``run_sample(sample, pending, answer)`` gets a sample's
+    missing configurations in order and its stored reference answer (or None); each row is appended as it comes.
+    Returns the number of rows written."""
     from tqdm import tqdm
 
     planned = [

@@ -73,7 +73,7 @@ from ripplekv_eval.fastpath.per_prompt import recorded_statistics, residual_stat
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.running.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
 from ripplekv_eval.sample import DEFAULT_SCORER, split_configuration
-from ripplekv_eval.suites.base import encode
+from ripplekv_eval.suites import encode
 
 __all__ = ["SampleRunner", "greedy_agreement"]
 

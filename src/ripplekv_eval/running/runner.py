@@ -1,13 +1,8 @@
-"""``ripplekv eval``: score methods x budgets on a suite (LongBench, RULER, needle, a JSONL file, ...).
+"""``ripplekv eval``: score methods x budgets on a suite, resumably.
 
-Per sample the prompt is prefilled **once** and recorded (:mod:`ripplekv_eval.fastpath`); every (method, budget)
-cache is derived from it. The full cache's greedy answer, decoded once per sample (read back from the ``full`` row
-on resume; decoded as the reference even when ``full`` is not run), and the gold answer are teacher-forced over
-every cache for the fidelity columns (``top1_agreement`` excludes stop tokens at the first position, as decoding
-does); with ``score="both"`` every configuration is also decoded and scored. ``query-agnostic`` compresses the
-context only, then runs the question over each cache. Rows: :mod:`~ripplekv_eval.running.rows`; the folder and
-its resume: :mod:`~ripplekv_eval.running.results` (a folder that only adds configurations, :data:`EXTENDABLE`,
-is extended, keeping its rows).
+Per sample the prompt is prefilled once (:mod:`ripplekv_eval.fastpath`) and every (method, budget) cache derived from
+it; the rows are :mod:`~ripplekv_eval.running.rows`'s, the folder and its resume :mod:`~ripplekv_eval.running.results`'s
+(a folder that only adds configurations, :data:`EXTENDABLE`, is extended, keeping its rows).
 """
 
 from __future__ import annotations
@@ -16,9 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -34,75 +27,17 @@ from ripplekv.profiling.damage_profile import (
     select_oracle_profile,
 )
 from ripplekv.profiling.profile import SensitivityProfile
-from ripplekv_eval.running.config import DEFAULT_BUDGETS, DEFAULT_METHODS, FULL_BUDGET, EvalConfig, EvalSample
-from ripplekv_eval.running.results import (
-    CONFIG_FILE,
-    RESULTS_FILE,
-    ConfigMismatchError,
-    ResultsLog,
-    RunFolder,
-    open_results,
-    resume_state,
-    run_pending,
-    sha256_json,
-)
+from ripplekv_eval.running.config import EvalConfig
+from ripplekv_eval.running.results import RunFolder, RunResult, open_results, run_pending, sha256_json
 from ripplekv_eval.running.rows import SampleRunner
-from ripplekv_eval.sample import DEFAULT_SCORER, split_configuration
-from ripplekv_eval.suites import SUITES, get_suite
-from ripplekv_eval.suites.needle import DEFAULT_NEEDLE_DEPTHS, DEFAULT_NEEDLE_DIGITS, DEFAULT_NEEDLE_LENGTHS
-from ripplekv_eval.suites.ruler import DEFAULT_CONTEXT_TOKENS, DEFAULT_RULER_SAMPLES
-
-__all__ = [
-    "CONFIG_FILE",
-    "DEFAULT_BUDGETS",
-    "DEFAULT_CONTEXT_TOKENS",
-    "DEFAULT_METHODS",
-    "DEFAULT_NEEDLE_DEPTHS",
-    "DEFAULT_NEEDLE_DIGITS",
-    "DEFAULT_NEEDLE_LENGTHS",
-    "DEFAULT_RULER_SAMPLES",
-    "FULL_BUDGET",
-    "RESULTS_FILE",
-    "SUITES",
-    "ConfigMismatchError",
-    "EvalConfig",
-    "EvalSample",
-    "EXTENDABLE",
-    "EvalSummary",
-    "ResultsLog",
-    "RunFolder",
-    "RunProfiles",
-    "build_samples",
-    "load_oracle_profiles",
-    "load_run_profiles",
-    "needs_sensitivity_profile",
-    "open_run_folder",
-    "resolve_config",
-    "resume_state",
-    "run_eval",
-]
-
-
-@dataclass(frozen=True)
-class EvalSummary:
-    """What one :func:`run_eval` call did: ``rows`` in ``results.jsonl`` at the end, ``new_rows`` written by it,
-    ``configurations`` per sample, wall ``seconds``.
-    """
-
-    out: Path
-    rows: int
-    new_rows: int
-    samples: int
-    configurations: int
-    seconds: float
+from ripplekv_eval.sample import DEFAULT_SCORER, FULL_BUDGET, EvalSample, split_configuration
+from ripplekv_eval.suites import get_suite
 
 
 def build_samples(
     config: EvalConfig, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None
 ) -> list[EvalSample]:
-    """The samples of ``config.suite`` (in run order), with unique ids; ``model`` gives defaults (LongBench's
-    ``max_length``).
-    """
+    """The samples of ``config.suite`` in run order, ids checked unique (``model``: LongBench's default length)."""
     samples = get_suite(config.suite).samples(config, tokenizer, model)
     if not samples:
         raise ValueError(f"the {config.suite} suite has no samples with these options")
@@ -112,11 +47,7 @@ def build_samples(
 
 
 def load_oracle_profiles(config: EvalConfig) -> tuple[SensitivityProfile, ...]:
-    """The damage profiles of ``config.oracle_profile`` when ``ripplekv-oracle`` runs (else none), checked.
-
-    Raises:
-        ValueError: ``ripplekv-oracle`` runs without ``oracle_profile``, or a file is not a damage profile.
-    """
+    """The damage profiles of ``config.oracle_profile`` when ``ripplekv-oracle`` runs (else none), checked."""
     if ORACLE_METHOD not in {base_method(m) for m in config.methods}:
         return ()
     if not config.oracle_profile:
@@ -137,12 +68,9 @@ def resolve_config(
     profile: SensitivityProfile | None,
     oracles: Sequence[SensitivityProfile] | None = None,
 ) -> dict[str, Any]:
-    """The configuration compared on resume: options with defaults filled in, the model's identity, the
-    profile's content hash, and a hash of every sample's token ids (dataset, tokenizer and prompt format).
-
-    The oracle profiles (``oracles``; None: loaded from ``config``) are recorded only when ``ripplekv-oracle`` runs, so
-    the configuration of a run without it is unchanged.
-    """
+    """The configuration compared on resume: options with defaults filled in, the model's identity, the profiles'
+    content hashes (the oracles' only when ``ripplekv-oracle`` runs; None: loaded from ``config``) and a hash of every
+    sample's token ids."""
     oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     from ripplekv.models import model_identity
 
@@ -184,12 +112,7 @@ def build_presses(
     model: PreTrainedModel,
     oracles: Sequence[SensitivityProfile] | None = None,
 ) -> dict[tuple[str, float], BasePress]:
-    """The press of every configuration of ``config`` (and of ``("full", 1.0)``), checked against ``model``.
-
-    A name is :func:`~ripplekv_eval.sample.split_configuration`'d (the scorer built with ``config.window_size``); a
-    budget <= 1 is a kept fraction, > 1 a token count (``budget=`` or ``tokens=`` of
-    :func:`~ripplekv.presses.registry.make_press`). ``oracles``: as :func:`resolve_config`.
-    """
+    """The press of every configuration of ``config`` and of ``("full", 1.0)``, checked against ``model``."""
     oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
     presses = {}
     for name, budget in [("full", FULL_BUDGET), *config.configurations]:
@@ -209,36 +132,23 @@ def build_presses(
 
 
 EXTENDABLE: dict[str, list[Any]] = {"methods": [], "budgets": [], "tokens": [], "scorers": [DEFAULT_SCORER]}
-"""The configuration keys a resumed ``eval`` may extend, key -> value when absent: rows written stay, the new
-configurations run. A method bringing a profile the run did not have changes the ``profile`` key and is refused."""
-
-
-# Steps run_eval and run_eval_ray share, so the two cannot drift.
+"""Keys a resumed ``eval`` may extend (key -> value when absent): rows written stay, the new configurations run."""
 
 
 def needs_sensitivity_profile(methods: Sequence[str]) -> bool:
-    """Whether any of ``methods`` takes ``--profile``: the ``ripplekv*`` methods but ``ripplekv-oracle``, which takes
-    damage profiles (``--oracle-profile``).
-    """
+    """Whether any of ``methods`` takes ``--profile`` (the ``ripplekv*`` methods but ``ripplekv-oracle``)."""
     return any(m.startswith("ripplekv") and base_method(m) != ORACLE_METHOD for m in methods)
 
 
-@dataclass(frozen=True)
-class RunProfiles:
-    """The profiles an evaluation's methods use, read and checked before any model is loaded."""
+class RunProfiles(NamedTuple):
+    """The profiles of a run's methods, read and checked before any model is loaded."""
 
     profile: SensitivityProfile | None
     oracles: tuple[SensitivityProfile, ...]
 
 
 def load_run_profiles(config: EvalConfig) -> RunProfiles:
-    """The profiles of ``config``'s methods (the first step of every run).
-
-    Raises:
-        ValueError: a method needs ``profile`` and it is not given, ``ripplekv-oracle`` runs without
-            ``oracle_profile``, or a file is not a valid profile of its kind.
-        OSError: a profile file cannot be read.
-    """
+    """The profiles of ``config``'s methods (the first step of every run)."""
     needs_profile = needs_sensitivity_profile(config.methods)
     if needs_profile and config.profile is None:
         raise ValueError("the ripplekv methods need --profile (make one with `ripplekv profile`)")
@@ -246,17 +156,21 @@ def load_run_profiles(config: EvalConfig) -> RunProfiles:
     return RunProfiles(profile=profile, oracles=load_oracle_profiles(config))
 
 
+def prepare(
+    config: EvalConfig, profiles: RunProfiles, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> tuple[SampleRunner, list[EvalSample], dict[str, Any]]:
+    """The sample runner, samples and resolved configuration of ``config`` on ``model`` (every worker's first step)."""
+    enable_varlen_attention(model)
+    presses = build_presses(config, profiles.profile, model, profiles.oracles)
+    samples = build_samples(config, tokenizer, model)
+    resolved = resolve_config(config, model, samples, profiles.profile, profiles.oracles)
+    return SampleRunner(config, model, tokenizer, presses), samples, resolved
+
+
 def open_run_folder(
     config: EvalConfig, out: str | os.PathLike[str], resolved: dict[str, Any], profiles: RunProfiles
 ) -> RunFolder:
-    """Create ``out`` (or check that its ``config.json`` holds ``resolved``) and read what it resumes from.
-
-    Raises:
-        ConfigMismatchError: ``out`` holds another run (see
-            :func:`~ripplekv_eval.running.results.check_or_write_config`).
-        RunFolderBusyError: another run is writing into ``out`` (the folder's lock; close the returned folder, or use
-            it in a ``with`` block, to release it).
-    """
+    """Open ``out`` for ``config`` (:func:`~ripplekv_eval.running.results.open_results`), its lock held."""
     sources = {"model": config.model, **get_suite(config.suite).sources(config), "profile": config.profile}
     if profiles.oracles:
         sources["oracle_profile"] = list(config.oracle_profile or ())
@@ -270,23 +184,15 @@ def run_eval(
     tokenizer: PreTrainedTokenizerBase | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
-) -> EvalSummary:
-    """Run (or resume) the evaluation ``config`` into the folder ``out``; see the module docstring.
-
-    ``model`` is loaded from ``config.model`` unless given together with ``tokenizer``; ``on_row`` is called with every
-    row right after it was written.
-    """
+) -> RunResult:
+    """Run (or resume) ``config`` into ``out`` (the model loaded unless given with its tokenizer)."""
     start = time.perf_counter()
     profiles = load_run_profiles(config)
     if model is None or tokenizer is None:
         from ripplekv.models import load_model
 
         model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
-    enable_varlen_attention(model)
-    presses = build_presses(config, profiles.profile, model, profiles.oracles)
-    samples = build_samples(config, tokenizer, model)
-    resolved = resolve_config(config, model, samples, profiles.profile, profiles.oracles)
-    runner = SampleRunner(config, model, tokenizer, presses)
+    runner, samples, resolved = prepare(config, profiles, model, tokenizer)
     with open_run_folder(config, out, resolved, profiles) as folder:  # its lock: one writer at a time
         written = run_pending(
             samples,
@@ -298,11 +204,5 @@ def run_eval(
             on_row=on_row,
         )
         rows = len(folder.log.read())
-    return EvalSummary(
-        out=folder.out,
-        rows=rows,
-        new_rows=written,
-        samples=len(samples),
-        configurations=len(config.configurations),
-        seconds=time.perf_counter() - start,
-    )
+    seconds = time.perf_counter() - start
+    return RunResult(folder.out, rows, written, len(samples), seconds, configurations=len(config.configurations))

@@ -8,22 +8,13 @@ newline); scoring by :func:`score_record`, ``round(100 * mean, 2)`` per task, pe
 
 from __future__ import annotations
 
-import math
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv_eval.tasks.jsonlines import iter_json_lines
-from ripplekv_eval.tasks.longbench_config import (
-    CHAT_TEMPLATE_MODES,
-    ENGLISH_TASKS,
-    FIRST_LINE_TASKS,
-    LONGBENCH_E_BUCKETS,
-    MAX_NEW_TOKENS,
-    NO_CHAT_TEMPLATE,
-    PROMPTS,
-    TASK_METRIC,
-)
+from ripplekv_eval.sample import check_int, use_chat_template
 from ripplekv_eval.tasks.metrics import METRICS
 
 if TYPE_CHECKING:
@@ -31,29 +22,194 @@ if TYPE_CHECKING:
 
     from transformers import PreTrainedTokenizerBase
 
-__all__ = [
-    "CHAT_TEMPLATE_MODES",
-    "ENGLISH_TASKS",
-    "FIRST_LINE_TASKS",
-    "LONGBENCH_E_BUCKETS",
-    "MAX_NEW_TOKENS",
-    "NO_CHAT_TEMPLATE",
-    "PROMPTS",
-    "TASK_METRIC",
-    "BuiltPrompt",
-    "LongBenchRecord",
-    "base_task",
-    "build_prompt",
-    "length_bucket",
-    "load_task",
-    "newline_token_id",
-    "postprocess",
-    "score_record",
-    "stop_on_newline",
-    "task_score",
-    "task_score_e",
-    "uses_chat_template",
-]
+ENGLISH_TASKS: tuple[str, ...] = (
+    "narrativeqa",
+    "qasper",
+    "multifieldqa_en",
+    "hotpotqa",
+    "2wikimqa",
+    "musique",
+    "gov_report",
+    "qmsum",
+    "multi_news",
+    "trec",
+    "triviaqa",
+    "samsum",
+    "passage_count",
+    "passage_retrieval_en",
+    "lcc",
+    "repobench-p",
+)
+"""The 16 English tasks of LongBench v1 (LongBench-E covers 13 of them: not narrativeqa, musique, qmsum)."""
+
+_MULTI_DOC_QA = (
+    "Answer the question based on the given passages. Only give me the answer and do not output any other words."
+    "\n\nThe following are given passages.\n{context}\n\n"
+    "Answer the question based on the given passages. Only give me the answer and do not output any other words."
+    "\n\nQuestion: {input}\nAnswer:"
+)
+
+PROMPTS: dict[str, str] = {
+    "narrativeqa": (  # "asconcisely" (twice) is the official text's typo, kept verbatim
+        "You are given a story, which can be either a novel or a movie script, and a question. Answer the question "
+        "asconcisely as you can, using a single phrase if possible. Do not provide any explanation.\n\n"
+        "Story: {context}\n\n"
+        "Now, answer the question based on the story asconcisely as you can, using a single phrase if possible. "
+        "Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "qasper": (
+        "You are given a scientific article and a question. Answer the question as concisely as you can, using a "
+        "single phrase or sentence if possible. If the question cannot be answered based on the information in the "
+        'article, write "unanswerable". If the question is a yes/no question, answer "yes", "no", or "unanswerable". '
+        "Do not provide any explanation.\n\nArticle: {context}\n\n "
+        "Answer the question based on the above article as concisely as you can, using a single phrase or sentence "
+        "if possible. If the question cannot be answered based on the information in the article, write "
+        '"unanswerable". If the question is a yes/no question, answer "yes", "no", or "unanswerable". '
+        "Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "multifieldqa_en": (
+        "Read the following text and answer briefly.\n\n{context}\n\n"
+        "Now, answer the following question based on the above text, only give me the answer and do not output any "
+        "other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "hotpotqa": _MULTI_DOC_QA,
+    "2wikimqa": _MULTI_DOC_QA,
+    "musique": _MULTI_DOC_QA,
+    "gov_report": (
+        "You are given a report by a government agency. Write a one-page summary of the report.\n\n"
+        "Report:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
+    ),
+    "qmsum": (
+        "You are given a meeting transcript and a query containing a question or instruction. Answer the query in "
+        "one or more sentences.\n\nTranscript:\n{context}\n\n"
+        "Now, answer the query based on the above meeting transcript in one or more sentences.\n\n"
+        "Query: {input}\nAnswer:"
+    ),
+    "multi_news": (
+        "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{context}\n\n"
+        "Now, write a one-page summary of all the news.\n\nSummary:"
+    ),
+    "trec": (
+        "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}"
+    ),
+    "triviaqa": (
+        "Answer the question based on the given passage. Only give me the answer and do not output any other words. "
+        "The following are some examples.\n\n{context}\n\n{input}"
+    ),
+    "samsum": (
+        "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}"
+    ),
+    "passage_count": (
+        "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. Please carefully "
+        "read these paragraphs and determine how many unique paragraphs there are after removing duplicates. In "
+        "other words, how many non-repeating paragraphs are there in total?\n\n{context}\n\n"
+        "Please enter the final count of unique paragraphs after removing duplicates. The output format should only "
+        "contain the number, such as 1, 2, 3, and so on.\n\nThe final answer is: "
+    ),
+    "passage_retrieval_en": (
+        "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which paragraph the "
+        "abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\n"
+        "Please enter the number of the paragraph that the abstract is from. The answer format must be like "
+        '"Paragraph 1", "Paragraph 2", etc.\n\nThe answer is: '
+    ),
+    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
+    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
+}
+"""Official prompt templates (``config/dataset2prompt.json``), character for character, typos included."""
+
+MAX_NEW_TOKENS: dict[str, int] = {
+    "narrativeqa": 128,
+    "qasper": 128,
+    "multifieldqa_en": 64,
+    "hotpotqa": 32,
+    "2wikimqa": 32,
+    "musique": 32,
+    "gov_report": 512,
+    "qmsum": 512,
+    "multi_news": 512,
+    "trec": 64,
+    "triviaqa": 32,
+    "samsum": 128,
+    "passage_count": 32,
+    "passage_retrieval_en": 32,
+    "lcc": 64,
+    "repobench-p": 64,
+}
+"""Official generation lengths (``config/dataset2maxlen.json``)."""
+
+NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
+"""Tasks whose prompt is fed raw, without the chat template (few-shot and code completion)."""
+
+
+FIRST_LINE_TASKS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})
+"""Tasks whose prediction is cut to its first line before scoring."""
+
+TASK_METRIC: dict[str, str] = {
+    "narrativeqa": "qa_f1_score",
+    "qasper": "qa_f1_score",
+    "multifieldqa_en": "qa_f1_score",
+    "hotpotqa": "qa_f1_score",
+    "2wikimqa": "qa_f1_score",
+    "musique": "qa_f1_score",
+    "gov_report": "rouge_score",
+    "qmsum": "rouge_score",
+    "multi_news": "rouge_score",
+    "trec": "classification_score",
+    "triviaqa": "qa_f1_score",
+    "samsum": "rouge_score",
+    "passage_count": "count_score",
+    "passage_retrieval_en": "retrieval_score",
+    "lcc": "code_sim_score",
+    "repobench-p": "code_sim_score",
+}
+"""Task -> metric name (a key of :data:`ripplekv_eval.tasks.metrics.METRICS`), as in the official ``eval.py``."""
+
+LONGBENCH_E_BUCKETS: tuple[str, ...] = ("0-4k", "4-8k", "8k+")
+"""LongBench-E length buckets (``length`` in words: < 4000, < 8000, the rest)."""
+
+
+def iter_json_lines(path: Path) -> Iterator[tuple[str, int, Any]]:
+    """``(where, line_number, value)`` for every non-blank line of ``path``; ``where`` is ``"path:line"``.
+
+    Raises:
+        ValueError: on a line that is not valid JSON (the message names the file, line and column).
+    """
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from error
+            yield where, line_number, raw
+
+
+def _strings(value: Any, field: str, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{where}: field {field!r} must be a list of strings, got {value!r:.80}")
+    return tuple(value)
+
+
+def check_record(
+    raw: Any, where: str, strings: tuple[str, ...], other: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """A JSON record's ``(answers, all_classes)``, after checking that it is an object holding the string fields
+    ``strings``, the fields ``other`` and a non-empty list of strings ``answers`` (``where``: file and line)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    missing = [field for field in (*strings, "answers", *other) if field not in raw]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    for field in strings:
+        if not isinstance(raw[field], str):
+            raise ValueError(f"{where}: field {field!r} must be a string, got {type(raw[field]).__name__}")
+    answers = _strings(raw["answers"], "answers", where)
+    if not answers:
+        raise ValueError(f"{where}: field 'answers' is empty")
+    classes = raw.get("all_classes")
+    return answers, None if classes is None else _strings(classes, "all_classes", where)
 
 
 def base_task(task: str) -> str:
@@ -83,38 +239,12 @@ class LongBenchRecord:
         return base_task(self.task)
 
 
-def _string_list(value: Any, field: str, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ValueError(f"{where}: field {field!r} must be a list of strings, got {value!r:.80}")
-    return tuple(value)
-
-
 def _parse_record(task: str, raw: Any, where: str) -> LongBenchRecord:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    missing = [field for field in ("input", "context", "answers", "length", "_id") if field not in raw]
-    if missing:
-        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-    for field in ("input", "context", "_id"):
-        if not isinstance(raw[field], str):
-            raise ValueError(f"{where}: field {field!r} must be a string, got {type(raw[field]).__name__}")
+    answers, all_classes = check_record(raw, where, ("input", "context", "_id"), ("length",))
     length = raw["length"]
     if isinstance(length, bool) or not isinstance(length, int):
         raise ValueError(f"{where}: field 'length' must be an integer, got {length!r}")
-    answers = _string_list(raw["answers"], "answers", where)
-    if not answers:
-        raise ValueError(f"{where}: field 'answers' is empty")
-    classes = raw.get("all_classes")
-    all_classes = None if classes is None else _string_list(classes, "all_classes", where)
-    return LongBenchRecord(
-        task=task,
-        input=raw["input"],
-        context=raw["context"],
-        answers=answers,
-        all_classes=all_classes,
-        length=length,
-        id=raw["_id"],
-    )
+    return LongBenchRecord(task, raw["input"], raw["context"], answers, all_classes, length, raw["_id"])
 
 
 def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
@@ -136,12 +266,7 @@ def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
 
 @dataclass(frozen=True)
 class BuiltPrompt:
-    """The model input for one record: the final prompt ``text`` (truncated, chat template applied) and its ids.
-
-    ``question_start`` indexes the first token of what follows ``{context}`` in the template (the question, plus the
-    chat template's assistant header), for query-agnostic protocols that prefill ``input_ids[:question_start]`` alone;
-    best effort, see :func:`build_prompt`.
-    """
+    """The model input for one record: the final prompt ``text`` and its ids (see :func:`build_prompt`)."""
 
     text: str
     input_ids: list[int]
@@ -193,19 +318,11 @@ def _question_char_index(text: str, question: str) -> int:
 
 
 def uses_chat_template(task: str, tokenizer: PreTrainedTokenizerBase, chat_template: str = "auto") -> bool:
-    """Whether the prompt of ``task`` goes through the tokenizer's chat template.
-
-    ``chat_template``: ``auto`` (pred.py: every task but :data:`NO_CHAT_TEMPLATE`, when the tokenizer has a template),
-    ``on`` (every task; the tokenizer must have one) or ``off``.
-    """
-    if chat_template not in CHAT_TEMPLATE_MODES:
-        raise ValueError(f"chat_template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {chat_template!r}")
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if chat_template == "on" and not has_template:
-        raise ValueError("chat_template='on' but the tokenizer has no chat template")
-    if chat_template == "off":
-        return False
-    return has_template and (chat_template == "on" or base_task(task) not in NO_CHAT_TEMPLATE)
+    """Whether the prompt of ``task`` goes through the tokenizer's chat template (``auto``: pred.py's rule, every
+    task but :data:`NO_CHAT_TEMPLATE`)."""
+    return use_chat_template(tokenizer, chat_template) and (
+        chat_template == "on" or base_task(task) not in NO_CHAT_TEMPLATE
+    )
 
 
 def build_prompt(
@@ -221,8 +338,7 @@ def build_prompt(
     tokenizer: offset mapping; slow: the prefix tokenized alone). When truncation cut into it (``max_length`` under
     about twice the question) its longest remaining tail is used; when none is left, ``len(input_ids)``.
     """
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(f"max_length must be an integer >= 2 (two non-empty halves), got {max_length!r}")
+    check_int("max_length", max_length, 2)  # two non-empty halves
     use_chat = uses_chat_template(record.task, tokenizer, chat_template)
     task = record.base_task
     template = PROMPTS[task]
@@ -291,13 +407,6 @@ def score_record(task: str, prediction: str, answers: Sequence[str], all_classes
     return score
 
 
-def task_score(scores: Sequence[float]) -> float:
-    """A task's score from its per-sample scores: ``round(100 * mean, 2)``."""
-    if len(scores) == 0:
-        raise ValueError("task_score needs at least one sample score")
-    return round(100 * sum(scores) / len(scores), 2)
-
-
 def length_bucket(length: int) -> str:
     """The LongBench-E bucket of a record's ``length`` (words): ``0-4k``, ``4-8k`` or ``8k+``."""
     if length < 4000:
@@ -305,13 +414,3 @@ def length_bucket(length: int) -> str:
     if length < 8000:
         return "4-8k"
     return "8k+"
-
-
-def task_score_e(scores: Sequence[float], lengths: Sequence[int]) -> dict[str, float]:
-    """LongBench-E scores per length bucket, ``round(100 * mean, 2)`` each; NaN for an empty bucket (as official)."""
-    if len(scores) != len(lengths):
-        raise ValueError(f"got {len(scores)} scores but {len(lengths)} lengths")
-    buckets: dict[str, list[float]] = {name: [] for name in LONGBENCH_E_BUCKETS}
-    for score, length in zip(scores, lengths):
-        buckets[length_bucket(length)].append(score)
-    return {name: round(100 * sum(values) / len(values), 2) if values else math.nan for name, values in buckets.items()}

@@ -13,18 +13,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from difflib import SequenceMatcher
 
-__all__ = [
-    "METRICS",
-    "classification_score",
-    "code_sim_score",
-    "count_score",
-    "fuzz_ratio",
-    "normalize_answer",
-    "qa_f1_score",
-    "retrieval_score",
-    "rouge_score",
-]
-
 Metric = Callable[..., float]
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -93,19 +81,15 @@ def classification_score(prediction: str, ground_truth: str, all_classes: Sequen
     return 0.0
 
 
-def _numbers(text: str) -> list[str]:
-    return _NUMBER.findall(text)
-
-
-def _fraction_equal(numbers: Sequence[str], target: str) -> float:
-    if not numbers:
-        return 0.0
-    return sum(1 for number in numbers if number == target) / len(numbers)
+def _fraction_equal(prediction: str, target: str) -> float:
+    """The fraction of the numbers (``\\d+`` runs) in ``prediction`` equal to ``target``; 0.0 with no number."""
+    numbers = _NUMBER.findall(prediction)
+    return sum(1 for number in numbers if number == target) / len(numbers) if numbers else 0.0
 
 
 def count_score(prediction: str, ground_truth: str, all_classes: Sequence[str] | None = None) -> float:
     """Fraction of the numbers (``\\d+`` runs) in the prediction that equal the ground truth; 0.0 with no number."""
-    return _fraction_equal(_numbers(prediction), str(ground_truth))
+    return _fraction_equal(prediction, str(ground_truth))
 
 
 def retrieval_score(prediction: str, ground_truth: str, all_classes: Sequence[str] | None = None) -> float:
@@ -113,7 +97,7 @@ def retrieval_score(prediction: str, ground_truth: str, all_classes: Sequence[st
     match = _PARAGRAPH.search(ground_truth)
     if match is None:
         raise ValueError(f"retrieval_score: the ground truth {ground_truth!r} has no 'Paragraph <number>'")
-    return _fraction_equal(_numbers(prediction), match.group(1))
+    return _fraction_equal(prediction, match.group(1))
 
 
 def fuzz_ratio(first: str, second: str) -> int:

@@ -15,24 +15,6 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ripplekv.profiling.haystack import TextTokenizer, encode, essays
 
-__all__ = [
-    "MIN_HAYSTACK_TOKENS",
-    "NOISE",
-    "WORD_PATTERN",
-    "Batch",
-    "Units",
-    "adjective_words",
-    "count_tokens",
-    "cwe_words",
-    "essay_source",
-    "fit_context",
-    "fit_with_inserts",
-    "needle_source",
-    "noise_source",
-    "noun_words",
-    "piece_token_counts",
-]
-
 # Word lists (written for this module), made substring-free at first use (a word inside another word of the same
 # list is dropped), so one answer can never be matched by printing a different word.
 
