@@ -13,7 +13,8 @@ over the full cache's own greedy answer; lower is closer to the full cache):
   median and 90th percentile of the per-prompt difference (the 90th percentile is the tail where RippleKV is worse).
 
     python benchmarks/headline_table.py                 # the committed runs listed in RUNS
-    python benchmarks/headline_table.py --json benchmarks/results/headline_table.json > benchmarks/results/headline_table.md
+    python benchmarks/headline_table.py --json benchmarks/results/headline_table.json \
+        > benchmarks/results/headline_table.md
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ RUNS: tuple[Run, ...] = (
     Run("SmolLM2-135M", "LongBench, 211 prompts, 4K", "default", "allocators-longbench"),
     Run("SmolLM2-135M", "RULER-style, 140 prompts, 4K", "tuned", "allocators-ruler-4k-tuned"),
     Run("SmolLM2-135M", "RULER-style, 140 prompts, 4K", "default", "allocators-ruler-4k"),
-    Run("SmolLM2-135M", "BAMBOO (held out), 169 prompts, 4K", "default", "heldout-bamboo", "previous_default_check.json"),
+    Run(
+        "SmolLM2-135M", "BAMBOO (held out), 169 prompts, 4K", "default", "heldout-bamboo", "previous_default_check.json"
+    ),
 )
 
 
@@ -59,9 +62,9 @@ def per_prompt(folder: Path, candidate: str, rival: str, budget: float) -> list[
     with open(folder / "results.jsonl") as lines:
         for line in lines:
             row = json.loads(line)
-            if row["method"] in (candidate, rival) and row.get("scorer", SCORER) == SCORER and row["budget"] == budget:
-                if row.get(METRIC) is not None:
-                    values.setdefault(row["sample_id"], {})[row["method"]] = row[METRIC]
+            mine = row["method"] in (candidate, rival) and row.get("scorer", SCORER) == SCORER
+            if mine and row["budget"] == budget and row.get(METRIC) is not None:
+                values.setdefault(row["sample_id"], {})[row["method"]] = row[METRIC]
     return [v[candidate] - v[rival] for v in values.values() if len(v) == 2]
 
 
@@ -123,7 +126,8 @@ def markdown(lines: list[dict[str, Any]]) -> str:
     )
     body = "".join(
         f"| {x['model']} | {x['suite']} | {x['setting']} | {x['budget']:.0%} | {x['ripplekv_mean']:.3f} "
-        f"| {x['rival'].split(':')[0]} {x['rival_mean']:.3f} | {x['difference']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}] "
+        f"| {x['rival'].split(':')[0]} {x['rival_mean']:.3f} "
+        f"| {x['difference']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}] "
         f"| {x['p_holm']:.2g} | {x['wins']}/{x['ties']}/{x['losses']} | {x['median']:+.4f} / {x['p90']:+.4f} |\n"
         for x in lines
     )
