@@ -106,6 +106,9 @@ class RippleRunner(CPUModelRunner):
         Args:
             args: ``CPUModelRunner.initialize_kv_cache``'s arguments.
             kwargs: its keyword arguments.
+
+        Raises:
+            RippleConfigError: a group read in kernel blocks unlike the blocks its manager frees.
         """
         super().initialize_kv_cache(*args, **kwargs)
         groups = self.kv_cache_config.kv_cache_groups
@@ -114,6 +117,12 @@ class RippleRunner(CPUModelRunner):
             for group in attn_groups:
                 for builder in group.metadata_builders:
                     if isinstance(builder, RippleBuilder):
+                        if builder.block_size != groups[index].kv_cache_spec.block_size:
+                            raise RippleConfigError(
+                                f"ripplekv: KV-cache group {index} is read in kernel blocks of {builder.block_size} "
+                                f"tokens but managed in blocks of {groups[index].kv_cache_spec.block_size}: the "
+                                "worker's hole would not be the scheduler's (the CPU build never splits blocks)"
+                            )
                         builder.bind(self._prompt_lens)
                         holes[index] = builder.hole_of
         sizes = [group.kv_cache_spec.block_size for group in groups]
