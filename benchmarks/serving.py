@@ -1,25 +1,31 @@
-"""Serving benchmark: full cache, SnapKV-uniform and RippleKV budgets in vLLM at one KV-cache size, side by side.
+"""Capacity benchmark: full cache, SnapKV-uniform and RippleKV budgets in vLLM at one KV-cache size, side by side.
 
 Runs in the vLLM environment (``benchmarks/serving/install_vllm_env.sh``, then ``benchmarks/serving/test.sh`` to
 install the plugin); never in the main one:
 
-    .venv-vllm/bin/python benchmarks/serving.py --budget 0.2 --requests 24 --out benchmarks/results/serving
+    .venv-vllm/bin/python benchmarks/serving.py --budgets 0.1 0.2 0.3 --requests 24 --kv-mib 256 \
+        --max-new-tokens 256 --out benchmarks/results/serving-capacity
 
 Every configuration serves the same requests, all submitted at once, from an engine with the same KV-cache memory
-(``VLLM_CPU_KVCACHE_SPACE`` GiB) and the same engine settings (block size 32, no prefix caching, no chunked prefill,
-float32, eager), each in a fresh child process (the plugin's attention backend is process-wide):
+(``--kv-mib`` MiB, vLLM's ``kv_cache_memory_bytes``; or ``--kv-gib``) and the same engine settings (block size 32,
+no prefix caching, no chunked prefill, float32, eager), each in a fresh child process:
 
 * ``full``: stock vLLM (``VLLM_PLUGINS=""``), every layer keeps every prompt token;
-* ``snapkv``: the plugin with one keep fraction, the budget, in every layer (SnapKV's uniform budget);
-* ``ripplekv``: the plugin with the profile's per-layer budgets at the same global budget, in tiers.
+* ``snapkv-B``: the plugin with one keep fraction, the budget ``B``, in every layer (SnapKV's uniform budget);
+* ``ripplekv-B``: the plugin with the profile's per-layer budgets at the same global budget, in tiers.
 
-The prompts are BAMBOO documents (``benchmarks/heldout/bamboo.jsonl``) cut to token lengths drawn uniformly from
-``[--min-tokens, --max-tokens]`` (seeded), each with its question in the chat template; every request decodes
-``--max-new-tokens`` greedy tokens (``ignore_eos``, so every configuration generates the same number of tokens).
-The engine is driven step by step; after every step the child records the KV blocks in use and the requests running
-and waiting. It reports wall time, requests and output tokens per second, the peak and mean share of the KV pool in
-use, the most requests running at once, and the preemptions; the parent prints every configuration's numbers and
-their ratios to ``full``. A child's JSON is written when it finishes, so an interrupted run keeps finished
+The workload is meant to hold more requests than fit, so that the most requests running at once measures
+capacity rather than the request count, and to be decode-heavy (long outputs). The prompts are BAMBOO documents
+(``benchmarks/heldout/bamboo.jsonl``) cut to token lengths drawn uniformly from ``[--min-tokens, --max-tokens]``
+(seeded), each with its question in the chat template; every request decodes ``--max-new-tokens`` greedy tokens
+(``ignore_eos``, so every configuration generates the same number of tokens). The engine is driven step by step;
+the child records after every step the KV blocks in use and the requests running, and per request the time to its
+first token (from submission) and the time per output token after it. It reports wall time, requests and output
+tokens per second, time to first token and time per output token (p50, p99), the peak and mean share of the KV
+pool in use, the most and mean requests running at once, the preemptions, and every request's tokens; the parent
+adds each compressed configuration's agreement with the full cache's answers (the share of requests answered
+identically, and the mean share of each answer's tokens before its first difference) and writes the table with the
+ratios to ``full``. A child's JSON is written when it finishes, so an interrupted run keeps finished
 configurations and re-running skips them.
 """
 
@@ -37,7 +43,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BAMBOO = ROOT / "benchmarks" / "heldout" / "bamboo.jsonl"
-CONFIGS = ("full", "snapkv", "ripplekv")
 ENGINE: dict[str, Any] = {
     "dtype": "float32",
     "enforce_eager": True,
@@ -65,6 +70,18 @@ def prompts(tokenizer: Any, count: int, low: int, high: int, seed: int) -> list[
     return out
 
 
+def configs(budgets: list[float]) -> list[str]:
+    """The configurations of a run: the full cache, then SnapKV-uniform and RippleKV at each budget."""
+    return ["full"] + [f"{method}-{budget:g}" for budget in budgets for method in ("snapkv", "ripplekv")]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (linear interpolation, numpy's default); NaN for none."""
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
 def child(args: argparse.Namespace) -> None:
     """Serve every request under one configuration and write its measurements to ``OUT/<config>.json``."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -72,15 +89,20 @@ def child(args: argparse.Namespace) -> None:
     from vllm.inputs import TokensPrompt
 
     engine = dict(ENGINE, max_model_len=args.max_model_len, max_num_batched_tokens=args.max_model_len)
+    if args.kv_mib is not None:
+        engine["kv_cache_memory_bytes"] = args.kv_mib * 2**20
+    budget = 1.0
     if args.config != "full":
         import ripplekv_vllm
 
         ripplekv_vllm.register()
-        if args.config == "snapkv":
+        method, budget_text = args.config.split("-", 1)
+        budget = float(budget_text)
+        if method == "snapkv":
             layers = json.loads((Path(args.model_dir) / "config.json").read_text())["num_hidden_layers"]
-            settings: dict[str, Any] = {"keep_fractions": [args.budget] * layers}
+            settings: dict[str, Any] = {"keep_fractions": [budget] * layers}
         else:
-            settings = {"profile": str(args.profile), "budget": args.budget, "tiers": args.tiers}
+            settings = {"profile": str(args.profile), "budget": budget, "tiers": args.tiers}
         engine.update(worker_cls=ripplekv_vllm.WORKER_CLS, additional_config={"ripplekv": settings})
     llm = LLM(model=args.model_dir, **engine)
     ids = prompts(llm.get_tokenizer(), args.requests, args.min_tokens, args.max_tokens, args.seed)
@@ -96,49 +118,86 @@ def child(args: argparse.Namespace) -> None:
     running: list[int] = []
     generated = 0
     preemptions: dict[str, int] = {}
+    first: dict[str, float] = {}
+    done: dict[str, float] = {}
+    answers: dict[str, list[int]] = {}
     while llm.llm_engine.has_unfinished_requests():
         for out in llm.llm_engine.step():
+            now = time.perf_counter() - started
+            if out.outputs[0].token_ids:
+                first.setdefault(out.request_id, now)
             if out.finished:
+                done[out.request_id] = now
+                answers[out.request_id] = list(out.outputs[0].token_ids)
                 generated += len(out.outputs[0].token_ids)
         used.append((usable - pool.get_num_free_blocks()) / usable)
         running.append(len(scheduler.running))
         for request in scheduler.running:
             preemptions[request.request_id] = max(preemptions.get(request.request_id, 0), request.num_preemptions)
     seconds = time.perf_counter() - started
+    ttft = [first[r] for r in answers]
+    tpot = [(done[r] - first[r]) / (len(answers[r]) - 1) for r in answers if len(answers[r]) > 1]
     result = {
         "config": args.config,
-        "budget": 1.0 if args.config == "full" else args.budget,
+        "budget": budget,
         "requests": len(ids),
         "prompt_tokens": sum(len(p) for p in ids),
         "generated_tokens": generated,
         "seconds": round(seconds, 3),
         "requests_per_second": len(ids) / seconds,
         "output_tokens_per_second": generated / seconds,
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "tpot_p50": percentile(tpot, 50),
+        "tpot_p99": percentile(tpot, 99),
         "kv_pool_blocks": usable,
         "kv_cache_gib": int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "0")),
+        "kv_cache_mib": args.kv_mib,
         "peak_kv_share": max(used),
         "mean_kv_share": sum(used) / len(used),
         "max_running": max(running),
         "mean_running": sum(running) / len(running),
         "steps": len(used),
         "preemptions": sum(preemptions.values()),
+        "answers": {request: answers[request] for request in sorted(answers, key=lambda r: int(r[1:]))},
     }
     (args.out / f"{args.config}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def agreement(result: dict[str, Any], base: dict[str, Any]) -> tuple[float, float]:
+    """(share of requests answered exactly as under ``base``, mean share of each answer before its first difference)."""
+    same, prefix = [], []
+    for request, reference in base["answers"].items():
+        answer = result["answers"][request]
+        agree = next((i for i, (a, b) in enumerate(zip(answer, reference)) if a != b), min(len(answer), len(reference)))
+        same.append(answer == reference)
+        prefix.append(agree / max(len(reference), 1))
+    return sum(same) / len(same), sum(prefix) / len(prefix)
 
 
 def table(results: list[dict[str, Any]]) -> str:
     """Every configuration's measurements and their ratios to the full cache's, as markdown."""
     base = next(r for r in results if r["config"] == "full")
+    for r in results:
+        if "answers" in r and "answers" in base:
+            r["answers_equal"], r["answer_prefix_agreement"] = agreement(r, base)
     columns = (
-        ("requests_per_second", "requests/s"),
+        ("max_running", "most running at once"),
+        ("mean_running", "mean running"),
         ("output_tokens_per_second", "output tokens/s"),
+        ("requests_per_second", "requests/s"),
+        ("ttft_p50", "TTFT p50 s"),
+        ("ttft_p99", "TTFT p99 s"),
+        ("tpot_p50", "TPOT p50 s"),
+        ("tpot_p99", "TPOT p99 s"),
+        ("answers_equal", "answers equal to full"),
+        ("answer_prefix_agreement", "answer agreement before first difference"),
         ("seconds", "wall s"),
         ("peak_kv_share", "peak KV pool in use"),
         ("mean_kv_share", "mean KV pool in use"),
-        ("max_running", "most running at once"),
-        ("mean_running", "mean running"),
         ("preemptions", "preemptions"),
     )
+    columns = tuple((key, label) for key, label in columns if all(key in r for r in results))
     lines = [
         "| config | budget | " + " | ".join(label for _, label in columns) + " |",
         "|---|---|" + "---|" * len(columns),
@@ -147,8 +206,8 @@ def table(results: list[dict[str, Any]]) -> str:
         cells = []
         for key, _ in columns:
             value = r[key]
-            shown = f"{value:.1%}" if "share" in key else f"{value:.3g}"
-            if r is base or not base[key]:
+            shown = f"{value:.1%}" if "share" in key or "answer" in key else f"{value:.3g}"
+            if r is base or not base[key] or "answer" in key:
                 cells.append(shown)  # a ratio to zero (no preemption under the full cache) is left out
             else:
                 cells.append(f"{shown} ({value / base[key]:.2f}x)")
@@ -160,7 +219,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", default=None, help="HF directory (default: the library's SmolLM2 conversion)")
     parser.add_argument("--profile", type=Path, default=ROOT / "benchmarks" / "results" / "smollm2-135m.profile.json")
-    parser.add_argument("--budget", type=float, default=0.2)
+    parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.2, 0.3], help="global kept fractions")
+    parser.add_argument("--budget", type=float, default=None, help="one budget (the same as --budgets BUDGET)")
     parser.add_argument("--tiers", type=int, default=3)
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--min-tokens", type=int, default=2048)
@@ -168,10 +228,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--kv-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE of every configuration")
+    parser.add_argument("--kv-mib", type=int, default=None, help="KV-cache MiB of every configuration (over --kv-gib)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--config", choices=CONFIGS, default=None, help=argparse.SUPPRESS)  # the child's
+    parser.add_argument("--config", default=None, help=argparse.SUPPRESS)  # the child's
     args = parser.parse_args()
+    if args.budget is not None:
+        args.budgets = [args.budget]
+    for budget in args.budgets:
+        if not 0.0 < budget <= 1.0:
+            parser.error(f"--budgets: {budget} is not a kept fraction in (0, 1]")
     if args.model_dir is None:
         from ripplekv.models.sources import smollm2_gguf_path
 
@@ -184,15 +250,20 @@ def main() -> None:
     if args.config is not None:
         child(args)
         return
-    for config in CONFIGS:
+    names = configs(args.budgets)
+    for config in names:
         if (args.out / f"{config}.json").exists():
             continue
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(args.kv_gib))
+        env = dict(os.environ)
+        if args.kv_mib is None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_gib)
+        else:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         if config == "full":
             env["VLLM_PLUGINS"] = ""
         command = [sys.executable, __file__, *sys.argv[1:], "--config", config, "--model-dir", args.model_dir]
         subprocess.run(command, env=env, check=True)
-    results = [json.loads((args.out / f"{c}.json").read_text()) for c in CONFIGS]
+    results = [json.loads((args.out / f"{c}.json").read_text()) for c in names]
     text = table(results)
     (args.out / "serving.md").write_text(text)
     print(text, end="")

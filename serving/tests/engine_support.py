@@ -83,11 +83,12 @@ class Generation:
 
 @dataclass
 class Run:
-    """The requests of one engine run and the free blocks of the pool after each step."""
+    """The requests of one engine run, the free blocks of the pool after each step, and each request's preemptions."""
 
     requests: dict[str, Generation]
     free_blocks: list[int]
     arrival_steps: dict[str, int]
+    preemptions: dict[str, int] = field(default_factory=dict)
 
 
 def drive(llm: Any, prompts: dict[str, list[int]], max_tokens: int, arrivals: dict[str, int] | None = None) -> Run:
@@ -119,8 +120,9 @@ def drive(llm: Any, prompts: dict[str, list[int]], max_tokens: int, arrivals: di
                 generation = run.requests[output.request_id]
                 generation.tokens = list(completion.token_ids)
                 generation.logprobs = [lp[t].logprob for lp, t in zip(completion.logprobs, completion.token_ids)]
-        for internal in core.scheduler.requests:
+        for internal, request in core.scheduler.requests.items():
             name = internal.rsplit("-", 1)[0]
+            run.preemptions[name] = max(run.preemptions.get(name, 0), request.num_preemptions)
             groups = pool.coordinator.get_blocks(internal)
             run.requests[name].blocks.append([[None if b.is_null else b.block_id for b in group] for group in groups])
         run.free_blocks.append(pool.block_pool.get_num_free_blocks())

@@ -87,6 +87,15 @@ def test_profile_of_another_architecture() -> None:
         ({"block_size": 16}, "ripplekv: block_size 16 is not a multiple of 32"),
         ({"block_size": 48}, "ripplekv: block_size 48 is not a multiple of 32"),
         ({"max_num_batched_tokens": 1024}, "ripplekv: max_num_batched_tokens=1024 is below max_model_len=2048"),
+        ({"long_prefill_token_threshold": 64}, "start vLLM with long_prefill_token_threshold=0"),
+        ({"disable_hybrid_kv_cache_manager": True}, "start vLLM with disable_hybrid_kv_cache_manager=False"),
+        ({"speculative_decoding": True}, "ripplekv: speculative decoding is on"),
+        ({"async_scheduling": True}, "start vLLM with async_scheduling=False"),
+        ({"kv_connector": True}, "start vLLM without kv_transfer_config"),
+        ({"parallel_sizes": {"tensor_parallel_size": 2}}, "start vLLM with tensor_parallel_size=1"),
+        ({"parallel_sizes": {"pipeline_parallel_size": 2}}, "start vLLM with pipeline_parallel_size=1"),
+        ({"parallel_sizes": {"decode_context_parallel_size": 2}}, "with decode_context_parallel_size=1"),
+        ({"parallel_sizes": {"prefill_context_parallel_size": 2}}, "with prefill_context_parallel_size=1"),
     ],
 )
 def test_engine_settings_the_plugin_cannot_serve(engine: dict, message: str) -> None:
@@ -135,13 +144,21 @@ def test_engine_refuses_prefix_caching_before_loading(model_dir: str) -> None:
         )
 
 
-def test_settings_without_the_plugin_worker_are_refused(model_dir: str) -> None:
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ({"long_prefill_token_threshold": 256}, "ripplekv: long_prefill_token_threshold=256 cuts long prompts"),
+        ({"disable_hybrid_kv_cache_manager": True}, "ripplekv: disable_hybrid_kv_cache_manager is on"),
+    ],
+)
+def test_engine_refuses_settings_at_start_up(model_dir: str, engine: dict, message: str) -> None:
+    """The worker reads each setting from vLLM's own config and refuses it before the model loads."""
     from vllm import LLM
 
     import ripplekv_vllm
 
     ripplekv_vllm.register()
-    with pytest.raises(RuntimeError, match=re.escape("worker_cls='ripplekv_vllm.worker.RippleCPUWorker'")):
+    with raises(message):
         LLM(
             model=model_dir,
             dtype="float32",
@@ -150,5 +167,7 @@ def test_settings_without_the_plugin_worker_are_refused(model_dir: str) -> None:
             enable_prefix_caching=False,
             enable_chunked_prefill=False,
             block_size=32,
+            worker_cls=ripplekv_vllm.WORKER_CLS,
             additional_config={"ripplekv": {"keep_fractions": [0.5] * 30}},
+            **engine,
         )

@@ -1,21 +1,29 @@
-"""The plugin in vLLM's engine on a tiny random-weight Llama (4 layers, 4 query heads over 2 KV heads, CPU).
+"""The plugin in vLLM's engine on tiny random-weight models (a Llama of 4 layers, 4 query heads over 2 KV heads, CPU).
 
-The model is built in a temporary directory (seeded weights, float32, the SmolLM2 tokenizer's files), so these tests
-exercise a GQA ratio of 2:1 (SmolLM2-135M's is 3:1) and run in well under a minute of engine time. They pin the same
+The models are built in a temporary directory (seeded weights, float32, the SmolLM2 tokenizer's files), so these
+tests exercise a GQA ratio of 2:1 (SmolLM2-135M's is 3:1) and run in a few minutes of engine time. They pin the same
 relations as ``test_engine.py``: every keep fraction 1.0 is stock vLLM token for token, the first decode step frees
-exactly each tier's :func:`~ripplekv_vllm.hole.hole`, and decoding then attends to exactly the kept tokens.
+exactly each tier's :func:`~ripplekv_vllm.hole.hole`, and decoding then attends to exactly the kept tokens; and
+those of serving under load: a request preempted (recomputed) answers exactly as it does alone, a block the
+scheduler hands out while a request still reads it is caught before the step runs, an engine without
+``additional_config["ripplekv"]`` in the same process is stock vLLM, and models the plugin cannot serve (ALiBi,
+sliding window) are refused at start-up.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from engine_support import (
+    ENGINE_ARGS,
     close,
+    core_of,
     drive,
     non_null,
     ripple_llm,
@@ -26,7 +34,9 @@ from engine_support import (
 )
 
 from ripplekv_vllm.backend import observe_kept
+from ripplekv_vllm.config import RippleConfigError
 from ripplekv_vllm.hole import hole
+from ripplekv_vllm.ledger import HoleMismatchError
 
 TOKENS = 6
 BS, WINDOW = 32, 64
@@ -35,12 +45,19 @@ FRACTIONS = [0.25, 0.25, 0.5, 0.5]  # 2 tiers of 2 layers
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
+def save_tiny(model_dir: str, out: Path, model: Any) -> str:
+    """Save a random-weight model in float32 with the SmolLM2 tokenizer's files beside it; returns the directory."""
+    model.to(torch.float32).eval().save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        shutil.copy(Path(model_dir) / name, out / name)
+    return str(out)
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A seeded random-weight Llama saved in float32 with the SmolLM2 tokenizer's files beside it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    source = Path(model_dir)
     config = LlamaConfig(
         vocab_size=49152,
         hidden_size=64,
@@ -58,12 +75,7 @@ def tiny_dir(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
         pad_token_id=2,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        shutil.copy(source / name, out / name)
-    return str(out)
+    return save_tiny(model_dir, tmp_path_factory.mktemp("tiny-llama"), LlamaForCausalLM(config))
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +85,14 @@ def prompts() -> dict[str, list[int]]:
     return {name: [rng.randrange(3, 49152) for _ in range(n)] for name, n in (("a", 500), ("b", 333))}
 
 
-def test_full_budget_is_stock_vllm(tiny_dir: str, prompts: dict[str, list[int]]) -> None:
+@pytest.fixture(scope="module")
+def stock(tiny_dir: str, prompts: dict[str, list[int]]) -> list[dict[str, list]]:
+    """Stock vLLM's answers to ``a`` and ``b`` (a child process without the plugin)."""
+    return stock_generate(tiny_dir, [prompts["a"], prompts["b"]], TOKENS)
+
+
+def test_full_budget_is_stock_vllm(tiny_dir: str, prompts: dict[str, list[int]], stock) -> None:
     names = ["a", "b"]
-    stock = stock_generate(tiny_dir, [prompts[n] for n in names], TOKENS)
     llm = ripple_llm(tiny_dir, {"keep_fractions": [1.0] * LAYERS})
     try:
         assert tier_of(runner_of(llm)) == [(1.0, list(range(LAYERS)))]
@@ -144,3 +161,143 @@ def test_decoding_attends_exactly_the_kept_tokens(tier_run, tiny_dir: str, promp
     assert generation.logprobs == pytest.approx(logprobs, abs=1e-4)
     # served with b, a decodes as it does alone
     assert tier_run["run"].requests["a"].tokens == tokens
+
+
+def test_unconfigured_engine_in_the_same_process_is_stock(tier_run, tiny_dir: str, prompts, stock) -> None:
+    from vllm import LLM
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.v1.attention.backends.cpu_attn import (
+        CPUAttentionBackend,
+        CPUAttentionBackendImpl,
+        CPUAttentionMetadataBuilder,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    import ripplekv_vllm
+
+    ripplekv_vllm.register()  # as the installed entry point does; a RippleKV engine ran in this process (tier_run)
+    llm = LLM(model=tiny_dir, **ENGINE_ARGS)
+    try:
+        runner = runner_of(llm)
+        layers = get_layers_from_vllm_config(runner.vllm_config, Attention)
+        assert len(layers) == LAYERS
+        assert all(type(layer.impl) is CPUAttentionBackendImpl for layer in layers.values())
+        assert all(layer.attn_backend is CPUAttentionBackend for layer in layers.values())
+        assert [type(g.kv_cache_spec) for g in runner.kv_cache_config.kv_cache_groups] == [FullAttentionSpec]
+        builders = [b for groups in runner.attn_groups for g in groups for b in g.metadata_builders]
+        assert builders and all(type(b) is CPUAttentionMetadataBuilder for b in builders)
+        run = drive(llm, {"a": prompts["a"], "b": prompts["b"]}, TOKENS)
+    finally:
+        close(llm)
+    for name, expected in zip(["a", "b"], stock):
+        assert run.requests[name].tokens == expected["tokens"], name
+        assert run.requests[name].logprobs == pytest.approx(expected["logprobs"], abs=1e-6), name
+
+
+PREEMPT_TOKENS = 200
+
+
+@pytest.fixture(scope="module")
+def preempt_run(tiny_dir: str):
+    """Two 500-token requests arriving at steps 0 and 2 in a 46-block pool, 200 tokens each, and each alone.
+
+    After both prompts are compacted (12 blocks each) 21 blocks are free and both grow by 2 blocks every 32 tokens,
+    so the second is preempted (recomputed) once it has generated well over a hundred tokens.
+    """
+    rng = random.Random(0)
+    long = {f"r{i}": [rng.randrange(3, 49152) for _ in range(500)] for i in range(2)}
+    llm = ripple_llm(
+        tiny_dir,
+        {"keep_fractions": FRACTIONS, "window": WINDOW},
+        num_gpu_blocks_override=46,
+        max_model_len=704,
+        max_num_batched_tokens=704,
+    )
+    try:
+        both = drive(llm, long, PREEMPT_TOKENS, arrivals={"r0": 0, "r1": 2})
+        alone = {name: drive(llm, {name: ids}, PREEMPT_TOKENS) for name, ids in long.items()}
+    finally:
+        close(llm)
+    return both, alone
+
+
+def test_preempted_request_answers_as_it_does_alone(preempt_run) -> None:
+    both, alone = preempt_run
+    assert sum(both.preemptions.values()) >= 1, both.preemptions  # the pool forced a recompute preemption
+    assert not any(run.preemptions[name] for name, run in alone.items())
+    for name, run in alone.items():
+        served, reference = both.requests[name], run.requests[name]
+        assert len(served.tokens) == PREEMPT_TOKENS
+        assert served.tokens == reference.tokens, name
+        assert served.logprobs == pytest.approx(reference.logprobs, abs=1e-5), name  # measured: equal
+
+
+def test_hole_disagreement_is_caught(tiny_dir: str, prompts: dict[str, list[int]]) -> None:
+    """The scheduler frees one block of ``a``'s kept prompt (a seeded disagreement) and gives it to ``b``."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    # a pool of a's prompt and 4 more blocks: b (22 blocks) takes the 4, the seeded block and a's freed hole
+    llm = ripple_llm(
+        tiny_dir,
+        {"keep_fractions": FRACTIONS, "window": WINDOW},
+        num_gpu_blocks_override=1 + 2 * 16 + 4,
+        max_model_len=544,
+        max_num_batched_tokens=544,
+    )
+    try:
+        engine, core = llm.llm_engine, core_of(llm)
+        params = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
+        engine.add_request("a", TokensPrompt(prompt_token_ids=prompts["a"]), params)
+        engine.step()  # a's prefill
+        (internal,) = core.scheduler.requests
+        group = [fraction for fraction, _ in tier_of(runner_of(llm))].index(0.25)
+        manager = core.scheduler.kv_cache_manager.coordinator.single_type_managers[group]
+        kept, _ = hole(len(prompts["a"]), 0.25, BS, WINDOW)
+        seeded = manager.req_to_blocks[internal][kept // BS - 1].block_id
+        manager._remove_blocks_in_range(internal, kept // BS - 1, kept // BS)  # frees a block a still reads
+        engine.add_request("b", TokensPrompt(prompt_token_ids=prompts["b"]), params)
+        message = rf"gave block {seeded} to request b-\S+ \(KV-cache group \d\), but request a-\S+ still reads it "
+        message += rf"\(group {group},"
+        with pytest.raises(HoleMismatchError, match=message):
+            engine.step()
+    finally:
+        close(llm)
+
+
+def refused(model_dir: str, message: str) -> None:
+    """Starting the plugin on ``model_dir`` fails with a ``RippleConfigError`` containing ``message``."""
+    with pytest.raises(RippleConfigError, match=re.escape(message)):
+        llm = ripple_llm(model_dir, {"keep_fractions": [0.5, 0.5]}, max_model_len=512, max_num_batched_tokens=512)
+        close(llm)
+
+
+def test_alibi_model_is_refused(model_dir: str, tmp_path: Path) -> None:
+    from transformers import BloomConfig, BloomForCausalLM
+
+    config = BloomConfig(vocab_size=49152, hidden_size=64, n_layer=2, n_head=2, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    directory = save_tiny(model_dir, tmp_path / "bloom", BloomForCausalLM(config))
+    refused(directory, "ripplekv: layer transformer.h.0.self_attention.attn uses ALiBi")
+
+
+def test_sliding_window_model_is_refused(model_dir: str, tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        bos_token_id=1,
+        eos_token_id=2,
+        sliding_window=64,  # as Gemma-style hybrid models: the first layer slides, the second attends to all
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    torch.manual_seed(0)
+    directory = save_tiny(model_dir, tmp_path / "sliding", LlamaForCausalLM(config))
+    refused(directory, "ripplekv serves full-attention layers only; layer model.layers.0.self_attn.attn has a sliding")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ripplekv_vllm.hole import hole
-from ripplekv_vllm.plan import ChunkedPrefillError, plan_batch
+from ripplekv_vllm.plan import ChunkedPrefillError, plan_batch, virtual_row
 
 BS, WINDOW = 32, 64
 
@@ -36,7 +36,8 @@ def test_decode_rows_skip_the_hole_and_prefill_rows_compact() -> None:
     assert torch.equal(plan.block_table[2], blocks[2]) and plan.seq_lens[2] == 61
 
     k1, t1 = hole(700, 0.25, BS, WINDOW)
-    assert [(c.row, c.start, c.num_prompt_tokens, c.kept, c.full) for c in plan.compactions] == [(1, 1, 700, k1, t1)]
+    compactions = [(c.row, c.start, c.num_prompt_tokens, c.kept, c.full, c.generated) for c in plan.compactions]
+    assert compactions == [(1, 1, 700, k1, t1, 0)]
     assert torch.equal(plan.block_table[1], blocks[1]) and plan.seq_lens[1] == 700
     assert plan.max_seq_len == int(plan.seq_lens.max())
 
@@ -49,11 +50,15 @@ def test_a_tier_that_keeps_everything_changes_nothing() -> None:
     assert torch.equal(plan.seq_lens, seq_lens) and torch.equal(plan.block_table, blocks)
 
 
-def test_a_resumed_request_compacts_its_prompt_only() -> None:
+def test_a_resumed_request_compacts_its_prompt_and_carries_its_generated_tokens() -> None:
     # re-prefill after preemption: prompt plus 7 generated tokens in one step
     plan = plan_batch(torch.tensor([707]), torch.tensor([0, 707]), torch.tensor([700]), table(1, 30), 0.25, BS, WINDOW)
     (job,) = plan.compactions
-    assert (job.num_prompt_tokens, job.kept, job.full) == (700, *hole(700, 0.25, BS, WINDOW))
+    assert (job.num_prompt_tokens, job.kept, job.full, job.generated) == (700, *hole(700, 0.25, BS, WINDOW), 7)
+    # the generated tokens then read prompt and themselves around the hole, as a decode row does
+    seq, row = virtual_row(table(1, 30)[0], 707, job.kept, job.full, BS)
+    decode = plan_batch(torch.tensor([707]), torch.tensor([0, 1]), torch.tensor([700]), table(1, 30), 0.25, BS, WINDOW)
+    assert seq == int(decode.seq_lens[0]) and torch.equal(row, decode.block_table[0])
 
 
 @pytest.mark.parametrize(("seq", "query"), [(700, 300), (400, 400)])

@@ -41,7 +41,8 @@ def test_register_is_idempotent_and_keeps_stock_specs_served() -> None:
     assert KVCacheSpecRegistry.get_manager_class(stock()) is FullAttentionManager
     assert KVCacheSpecRegistry.get_manager_class(ripple_spec_from(stock(), 0.5, 64, 5)) is RippleManager
     assert KVCacheSpecRegistry.get_uniform_type_base_spec(ripple_spec_from(stock(), 0.5, 64, 5)) is RippleSpec
-    assert AttentionBackendEnum.CPU_ATTN.get_path() == ripplekv_vllm.BACKEND_PATH
+    # the attention backend is not overridden process-wide: the plugin's runner gives it to its own engine only
+    assert AttentionBackendEnum.CPU_ATTN.get_path() == "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
 
 
 def test_each_tier_is_its_own_group() -> None:

@@ -10,8 +10,10 @@ SnapKV-ranked prompt tokens. This plugin serves it in vLLM:
   (:mod:`ripplekv_vllm.hole`, :mod:`ripplekv_vllm.manager`), and the attention backend compacts the kept tokens
   into the first blocks and reads around the hole from then on (:mod:`ripplekv_vllm.backend`,
   :mod:`ripplekv_vllm.plan`, :mod:`ripplekv_vllm.selection`);
-* the worker and model runner give each layer its tier (:mod:`ripplekv_vllm.worker`, :mod:`ripplekv_vllm.runner`);
-  the settings are ``additional_config["ripplekv"]`` (:mod:`ripplekv_vllm.config`).
+* the worker and model runner give each layer its tier and the RippleKV backend, in the engine that configures
+  the plugin only (:mod:`ripplekv_vllm.worker`, :mod:`ripplekv_vllm.runner`), and check every step's blocks
+  against the holes (:mod:`ripplekv_vllm.ledger`); the settings are ``additional_config["ripplekv"]``
+  (:mod:`ripplekv_vllm.config`).
 
 :func:`register` is the ``vllm.general_plugins`` entry point (``ripplekv = ripplekv_vllm:register``), which vLLM
 calls in every process it starts.
@@ -19,10 +21,7 @@ calls in every process it starts.
 
 from __future__ import annotations
 
-__all__ = ["BACKEND_PATH", "WORKER_CLS", "register"]
-
-BACKEND_PATH = "ripplekv_vllm.backend.RippleCPUAttentionBackend"
-"""The class that serves vLLM's ``CPU_ATTN`` backend once the plugin is registered."""
+__all__ = ["WORKER_CLS", "register"]
 
 WORKER_CLS = "ripplekv_vllm.worker.RippleCPUWorker"
 """The engine's ``worker_cls`` that turns the plugin on."""
@@ -31,17 +30,16 @@ _registered = False
 
 
 def register() -> None:
-    """Register the RippleKV spec, its manager and the CPU attention backend with vLLM; a no-op when repeated.
+    """Register the RippleKV spec and its manager with vLLM's KV-cache-spec registry; a no-op when repeated.
 
     vLLM's own specs are registered first (``register_all_kvcache_specs``): its registry fills itself only while
-    empty, so a plugin that registers first would leave ``FullAttentionSpec`` without a manager. The backend
-    override is process-wide and must precede the first engine (vLLM caches its backend choice); for layers that
-    are not RippleKV layers it behaves exactly like the stock backend.
+    empty, so a plugin that registers first would leave ``FullAttentionSpec`` without a manager. Only
+    ``RippleSpec`` layers, which the plugin's runner alone creates, use the entry: an engine that does not
+    configure RippleKV is untouched (the attention backend is given per engine, by the runner).
     """
     global _registered
     if _registered:
         return
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
@@ -50,5 +48,4 @@ def register() -> None:
 
     register_all_kvcache_specs(None)
     KVCacheSpecRegistry.register(RippleSpec, RippleManager, uniform_type_base_spec=RippleSpec)
-    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)
     _registered = True

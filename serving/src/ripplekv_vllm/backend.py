@@ -1,11 +1,11 @@
 """The RippleKV CPU attention backend: stock CPU attention plus SnapKV compaction and reads around the hole.
 
 RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) keeps, in
-each layer tier, the tier's share of every prompt. On vLLM's CPU build the attention backend is always
-``CPU_ATTN`` (the platform ignores other requests), so the plugin overrides that name
-(``register_backend(AttentionBackendEnum.CPU_ATTN, ...)``, vLLM's override API) with
-:class:`RippleCPUAttentionBackend`, which behaves exactly like the stock backend for any layer that is not a
-:class:`~ripplekv_vllm.spec.RippleSpec` of a tier that evicts something.
+each layer tier, the tier's share of every prompt. On vLLM's CPU build every attention layer gets the ``CPU_ATTN``
+backend; the plugin's runner (:class:`~ripplekv_vllm.runner.RippleRunner`) gives its own engine's layers
+:class:`RippleCPUAttentionBackend` instead, so engines that do not configure RippleKV keep the stock backend. For
+layers that are not a :class:`~ripplekv_vllm.spec.RippleSpec` of a tier that evicts something it behaves exactly
+like the stock backend.
 
 * :class:`RippleBuilder` plans each step (:func:`ripplekv_vllm.plan.plan_batch`) from the rows' prompt lengths,
   which the runner lends it (:meth:`RippleBuilder.bind`): decode rows read through a virtual block table that
@@ -16,6 +16,10 @@ each layer tier, the tier's share of every prompt. On vLLM's CPU build the atten
   ``cpu_attn_reshape_and_cache`` (the cache layout is ISA-packed, so torch never indexes it). The kept keys keep
   the RoPE rotation of their original positions, and later queries keep their logical positions, as the library's
   compressed cache does.
+* A request resumed after a recompute preemption prefills prompt and generated tokens in one step. After the
+  compaction, its generated tokens attend again, over the compacted prompt through the virtual table (their own
+  metadata, built by the builder), and their outputs replace the stock ones: each layer passes on what the
+  uninterrupted request computed, so preemption does not change the answer.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-from ripplekv_vllm.config import CONFIG_KEY
-from ripplekv_vllm.plan import Compaction, plan_batch
+from ripplekv_vllm.hole import hole
+from ripplekv_vllm.plan import Compaction, plan_batch, virtual_row
 from ripplekv_vllm.selection import kept_indices, snapkv_scores
 from ripplekv_vllm.spec import RippleSpec
 
@@ -62,12 +66,15 @@ class RippleAttentionMetadata(CPUAttentionMetadata):
 
     Attributes:
         compactions: the rows whose prompt is compacted after this step's attention.
+        resumes: for each compaction with generated tokens (a resumed request), the metadata of those tokens'
+            attention over the compacted prompt.
         real_block_table: the worker's block table, whose first ``k / bs`` blocks receive the kept tokens.
         window: the tier's SnapKV observation window.
         kernel_size: the tier's SnapKV pooling kernel.
     """
 
     compactions: tuple[Compaction, ...] = ()
+    resumes: tuple[tuple[Compaction, CPUAttentionMetadata], ...] = ()
     real_block_table: torch.Tensor | None = None
     window: int = 64
     kernel_size: int = 5
@@ -77,7 +84,7 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
     """The CPU metadata builder of one KV-cache group, planning the group's tier (see the module)."""
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
-        """Build the stock builder; refuse ripplekv settings served without the plugin's worker.
+        """Build the stock builder.
 
         Args:
             kv_cache_spec: the group's spec.
@@ -86,11 +93,6 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             device: the device (CPU).
         """
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        if CONFIG_KEY in (vllm_config.additional_config or {}) and not isinstance(kv_cache_spec, RippleSpec):
-            raise RuntimeError(
-                f"additional_config['{CONFIG_KEY}'] is set, but the layers have stock KV-cache specs: start vLLM "
-                "with worker_cls='ripplekv_vllm.worker.RippleCPUWorker'"
-            )
         self._prompt_lens: Callable[[int], torch.Tensor] | None = None
 
     def bind(self, prompt_lens: Callable[[int], torch.Tensor]) -> None:
@@ -100,6 +102,18 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             prompt_lens: ``prompt_lens(num_reqs)`` gives the first ``num_reqs`` rows' prompt lengths.
         """
         self._prompt_lens = prompt_lens
+
+    def hole_of(self, num_prompt_tokens: int) -> tuple[int, int]:
+        """``(k, T)``: the token range of a prompt this group's layers read around (``k == T``: none).
+
+        Args:
+            num_prompt_tokens: the prompt length ``N``.
+        """
+        spec = self.kv_cache_spec
+        if not isinstance(spec, RippleSpec):
+            full = num_prompt_tokens // self.block_size * self.block_size
+            return full, full
+        return hole(int(num_prompt_tokens), spec.keep_fraction, self.block_size, spec.window)
 
     def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False) -> Any:
         """The stock metadata, or for an evicting tier the planned metadata with its compactions.
@@ -132,17 +146,59 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             cm = cm.replace(seq_lens=seq_lens, block_table_tensor=table, max_seq_len=plan.max_seq_len)
         metadata = super().build(common_prefix_len, cm, fast_build)
         stock = {f.name: getattr(metadata, f.name) for f in fields(CPUAttentionMetadata)}
+        resumes = tuple(
+            (job, self._resume_metadata(job, common_attn_metadata)) for job in plan.compactions if job.generated
+        )
         return RippleAttentionMetadata(
             **stock,
             compactions=plan.compactions,
+            resumes=resumes,
             real_block_table=common_attn_metadata.block_table_tensor,
             window=spec.window,
             kernel_size=spec.kernel_size,
         )
 
+    def _resume_metadata(self, job: Compaction, cm: Any) -> CPUAttentionMetadata:
+        """The metadata of a resumed request's generated tokens attending over its compacted prompt.
+
+        One row: the ``G`` tokens after the prompt as queries, the sequence read through the virtual table.
+
+        Args:
+            job: the resumed request's compaction (``job.generated > 0``).
+            cm: the step's ``CommonAttentionMetadata``.
+        """
+        seq_len, row = virtual_row(
+            cm.block_table_tensor[job.row], job.num_prompt_tokens + job.generated, job.kept, job.full, self.block_size
+        )
+        begin = job.start + job.num_prompt_tokens
+        query_start = torch.tensor([0, job.generated], dtype=cm.query_start_loc_cpu.dtype)
+        resumed = cm.replace(
+            query_start_loc=query_start.to(cm.query_start_loc.device),
+            query_start_loc_cpu=query_start,
+            seq_lens=torch.tensor([seq_len], dtype=cm.seq_lens.dtype),
+            num_reqs=1,
+            num_actual_tokens=job.generated,
+            max_query_len=job.generated,
+            max_seq_len=seq_len,
+            block_table_tensor=row[None],
+            slot_mapping=cm.slot_mapping[begin : begin + job.generated],
+        )
+        return super().build(0, resumed)
+
 
 class RippleImpl(CPUAttentionBackendImpl):
     """CPU attention, then SnapKV compaction of the rows that prefilled their whole prompt."""
+
+    @classmethod
+    def of(cls, stock: CPUAttentionBackendImpl) -> RippleImpl:
+        """A ``RippleImpl`` with the state of a layer's stock implementation (the runner's per-engine swap).
+
+        Args:
+            stock: the layer's ``CPUAttentionBackendImpl``, as vLLM built it.
+        """
+        impl = cls.__new__(cls)
+        impl.__dict__.update(vars(stock))
+        return impl
 
     def forward(
         self,
@@ -174,6 +230,9 @@ class RippleImpl(CPUAttentionBackendImpl):
         )
         if isinstance(attn_metadata, RippleAttentionMetadata) and attn_metadata.compactions:
             self._compact(layer, query, key, value, kv_cache, attn_metadata)
+            for job, metadata in attn_metadata.resumes:  # generated tokens again, over the compacted prompt
+                tokens = slice(job.start + job.num_prompt_tokens, job.start + job.num_prompt_tokens + job.generated)
+                super().forward(layer, query[tokens], key[tokens], value[tokens], kv_cache, metadata, output[tokens])
         return out
 
     def _compact(

@@ -48,6 +48,13 @@ SETTINGS = (
 )
 """The keys ``additional_config["ripplekv"]`` may hold."""
 
+# the parallel sizes the plugin refuses above 1
+_PARALLEL = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "decode_context_parallel_size",
+    "prefill_context_parallel_size",
+)
 # fields of the profile's model identity compared with the served model's config
 _ARCHITECTURE = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size")
 
@@ -71,6 +78,13 @@ class RippleConfig:
         max_num_batched_tokens: the engine's token budget per scheduler step (``>= max_model_len``).
         enable_prefix_caching: the engine's prefix caching (must be off).
         enable_chunked_prefill: the engine's chunked prefill (must be off).
+        long_prefill_token_threshold: the engine's cap on a prompt's tokens per step (must be 0: no cap).
+        disable_hybrid_kv_cache_manager: whether vLLM merges every layer into one KV-cache group (must be off: each
+            tier is its own group); vLLM also sets it for KV connectors without hybrid support.
+        speculative_decoding: whether the engine has a speculative config (refused).
+        async_scheduling: the engine's asynchronous scheduling (refused; vLLM's CPU build turns it off).
+        kv_connector: whether the engine has a KV-transfer connector (refused).
+        parallel_sizes: the engine's tensor, pipeline, decode- and prefill-context parallel sizes (each must be 1).
         budget: the global kept fraction in ``(0, 1]`` (with ``profile``).
         profile: path of a ``ripplekv profile`` JSON (with ``budget``), or None with ``keep_fractions``.
         tiers: tiers of equal layer counts the profile's allocation is grouped into (``>= 1``, dividing
@@ -94,6 +108,12 @@ class RippleConfig:
     max_num_batched_tokens: int
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = False
+    long_prefill_token_threshold: int = 0
+    disable_hybrid_kv_cache_manager: bool = False
+    speculative_decoding: bool = False
+    async_scheduling: bool = False
+    kv_connector: bool = False
+    parallel_sizes: Mapping[str, int] = field(default_factory=dict)
     budget: float | None = None
     profile: str | None = None
     tiers: int = 3
@@ -131,6 +151,39 @@ class RippleConfig:
                 "ripplekv: chunked prefill is on, but each prompt must be prefilled in one step to be scored and "
                 "compacted: start vLLM with enable_chunked_prefill=False"
             )
+        if self.long_prefill_token_threshold:
+            raise RippleConfigError(
+                f"ripplekv: long_prefill_token_threshold={self.long_prefill_token_threshold} cuts long prompts into "
+                "pieces, but each prompt must be prefilled in one step to be scored and compacted: start vLLM with "
+                "long_prefill_token_threshold=0"
+            )
+        if self.disable_hybrid_kv_cache_manager:
+            raise RippleConfigError(
+                "ripplekv: disable_hybrid_kv_cache_manager is on (set by you, or by vLLM for a KV connector without "
+                "hybrid support), but each RippleKV tier is its own KV-cache group: start vLLM with "
+                "disable_hybrid_kv_cache_manager=False and no KV connector"
+            )
+        if self.speculative_decoding:
+            raise RippleConfigError(
+                "ripplekv: speculative decoding is on, but draft tokens would be verified over a cache the plugin "
+                "compacts without them: start vLLM without speculative_config"
+            )
+        if self.async_scheduling:
+            raise RippleConfigError(
+                "ripplekv: async_scheduling is on, but the plugin's worker checks each step's blocks before the "
+                "step runs: start vLLM with async_scheduling=False"
+            )
+        if self.kv_connector:
+            raise RippleConfigError(
+                "ripplekv: a KV connector (kv_transfer_config) is set, but transferred blocks would not be "
+                "compacted: start vLLM without kv_transfer_config"
+            )
+        for name, size in sorted(self.parallel_sizes.items()):
+            if size != 1:
+                raise RippleConfigError(
+                    f"ripplekv: {name}={size}, but the plugin is built and tested on one CPU worker: start vLLM "
+                    f"with {name}=1"
+                )
         if not _is_int(self.block_size) or self.block_size < 1 or self.block_size % KERNEL_BLOCK:
             raise RippleConfigError(
                 f"ripplekv: block_size {self.block_size!r} is not a multiple of {KERNEL_BLOCK} (the CPU attention "
@@ -205,8 +258,7 @@ class RippleConfig:
 
         Args:
             settings: the plugin's settings (keys in :data:`SETTINGS`).
-            engine: the engine facts: ``num_layers``, ``block_size``, ``max_model_len``,
-                ``max_num_batched_tokens``, ``enable_prefix_caching``, ``enable_chunked_prefill`` and ``model``.
+            engine: the engine facts (the fields before ``budget``, and ``model``).
 
         Raises:
             RippleConfigError: on unknown settings or any invalid value.
@@ -242,6 +294,7 @@ class RippleConfig:
             return None
         text = vllm_config.model_config.hf_text_config
         model = {name: getattr(text, name, None) for name in _ARCHITECTURE}
+        scheduler, parallel = vllm_config.scheduler_config, vllm_config.parallel_config
         return cls.from_settings(
             settings,
             num_layers=int(text.num_hidden_layers),
@@ -249,6 +302,12 @@ class RippleConfig:
             max_model_len=int(vllm_config.model_config.max_model_len),
             max_num_batched_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
             enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
-            enable_chunked_prefill=bool(vllm_config.scheduler_config.enable_chunked_prefill),
+            enable_chunked_prefill=bool(scheduler.enable_chunked_prefill),
+            long_prefill_token_threshold=int(scheduler.long_prefill_token_threshold),
+            disable_hybrid_kv_cache_manager=bool(scheduler.disable_hybrid_kv_cache_manager),
+            speculative_decoding=vllm_config.speculative_config is not None,
+            async_scheduling=bool(scheduler.async_scheduling),
+            kv_connector=vllm_config.kv_transfer_config is not None,
+            parallel_sizes={name: int(getattr(parallel, name)) for name in _PARALLEL},
             model=model,
         )

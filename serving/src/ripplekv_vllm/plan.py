@@ -9,7 +9,10 @@ requests), so the worker derives the hole from the prompt length ``N`` alone, fo
   through a *virtual* block table with the hole's columns removed and a sequence ``T - k`` tokens shorter, so the
   attention kernel never touches a freed (perhaps reused) block;
 * a row that prefills its whole prompt in this step (``c == 0``, ``seq_len >= N``): a :class:`Compaction` of its
-  first ``N`` tokens after the attention;
+  first ``N`` tokens after the attention. A request resumed after a recompute preemption prefills its prompt and
+  its ``G`` generated tokens in one step (``seq_len = N + G``): its compaction also carries the generated tokens,
+  which the backend attends again over the compacted prompt (:func:`virtual_row`), so that they compute exactly
+  what they computed before the preemption;
 * a row that prefills part of its prompt: refused (:class:`ChunkedPrefillError`), the plugin needs whole prompts.
 
 Rows of a tier that evicts nothing (``k == T``) are left as they are.
@@ -23,7 +26,7 @@ import torch
 
 from ripplekv_vllm.hole import hole
 
-__all__ = ["BatchPlan", "ChunkedPrefillError", "Compaction", "plan_batch"]
+__all__ = ["BatchPlan", "ChunkedPrefillError", "Compaction", "plan_batch", "virtual_row"]
 
 
 class ChunkedPrefillError(RuntimeError):
@@ -40,6 +43,8 @@ class Compaction:
         num_prompt_tokens: the prompt length ``N``.
         kept: ``k``, the tokens of ``[0, T)`` kept in the first ``k / bs`` blocks.
         full: ``T = N // bs * bs``.
+        generated: ``G``, the generated tokens after the prompt in this step (a request resumed after a
+            preemption; 0 for a first prefill).
     """
 
     row: int
@@ -47,6 +52,7 @@ class Compaction:
     num_prompt_tokens: int
     kept: int
     full: int
+    generated: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,12 +119,10 @@ def plan_batch(
         if computed >= prompt:
             if not remapped:
                 new_seq, new_table = seq_lens.clone(), block_table.clone()
-            blocks, gap = -(-seq // block_size), (full - kept) // block_size
-            new_table[row, kept // block_size : blocks - gap] = block_table[row, full // block_size : blocks]
-            new_seq[row] = seq - (full - kept)
+            new_seq[row], new_table[row] = virtual_row(block_table[row], seq, kept, full, block_size)
             remapped.append(row)
         elif computed == 0 and seq >= prompt:
-            compactions.append(Compaction(row, int(start_list[row]), prompt, kept, full))
+            compactions.append(Compaction(row, int(start_list[row]), prompt, kept, full, seq - prompt))
         else:
             raise ChunkedPrefillError(
                 f"RippleKV needs each prompt prefilled in one step, but a {prompt}-token prompt arrived with "
@@ -126,3 +130,22 @@ def plan_batch(
                 "enable_chunked_prefill=False and max_num_batched_tokens >= max_model_len"
             )
     return BatchPlan(new_seq, new_table, tuple(compactions), tuple(remapped))
+
+
+def virtual_row(row: torch.Tensor, seq_len: int, kept: int, full: int, block_size: int) -> tuple[int, torch.Tensor]:
+    """A compacted request's sequence length and block table with the hole ``[k, T)`` removed.
+
+    The blocks from ``T`` on move down to ``k``, and the sequence is ``T - k`` tokens shorter, so the attention
+    kernel reads ``[0, k)``, then the tail ``[T, N)`` and what follows, and never a freed block.
+
+    Args:
+        row: the request's block ids, ``[max_blocks]`` (not modified).
+        seq_len: the request's true sequence length.
+        kept: ``k``.
+        full: ``T``.
+        block_size: tokens per block.
+    """
+    blocks, gap = -(-seq_len // block_size), (full - kept) // block_size
+    out = row.clone()
+    out[kept // block_size : blocks - gap] = row[full // block_size : blocks]
+    return seq_len - (full - kept), out

@@ -1,13 +1,19 @@
-"""``RippleRunner``: the CPU model runner that gives each layer its RippleKV tier's KV-cache spec.
+"""``RippleRunner``: the CPU model runner of an engine that configures RippleKV.
 
 RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) assigns
 budgets per layer, but vLLM's attention layers and backends do not know which layer they are
-(``customize_spec`` gets no layer name). The runner does: :meth:`RippleRunner.get_kv_cache_spec` turns each
-layer's stock ``FullAttentionSpec`` into a :class:`~ripplekv_vllm.spec.RippleSpec` of its tier (the layer index
-read from its name), and :meth:`RippleRunner.initialize_kv_cache` lends every
-:class:`~ripplekv_vllm.backend.RippleBuilder` the rows' prompt lengths (the input batch's
-``num_prompt_tokens_cpu_tensor``, in the order of the metadata rows), which the builders need to find the hole.
-Without ``additional_config["ripplekv"]`` the runner is the stock ``CPUModelRunner``.
+(``customize_spec`` gets no layer name). The runner does, and wires the plugin into its own engine only:
+
+* :meth:`RippleRunner.load_model` gives this engine's attention layers the RippleKV backend
+  (:class:`~ripplekv_vllm.backend.RippleCPUAttentionBackend` and :class:`~ripplekv_vllm.backend.RippleImpl`), after
+  refusing layers the plugin cannot serve (sliding window, ALiBi, anything but vLLM's CPU attention); no other
+  engine in the process is touched;
+* :meth:`RippleRunner.get_kv_cache_spec` turns each layer's stock ``FullAttentionSpec`` into a
+  :class:`~ripplekv_vllm.spec.RippleSpec` of its tier (the layer index read from its name);
+* :meth:`RippleRunner.initialize_kv_cache` lends every :class:`~ripplekv_vllm.backend.RippleBuilder` the rows'
+  prompt lengths (the input batch's ``num_prompt_tokens_cpu_tensor``, in the order of the metadata rows) and builds
+  the :class:`~ripplekv_vllm.ledger.BlockLedger` from the builders' holes;
+* :meth:`RippleRunner.execute_model` checks each step's blocks against the ledger before the step runs.
 """
 
 from __future__ import annotations
@@ -15,47 +21,77 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from vllm.config import get_layers_from_vllm_config
+from vllm.model_executor.layers.attention.attention import Attention
 from vllm.model_executor.models.utils import extract_layer_index
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-from ripplekv_vllm.backend import RippleBuilder
+from ripplekv_vllm.backend import RippleBuilder, RippleCPUAttentionBackend, RippleImpl
 from ripplekv_vllm.config import RippleConfig, RippleConfigError
-from ripplekv_vllm.spec import ripple_spec_from
+from ripplekv_vllm.ledger import BlockLedger
+from ripplekv_vllm.spec import RippleSpec, ripple_spec_from
 
 __all__ = ["RippleRunner"]
 
 
 class RippleRunner(CPUModelRunner):
-    """A ``CPUModelRunner`` whose layers get RippleKV tier specs (see the module)."""
+    """A ``CPUModelRunner`` whose layers get RippleKV tier specs and the RippleKV backend (see the module)."""
 
-    def __init__(self, vllm_config: Any, device: torch.device, ripple_config: RippleConfig | None = None) -> None:
-        """Build the stock runner and resolve the plugin's settings.
+    def __init__(self, vllm_config: Any, device: torch.device, ripple_config: RippleConfig) -> None:
+        """Build the stock runner with the plugin's resolved settings.
 
         Args:
             vllm_config: the engine's ``VllmConfig``.
             device: the device (CPU).
-            ripple_config: the resolved settings (default: read from ``vllm_config.additional_config``).
-
-        Raises:
-            RippleConfigError: on invalid settings.
+            ripple_config: the resolved settings.
         """
-        self.ripple_config = ripple_config if ripple_config is not None else RippleConfig.from_vllm_config(vllm_config)
+        self.ripple_config = ripple_config
+        self.ledger: BlockLedger | None = None
         super().__init__(vllm_config, device)
 
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """Load the model as the stock runner does, then give its attention layers the RippleKV backend.
+
+        Args:
+            args: ``CPUModelRunner.load_model``'s arguments.
+            kwargs: its keyword arguments.
+
+        Raises:
+            RippleConfigError: a layer with a sliding window, ALiBi or another attention implementation.
+        """
+        super().load_model(*args, **kwargs)
+        for name, layer in get_layers_from_vllm_config(self.vllm_config, Attention).items():
+            impl = layer.impl
+            if type(impl) is not CPUAttentionBackendImpl:
+                raise RippleConfigError(
+                    f"ripplekv serves vLLM's CPU attention only; layer {name} uses {type(impl).__name__}"
+                )
+            if impl.alibi_slopes is not None:
+                raise RippleConfigError(
+                    f"ripplekv: layer {name} uses ALiBi, whose bias the kernel computes from distances in the cache; "
+                    "after compaction those are no longer the true ones (RippleKV serves RoPE and other schemes "
+                    "applied before the cache)"
+                )
+            if impl.sliding_window != -1:
+                raise RippleConfigError(
+                    f"ripplekv serves full-attention layers only; layer {name} has a sliding window of "
+                    f"{impl.sliding_window} tokens"
+                )
+            layer.attn_backend = RippleCPUAttentionBackend
+            layer.impl = RippleImpl.of(impl)
+
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        """The stock specs, each layer's as a ``RippleSpec`` of its tier when the plugin is configured.
+        """The stock specs, each layer's as a ``RippleSpec`` of its tier.
 
         Raises:
             RippleConfigError: a layer that is not plain full attention (sliding window, MLA, ...), which the plugin
                 does not serve.
         """
-        specs = super().get_kv_cache_spec()
         config = self.ripple_config
-        if config is None:
-            return specs
         out: dict[str, KVCacheSpec] = {}
-        for name, spec in specs.items():
+        for name, spec in super().get_kv_cache_spec().items():
             if type(spec) is not FullAttentionSpec or spec.sliding_window is not None:
                 raise RippleConfigError(
                     f"ripplekv serves full-attention layers only; layer {name} has a {type(spec).__name__}"
@@ -65,18 +101,48 @@ class RippleRunner(CPUModelRunner):
         return out
 
     def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> None:
-        """The stock initialisation, then every ``RippleBuilder`` is bound to the input batch's prompt lengths.
+        """The stock initialisation; then every ``RippleBuilder`` is bound to the prompt lengths, and the ledger built.
 
         Args:
             args: ``CPUModelRunner.initialize_kv_cache``'s arguments.
             kwargs: its keyword arguments.
+
+        Raises:
+            RippleConfigError: a group read in kernel blocks unlike the blocks its manager frees.
         """
         super().initialize_kv_cache(*args, **kwargs)
-        for groups in self.attn_groups:
-            for group in groups:
+        groups = self.kv_cache_config.kv_cache_groups
+        holes: list[Any] = [None] * len(groups)
+        for index, attn_groups in enumerate(self.attn_groups):
+            for group in attn_groups:
                 for builder in group.metadata_builders:
                     if isinstance(builder, RippleBuilder):
+                        if builder.block_size != groups[index].kv_cache_spec.block_size:
+                            raise RippleConfigError(
+                                f"ripplekv: KV-cache group {index} is read in kernel blocks of {builder.block_size} "
+                                f"tokens but managed in blocks of {groups[index].kv_cache_spec.block_size}: the "
+                                "worker's hole would not be the scheduler's (the CPU build never splits blocks)"
+                            )
                         builder.bind(self._prompt_lens)
+                        holes[index] = builder.hole_of
+        sizes = [group.kv_cache_spec.block_size for group in groups]
+        if any(isinstance(group.kv_cache_spec, RippleSpec) for group in groups):
+            self.ledger = BlockLedger(holes, sizes)
+
+    def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        """Check the step's blocks against the ledger, then run the step as the stock runner does.
+
+        Args:
+            scheduler_output: the step's ``SchedulerOutput``.
+            args: ``CPUModelRunner.execute_model``'s other arguments.
+            kwargs: its keyword arguments.
+
+        Raises:
+            HoleMismatchError: the scheduler handed out a block a live request still reads.
+        """
+        if self.ledger is not None:
+            self.ledger.update(scheduler_output)
+        return super().execute_model(scheduler_output, *args, **kwargs)
 
     def _prompt_lens(self, num_reqs: int) -> torch.Tensor:
         """The first ``num_reqs`` rows' prompt lengths (read at call time: the input batch can be rebuilt)."""
