@@ -22,7 +22,7 @@ import ripplekv.allocation.dynamickv as dynamickv
 import ripplekv.allocation.squeezeattention as squeezeattention
 from ripplekv.allocation.budget import BudgetSpec, compression_ratio_keeping
 from ripplekv.allocation.cake import CakeRule
-from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, global_topk_counts
+from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic
 from ripplekv.allocation.lava import LavaRule, lava_layer_statistic
 from ripplekv.allocation.per_prompt import (
     PerPromptSchedule,
@@ -30,6 +30,7 @@ from ripplekv.allocation.per_prompt import (
     check_rule_call,
     fill_shares,
     layer_floor,
+    top_k_counts,
 )
 from ripplekv.allocation.schedules import (
     DEFAULT_GAMMA,
@@ -586,7 +587,7 @@ def test_dynamickv_statistic_refuses_a_2d_or_empty_tensor() -> None:
 
 def test_global_topk_of_one_entry_counts_it() -> None:
     """The single highest entry of all layers belongs to layer 1. Kills ``k <= 1`` for ``k <= 0``."""
-    assert global_topk_counts([np.array([1.0, 2.0]), np.array([3.0])], 1) == (0, 1)
+    assert top_k_counts([np.array([1.0, 2.0]), np.array([3.0])], 1) == (0, 1)
 
 
 def test_lava_spends_a_single_spare_token_by_entropy() -> None:

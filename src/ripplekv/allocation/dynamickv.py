@@ -30,6 +30,8 @@ from ripplekv.allocation.per_prompt import (
     check_rule_call,
     even_split,
     layer_floor,
+    pool_keys,
+    top_k_counts,
 )
 
 if TYPE_CHECKING:
@@ -40,7 +42,6 @@ __all__ = [
     "DynamicKVStatistic",
     "dynamickv_layer_statistic",
     "dynamickv_pooled_scores",
-    "global_topk_counts",
 ]
 
 
@@ -70,7 +71,6 @@ def dynamickv_pooled_scores(
         ValueError: on a tensor that is not 4-D or has no prefix key, an even kernel or an unknown pooling.
     """
     import torch
-    from torch.nn import functional as F
 
     if window_attention.dim() != 4 or window_attention.shape[3] < 1:
         raise ValueError(
@@ -78,15 +78,7 @@ def dynamickv_pooled_scores(
             f"shape {tuple(window_attention.shape)}"
         )
     check_pooling("dynamickv_pooled_scores", kernel_size, pooling)
-    summed = window_attention.detach().to(torch.float64).sum(dim=2)
-    batch, heads, keys = summed.shape
-    flat = summed.reshape(batch * heads, 1, keys)
-    pad = kernel_size // 2
-    if pooling == "avgpool":
-        pooled = F.avg_pool1d(flat, kernel_size=kernel_size, padding=pad, stride=1)
-    else:
-        pooled = F.max_pool1d(flat, kernel_size=kernel_size, padding=pad, stride=1)
-    return pooled.reshape(batch, heads, keys)
+    return pool_keys(window_attention.detach().to(torch.float64).sum(dim=2), kernel_size, pooling)
 
 
 def dynamickv_layer_statistic(pooled_scores: torch.Tensor, keep: int | None = None) -> DynamicKVStatistic:
@@ -112,26 +104,6 @@ def dynamickv_layer_statistic(pooled_scores: torch.Tensor, keep: int | None = No
     if keep is not None:
         ordered = ordered[: int(keep)]
     return DynamicKVStatistic(ordered.copy(), int(pooled_scores.shape[0] * pooled_scores.shape[1]))
-
-
-def global_topk_counts(scores: Sequence[np.ndarray], k: int) -> tuple[Fraction, ...]:
-    """How many of the ``k`` highest entries of all the lists together each list holds.
-
-    Entries tied at the ``k``-th value share the slots left in proportion to how many each list has, so the
-    counts are exact fractions summing to ``min(k, all entries)``.
-    """
-    arrays = [np.asarray(s, dtype=np.float64).reshape(-1) for s in scores]
-    entries = sum(a.size for a in arrays)
-    if k <= 0 or entries == 0:
-        return (Fraction(0),) * len(arrays)
-    if k >= entries:
-        return tuple(Fraction(a.size) for a in arrays)
-    joined = np.concatenate(arrays)
-    threshold = np.partition(joined, entries - k)[entries - k]  # the k-th largest value
-    above = [int(np.count_nonzero(a > threshold)) for a in arrays]
-    tied = [int(np.count_nonzero(a == threshold)) for a in arrays]
-    left = k - sum(above)
-    return tuple(Fraction(up) + Fraction(left * tie, sum(tied)) for up, tie in zip(above, tied))
 
 
 def _check_stats(stats: Sequence[Sequence[object]]) -> tuple[list[np.ndarray], int]:
@@ -201,7 +173,7 @@ class DynamicKVRule(PerPromptRule):
         caps = [int(budget_size)] * n_layers
         counts: tuple[Fraction, ...] = (Fraction(0),) * n_layers
         for seen in self.update_steps(n_layers):
-            counts = global_topk_counts(arrays[:seen], (spare * heads * seen) // n_layers)
+            counts = top_k_counts(arrays[:seen], (spare * heads * seen) // n_layers)
             if seen == n_layers:
                 break
             mass = sum(counts)

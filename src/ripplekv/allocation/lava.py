@@ -25,6 +25,7 @@ from ripplekv.allocation.per_prompt import (
     even_split,
     finite_array,
     layer_floor,
+    pool_keys,
 )
 
 if TYPE_CHECKING:
@@ -62,7 +63,6 @@ def lava_token_scores(
         ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
     """
     import torch
-    from torch.nn import functional as F
 
     check_pooling("lava_token_scores", kernel_size, pooling)
     if window_attention.dim() != 4 or values.dim() != 4:
@@ -82,13 +82,7 @@ def lava_token_scores(
     value = values.detach().to(dtype)[:, :, :prefix, :]
     if not bool(torch.isfinite(attention).all()) or bool((attention < 0).any()) or not bool(value.isfinite().all()):
         raise ValueError("window_attention must be finite and non-negative, and values finite")
-    mean = attention.mean(dim=2).reshape(batch * heads, 1, prefix)
-    pad = kernel_size // 2
-    if pooling == "maxpool":
-        pooled = F.max_pool1d(mean, kernel_size=kernel_size, padding=pad, stride=1)
-    else:
-        pooled = F.avg_pool1d(mean, kernel_size=kernel_size, padding=pad, stride=1)
-    pooled = pooled.reshape(batch, heads, prefix)
+    pooled = pool_keys(attention.mean(dim=2), kernel_size, pooling)
     groups = heads // kv_heads
     norms = value.abs().sum(dim=-1).amax(dim=-1)  # (batch, kv_heads): max over prefix tokens of the L1 norm
     scores = pooled * norms.repeat_interleave(groups, dim=1).unsqueeze(-1)  # query head h reads KV head h // groups

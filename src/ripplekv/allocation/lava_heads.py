@@ -16,9 +16,10 @@ from fractions import Fraction
 import numpy as np
 
 from ripplekv.allocation.budget import largest_remainder
+from ripplekv.allocation.per_prompt import top_k_counts
 from ripplekv.validation import is_integer, is_real
 
-__all__ = ["DEFAULT_FLOOR_ALPHA", "head_floor", "lava_head_budgets", "top_k_counts"]
+__all__ = ["DEFAULT_FLOOR_ALPHA", "head_floor", "lava_head_budgets"]
 
 DEFAULT_FLOOR_ALPHA = 0.2
 """LAVa's ``floor_alpha``: the share of a layer's per-head budget every head keeps (``pred.py``'s default, 0.2)."""
@@ -51,30 +52,6 @@ def _score_array(scores: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
     if not np.isfinite(array).all():
         raise ValueError("scores must be finite")
     return array
-
-
-def top_k_counts(scores: Sequence[Sequence[float]] | np.ndarray, k: int) -> list[Fraction]:
-    """How many of the ``k`` highest entries of a finite ``(heads, tokens)`` score array each head holds.
-
-    Entries tied with the ``k``-th highest are shared among their heads in proportion to how many each holds, so
-    the counts are exact fractions summing to ``k``, equal for heads with equal scores, and a head whose sorted
-    scores dominate another's elementwise holds at least as many.
-
-    Raises:
-        ValueError: on a malformed array or ``k`` outside ``[0, heads * tokens]``.
-    """
-    array = _score_array(scores)
-    heads, tokens = array.shape
-    if not is_integer(k) or not 0 <= k <= heads * tokens:
-        raise ValueError(f"k must be an integer in [0, {heads * tokens}], got {k!r}")
-    if k == 0:
-        return [Fraction(0)] * heads
-    flat = array.reshape(-1)
-    threshold = np.partition(flat, flat.size - k)[flat.size - k]  # the k-th highest entry
-    above = (array > threshold).sum(axis=1)
-    tied = (array == threshold).sum(axis=1)
-    rest = int(k) - int(above.sum())  # 1 <= rest <= tied.sum(): the tied entries taken
-    return [Fraction(int(a)) + Fraction(rest * int(t), int(tied.sum())) for a, t in zip(above, tied)]
 
 
 def lava_head_budgets(

@@ -51,6 +51,7 @@ __all__ = [
     "assemble_profile",
     "calibration_ids",
     "checkpoint_key",
+    "collect_profile",
     "noise_generator",
     "norm_adaptive_noise",
     "profile_model",
@@ -302,6 +303,39 @@ def assemble_profile(
     )
 
 
+def collect_profile(
+    identity: dict[str, Any],
+    fingerprint: str,
+    calibration: CalibrationSet,
+    config: ProfilingConfig,
+    checkpoint: str | os.PathLike[str] | None,
+    progress: Callable[[int, int], None] | None,
+    run: Callable[[list[int], Callable[[int, SampleScores], None]], Any],
+) -> SensitivityProfile:
+    """The profile of the samples ``run(pending, on_item)`` scores (those ``checkpoint`` lacks), each checkpointed
+    and reported as ``progress(done, total)`` as it arrives."""
+    key = checkpoint_key(identity, fingerprint, calibration, config)
+    ckpt = Checkpoint(Path(checkpoint), key) if checkpoint is not None else None
+    done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
+    total = len(calibration)
+
+    def on_item(index: int, scores: SampleScores) -> None:
+        done[int(index)] = scores
+        if ckpt:
+            ckpt.add(int(index), scores)
+        if progress:
+            progress(len(done), total)
+
+    try:
+        if progress:
+            progress(len(done), total)
+        run([i for i in range(total) if i not in done], on_item)
+    finally:
+        if ckpt:
+            ckpt.close()  # its lock: one run writes a checkpoint at a time
+    return assemble_profile(identity, fingerprint, calibration, config, done)
+
+
 def profile_model(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -320,27 +354,11 @@ def profile_model(
     config = config or ProfilingConfig()
     if len(calibration) == 0:
         raise ValueError("the calibration set is empty")
-    identity = model_identity(model)
-    fingerprint = weights_fingerprint(model)
-    key = checkpoint_key(identity, fingerprint, calibration, config)
-    ckpt = Checkpoint(Path(checkpoint), key) if checkpoint is not None else None
-    done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
 
-    total = len(calibration)
-    try:
-        if progress:
-            progress(len(done), total)
-        for index, sample in enumerate(calibration.samples):
-            if index in done:
-                continue
-            context_ids, continuation_ids = calibration_ids(model, tokenizer, sample, config)
-            scores = score_sample(model, context_ids, continuation_ids, config, sample_index=index)
-            done[index] = scores
-            if ckpt:
-                ckpt.add(index, scores)
-            if progress:
-                progress(len(done), total)
-    finally:
-        if ckpt:
-            ckpt.close()  # its lock: one run writes a checkpoint at a time
-    return assemble_profile(identity, fingerprint, calibration, config, done)
+    def run(pending: list[int], on_item: Callable[[int, SampleScores], None]) -> None:
+        for index in pending:
+            ids = calibration_ids(model, tokenizer, calibration.samples[index], config)
+            on_item(index, score_sample(model, *ids, config, sample_index=index))
+
+    identity, fingerprint = model_identity(model), weights_fingerprint(model)
+    return collect_profile(identity, fingerprint, calibration, config, checkpoint, progress, run)
