@@ -22,6 +22,7 @@ from ripplekv.validation import is_integer, is_real
 if TYPE_CHECKING:
     import torch
 
+
 class PerPromptRule(ABC):
     """A per-layer statistic and the budgets it implies once all layers are seen (a frozen dataclass of the method's
     hyperparameters). ``statistic_inputs`` names the tensors :meth:`layer_statistic` takes, ``statistic_names`` the
