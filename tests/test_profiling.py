@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from ripplekv.models.cache import cache_from_tensors, cache_tensors
-from ripplekv.models.loading import model_identity, weights_fingerprint
+from ripplekv.models.identity import model_identity, weights_fingerprint
 from ripplekv.profiling import (
     CalibrationSample,
     CalibrationSet,

@@ -45,7 +45,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def default_profile_path(model: PreTrainedModel, config: ProfilingConfig) -> Path:
     """Where :func:`cached_default_profile` keeps the profile of ``model`` (architecture, weights, scoring, config)."""
     from ripplekv.models import cache_root, model_identity
-    from ripplekv.models.loading import weights_fingerprint
+    from ripplekv.models.identity import weights_fingerprint
     from ripplekv.profiling import sensitivity
 
     identity = model_identity(model)

@@ -29,43 +29,10 @@ from transformers import (
 )
 
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.models.gguf_tokenizer import CHATML_TEMPLATE, convert_tokenizer, gguf_metadata
-from ripplekv.models.identity import model_identity, weights_fingerprint
-from ripplekv.models.sources import (
-    CACHE_ENV_VAR,
-    DEFAULT_MODEL,
-    MODEL_ALIASES,
-    SMOLLM2_PACKAGE,
-    SMOLLM2_PIP_COMMAND,
-    cache_root,
-    resolve_device,
-    resolve_dtype,
-    resolve_model_source,
-    smollm2_gguf_path,
-)
-from ripplekv.models.sources import SMOLLM2_GGUF_NAME as SMOLLM2_GGUF_NAME
+from ripplekv.models.gguf_tokenizer import convert_tokenizer, gguf_metadata
+from ripplekv.models.sources import DEFAULT_MODEL, cache_root, resolve_device, resolve_dtype, resolve_model_source
 
 logger = logging.getLogger(__name__)
-
-__all__ = [
-    "CACHE_ENV_VAR",
-    "CHATML_TEMPLATE",
-    "DEFAULT_MODEL",
-    "MODEL_ALIASES",
-    "SMOLLM2_PACKAGE",
-    "SMOLLM2_PIP_COMMAND",
-    "cache_root",
-    "convert_gguf",
-    "ensure_converted",
-    "gguf_cache_key",
-    "load_model",
-    "model_identity",
-    "weights_fingerprint",
-    "resolve_device",
-    "resolve_dtype",
-    "resolve_model_source",
-    "smollm2_gguf_path",
-]
 
 #: bump when a converted directory's layout or content changes, so old cache entries are not reused
 CONVERSION_FORMAT = 2

@@ -43,7 +43,7 @@ class ProfileWorker(StreamWorker):
 
     def setup(self) -> dict[str, Any]:
         """Load the model; return its identity and weights fingerprint (the checkpoint's key)."""
-        from ripplekv.models.loading import model_identity, weights_fingerprint
+        from ripplekv.models.identity import model_identity, weights_fingerprint
 
         self.model, self.tokenizer = self.model_factory()
         return {"identity": model_identity(self.model), "fingerprint": weights_fingerprint(self.model)}

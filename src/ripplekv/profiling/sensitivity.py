@@ -24,7 +24,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.models.cache import cache_from_tensors, cache_tensors, lean_fork
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, prefill_in_chunks
-from ripplekv.models.loading import model_identity, weights_fingerprint
+from ripplekv.models.identity import model_identity, weights_fingerprint
 from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_adaptive_noise
