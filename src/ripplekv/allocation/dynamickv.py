@@ -37,13 +37,6 @@ from ripplekv.allocation.per_prompt import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "DynamicKVRule",
-    "DynamicKVStatistic",
-    "dynamickv_layer_statistic",
-    "dynamickv_pooled_scores",
-]
-
 
 class DynamicKVStatistic(NamedTuple):
     """One layer's DynamicKV statistic.

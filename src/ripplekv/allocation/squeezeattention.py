@@ -31,17 +31,6 @@ from ripplekv.allocation.per_prompt import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "DEFAULT_SQUEEZE_P",
-    "SqueezeAttentionRule",
-    "SqueezeStatistic",
-    "kmeans_1d",
-    "squeeze_groups",
-    "squeeze_layer_statistic",
-    "squeeze_statistic_of_similarities",
-    "squeeze_token_similarities",
-]
-
 DEFAULT_SQUEEZE_P: float = 8 / 21
 """Class 3's budget relative to the average: the README's ``--KV_class3 0.08`` at ``--ini_size 0.21``."""
 

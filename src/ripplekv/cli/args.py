@@ -13,22 +13,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ripplekv.profiling import SensitivityProfile
 
-__all__ = [
-    "add_budget_args",
-    "add_model_args",
-    "add_ray_args",
-    "budget_arg",
-    "comma_list",
-    "load_profile",
-    "on_ray",
-    "positive_int",
-    "prefill_chunk_arg",
-    "resolve_budget",
-    "resolve_budgets",
-    "row_tokens_arg",
-    "tokens_arg",
-]
-
 
 def budget_arg(text: str) -> float:
     """An argparse ``type``: a kept fraction in (0, 1] (``--budget``, ``--budgets``); token counts are ``--tokens``."""

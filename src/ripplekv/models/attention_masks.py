@@ -16,15 +16,6 @@ from typing import Any
 import torch
 from transformers.masking_utils import causal_mask_function
 
-__all__ = [
-    "PaddedBatchError",
-    "fit_attention_mask",
-    "headwise_attention_mask",
-    "sliding_layer_mask",
-    "sliding_window_mask",
-    "varlen_mask_function",
-]
-
 
 class PaddedBatchError(ValueError):
     """A padded batch was used with a per-layer compressed cache (unsupported)."""

@@ -18,16 +18,6 @@ from transformers.cache_utils import DynamicLayer
 
 from ripplekv.models.attention_masks import headwise_attention_mask
 
-__all__ = [
-    "MASKED_KEYS",
-    "HeadwiseMask",
-    "MaskedLayer",
-    "attention_modules",
-    "discard_masks",
-    "headwise_of",
-    "take_mask",
-]
-
 MASKED_KEYS = "masked_key_indices"
 """kvpress's attention-module attribute for head-wise masks: ``(batch, kv_head, position)`` index tensors."""
 

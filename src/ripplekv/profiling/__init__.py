@@ -20,7 +20,7 @@ _EXPORTS = {
     "ProfileWeightsWarning": "ripplekv.profiling.profile",
     "SensitivityProfile": "ripplekv.profiling.profile",
     "ProfilingConfig": "ripplekv.profiling.sensitivity",
-    "norm_adaptive_noise": "ripplekv.profiling.sensitivity",
+    "norm_adaptive_noise": "ripplekv.profiling.noise",
     "profile_model": "ripplekv.profiling.sensitivity",
     "score_sample": "ripplekv.profiling.sensitivity",
 }

