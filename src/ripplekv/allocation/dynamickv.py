@@ -39,13 +39,8 @@ if TYPE_CHECKING:
 
 
 class DynamicKVStatistic(NamedTuple):
-    """One layer's DynamicKV statistic.
-
-    Attributes:
-        scores: the pooled window-attention scores over all heads and prefix keys, flattened, in decreasing order
-            (float64; possibly only the best ``keep``).
-        heads: score rows (query heads times batch size), ``h`` in ``base * h * m``.
-    """
+    """One layer's pooled window-attention scores over all heads and prefix keys, flattened in decreasing order
+    (float64; possibly only the best ``keep``), and ``heads``, the score rows (``h`` in ``base * h * m``)."""
 
     scores: np.ndarray
     heads: int
@@ -54,15 +49,9 @@ class DynamicKVStatistic(NamedTuple):
 def dynamickv_pooled_scores(
     window_attention: torch.Tensor, kernel_size: int = 7, pooling: str = "avgpool"
 ) -> torch.Tensor:
-    """DynamicKV's pooled scores ``(batch, heads, n - w)`` in float64: window attention summed over the window
-    queries, pooled along the keys (stride 1; ``"avgpool"`` counts the zero padding, as ``F.avg_pool1d``).
-
-    ``window_attention`` is softmaxed ``(batch, heads, w, n - w)``, one row per query head (kvpress's
-    ``SnapKVPress.compute_window_attention``).
-
-    Raises:
-        ValueError: on a tensor that is not 4-D or has no prefix key, an even kernel or an unknown pooling.
-    """
+    """DynamicKV's pooled scores ``(batch, heads, n - w)`` in float64: the softmaxed window attention ``(batch,
+    heads, w, n - w)`` (kvpress's ``compute_window_attention``) summed over the window queries, pooled along the
+    keys (:func:`~ripplekv.allocation.per_prompt.pool_keys`)."""
     import torch
 
     if window_attention.dim() != 4 or window_attention.shape[3] < 1:
@@ -75,15 +64,8 @@ def dynamickv_pooled_scores(
 
 
 def dynamickv_layer_statistic(pooled_scores: torch.Tensor, keep: int | None = None) -> DynamicKVStatistic:
-    """One layer's DynamicKV statistic from :func:`dynamickv_pooled_scores`, scores sorted in decreasing order.
-
-    Args:
-        keep: store only the ``keep`` highest scores (default: all); the budgets are unchanged while
-            ``keep >= heads * (total - n_layers * window)``, the most entries one layer can count.
-
-    Raises:
-        ValueError: if the tensor is not 3-D, is empty, holds non-finite values, or ``keep < 1``.
-    """
+    """One layer's DynamicKV statistic from :func:`dynamickv_pooled_scores`, keeping only the ``keep`` highest scores
+    when given (the budgets are unchanged while ``keep >= heads * (total - n_layers * window)``)."""
     import torch
 
     if pooled_scores.dim() != 3 or pooled_scores.numel() == 0:

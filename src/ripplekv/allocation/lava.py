@@ -53,14 +53,10 @@ def lava_token_scores(
 ) -> torch.Tensor:
     """LAVa's score ``S`` of every prefix token (``calcul_attn_score`` before the entropy), non-negative.
 
-    ``window_attention`` is softmaxed ``(batch, heads, w, n - w)``, one row per query head (kvpress's
-    ``SnapKVPress.compute_window_attention``); ``values`` is ``(batch, kv_heads, n, head_dim)``, of which the first
-    ``n - w`` are read. Query head ``h`` reads KV head ``h // groups`` (``repeat_kv``). ``"maxpool"`` pads with
-    ``-inf``, ``"avgpool"`` counts the zero padding. Returns ``(batch, kv_heads, n - w)`` with ``gqa_support``,
-    else ``(batch, heads, n - w)``, in ``dtype`` (default float64).
-
-    Raises:
-        ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
+    ``window_attention`` is softmaxed ``(batch, heads, w, n - w)`` (kvpress's ``compute_window_attention``);
+    ``values`` ``(batch, kv_heads, n, head_dim)``, the first ``n - w`` read; query head ``h`` reads KV head
+    ``h // groups``. Returns ``(batch, kv_heads, n - w)`` with ``gqa_support``, else ``(batch, heads, n - w)``, in
+    ``dtype`` (default float64). ValueError on bad shapes, pooling or values.
     """
     import torch
 
@@ -98,11 +94,7 @@ def lava_layer_statistic(
     pooling: str = "maxpool",
     gqa_support: bool = True,
 ) -> LavaStatistic:
-    """LAVa's ``LavaStatistic(E / log N)`` of one layer in float64, over all entries of :func:`lava_token_scores`.
-
-    Raises:
-        ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
-    """
+    """LAVa's ``LavaStatistic(E / log N)`` of one layer in float64, over all entries of :func:`lava_token_scores`."""
     import torch
 
     scores = lava_token_scores(window_attention, values, kernel_size, pooling, gqa_support)
@@ -116,12 +108,8 @@ def lava_layer_statistic(
 
 @dataclass(frozen=True)
 class LavaRule(PerPromptRule):
-    """LAVa's layer allocation (Shen et al., 2025): budgets beyond the window proportional to the entropy ``e_l``.
-
-    Attributes:
-        kernel_size: pooling width along the keys (odd).
-        gqa_support: reduce scores to KV heads by a max over each group's query heads.
-    """
+    """LAVa's layer allocation (Shen et al., 2025): budgets beyond the window proportional to the entropy ``e_l``
+    (``kernel_size``: odd pooling width; ``gqa_support``: scores reduced to KV heads by a max over query heads)."""
 
     kernel_size: int = 7
     pooling: str = "maxpool"
@@ -138,7 +126,6 @@ class LavaRule(PerPromptRule):
     def layer_statistic(  # type: ignore[override]
         self, window_attention: torch.Tensor, values: torch.Tensor
     ) -> LavaStatistic:
-        """:func:`lava_layer_statistic` with this rule's pooling and ``gqa_support``."""
         return lava_layer_statistic(window_attention, values, self.kernel_size, self.pooling, self.gqa_support)
 
     def layer_budgets(

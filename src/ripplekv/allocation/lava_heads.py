@@ -32,11 +32,7 @@ def _check_alpha(floor_alpha: object) -> Fraction:
 
 
 def head_floor(per_head: int, floor_alpha: float = DEFAULT_FLOOR_ALPHA) -> int:
-    """The fewest prefix tokens any head keeps: ``floor(floor_alpha * per_head)``, exactly.
-
-    Raises:
-        ValueError: on a negative or non-integer ``per_head`` or an ``floor_alpha`` outside ``[0, 1]``.
-    """
+    """The fewest prefix tokens any head keeps: ``floor(floor_alpha * per_head)``, exactly."""
     if not is_integer(per_head) or per_head < 0:
         raise ValueError(f"per_head must be an integer >= 0, got {per_head!r}")
     return math.floor(_check_alpha(floor_alpha) * int(per_head))
@@ -61,13 +57,9 @@ def lava_head_budgets(
 ) -> tuple[int, ...]:
     """Prefix tokens each KV head of a layer keeps under LAVa's head-wise split, summing to ``heads * per_head``.
 
-    ``scores`` are ``(heads, tokens)`` prefix scores, the observation window excluded, one row per KV head (LAVa's
-    or any scorer's). Each head gets ``floor(x_h)`` or ``ceil(x_h)`` (ties: larger ``c_h``, then larger score mass,
-    then lower head), in ``[head_floor(per_head, floor_alpha), tokens]``; ``floor_alpha`` 1 is no split, 0 the pure
-    joint top-k.
-
-    Raises:
-        ValueError: on a malformed score array, ``per_head`` out of range or ``floor_alpha`` outside ``[0, 1]``.
+    ``scores`` are ``(heads, tokens)`` prefix scores (window excluded), one row per KV head. Each head gets
+    ``floor(x_h)`` or ``ceil(x_h)`` (ties: larger ``c_h``, then larger score mass, then lower head), in
+    ``[head_floor(per_head, floor_alpha), tokens]``; ``floor_alpha`` 1 is no split, 0 the pure joint top-k.
     """
     array = _score_array(scores)
     heads, tokens = array.shape

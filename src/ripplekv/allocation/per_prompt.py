@@ -91,11 +91,8 @@ def check_rule_call(
 
 
 def layer_floor(n_layers: int, prompt_tokens: int, total: int, window: int, floor: int) -> int:
-    """The smallest budget every layer gets: ``min(max(floor, window), prompt_tokens)``, lowered if infeasible.
-
-    The window is a floor because SnapKV's selection never drops it. When ``n_layers`` floors exceed ``total`` (a
-    short prompt at a small budget) it is the average ``total // n_layers``, as in ``scale_to_total``.
-    """
+    """The smallest budget every layer gets: ``min(max(floor, window), prompt_tokens)`` (SnapKV never drops its
+    window), or the average ``total // n_layers`` when ``n_layers`` such floors exceed ``total``."""
     low = min(max(int(floor), int(window)), int(prompt_tokens))
     return low if n_layers * low <= total else total // n_layers
 
@@ -109,14 +106,10 @@ def fill_shares(
 ) -> list[Fraction]:
     """Exact real shares ``x_l = clip(a_l + t * c_l, lo_l, hi_l)`` with ``sum(x) == total``, one level ``t`` for all.
 
-    ``a = 0, c = w`` is proportional water-filling; ``c = 1`` is additive (an excess over a cap, or a deficit under a
-    floor, spread evenly). ``sum(x)`` is continuous and non-decreasing in ``t``, so ``t`` is exact between two
-    breakpoints. Entries with ``c_l == 0`` stay at ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb
-    ``total``: they then share what is left evenly. Needs finite ``a``, ``c >= 0``, ``lo <= hi`` and
-    ``sum(lows) <= total <= sum(highs)``.
-
-    Raises:
-        ValueError: on mismatched lengths, a negative or non-finite slope, crossed bounds or an unreachable total.
+    ``a = 0, c = w`` is proportional water-filling; ``c = 1`` is additive (an excess or deficit spread evenly).
+    ``sum(x)`` is piecewise linear and non-decreasing in ``t``, so ``t`` is exact between two breakpoints. Entries
+    with ``c_l == 0`` stay at ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb ``total``: they then share
+    what is left evenly. Needs finite ``a``, ``c >= 0``, ``lo <= hi``, ``sum(lows) <= total <= sum(highs)``.
     """
     n = len(offsets)
     if not n or len(slopes) != n or len(lows) != n or len(highs) != n:
@@ -186,15 +179,8 @@ def apportion(
     strength: Sequence[float | Fraction] | None = None,
     preference: Sequence[float] | None = None,
 ) -> tuple[int, ...]:
-    """Integer budgets from :func:`fill_shares`, rounded by largest remainder, summing exactly to ``total``.
-
-    Leftover units go to the largest fractional remainders, ties to larger ``strength`` (default: the slopes), then
-    larger ``preference``, then lower index. An entry gets at most ``ceil(x_l)``, so the bounds hold for the integers
-    too, and budgets are monotone in ``strength`` wherever the real shares are.
-
-    Raises:
-        ValueError: as :func:`fill_shares`.
-    """
+    """Integer budgets from :func:`fill_shares`, rounded by largest remainder (ties to larger ``strength``, default
+    the slopes, then larger ``preference``, then lower index), summing exactly to ``total``, within the bounds."""
     shares = fill_shares(offsets, slopes, lows, highs, total)
     ties = [Fraction(s) for s in (slopes if strength is None else strength)]
     second = [0.0] * len(shares) if preference is None else [float(p) for p in preference]
@@ -203,14 +189,8 @@ def apportion(
 
 def top_k_counts(rows: Sequence[Any], k: int) -> tuple[Fraction, ...]:
     """How many of the ``k`` highest entries of all ``rows`` together each row holds (DynamicKV's global top-k,
-    LAVa's joint top-k over heads).
-
-    Entries tied with the ``k``-th highest share the slots left in proportion to how many each row holds, so the
-    counts are exact fractions summing to ``min(k, entries)``, equal for equal rows.
-
-    Raises:
-        ValueError: ``k`` is not an integer >= 0.
-    """
+    LAVa's joint top-k over heads): entries tied with the ``k``-th highest share the slots left in proportion to
+    how many each row holds, so the counts are exact fractions summing to ``min(k, entries)``."""
     if not is_integer(k) or k < 0:
         raise ValueError(f"k must be an integer >= 0, got {k!r}")
     arrays = [np.asarray(row, dtype=np.float64).reshape(-1) for row in rows]
@@ -288,15 +268,8 @@ def check_pooling(owner: str, kernel_size: object, pooling: object) -> None:
 
 @dataclass(frozen=True)
 class PerPromptSchedule:
-    """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from layer statistics.
-
-    Unlike a :class:`~ripplekv.allocation.BudgetSchedule`, its budgets depend on the prompt: :meth:`layer_budgets`
-    takes every layer's statistic.
-
-    Attributes:
-        window_size: the scorer's observation window (``>= 0``; kvpress's SnapKV default is 64), which every
-            layer keeps and over which the statistics are computed.
-    """
+    """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from every layer's statistic
+    (``window_size``: the scorer's observation window, which every layer keeps)."""
 
     rule: PerPromptRule
     budget: float | None = None
@@ -334,13 +307,6 @@ class PerPromptSchedule:
     def layer_budgets(
         self, stats: Sequence[Sequence[Any]], n_layers: int, prompt_tokens: int, floor: int
     ) -> tuple[int, ...]:
-        """Tokens kept by each layer for this prompt, from every layer's statistic in layer order.
-
-        ``n_layers`` integers summing exactly to :meth:`total`, each in
-        ``[min(max(floor, window_size), prompt_tokens, average), prompt_tokens]``.
-
-        Raises:
-            ValueError: on an invalid argument or statistic.
-        """
+        """Tokens kept by each layer for this prompt (:meth:`PerPromptRule.layer_budgets` at :meth:`total`)."""
         total = self.total(n_layers, prompt_tokens)
         return self.rule.layer_budgets(stats, n_layers, prompt_tokens, total, self.window_size, floor)
