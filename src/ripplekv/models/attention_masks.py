@@ -1,11 +1,9 @@
 """The attention masks of passes over KV caches whose layers hold different numbers of tokens.
 
-transformers builds one mask per pass, sized from layer 0; :func:`fit_attention_mask` fits it to each layer: the
-new tokens stay causal among themselves and the layer's cached prefix is fully visible, exact without padding (a
-padded batch raises :class:`PaddedBatchError`; see ``key_validity`` in :mod:`ripplekv.models.attention_functions`).
-Sliding-window layers are never compressed, so their keys are contiguous positions: they keep the library's sliding
-mask, rebuilt for their own length when needed (:func:`sliding_window_mask`). Masks are made on the queries' device;
-unpadded passes make no host synchronisation.
+transformers builds one mask per pass, sized from layer 0; :func:`fit_attention_mask` fits it to each layer (new
+tokens causal among themselves, the cached prefix visible; a padded batch raises :class:`PaddedBatchError`).
+Sliding-window layers are never compressed: their mask is rebuilt for their own length (:func:`sliding_window_mask`).
+Unpadded passes make no host synchronisation.
 """
 
 from __future__ import annotations
@@ -37,12 +35,7 @@ def sliding_window_mask(
     """
     if key_len <= window:
         return fit_attention_mask(None, query_len, key_len, additive, dtype, device=device)
-    rows = torch.arange(query_len, device=device).unsqueeze(1) + (key_len - query_len)
-    cols = torch.arange(key_len, device=device).unsqueeze(0)
-    allowed = ((cols <= rows) & (cols > rows - window)).view(1, 1, query_len, key_len)
-    if not additive:
-        return allowed
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return _causal_mask(query_len, key_len, additive, dtype, device, window)
 
 
 def sliding_layer_mask(
@@ -62,12 +55,21 @@ def sliding_layer_mask(
 
 
 def _causal_mask(
-    query_len: int, key_len: int, additive: bool, dtype: torch.dtype, device: torch.device | str | None
+    query_len: int,
+    key_len: int,
+    additive: bool,
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Bottom-right aligned causal mask on ``device``: query ``i`` sees every cached key and new keys ``<= i``."""
-    rows = torch.arange(query_len, device=device).unsqueeze(1)
+    """Bottom-right aligned causal mask on ``device``: query ``i`` sees every cached key and new keys ``<= i`` (only
+    the last ``window`` when given)."""
+    rows = torch.arange(query_len, device=device).unsqueeze(1) + (key_len - query_len)
     cols = torch.arange(key_len, device=device).unsqueeze(0)
-    allowed = (cols <= rows + (key_len - query_len)).view(1, 1, query_len, key_len)
+    allowed = cols <= rows
+    if window is not None:
+        allowed = allowed & (cols > rows - window)
+    allowed = allowed.view(1, 1, query_len, key_len)
     if not additive:
         return allowed
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)

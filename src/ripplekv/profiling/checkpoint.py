@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +82,7 @@ class Checkpoint:
     def add(self, index: int, scores: SampleScores) -> None:
         """Append one finished sample (flushed and synced, so an interruption loses at most this line)."""
         self.done[index] = scores
-        row = {
-            "sample": index,
-            "kl": scores.kl,
-            "local": scores.local,
-            "context_tokens": scores.context_tokens,
-            "continuation_tokens": scores.continuation_tokens,
-        }
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps({"sample": index, **asdict(scores)}) + "\n")
             f.flush()
             os.fsync(f.fileno())

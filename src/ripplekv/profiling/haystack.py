@@ -82,11 +82,6 @@ def essays() -> tuple[tuple[str, str], ...]:
     return _read_essays(str(essay_directory()))
 
 
-def essay_text() -> str:
-    """All essays concatenated (sorted by file name), separated by blank lines."""
-    return ESSAY_SEPARATOR.join(text for _, text in essays())
-
-
 def token_stream(tokenizer: TextTokenizer, texts: Sequence[str], min_tokens: int) -> tuple[str, list[int]]:
     """``texts`` joined with blank lines until they hold ``min_tokens`` tokens (or run out), and their token ids."""
     char_budget = max(1024, 6 * min_tokens)
