@@ -612,7 +612,7 @@ def test_the_questions_digest_of_a_checkpoint_key_is_stable() -> None:
     for question in ("Who?", "Où ça ?"):
         data = question.encode("utf-8")
         expected.update(len(data).to_bytes(8, "little") + data)
-    assert sensitivity._questions_sha256(CalibrationSet(samples, "two questions")) == expected.hexdigest()
+    assert CalibrationSet(samples, "two questions").sha256(("question",)) == expected.hexdigest()
 
 
 def test_row_blocks_tile_the_rows_with_no_lone_row() -> None:

@@ -1,9 +1,8 @@
 """Cache layers that hide some of their entries from attention, KV head by KV head (AdaKV's head-wise masks).
 
-AdaKV (Feng et al. 2024, https://arxiv.org/abs/2407.11550) and LAVa give a layer's KV heads different numbers of
-tokens by masking dropped (head, position) entries. The mask belongs to one compressed cache, so its layer holds it
-(:class:`MaskedLayer`): caches never see each other's masks. Presses leave it on the attention module as kvpress's
-``masked_key_indices``; :func:`take_mask` moves it into the cache layer right after compression.
+AdaKV (Feng et al. 2024, arXiv:2407.11550) and LAVa mask a layer's dropped (KV head, position) entries. The mask
+belongs to one compressed cache, so its layer holds it (:class:`MaskedLayer`); presses leave it on the attention
+module as kvpress's ``masked_key_indices`` and :func:`take_mask` moves it into the cache layer.
 """
 
 from __future__ import annotations
@@ -26,12 +25,8 @@ Indices = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 @dataclass(frozen=True)
 class HeadwiseMask:
-    """The (KV head, position) entries of a cache layer that attention skips, validated once (one host sync).
-
-    Attributes:
-        indices: kvpress's ``(batch, kv_head, position)`` index tensors, batch size 1.
-        length: cached positions when masked; tokens appended later are seen by every head.
-    """
+    """The (KV head, position) entries of a cache layer that attention skips: kvpress's ``(batch, kv_head,
+    position)`` index tensors (batch size 1) over ``length`` cached positions, validated once (one host sync)."""
 
     indices: Indices
     kv_heads: int
@@ -74,10 +69,8 @@ class HeadwiseMask:
 
 
 class MaskedLayer(DynamicLayer):
-    """A ``DynamicLayer`` some of whose cached entries attention skips, per KV head (its :class:`HeadwiseMask`).
-
-    Appends by concatenation, so it forks like ``DynamicLayer``; appended tokens are seen by every head.
-    """
+    """A ``DynamicLayer`` some of whose cached entries attention skips, per KV head (its :class:`HeadwiseMask`);
+    appended tokens are seen by every head."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, headwise: HeadwiseMask) -> None:
         super().__init__()
@@ -116,11 +109,8 @@ def discard_masks(modules: Iterable[nn.Module]) -> None:
 
 
 def take_mask(module: nn.Module, layer: DynamicLayer) -> DynamicLayer:
-    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a press left on ``module`` (removed there).
-
-    Raises:
-        ValueError: for a mask on a sliding-window layer, or one that does not fit the layer's keys.
-    """
+    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a press left on ``module`` (removed there);
+    ValueError for a mask on a sliding-window layer or one that does not fit the layer's keys."""
     indices = vars(module).pop(MASKED_KEYS, None)
     if indices is None:
         return layer

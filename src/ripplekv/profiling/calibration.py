@@ -57,12 +57,12 @@ class CalibrationSet:
             if not isinstance(sample, CalibrationSample):
                 raise ValueError(f"CalibrationSet.samples holds a {type(sample).__name__}, not a CalibrationSample")
 
-    def sha256(self) -> str:
-        """Hex digest over all contexts and continuations, in order (sources and description excluded)."""
+    def sha256(self, fields: tuple[str, ...] = ("context", "continuation")) -> str:
+        """Hex digest over the samples' ``fields``, in order, each prefixed by its UTF-8 length (8 bytes)."""
         digest = hashlib.sha256()
         for sample in self.samples:
-            for text in (sample.context, sample.continuation):
-                data = text.encode("utf-8")
+            for name in fields:
+                data = getattr(sample, name).encode("utf-8")
                 digest.update(len(data).to_bytes(8, "little"))
                 digest.update(data)
         return digest.hexdigest()

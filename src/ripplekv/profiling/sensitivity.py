@@ -1,16 +1,13 @@
 """Offline sensitivity profiling (RippleKV paper, 2026, step 1).
 
-Per calibration sample: prefill the context once; run the continuation over a by-reference fork
-(:func:`ripplekv.models.cache.lean_fork`), recording each layer's input; then per layer ``l`` add norm-adaptive
-noise to layer ``l``'s cached Values only (:mod:`ripplekv.profiling.noise`), rerun from layer ``l`` up
+Per calibration sample: prefill the context once and run the continuation over it, recording each layer's input;
+then per layer ``l`` add norm-adaptive noise to layer ``l``'s cached Values only, rerun from layer ``l`` up
 (:mod:`ripplekv.profiling.passes`) and take ``KL(P_ref || P_perturbed)`` averaged over continuation positions.
-Cost: one prefill per sample plus ``(L - l) / L`` of a continuation pass per layer. Seeded, and checkpointed per
-sample (:mod:`ripplekv.profiling.checkpoint`).
+Seeded, and checkpointed per sample.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,19 +49,16 @@ class ProfilingConfig:
     """Parameters of sensitivity profiling.
 
     Attributes:
-        alpha: relative noise scale: each value vector ``v`` becomes ``v + alpha * ||v|| * u``, ``u`` a random
-            unit vector (proportional to each layer's own magnitudes, so layers compare fairly).
-        repeats: noise draws per (sample, layer), averaged.
-        seed: draws depend only on ``(seed, sample index, repeat, layer)``.
+        alpha: relative noise scale (:func:`~ripplekv.profiling.noise.norm_adaptive_noise`).
+        repeats: noise draws per (sample, layer), averaged; draws depend only on ``(seed, sample, layer)``.
         max_context_tokens: contexts keep their last tokens (None: ``max_position_embeddings`` minus the
             continuation).
         continuation: ``"text"`` (the paper's: the sample's continuation, teacher-forced) or ``"model"`` (the
             model's own greedy answer to context + question, at most ``answer_tokens``, never starting with EOS).
-        max_continuation_tokens: text continuations keep their first tokens (None: whole); a continuation of
-            ``m`` tokens costs up to ``layers * m`` token passes.
+        max_continuation_tokens: text continuations keep their first tokens (None: whole).
         precision: one of :data:`~ripplekv.profiling.passes.PRECISIONS`.
-        prefill_chunk: longer contexts are prefilled in chunks (:mod:`ripplekv.models.chunked_prefill`), equal to
-            one pass up to float rounding; None: one pass. Part of the checkpoint key when not the default.
+        prefill_chunk: longer contexts are prefilled in chunks (equal to one pass up to float rounding; None: one
+            pass).
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -104,13 +98,9 @@ def score_sample(
     config: ProfilingConfig,
     sample_index: int = 0,
 ) -> SampleScores:
-    """Per-layer KL and local scores of one sample, averaged over positions and draws, then clamped at 0.
-
-    Args:
-        context_ids: ``(1, n)`` ids prefilled into the cache.
-        continuation_ids: ``(1, m)`` ids, ``m >= 1``; None: the model's own answer (:func:`greedy_continuation`).
-        sample_index: part of the noise seed.
-    """
+    """Per-layer KL and local scores of one sample, averaged over positions and draws, then clamped at 0:
+    ``context_ids`` ``(1, n)`` prefilled, ``continuation_ids`` ``(1, m)`` (None: the model's own answer) scored;
+    ``sample_index`` is part of the noise seed."""
     given = continuation_ids is not None
     if context_ids.dim() != 2 or context_ids.shape[0] != 1 or (given and continuation_ids.dim() != 2):
         raise ValueError("score_sample takes one sample: ids of shape (1, n)")
@@ -160,11 +150,9 @@ def _stop_ids(model: PreTrainedModel) -> set[int]:
 def greedy_continuation(
     model: PreTrainedModel, cache: DynamicCache, logits: torch.Tensor, position: int, max_tokens: int
 ) -> torch.Tensor:
-    """``(1, m)``: the model's greedy answer after a prefill, ``1 <= m <= max_tokens``; extends ``cache``.
-
-    Stops after the end-of-sequence token (included, as in ``ripplekv eval``), which cannot be the first token
-    (LongBench's ``min_length``). ``logits``: ``(1, vocab)`` of the prefill; ``position``: tokens in the cache.
-    """
+    """``(1, m)``: the model's greedy answer after a prefill (``logits`` ``(1, vocab)``, ``position`` tokens in
+    ``cache``, which it extends), ``1 <= m <= max_tokens``, stopping after an end-of-sequence token (included; never
+    the first, as LongBench's ``min_length``)."""
     stops = _stop_ids(model)
     banned = sorted(i for i in stops if 0 <= i < logits.shape[-1])
     tokens: list[int] = []
@@ -221,19 +209,9 @@ def checkpoint_key(
         **_continuation_settings(config),
         **({} if config.precision == "float32" else {"precision": config.precision}),
         # the model's own answers follow the prompts' questions, which the set's sha256 leaves out
-        **({"questions": _questions_sha256(calibration)} if config.continuation == "model" else {}),
+        **({"questions": calibration.sha256(("question",))} if config.continuation == "model" else {}),
         **({} if config.prefill_chunk == DEFAULT_PREFILL_CHUNK else {"prefill_chunk": config.prefill_chunk}),
     }
-
-
-def _questions_sha256(calibration: CalibrationSet) -> str:
-    """Hex digest over the samples' questions, in order."""
-    digest = hashlib.sha256()
-    for sample in calibration.samples:
-        data = sample.question.encode("utf-8")
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()
 
 
 def _continuation_settings(config: ProfilingConfig) -> dict[str, Any]:
