@@ -269,7 +269,7 @@ def check_pooling(owner: str, kernel_size: object, pooling: object) -> None:
 @dataclass(frozen=True)
 class PerPromptSchedule:
     """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from every layer's statistic
-    (``window_size``: the scorer's observation window, which every layer keeps)."""
+    (``window_size``: the scorer's observation window, which every layer keeps; kvpress's SnapKV default is 64)."""
 
     rule: PerPromptRule
     budget: float | None = None
