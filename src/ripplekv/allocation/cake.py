@@ -28,8 +28,6 @@ from ripplekv.allocation.per_prompt import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CAKE_ENTROPY_EPS", "CakeRule", "CakeStatistic", "cake_layer_statistic", "cake_preferences"]
-
 CAKE_ENTROPY_EPS: float = 1e-10
 """The constant inside CAKE's ``log(A + eps)`` (``cake/utils.py``, ``calculate_entropy``)."""
 

@@ -31,8 +31,6 @@ from ripplekv.allocation.per_prompt import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LAVA_EPS", "LavaRule", "LavaStatistic", "lava_layer_statistic", "lava_token_scores"]
-
 LAVA_EPS: float = 1e-16
 """The constant LAVa adds to the normaliser and inside the log (``calcul_attn_score``)."""
 

@@ -19,8 +19,6 @@ from ripplekv.allocation.budget import largest_remainder
 from ripplekv.allocation.per_prompt import top_k_counts
 from ripplekv.validation import is_integer, is_real
 
-__all__ = ["DEFAULT_FLOOR_ALPHA", "head_floor", "lava_head_budgets"]
-
 DEFAULT_FLOOR_ALPHA = 0.2
 """LAVa's ``floor_alpha``: the share of a layer's per-head budget every head keeps (``pred.py``'s default, 0.2)."""
 

@@ -8,8 +8,6 @@ from typing import Any
 
 from ripplekv.cli.args import add_budget_args, load_profile, positive_int, resolve_budget
 
-__all__ = ["add_parser", "run"]
-
 PROFILE_SCHEDULES = ("ripplekv", "ripplekv-local")
 
 

@@ -15,8 +15,6 @@ if TYPE_CHECKING:  # imported where used: ``ripplekv report`` imports this modul
 
     from ripplekv.profiling import ProfilingConfig, SensitivityProfile
 
-__all__ = ["DEMO_METHODS", "add_parser", "cached_default_profile", "default_profile_path", "run"]
-
 DEMO_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 
 

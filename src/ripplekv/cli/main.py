@@ -16,8 +16,6 @@ from types import ModuleType
 from ripplekv.cli import allocate, demo, generate, profile
 from ripplekv.version import __version__
 
-__all__ = ["ENTRY_POINT_GROUP", "EXAMPLES", "JSON_ONLY_COMMANDS", "build_parser", "commands", "main"]
-
 EXAMPLES = """examples:
   ripplekv demo
   ripplekv profile --model smollm2-135m --out smollm2.profile.json

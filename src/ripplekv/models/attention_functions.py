@@ -16,8 +16,6 @@ from ripplekv.models.headwise import MASKED_KEYS, headwise_of
 from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import shared_prefix_attention
 
-__all__ = ["CACHE_KWARG", "SlidingWindowError", "sdpa_gqa_forward", "varlen_attention_function"]
-
 CACHE_KWARG = "ripplekv_cache"
 """The keyword argument of a forward pass that carries its cache to ripplekv's attention functions."""
 

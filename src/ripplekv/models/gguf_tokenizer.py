@@ -18,8 +18,6 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 # loading's logger, which log filters and captures match
 logger = logging.getLogger("ripplekv.models.loading")
 
-__all__ = ["CHATML_TEMPLATE", "convert_tokenizer", "gguf_metadata"]
-
 #: ChatML as used by SmolLM2-Instruct; used when a GGUF with ChatML tokens carries no chat template of its own
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

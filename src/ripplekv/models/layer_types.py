@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-__all__ = ["SLIDING_LAYER_TYPES", "NoGlobalLayersError", "compressed_layers", "sliding_layers"]
-
 SLIDING_LAYER_TYPES = ("sliding_attention", "chunked_attention")
 """``config.layer_types`` entries of layers that attend to a bounded span of recent positions."""
 

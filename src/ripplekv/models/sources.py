@@ -114,15 +114,13 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str
     name = os.fspath(name_or_path)
     if not name.strip():
         raise ValueError("model name_or_path is empty")
-    alias = MODEL_ALIASES.get(name.lower())
-    if alias is not None:
-        return "gguf", _package_gguf(*alias)
-    assembled = ASSEMBLED_ALIASES.get(name.lower())
-    if assembled is not None:
-        return "gguf", _assembled_gguf(*assembled)
-    split = SPLIT_ALIASES.get(name.lower())
-    if split is not None:
-        return "gguf", split.assemble(cache_root() / "gguf")
+    alias = name.lower()
+    if alias in MODEL_ALIASES:
+        return "gguf", _package_gguf(*MODEL_ALIASES[alias])
+    if alias in ASSEMBLED_ALIASES:
+        return "gguf", _assembled_gguf(*ASSEMBLED_ALIASES[alias])
+    if alias in SPLIT_ALIASES:
+        return "gguf", SPLIT_ALIASES[alias].assemble(cache_root() / "gguf")
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":

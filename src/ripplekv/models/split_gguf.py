@@ -12,8 +12,6 @@ from pathlib import Path
 
 from filelock import FileLock
 
-__all__ = ["SplitGGUF", "WheelPart"]
-
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COPY_CHUNK = 1 << 20
 

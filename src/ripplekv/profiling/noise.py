@@ -49,10 +49,6 @@ class ContinuationBuffers:
                 target.append(buffer)
         self._noisy: dict[tuple[int, ...], torch.Tensor] = {}
 
-    def clean_cache(self) -> DynamicCache:
-        """A batch-1 cache over row 0 of the clean buffers."""
-        return cache_from_layers([PreallocatedLayer(k[:1], v[:1], self.prefix) for k, v in zip(self.keys, self.values)])
-
     def perturbed_cache(
         self, layer: int, alpha: float, generator: torch.Generator, clean_rows: int = 0
     ) -> DynamicCache:

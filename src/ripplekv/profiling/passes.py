@@ -66,11 +66,6 @@ MAX_HEAD_BYTES = 256 * 2**20
 (a 128K vocabulary of width 4,096 is 2 GiB in float32)."""
 
 
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-
-
 class ModelHead:
     """The model's final norm and output projection as the model computes them (its dtype), then its
     ``final_logit_softcapping`` (Gemma 2)."""
@@ -218,7 +213,8 @@ def _arithmetic(
     model: PreTrainedModel, clean: CleanPass, precision: str, keep_copies: bool
 ) -> tuple[Float32Layers | list[nn.Module], Callable[[torch.Tensor], torch.Tensor], CleanPass]:
     """The layers, the head and the clean pass the continuation passes of ``precision`` run with."""
-    _check_precision(precision)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     layers = list(decoder_of(model).layers)
     if precision == "model":
         return layers, ModelHead(model), clean
