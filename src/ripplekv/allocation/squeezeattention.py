@@ -85,13 +85,9 @@ def squeeze_layer_statistic(residual_in: torch.Tensor, attention_output: torch.T
 
 
 def _optimal_bounds(ordered: np.ndarray, counts: np.ndarray, k: int) -> list[int]:
-    """Bounds ``0 = b_0 < ... < b_k = m`` of the least-squares split of ``m`` distinct sorted values.
-
-    Cluster ``j`` is ``ordered[b_j : b_{j+1}]`` (``counts`` copies of each value). The split maximises
-    ``sum_j S_j^2 / n_j`` (``S_j`` a cluster's sum, ``n_j`` its count), computed in exact integers (floats are
-    dyadic; ``lcm(1..n)`` clears every ``n_j``), so equally good splits tie exactly. Ties: the last bound as large
-    as possible (the highest cluster smallest), then the one below it, and so on.
-    """
+    """Bounds ``0 = b_0 < ... < b_k = m`` of the least-squares split of ``m`` distinct sorted values (``counts``
+    copies each): it maximises ``sum_j S_j^2 / n_j`` in exact integers (floats are dyadic; ``lcm(1..n)`` clears
+    every ``n_j``), ties to the largest last bound, then the one below it, and so on."""
     exact = [Fraction(v) for v in ordered.tolist()]
     scale = max(f.denominator for f in exact)
     units = [f.numerator * (scale // f.denominator) for f in exact]  # value * scale, exactly

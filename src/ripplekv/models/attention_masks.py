@@ -27,12 +27,9 @@ def sliding_window_mask(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
-    """The ``(1, 1, query_len, key_len)`` sliding-window causal mask of keys ending at the last query.
-
-    Query ``i`` sees keys ``j`` with ``i + key_len - query_len - window < j <= i + key_len - query_len``
-    (transformers' ``kv_idx > q_idx - window`` in the layer's own positions); when the keys fit the window, as
-    :func:`fit_attention_mask`. ``additive``: a float mask (eager) rather than a boolean one (sdpa).
-    """
+    """The ``(1, 1, query_len, key_len)`` sliding-window causal mask of keys ending at the last query: query ``i``
+    sees the ``window`` keys up to ``i + key_len - query_len`` (transformers' ``kv_idx > q_idx - window``), a float
+    mask when ``additive`` (eager), else boolean (sdpa)."""
     if key_len <= window:
         return fit_attention_mask(None, query_len, key_len, additive, dtype, device=device)
     return _causal_mask(query_len, key_len, additive, dtype, device, window)
@@ -83,17 +80,11 @@ def fit_attention_mask(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
-    """Fit the mask transformers built for layer 0 to a layer holding ``key_len`` keys (cached plus new).
+    """Fit the ``(batch, 1, query_len, kv_len_of_layer_0)`` mask transformers built for layer 0 (boolean or
+    additive; None when none was built) to a layer holding ``key_len`` keys, the last ``query_len`` of them new.
 
-    Args:
-        mask: ``(batch, 1, query_len, kv_len_of_layer_0)``, boolean (True = attend) or additive (0 = attend);
-            ``None`` when transformers or :func:`varlen_mask_function` built none.
-        query_len: new tokens of the pass, the last ``query_len`` keys of every layer.
-        device: where a mask built from nothing is made (a fitted ``mask`` stays on its device).
-
-    Returns:
-        ``(batch, 1, query_len, key_len)``, or ``None`` when none is needed (one query, or a causal square that
-        sdpa handles with ``is_causal``).
+    Returns ``(batch, 1, query_len, key_len)``, made on ``device`` when built from nothing, or None when none is
+    needed (one query, or a causal square that sdpa handles with ``is_causal``).
     """
     if key_len < query_len:
         raise ValueError(f"layer holds {key_len} keys for {query_len} queries: the cache is inconsistent")
@@ -119,14 +110,9 @@ def headwise_attention_mask(
     key_len: int,
     device: torch.device | str | None,
 ) -> torch.Tensor:
-    """The ``(batch, heads, query_len, key_len)`` boolean mask of a layer with head-wise masked entries (AdaKV).
-
-    ``base`` (fitted; bottom-right causal when ``None``) with the entries at KV heads ``head`` and ``position``
-    hidden from every query head of their group.
-
-    Raises:
-        ValueError: for an additive (float) ``base``: eager attention cannot take the boolean mask.
-    """
+    """The ``(batch, heads, query_len, key_len)`` boolean mask of a layer with head-wise masked entries (AdaKV):
+    ``base`` (fitted; causal when ``None``; boolean: eager attention cannot take it) with the entries at KV heads
+    ``head`` and ``position`` hidden from every query head of their group."""
     if base is not None and base.dtype != torch.bool:
         raise ValueError("head-wise masked keys (AdaKV) need a boolean attention mask: use sdpa, not eager attention")
     allowed = fit_attention_mask(base, query_len, key_len, device=device)

@@ -35,6 +35,7 @@ from ripplekv.profiling.passes import (
     record_layer_calls,
 )
 from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.validation import is_integer
 
 DEFAULT_ALPHA = 0.5
 # Bumped whenever a score's arithmetic changes, so a checkpoint of older scores is never resumed (3: float32 passes).
@@ -74,17 +75,12 @@ class ProfilingConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and np.isfinite(self.alpha) and self.alpha >= 0):
             raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha!r}")
-        if not (isinstance(self.repeats, int) and self.repeats >= 1):
-            raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
-        if self.max_context_tokens is not None and self.max_context_tokens < 1:
-            raise ValueError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
+        for name in ("repeats", "answer_tokens", "max_context_tokens", "max_continuation_tokens"):
+            value, optional = getattr(self, name), name.startswith("max_")
+            if not (optional and value is None) and (not is_integer(value) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1{' or None' if optional else ''}, got {value!r}")
         if self.continuation not in CONTINUATIONS:
             raise ValueError(f"continuation must be one of {CONTINUATIONS}, got {self.continuation!r}")
-        if isinstance(self.answer_tokens, bool) or not isinstance(self.answer_tokens, int) or self.answer_tokens < 1:
-            raise ValueError(f"answer_tokens must be an integer >= 1, got {self.answer_tokens!r}")
-        cap = self.max_continuation_tokens
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise ValueError(f"max_continuation_tokens must be an integer >= 1 or None, got {cap!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         check_prefill_chunk(self.prefill_chunk)
