@@ -28,7 +28,8 @@ _BASES = {"sdpa": (sdpa_attention_forward, sdpa_mask, False), "eager": (eager_at
 
 
 def varlen_name(attn_implementation: str) -> str:
-    """The variable-length variant of an attention implementation name (``sdpa`` -> ``ripplekv_sdpa``), registered.
+    """The variable-length variant of an attention implementation name (``sdpa`` -> ``ripplekv_sdpa``); registers
+    ``ripplekv_sdpa`` and ``ripplekv_eager``.
 
     Raises:
         ValueError: FlashAttention needs no variant; other implementations cannot attend over per-layer caches.
@@ -44,12 +45,11 @@ def varlen_name(attn_implementation: str) -> str:
             f"attention implementation {base!r} cannot attend over per-layer compressed KV caches: "
             "load the model with attn_implementation set to one of 'sdpa', 'eager', 'flash_attention_2'"
         )
-    name = VARLEN_PREFIX + base
-    if name not in AttentionInterface._global_mapping:
-        attention, mask, additive = _BASES[base]
-        AttentionInterface.register(name, varlen_attention_function(base, attention, additive))
-        AttentionMaskInterface.register(name, varlen_mask_function(mask))
-    return name
+    for name, (attention, mask, additive) in _BASES.items():  # both, once per process
+        if VARLEN_PREFIX + name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(VARLEN_PREFIX + name, varlen_attention_function(name, attention, additive))
+            AttentionMaskInterface.register(VARLEN_PREFIX + name, varlen_mask_function(mask))
+    return VARLEN_PREFIX + base
 
 
 def attention_implementation(model: PreTrainedModel) -> str:

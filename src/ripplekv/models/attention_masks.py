@@ -101,27 +101,18 @@ def fit_attention_mask(
 
 
 def headwise_attention_mask(
-    base: torch.Tensor | None,
-    head: torch.Tensor,
-    position: torch.Tensor,
-    heads: int,
-    kv_heads: int,
-    query_len: int,
-    key_len: int,
-    device: torch.device | str | None,
+    base: torch.Tensor | None, keep: torch.Tensor, heads: int, query_len: int, key_len: int
 ) -> torch.Tensor:
     """The ``(batch, heads, query_len, key_len)`` boolean mask of a layer with head-wise masked entries (AdaKV):
-    ``base`` (fitted; causal when ``None``; boolean: eager attention cannot take it) with the entries at KV heads
-    ``head`` and ``position`` hidden from every query head of their group."""
+    ``base`` (fitted; causal when ``None``; boolean: eager attention cannot take it) with the entries ``keep``
+    (``(kv_heads, key_len)``) marks False hidden from every query head of their KV head's group."""
     if base is not None and base.dtype != torch.bool:
         raise ValueError("head-wise masked keys (AdaKV) need a boolean attention mask: use sdpa, not eager attention")
-    allowed = fit_attention_mask(base, query_len, key_len, device=device)
+    allowed = fit_attention_mask(base, query_len, key_len, device=keep.device)
     if allowed is None:
-        allowed = _causal_mask(query_len, key_len, False, torch.float32, device)
-    keep = torch.ones(kv_heads, key_len, dtype=torch.bool, device=device)
-    keep[head.to(device), position.to(device)] = False
-    keep = keep.repeat_interleave(heads // kv_heads, dim=0)
-    return allowed.to(device) & keep.view(1, heads, 1, key_len)
+        allowed = _causal_mask(query_len, key_len, False, torch.float32, keep.device)
+    keep = keep.repeat_interleave(heads // keep.shape[0], dim=0)
+    return allowed.to(keep.device) & keep.view(1, heads, 1, key_len)
 
 
 def _plain_causal(kwargs: dict[str, Any]) -> bool:

@@ -64,8 +64,7 @@ class HeadwiseMask:
         """The layer's boolean mask in a pass, masked entries excluded (:func:`headwise_attention_mask`)."""
         if key_len - query_len < self.length:
             raise ValueError(f"{MASKED_KEYS} point outside the cached keys of the layer")
-        _, head, position = self.indices
-        return headwise_attention_mask(base, head, position, heads, self.kv_heads, query_len, key_len, device)
+        return headwise_attention_mask(base, self.keep(key_len, device), heads, query_len, key_len)
 
 
 class MaskedLayer(DynamicLayer):
