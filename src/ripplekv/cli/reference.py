@@ -58,11 +58,7 @@ def options_reference(parser: argparse.ArgumentParser | None = None) -> str:
 
 
 def update_reference(path: Path) -> bool:
-    """Rewrite the generated section of ``path``; return whether it changed.
-
-    Raises:
-        ValueError: ``path`` lacks the markers.
-    """
+    """Rewrite the generated section of ``path`` (ValueError without the markers); return whether it changed."""
     text = path.read_text()
     if BEGIN not in text or END not in text:
         raise ValueError(f"{path} has no `{BEGIN}` ... `{END}` section")

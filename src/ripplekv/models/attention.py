@@ -58,13 +58,8 @@ def attention_implementation(model: PreTrainedModel) -> str:
 
 
 def enable_varlen_attention(model: PreTrainedModel) -> PreTrainedModel:
-    """Make ``model`` attend correctly over per-layer compressed caches, in place (idempotent); returns it.
-
-    ``sdpa`` / ``eager`` become ``ripplekv_sdpa`` / ``ripplekv_eager``; FlashAttention is kept.
-
-    Raises:
-        ValueError: the implementation can do neither (the message names the implementations to load).
-    """
+    """Make ``model`` attend correctly over per-layer compressed caches, in place (idempotent); returns it:
+    ``sdpa`` / ``eager`` become ``ripplekv_sdpa`` / ``ripplekv_eager``, FlashAttention is kept, others raise."""
     current = attention_implementation(model)
     if current not in NATIVE_PER_LAYER_ATTENTION:
         target = varlen_name(current)  # registered in this process

@@ -110,10 +110,8 @@ def _write_converted(gguf_path: Path, out_dir: Path) -> None:
 
 
 def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> Path:
-    """Convert a GGUF file to a Hugging Face directory at ``target_dir`` (which must not exist), atomically.
-
-    If another process finished the same conversion first, its result is kept.
-    """
+    """Convert a GGUF file to a Hugging Face directory at ``target_dir`` (which must not exist), atomically; if
+    another process finished the same conversion first, its result is kept."""
     source = Path(gguf_path)
     target = Path(target_dir)
     if not source.is_file():
@@ -162,15 +160,9 @@ def load_model(
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer, in eval mode.
-
-    Args:
-        name_or_path: a Hugging Face directory, a hub id, a ``.gguf`` file (or a directory holding exactly one),
-            or an alias of :mod:`ripplekv.models.sources`.
-        dtype: see :func:`~ripplekv.models.sources.resolve_dtype`.
-        attn_implementation: ``sdpa`` and ``eager`` are switched to their variable-length variants
-            (:func:`~ripplekv.models.attention.enable_varlen_attention`).
-    """
+    """Load a causal LM (a Hugging Face directory, a hub id, a ``.gguf`` file or a directory holding one, or an
+    alias of :mod:`ripplekv.models.sources`) and its tokenizer, in eval mode; ``sdpa`` and ``eager`` are switched to
+    their variable-length variants (:func:`~ripplekv.models.attention.enable_varlen_attention`)."""
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)
     kind, source = resolve_model_source(name_or_path)

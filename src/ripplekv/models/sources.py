@@ -105,12 +105,8 @@ def smollm2_gguf_path() -> Path:
 
 
 def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str | Path]:
-    """Classify ``name_or_path`` as ``("gguf", file)``, ``("hf_dir", dir)`` or ``("hub", id)``.
-
-    Raises:
-        FileNotFoundError: a path that does not exist and cannot be a hub id.
-        ValueError: an existing path that is neither a model directory nor a ``.gguf`` file.
-    """
+    """Classify ``name_or_path`` as ``("gguf", file)``, ``("hf_dir", dir)`` or ``("hub", id)``; FileNotFoundError
+    for a missing path that cannot be a hub id, ValueError for a path that is neither a model directory nor a GGUF."""
     name = os.fspath(name_or_path)
     if not name.strip():
         raise ValueError("model name_or_path is empty")
