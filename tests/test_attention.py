@@ -6,13 +6,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from ripplekv.models.attention import (
-    VARLEN_PREFIX,
-    PaddedBatchError,
-    enable_varlen_attention,
-    fit_attention_mask,
-    uses_varlen_attention,
-)
+from ripplekv.models.attention import VARLEN_PREFIX, enable_varlen_attention, uses_varlen_attention
+from ripplekv.models.attention_masks import PaddedBatchError, fit_attention_mask
 from ripplekv.models.cache import cache_from_tensors, cache_tensors, layer_lengths
 from tests.conftest import random_ids, tiny_model
 

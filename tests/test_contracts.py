@@ -31,7 +31,7 @@ from ripplekv.allocation.budget import (
     normalize_scores,
 )
 from ripplekv.allocation.cake import CakeRule
-from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, global_topk_counts
+from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic
 from ripplekv.allocation.lava import LavaRule, lava_layer_statistic
 from ripplekv.allocation.per_prompt import (
     PerPromptSchedule,
@@ -39,6 +39,7 @@ from ripplekv.allocation.per_prompt import (
     check_rule_call,
     fill_shares,
     layer_floor,
+    top_k_counts,
 )
 from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
 from ripplekv.allocation.squeezeattention import (
@@ -586,7 +587,7 @@ def test_dynamickv_statistic_refuses_a_2d_or_empty_tensor() -> None:
 
 def test_global_topk_of_one_entry_counts_it() -> None:
     """The single highest entry of all layers belongs to layer 1. Kills ``k <= 1`` for ``k <= 0``."""
-    assert global_topk_counts([np.array([1.0, 2.0]), np.array([3.0])], 1) == (0, 1)
+    assert top_k_counts([np.array([1.0, 2.0]), np.array([3.0])], 1) == (0, 1)
 
 
 def test_lava_spends_a_single_spare_token_by_entropy() -> None:
@@ -611,7 +612,7 @@ def test_the_questions_digest_of_a_checkpoint_key_is_stable() -> None:
     for question in ("Who?", "Où ça ?"):
         data = question.encode("utf-8")
         expected.update(len(data).to_bytes(8, "little") + data)
-    assert sensitivity._questions_sha256(CalibrationSet(samples, "two questions")) == expected.hexdigest()
+    assert CalibrationSet(samples, "two questions").sha256(("question",)) == expected.hexdigest()
 
 
 def test_row_blocks_tile_the_rows_with_no_lone_row() -> None:

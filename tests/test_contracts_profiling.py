@@ -135,20 +135,6 @@ def test_continuation_buffers_refuse_each_bad_size_alone() -> None:
             ContinuationBuffers(clean, room=room, batch=batch)
 
 
-def test_clean_cache_is_one_row_over_the_clean_buffers() -> None:
-    """:meth:`ContinuationBuffers.clean_cache` is batch 1 whatever the buffers' batch: row 0, the clean context,
-    and a pass over it writes into row 0 of the buffers. Kills ``k[:2]`` for ``k[:1]``."""
-    clean = _clean()
-    buffers = ContinuationBuffers(clean, room=2, batch=3)
-    cache = buffers.clean_cache()
-    for layer, (k, v) in zip(cache.layers, clean):
-        assert layer.keys.shape == (1, 2, 5, 4) == layer.values.shape
-        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
-    new = torch.ones(1, 2, 1, 4)
-    cache.layers[0].update(new, new)
-    assert torch.equal(buffers.keys[0][0, :, 5:6], new[0]) and not buffers.keys[0][1:, :, 5:6].eq(1).all()
-
-
 def test_noise_seeds_are_the_64_bit_state_of_a_seed_sequence() -> None:
     """The noise stream of ``(seed, sample, layer)`` is seeded by both 32-bit words of
     ``SeedSequence([seed, sample, layer])``, high word first: 64 bits (with 32, the birthday bound makes two of

@@ -28,7 +28,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 import ripplekv
 from ripplekv.inference import generate_answer, greedy_decode
 from ripplekv.inference.generate import Prefill, cache_forward, extend
-from ripplekv.models.attention import CACHE_KWARG, enable_varlen_attention, fit_attention_mask
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.attention_functions import CACHE_KWARG
+from ripplekv.models.attention_masks import fit_attention_mask
 from ripplekv.models.cache import cache_from_layers
 from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.presses import RippleKVPress, make_press

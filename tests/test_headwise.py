@@ -9,7 +9,8 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ripplekv.inference import greedy_decode, prefill
-from ripplekv.models.attention import CACHE_KWARG, enable_varlen_attention
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.attention_functions import CACHE_KWARG
 from ripplekv.models.cache import OverlayLayer, cache_from_layers, dynamic_layer, fork_cache, lean_fork
 from ripplekv.models.headwise import MASKED_KEYS, HeadwiseMask, MaskedLayer, attention_modules, headwise_of, take_mask
 from ripplekv.presses import make_press

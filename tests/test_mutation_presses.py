@@ -14,8 +14,8 @@ from kvpress import SnapKVPress, StreamingLLMPress
 
 from ripplekv.allocation.budget import TokenBudgetError
 from ripplekv.allocation.lava import LavaRule, lava_token_scores
-from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets, top_k_counts
-from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
+from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets
+from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule, top_k_counts
 from ripplekv.models.attention import attention_implementation, supports_per_layer_lengths, uses_varlen_attention
 from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
@@ -296,14 +296,14 @@ def test_lava_spec_defaults_are_the_rules_and_name_one_setting_one_way(method: s
 # ------------------------------------------------------------------------------------------------ second round
 
 
-def test_top_k_counts_refuses_every_k_out_of_range_or_not_an_integer() -> None:
-    """``k`` in ``[0, heads * tokens]`` (both ends) counts; a non-integer in range or an integer outside is refused
-    with its message. Seeded bug caught: ``and`` for ``or`` (``-1``, ``7`` and ``1.5`` let through)."""
+def test_top_k_counts_refuses_every_k_negative_or_not_an_integer() -> None:
+    """``k`` from 0 counts (beyond the entries: all of them); a non-integer or a negative ``k`` is refused with its
+    message. Seeded bug caught: ``and`` for ``or`` (``-1`` and ``1.5`` let through)."""
     scores = [[3.0, 1.0, 2.0], [2.0, 0.0, 5.0]]
-    assert top_k_counts(scores, 0) == [0, 0] and top_k_counts(scores, 6) == [3, 3]
-    assert top_k_counts(scores, 2) == [1, 1]
-    for bad in (-1, 7, 1.5):
-        with pytest.raises(ValueError, match=re.escape(f"k must be an integer in [0, 6], got {bad!r}")):
+    assert top_k_counts(scores, 0) == (0, 0) and top_k_counts(scores, 6) == top_k_counts(scores, 7) == (3, 3)
+    assert top_k_counts(scores, 2) == (1, 1)
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match=re.escape(f"k must be an integer >= 0, got {bad!r}")):
             top_k_counts(scores, bad)  # type: ignore[arg-type]
 
 

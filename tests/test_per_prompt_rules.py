@@ -36,8 +36,7 @@ from ripplekv.allocation import (
     squeeze_layer_statistic,
 )
 from ripplekv.allocation.cake import cake_preferences
-from ripplekv.allocation.dynamickv import global_topk_counts
-from ripplekv.allocation.per_prompt import apportion, fill_shares, layer_floor
+from ripplekv.allocation.per_prompt import apportion, fill_shares, layer_floor, top_k_counts
 from ripplekv.allocation.squeezeattention import squeeze_groups
 
 LN2 = math.log(2.0)
@@ -217,15 +216,15 @@ def test_dynamickv_statistic_by_hand() -> None:
     assert np.array_equal(rule.layer_statistic(WINDOW_ATTENTION).scores, scores)
 
 
-def test_global_topk_counts_share_ties() -> None:
+def test_top_k_counts_share_ties() -> None:
     # top 4 of (3, 2, 2) and (2, 1): 3 and then three 2's tied for the last 3 slots -> 2 and 1 of them
-    assert global_topk_counts([np.array([3.0, 2.0, 2.0]), np.array([2.0, 1.0])], 4) == (3, 1)
+    assert top_k_counts([np.array([3.0, 2.0, 2.0]), np.array([2.0, 1.0])], 4) == (3, 1)
     # top 2: 3, then one slot for three tied 2's: two thirds to layer 0, one third to layer 1
-    assert global_topk_counts([np.array([3.0, 2.0, 2.0]), np.array([2.0, 1.0])], 2) == (
+    assert top_k_counts([np.array([3.0, 2.0, 2.0]), np.array([2.0, 1.0])], 2) == (
         1 + Fraction(2, 3),
         Fraction(1, 3),
     )
-    assert global_topk_counts([np.array([1.0]), np.array([2.0])], 5) == (1, 1)
+    assert top_k_counts([np.array([1.0]), np.array([2.0])], 5) == (1, 1)
 
 
 PROGRESSIVE = [
@@ -565,9 +564,9 @@ def test_dynamickv_keep_of_one_and_single_entry_counts() -> None:
     with pytest.raises(ValueError, match="keep"):
         dynamickv_layer_statistic(pooled, keep=0)
     # one entry in all: the top 1 is it; k == all entries: every list's whole size
-    assert global_topk_counts([np.array([2.0]), np.array([])], 1) == (1, 0)
-    assert global_topk_counts([np.array([]), np.array([2.0])], 3) == (0, 1)
-    assert global_topk_counts([np.array([3.0, 1.0]), np.array([1.0])], 3) == (2, 1)
+    assert top_k_counts([np.array([2.0]), np.array([])], 1) == (1, 0)
+    assert top_k_counts([np.array([]), np.array([2.0])], 3) == (0, 1)
+    assert top_k_counts([np.array([3.0, 1.0]), np.array([1.0])], 3) == (2, 1)
 
 
 def test_dynamickv_rejects_statistics_longer_than_the_prefix() -> None:

@@ -22,7 +22,8 @@ from kvpress import (
 from ripplekv.allocation import ProfileSchedule, PyramidSchedule, TokenBudgetError, UniformSchedule
 from ripplekv.inference import extend, greedy_decode, prefill
 from ripplekv.inference.generate import kept_tokens
-from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, uses_varlen_attention
+from ripplekv.models.attention import enable_varlen_attention, uses_varlen_attention
+from ripplekv.models.attention_masks import PaddedBatchError
 from ripplekv.models.cache import cache_tensors, layer_lengths
 from ripplekv.models.identity import cached_weights_fingerprint
 from ripplekv.presses import (

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from ripplekv.models.cache import cache_from_tensors, cache_tensors
-from ripplekv.models.loading import model_identity, weights_fingerprint
+from ripplekv.models.identity import model_identity, weights_fingerprint
 from ripplekv.profiling import (
     CalibrationSample,
     CalibrationSet,
@@ -22,13 +22,8 @@ from ripplekv.profiling import (
     ProfilingConfig,
     SensitivityProfile,
 )
-from ripplekv.profiling.sensitivity import (
-    ContinuationBuffers,
-    noise_generator,
-    norm_adaptive_noise,
-    profile_model,
-    score_sample,
-)
+from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_adaptive_noise
+from ripplekv.profiling.sensitivity import profile_model, score_sample
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

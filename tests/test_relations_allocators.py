@@ -17,10 +17,9 @@ from ripplekv.allocation.dynamickv import (
     DynamicKVRule,
     dynamickv_layer_statistic,
     dynamickv_pooled_scores,
-    global_topk_counts,
 )
 from ripplekv.allocation.lava import LAVA_EPS, lava_layer_statistic
-from ripplekv.allocation.per_prompt import apportion
+from ripplekv.allocation.per_prompt import apportion, top_k_counts
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 
 
@@ -108,10 +107,10 @@ def test_dynamickv_tied_entries_share_the_last_slots_in_proportion() -> None:
     get equal counts whatever their order. Seeded bugs caught: ``>=`` for ``>`` (tied entries counted as above);
     the slots left given to the first list holding a tie."""
     tied = [np.array([5.0, 1.0, 1.0]), np.array([1.0, 1.0, 0.0]), np.array([1.0, 1.0, 0.0])]
-    counts = global_topk_counts(tied, 3)  # 5, then 2 slots among six tied 1's: 2/6 per tied entry
+    counts = top_k_counts(tied, 3)  # 5, then 2 slots among six tied 1's: 2/6 per tied entry
     assert counts == (1 + Fraction(2, 3), Fraction(2, 3), Fraction(2, 3))
     assert sum(counts) == 3
-    assert global_topk_counts(tied[::-1], 3) == counts[::-1]
+    assert top_k_counts(tied[::-1], 3) == counts[::-1]
 
 
 # ------------------------------------------------------------------------ GQA: query head h reads KV head h // groups

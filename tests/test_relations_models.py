@@ -79,8 +79,9 @@ def test_a_ragged_rows_mask_gives_each_query_head_its_own_kv_heads_validity() ->
 def test_adakvs_headwise_mask_bars_every_query_head_of_the_masked_kv_head_only() -> None:
     """``headwise_attention_mask``: a masked (KV head, position) is hidden from exactly the query heads of that KV
     head. Seeded bug caught: ``h % kv_heads``."""
-    head, position = torch.tensor([0, 1, 1]), torch.tensor([2, 0, 3])
-    mask = headwise_attention_mask(None, head, position, HEADS, KV_HEADS, query_len=1, key_len=6, device="cpu")
+    keep = torch.ones(KV_HEADS, 6, dtype=torch.bool)
+    keep[torch.tensor([0, 1, 1]), torch.tensor([2, 0, 3])] = False
+    mask = headwise_attention_mask(None, keep, HEADS, query_len=1, key_len=6)
     hidden = {(0, 2), (1, 0), (1, 3)}
     for h in range(HEADS):
         for p in range(6):

@@ -18,7 +18,8 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from ripplekv.allocation import BudgetSpec, ProfileSchedule
 from ripplekv.inference import extend, generate_answer, greedy_decode, kept_tokens, prefill
-from ripplekv.models.attention import enable_varlen_attention, sliding_window_mask
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.attention_masks import sliding_window_mask
 from ripplekv.models.layer_types import NoGlobalLayersError, compressed_layers, sliding_layers
 from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig, SensitivityProfile, score_sample

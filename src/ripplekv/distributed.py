@@ -1,10 +1,5 @@
-"""Ray plumbing shared by ``ripplekv eval --workers N`` and ``ripplekv profile --workers N``.
-
-Work is cut into keyed *units* (samples); each actor loads the model once and streams a unit's results to the
-driver one at a time, so each is written as soon as it exists. A unit whose actor dies goes back to the front of
-the queue, its arguments rebuilt from what the driver has, so only its missing part reruns. Ray is optional,
-imported only here and only when used.
-"""
+"""Ray plumbing of ``--workers N``: keyed units (samples) on actors that load the model once and stream each result
+to the driver as it exists; a unit whose actor dies is requeued with what is missing of it. Ray is optional."""
 
 from __future__ import annotations
 
@@ -15,18 +10,6 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
-
-__all__ = [
-    "DEFAULT_MAX_ATTEMPTS",
-    "RAY_INSTALL",
-    "StreamWorker",
-    "WorkerLostError",
-    "WorkerPool",
-    "actor_options",
-    "check_workers",
-    "ray_session",
-    "require_ray",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +22,7 @@ class WorkerLostError(RuntimeError):
 
 
 def require_ray() -> ModuleType:
-    """The ``ray`` module.
-
-    Raises:
-        ImportError: Ray is not installed (the message gives the install command).
-    """
+    """The ``ray`` module; ImportError with the install command when it is missing."""
     try:
         import ray
     except ImportError as err:
@@ -51,18 +30,16 @@ def require_ray() -> ModuleType:
     return ray
 
 
-def check_workers(workers: object) -> None:
+def check_workers(workers: object, name: str = "workers") -> None:
     """Raise ValueError unless ``workers`` is an integer >= 1."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+        raise ValueError(f"{name} must be an integer >= 1, got {workers!r}")
 
 
 @contextmanager
 def ray_session(address: str | None = None) -> Iterator[ModuleType]:
-    """Ray, connected: the process's existing connection, else a new one to ``address`` (shut down on exit).
-
-    ``address``: ``auto``, ``ray://host:10001`` or ``host:6379``; None starts a local cluster.
-    """
+    """Ray, connected: the process's connection, else a new one to ``address`` (``auto``, ``ray://host:10001``,
+    ``host:6379``; None: a local cluster), shut down on exit."""
     ray = require_ray()
     started = not ray.is_initialized()
     if started:
@@ -76,11 +53,7 @@ def ray_session(address: str | None = None) -> Iterator[ModuleType]:
 
 def actor_options(ray: ModuleType, workers: int, device: str | None = None) -> dict[str, Any]:
     """Ray resources of one actor: one GPU where the cluster has GPUs (unless ``device`` is ``cpu``), else
-    ``1/workers`` of its CPUs.
-
-    Raises:
-        ValueError: the cluster cannot hold ``workers`` actors at once.
-    """
+    ``1/workers`` of its CPUs; ValueError when the cluster cannot hold ``workers`` actors at once."""
     check_workers(workers)
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
@@ -97,12 +70,8 @@ def actor_options(ray: ModuleType, workers: int, device: str | None = None) -> d
 
 
 class StreamWorker(ABC):
-    """Base class of the actors (subclasses implement :meth:`setup` and :meth:`items`).
-
-    Args:
-        hook: picklable, called as ``hook(key, items handed over so far)`` before each :meth:`next_item`; for
-            tests (e.g. a crash on a chosen unit).
-    """
+    """Base class of the actors. ``hook`` (picklable, for tests) is called as ``hook(key, items handed over so
+    far)`` before each :meth:`next_item`."""
 
     def __init__(self, hook: Callable[[Hashable, int], None] | None = None) -> None:
         self._hook = hook
@@ -136,19 +105,9 @@ class StreamWorker(ABC):
         return item
 
 
-def _lost_worker_errors(ray: ModuleType) -> tuple[type[BaseException], ...]:
-    names = ("RayActorError", "WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "LocalRayletDiedError")
-    return tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
-
-
 class WorkerPool:
-    """``workers`` actors of one :class:`StreamWorker` subclass, and the loop that shares units among them.
-
-    Args:
-        args: the constructor's arguments (picklable).
-        options: Ray resources of each actor (:func:`actor_options`).
-        max_attempts: times a unit may lose its actor before the run stops.
-    """
+    """``workers`` actors of one :class:`StreamWorker` subclass (constructed with the picklable ``args``, given Ray
+    ``options``) and the loop sharing units among them; a unit may lose its actor ``max_attempts`` times."""
 
     def __init__(
         self,
@@ -160,8 +119,7 @@ class WorkerPool:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
         check_workers(workers)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        check_workers(max_attempts, "max_attempts")
         self.ray = ray
         self.remote_class = ray.remote(worker_class).options(max_restarts=0, max_task_retries=0, **options)
         self.args = tuple(args)
@@ -171,16 +129,10 @@ class WorkerPool:
         self.description: Any = None
         self.failures = 0
 
-    def _new_actor(self) -> Any:
-        return self.remote_class.remote(*self.args)
-
     def start(self) -> Any:
-        """Start the actors and wait for their :meth:`StreamWorker.setup`; return the description they agree on.
-
-        Raises:
-            ValueError: two actors describe different setups (e.g. other data files on another node).
-        """
-        self.actors = [self._new_actor() for _ in range(self.workers)]
+        """Start the actors and return the description of their :meth:`StreamWorker.setup`; ValueError when two
+        differ (e.g. other data files on another node)."""
+        self.actors = [self.remote_class.remote(*self.args) for _ in range(self.workers)]
         descriptions = self.ray.get([actor.setup.remote() for actor in self.actors])
         self.description = descriptions[0]
         for index, description in enumerate(descriptions[1:], start=1):
@@ -203,15 +155,12 @@ class WorkerPool:
     ) -> int:
         """Run every unit of ``keys`` (in this order) on the actors; return how many actors were lost.
 
-        Args:
-            arguments: a unit's arguments, called each time it is handed out (again after a lost actor);
-                None when nothing is left of it.
-
-        Raises:
-            WorkerLostError: a unit lost its actor ``max_attempts`` times.
+        ``arguments(key)`` is called each time a unit is handed out (again after a lost actor), None when nothing is
+        left of it. WorkerLostError when a unit lost its actor ``max_attempts`` times.
         """
         ray = self.ray
-        lost_errors = _lost_worker_errors(ray)
+        names = ("RayActorError", "WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "LocalRayletDiedError")
+        lost_errors = tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
         queue: deque[Hashable] = deque(keys)
         attempts: dict[Hashable, int] = {}
         running: dict[Any, tuple[int, Hashable]] = {}  # next_item ref -> (actor index, unit)
@@ -253,7 +202,7 @@ class WorkerPool:
                     raise WorkerLostError(f"unit {key!r} lost its Ray worker {attempts[key]} times: {err}") from err
                 logger.warning("Ray worker %d died running %r (%s): rerunning what is missing of it", index, key, err)
                 self._kill(self.actors[index])
-                self.actors[index] = self._new_actor()
+                self.actors[index] = self.remote_class.remote(*self.args)
                 starting[self.actors[index].setup.remote()] = index
                 queue.appendleft(key)
                 if idle:  # another actor is free: the unit reruns there while the new one loads

@@ -6,8 +6,6 @@ import numbers
 
 import numpy as np
 
-__all__ = ["is_integer", "is_real"]
-
 
 def is_integer(value: object) -> bool:
     """True for integers (Python or NumPy), excluding ``bool``."""

@@ -28,8 +28,6 @@ from ripplekv.allocation.per_prompt import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CAKE_ENTROPY_EPS", "CakeRule", "CakeStatistic", "cake_layer_statistic", "cake_preferences"]
-
 CAKE_ENTROPY_EPS: float = 1e-10
 """The constant inside CAKE's ``log(A + eps)`` (``cake/utils.py``, ``calculate_entropy``)."""
 
@@ -42,16 +40,9 @@ class CakeStatistic(NamedTuple):
 
 
 def cake_layer_statistic(window_attention: torch.Tensor) -> CakeStatistic:
-    """CAKE's dispersion and temporal shift of one layer, in float64.
-
-    ``window_attention`` is the softmaxed attention of the last ``w`` queries sliced to the prefix keys,
-    ``(batch, heads, w, n - w)``, one row per query head (kvpress's ``SnapKVPress.compute_window_attention``);
-    rows are softmaxed over all ``n`` keys, so they sum to at most 1. Needs ``w >= 2`` (the variance is unbiased).
-
-    Raises:
-        ValueError: if the tensor is not 4-D, has fewer than two window queries, no prefix key, or a
-            non-finite or negative entry.
-    """
+    """CAKE's dispersion and temporal shift of one layer, in float64, from the softmaxed window attention over the
+    prefix keys ``(batch, heads, w, n - w)`` (kvpress's ``compute_window_attention``; ``w >= 2``: the variance is
+    unbiased)."""
     import torch
 
     if window_attention.dim() != 4:
@@ -74,11 +65,7 @@ def cake_layer_statistic(window_attention: torch.Tensor) -> CakeStatistic:
 
 
 def cake_preferences(stats: Sequence[Sequence[float]], tau1: float = 1.0, tau2: float = 1.0) -> tuple[float, ...]:
-    """CAKE's layer preferences ``P_l = H_l ** (1 / tau1) * V_l ** (1 / tau2)``, one per ``(H, V)`` pair.
-
-    Raises:
-        ValueError: on a malformed, negative or non-finite statistic, or a non-finite preference.
-    """
+    """CAKE's layer preferences ``P_l = H_l ** (1 / tau1) * V_l ** (1 / tau2)``, one per ``(H, V)`` pair."""
     pairs = [tuple(s) for s in stats]
     if any(len(p) != 2 for p in pairs):
         raise ValueError("every CAKE statistic must be a pair (dispersion, shift)")
@@ -90,12 +77,8 @@ def cake_preferences(stats: Sequence[Sequence[float]], tau1: float = 1.0, tau2: 
 
 @dataclass(frozen=True)
 class CakeRule(PerPromptRule):
-    """CAKE's allocation (Qin et al., ICLR 2025): budgets beyond the window proportional to ``H^(1/tau1) V^(1/tau2)``.
-
-    Attributes:
-        tau1: temperature of the dispersion ``H`` (finite, ``> 0``).
-        tau2: temperature of the temporal shift ``V`` (finite, ``> 0``).
-    """
+    """CAKE's allocation (Qin et al., ICLR 2025): budgets beyond the window proportional to ``H^(1/tau1) V^(1/tau2)``
+    (temperatures ``tau1`` of the dispersion, ``tau2`` of the temporal shift, finite and ``> 0``)."""
 
     tau1: float = 1.0
     tau2: float = 1.0
@@ -108,7 +91,6 @@ class CakeRule(PerPromptRule):
         check_positive("CakeRule", "tau2", self.tau2)
 
     def layer_statistic(self, window_attention: torch.Tensor) -> CakeStatistic:  # type: ignore[override]
-        """:func:`cake_layer_statistic` of ``window_attention`` ``(batch, heads, w, n - w)``."""
         return cake_layer_statistic(window_attention)
 
     def layer_budgets(

@@ -30,28 +30,17 @@ from ripplekv.allocation.per_prompt import (
     check_rule_call,
     even_split,
     layer_floor,
+    pool_keys,
+    top_k_counts,
 )
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "DynamicKVRule",
-    "DynamicKVStatistic",
-    "dynamickv_layer_statistic",
-    "dynamickv_pooled_scores",
-    "global_topk_counts",
-]
-
 
 class DynamicKVStatistic(NamedTuple):
-    """One layer's DynamicKV statistic.
-
-    Attributes:
-        scores: the pooled window-attention scores over all heads and prefix keys, flattened, in decreasing order
-            (float64; possibly only the best ``keep``).
-        heads: score rows (query heads times batch size), ``h`` in ``base * h * m``.
-    """
+    """One layer's pooled window-attention scores over all heads and prefix keys, flattened in decreasing order
+    (float64; possibly only the best ``keep``), and ``heads``, the score rows (``h`` in ``base * h * m``)."""
 
     scores: np.ndarray
     heads: int
@@ -60,17 +49,10 @@ class DynamicKVStatistic(NamedTuple):
 def dynamickv_pooled_scores(
     window_attention: torch.Tensor, kernel_size: int = 7, pooling: str = "avgpool"
 ) -> torch.Tensor:
-    """DynamicKV's pooled scores ``(batch, heads, n - w)`` in float64: window attention summed over the window
-    queries, pooled along the keys (stride 1; ``"avgpool"`` counts the zero padding, as ``F.avg_pool1d``).
-
-    ``window_attention`` is softmaxed ``(batch, heads, w, n - w)``, one row per query head (kvpress's
-    ``SnapKVPress.compute_window_attention``).
-
-    Raises:
-        ValueError: on a tensor that is not 4-D or has no prefix key, an even kernel or an unknown pooling.
-    """
+    """DynamicKV's pooled scores ``(batch, heads, n - w)`` in float64: the softmaxed window attention ``(batch,
+    heads, w, n - w)`` (kvpress's ``compute_window_attention``) summed over the window queries, pooled along the
+    keys (:func:`~ripplekv.allocation.per_prompt.pool_keys`)."""
     import torch
-    from torch.nn import functional as F
 
     if window_attention.dim() != 4 or window_attention.shape[3] < 1:
         raise ValueError(
@@ -78,27 +60,12 @@ def dynamickv_pooled_scores(
             f"shape {tuple(window_attention.shape)}"
         )
     check_pooling("dynamickv_pooled_scores", kernel_size, pooling)
-    summed = window_attention.detach().to(torch.float64).sum(dim=2)
-    batch, heads, keys = summed.shape
-    flat = summed.reshape(batch * heads, 1, keys)
-    pad = kernel_size // 2
-    if pooling == "avgpool":
-        pooled = F.avg_pool1d(flat, kernel_size=kernel_size, padding=pad, stride=1)
-    else:
-        pooled = F.max_pool1d(flat, kernel_size=kernel_size, padding=pad, stride=1)
-    return pooled.reshape(batch, heads, keys)
+    return pool_keys(window_attention.detach().to(torch.float64).sum(dim=2), kernel_size, pooling)
 
 
 def dynamickv_layer_statistic(pooled_scores: torch.Tensor, keep: int | None = None) -> DynamicKVStatistic:
-    """One layer's DynamicKV statistic from :func:`dynamickv_pooled_scores`, scores sorted in decreasing order.
-
-    Args:
-        keep: store only the ``keep`` highest scores (default: all); the budgets are unchanged while
-            ``keep >= heads * (total - n_layers * window)``, the most entries one layer can count.
-
-    Raises:
-        ValueError: if the tensor is not 3-D, is empty, holds non-finite values, or ``keep < 1``.
-    """
+    """One layer's DynamicKV statistic from :func:`dynamickv_pooled_scores`, keeping only the ``keep`` highest scores
+    when given (the budgets are unchanged while ``keep >= heads * (total - n_layers * window)``)."""
     import torch
 
     if pooled_scores.dim() != 3 or pooled_scores.numel() == 0:
@@ -112,26 +79,6 @@ def dynamickv_layer_statistic(pooled_scores: torch.Tensor, keep: int | None = No
     if keep is not None:
         ordered = ordered[: int(keep)]
     return DynamicKVStatistic(ordered.copy(), int(pooled_scores.shape[0] * pooled_scores.shape[1]))
-
-
-def global_topk_counts(scores: Sequence[np.ndarray], k: int) -> tuple[Fraction, ...]:
-    """How many of the ``k`` highest entries of all the lists together each list holds.
-
-    Entries tied at the ``k``-th value share the slots left in proportion to how many each list has, so the
-    counts are exact fractions summing to ``min(k, all entries)``.
-    """
-    arrays = [np.asarray(s, dtype=np.float64).reshape(-1) for s in scores]
-    entries = sum(a.size for a in arrays)
-    if k <= 0 or entries == 0:
-        return (Fraction(0),) * len(arrays)
-    if k >= entries:
-        return tuple(Fraction(a.size) for a in arrays)
-    joined = np.concatenate(arrays)
-    threshold = np.partition(joined, entries - k)[entries - k]  # the k-th largest value
-    above = [int(np.count_nonzero(a > threshold)) for a in arrays]
-    tied = [int(np.count_nonzero(a == threshold)) for a in arrays]
-    left = k - sum(above)
-    return tuple(Fraction(up) + Fraction(left * tie, sum(tied)) for up, tie in zip(above, tied))
 
 
 def _check_stats(stats: Sequence[Sequence[object]]) -> tuple[list[np.ndarray], int]:
@@ -201,7 +148,7 @@ class DynamicKVRule(PerPromptRule):
         caps = [int(budget_size)] * n_layers
         counts: tuple[Fraction, ...] = (Fraction(0),) * n_layers
         for seen in self.update_steps(n_layers):
-            counts = global_topk_counts(arrays[:seen], (spare * heads * seen) // n_layers)
+            counts = top_k_counts(arrays[:seen], (spare * heads * seen) // n_layers)
             if seen == n_layers:
                 break
             mass = sum(counts)

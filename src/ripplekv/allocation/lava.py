@@ -25,12 +25,11 @@ from ripplekv.allocation.per_prompt import (
     even_split,
     finite_array,
     layer_floor,
+    pool_keys,
 )
 
 if TYPE_CHECKING:
     import torch
-
-__all__ = ["LAVA_EPS", "LavaRule", "LavaStatistic", "lava_layer_statistic", "lava_token_scores"]
 
 LAVA_EPS: float = 1e-16
 """The constant LAVa adds to the normaliser and inside the log (``calcul_attn_score``)."""
@@ -52,17 +51,12 @@ def lava_token_scores(
 ) -> torch.Tensor:
     """LAVa's score ``S`` of every prefix token (``calcul_attn_score`` before the entropy), non-negative.
 
-    ``window_attention`` is softmaxed ``(batch, heads, w, n - w)``, one row per query head (kvpress's
-    ``SnapKVPress.compute_window_attention``); ``values`` is ``(batch, kv_heads, n, head_dim)``, of which the first
-    ``n - w`` are read. Query head ``h`` reads KV head ``h // groups`` (``repeat_kv``). ``"maxpool"`` pads with
-    ``-inf``, ``"avgpool"`` counts the zero padding. Returns ``(batch, kv_heads, n - w)`` with ``gqa_support``,
-    else ``(batch, heads, n - w)``, in ``dtype`` (default float64).
-
-    Raises:
-        ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
+    ``window_attention`` is softmaxed ``(batch, heads, w, n - w)`` (kvpress's ``compute_window_attention``);
+    ``values`` ``(batch, kv_heads, n, head_dim)``, the first ``n - w`` read; query head ``h`` reads KV head
+    ``h // groups``. Returns ``(batch, kv_heads, n - w)`` with ``gqa_support``, else ``(batch, heads, n - w)``, in
+    ``dtype`` (default float64). ValueError on bad shapes, pooling or values.
     """
     import torch
-    from torch.nn import functional as F
 
     check_pooling("lava_token_scores", kernel_size, pooling)
     if window_attention.dim() != 4 or values.dim() != 4:
@@ -82,13 +76,7 @@ def lava_token_scores(
     value = values.detach().to(dtype)[:, :, :prefix, :]
     if not bool(torch.isfinite(attention).all()) or bool((attention < 0).any()) or not bool(value.isfinite().all()):
         raise ValueError("window_attention must be finite and non-negative, and values finite")
-    mean = attention.mean(dim=2).reshape(batch * heads, 1, prefix)
-    pad = kernel_size // 2
-    if pooling == "maxpool":
-        pooled = F.max_pool1d(mean, kernel_size=kernel_size, padding=pad, stride=1)
-    else:
-        pooled = F.avg_pool1d(mean, kernel_size=kernel_size, padding=pad, stride=1)
-    pooled = pooled.reshape(batch, heads, prefix)
+    pooled = pool_keys(attention.mean(dim=2), kernel_size, pooling)
     groups = heads // kv_heads
     norms = value.abs().sum(dim=-1).amax(dim=-1)  # (batch, kv_heads): max over prefix tokens of the L1 norm
     scores = pooled * norms.repeat_interleave(groups, dim=1).unsqueeze(-1)  # query head h reads KV head h // groups
@@ -104,11 +92,7 @@ def lava_layer_statistic(
     pooling: str = "maxpool",
     gqa_support: bool = True,
 ) -> LavaStatistic:
-    """LAVa's ``LavaStatistic(E / log N)`` of one layer in float64, over all entries of :func:`lava_token_scores`.
-
-    Raises:
-        ValueError: on mismatched or malformed shapes, a bad pooling, or non-finite / negative attention.
-    """
+    """LAVa's ``LavaStatistic(E / log N)`` of one layer in float64, over all entries of :func:`lava_token_scores`."""
     import torch
 
     scores = lava_token_scores(window_attention, values, kernel_size, pooling, gqa_support)
@@ -122,12 +106,8 @@ def lava_layer_statistic(
 
 @dataclass(frozen=True)
 class LavaRule(PerPromptRule):
-    """LAVa's layer allocation (Shen et al., 2025): budgets beyond the window proportional to the entropy ``e_l``.
-
-    Attributes:
-        kernel_size: pooling width along the keys (odd).
-        gqa_support: reduce scores to KV heads by a max over each group's query heads.
-    """
+    """LAVa's layer allocation (Shen et al., 2025): budgets beyond the window proportional to the entropy ``e_l``
+    (``kernel_size``: odd pooling width; ``gqa_support``: scores reduced to KV heads by a max over query heads)."""
 
     kernel_size: int = 7
     pooling: str = "maxpool"
@@ -144,7 +124,6 @@ class LavaRule(PerPromptRule):
     def layer_statistic(  # type: ignore[override]
         self, window_attention: torch.Tensor, values: torch.Tensor
     ) -> LavaStatistic:
-        """:func:`lava_layer_statistic` with this rule's pooling and ``gqa_support``."""
         return lava_layer_statistic(window_attention, values, self.kernel_size, self.pooling, self.gqa_support)
 
     def layer_budgets(

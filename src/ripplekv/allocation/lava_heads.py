@@ -16,9 +16,8 @@ from fractions import Fraction
 import numpy as np
 
 from ripplekv.allocation.budget import largest_remainder
+from ripplekv.allocation.per_prompt import top_k_counts
 from ripplekv.validation import is_integer, is_real
-
-__all__ = ["DEFAULT_FLOOR_ALPHA", "head_floor", "lava_head_budgets", "top_k_counts"]
 
 DEFAULT_FLOOR_ALPHA = 0.2
 """LAVa's ``floor_alpha``: the share of a layer's per-head budget every head keeps (``pred.py``'s default, 0.2)."""
@@ -31,11 +30,7 @@ def _check_alpha(floor_alpha: object) -> Fraction:
 
 
 def head_floor(per_head: int, floor_alpha: float = DEFAULT_FLOOR_ALPHA) -> int:
-    """The fewest prefix tokens any head keeps: ``floor(floor_alpha * per_head)``, exactly.
-
-    Raises:
-        ValueError: on a negative or non-integer ``per_head`` or an ``floor_alpha`` outside ``[0, 1]``.
-    """
+    """The fewest prefix tokens any head keeps: ``floor(floor_alpha * per_head)``, exactly."""
     if not is_integer(per_head) or per_head < 0:
         raise ValueError(f"per_head must be an integer >= 0, got {per_head!r}")
     return math.floor(_check_alpha(floor_alpha) * int(per_head))
@@ -53,30 +48,6 @@ def _score_array(scores: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
     return array
 
 
-def top_k_counts(scores: Sequence[Sequence[float]] | np.ndarray, k: int) -> list[Fraction]:
-    """How many of the ``k`` highest entries of a finite ``(heads, tokens)`` score array each head holds.
-
-    Entries tied with the ``k``-th highest are shared among their heads in proportion to how many each holds, so
-    the counts are exact fractions summing to ``k``, equal for heads with equal scores, and a head whose sorted
-    scores dominate another's elementwise holds at least as many.
-
-    Raises:
-        ValueError: on a malformed array or ``k`` outside ``[0, heads * tokens]``.
-    """
-    array = _score_array(scores)
-    heads, tokens = array.shape
-    if not is_integer(k) or not 0 <= k <= heads * tokens:
-        raise ValueError(f"k must be an integer in [0, {heads * tokens}], got {k!r}")
-    if k == 0:
-        return [Fraction(0)] * heads
-    flat = array.reshape(-1)
-    threshold = np.partition(flat, flat.size - k)[flat.size - k]  # the k-th highest entry
-    above = (array > threshold).sum(axis=1)
-    tied = (array == threshold).sum(axis=1)
-    rest = int(k) - int(above.sum())  # 1 <= rest <= tied.sum(): the tied entries taken
-    return [Fraction(int(a)) + Fraction(rest * int(t), int(tied.sum())) for a, t in zip(above, tied)]
-
-
 def lava_head_budgets(
     scores: Sequence[Sequence[float]] | np.ndarray,
     per_head: int,
@@ -84,13 +55,9 @@ def lava_head_budgets(
 ) -> tuple[int, ...]:
     """Prefix tokens each KV head of a layer keeps under LAVa's head-wise split, summing to ``heads * per_head``.
 
-    ``scores`` are ``(heads, tokens)`` prefix scores, the observation window excluded, one row per KV head (LAVa's
-    or any scorer's). Each head gets ``floor(x_h)`` or ``ceil(x_h)`` (ties: larger ``c_h``, then larger score mass,
-    then lower head), in ``[head_floor(per_head, floor_alpha), tokens]``; ``floor_alpha`` 1 is no split, 0 the pure
-    joint top-k.
-
-    Raises:
-        ValueError: on a malformed score array, ``per_head`` out of range or ``floor_alpha`` outside ``[0, 1]``.
+    ``scores`` are ``(heads, tokens)`` prefix scores (window excluded), one row per KV head. Each head gets
+    ``floor(x_h)`` or ``ceil(x_h)`` (ties: larger ``c_h``, then larger score mass, then lower head), in
+    ``[head_floor(per_head, floor_alpha), tokens]``; ``floor_alpha`` 1 is no split, 0 the pure joint top-k.
     """
     array = _score_array(scores)
     heads, tokens = array.shape

@@ -1,10 +1,8 @@
-"""Per-prompt per-layer budget rules: budgets decided from statistics every layer produces during the prefill.
+"""Per-prompt per-layer budget rules (CAKE, SqueezeAttention, DynamicKV, LAVa; one module each).
 
-Unlike :mod:`ripplekv.allocation.schedules`, a rule (CAKE, SqueezeAttention, DynamicKV, LAVa; one module each)
-reads a statistic from each layer while the prefill runs, so its press keeps the full cache until the last layer,
-then calls :meth:`PerPromptSchedule.layer_budgets` and prunes every layer. Rules spend exactly SnapKV's global budget,
-each layer in ``[window (and floor), prompt]``; shares are exact rationals (:func:`fill_shares`) rounded by largest
-remainder, so budgets are deterministic and platform-independent.
+A rule reads a statistic from every layer during the prefill and, after the last layer, shares out exactly SnapKV's
+global budget, each layer in ``[window (and floor), prompt]``, as exact rationals (:func:`fill_shares`) rounded by
+largest remainder: deterministic and platform-independent.
 """
 
 from __future__ import annotations
@@ -14,33 +12,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ripplekv.allocation.budget import BudgetSpec, largest_remainder
 from ripplekv.validation import is_integer, is_real
 
-__all__ = [
-    "PerPromptRule",
-    "PerPromptSchedule",
-    "TokenStatistic",
-    "apportion",
-    "check_rule_call",
-    "fill_shares",
-    "layer_floor",
-]
+if TYPE_CHECKING:
+    import torch
 
 
 class PerPromptRule(ABC):
-    """A per-prompt budget rule: a per-layer statistic and the budgets it implies once all layers are seen.
-
-    Subclasses are frozen dataclasses of the method's hyperparameters, validated at construction.
-
-    Attributes:
-        statistic_inputs: the tensors :meth:`layer_statistic` takes, in order (e.g. ``("window_attention",)``).
-        statistic_names: the fields of the statistic :meth:`layer_statistic` returns.
-    """
+    """A per-layer statistic and the budgets it implies once all layers are seen (a frozen dataclass of the method's
+    hyperparameters). ``statistic_inputs`` names the tensors :meth:`layer_statistic` takes, ``statistic_names`` the
+    fields it returns."""
 
     name: ClassVar[str]
     statistic_inputs: ClassVar[tuple[str, ...]]
@@ -48,7 +34,7 @@ class PerPromptRule(ABC):
 
     @abstractmethod
     def layer_statistic(self, *tensors: Any) -> tuple[Any, ...]:
-        """The statistic of one layer, from the tensors named by ``statistic_inputs`` (see each rule)."""
+        """The statistic of one layer, from the tensors named by ``statistic_inputs``."""
 
     @abstractmethod
     def layer_budgets(
@@ -60,25 +46,14 @@ class PerPromptRule(ABC):
         window: int,
         floor: int,
     ) -> tuple[int, ...]:
-        """Tokens kept by each layer from every layer's statistic (in layer order): ``n_layers`` integers.
-
-        They sum exactly to ``total`` (``<= n_layers * prompt_tokens``), each in :func:`layer_floor`'s
-        ``[min(max(floor, window), prompt_tokens, total // n_layers), prompt_tokens]``; ``window`` is the scorer's
-        observation window, kept by every layer on top of its selection.
-
-        Raises:
-            ValueError: on an invalid argument or statistic.
-        """
+        """Tokens kept by each layer, summing exactly to ``total``, each in ``[layer_floor(...), prompt_tokens]``
+        (``window``: the scorer's observation window, which every layer keeps). ValueError on a bad statistic."""
 
 
 @dataclass(frozen=True)
 class TokenStatistic:
-    """A per-layer statistic that reduces per-token values, so it can be computed over a prompt in chunks.
-
-    Called, it is ``whole(*inputs)``. A chunked prefill calls ``per_token(*inputs)`` per chunk (values indexed by
-    token along the last dimension) and ``reduce(parts)`` once over all chunks in prompt order: the same reduction
-    over the same values as ``whole`` (one mean over all tokens, never a mean of chunk means).
-    """
+    """A per-layer statistic over per-token values: ``whole(*inputs)`` at once, or over a chunked prefill
+    ``reduce([per_token(*chunk_inputs), ...])``, the same reduction over the same values (never a mean of means)."""
 
     whole: Callable[..., Any]
     per_token: Callable[..., Any]
@@ -97,11 +72,8 @@ class TokenStatistic:
 def check_rule_call(
     stats: Sequence[Any], n_layers: int, prompt_tokens: int, total: int, window: int, floor: int
 ) -> None:
-    """Validate the common arguments of :meth:`PerPromptRule.layer_budgets`.
-
-    Raises:
-        ValueError: if an argument is not an integer in range, or there is not one statistic per layer.
-    """
+    """Raise ValueError unless :meth:`PerPromptRule.layer_budgets`' arguments are integers in range and there is
+    one statistic per layer."""
     if not is_integer(n_layers) or n_layers < 1:
         raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
     if not is_integer(prompt_tokens) or prompt_tokens < 1:
@@ -119,17 +91,10 @@ def check_rule_call(
 
 
 def layer_floor(n_layers: int, prompt_tokens: int, total: int, window: int, floor: int) -> int:
-    """The smallest budget every layer gets: ``min(max(floor, window), prompt_tokens)``, lowered if infeasible.
-
-    The window is a floor because SnapKV's selection never drops it. When ``n_layers`` floors exceed ``total`` (a
-    short prompt at a small budget) it is the average ``total // n_layers``, as in ``scale_to_total``.
-    """
+    """The smallest budget every layer gets: ``min(max(floor, window), prompt_tokens)`` (SnapKV never drops its
+    window), or the average ``total // n_layers`` when ``n_layers`` such floors exceed ``total``."""
     low = min(max(int(floor), int(window)), int(prompt_tokens))
     return low if n_layers * low <= total else total // n_layers
-
-
-def _as_fraction(value: float | Fraction | int) -> Fraction:
-    return value if isinstance(value, Fraction) else Fraction(value)
 
 
 def fill_shares(
@@ -141,22 +106,18 @@ def fill_shares(
 ) -> list[Fraction]:
     """Exact real shares ``x_l = clip(a_l + t * c_l, lo_l, hi_l)`` with ``sum(x) == total``, one level ``t`` for all.
 
-    ``a = 0, c = w`` is proportional water-filling; ``c = 1`` is additive (an excess over a cap, or a deficit under a
-    floor, spread evenly). ``sum(x)`` is continuous and non-decreasing in ``t``, so ``t`` is exact between two
-    breakpoints. Entries with ``c_l == 0`` stay at ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb
-    ``total``: they then share what is left evenly. Needs finite ``a``, ``c >= 0``, ``lo <= hi`` and
-    ``sum(lows) <= total <= sum(highs)``.
-
-    Raises:
-        ValueError: on mismatched lengths, a negative or non-finite slope, crossed bounds or an unreachable total.
+    ``a = 0, c = w`` is proportional water-filling; ``c = 1`` is additive (an excess or deficit spread evenly).
+    ``sum(x)`` is piecewise linear and non-decreasing in ``t``, so ``t`` is exact between two breakpoints. Entries
+    with ``c_l == 0`` stay at ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb ``total``: they then share
+    what is left evenly. Needs finite ``a``, ``c >= 0``, ``lo <= hi``, ``sum(lows) <= total <= sum(highs)``.
     """
     n = len(offsets)
     if not n or len(slopes) != n or len(lows) != n or len(highs) != n:
         raise ValueError("fill_shares needs equally long, non-empty offsets, slopes, lows and highs")
     if any(not isinstance(v, Fraction) and not math.isfinite(float(v)) for v in [*offsets, *slopes]):
         raise ValueError("fill_shares needs finite offsets and slopes")
-    a = [_as_fraction(v) for v in offsets]
-    c = [_as_fraction(v) for v in slopes]
+    a = [Fraction(v) for v in offsets]
+    c = [Fraction(v) for v in slopes]
     if any(s < 0 for s in c):
         raise ValueError(f"slopes must be >= 0, got {[float(s) for s in c]}")
     if any(lo > hi for lo, hi in zip(lows, highs)):
@@ -218,19 +179,43 @@ def apportion(
     strength: Sequence[float | Fraction] | None = None,
     preference: Sequence[float] | None = None,
 ) -> tuple[int, ...]:
-    """Integer budgets from :func:`fill_shares`, rounded by largest remainder, summing exactly to ``total``.
-
-    Leftover units go to the largest fractional remainders, ties to larger ``strength`` (default: the slopes), then
-    larger ``preference``, then lower index. An entry gets at most ``ceil(x_l)``, so the bounds hold for the integers
-    too, and budgets are monotone in ``strength`` wherever the real shares are.
-
-    Raises:
-        ValueError: as :func:`fill_shares`.
-    """
+    """Integer budgets from :func:`fill_shares`, rounded by largest remainder (ties to larger ``strength``, default
+    the slopes, then larger ``preference``, then lower index), summing exactly to ``total``, within the bounds."""
     shares = fill_shares(offsets, slopes, lows, highs, total)
-    ties = [_as_fraction(s) for s in (slopes if strength is None else strength)]
+    ties = [Fraction(s) for s in (slopes if strength is None else strength)]
     second = [0.0] * len(shares) if preference is None else [float(p) for p in preference]
     return tuple(largest_remainder(shares, ties, second, int(total)))
+
+
+def top_k_counts(rows: Sequence[Any], k: int) -> tuple[Fraction, ...]:
+    """How many of the ``k`` highest entries of all ``rows`` together each row holds (DynamicKV's global top-k,
+    LAVa's joint top-k over heads): entries tied with the ``k``-th highest share the slots left in proportion to
+    how many each row holds, so the counts are exact fractions summing to ``min(k, entries)``."""
+    if not is_integer(k) or k < 0:
+        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    arrays = [np.asarray(row, dtype=np.float64).reshape(-1) for row in rows]
+    entries = sum(a.size for a in arrays)
+    if k == 0 or entries == 0:
+        return (Fraction(0),) * len(arrays)
+    if k >= entries:
+        return tuple(Fraction(a.size) for a in arrays)
+    joined = np.concatenate(arrays)
+    threshold = np.partition(joined, entries - k)[entries - k]  # the k-th highest entry
+    above = [int(np.count_nonzero(a > threshold)) for a in arrays]
+    tied = [int(np.count_nonzero(a == threshold)) for a in arrays]
+    left = int(k) - sum(above)
+    return tuple(Fraction(up) + Fraction(left * tie, sum(tied)) for up, tie in zip(above, tied))
+
+
+def pool_keys(scores: torch.Tensor, kernel_size: int, pooling: str) -> torch.Tensor:
+    """``(batch, heads, keys)`` scores pooled along the keys, stride 1, same length (``avgpool`` counts the zero
+    padding, ``maxpool`` pads with ``-inf``: ``F.avg_pool1d`` / ``F.max_pool1d``)."""
+    from torch.nn import functional as F
+
+    batch, heads, keys = scores.shape
+    pool = F.max_pool1d if pooling == "maxpool" else F.avg_pool1d
+    pooled = pool(scores.reshape(batch * heads, 1, keys), kernel_size=kernel_size, padding=kernel_size // 2, stride=1)
+    return pooled.reshape(batch, heads, keys)
 
 
 def even_split(total: int, n_layers: int) -> tuple[int, ...]:
@@ -283,15 +268,8 @@ def check_pooling(owner: str, kernel_size: object, pooling: object) -> None:
 
 @dataclass(frozen=True)
 class PerPromptSchedule:
-    """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from layer statistics.
-
-    Unlike a :class:`~ripplekv.allocation.BudgetSchedule`, its budgets depend on the prompt: :meth:`layer_budgets`
-    takes every layer's statistic.
-
-    Attributes:
-        window_size: the scorer's observation window (``>= 0``; kvpress's SnapKV default is 64), which every
-            layer keeps and over which the statistics are computed.
-    """
+    """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from every layer's statistic
+    (``window_size``: the scorer's observation window, which every layer keeps; kvpress's SnapKV default is 64)."""
 
     rule: PerPromptRule
     budget: float | None = None
@@ -329,13 +307,6 @@ class PerPromptSchedule:
     def layer_budgets(
         self, stats: Sequence[Sequence[Any]], n_layers: int, prompt_tokens: int, floor: int
     ) -> tuple[int, ...]:
-        """Tokens kept by each layer for this prompt, from every layer's statistic in layer order.
-
-        ``n_layers`` integers summing exactly to :meth:`total`, each in
-        ``[min(max(floor, window_size), prompt_tokens, average), prompt_tokens]``.
-
-        Raises:
-            ValueError: on an invalid argument or statistic.
-        """
+        """Tokens kept by each layer for this prompt (:meth:`PerPromptRule.layer_budgets` at :meth:`total`)."""
         total = self.total(n_layers, prompt_tokens)
         return self.rule.layer_budgets(stats, n_layers, prompt_tokens, total, self.window_size, floor)

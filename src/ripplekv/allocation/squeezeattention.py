@@ -31,17 +31,6 @@ from ripplekv.allocation.per_prompt import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "DEFAULT_SQUEEZE_P",
-    "SqueezeAttentionRule",
-    "SqueezeStatistic",
-    "kmeans_1d",
-    "squeeze_groups",
-    "squeeze_layer_statistic",
-    "squeeze_statistic_of_similarities",
-    "squeeze_token_similarities",
-]
-
 DEFAULT_SQUEEZE_P: float = 8 / 21
 """Class 3's budget relative to the average: the README's ``--KV_class3 0.08`` at ``--ini_size 0.21``."""
 
@@ -56,14 +45,8 @@ class SqueezeStatistic(NamedTuple):
 
 
 def squeeze_token_similarities(residual_in: torch.Tensor, attention_output: torch.Tensor) -> torch.Tensor:
-    """Per-token similarities ``cos(h_in[t], h_in[t] + o[t])`` of one layer, ``(batch, tokens)`` in float64.
-
-    ``residual_in`` (``h_in``) and ``attention_output`` (``o``) are ``(batch, tokens, hidden)``. A prefill in chunks
-    computes them per chunk and averages them once (:func:`squeeze_statistic_of_similarities`).
-
-    Raises:
-        ValueError: if the shapes differ, are not 3-D, have no token, or hold non-finite values.
-    """
+    """Per-token similarities ``cos(h_in[t], h_in[t] + o[t])`` of one layer, ``(batch, tokens)`` in float64, from
+    ``(batch, tokens, hidden)`` ``residual_in`` and ``attention_output``; ValueError on bad shapes or values."""
     import torch
 
     if residual_in.dim() != 3 or residual_in.shape != attention_output.shape:
@@ -83,10 +66,7 @@ def squeeze_token_similarities(residual_in: torch.Tensor, attention_output: torc
 
 
 def squeeze_statistic_of_similarities(parts: Sequence[torch.Tensor]) -> SqueezeStatistic:
-    """``s_l`` from the per-token similarities of consecutive parts of the prompt, in order (at least one).
-
-    One mean over every token of every part, as over the whole prompt: never a mean of the parts' means.
-    """
+    """``s_l`` from the per-token similarities of consecutive parts of the prompt: one mean over every token."""
     import torch
 
     if not parts:
@@ -98,30 +78,16 @@ def squeeze_statistic_of_similarities(parts: Sequence[torch.Tensor]) -> SqueezeS
 def squeeze_layer_statistic(residual_in: torch.Tensor, attention_output: torch.Tensor) -> SqueezeStatistic:
     """SqueezeAttention's similarity of one layer, averaged over the batch too, in float64.
 
-    ``residual_in`` is the decoder layer's *input*, which kvpress's attention hook does not see (its hidden states
-    are already normalised): take it with a forward pre-hook on ``model.model.layers[l]``, or take
-    ``post_attention_layernorm``'s input (``h_in + o``). ``attention_output`` is the attention module's first
-    output (after ``o_proj``), before any residual add.
-
-    Raises:
-        ValueError: if the shapes differ, are not 3-D, have no token, or hold non-finite values.
+    ``residual_in`` is the decoder layer's *input* (kvpress's attention hook sees normalised hidden states: take it
+    with a forward pre-hook on the decoder layer); ``attention_output`` the attention module's first output.
     """
     return squeeze_statistic_of_similarities([squeeze_token_similarities(residual_in, attention_output)])
 
 
-def _mean(values: np.ndarray) -> float:
-    """The correctly rounded mean (``math.fsum``), independent of the values' order."""
-    return math.fsum(values.tolist()) / values.size
-
-
 def _optimal_bounds(ordered: np.ndarray, counts: np.ndarray, k: int) -> list[int]:
-    """Bounds ``0 = b_0 < ... < b_k = m`` of the least-squares split of ``m`` distinct sorted values.
-
-    Cluster ``j`` is ``ordered[b_j : b_{j+1}]`` (``counts`` copies of each value). The split maximises
-    ``sum_j S_j^2 / n_j`` (``S_j`` a cluster's sum, ``n_j`` its count), computed in exact integers (floats are
-    dyadic; ``lcm(1..n)`` clears every ``n_j``), so equally good splits tie exactly. Ties: the last bound as large
-    as possible (the highest cluster smallest), then the one below it, and so on.
-    """
+    """Bounds ``0 = b_0 < ... < b_k = m`` of the least-squares split of ``m`` distinct sorted values (``counts``
+    copies each): it maximises ``sum_j S_j^2 / n_j`` in exact integers (floats are dyadic; ``lcm(1..n)`` clears
+    every ``n_j``), ties to the largest last bound, then the one below it, and so on."""
     exact = [Fraction(v) for v in ordered.tolist()]
     scale = max(f.denominator for f in exact)
     units = [f.numerator * (scale // f.denominator) for f in exact]  # value * scale, exactly
@@ -148,19 +114,11 @@ def _optimal_bounds(ordered: np.ndarray, counts: np.ndarray, k: int) -> list[int
 
 
 def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Exact 1-D k-means into ``min(n_clusters, distinct values)`` clusters: the least within-cluster sum of squares.
+    """Exact 1-D k-means into ``min(n_clusters, distinct values)`` clusters: ``(labels, centres)``, centres increasing.
 
-    An optimal split cuts the sorted values into runs and never separates equal values
-    (tests/test_squeeze_kmeans.py checks every partition of small inputs), so a dynamic programme over the sorted
-    distinct values finds the optimum scikit-learn's ``KMeans`` aims at, for certain (:func:`_optimal_bounds`).
-    Among equally good splits the highest cluster is the smallest (squeezing the fewest layers), independent of
-    the values' order. A centre is the mean of its values (``math.fsum``).
-
-    Returns:
-        ``(labels, centres)``: a label per value; centres increasing (label ``k`` has the ``k``-th smallest).
-
-    Raises:
-        ValueError: on no value, a non-finite value or ``n_clusters < 1``.
+    An optimal split cuts the sorted values into runs, so a dynamic programme over the sorted distinct values finds
+    the optimum scikit-learn's ``KMeans`` aims at, for certain (:func:`_optimal_bounds`); among equally good splits
+    the highest cluster is the smallest (squeezing the fewest layers). ValueError on no or non-finite values.
     """
     array = finite_array(values, "values to cluster", nonnegative=False)
     if array.size == 0:
@@ -171,7 +129,7 @@ def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, 
     bounds = _optimal_bounds(ordered, counts, k)
     run = np.searchsorted(ordered, array)  # each value's index among the distinct values
     labels = np.searchsorted(np.asarray(bounds[1:-1]), run, side="right")
-    centres = tuple(_mean(array[labels == c]) for c in range(k))
+    centres = tuple(math.fsum(v.tolist()) / v.size for v in (array[labels == c] for c in range(k)))  # exact means
     return tuple(int(label) for label in labels), centres
 
 
@@ -238,10 +196,7 @@ class SqueezeAttentionRule(PerPromptRule):
         window: int,
         floor: int,
     ) -> tuple[int, ...]:
-        """The :meth:`weights` shared out over ``total`` from one ``(similarity,)`` per layer.
-
-        Never larger for a layer of higher similarity (the :class:`PerPromptRule` contract otherwise).
-        """
+        """The :meth:`weights` shared out over ``total``; never larger for a layer of higher similarity."""
         check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
         if any(len(tuple(s)) != 1 for s in stats):
             raise ValueError("every SqueezeAttention statistic must be a 1-tuple (similarity,)")

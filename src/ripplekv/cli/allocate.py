@@ -8,8 +8,6 @@ from typing import Any
 
 from ripplekv.cli.args import add_budget_args, load_profile, positive_int, resolve_budget
 
-__all__ = ["add_parser", "run"]
-
 PROFILE_SCHEDULES = ("ripplekv", "ripplekv-local")
 
 
@@ -68,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
         allocate,
     )
 
-    needs_profile = args.schedule in PROFILE_SCHEDULES and not args.compare
-    profile = load_profile(args.profile, required=needs_profile)
+    profile = load_profile(args.profile, required=args.schedule in PROFILE_SCHEDULES and not args.compare)
     if profile is None and args.layers is None:
         raise SystemExit("error: give --profile (or --layers N for the pyramidkv and uniform schedules)")
     if profile is not None and args.layers is not None and args.layers != profile.num_layers:
@@ -77,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and profile is None:
         raise SystemExit("error: --plot draws the profile's scores: give --profile")
     n_layers = profile.num_layers if profile is not None else args.layers
-    config = AllocationConfig(ratio=args.ratio, gamma=args.gamma)
     given = resolve_budget(args)  # {"budget": F} or {"tokens": N}
     spec = BudgetSpec(**given)
     floor = args.window_size if args.min_tokens is None else args.min_tokens  # what make_press's presses use
@@ -97,12 +93,11 @@ def run(args: argparse.Namespace) -> int:
             schedule = ProfileSchedule(**given, scores=signal_scores(name), ratio=args.ratio, gamma=args.gamma)
         return schedule.layer_budgets(n_layers, args.prompt_tokens, floor)
 
-    names = [args.schedule] if not args.compare else ["uniform", "pyramidkv"]
-    if args.compare and profile is not None:
-        names += list(PROFILE_SCHEDULES)
+    names = ["uniform", "pyramidkv", *(PROFILE_SCHEDULES if profile else ())] if args.compare else [args.schedule]
     table = {name: budgets_of(name) for name in names}
     average = spec.average(args.prompt_tokens)
     shown = spec.label if spec.is_tokens else str(spec.budget)
+    budget_json = {"budget": spec.budget, "tokens": spec.tokens}
     if args.plot:
         from ripplekv.cli.plots import plot_profile_and_budgets
 
@@ -118,9 +113,10 @@ def run(args: argparse.Namespace) -> int:
     header += f"{average} tokens per layer on average, {average * n_layers} in all"
     if args.schedule in PROFILE_SCHEDULES and not args.compare:
         scores = signal_scores(args.schedule)
+        config = AllocationConfig(ratio=args.ratio, gamma=args.gamma)
         allocation = allocate(scores, prompt_tokens=args.prompt_tokens, config=config, min_tokens=floor, **given)
         if args.json:
-            extra = {"ratio": args.ratio, "gamma": args.gamma, **_budget_json(spec), "schedule": args.schedule}
+            extra = {"ratio": args.ratio, "gamma": args.gamma, **budget_json, "schedule": args.schedule}
             print(json.dumps({**allocation.to_dict(), **extra}))
             return 0
         print(header)
@@ -131,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{allocation.weights[i]:6.3f}  {allocation.budgets[i]:6d}"
             )
     elif args.json:
-        common = {**_budget_json(spec), "prompt_tokens": args.prompt_tokens, "average_budget": average}
+        common = {**budget_json, "prompt_tokens": args.prompt_tokens, "average_budget": average}
         common["total"] = average * n_layers
         if args.compare:
             print(json.dumps({**common, "budgets": {name: list(values) for name, values in table.items()}}))
@@ -148,8 +144,3 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot saved to {args.plot}")
     return 0
-
-
-def _budget_json(spec: Any) -> dict[str, Any]:
-    """The budget of the JSON output: ``budget`` (the fraction, or None) and ``tokens`` (the count, or None)."""
-    return {"budget": spec.budget, "tokens": spec.tokens}

@@ -1,8 +1,5 @@
-"""Argument types and option groups shared by the ``ripplekv`` commands, and ``--profile`` loading.
-
-Imported by every command at start-up, so nothing heavy at its top. The ``type`` functions keep their names:
-argparse prints a type's ``__name__`` when it rejects a value (``invalid positive_int value: 'x'``).
-"""
+"""Argument types and option groups shared by the ``ripplekv`` commands (imported at start-up: nothing heavy at its
+top; argparse prints a ``type``'s ``__name__`` when it rejects a value)."""
 
 from __future__ import annotations
 
@@ -12,22 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ripplekv.profiling import SensitivityProfile
-
-__all__ = [
-    "add_budget_args",
-    "add_model_args",
-    "add_ray_args",
-    "budget_arg",
-    "comma_list",
-    "load_profile",
-    "on_ray",
-    "positive_int",
-    "prefill_chunk_arg",
-    "resolve_budget",
-    "resolve_budgets",
-    "row_tokens_arg",
-    "tokens_arg",
-]
 
 
 def budget_arg(text: str) -> float:
@@ -187,11 +168,7 @@ def load_profile(path: str | None, required: bool) -> SensitivityProfile | None:
 
 
 def prefill_chunk_arg(text: str) -> int | None:
-    """``--prefill-chunk``: an integer >= 1 (tokens per prefill pass) or ``none`` (one pass whatever the length).
-
-    Raises:
-        argparse.ArgumentTypeError: if ``text`` is neither.
-    """
+    """``--prefill-chunk``: an integer >= 1 (tokens per prefill pass) or ``none`` (one pass whatever the length)."""
     if text.strip().lower() == "none":
         return None
     try:

@@ -8,14 +8,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.cli.args import add_model_args, positive_int
+from ripplekv.cli.args import add_model_args, budget_arg, comma_list, positive_int
 
 if TYPE_CHECKING:  # imported where used: ``ripplekv report`` imports this module and no torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from ripplekv.profiling import ProfilingConfig, SensitivityProfile
-
-__all__ = ["DEMO_METHODS", "add_parser", "cached_default_profile", "default_profile_path", "run"]
 
 DEMO_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 
@@ -32,7 +30,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_model_args(d)
     d.add_argument(
-        "--budgets", default="0.1,0.5", help="kept fractions, comma-separated (default 0.1,0.5; the first is plotted)"
+        "--budgets",
+        type=comma_list(budget_arg, "budgets"),
+        default="0.1,0.5",
+        help="kept fractions, comma-separated (default 0.1,0.5; the first is plotted)",
     )
     d.add_argument("--digits", type=positive_int, default=4, help="digits of the needle's number (default 4)")
     d.add_argument("--context-tokens", type=positive_int, default=2048, help="haystack length (default 2048)")
@@ -45,7 +46,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def default_profile_path(model: PreTrainedModel, config: ProfilingConfig) -> Path:
     """Where :func:`cached_default_profile` keeps the profile of ``model`` (architecture, weights, scoring, config)."""
     from ripplekv.models import cache_root, model_identity
-    from ripplekv.models.loading import weights_fingerprint
+    from ripplekv.models.identity import weights_fingerprint
     from ripplekv.profiling import sensitivity
 
     identity = model_identity(model)
@@ -107,10 +108,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     profile = cached_default_profile(model, tokenizer)
-    budgets = [float(b) for b in str(args.budgets).split(",") if b.strip()]
-    for budget in budgets:
-        if not 0 < budget <= 1:
-            raise ValueError(f"demo budgets are kept fractions in (0, 1], got {budget}")
+    budgets = list(args.budgets)
     needle = build_needle_prompt(tokenizer, args.context_tokens, depth=args.depth, seed=args.seed, digits=args.digits)
     print(f"needle: {needle.needle!r} at depth {needle.depth:.0%} of {needle.context_tokens} tokens of essays")
     print(f"question: {needle.question}  (expected: {needle.answer})\n")

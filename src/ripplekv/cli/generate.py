@@ -16,8 +16,6 @@ from ripplekv.cli.args import (
     resolve_budget,
 )
 
-__all__ = ["add_parser", "run"]
-
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``generate`` subcommand to ``subparsers``; return its parser."""

@@ -1,9 +1,6 @@
-"""The ``ripplekv`` command line: profile, allocate, generate, demo, and the commands of installed plugins.
-
-Each command is a module with ``add_parser(subparsers)`` and ``run(args) -> int``. The harness (``ripplekv_eval``:
-``eval``, ``report``, ``analyze``, ``tune``) adds its own through the ``ripplekv.commands`` entry points, so the
-library never imports it. :func:`main` turns errors a user can fix into an ``error:`` line and exit status 2.
-"""
+"""The ``ripplekv`` command line: profile, allocate, generate, demo, and the commands plugins add through the
+``ripplekv.commands`` entry points (the harness's eval, report, analyze, tune). Each command is a module with
+``add_parser(subparsers)`` and ``run(args) -> int``."""
 
 from __future__ import annotations
 
@@ -15,8 +12,6 @@ from types import ModuleType
 
 from ripplekv.cli import allocate, demo, generate, profile
 from ripplekv.version import __version__
-
-__all__ = ["ENTRY_POINT_GROUP", "EXAMPLES", "JSON_ONLY_COMMANDS", "build_parser", "commands", "main"]
 
 EXAMPLES = """examples:
   ripplekv demo

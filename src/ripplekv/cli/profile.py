@@ -9,8 +9,6 @@ from typing import Any
 
 from ripplekv.cli.args import add_model_args, add_ray_args, on_ray, positive_int, prefill_chunk_arg
 
-__all__ = ["add_parser", "run"]
-
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``profile`` subcommand to ``subparsers``; return its parser."""

@@ -12,7 +12,8 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.models.attention import CACHE_KWARG, attends_per_layer_natively, enable_varlen_attention
+from ripplekv.models.attention import attends_per_layer_natively, enable_varlen_attention
+from ripplekv.models.attention_functions import CACHE_KWARG
 from ripplekv.models.cache import cache_bytes, fork_cache, layer_lengths
 from ripplekv.models.chunked_prefill import check_prefill_chunk, chunk_bounds, prefill_in_chunks
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, discard_masks, headwise_of, take_mask

@@ -10,96 +10,46 @@ caches or ``shared_prefix``; callers then take exact per-cache paths.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from ripplekv.models.attention_functions import (
-    CACHE_KWARG,
-    SlidingWindowError,
-    sdpa_gqa_forward,
-    varlen_attention_function,
-)
-from ripplekv.models.attention_masks import (
-    PaddedBatchError,
-    fit_attention_mask,
-    sliding_window_mask,
-    varlen_mask_function,
-)
-
-__all__ = [
-    "NATIVE_PER_LAYER_ATTENTION",
-    "SUPPORTED_IMPLEMENTATIONS",
-    "VARLEN_PREFIX",
-    "attends_per_layer_natively",
-    "attention_implementation",
-    "enable_varlen_attention",
-    "register_varlen_attention",
-    "supports_per_layer_lengths",
-    "unsupported_implementation_message",
-    "uses_varlen_attention",
-    "varlen_name",
-    # re-exported, imported from here across the package: the masks and the attention functions
-    "CACHE_KWARG",
-    "PaddedBatchError",
-    "SlidingWindowError",
-    "fit_attention_mask",
-    "sdpa_gqa_forward",
-    "sliding_window_mask",
-]
+from ripplekv.models.attention_functions import varlen_attention_function
+from ripplekv.models.attention_masks import varlen_mask_function
 
 VARLEN_PREFIX = "ripplekv_"
 
 NATIVE_PER_LAYER_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
 """Implementations that attend over per-layer caches as loaded (bottom-right causal per call, no dense mask)."""
 
-SUPPORTED_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
-"""What to load a model with to compress it per layer (named in error messages)."""
-
-
 # name -> (attention function, mask function, additive masks)
-_BASES: dict[str, tuple[Callable, Callable, bool]] = {
-    "sdpa": (sdpa_attention_forward, sdpa_mask, False),
-    "eager": (eager_attention_forward, eager_mask, True),
-}
-
-
-def register_varlen_attention() -> None:
-    """Register ``ripplekv_sdpa`` and ``ripplekv_eager`` with transformers (idempotent)."""
-    for base_name, (attention, mask, additive) in _BASES.items():
-        name = VARLEN_PREFIX + base_name
-        if name not in AttentionInterface._global_mapping:
-            AttentionInterface.register(name, varlen_attention_function(base_name, attention, additive))
-            AttentionMaskInterface.register(name, varlen_mask_function(mask))
-
-
-def _unsupported(attn_implementation: str) -> str:
-    return (
-        f"attention implementation {attn_implementation!r} cannot attend over per-layer compressed KV caches: "
-        f"load the model with attn_implementation set to one of {', '.join(map(repr, SUPPORTED_IMPLEMENTATIONS))}"
-    )
+_BASES = {"sdpa": (sdpa_attention_forward, sdpa_mask, False), "eager": (eager_attention_forward, eager_mask, True)}
 
 
 def varlen_name(attn_implementation: str) -> str:
-    """The variable-length variant of an attention implementation name (``sdpa`` -> ``ripplekv_sdpa``).
+    """The variable-length variant of an attention implementation name (``sdpa`` -> ``ripplekv_sdpa``); registers
+    ``ripplekv_sdpa`` and ``ripplekv_eager``.
 
     Raises:
-        ValueError: the implementation has no variant: FlashAttention needs none (see
-            :func:`supports_per_layer_lengths`), others cannot attend over per-layer caches.
+        ValueError: FlashAttention needs no variant; other implementations cannot attend over per-layer caches.
     """
-    if attn_implementation.startswith(VARLEN_PREFIX):
-        return attn_implementation
-    if attn_implementation in NATIVE_PER_LAYER_ATTENTION:
+    base = attn_implementation.removeprefix(VARLEN_PREFIX)
+    if base in NATIVE_PER_LAYER_ATTENTION:
         raise ValueError(
-            f"{attn_implementation!r} attends over per-layer compressed caches as it is and has no ripplekv "
+            f"{base!r} attends over per-layer compressed caches as it is and has no ripplekv "
             "variant; keep it (enable_varlen_attention leaves it unchanged)"
         )
-    if attn_implementation not in _BASES:
-        raise ValueError(_unsupported(attn_implementation))
-    return VARLEN_PREFIX + attn_implementation
+    if base not in _BASES:
+        raise ValueError(
+            f"attention implementation {base!r} cannot attend over per-layer compressed KV caches: "
+            "load the model with attn_implementation set to one of 'sdpa', 'eager', 'flash_attention_2'"
+        )
+    for name, (attention, mask, additive) in _BASES.items():  # both, once per process
+        if VARLEN_PREFIX + name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(VARLEN_PREFIX + name, varlen_attention_function(name, attention, additive))
+            AttentionMaskInterface.register(VARLEN_PREFIX + name, varlen_mask_function(mask))
+    return VARLEN_PREFIX + base
 
 
 def attention_implementation(model: PreTrainedModel) -> str:
@@ -108,20 +58,13 @@ def attention_implementation(model: PreTrainedModel) -> str:
 
 
 def enable_varlen_attention(model: PreTrainedModel) -> PreTrainedModel:
-    """Make ``model`` attend correctly over per-layer compressed caches, in place (idempotent); returns it.
-
-    ``sdpa`` / ``eager`` become ``ripplekv_sdpa`` / ``ripplekv_eager``; FlashAttention is kept (module docstring).
-
-    Raises:
-        ValueError: the implementation can do neither (the message names the implementations to load).
-    """
-    register_varlen_attention()
+    """Make ``model`` attend correctly over per-layer compressed caches, in place (idempotent); returns it:
+    ``sdpa`` / ``eager`` become ``ripplekv_sdpa`` / ``ripplekv_eager``, FlashAttention is kept, others raise."""
     current = attention_implementation(model)
-    if current in NATIVE_PER_LAYER_ATTENTION:
-        return model
-    target = varlen_name(current)
-    if current != target:
-        model.set_attn_implementation(target)
+    if current not in NATIVE_PER_LAYER_ATTENTION:
+        target = varlen_name(current)  # registered in this process
+        if target != current:
+            model.set_attn_implementation(target)
     return model
 
 

@@ -1,11 +1,6 @@
-"""The attention functions registered as ``ripplekv_sdpa`` and ``ripplekv_eager``.
-
-A pass carries its cache (:data:`CACHE_KWARG`; transformers hands attention functions keywords, not the cache) and
-the layer decides: a :class:`~ripplekv.models.padded.RaggedLayer` attends row by row, a
-:class:`~ripplekv.models.headwise.MaskedLayer` excludes its masked entries exactly, any other layer gets its mask
-fitted. ``shared_prefix`` and ``key_validity`` are keywords of the pass. On uniform caches the functions compute
-exactly what ``sdpa`` and ``eager`` compute.
-"""
+"""The attention functions registered as ``ripplekv_sdpa`` and ``ripplekv_eager``: exactly ``sdpa`` and ``eager``
+on uniform caches. A pass carries its cache (:data:`CACHE_KWARG`) and the layer decides: a ``RaggedLayer`` attends
+row by row, a ``MaskedLayer`` excludes its masked entries, any other layer gets its mask fitted."""
 
 from __future__ import annotations
 
@@ -20,8 +15,6 @@ from ripplekv.models.attention_masks import fit_attention_mask, sliding_layer_ma
 from ripplekv.models.headwise import MASKED_KEYS, headwise_of
 from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import shared_prefix_attention
-
-__all__ = ["CACHE_KWARG", "SlidingWindowError", "sdpa_gqa_forward", "varlen_attention_function"]
 
 CACHE_KWARG = "ripplekv_cache"
 """The keyword argument of a forward pass that carries its cache to ripplekv's attention functions."""
@@ -42,13 +35,9 @@ def sdpa_gqa_forward(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, bottom-right causal and without copying keys and values for GQA.
-
-    Without a mask, ``q`` queries over ``k > q`` keys get ``causal_lower_right`` (query ``i`` sees keys
-    ``<= i + k - q``), no dense tensor; stock sdpa's ``is_causal=True`` would align top-left. transformers repeats
-    the KV heads (a copy of the layer) whenever a mask is present, as some GPU kernels reject ``enable_gqa`` with
-    one; so dense masks come here on the CPU only.
-    """
+    """transformers' sdpa attention, bottom-right causal (``causal_lower_right``, no dense tensor; stock sdpa's
+    ``is_causal`` aligns top-left) and without copying keys and values for GQA (transformers repeats the KV heads
+    whenever a mask is present, as some GPU kernels reject ``enable_gqa`` with one: dense masks come here on CPU)."""
     groups = query.shape[1] // key.shape[1]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     query_len, key_len = query.shape[2], key.shape[2]

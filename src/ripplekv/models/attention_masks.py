@@ -1,11 +1,9 @@
 """The attention masks of passes over KV caches whose layers hold different numbers of tokens.
 
-transformers builds one mask per pass, sized from layer 0; :func:`fit_attention_mask` fits it to each layer: the
-new tokens stay causal among themselves and the layer's cached prefix is fully visible, exact without padding (a
-padded batch raises :class:`PaddedBatchError`; see ``key_validity`` in :mod:`ripplekv.models.attention_functions`).
-Sliding-window layers are never compressed, so their keys are contiguous positions: they keep the library's sliding
-mask, rebuilt for their own length when needed (:func:`sliding_window_mask`). Masks are made on the queries' device;
-unpadded passes make no host synchronisation.
+transformers builds one mask per pass, sized from layer 0; :func:`fit_attention_mask` fits it to each layer (new
+tokens causal among themselves, the cached prefix visible; a padded batch raises :class:`PaddedBatchError`).
+Sliding-window layers are never compressed: their mask is rebuilt for their own length (:func:`sliding_window_mask`).
+Unpadded passes make no host synchronisation.
 """
 
 from __future__ import annotations
@@ -15,15 +13,6 @@ from typing import Any
 
 import torch
 from transformers.masking_utils import causal_mask_function
-
-__all__ = [
-    "PaddedBatchError",
-    "fit_attention_mask",
-    "headwise_attention_mask",
-    "sliding_layer_mask",
-    "sliding_window_mask",
-    "varlen_mask_function",
-]
 
 
 class PaddedBatchError(ValueError):
@@ -38,20 +27,12 @@ def sliding_window_mask(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
-    """The ``(1, 1, query_len, key_len)`` sliding-window causal mask of keys ending at the last query.
-
-    Query ``i`` sees keys ``j`` with ``i + key_len - query_len - window < j <= i + key_len - query_len``
-    (transformers' ``kv_idx > q_idx - window`` in the layer's own positions); when the keys fit the window, as
-    :func:`fit_attention_mask`. ``additive``: a float mask (eager) rather than a boolean one (sdpa).
-    """
+    """The ``(1, 1, query_len, key_len)`` sliding-window causal mask of keys ending at the last query: query ``i``
+    sees the ``window`` keys up to ``i + key_len - query_len`` (transformers' ``kv_idx > q_idx - window``), a float
+    mask when ``additive`` (eager), else boolean (sdpa)."""
     if key_len <= window:
         return fit_attention_mask(None, query_len, key_len, additive, dtype, device=device)
-    rows = torch.arange(query_len, device=device).unsqueeze(1) + (key_len - query_len)
-    cols = torch.arange(key_len, device=device).unsqueeze(0)
-    allowed = ((cols <= rows) & (cols > rows - window)).view(1, 1, query_len, key_len)
-    if not additive:
-        return allowed
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return _causal_mask(query_len, key_len, additive, dtype, device, window)
 
 
 def sliding_layer_mask(
@@ -71,12 +52,21 @@ def sliding_layer_mask(
 
 
 def _causal_mask(
-    query_len: int, key_len: int, additive: bool, dtype: torch.dtype, device: torch.device | str | None
+    query_len: int,
+    key_len: int,
+    additive: bool,
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Bottom-right aligned causal mask on ``device``: query ``i`` sees every cached key and new keys ``<= i``."""
-    rows = torch.arange(query_len, device=device).unsqueeze(1)
+    """Bottom-right aligned causal mask on ``device``: query ``i`` sees every cached key and new keys ``<= i`` (only
+    the last ``window`` when given)."""
+    rows = torch.arange(query_len, device=device).unsqueeze(1) + (key_len - query_len)
     cols = torch.arange(key_len, device=device).unsqueeze(0)
-    allowed = (cols <= rows + (key_len - query_len)).view(1, 1, query_len, key_len)
+    allowed = cols <= rows
+    if window is not None:
+        allowed = allowed & (cols > rows - window)
+    allowed = allowed.view(1, 1, query_len, key_len)
     if not additive:
         return allowed
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
@@ -90,17 +80,11 @@ def fit_attention_mask(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
-    """Fit the mask transformers built for layer 0 to a layer holding ``key_len`` keys (cached plus new).
+    """Fit the ``(batch, 1, query_len, kv_len_of_layer_0)`` mask transformers built for layer 0 (boolean or
+    additive; None when none was built) to a layer holding ``key_len`` keys, the last ``query_len`` of them new.
 
-    Args:
-        mask: ``(batch, 1, query_len, kv_len_of_layer_0)``, boolean (True = attend) or additive (0 = attend);
-            ``None`` when transformers or :func:`varlen_mask_function` built none.
-        query_len: new tokens of the pass, the last ``query_len`` keys of every layer.
-        device: where a mask built from nothing is made (a fitted ``mask`` stays on its device).
-
-    Returns:
-        ``(batch, 1, query_len, key_len)``, or ``None`` when none is needed (one query, or a causal square that
-        sdpa handles with ``is_causal``).
+    Returns ``(batch, 1, query_len, key_len)``, made on ``device`` when built from nothing, or None when none is
+    needed (one query, or a causal square that sdpa handles with ``is_causal``).
     """
     if key_len < query_len:
         raise ValueError(f"layer holds {key_len} keys for {query_len} queries: the cache is inconsistent")
@@ -117,32 +101,18 @@ def fit_attention_mask(
 
 
 def headwise_attention_mask(
-    base: torch.Tensor | None,
-    head: torch.Tensor,
-    position: torch.Tensor,
-    heads: int,
-    kv_heads: int,
-    query_len: int,
-    key_len: int,
-    device: torch.device | str | None,
+    base: torch.Tensor | None, keep: torch.Tensor, heads: int, query_len: int, key_len: int
 ) -> torch.Tensor:
-    """The ``(batch, heads, query_len, key_len)`` boolean mask of a layer with head-wise masked entries (AdaKV).
-
-    ``base`` (fitted; bottom-right causal when ``None``) with the entries at KV heads ``head`` and ``position``
-    hidden from every query head of their group.
-
-    Raises:
-        ValueError: for an additive (float) ``base``: eager attention cannot take the boolean mask.
-    """
+    """The ``(batch, heads, query_len, key_len)`` boolean mask of a layer with head-wise masked entries (AdaKV):
+    ``base`` (fitted; causal when ``None``; boolean: eager attention cannot take it) with the entries ``keep``
+    (``(kv_heads, key_len)``) marks False hidden from every query head of their KV head's group."""
     if base is not None and base.dtype != torch.bool:
         raise ValueError("head-wise masked keys (AdaKV) need a boolean attention mask: use sdpa, not eager attention")
-    allowed = fit_attention_mask(base, query_len, key_len, device=device)
+    allowed = fit_attention_mask(base, query_len, key_len, device=keep.device)
     if allowed is None:
-        allowed = _causal_mask(query_len, key_len, False, torch.float32, device)
-    keep = torch.ones(kv_heads, key_len, dtype=torch.bool, device=device)
-    keep[head.to(device), position.to(device)] = False
-    keep = keep.repeat_interleave(heads // kv_heads, dim=0)
-    return allowed.to(device) & keep.view(1, heads, 1, key_len)
+        allowed = _causal_mask(query_len, key_len, False, torch.float32, keep.device)
+    keep = keep.repeat_interleave(heads // keep.shape[0], dim=0)
+    return allowed.to(keep.device) & keep.view(1, heads, 1, key_len)
 
 
 def _plain_causal(kwargs: dict[str, Any]) -> bool:

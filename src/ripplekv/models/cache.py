@@ -46,10 +46,8 @@ def cache_bytes(cache: DynamicCache) -> int:
 
 
 class PreallocatedLayer(DynamicLayer):
-    """A cache layer over buffers holding a prefix, with room for more tokens written in place (no ``torch.cat``).
-
-    For many short passes over one long prefix: each pass's new layers overwrite the previous pass's tail.
-    """
+    """A cache layer over buffers holding a prefix, with room for more tokens written in place (no ``torch.cat``):
+    many short passes over one long prefix each overwrite the previous pass's tail."""
 
     def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, prefix: int) -> None:
         super().__init__()
@@ -65,7 +63,7 @@ class PreallocatedLayer(DynamicLayer):
         start = self.keys.shape[-2]
         end = start + key_states.shape[-2]
         if end > self._key_buffer.shape[-2]:
-            raise ValueError(f"preallocated cache layer holds {self._key_buffer.shape[-2]} tokens, {end} needed")
+            raise ValueError(f"the cache layer holds {self._key_buffer.shape[-2]} tokens, {end} needed")
         self._key_buffer[..., start:end, :].copy_(key_states)
         self._value_buffer[..., start:end, :].copy_(value_states)
         self.keys, self.values = self._key_buffer[..., :end, :], self._value_buffer[..., :end, :]
@@ -98,11 +96,8 @@ class PassThroughLayer(DynamicLayer):
 
 def fork_cache(cache: DynamicCache) -> DynamicCache:
     """A new cache over the same tensors (layers copied shallowly): running over the fork never changes ``cache``.
-
-    Raises:
-        TypeError: for a layer that does not append through ``torch.cat`` (only ``DynamicLayer``,
-            :class:`~ripplekv.models.headwise.MaskedLayer` and ``DynamicSlidingWindowLayer`` do).
-    """
+    TypeError for a layer that writes into its tensors (only ``DynamicLayer``, ``MaskedLayer`` and
+    ``DynamicSlidingWindowLayer`` append through ``torch.cat``)."""
     layers = []
     for i, layer in enumerate(cache.layers):
         if type(layer) not in (DynamicLayer, MaskedLayer, DynamicSlidingWindowLayer):
@@ -114,47 +109,32 @@ def fork_cache(cache: DynamicCache) -> DynamicCache:
     return cache_from_layers(layers)
 
 
-class ReservedLayer(DynamicLayer):
-    """A cache layer that reserves room for ``tokens`` tokens on its first update and writes every update into it.
-
-    For a prompt run in chunks: one buffer per layer instead of a copy per chunk (which also leaves an
-    accelerator's caching allocator with blocks of every size). ``keys``/``values`` are views up to the tokens written.
-    """
+class ReservedLayer(PreallocatedLayer):
+    """A :class:`PreallocatedLayer` whose buffers, of ``tokens`` tokens, are made on its first update: for a prompt
+    run in chunks, one buffer per layer instead of a copy per chunk (which also fragments an accelerator's memory)."""
 
     def __init__(self, tokens: int) -> None:
-        super().__init__()
+        DynamicLayer.__init__(self)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
         self.tokens = tokens
         self._key_buffer: torch.Tensor | None = None
-        self._value_buffer: torch.Tensor | None = None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._key_buffer is None or self._value_buffer is None:
+        if self._key_buffer is None:
             self.lazy_initialization(key_states, value_states)
             self._key_buffer = key_states.new_empty((*key_states.shape[:2], self.tokens, key_states.shape[3]))
             self._value_buffer = value_states.new_empty((*value_states.shape[:2], self.tokens, value_states.shape[3]))
-            start = 0
-        else:
-            start = int(self.keys.shape[-2])
-        end = start + int(key_states.shape[-2])
-        if end > self.tokens:
-            raise ValueError(f"reserved cache layer holds {self.tokens} tokens, {end} needed")
-        self._key_buffer[..., start:end, :].copy_(key_states)
-        self._value_buffer[..., start:end, :].copy_(value_states)
-        self.keys, self.values = self._key_buffer[..., :end, :], self._value_buffer[..., :end, :]
-        return self.keys, self.values
+            self.keys, self.values = self._key_buffer[..., :0, :], self._value_buffer[..., :0, :]
+        return super().update(key_states, value_states, cache_kwargs)
 
 
 class OverlayLayer(DynamicLayer):
-    """A cache layer over another layer's tensors (never written), with the tokens appended since kept apart.
-
+    """A cache layer over another layer's tensors (never written), with the tokens appended since kept apart:
     ``update`` returns base plus appended as a new tensor it does not keep, so a pass holds one layer's
-    concatenation at a time, where a ``DynamicLayer`` fork keeps a second full cache while it lives. Attention
-    receives the same tensors either way.
-    """
+    concatenation at a time where a ``DynamicLayer`` fork keeps a second full cache."""
 
     def __init__(
         self,

@@ -18,8 +18,6 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 # loading's logger, which log filters and captures match
 logger = logging.getLogger("ripplekv.models.loading")
 
-__all__ = ["CHATML_TEMPLATE", "convert_tokenizer", "gguf_metadata"]
-
 #: ChatML as used by SmolLM2-Instruct; used when a GGUF with ChatML tokens carries no chat template of its own
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -54,6 +52,18 @@ def _token_or_none(tokens: list[str], token_id: Any) -> str | None:
     return None
 
 
+def _bos_template(meta: dict[str, Any], tokens: list[str]) -> Any:
+    """The post-processor prepending BOS when the GGUF asks for it (``add_bos_token``), else None."""
+    from tokenizers import processors
+
+    bos = _token_or_none(tokens, meta.get("tokenizer.ggml.bos_token_id"))
+    if not bool(meta.get("tokenizer.ggml.add_bos_token", False)) or bos is None:
+        return None
+    return processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, tokens.index(bos))]
+    )
+
+
 def _build_bpe_tokenizer(meta: dict[str, Any]) -> Any:
     """A ``tokenizers.Tokenizer`` equivalent to the original byte-level BPE ``tokenizer.json``."""
     from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
@@ -82,19 +92,9 @@ def _build_bpe_tokenizer(meta: dict[str, Any]) -> Any:
     # token types 3 (control) and 4 (user defined) are the added/special tokens of the original tokenizer
     special = [tok for tok, kind in zip(tokens, token_types, strict=True) if kind in (3, 4)]
     tokenizer.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in special])
-    bos = _token_or_none(tokens, meta.get("tokenizer.ggml.bos_token_id"))
-    if bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None:
-        bos_id = tokens.index(bos)
-        tokenizer.post_processor = processors.Sequence(
-            [
-                processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
-                processors.TemplateProcessing(
-                    single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)]
-                ),
-            ]
-        )
-    else:
-        tokenizer.post_processor = processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)
+    byte_post = processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)
+    bos = _bos_template(meta, tokens)
+    tokenizer.post_processor = byte_post if bos is None else processors.Sequence([byte_post, bos])
     return tokenizer
 
 
@@ -126,7 +126,7 @@ def _build_spm_tokenizer(meta: dict[str, Any]) -> Any:
     """A ``tokenizers.Tokenizer`` for a SentencePiece BPE GGUF: byte fallback, spaces as ``▁`` (with a leading
     ``▁`` when ``add_space_prefix``), control and user-defined pieces matched whole before normalisation, BOS when
     ``add_bos_token``."""
-    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers
     from tokenizers.models import BPE
 
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
@@ -154,24 +154,16 @@ def _build_spm_tokenizer(meta: dict[str, Any]) -> Any:
     tokenizer.add_special_tokens(
         [AddedToken(tok, special=True, normalized=False) for tok, kind in zip(tokens, token_types) if kind == _CONTROL]
     )
-    bos = _token_or_none(tokens, meta.get("tokenizer.ggml.bos_token_id"))
-    if bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, tokens.index(bos))]
-        )
+    bos = _bos_template(meta, tokens)
+    if bos is not None:
+        tokenizer.post_processor = bos
     return tokenizer
 
 
 def _special_token_ids(meta: dict[str, Any]) -> dict[str, int | None]:
-    ids: dict[str, int | None] = {}
-    for name, key in (
-        ("bos", "tokenizer.ggml.bos_token_id"),
-        ("eos", "tokenizer.ggml.eos_token_id"),
-        ("pad", "tokenizer.ggml.padding_token_id"),
-        ("unk", "tokenizer.ggml.unknown_token_id"),
-    ):
-        value = meta.get(key)
-        ids[name] = int(value) if isinstance(value, int) else None
+    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id", "unk": "unknown_token_id"}
+    values = {name: meta.get(f"tokenizer.ggml.{key}") for name, key in keys.items()}
+    ids = {name: int(value) if isinstance(value, int) else None for name, value in values.items()}
     if ids["pad"] is None:
         ids["pad"] = ids["eos"]
     return ids

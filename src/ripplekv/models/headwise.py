@@ -1,9 +1,8 @@
 """Cache layers that hide some of their entries from attention, KV head by KV head (AdaKV's head-wise masks).
 
-AdaKV (Feng et al. 2024, https://arxiv.org/abs/2407.11550) and LAVa give a layer's KV heads different numbers of
-tokens by masking dropped (head, position) entries. The mask belongs to one compressed cache, so its layer holds it
-(:class:`MaskedLayer`): caches never see each other's masks. Presses leave it on the attention module as kvpress's
-``masked_key_indices``; :func:`take_mask` moves it into the cache layer right after compression.
+AdaKV (Feng et al. 2024, arXiv:2407.11550) and LAVa mask a layer's dropped (KV head, position) entries. The mask
+belongs to one compressed cache, so its layer holds it (:class:`MaskedLayer`); presses leave it on the attention
+module as kvpress's ``masked_key_indices`` and :func:`take_mask` moves it into the cache layer.
 """
 
 from __future__ import annotations
@@ -18,16 +17,6 @@ from transformers.cache_utils import DynamicLayer
 
 from ripplekv.models.attention_masks import headwise_attention_mask
 
-__all__ = [
-    "MASKED_KEYS",
-    "HeadwiseMask",
-    "MaskedLayer",
-    "attention_modules",
-    "discard_masks",
-    "headwise_of",
-    "take_mask",
-]
-
 MASKED_KEYS = "masked_key_indices"
 """kvpress's attention-module attribute for head-wise masks: ``(batch, kv_head, position)`` index tensors."""
 
@@ -36,12 +25,8 @@ Indices = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 @dataclass(frozen=True)
 class HeadwiseMask:
-    """The (KV head, position) entries of a cache layer that attention skips, validated once (one host sync).
-
-    Attributes:
-        indices: kvpress's ``(batch, kv_head, position)`` index tensors, batch size 1.
-        length: cached positions when masked; tokens appended later are seen by every head.
-    """
+    """The (KV head, position) entries of a cache layer that attention skips: kvpress's ``(batch, kv_head,
+    position)`` index tensors (batch size 1) over ``length`` cached positions, validated once (one host sync)."""
 
     indices: Indices
     kv_heads: int
@@ -79,15 +64,12 @@ class HeadwiseMask:
         """The layer's boolean mask in a pass, masked entries excluded (:func:`headwise_attention_mask`)."""
         if key_len - query_len < self.length:
             raise ValueError(f"{MASKED_KEYS} point outside the cached keys of the layer")
-        _, head, position = self.indices
-        return headwise_attention_mask(base, head, position, heads, self.kv_heads, query_len, key_len, device)
+        return headwise_attention_mask(base, self.keep(key_len, device), heads, query_len, key_len)
 
 
 class MaskedLayer(DynamicLayer):
-    """A ``DynamicLayer`` some of whose cached entries attention skips, per KV head (its :class:`HeadwiseMask`).
-
-    Appends by concatenation, so it forks like ``DynamicLayer``; appended tokens are seen by every head.
-    """
+    """A ``DynamicLayer`` some of whose cached entries attention skips, per KV head (its :class:`HeadwiseMask`);
+    appended tokens are seen by every head."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, headwise: HeadwiseMask) -> None:
         super().__init__()
@@ -126,11 +108,8 @@ def discard_masks(modules: Iterable[nn.Module]) -> None:
 
 
 def take_mask(module: nn.Module, layer: DynamicLayer) -> DynamicLayer:
-    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a press left on ``module`` (removed there).
-
-    Raises:
-        ValueError: for a mask on a sliding-window layer, or one that does not fit the layer's keys.
-    """
+    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a press left on ``module`` (removed there);
+    ValueError for a mask on a sliding-window layer or one that does not fit the layer's keys."""
     indices = vars(module).pop(MASKED_KEYS, None)
     if indices is None:
         return layer

@@ -10,18 +10,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-__all__ = ["cached_weights_fingerprint", "model_identity", "weights_fingerprint"]
-
-_ARCH_FIELDS = (
-    "model_type",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "hidden_size",
-    "vocab_size",
-)
-
 
 def model_identity(model: PreTrainedModel) -> dict[str, Any]:
     """``name_or_path``, the architecture fields and ``config_hash``, the sha256 of those fields only (not paths or
@@ -49,7 +37,7 @@ def model_identity(model: PreTrainedModel) -> dict[str, Any]:
         "hidden_size": int(hidden_size),
         "vocab_size": int(getattr(text_config, "vocab_size", 0) or 0),
     }
-    canonical = json.dumps({key: arch[key] for key in _ARCH_FIELDS}, sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(arch, sort_keys=True, separators=(",", ":"))
     name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", "") or ""
     return {
         "name_or_path": str(name),
@@ -59,11 +47,8 @@ def model_identity(model: PreTrainedModel) -> dict[str, Any]:
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
-    """``"sha256:<hex>"`` over every parameter's name, dtype, shape and raw bytes, in ``named_parameters()`` order.
-
-    Which weights (and dtype) a model holds, so results of one fine-tune are not mixed with another's. Buffers
-    (derived from the config) are left out; accelerator parameters are copied to the CPU one at a time.
-    """
+    """``"sha256:<hex>"`` over every parameter's name, dtype, shape and raw bytes, in ``named_parameters()`` order:
+    which weights (and dtype) a model holds, so one fine-tune's results are not mixed with another's."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"weights_fingerprint needs a torch module, got {type(model).__name__}")
     digest = hashlib.sha256()

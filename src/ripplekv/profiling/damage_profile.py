@@ -1,10 +1,6 @@
-"""Damage profiles: per-layer damage measured by ``ripplekv analyze``, saved as a sensitivity profile.
-
-``scores`` is the mean KL(full || that layer alone compressed) per layer over the prompts, at the budget in
-``extra["budget"]`` (``extra["kind"] == "layer-damage"``); ``local_scores`` repeats it and ``alpha`` is 0 (no noise
-was added). The RippleKV rule over it (``ripplekv-oracle``) is an in-sample ceiling for any offline per-layer
-profile on those prompts, not a held-out result.
-"""
+"""Damage profiles: the mean KL(full || that layer alone compressed) per layer that ``ripplekv analyze`` measures at
+``extra["budget"]``, saved as a sensitivity profile (``local_scores`` repeat it; ``alpha`` 0). The RippleKV rule over
+it (``ripplekv-oracle``) is an in-sample ceiling for any offline per-layer profile on those prompts."""
 
 from __future__ import annotations
 
@@ -15,18 +11,14 @@ from typing import Any
 
 from ripplekv.profiling.profile import SensitivityProfile
 
-__all__ = [
-    "DAMAGE_KIND",
-    "ORACLE_METHOD",
-    "damage_budget",
-    "is_damage_profile",
-    "make_damage_profile",
-    "require_damage_profile",
-    "select_oracle_profile",
-]
-
 DAMAGE_KIND = "layer-damage"
 ORACLE_METHOD = "ripplekv-oracle"
+
+
+def _positive(budget: object, what: str) -> float:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+        raise ValueError(f"{what} must be a positive number, got {budget!r}")
+    return float(budget)
 
 
 def is_damage_profile(profile: SensitivityProfile) -> bool:
@@ -35,17 +27,11 @@ def is_damage_profile(profile: SensitivityProfile) -> bool:
 
 
 def damage_budget(profile: SensitivityProfile) -> float:
-    """The budget a damage profile was measured at (a kept fraction, or tokens per layer).
-
-    Raises:
-        ValueError: ``profile`` is not a damage profile, or its budget is missing or not a positive number.
-    """
+    """The budget a damage profile was measured at (a kept fraction, or tokens per layer); ValueError for another
+    profile or a budget that is not a positive number."""
     if not is_damage_profile(profile):
         raise ValueError("not a damage profile (ripplekv analyze writes them): it has no damage budget")
-    budget = profile.extra.get("budget")
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
-        raise ValueError(f"the damage profile's budget must be a positive number, got {budget!r}")
-    return float(budget)
+    return _positive(profile.extra.get("budget"), "the damage profile's budget")
 
 
 def require_damage_profile(method: str, profile: SensitivityProfile | None) -> SensitivityProfile:
@@ -74,16 +60,9 @@ def make_damage_profile(
     library_version: str,
     weights_fingerprint: str | None = None,
 ) -> SensitivityProfile:
-    """A damage profile: the mean of ``damage`` over prompts per layer, tagged with its budget.
-
-    Args:
-        damage: one row per prompt, one damage value (mean KL, nats) per layer.
-        calibration: what the prompts were (suite, count, a hash of their token ids).
-        scorer: the method that compressed the layer (``snapkv``), with observation window ``window_size``.
-
-    Raises:
-        ValueError: no prompt, rows of different lengths, a non-finite or negative damage, or a bad budget.
-    """
+    """A damage profile: the mean over prompts of ``damage`` (one row per prompt, one mean KL per layer), tagged
+    with its budget, the prompts (``calibration``: suite, count, a hash of their ids) and the ``scorer`` that
+    compressed each layer (observation window ``window_size``)."""
     rows = [tuple(float(v) for v in row) for row in damage]
     if not rows:
         raise ValueError("a damage profile needs the damage of at least one prompt")
@@ -93,8 +72,7 @@ def make_damage_profile(
     for i, row in enumerate(rows):
         if not all(math.isfinite(v) and v >= -1e-9 for v in row):
             raise ValueError(f"prompt {i}'s damage holds a non-finite or negative value: {row}")
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
-        raise ValueError(f"budget must be a positive number, got {budget!r}")
+    budget = _positive(budget, "budget")
     means = tuple(math.fsum(row[layer] for row in rows) / len(rows) for layer in range(width))
     return SensitivityProfile(
         model=dict(model),
@@ -107,18 +85,13 @@ def make_damage_profile(
         calibration=dict(calibration),
         library_version=library_version,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        extra={"kind": DAMAGE_KIND, "budget": float(budget), "scorer": scorer, "window_size": int(window_size)},
+        extra={"kind": DAMAGE_KIND, "budget": budget, "scorer": scorer, "window_size": int(window_size)},
         weights_fingerprint=weights_fingerprint,
     )
 
 
 def select_oracle_profile(profiles: Sequence[SensitivityProfile], budget: float) -> SensitivityProfile:
-    """The damage profile ``ripplekv-oracle`` uses at ``budget``: the one measured there (to 1e-9), or the only one.
-
-    Raises:
-        ValueError: no profile, one that is not a damage profile, two at one budget, or several profiles none of
-            which was measured at ``budget``.
-    """
+    """The damage profile ``ripplekv-oracle`` uses at ``budget``: the one measured there (to 1e-9), or the only one."""
     if not profiles:
         raise ValueError(f"{ORACLE_METHOD} needs --oracle-profile (a damage profile from `ripplekv analyze`)")
     budgets = [damage_budget(require_damage_profile(ORACLE_METHOD, p)) for p in profiles]

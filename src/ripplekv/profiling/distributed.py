@@ -1,14 +1,10 @@
-"""``ripplekv profile --workers N [--ray-address ADDR]``: sensitivity profiling sharded over Ray actors.
-
-Actors score whole samples; the driver checkpoints them as a single process does (either resumes the other) and
-assembles the same profile, given the same number of torch threads per process.
-"""
+"""``ripplekv profile --workers N``: actors score whole samples; the driver checkpoints them as a single process does
+(either resumes the other) and assembles the same profile (given the same torch threads per process)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable, Iterator
-from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -21,18 +17,10 @@ from ripplekv.distributed import (
     check_workers,
     ray_session,
 )
-from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
-from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
+from ripplekv.profiling.calibration import CalibrationSet
+from ripplekv.profiling.checkpoint import SampleScores
 from ripplekv.profiling.profile import SensitivityProfile
-from ripplekv.profiling.sensitivity import (
-    ProfilingConfig,
-    assemble_profile,
-    calibration_ids,
-    checkpoint_key,
-    score_sample,
-)
-
-__all__ = ["ProfileWorker", "profile_model_ray"]
+from ripplekv.profiling.sensitivity import ProfilingConfig, calibration_ids, collect_profile, score_sample
 
 ModelFactory = Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
 CalibrationFactory = Callable[[PreTrainedTokenizerBase], CalibrationSet]
@@ -55,7 +43,7 @@ class ProfileWorker(StreamWorker):
 
     def setup(self) -> dict[str, Any]:
         """Load the model; return its identity and weights fingerprint (the checkpoint's key)."""
-        from ripplekv.models.loading import model_identity, weights_fingerprint
+        from ripplekv.models.identity import model_identity, weights_fingerprint
 
         self.model, self.tokenizer = self.model_factory()
         return {"identity": model_identity(self.model), "fingerprint": weights_fingerprint(self.model)}
@@ -87,16 +75,10 @@ def profile_model_ray(
     worker_hook: Callable[[Hashable, int], None] | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> SensitivityProfile:
-    """:func:`~ripplekv.profiling.sensitivity.profile_model` with the samples scored on ``workers`` Ray actors.
-
-    Args:
-        model_factory: loads the model and tokenizer on each actor (picklable).
-        calibration: the set, or a picklable ``tokenizer -> CalibrationSet`` run on one actor (the driver never
-            loads the model).
-        device: where ``model_factory`` loads the model (``cpu`` asks for CPU actors; see
-            :func:`~ripplekv.distributed.actor_options`).
-        worker_hook: see :class:`~ripplekv.distributed.StreamWorker` (tests).
-    """
+    """:func:`~ripplekv.profiling.sensitivity.profile_model` with the samples scored on ``workers`` Ray actors, each
+    loading the model with the picklable ``model_factory`` (on ``device``; ``cpu`` asks for CPU actors).
+    ``calibration`` may be a picklable ``tokenizer -> CalibrationSet``, run on one actor (the driver never loads the
+    model)."""
     check_workers(workers)
     config = config or ProfilingConfig()
     if not isinstance(calibration, CalibrationSet) and not callable(calibration):
@@ -104,7 +86,6 @@ def profile_model_ray(
     with ray_session(ray_address) as ray:
         options = actor_options(ray, workers, device)
         pool = WorkerPool(ray, ProfileWorker, (config, model_factory, worker_hook), workers, options, max_attempts)
-        ckpt: Checkpoint | None = None
         try:
             description = pool.start()
             if not isinstance(calibration, CalibrationSet):
@@ -112,27 +93,11 @@ def profile_model_ray(
                 if not isinstance(calibration, CalibrationSet):
                     raise TypeError(f"the calibration factory returned a {type(calibration).__name__}")
             calib: CalibrationSet = calibration
+
+            def run(pending: list[int], on_item: Callable[[int, SampleScores], None]) -> None:
+                pool.run(pending, lambda index: (calib.samples[int(index)],), on_item)  # type: ignore[arg-type]
+
             identity, fingerprint = description["identity"], description["fingerprint"]
-            key = checkpoint_key(identity, fingerprint, calib, config)
-            ckpt = Checkpoint(Path(checkpoint), key) if checkpoint is not None else None
-            done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
-            total = len(calib)
-            if progress:
-                progress(len(done), total)
-
-            def arguments(index: Hashable) -> tuple[CalibrationSample]:
-                return (calib.samples[int(index)],)
-
-            def on_item(index: Hashable, scores: SampleScores) -> None:
-                done[int(index)] = scores
-                if ckpt:
-                    ckpt.add(int(index), scores)
-                if progress:
-                    progress(len(done), total)
-
-            pool.run([i for i in range(total) if i not in done], arguments, on_item)
+            return collect_profile(identity, fingerprint, calib, config, checkpoint, progress, run)
         finally:
             pool.close()
-            if ckpt is not None:
-                ckpt.close()  # its lock
-    return assemble_profile(identity, fingerprint, calib, config, done)

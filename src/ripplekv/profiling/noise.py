@@ -17,11 +17,8 @@ from ripplekv.models.cache import KVPair, PreallocatedLayer, cache_from_layers
 
 
 def norm_adaptive_noise(values: torch.Tensor, alpha: float, generator: torch.Generator) -> torch.Tensor:
-    """Noise ``alpha * ||v|| * u`` for every vector ``v`` along the last dimension of ``values``.
-
-    ``u`` is drawn in float32 on ``generator``'s device; norms and product are float32 on ``values``' device, then
-    cast to its dtype.
-    """
+    """Noise ``alpha * ||v|| * u`` for every vector ``v`` along the last dimension of ``values`` (``u`` drawn in
+    float32 on ``generator``'s device; norms and product in float32 on ``values``' device, cast to its dtype)."""
     gauss = torch.randn(values.shape, generator=generator, dtype=torch.float32, device=generator.device)
     unit = gauss / gauss.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
     norms = values.detach().float().norm(dim=-1, keepdim=True)
@@ -35,11 +32,8 @@ def noise_generator(seed: int, sample: int, layer: int) -> torch.Generator:
 
 
 class ContinuationBuffers:
-    """The prefilled context of every layer, in buffers with ``room`` tokens for the continuation, ``batch`` rows.
-
-    Passes write their continuation in place (:class:`PreallocatedLayer`); noisy Values go to a separate buffer, so
-    every clean tensor stays bit-identical. Memory: ``batch + 1`` times the context's KV cache.
-    """
+    """The prefilled context of every layer in ``batch``-row buffers with ``room`` tokens for the continuation,
+    written in place; noisy Values go to a separate buffer, so every clean tensor stays bit-identical."""
 
     def __init__(self, clean: Sequence[KVPair], room: int, batch: int) -> None:
         if batch < 1 or room < 0:
@@ -54,10 +48,6 @@ class ContinuationBuffers:
                 buffer[..., : self.prefix, :] = source
                 target.append(buffer)
         self._noisy: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def clean_cache(self) -> DynamicCache:
-        """A batch-1 cache over row 0 of the clean buffers."""
-        return cache_from_layers([PreallocatedLayer(k[:1], v[:1], self.prefix) for k, v in zip(self.keys, self.values)])
 
     def perturbed_cache(
         self, layer: int, alpha: float, generator: torch.Generator, clean_rows: int = 0

@@ -51,9 +51,10 @@ class CleanPass:
     new_tokens: int
 
     def layer_input(self, index: int) -> torch.Tensor:
-        """The hidden states that entered decoder layer ``index`` (batch 1)."""
+        """The hidden states that entered decoder layer ``index`` (batch 1), in the dtype of the prefilled values
+        (float32 for float32 passes)."""
         args, kwargs = self.calls[index]
-        return args[0] if args else kwargs["hidden_states"]
+        return (args[0] if args else kwargs["hidden_states"]).to(self.clean[0][1].dtype)
 
 
 PRECISIONS = ("float32", "float32-head", "model")
@@ -65,62 +66,49 @@ MAX_HEAD_BYTES = 256 * 2**20
 (a 128K vocabulary of width 4,096 is 2 GiB in float32)."""
 
 
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-
-
 class ModelHead:
-    """The model's final norm and output projection as the model computes them (its dtype, soft-capping too)."""
+    """The model's final norm and output projection as the model computes them (its dtype), then its
+    ``final_logit_softcapping`` (Gemma 2)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.norm, self.head = decoder_of(model).norm, model.get_output_embeddings()
         cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
         self.softcap = None if cap is None else float(cap)
 
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(hidden))
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of decoder output ``hidden``, in the model's dtype."""
-        logits = self.head(self.norm(hidden))
+        """Logits ``(..., vocab)`` of decoder output ``hidden`` ``(..., hidden_size)``."""
+        logits = self.project(hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
 
-class Float32Head:
-    """The model's final norm and output projection in float32, then its ``final_logit_softcapping`` (Gemma 2).
-
-    Raises:
-        ValueError: if the output embeddings are not a linear layer.
-    """
+class Float32Head(ModelHead):
+    """:class:`ModelHead` in float32, whatever the model's dtype; a projection above :data:`MAX_HEAD_BYTES` is cast
+    in chunks per call. ValueError if the output embeddings are not a linear layer."""
 
     def __init__(self, model: PreTrainedModel) -> None:
-        self.norm = decoder_of(model).norm
-        head = model.get_output_embeddings()
-        if not isinstance(head, nn.Linear):
+        super().__init__(model)
+        if not isinstance(self.head, nn.Linear):
             raise ValueError(f"{type(model).__name__}'s output embeddings are not a linear layer")
-        self._weight = head.weight
-        self._bias = None if head.bias is None else head.bias.detach().float()
-        cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-        self.softcap = None if cap is None else float(cap)
-        rows = head.weight.shape[0]
-        row_bytes = head.weight.shape[1] * 4
-        self.chunk = max(1, MAX_HEAD_BYTES // row_bytes)
-        self._float_weight = head.weight.detach().float() if rows <= self.chunk else None
+        weight = self.head.weight
+        self._bias = None if self.head.bias is None else self.head.bias.detach().float()
+        self.chunk = max(1, MAX_HEAD_BYTES // (weight.shape[1] * 4))
+        self._float_weight = weight.detach().float() if weight.shape[0] <= self.chunk else None
 
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits ``(..., vocab)`` of decoder output ``hidden`` ``(..., hidden_size)``, any dtype."""
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
         normed = self.norm(hidden.float()).float()
         if self._float_weight is not None:
-            logits = F.linear(normed, self._float_weight, self._bias)
-        else:
-            parts = []
-            for start in range(0, self._weight.shape[0], self.chunk):
-                bias = None if self._bias is None else self._bias[start : start + self.chunk]
-                parts.append(F.linear(normed, self._weight[start : start + self.chunk].detach().float(), bias))
-            logits = torch.cat(parts, dim=-1)
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+            return F.linear(normed, self._float_weight, self._bias)
+        weight, bias, chunk = self.head.weight, self._bias, self.chunk
+        parts = []
+        for start in range(0, weight.shape[0], chunk):
+            part_bias = None if bias is None else bias[start : start + chunk]
+            parts.append(F.linear(normed, weight[start : start + chunk].detach().float(), part_bias))
+        return torch.cat(parts, dim=-1)
 
 
 MAX_LAYER_COPY_BYTES = 2 * 2**30
@@ -154,12 +142,6 @@ class Float32Layers:
             self._copies[index] = copied
             self._bytes += size
         return copied
-
-
-def float32_clean_pass(clean: CleanPass) -> CleanPass:
-    """``clean`` with its prefilled keys and values in float32 (the same tensors if they already are)."""
-    pairs = [(k.float(), v.float()) for k, v in clean.clean]
-    return CleanPass(pairs, clean.calls, clean.new_tokens)
 
 
 def decoder_of(model: PreTrainedModel) -> nn.Module:
@@ -231,7 +213,8 @@ def _arithmetic(
     model: PreTrainedModel, clean: CleanPass, precision: str, keep_copies: bool
 ) -> tuple[Float32Layers | list[nn.Module], Callable[[torch.Tensor], torch.Tensor], CleanPass]:
     """The layers, the head and the clean pass the continuation passes of ``precision`` run with."""
-    _check_precision(precision)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     layers = list(decoder_of(model).layers)
     if precision == "model":
         return layers, ModelHead(model), clean
@@ -239,12 +222,7 @@ def _arithmetic(
     if precision == "float32-head":
         return layers, head, clean
     copies = Float32Layers(layers, max_bytes=MAX_LAYER_COPY_BYTES if keep_copies else 0)
-    return copies, head, float32_clean_pass(clean)
-
-
-def _input(hidden: torch.Tensor, clean: CleanPass) -> torch.Tensor:
-    """A recorded layer input in the dtype of the clean pass's cache (float32 for float32 passes)."""
-    return hidden.to(clean.clean[0][1].dtype)
+    return copies, head, CleanPass([(k.float(), v.float()) for k, v in clean.clean], clean.calls, clean.new_tokens)
 
 
 def layer_by_layer(
@@ -260,7 +238,7 @@ def layer_by_layer(
     kl_scores, local_scores = [], []
     for index in range(len(layers)):
         cache = buffers.perturbed_cache(index, noise.alpha, noise.generator(index), clean_rows=1)
-        hidden = _input(clean.layer_input(index), clean).expand(batch, -1, -1)
+        hidden = clean.layer_input(index).expand(batch, -1, -1)
         attention: list[torch.Tensor] = []
         with _record_attention_output(layers[index], attention):
             for j in range(index, len(layers)):
@@ -283,7 +261,7 @@ def batched_by_depth(
     layers, head, clean = _arithmetic(model, clean, precision, keep_copies=False)  # each layer runs once
     repeats = noise.repeats
     cache = cache_from_layers([PassThroughLayer(clean.clean[0][0].shape[-2]) for _ in range(len(layers))])
-    hidden = _input(clean.layer_input(0), clean)  # row 0: the reference
+    hidden = clean.layer_input(0)  # row 0: the reference
     local_scores = []
     for j in range(len(layers)):
         layer = layers[j]

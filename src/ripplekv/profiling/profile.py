@@ -89,14 +89,8 @@ class SensitivityProfile:
         return len(self.scores)
 
     def check_model(self, model: PreTrainedModel, strict: bool = False) -> None:
-        """Check that ``model`` is the model this profile was measured on.
-
-        Other weights of the architecture (a fine-tune, another dtype) warn once per pair of fingerprints
-        (:class:`ProfileWeightsWarning`), or raise with ``strict``.
-
-        Raises:
-            ProfileError: another architecture, or (``strict``) other weights.
-        """
+        """Raise ProfileError unless ``model`` has this profile's architecture; other weights of it (a fine-tune,
+        another dtype) warn once per pair of fingerprints (:class:`ProfileWeightsWarning`), or raise with ``strict``."""
         from ripplekv.models.identity import cached_weights_fingerprint, model_identity  # torch: only with a model
 
         other = model_identity(model)

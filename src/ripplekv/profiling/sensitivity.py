@@ -1,16 +1,13 @@
 """Offline sensitivity profiling (RippleKV paper, 2026, step 1).
 
-Per calibration sample: prefill the context once; run the continuation over a by-reference fork
-(:func:`ripplekv.models.cache.lean_fork`), recording each layer's input; then per layer ``l`` add norm-adaptive
-noise to layer ``l``'s cached Values only (:mod:`ripplekv.profiling.noise`), rerun from layer ``l`` up
+Per calibration sample: prefill the context once and run the continuation over it, recording each layer's input;
+then per layer ``l`` add norm-adaptive noise to layer ``l``'s cached Values only, rerun from layer ``l`` up
 (:mod:`ripplekv.profiling.passes`) and take ``KL(P_ref || P_perturbed)`` averaged over continuation positions.
-Cost: one prefill per sample plus ``(L - l) / L`` of a continuation pass per layer. Seeded, and checkpointed per
-sample (:mod:`ripplekv.profiling.checkpoint`).
+Seeded, and checkpointed per sample.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,10 +21,9 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.models.cache import cache_from_tensors, cache_tensors, lean_fork
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, prefill_in_chunks
-from ripplekv.models.loading import model_identity, weights_fingerprint
+from ripplekv.models.identity import model_identity, weights_fingerprint
 from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
-from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_adaptive_noise
 from ripplekv.profiling.passes import (
     PRECISIONS,
     CleanPass,
@@ -39,23 +35,7 @@ from ripplekv.profiling.passes import (
     record_layer_calls,
 )
 from ripplekv.profiling.profile import SensitivityProfile
-
-__all__ = [
-    "CONTINUATIONS",
-    "DEFAULT_ALPHA",
-    "DEFAULT_ANSWER_TOKENS",
-    "DEFAULT_REPEATS",
-    "ContinuationBuffers",
-    "ProfilingConfig",
-    "SampleScores",
-    "assemble_profile",
-    "calibration_ids",
-    "checkpoint_key",
-    "noise_generator",
-    "norm_adaptive_noise",
-    "profile_model",
-    "score_sample",
-]
+from ripplekv.validation import is_integer
 
 DEFAULT_ALPHA = 0.5
 # Bumped whenever a score's arithmetic changes, so a checkpoint of older scores is never resumed (3: float32 passes).
@@ -70,19 +50,16 @@ class ProfilingConfig:
     """Parameters of sensitivity profiling.
 
     Attributes:
-        alpha: relative noise scale: each value vector ``v`` becomes ``v + alpha * ||v|| * u``, ``u`` a random
-            unit vector (proportional to each layer's own magnitudes, so layers compare fairly).
-        repeats: noise draws per (sample, layer), averaged.
-        seed: draws depend only on ``(seed, sample index, repeat, layer)``.
+        alpha: relative noise scale (:func:`~ripplekv.profiling.noise.norm_adaptive_noise`).
+        repeats: noise draws per (sample, layer), averaged; draws depend only on ``(seed, sample, layer)``.
         max_context_tokens: contexts keep their last tokens (None: ``max_position_embeddings`` minus the
             continuation).
         continuation: ``"text"`` (the paper's: the sample's continuation, teacher-forced) or ``"model"`` (the
             model's own greedy answer to context + question, at most ``answer_tokens``, never starting with EOS).
-        max_continuation_tokens: text continuations keep their first tokens (None: whole); a continuation of
-            ``m`` tokens costs up to ``layers * m`` token passes.
+        max_continuation_tokens: text continuations keep their first tokens (None: whole).
         precision: one of :data:`~ripplekv.profiling.passes.PRECISIONS`.
-        prefill_chunk: longer contexts are prefilled in chunks (:mod:`ripplekv.models.chunked_prefill`), equal to
-            one pass up to float rounding; None: one pass. Part of the checkpoint key when not the default.
+        prefill_chunk: longer contexts are prefilled in chunks (equal to one pass up to float rounding; None: one
+            pass).
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -98,17 +75,12 @@ class ProfilingConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and np.isfinite(self.alpha) and self.alpha >= 0):
             raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha!r}")
-        if not (isinstance(self.repeats, int) and self.repeats >= 1):
-            raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
-        if self.max_context_tokens is not None and self.max_context_tokens < 1:
-            raise ValueError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
+        for name in ("repeats", "answer_tokens", "max_context_tokens", "max_continuation_tokens"):
+            value, optional = getattr(self, name), name.startswith("max_")
+            if not (optional and value is None) and (not is_integer(value) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1{' or None' if optional else ''}, got {value!r}")
         if self.continuation not in CONTINUATIONS:
             raise ValueError(f"continuation must be one of {CONTINUATIONS}, got {self.continuation!r}")
-        if isinstance(self.answer_tokens, bool) or not isinstance(self.answer_tokens, int) or self.answer_tokens < 1:
-            raise ValueError(f"answer_tokens must be an integer >= 1, got {self.answer_tokens!r}")
-        cap = self.max_continuation_tokens
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise ValueError(f"max_continuation_tokens must be an integer >= 1 or None, got {cap!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         check_prefill_chunk(self.prefill_chunk)
@@ -122,13 +94,9 @@ def score_sample(
     config: ProfilingConfig,
     sample_index: int = 0,
 ) -> SampleScores:
-    """Per-layer KL and local scores of one sample, averaged over positions and draws, then clamped at 0.
-
-    Args:
-        context_ids: ``(1, n)`` ids prefilled into the cache.
-        continuation_ids: ``(1, m)`` ids, ``m >= 1``; None: the model's own answer (:func:`greedy_continuation`).
-        sample_index: part of the noise seed.
-    """
+    """Per-layer KL and local scores of one sample, averaged over positions and draws, then clamped at 0:
+    ``context_ids`` ``(1, n)`` prefilled, ``continuation_ids`` ``(1, m)`` (None: the model's own answer) scored;
+    ``sample_index`` is part of the noise seed."""
     given = continuation_ids is not None
     if context_ids.dim() != 2 or context_ids.shape[0] != 1 or (given and continuation_ids.dim() != 2):
         raise ValueError("score_sample takes one sample: ids of shape (1, n)")
@@ -178,11 +146,9 @@ def _stop_ids(model: PreTrainedModel) -> set[int]:
 def greedy_continuation(
     model: PreTrainedModel, cache: DynamicCache, logits: torch.Tensor, position: int, max_tokens: int
 ) -> torch.Tensor:
-    """``(1, m)``: the model's greedy answer after a prefill, ``1 <= m <= max_tokens``; extends ``cache``.
-
-    Stops after the end-of-sequence token (included, as in ``ripplekv eval``), which cannot be the first token
-    (LongBench's ``min_length``). ``logits``: ``(1, vocab)`` of the prefill; ``position``: tokens in the cache.
-    """
+    """``(1, m)``: the model's greedy answer after a prefill (``logits`` ``(1, vocab)``, ``position`` tokens in
+    ``cache``, which it extends), ``1 <= m <= max_tokens``, stopping after an end-of-sequence token (included; never
+    the first, as LongBench's ``min_length``)."""
     stops = _stop_ids(model)
     banned = sorted(i for i in stops if 0 <= i < logits.shape[-1])
     tokens: list[int] = []
@@ -239,19 +205,9 @@ def checkpoint_key(
         **_continuation_settings(config),
         **({} if config.precision == "float32" else {"precision": config.precision}),
         # the model's own answers follow the prompts' questions, which the set's sha256 leaves out
-        **({"questions": _questions_sha256(calibration)} if config.continuation == "model" else {}),
+        **({"questions": calibration.sha256(("question",))} if config.continuation == "model" else {}),
         **({} if config.prefill_chunk == DEFAULT_PREFILL_CHUNK else {"prefill_chunk": config.prefill_chunk}),
     }
-
-
-def _questions_sha256(calibration: CalibrationSet) -> str:
-    """Hex digest over the samples' questions, in order."""
-    digest = hashlib.sha256()
-    for sample in calibration.samples:
-        data = sample.question.encode("utf-8")
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()
 
 
 def _continuation_settings(config: ProfilingConfig) -> dict[str, Any]:
@@ -302,6 +258,39 @@ def assemble_profile(
     )
 
 
+def collect_profile(
+    identity: dict[str, Any],
+    fingerprint: str,
+    calibration: CalibrationSet,
+    config: ProfilingConfig,
+    checkpoint: str | os.PathLike[str] | None,
+    progress: Callable[[int, int], None] | None,
+    run: Callable[[list[int], Callable[[int, SampleScores], None]], Any],
+) -> SensitivityProfile:
+    """The profile of the samples ``run(pending, on_item)`` scores (those ``checkpoint`` lacks), each checkpointed
+    and reported as ``progress(done, total)`` as it arrives."""
+    key = checkpoint_key(identity, fingerprint, calibration, config)
+    ckpt = Checkpoint(Path(checkpoint), key) if checkpoint is not None else None
+    done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
+    total = len(calibration)
+
+    def on_item(index: int, scores: SampleScores) -> None:
+        done[int(index)] = scores
+        if ckpt:
+            ckpt.add(int(index), scores)
+        if progress:
+            progress(len(done), total)
+
+    try:
+        if progress:
+            progress(len(done), total)
+        run([i for i in range(total) if i not in done], on_item)
+    finally:
+        if ckpt:
+            ckpt.close()  # its lock: one run writes a checkpoint at a time
+    return assemble_profile(identity, fingerprint, calibration, config, done)
+
+
 def profile_model(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -320,27 +309,11 @@ def profile_model(
     config = config or ProfilingConfig()
     if len(calibration) == 0:
         raise ValueError("the calibration set is empty")
-    identity = model_identity(model)
-    fingerprint = weights_fingerprint(model)
-    key = checkpoint_key(identity, fingerprint, calibration, config)
-    ckpt = Checkpoint(Path(checkpoint), key) if checkpoint is not None else None
-    done: dict[int, SampleScores] = dict(ckpt.done) if ckpt else {}
 
-    total = len(calibration)
-    try:
-        if progress:
-            progress(len(done), total)
-        for index, sample in enumerate(calibration.samples):
-            if index in done:
-                continue
-            context_ids, continuation_ids = calibration_ids(model, tokenizer, sample, config)
-            scores = score_sample(model, context_ids, continuation_ids, config, sample_index=index)
-            done[index] = scores
-            if ckpt:
-                ckpt.add(index, scores)
-            if progress:
-                progress(len(done), total)
-    finally:
-        if ckpt:
-            ckpt.close()  # its lock: one run writes a checkpoint at a time
-    return assemble_profile(identity, fingerprint, calibration, config, done)
+    def run(pending: list[int], on_item: Callable[[int, SampleScores], None]) -> None:
+        for index in pending:
+            ids = calibration_ids(model, tokenizer, calibration.samples[index], config)
+            on_item(index, score_sample(model, *ids, config, sample_index=index))
+
+    identity, fingerprint = model_identity(model), weights_fingerprint(model)
+    return collect_profile(identity, fingerprint, calibration, config, checkpoint, progress, run)

@@ -81,7 +81,7 @@ def run_analysis(
     """
 
     from ripplekv.models import model_identity
-    from ripplekv.models.loading import weights_fingerprint
+    from ripplekv.models.identity import weights_fingerprint
     from ripplekv.version import __version__
 
     start = time.perf_counter()
