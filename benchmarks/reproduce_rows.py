@@ -243,13 +243,14 @@ def extract_source(revision: str) -> tuple[str, Path]:
 
 
 def collect(work: Path, name: str, pending: set[Key], known: set[Key]) -> list[dict[str, Any]]:
-    """The rows of ``pending`` that the reference run wrote into ``work`` and ``known`` lacks (added to it)."""
+    """The rows of ``pending`` that the reference run wrote into ``work`` and ``known`` lacks (added to it); the
+    placeholders a work folder was seeded with (:func:`seed_rows`, no ``fidelity_kl``) are not rows it wrote."""
     from ripplekv_eval.running.results import ResultsLog
 
     found = []
     for row in ResultsLog(work / "results.jsonl").read():  # an interrupted last line is left alone
         key = row_key(name, row)
-        if key in pending and key not in known:
+        if "fidelity_kl" in row and key in pending and key not in known:
             known.add(key)
             found.append(row)
     return found

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from benchmarks.reproduce_rows import by_sample, compare, relative_error, replace_option, row_key, seed_rows
+import json
+from pathlib import Path
+
+from benchmarks.reproduce_rows import (
+    Key,
+    by_sample,
+    collect,
+    compare,
+    relative_error,
+    replace_option,
+    row_key,
+    seed_rows,
+)
 
 RUN = "some-run"
 
@@ -63,3 +75,14 @@ def test_compare_passes_identical_values_whatever_the_committed_ones() -> None:
 def test_replace_option_replaces_both_spellings_and_nothing_else() -> None:
     argv = ["eval", "--data-dir", "x", "--out", "o", "--data-dir=y"]
     assert replace_option(argv, "--data-dir", "z") == ["eval", "--data-dir", "z", "--out", "o", "--data-dir=z"]
+
+
+def test_collect_takes_the_computed_pending_rows_once_and_never_a_placeholder(tmp_path: Path) -> None:
+    rows = [row("a", "snapkv", 0.1, 0.5), row("a", "snapkv", 0.2, 0.4), row("b", "snapkv", 0.1, 0.3)]
+    pending = {row_key(RUN, r) for r in rows[:2]}
+    with (tmp_path / "results.jsonl").open("w") as handle:  # an earlier work folder: rows[0] was pending there
+        for line in [*seed_rows(RUN, rows, {row_key(RUN, rows[0])}), rows[0]]:
+            handle.write(json.dumps(line) + "\n")
+    known: set[Key] = set()
+    assert collect(tmp_path, RUN, pending, known) == [rows[0]]
+    assert known == {row_key(RUN, rows[0])} and collect(tmp_path, RUN, pending, known) == []
