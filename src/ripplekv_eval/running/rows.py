@@ -54,6 +54,7 @@ from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.inference.generate import Prefill, eos_ids, kept_tokens
+from ripplekv.models.attention import uses_varlen_attention
 from ripplekv.models.cache import cache_bytes
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
@@ -61,7 +62,6 @@ from ripplekv_eval.fastpath.batched import (
     DecodeRow,
     NotBatchableError,
     batched_greedy_decode_rows,
-    can_batch,
     decode_row,
     row_bytes,
 )
@@ -237,7 +237,7 @@ class SampleRunner:
         stops = self.eos | sample.extra_stop_ids
         asked = self.config.score == "both" and self.config.decode == "batched"
         # a ragged batch needs ripplekv's attention (FlashAttention as loaded decodes each cache alone: rows of 1)
-        batched = asked and can_batch(self.model)
+        batched = asked and uses_varlen_attention(self.model)
         bound = self.config.decode_memory or cache_bytes(record.full_cache())
         group: list[_Pending] = []
         others = [(method, budget) for method, budget in pending if method != "full"]
