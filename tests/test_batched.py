@@ -10,11 +10,11 @@ from ripplekv.inference.generate import Prefill, cache_forward, extend
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.padded import KeyValidity
 from ripplekv.presses import make_press
-from ripplekv_eval.fastpath.batched import pad_layers
 from ripplekv_eval.fastpath.batched import (
     NotBatchableError,
     batched_greedy_decode,
     batched_teacher_forced_logprobs,
+    pad_layers,
     padded_batch,
 )
 from ripplekv_eval.fastpath.derive import derived_prefill

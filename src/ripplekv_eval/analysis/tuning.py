@@ -35,10 +35,9 @@ from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS_WITHOUT_SCO
 from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
-from ripplekv_eval.fastpath.derive import compressed_prefill
+from ripplekv_eval.fastpath.derive import compressed_prefill, recorded_statistics, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable, prescored_scorers
-from ripplekv_eval.fastpath.per_prompt import recorded_statistics, residual_statistics_of
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv_eval.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample

@@ -8,11 +8,11 @@ values (each reduction runs along one row; tested) with one block's temporaries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from ripplekv.inference.generate import Prefill, cache_forward
 from ripplekv.models.cache import fork_cache
@@ -65,23 +65,23 @@ def _check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
 
 
 @torch.no_grad()
-def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequence[int]) -> torch.Tensor:
-    """Next-token log-probabilities along ``tokens`` forced after the prompt of ``state``.
+def teacher_forced_logprobs(
+    model: PreTrainedModel,
+    state: Prefill,
+    tokens: Sequence[int],
+    fork: Callable[[DynamicCache], DynamicCache] = fork_cache,
+) -> torch.Tensor:
+    """``(len(tokens), vocab)`` float64 CPU log-probabilities along ``tokens`` forced after the prompt of ``state``.
 
-    Row ``i`` is the distribution of the token at position ``i`` given the prompt and ``tokens[:i]``: row 0 is
-    ``state.next_logits``, the others one forward pass of ``tokens[:-1]`` over a fork of ``state.cache`` (left
-    unchanged). Multi-token passes over per-layer compressed caches need an implementation that attends over them
-    (:func:`ripplekv.models.attention.supports_per_layer_lengths`).
-
-    Returns:
-        ``(len(tokens), vocab)`` float64 log-softmax, on the CPU.
+    Row 0 is ``state.next_logits``, the others one forward pass of ``tokens[:-1]`` over ``fork(state.cache)`` (the
+    cache left unchanged; :func:`~ripplekv.models.cache.lean_fork` never copies it, same values).
     """
     vocab = state.next_logits.shape[-1]
     ids = _check_tokens(tokens, vocab)
     if len(ids) > 1:
         device = state.next_logits.device
         positions = torch.arange(state.prompt_tokens, state.prompt_tokens + len(ids) - 1, device=device)
-        logits = cache_forward(model, torch.tensor([ids[:-1]], device=device), fork_cache(state.cache), positions)
+        logits = cache_forward(model, torch.tensor([ids[:-1]], device=device), fork(state.cache), positions)
         if logits.shape[1] != len(ids) - 1:
             raise ValueError(f"the model returned logits for {logits.shape[1]} of {len(ids) - 1} positions")
         return logprob_rows(state.next_logits, logits[0])

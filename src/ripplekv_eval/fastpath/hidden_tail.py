@@ -3,7 +3,7 @@ path derives at all (exact classes; any other runs its own prefill).
 
 A record keeps per layer the last ``hidden_tail`` input hidden states: SnapKV and the presses on its scorer read
 ``window_size + 1``, TOVA 1, key- or position-only scorers 0, ExpectedAttention all of them, unless the record
-prescores it (its scores computed while the prefill runs, :mod:`ripplekv_eval.fastpath.query_moments` in chunks).
+prescores it (its scores computed while the prefill runs, :mod:`ripplekv_eval.fastpath.recording_press` in chunks).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ _WRAPPERS: tuple[type, ...] = (
     RippleKVPress,
 )
 
-# Per-prompt presses: derived every layer at once (:mod:`ripplekv_eval.fastpath.per_prompt`).
+# Per-prompt presses: derived every layer at once (:mod:`ripplekv_eval.fastpath.derive`).
 PER_PROMPT: tuple[type[PerPromptBudgetPress], ...] = (PerPromptBudgetPress, LavaPress)
 # Scorers that read every prompt position, which a record can score while the prefill runs instead.
 PRESCORABLE: frozenset[type[ScorerPress]] = frozenset({ExpectedAttentionPress})
