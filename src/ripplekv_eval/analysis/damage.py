@@ -29,18 +29,9 @@ from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
-from ripplekv_eval.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
-
-__all__ = [
-    "DAMAGE_METHOD",
-    "DamageRunner",
-    "LayerDamage",
-    "SingleLayerPress",
-    "layer_damage",
-    "single_layer_cache",
-    "uniform_compressed",
-]
+from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
 
 DAMAGE_METHOD = "snapkv"
 """The method whose compression of one layer is measured (its ``method`` field in the damage rows)."""
@@ -60,8 +51,7 @@ class SingleLayerPress(BasePress):
     def __post_init__(self) -> None:
         if not isinstance(self.press, BasePress):
             raise TypeError(f"press must be a kvpress press, got {type(self.press).__name__}")
-        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
-            raise ValueError(f"layer must be an integer >= 0, got {self.layer!r}")
+        check_int("layer", self.layer, 0)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the layer exists, enable variable-length attention, then set up the inner press."""

@@ -40,19 +40,9 @@ from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable, prescored_scorers
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
-from ripplekv_eval.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
-
-__all__ = [
-    "DEFAULT_GAMMAS",
-    "DEFAULT_RATIOS",
-    "TUNE_METHOD",
-    "Candidate",
-    "TuneConfig",
-    "TuneRunner",
-    "method_grid",
-    "split_samples",
-]
+from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
 
 TUNE_METHOD = "ripplekv"
 DEFAULT_RATIOS: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -167,10 +157,8 @@ class TuneConfig:
         fraction = self.calibration_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
             raise ValueError(f"calibration_fraction must be in (0, 1), got {fraction!r}")
-        if isinstance(self.resamples, bool) or not isinstance(self.resamples, int) or self.resamples < MIN_RESAMPLES:
-            raise ValueError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {self.resamples!r}")
-        if isinstance(self.bootstrap_seed, bool) or not isinstance(self.bootstrap_seed, int) or self.bootstrap_seed < 0:
-            raise ValueError(f"bootstrap_seed must be an integer >= 0, got {self.bootstrap_seed!r}")
+        check_int("resamples", self.resamples, MIN_RESAMPLES)
+        check_int("bootstrap_seed", self.bootstrap_seed, 0)
         if not self.eval.budget_values:
             raise ValueError("no budgets given")
         for budget in self.eval.budgets:

@@ -22,22 +22,7 @@ from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, dynam
 from ripplekv.models.headwise import MaskedLayer, headwise_of
 from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
-
-__all__ = [
-    "STEP_COST_TOKENS",
-    "DecodeRow",
-    "NotBatchableError",
-    "batched_greedy_decode",
-    "batched_greedy_decode_rows",
-    "batched_teacher_forced_logprobs",
-    "decode_row",
-    "pad_layers",
-    "padded_batch",
-    "plan_batches",
-    "ragged_cache_of",
-    "row_bytes",
-    "row_lengths",
-]
+from ripplekv_eval.sample import check_int
 
 
 def compact_heads(
@@ -98,13 +83,6 @@ def pad_layers(
 
 class NotBatchableError(ValueError):
     """Caches that cannot run as one padded batch (decode them one at a time)."""
-
-
-def check_count(name: str, value: object, minimum: int) -> int:
-    """``value``; ValueError naming ``name`` unless it is an ``int >= minimum`` (a bool is not)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def _layer_kv(layer: DynamicLayer) -> KVPair:
@@ -187,7 +165,7 @@ class DecodeRow:
 def row_bytes(state: Prefill, room: int) -> int:
     """What :func:`decode_row` of ``state`` will hold (:meth:`DecodeRow.nbytes`), without building it."""
     check_states([state])
-    check_count("room", room, 0)
+    check_int("room", room, 0)
     validity = _row_validity(state)
     total = 0
     for index, (layer, length) in enumerate(zip(state.cache.layers, row_lengths(state))):
@@ -200,7 +178,7 @@ def row_bytes(state: Prefill, room: int) -> int:
 def decode_row(state: Prefill, room: int) -> DecodeRow:
     """``state``'s cache (left unchanged) laid out with ``room`` answer tokens, head-wise masked layers compacted."""
     check_states([state])
-    check_count("room", room, 0)
+    check_int("room", room, 0)
     validity = _row_validity(state)
     buffers, lengths, valid = [], [], []
     for index, layer in enumerate(state.cache.layers):
@@ -274,7 +252,7 @@ def plan_batches(states: Sequence[Prefill], max_rows: int | None = None) -> list
     Returns lists of indices into ``states``, every index once.
     """
     if max_rows is not None:
-        check_count("max_rows", max_rows, 1)
+        check_int("max_rows", max_rows, 1)
     check_states(states)
     layers = len(states[0].cache.layers) if states else 1
     lengths = [row_lengths(state) for state in states]
@@ -315,11 +293,11 @@ def batched_greedy_decode(
     """
     if not uses_varlen_attention(model):
         raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))
-    check_count("max_new_tokens", max_new_tokens, 1)
-    check_count("min_new_tokens", min_new_tokens, 0)
+    check_int("max_new_tokens", max_new_tokens, 1)
+    check_int("min_new_tokens", min_new_tokens, 0)
     check_states(states)
     if max_rows is not None:
-        check_count("max_rows", max_rows, 1)
+        check_int("max_rows", max_rows, 1)
     size = len(states) if max_rows is None else max_rows
     results: list[list[int]] = []
     for start in range(0, len(states), size):
@@ -343,8 +321,8 @@ def batched_greedy_decode_rows(
     """
     if not uses_varlen_attention(model):
         raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))
-    check_count("max_new_tokens", max_new_tokens, 1)
-    check_count("min_new_tokens", min_new_tokens, 0)
+    check_int("max_new_tokens", max_new_tokens, 1)
+    check_int("min_new_tokens", min_new_tokens, 0)
     check_rows(rows, max_new_tokens)
     cache = ragged_cache_of(rows)
     logits = torch.stack([row.next_logits for row in rows])

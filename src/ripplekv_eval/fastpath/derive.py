@@ -36,17 +36,6 @@ from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.fastpath.recording_press import LayerRecord
 from ripplekv_eval.fastpath.score_memo import ScoreMemo, memoizing
 
-__all__ = [
-    "NotDerivableError",
-    "compressed_prefill",
-    "compressed_prefill_in_chunks",
-    "derive_cache",
-    "derive_per_prompt",
-    "derived_prefill",
-    "recorded_statistics",
-    "residual_statistics_of",
-]
-
 
 class NotDerivableError(ValueError):
     """A press whose compressed cache cannot be derived from a prefill record (prefill with it directly)."""

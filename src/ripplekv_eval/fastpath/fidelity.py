@@ -17,8 +17,6 @@ from transformers import DynamicCache, PreTrainedModel
 from ripplekv.inference.generate import Prefill, cache_forward
 from ripplekv.models.cache import fork_cache
 
-__all__ = ["ROW_BLOCK", "Fidelity", "fidelity", "logprob_rows", "mean_nll", "row_blocks", "teacher_forced_logprobs"]
-
 ROW_BLOCK = 2
 """Rows of ``(positions, vocab)`` float64 tensors computed at once."""
 

@@ -37,16 +37,6 @@ from ripplekv.presses.registry import DEFAULT_WINDOW
 from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv_eval.fastpath.score_memo import MEMO_SCORING, scorer_key
 
-__all__ = [
-    "DEFAULT_HIDDEN_TAIL",
-    "PER_PROMPT",
-    "PRESCORABLE",
-    "hidden_states_needed",
-    "hidden_states_tail",
-    "is_derivable",
-    "prescored_scorers",
-]
-
 DEFAULT_HIDDEN_TAIL = DEFAULT_WINDOW + 1  # what SnapKV reads at make_press's default window
 
 

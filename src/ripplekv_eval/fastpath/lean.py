@@ -10,8 +10,6 @@ from transformers import PreTrainedModel
 from ripplekv.inference.generate import Prefill, cache_forward
 from ripplekv.models.cache import lean_fork
 
-__all__ = ["lean_extend"]
-
 
 @torch.no_grad()
 def lean_extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:

@@ -25,8 +25,6 @@ from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL
 from ripplekv_eval.fastpath.recording_press import LayerRecord, RecordingPress
 from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
 
-__all__ = ["PrefillRecord", "record_prefill"]
-
 
 @dataclass
 class PrefillRecord:

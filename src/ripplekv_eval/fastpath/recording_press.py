@@ -21,8 +21,7 @@ from transformers import DynamicCache
 
 from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL, PRESCORABLE
 from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
-
-__all__ = ["LayerRecord", "MomentsExpectedAttentionPress", "QueryMoments", "RecordingPress"]
+from ripplekv_eval.sample import check_int
 
 # Not recorded: the live cache (a derived cache is built instead) and the hidden states (a field of their own).
 _NOT_RECORDED = frozenset({"hidden_states", "past_key_values", "past_key_value"})
@@ -83,9 +82,7 @@ class RecordingPress(BasePress):
     _pieces: dict[int, list[_Piece]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        tail = self.hidden_tail
-        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
-            raise ValueError(f"hidden_tail must be an int >= 0 or None, got {tail!r}")
+        check_int("hidden_tail", self.hidden_tail, 0, allow_none=True)
         self.prescore = tuple(self.prescore)
         for scorer in self.prescore:
             if type(scorer) not in PRESCORABLE or scorer_key(scorer) is None:
@@ -279,8 +276,7 @@ class QueryMoments:
     dtype: torch.dtype | None = None  # the queries' dtype, which kvpress computes the statistics in
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_sink, bool) or not isinstance(self.n_sink, int) or self.n_sink < 0:
-            raise ValueError(f"n_sink must be an integer >= 0, got {self.n_sink!r}")
+        check_int("n_sink", self.n_sink, 0)
 
     @torch.no_grad()
     def update(self, module: nn.Module, hidden_states: torch.Tensor, start: int) -> None:
@@ -326,8 +322,7 @@ class MomentsExpectedAttentionPress(ExpectedAttentionPress):
             raise ValueError("MomentsExpectedAttentionPress needs the layer's QueryMoments")
         if self.moments.n_sink != self.n_sink:
             raise ValueError(f"the moments leave out {self.moments.n_sink} sink positions, the press {self.n_sink}")
-        if isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 1:
-            raise ValueError(f"prompt_tokens must be an integer >= 1, got {self.prompt_tokens!r}")
+        check_int("prompt_tokens", self.prompt_tokens)
 
     def get_query_statistics(
         self, module: nn.Module, hidden_states: torch.Tensor

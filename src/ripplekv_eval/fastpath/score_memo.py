@@ -31,8 +31,6 @@ from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
 from ripplekv.presses.ripplekv_press import RippleKVPress
 
-__all__ = ["MEMO_SCORING", "RATIO_FREE", "MemoizedScorerPress", "ScoreMemo", "memoizing", "scorer_key"]
-
 # Scorers whose score() reads neither their compression ratio nor any state it changes (kvpress 0.5.5, LAVa's).
 RATIO_FREE: frozenset[type[ScorerPress]] = frozenset(
     {SnapKVPress, ExpectedAttentionPress, TOVAPress, KnormPress, KeyDiffPress, LavaScorerPress}

@@ -34,10 +34,8 @@ from ripplekv_eval.reporting.stats import (
     RunStats,
     analyse_run,
 )
-from ripplekv_eval.reporting.summary import AVERAGE, RunSummary, Timing, load_run, needle_task, summarize
+from ripplekv_eval.reporting.summary import AVERAGE, RunSummary, load_run, summarize
 from ripplekv_eval.sample import DEFAULT_SCORER, FULL_BUDGET, row_scorer, scored_methods, split_configuration
-
-__all__ = ["FORMATS", "RunSummary", "Timing", "load_run", "needle_task", "report", "summarize"]
 
 FORMATS = ("md", "csv", "json")
 FEW_SAMPLES = 5  # tasks with fewer samples get the small-sample caveat

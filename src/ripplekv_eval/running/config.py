@@ -20,25 +20,9 @@ from ripplekv_eval.sample import (
     CHAT_TEMPLATE_MODES,
     DEFAULT_SCORER,
     FULL_BUDGET,
-    MIN_NEW_TOKENS,
-    EvalSample,
     check_int,
     configuration_name,
 )
-
-__all__ = [
-    "CHAT_TEMPLATE_MODES",
-    "DEFAULT_BUDGETS",
-    "DEFAULT_METHODS",
-    "FULL_BUDGET",
-    "MIN_NEW_TOKENS",
-    "PROTOCOLS",
-    "SCORE_MODES",
-    "DECODE_MODES",
-    "EvalConfig",
-    "EvalSample",
-    "check_int",
-]
 
 PROTOCOLS = ("question-aware", "query-agnostic")
 SCORE_MODES = ("both", "fidelity")

@@ -68,11 +68,9 @@ from ripplekv_eval.fastpath.fidelity import fidelity, mean_nll, teacher_forced_l
 from ripplekv_eval.fastpath.hidden_tail import PER_PROMPT, hidden_states_tail, is_derivable, prescored_scorers
 from ripplekv_eval.fastpath.lean import lean_extend
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
-from ripplekv_eval.running.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
-from ripplekv_eval.sample import DEFAULT_SCORER, split_configuration
+from ripplekv_eval.running.config import FULL_BUDGET, EvalConfig
+from ripplekv_eval.sample import DEFAULT_SCORER, MIN_NEW_TOKENS, EvalSample, split_configuration
 from ripplekv_eval.suites import encode
-
-__all__ = ["SampleRunner", "greedy_agreement"]
 
 
 def greedy_agreement(
