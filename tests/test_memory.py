@@ -22,8 +22,8 @@ from ripplekv_eval.fastpath.batched import (
 )
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
-from ripplekv_eval.fastpath.lean import lean_extend
 from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.running.rows import lean_extend
 from tests.conftest import random_ids, tiny_model
 
 WINDOW = 8

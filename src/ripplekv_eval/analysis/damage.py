@@ -33,17 +33,13 @@ from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
 from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
 
-DAMAGE_METHOD = "snapkv"
-"""The method whose compression of one layer is measured (its ``method`` field in the damage rows)."""
+DAMAGE_METHOD = "snapkv"  # the method whose compression of one layer is measured
 
 
 @dataclass
 class SingleLayerPress(BasePress):
-    """Compress only layer ``layer`` with ``press``; every other layer keeps its full cache.
-
-    The direct definition that :func:`single_layer_cache` derives from a shared prefill. It switches the model to
-    variable-length attention, since the layers then hold different numbers of tokens.
-    """
+    """Compress only layer ``layer`` with ``press``, every other layer full: the direct definition of what
+    :func:`single_layer_cache` derives from a shared prefill."""
 
     press: BasePress
     layer: int
@@ -105,22 +101,13 @@ def single_layer_cache(record: PrefillRecord, compressed: Sequence[KVPair], laye
 
 @dataclass(frozen=True)
 class LayerDamage:
-    """The damage of compressing each layer alone at one budget, on one prompt.
+    """The damage of compressing each layer alone at one budget, on one prompt."""
 
-    Args:
-        kl: per layer, mean KL(full || only that layer compressed) over the answer, nats (float64 accumulation).
-        top1: per layer, the fraction of the answer's tokens greedy decoding over that cache would pick
-            (``top1_agreement``).
-        uniform_kl: the same KL with every layer compressed (plain SnapKV), for reference.
-        uniform_top1: its top-1 agreement.
-        kept: tokens the compressed layer keeps (every layer keeps the same under SnapKV).
-    """
-
-    kl: tuple[float, ...]
-    top1: tuple[float, ...]
-    uniform_kl: float
+    kl: tuple[float, ...]  # per layer, mean KL(full || only that layer compressed) over the answer, nats
+    top1: tuple[float, ...]  # per layer, top1_agreement of that cache
+    uniform_kl: float  # every layer compressed, for reference
     uniform_top1: float
-    kept: int
+    kept: int  # tokens the compressed layer keeps
 
 
 def layer_damage(
@@ -132,14 +119,8 @@ def layer_damage(
     stop_ids: set[int],
     question: Sequence[int] = (),
 ) -> LayerDamage:
-    """The damage of compressing each layer of ``record``'s prompt alone with ``press``.
-
-    Args:
-        reference: ``(len(tokens), vocab)`` log-probabilities of ``tokens`` teacher-forced over the full cache.
-        tokens: the full cache's greedy answer.
-        question: tokens run over each cache before the answer (query-agnostic protocol); empty when the whole
-            prompt was prefilled.
-    """
+    """The damage of compressing each layer of ``record``'s prompt alone with ``press``, against ``reference`` (the
+    full cache's log-probabilities of ``tokens``); ``question``: run over each cache first (query-agnostic)."""
     compressed = uniform_compressed(record, press)
     suffix = torch.tensor([list(question)], dtype=torch.long) if question else None
 
@@ -161,10 +142,7 @@ def layer_damage(
 
 
 class DamageRunner:
-    """Per-layer damage rows of one sample at a time (the sample's prefill and answer shared by every budget).
-
-    ``config.methods`` is ignored.
-    """
+    """Per-layer damage rows of one sample at a time (its prefill and answer shared by every budget)."""
 
     def __init__(self, config: EvalConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.config = config
@@ -180,10 +158,8 @@ class DamageRunner:
     def run_sample(
         self, sample: EvalSample, budgets: Sequence[float], answer: Sequence[int] | None = None
     ) -> Iterator[dict[str, Any]]:
-        """One row per budget of ``budgets`` for ``sample`` (fields: :mod:`ripplekv_eval.analysis.runner`).
-
-        ``answer`` is the full cache's answer stored by an earlier run; decoded again when None.
-        """
+        """One row per budget for ``sample`` (fields: :mod:`ripplekv_eval.analysis.runner`); ``answer``: stored by an
+        earlier run (decoded again when None)."""
         query_agnostic = self.config.protocol == "query-agnostic"
         prefix = sample.input_ids[: sample.question_start] if query_agnostic else sample.input_ids
         question = sample.input_ids[sample.question_start :] if query_agnostic else ()

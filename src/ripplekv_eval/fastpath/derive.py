@@ -87,36 +87,31 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
 
 def _derive(record: PrefillRecord, press: BasePress) -> DynamicCache:
     modules = [layer.module for layer in record.layers]
+    versions = [_tensor_versions(layer) for layer in record.layers]
     discard_masks(modules)
-    if type(press) in PER_PROMPT:  # statistics of every layer first, then every layer's budget
-        versions = [_tensor_versions(layer) for layer in record.layers]
-        try:
+    try:
+        if type(press) in PER_PROMPT:  # statistics of every layer first, then every layer's budget
             pairs = derive_per_prompt(press, record.layers, record.model.config, record.memo)  # type: ignore[arg-type]
-        except BaseException:
-            discard_masks(modules)
-            raise
-        layers = [take_mask(module, dynamic_layer(*pair)) for module, pair in zip(modules, pairs, strict=True)]
-        if [_tensor_versions(layer) for layer in record.layers] != versions:
-            record.invalid = f"deriving {type(press).__name__} wrote into the recorded tensors in place"
-            raise NotDerivableError(record.invalid)
-        return cache_from_layers(layers)
-    compressing = memoizing(press, record.memo)  # its scorer's scores computed once per record
-    layers = []
-    for layer in record.layers:
-        versions = _tensor_versions(layer)
-        kwargs = _RecordedKwargs(layer.kwargs)
-        try:
-            keys, values = compressing.compress(
-                layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, kwargs
-            )
-        except BaseException:
-            discard_masks([layer.module])
-            raise
-        layers.append(take_mask(layer.module, dynamic_layer(keys, values)))
-        if _tensor_versions(layer) != versions:
-            record.invalid = f"{type(press).__name__}.compress wrote into the recorded tensors in place"
-            raise NotDerivableError(record.invalid)
-    return cache_from_layers(layers)
+        else:
+            compressing = memoizing(press, record.memo)  # its scorer's scores computed once per record
+            pairs = [
+                compressing.compress(
+                    layer.module,
+                    layer.hidden_states,
+                    layer.keys,
+                    layer.values,
+                    layer.attentions,
+                    _RecordedKwargs(layer.kwargs),
+                )
+                for layer in record.layers
+            ]
+    except BaseException:
+        discard_masks(modules)
+        raise
+    if [_tensor_versions(layer) for layer in record.layers] != versions:
+        record.invalid = f"deriving {type(press).__name__} wrote into the recorded tensors in place"
+        raise NotDerivableError(record.invalid)
+    return cache_from_layers([take_mask(module, dynamic_layer(*pair)) for module, pair in zip(modules, pairs)])
 
 
 def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, float]:

@@ -46,7 +46,7 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.inference.generate import Prefill, eos_ids, greedy_decode, kept_tokens
+from ripplekv.inference.generate import Prefill, cache_forward, eos_ids, greedy_decode, kept_tokens
 from ripplekv.models.attention import uses_varlen_attention
 from ripplekv.models.cache import cache_bytes, lean_fork
 from ripplekv.presses.method_spec import parse_method
@@ -66,11 +66,25 @@ from ripplekv_eval.fastpath.derive import (
 )
 from ripplekv_eval.fastpath.fidelity import fidelity, mean_nll, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import PER_PROMPT, hidden_states_tail, is_derivable, prescored_scorers
-from ripplekv_eval.fastpath.lean import lean_extend
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.running.config import FULL_BUDGET, EvalConfig
 from ripplekv_eval.sample import DEFAULT_SCORER, MIN_NEW_TOKENS, EvalSample, split_configuration
 from ripplekv_eval.suites import encode
+
+
+@torch.no_grad()
+def lean_extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
+    """:func:`~ripplekv.inference.generate.extend` over a :func:`~ripplekv.models.cache.lean_fork` (same logits;
+    ``state`` unchanged): the new ``(1, n)`` tokens are kept apart from ``state``'s tensors, held by reference."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"expected new tokens of shape (1, n), n >= 1, got {tuple(input_ids.shape)}")
+    start = state.prompt_tokens
+    positions = torch.arange(start, start + input_ids.shape[1], device=state.next_logits.device)
+    cache = lean_fork(state.cache)
+    start = time.perf_counter()
+    logits = cache_forward(model, input_ids.to(positions.device), cache, positions, logits_to_keep=1)
+    seconds = state.seconds + time.perf_counter() - start
+    return Prefill(cache, logits[0, -1], int(positions[-1]) + 1, seconds)
 
 
 def greedy_agreement(
