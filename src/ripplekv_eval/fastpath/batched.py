@@ -21,7 +21,7 @@ from ripplekv.models.attention import unsupported_implementation_message, uses_v
 from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, dynamic_layer
 from ripplekv.models.headwise import MaskedLayer, headwise_of
 from ripplekv.models.padded import KeyValidity, RaggedLayer
-from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.fidelity import check_tokens, teacher_forced_logprobs
 from ripplekv_eval.sample import check_int
 
 
@@ -366,9 +366,7 @@ def batched_teacher_forced_logprobs(
         return [teacher_forced_logprobs(model, state, tokens) for state in states]
     check_states(states)
     vocab = states[0].next_logits.shape[-1]
-    ids = [int(t) for t in tokens]
-    if not ids or any(not 0 <= t < vocab for t in ids):
-        raise ValueError(f"tokens must be a non-empty sequence of ids in [0, {vocab})")
+    ids = check_tokens(tokens, vocab)
     results: list[torch.Tensor | None] = [None] * len(states)
     for batch in plan_batches(states, max_rows):
         group = [states[i] for i in batch]

@@ -52,7 +52,7 @@ def logprob_rows(next_logits: torch.Tensor, logits: torch.Tensor | None) -> torc
     return out
 
 
-def _check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
+def check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
     ids = [int(t) for t in tokens]
     if not ids:
         raise ValueError("tokens is empty: teacher forcing needs at least one token")
@@ -75,7 +75,7 @@ def teacher_forced_logprobs(
     cache left unchanged; :func:`~ripplekv.models.cache.lean_fork` never copies it, same values).
     """
     vocab = state.next_logits.shape[-1]
-    ids = _check_tokens(tokens, vocab)
+    ids = check_tokens(tokens, vocab)
     if len(ids) > 1:
         device = state.next_logits.device
         positions = torch.arange(state.prompt_tokens, state.prompt_tokens + len(ids) - 1, device=device)
@@ -88,16 +88,10 @@ def teacher_forced_logprobs(
 
 @dataclass(frozen=True)
 class Fidelity:
-    """How closely a candidate cache's next-token distributions follow the reference's along an answer.
+    """How closely a candidate cache's next-token distributions follow the reference's along an answer."""
 
-    Args:
-        kl: mean over positions of ``KL(reference_i || candidate_i)``, in nats.
-        top1: fraction of positions where the candidate's argmax is the answer's token.
-        positions: number of positions compared.
-    """
-
-    kl: float
-    top1: float
+    kl: float  # mean over positions of KL(reference_i || candidate_i), nats
+    top1: float  # fraction of positions where the candidate's argmax is the answer's token
     positions: int
 
     def __post_init__(self) -> None:
@@ -126,7 +120,7 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
     """
     ref = _check_logprobs("reference", reference, tokens)
     cand = _check_logprobs("candidate", candidate, tokens)
-    ids = _check_tokens(tokens, ref.shape[-1])
+    ids = check_tokens(tokens, ref.shape[-1])
     if ref.shape != cand.shape:
         raise ValueError(f"reference {tuple(ref.shape)} and candidate {tuple(cand.shape)} differ in shape")
     sums = torch.empty(ref.shape[0], dtype=torch.float64, device=ref.device)
@@ -144,6 +138,6 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
 def mean_nll(logprobs: torch.Tensor, tokens: Sequence[int]) -> float:
     """Mean negative log-likelihood of teacher-forced ``tokens``: ``mean_i -logprobs[i, tokens[i]]``."""
     rows = _check_logprobs("logprobs", logprobs, tokens)
-    ids = _check_tokens(tokens, rows.shape[-1])
+    ids = check_tokens(tokens, rows.shape[-1])
     index = torch.tensor(ids, device=rows.device).unsqueeze(1)
     return float(-rows.gather(1, index).mean())

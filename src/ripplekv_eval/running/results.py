@@ -94,12 +94,8 @@ def check_or_write_config(
 ) -> None:
     """Write ``out/config.json``, or check that the one there holds ``resolved`` (``sources`` are recorded, not
     compared). A configuration that only adds values to ``extendable`` keys (:func:`extends`; for runs whose row
-    identity covers them) rewrites it, keeping the previous one under ``extended_from``.
-
-    Raises:
-        ConfigMismatchError: another configuration (naming the keys that differ), an unreadable config, or rows
-            without a config.
-    """
+    identity covers them) rewrites it, keeping the previous one under ``extended_from``; ConfigMismatchError (naming
+    the keys that differ) otherwise."""
     path = out / CONFIG_FILE
     record: dict[str, Any] = {"format": CONFIG_FORMAT, "config": resolved, "sources": sources}
     if path.exists():
@@ -240,13 +236,8 @@ def open_results(
     answers_from: str | None = "full",
     extendable: Mapping[str, Any] | None = None,
 ) -> RunFolder:
-    """Lock ``out`` (created), check or write its config (:func:`check_or_write_config`), repair its rows file and
-    read what the run resumes from.
-
-    Raises:
-        ConfigMismatchError: ``out`` holds another run.
-        ripplekv.locking.WriterBusyError: another run is writing into ``out``.
-    """
+    """Lock ``out`` (created; WriterBusyError while another run writes into it), check or write its config
+    (:func:`check_or_write_config`), repair its rows file and read what the run resumes from."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     lock = writer_lock(out / LOCK_FILE, str(out))  # before the config is checked or the rows file repaired
