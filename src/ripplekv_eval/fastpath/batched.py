@@ -100,21 +100,25 @@ def _row_validity(state: Prefill) -> dict[int, torch.Tensor]:
     return valid
 
 
+def _check_aligned(positions: Sequence[int], layers: Sequence[int]) -> None:
+    """NotBatchableError for the first row at another position, or with another number of layers, than row 0."""
+    for row, (position, count) in enumerate(zip(positions, layers)):
+        if position != positions[0]:
+            raise NotBatchableError(
+                f"row {row} continues at position {position}, row 0 at {positions[0]}: "
+                "a batch decodes every row at the same positions"
+            )
+        if count != layers[0]:
+            raise NotBatchableError(f"row {row} has {count} layers, row 0 has {layers[0]}")
+
+
 def check_states(states: Sequence[Prefill]) -> None:
     """Raise (ValueError for none, else NotBatchableError naming the row) unless ``states`` can share batches: one
     prompt's caches, full-attention layers, batch size 1."""
     if not states:
         raise ValueError("no caches to batch")
-    first = states[0]
+    _check_aligned([state.prompt_tokens for state in states], [len(state.cache.layers) for state in states])
     for row, state in enumerate(states):
-        if state.prompt_tokens != first.prompt_tokens:
-            raise NotBatchableError(
-                f"row {row} continues at position {state.prompt_tokens}, row 0 at {first.prompt_tokens}: "
-                "a batch decodes every row at the same positions"
-            )
-        if len(state.cache.layers) != len(first.cache.layers):
-            layers = len(state.cache.layers)
-            raise NotBatchableError(f"row {row} has {layers} layers, row 0 has {len(first.cache.layers)}")
         for index, layer in enumerate(state.cache.layers):
             if type(layer) not in (DynamicLayer, MaskedLayer, OverlayLayer):
                 raise NotBatchableError(
@@ -203,17 +207,11 @@ def check_rows(rows: Sequence[DecodeRow], room: int) -> None:
     """Raise unless ``rows`` (:class:`DecodeRow`) can decode ``room`` tokens as one batch."""
     if not rows:
         raise ValueError("no rows to decode")
-    first = rows[0]
     for index, row in enumerate(rows):
         if not isinstance(row, DecodeRow):
             raise TypeError(f"row {index} is a {type(row).__name__}, not a DecodeRow")
-        if row.prompt_tokens != first.prompt_tokens:
-            raise NotBatchableError(
-                f"row {index} continues at position {row.prompt_tokens}, row 0 at {first.prompt_tokens}: "
-                "a batch decodes every row at the same positions"
-            )
-        if len(row.buffers) != len(first.buffers):
-            raise NotBatchableError(f"row {index} has {len(row.buffers)} layers, row 0 has {len(first.buffers)}")
+    _check_aligned([row.prompt_tokens for row in rows], [len(row.buffers) for row in rows])
+    for index, row in enumerate(rows):
         if row.room < room:
             raise ValueError(f"row {index} has room for {row.room} tokens, {room} may be decoded")
 

@@ -328,7 +328,5 @@ class MomentsExpectedAttentionPress(ExpectedAttentionPress):
         self, module: nn.Module, hidden_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The moments' mean and covariance (None without ``use_covariance``), RoPE-averaged at the prompt's end."""
-        if self.moments is None:
-            raise ValueError("MomentsExpectedAttentionPress needs the layer's QueryMoments")
-        mu, cov = self.moments.statistics()
+        mu, cov = self.moments.statistics()  # type: ignore[union-attr]
         return self.apply_avg_rope(module, mu, cov if self.use_covariance else None, self.prompt_tokens)
