@@ -1,9 +1,8 @@
 """An evaluation folder: ``config.json`` (what ran, compared on resume or extended) and an append-only rows file.
 
-``results.jsonl`` holds one JSON row per (sample, configuration, budget), flushed and fsynced as it is written;
-:class:`ResultsLog` reads it back, cutting off a last line an interruption left incomplete. :func:`open_results` and
-:func:`run_pending` are the resume-and-run loop of ``eval``, ``analyze`` and ``tune``. One writer per folder:
-:func:`open_results` holds ``OUT/.lock`` (:func:`ripplekv.locking.writer_lock`) until the folder is closed.
+``results.jsonl`` holds one JSON row per (sample, configuration, budget), flushed and fsynced; :class:`ResultsLog`
+reads it back, cutting off a last line an interruption left incomplete. :func:`open_results` (holding ``OUT/.lock``)
+and :func:`run_pending` are the resume-and-run loop of ``eval``, ``analyze`` and ``tune``.
 """
 
 from __future__ import annotations
