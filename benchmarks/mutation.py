@@ -137,7 +137,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/test_prescore.py",
         *RELATIONS,
     ),
-    "ripplekv_eval/fastpath/per_prompt.py": (
+    "ripplekv_eval/fastpath/derive.py": (
         "tests/test_per_prompt_press.py",
         "tests/test_relations_models.py",
         "tests/test_score_memo.py",
@@ -151,7 +151,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         *RELATIONS,
     ),
     "ripplekv/presses/method_lists.py": ("tests/test_method_spec.py", "tests/test_tune.py"),
-    "ripplekv_eval/fastpath/query_moments.py": (
+    "ripplekv_eval/fastpath/recording_press.py": (
         "tests/test_relations_models.py",
         "tests/test_mutation_inference.py",
         "tests/test_prescore.py",

@@ -72,9 +72,8 @@ def main() -> None:
     from ripplekv.models.attention import enable_varlen_attention
     from ripplekv.presses import make_press
     from ripplekv.profiling.calibration import default_calibration
-    from ripplekv_eval.fastpath.derive import derived_prefill
+    from ripplekv_eval.fastpath.derive import derived_prefill, residual_statistics_of
     from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, prescored_scorers
-    from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
     from ripplekv_eval.fastpath.record import record_prefill
 
     hf_logging.set_verbosity_error()

@@ -41,7 +41,7 @@ from ripplekv_eval.analysis.damage import DAMAGE_METHOD, layer_damage
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
-from ripplekv_eval.running.config import MIN_NEW_TOKENS
+from ripplekv_eval.sample import MIN_NEW_TOKENS
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from ripplekv.inference.generate import Prefill, cache_forward, extend
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.padded import KeyValidity
 from ripplekv.presses import make_press
-from ripplekv_eval.fastpath.batch_layout import pad_layers
 from ripplekv_eval.fastpath.batched import (
     NotBatchableError,
     batched_greedy_decode,
     batched_teacher_forced_logprobs,
+    pad_layers,
     padded_batch,
 )
 from ripplekv_eval.fastpath.derive import derived_prefill
@@ -148,7 +148,7 @@ def test_mask_layout() -> None:
 
 
 def test_batches_group_similar_caches_and_compact_headwise_masks(model) -> None:
-    from ripplekv_eval.fastpath.batch_layout import STEP_COST_TOKENS, plan_batches, row_lengths
+    from ripplekv_eval.fastpath.batched import STEP_COST_TOKENS, plan_batches, row_lengths
 
     states = _states(model)
     full = sum(layer.keys.shape[2] for layer in states[0].cache.layers)
@@ -172,10 +172,10 @@ def test_batches_group_similar_caches_and_compact_headwise_masks(model) -> None:
 
 def test_ragged_batch_multi_token_pass_matches_each_cache_alone(model) -> None:
     """A 3-token pass over a ragged batch (causal among the new tokens, AdaKV rows masked) equals extend()."""
-    from ripplekv_eval.fastpath.batched import ragged_batch
+    from ripplekv_eval.fastpath.batched import decode_row, ragged_cache_of
 
     states = _states(model)
-    cache = ragged_batch(states, room=3)
+    cache = ragged_cache_of([decode_row(state, 3) for state in states])
     new = torch.tensor([[5, 9, 2]])
     positions = torch.arange(PROMPT, PROMPT + 3)
     logits = cache_forward(model, new.expand(len(states), -1), cache, positions)

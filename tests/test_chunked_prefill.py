@@ -25,17 +25,15 @@ from ripplekv.allocation.squeezeattention import (
 )
 from ripplekv.inference.generate import Prefill, greedy_decode, prefill
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.models.cache import ReservedLayer
+from ripplekv.models.cache import ReservedLayer, lean_fork
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds
 from ripplekv.models.headwise import headwise_of
 from ripplekv.presses import make_press
 from ripplekv.profiling import ProfilingConfig, sensitivity
 from ripplekv.profiling.sensitivity import score_sample
-from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.derive import derived_prefill, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import fidelity, logprob_rows, row_blocks
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
-from ripplekv_eval.fastpath.lean import lean_greedy_decode
-from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.running.config import EvalConfig
 from tests.conftest import random_ids, synthetic_profile, tiny_model
@@ -227,13 +225,15 @@ def test_derived_caches_keep_the_same_tokens_and_answers(chunk: int, expected: b
     answers = []
     for record in (direct, chunked):
         state, _ = derived_prefill(record, full)
-        answers.append(lean_greedy_decode(model, state, 8, set()))
+        answers.append(greedy_decode(model, state, 8, set(), fork=lean_fork))
     assert answers[0] == answers[1]
     for name, press in presses.items():
         want, _ = derived_prefill(direct, press)
         got, _ = derived_prefill(chunked, press)
         assert _kept_indices(chunked, got) == _kept_indices(direct, want), name
-        assert lean_greedy_decode(model, got, 8, set()) == lean_greedy_decode(model, want, 8, set()), name
+        assert greedy_decode(model, got, 8, set(), fork=lean_fork) == greedy_decode(
+            model, want, 8, set(), fork=lean_fork
+        ), name
 
 
 # ----------------------------------------------------------------------------------- the option and its checks

@@ -267,7 +267,7 @@ def test_passes_over_compressed_caches_do_not_synchronise_with_the_host() -> Non
     pass) and the ragged batched step.
     """
     from ripplekv.models.cache import fork_cache
-    from ripplekv_eval.fastpath.batched import ragged_batch
+    from ripplekv_eval.fastpath.batched import decode_row, ragged_cache_of
 
     model = enable_varlen_attention(tiny_model("llama", layers=3, seed=3))
     states = _states(model)
@@ -281,7 +281,7 @@ def test_passes_over_compressed_caches_do_not_synchronise_with_the_host() -> Non
                 cache_forward(model, ids, cache, positions)
             assert not spy.host_reads and not spy.violations, spy.host_reads + spy.violations
         assert cache.layers[0].get_seq_length() == state.cache.layers[0].get_seq_length() + 4
-    ragged = ragged_batch(states, room=2)
+    ragged = ragged_cache_of([decode_row(state, 2) for state in states])
     step = torch.tensor([position])
     spy = DeviceSpy()
     with spy, torch.no_grad():

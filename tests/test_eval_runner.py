@@ -393,14 +393,14 @@ def test_report_timing_from_logged_seconds() -> None:
 
 
 class _DecodeCounter:
-    """Wraps the runner's ``lean_greedy_decode``, counting calls (the answers are unchanged)."""
+    """Wraps the runner's ``greedy_decode``, counting calls (the answers are unchanged)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from ripplekv_eval.running import rows as rows_module
 
         self.calls = 0
-        self._decode = rows_module.lean_greedy_decode
-        monkeypatch.setattr(rows_module, "lean_greedy_decode", self)
+        self._decode = rows_module.greedy_decode
+        monkeypatch.setattr(rows_module, "greedy_decode", self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[int]:
         self.calls += 1

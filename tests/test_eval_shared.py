@@ -16,10 +16,9 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_from_tensors, cache_tensors, layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
 from ripplekv.presses import METHODS, FullPress, RippleKVPress, make_press
-from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache, derived_prefill
+from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache, derived_prefill, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, hidden_states_tail, is_derivable
-from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 

@@ -26,9 +26,9 @@ from ripplekv_eval.analysis import tuning as tuning_module
 from ripplekv_eval.fastpath import derive as derive_module
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import is_derivable
-from ripplekv_eval.running.config import EvalConfig, EvalSample
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import SampleRunner
-from ripplekv_eval.sample import configuration_name
+from ripplekv_eval.sample import EvalSample, configuration_name
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_device import _Tokenizer
 

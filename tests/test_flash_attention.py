@@ -38,9 +38,10 @@ from ripplekv_eval.fastpath.batched import NotBatchableError, batched_greedy_dec
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
-from ripplekv_eval.running.config import EvalConfig, EvalSample
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import SampleRunner
 from ripplekv_eval.running.runner import build_presses
+from ripplekv_eval.sample import EvalSample
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_device import _Tokenizer
 

@@ -15,7 +15,6 @@ from ripplekv.models.cache import OverlayLayer, cache_from_layers, dynamic_layer
 from ripplekv.models.headwise import MASKED_KEYS, HeadwiseMask, MaskedLayer, attention_modules, headwise_of, take_mask
 from ripplekv.presses import make_press
 from ripplekv_eval.fastpath.derive import derive_cache, derived_prefill
-from ripplekv_eval.fastpath.lean import lean_greedy_decode
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 
@@ -114,4 +113,4 @@ def test_stale_kvpress_masks_belong_to_no_cache() -> None:
     assert all(headwise_of(layer) is None for layer in prefill(model, ids, snap).cache.layers)
     assert all(MASKED_KEYS not in vars(module) for module in attention_modules(model))
     state = derived_prefill(record, adakv)[0]
-    assert lean_greedy_decode(model, state, 5, set()) == greedy_decode(model, state, 5, set())
+    assert greedy_decode(model, state, 5, set(), fork=lean_fork) == greedy_decode(model, state, 5, set())

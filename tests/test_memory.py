@@ -22,8 +22,8 @@ from ripplekv_eval.fastpath.batched import (
 )
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
-from ripplekv_eval.fastpath.lean import lean_extend, lean_greedy_decode, lean_teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.running.rows import lean_extend
 from tests.conftest import random_ids, tiny_model
 
 WINDOW = 8
@@ -65,8 +65,10 @@ def test_lean_passes_equal_the_copying_passes(model) -> None:
             else:
                 lean = copied = state
             expected = teacher_forced_logprobs(model, copied, answer)
-            assert torch.equal(lean_teacher_forced_logprobs(model, lean, answer), expected), name
-            assert lean_greedy_decode(model, lean, 6, set(), 1) == greedy_decode(model, copied, 6, set(), 1), name
+            assert torch.equal(teacher_forced_logprobs(model, lean, answer, fork=lean_fork), expected), name
+            assert greedy_decode(model, lean, 6, set(), 1, fork=lean_fork) == greedy_decode(
+                model, copied, 6, set(), 1
+            ), name
     for layer, (keys, values) in zip(record.layers, before):  # nothing wrote into the record
         assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
 

@@ -41,9 +41,9 @@ from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
-from ripplekv_eval.fastpath.batch_layout import pad_layers
+from ripplekv_eval.fastpath.batched import pad_layers
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, is_derivable, prescored_scorers
-from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
+from ripplekv_eval.fastpath.recording_press import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv_eval.fastpath.score_memo import scorer_key
 from tests.conftest import random_ids, tiny_model
 

@@ -25,9 +25,8 @@ from ripplekv.presses.lava_press import headwise_select
 from ripplekv.presses.method_spec import Param, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
 from ripplekv.presses.scorers import check_attention_weights
-from ripplekv_eval.fastpath.derive import derive_cache
+from ripplekv_eval.fastpath.derive import derive_cache, residual_statistics_of
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
-from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model
 

@@ -35,9 +35,8 @@ from ripplekv.profiling.sensitivity import (
     profile_model,
     score_sample,
 )
-from ripplekv_eval.fastpath.derive import derived_prefill
+from ripplekv_eval.fastpath.derive import derived_prefill, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import Fidelity, fidelity, teacher_forced_logprobs
-from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.running.rows import greedy_agreement
 from tests.conftest import random_ids, tiny_model

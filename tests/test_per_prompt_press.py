@@ -164,8 +164,8 @@ def test_refusals() -> None:
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 @pytest.mark.parametrize("scorer", ["snapkv", "knorm"])
 def test_a_prefill_record_derives_the_direct_prefills_caches(rule: PerPromptRule, scorer: str) -> None:
+    from ripplekv_eval.fastpath.derive import residual_statistics_of
     from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail
-    from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
     from ripplekv_eval.fastpath.record import record_prefill
 
     model = tiny_model("llama", layers=4, seed=1)

@@ -3,7 +3,7 @@
 A record made with ``prescore`` (``ripplekv_eval.fastpath.record.record_prefill``) computes ExpectedAttention's scores
 while the prefill runs and keeps only the hidden-state tail the other presses read. One pass: kvpress's own score on
 the layer's whole input, so every derived cache equals the one derived from a record of every hidden state, bit
-for bit. Chunks: the scores come from query moments merged chunk by chunk (``ripplekv_eval.fastpath.query_moments``),
+for bit. Chunks: the scores come from query moments merged chunk by chunk (``ripplekv_eval.fastpath.recording_press``),
 equal to the one-pass scores up to rounding, keeping the same tokens.
 """
 
@@ -20,12 +20,15 @@ from ripplekv.inference.generate import prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.headwise import headwise_of
 from ripplekv.presses import make_press
-from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill_in_chunks, derived_prefill
+from ripplekv_eval.fastpath.derive import (
+    NotDerivableError,
+    compressed_prefill_in_chunks,
+    derived_prefill,
+    residual_statistics_of,
+)
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, hidden_states_tail, prescored_scorers
-from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
-from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv_eval.fastpath.record import record_prefill
-from ripplekv_eval.fastpath.recording_press import RecordingPress
+from ripplekv_eval.fastpath.recording_press import MomentsExpectedAttentionPress, QueryMoments, RecordingPress
 from ripplekv_eval.fastpath.score_memo import MemoizedScorerPress, ScoreMemo, scorer_key
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_chunked_prefill import _kept_indices

@@ -23,9 +23,9 @@ from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
 from ripplekv.presses import make_press
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
-from ripplekv_eval.fastpath.per_prompt import recorded_statistics
-from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
+from ripplekv_eval.fastpath.derive import recorded_statistics
 from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.fastpath.recording_press import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv_eval.fastpath.score_memo import ScoreMemo
 from tests.conftest import random_ids, tiny_model
 
@@ -278,7 +278,7 @@ def test_per_prompt_statistics_are_shared_by_equal_rules_and_windows_only(record
     """Over a record's keys: presses of one rule and window share one memo entry per layer whatever their budget;
     another window, another rule, or the same rule with other settings each get their own entry, equal to what
     the press computes without a memo. Seeded bugs caught: the statistic keyed by nothing but the rule (in
-    ``fastpath.per_prompt.recorded_statistics``); keyed by the rule's name only, not its settings, or without the
+    ``fastpath.derive.recorded_statistics``); keyed by the rule's name only, not its settings, or without the
     window."""
     layers, config = recorded.layers, recorded.model.config
     presses = {

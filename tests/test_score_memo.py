@@ -9,8 +9,7 @@ from kvpress import KnormPress, RandomPress, SnapKVPress
 from ripplekv.inference import prefill
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses import make_press
-from ripplekv_eval.fastpath.derive import derive_cache
-from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
+from ripplekv_eval.fastpath.derive import derive_cache, residual_statistics_of
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.fastpath.score_memo import MemoizedScorerPress, ScoreMemo, scorer_key
 from tests.conftest import random_ids, synthetic_profile, tiny_model

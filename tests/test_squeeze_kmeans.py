@@ -221,7 +221,7 @@ def test_the_real_similarities_come_from_the_model(smollm2: dict[str, Any]) -> N
     import torch
 
     from ripplekv.presses import make_press
-    from ripplekv_eval.fastpath.per_prompt import residual_statistics_of
+    from ripplekv_eval.fastpath.derive import residual_statistics_of
     from ripplekv_eval.fastpath.record import record_prefill
     from ripplekv_eval.running.config import EvalConfig
     from ripplekv_eval.suites import get_suite

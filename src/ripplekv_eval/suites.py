@@ -406,12 +406,8 @@ def _parse(raw: Any, index: int, metric: str, where: str) -> JsonlRecord:
 
 
 def load_jsonl(path: str | Path, metric: str = DEFAULT_JSONL_METRIC) -> list[JsonlRecord]:
-    """The records of a JSONL file, checked (fields, types, unique ids, scorable by ``metric``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: a malformed line or record (the message names the file and line), or a repeated id.
-    """
+    """The records of a JSONL file, checked (fields, types, unique ids, scorable by ``metric``; ValueError naming
+    the file and line)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"JSONL data file not found: {path}")

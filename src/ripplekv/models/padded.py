@@ -1,6 +1,6 @@
 """Several compressed caches of one prompt as one batch: padded (:class:`KeyValidity`) or ragged (:class:`RaggedLayer`).
 
-The evaluation harness lays them out (:mod:`ripplekv_eval.fastpath.batch_layout`): a padded layer is stacked into
+The evaluation harness lays them out (:mod:`ripplekv_eval.fastpath.batched`): a padded layer is stacked into
 ``(rows, kv_heads, longest, dim)``, left-padded; masked entries get exactly zero weight, so each row computes what it
 computes alone up to float rounding. Only ripplekv's attention functions read these (FlashAttention ignores unknown
 keywords): callers check :func:`ripplekv.models.attention.uses_varlen_attention`.

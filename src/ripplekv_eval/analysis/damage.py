@@ -29,30 +29,17 @@ from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
-from ripplekv_eval.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
+from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
 
-__all__ = [
-    "DAMAGE_METHOD",
-    "DamageRunner",
-    "LayerDamage",
-    "SingleLayerPress",
-    "layer_damage",
-    "single_layer_cache",
-    "uniform_compressed",
-]
-
-DAMAGE_METHOD = "snapkv"
-"""The method whose compression of one layer is measured (its ``method`` field in the damage rows)."""
+DAMAGE_METHOD = "snapkv"  # the method whose compression of one layer is measured
 
 
 @dataclass
 class SingleLayerPress(BasePress):
-    """Compress only layer ``layer`` with ``press``; every other layer keeps its full cache.
-
-    The direct definition that :func:`single_layer_cache` derives from a shared prefill. It switches the model to
-    variable-length attention, since the layers then hold different numbers of tokens.
-    """
+    """Compress only layer ``layer`` with ``press``, every other layer full: the direct definition of what
+    :func:`single_layer_cache` derives from a shared prefill."""
 
     press: BasePress
     layer: int
@@ -60,8 +47,7 @@ class SingleLayerPress(BasePress):
     def __post_init__(self) -> None:
         if not isinstance(self.press, BasePress):
             raise TypeError(f"press must be a kvpress press, got {type(self.press).__name__}")
-        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
-            raise ValueError(f"layer must be an integer >= 0, got {self.layer!r}")
+        check_int("layer", self.layer, 0)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the layer exists, enable variable-length attention, then set up the inner press."""
@@ -115,22 +101,13 @@ def single_layer_cache(record: PrefillRecord, compressed: Sequence[KVPair], laye
 
 @dataclass(frozen=True)
 class LayerDamage:
-    """The damage of compressing each layer alone at one budget, on one prompt.
+    """The damage of compressing each layer alone at one budget, on one prompt."""
 
-    Args:
-        kl: per layer, mean KL(full || only that layer compressed) over the answer, nats (float64 accumulation).
-        top1: per layer, the fraction of the answer's tokens greedy decoding over that cache would pick
-            (``top1_agreement``).
-        uniform_kl: the same KL with every layer compressed (plain SnapKV), for reference.
-        uniform_top1: its top-1 agreement.
-        kept: tokens the compressed layer keeps (every layer keeps the same under SnapKV).
-    """
-
-    kl: tuple[float, ...]
-    top1: tuple[float, ...]
-    uniform_kl: float
+    kl: tuple[float, ...]  # per layer, mean KL(full || only that layer compressed) over the answer, nats
+    top1: tuple[float, ...]  # per layer, top1_agreement of that cache
+    uniform_kl: float  # every layer compressed, for reference
     uniform_top1: float
-    kept: int
+    kept: int  # tokens the compressed layer keeps
 
 
 def layer_damage(
@@ -142,14 +119,8 @@ def layer_damage(
     stop_ids: set[int],
     question: Sequence[int] = (),
 ) -> LayerDamage:
-    """The damage of compressing each layer of ``record``'s prompt alone with ``press``.
-
-    Args:
-        reference: ``(len(tokens), vocab)`` log-probabilities of ``tokens`` teacher-forced over the full cache.
-        tokens: the full cache's greedy answer.
-        question: tokens run over each cache before the answer (query-agnostic protocol); empty when the whole
-            prompt was prefilled.
-    """
+    """The damage of compressing each layer of ``record``'s prompt alone with ``press``, against ``reference`` (the
+    full cache's log-probabilities of ``tokens``); ``question``: run over each cache first (query-agnostic)."""
     compressed = uniform_compressed(record, press)
     suffix = torch.tensor([list(question)], dtype=torch.long) if question else None
 
@@ -171,10 +142,7 @@ def layer_damage(
 
 
 class DamageRunner:
-    """Per-layer damage rows of one sample at a time (the sample's prefill and answer shared by every budget).
-
-    ``config.methods`` is ignored.
-    """
+    """Per-layer damage rows of one sample at a time (its prefill and answer shared by every budget)."""
 
     def __init__(self, config: EvalConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.config = config
@@ -190,10 +158,8 @@ class DamageRunner:
     def run_sample(
         self, sample: EvalSample, budgets: Sequence[float], answer: Sequence[int] | None = None
     ) -> Iterator[dict[str, Any]]:
-        """One row per budget of ``budgets`` for ``sample`` (fields: :mod:`ripplekv_eval.analysis.runner`).
-
-        ``answer`` is the full cache's answer stored by an earlier run; decoded again when None.
-        """
+        """One row per budget for ``sample`` (fields: :mod:`ripplekv_eval.analysis.runner`); ``answer``: stored by an
+        earlier run (decoded again when None)."""
         query_agnostic = self.config.protocol == "query-agnostic"
         prefix = sample.input_ids[: sample.question_start] if query_agnostic else sample.input_ids
         question = sample.input_ids[sample.question_start :] if query_agnostic else ()

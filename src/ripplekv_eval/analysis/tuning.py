@@ -35,25 +35,14 @@ from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS_WITHOUT_SCO
 from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
-from ripplekv_eval.fastpath.derive import compressed_prefill
+from ripplekv_eval.fastpath.derive import compressed_prefill, recorded_statistics, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable, prescored_scorers
-from ripplekv_eval.fastpath.per_prompt import recorded_statistics, residual_statistics_of
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
-from ripplekv_eval.running.config import MIN_NEW_TOKENS, EvalConfig, EvalSample
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
-
-__all__ = [
-    "DEFAULT_GAMMAS",
-    "DEFAULT_RATIOS",
-    "TUNE_METHOD",
-    "Candidate",
-    "TuneConfig",
-    "TuneRunner",
-    "method_grid",
-    "split_samples",
-]
+from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
 
 TUNE_METHOD = "ripplekv"
 DEFAULT_RATIOS: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -89,13 +78,8 @@ PROFILE_METHODS = ("ripplekv", "ripplekv-local", "ripplekv-ada", "ripplekv-oracl
 
 
 def method_grid(grids: Sequence[str]) -> tuple[MethodSpec, ...]:
-    """Every candidate of the rivals' grids (``cake:tau1=0.5|1|2,tau2=0.5|1|2``), each method's defaults first.
-
-    Raises:
-        ValueError: on a malformed grid, a method given twice, a method without a scorer or configured by a
-            compression ratio (``full``, ``streamingllm``, ``adakv``, ...), or a RippleKV method (tuned by profiles,
-            ratios and gammas).
-    """
+    """Every candidate of the rivals' grids (``cake:tau1=0.5|1|2,tau2=0.5|1|2``), each method's defaults first;
+    ValueError for a method given twice, without a scorer, set by a compression ratio, or RippleKV's own."""
     out: list[MethodSpec] = []
     seen: set[str] = set()
     for grid in grids:
@@ -127,20 +111,9 @@ def _numbers(name: str, values: Sequence[float]) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class TuneConfig:
-    """What ``ripplekv tune`` runs.
-
-    Args:
-        eval: the suite and its options, as for ``ripplekv eval``; its ``methods``, ``profile`` and ``score`` are
-            ignored.
-        profiles: label -> profile path, in order; the first is the defaults' profile.
-        ratios: the grid of ``r`` (each >= 1); the default ``r = 4`` is added when absent, as ``gamma = 3`` to
-            ``gammas``.
-        grids: the rivals' grids (:func:`method_grid`), scored next to RippleKV's candidates.
-        scorer: the token scorer of every candidate and of the uniform reference (default SnapKV).
-        calibration_fraction: the share of each task's prompts (its first ones, in suite order) that selects the
-            candidate; the rest are held out, in (0, 1).
-        resamples: bootstrap resamples of the held-out comparisons (at least 2000).
-    """
+    """What ``ripplekv tune`` runs: ``eval``'s suite (its methods, profile and score ignored); ``profiles`` label ->
+    path, the first the defaults'; the ``ratios`` and ``gammas`` grids (the defaults added); the rivals' ``grids``
+    (:func:`method_grid`); one ``scorer``; the ``calibration_fraction`` of each task's first prompts that selects."""
 
     eval: EvalConfig
     profiles: dict[str, str]
@@ -168,10 +141,8 @@ class TuneConfig:
         fraction = self.calibration_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
             raise ValueError(f"calibration_fraction must be in (0, 1), got {fraction!r}")
-        if isinstance(self.resamples, bool) or not isinstance(self.resamples, int) or self.resamples < MIN_RESAMPLES:
-            raise ValueError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {self.resamples!r}")
-        if isinstance(self.bootstrap_seed, bool) or not isinstance(self.bootstrap_seed, int) or self.bootstrap_seed < 0:
-            raise ValueError(f"bootstrap_seed must be an integer >= 0, got {self.bootstrap_seed!r}")
+        check_int("resamples", self.resamples, MIN_RESAMPLES)
+        check_int("bootstrap_seed", self.bootstrap_seed, 0)
         if not self.eval.budget_values:
             raise ValueError("no budgets given")
         for budget in self.eval.budgets:
@@ -201,10 +172,8 @@ class TuneConfig:
 
 
 def teacher_forced(model: PreTrainedModel, states: Sequence[Prefill], tokens: Sequence[int]) -> list[torch.Tensor]:
-    """Teacher-forced log-probabilities of ``tokens`` over every state, in input order.
-
-    Plain caches run as padded batches; caches with head-wise masks (AdaKV, LAVa) one at a time.
-    """
+    """Teacher-forced log-probabilities of ``tokens`` over every state: plain caches as padded batches, head-wise
+    masked ones (AdaKV, LAVa) one at a time."""
     plain = [i for i, state in enumerate(states) if all(headwise_of(layer) is None for layer in state.cache.layers)]
     out: list[torch.Tensor | None] = [None] * len(states)
     if plain:
@@ -218,10 +187,8 @@ def teacher_forced(model: PreTrainedModel, states: Sequence[Prefill], tokens: Se
 
 
 def split_samples(samples: Sequence[EvalSample], fraction: float) -> tuple[set[str], set[str]]:
-    """``(calibration ids, held-out ids)``: each task's first ``round(n * fraction)`` prompts calibrate.
-
-    Every task with at least two prompts has at least one in each split; a task with one prompt calibrates.
-    """
+    """``(calibration ids, held-out ids)``: each task's first ``round(n * fraction)`` prompts calibrate (at least one
+    in each split from two prompts; a lone prompt calibrates)."""
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must be in (0, 1), got {fraction!r}")
     by_task: dict[str, list[str]] = {}
@@ -239,10 +206,7 @@ def split_samples(samples: Sequence[EvalSample], fraction: float) -> tuple[set[s
 
 
 class TuneRunner:
-    """Tuning rows of one prompt at a time (its prefill and answer shared by every budget and candidate).
-
-    ``profiles`` maps label -> loaded profile (checked against ``model`` by the caller).
-    """
+    """Tuning rows of one prompt at a time (its prefill and answer shared by every budget and candidate)."""
 
     def __init__(
         self,
@@ -294,11 +258,8 @@ class TuneRunner:
         self.residual_statistics = residual_statistics_of(every)
 
     def _rival_key(self, press: Any, record: Any) -> tuple[Any, ...] | None:
-        """What identifies a rival's cache on this record before deriving it, None where it cannot be told.
-
-        For a derived per-prompt press: its type, scorer and budgets (two candidates allocating alike keep the same
-        tokens).
-        """
+        """What identifies a derived per-prompt rival's cache on this record before deriving it (its scorer and
+        budgets), None for any other."""
         if type(press) is not PerPromptBudgetPress or not is_derivable(press):  # LAVa's heads: more than its budgets
             return None
         stats = recorded_statistics(press, record.layers, self.model.config, record.memo)
@@ -308,10 +269,8 @@ class TuneRunner:
     def run_sample(
         self, sample: EvalSample, budgets: Sequence[float], answer: Sequence[int] | None = None
     ) -> Iterator[dict[str, Any]]:
-        """One row per budget of ``budgets`` for ``sample`` (fields in the module docstring).
-
-        ``answer`` is the full cache's answer stored by an earlier run; decoded again when None.
-        """
+        """One row per budget for ``sample`` (fields in the module docstring); ``answer``: stored by an earlier run
+        (decoded again when None)."""
         query_agnostic = self.config.eval.protocol == "query-agnostic"
         prefix = sample.input_ids[: sample.question_start] if query_agnostic else sample.input_ids
         question = sample.input_ids[sample.question_start :] if query_agnostic else ()

@@ -1,28 +1,28 @@
 """Deriving a press's compressed cache from a prefill record, at the cost of its ``compress`` alone.
 
-:func:`derive_cache` runs a press's ``compress`` on a :class:`~ripplekv_eval.fastpath.record.PrefillRecord` layer
-by layer, its scorer scoring through the record's memo (:func:`~ripplekv_eval.fastpath.score_memo.memoizing`), or a
-per-prompt press's statistics, scores and pruning all layers at once (:mod:`ripplekv_eval.fastpath.per_prompt`):
-the same tensors as a direct ``prefill(model, ids, press)`` (tested tensor for tensor). Only the presses of
-:func:`~ripplekv_eval.fastpath.hidden_tail.is_derivable` are derived; :func:`compressed_prefill` runs any other by
-its own prefill. Head-wise masks (AdaKV) move into the derived cache's layers
-(:func:`~ripplekv.models.headwise.take_mask`), so configurations derived from one record never see each other's
-masks. Derived caches hold new tensors or the record's by reference.
+The same tensors as a direct ``prefill(model, ids, press)`` (tested). Only the presses of
+:func:`~ripplekv_eval.fastpath.hidden_tail.is_derivable` are derived; :func:`compressed_prefill` runs any other by its
+own prefill. Head-wise masks (AdaKV) move into the derived cache's layers, so derivations never see each other's.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from kvpress.presses.base_press import BasePress
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
+from ripplekv.allocation.per_prompt import TokenStatistic
 from ripplekv.inference.generate import Prefill, prefill
 from ripplekv.models.cache import cache_from_layers, dynamic_layer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
-from ripplekv.models.headwise import discard_masks, take_mask
+from ripplekv.models.headwise import MASKED_KEYS, discard_masks, take_mask
+from ripplekv.models.layer_types import compressed_layers
+from ripplekv.presses.layer_budget_press import check_compressible
+from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.selection_window import check_prompt_length
 from ripplekv_eval.fastpath.hidden_tail import (
     DEFAULT_HIDDEN_TAIL,
@@ -32,18 +32,9 @@ from ripplekv_eval.fastpath.hidden_tail import (
     is_derivable,
     prescored_scorers,
 )
-from ripplekv_eval.fastpath.per_prompt import derive_per_prompt, residual_statistics_of
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.fastpath.recording_press import LayerRecord
-from ripplekv_eval.fastpath.score_memo import memoizing
-
-__all__ = [
-    "NotDerivableError",
-    "compressed_prefill",
-    "compressed_prefill_in_chunks",
-    "derive_cache",
-    "derived_prefill",
-]
+from ripplekv_eval.fastpath.score_memo import ScoreMemo, memoizing
 
 
 class NotDerivableError(ValueError):
@@ -68,12 +59,8 @@ def _tensor_versions(layer: LayerRecord) -> list[int]:
 def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
     """The cache ``prefill(model, ids, press)`` would have built, head-wise masks (AdaKV) in its layers.
 
-    Calls ``press.post_init_from_model(model)`` first (RippleKV checks its profile there). Checks on every call
-    that ``compress`` writes no recorded tensor and reads only recorded kwargs (all but ``past_key_values``).
-
-    Raises:
-        NotDerivableError: for a press the fast path does not derive (:func:`is_derivable`), one that reads more
-            hidden states than recorded, or an invalidated record.
+    Checks that ``compress`` writes no recorded tensor and reads only recorded kwargs; NotDerivableError for a press
+    the fast path does not derive, one reading more hidden states than recorded, or an invalidated record.
     """
     if record.invalid is not None:
         raise NotDerivableError(f"the prefill record is no longer valid: {record.invalid}")
@@ -100,43 +87,36 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
 
 def _derive(record: PrefillRecord, press: BasePress) -> DynamicCache:
     modules = [layer.module for layer in record.layers]
+    versions = [_tensor_versions(layer) for layer in record.layers]
     discard_masks(modules)
-    if type(press) in PER_PROMPT:  # statistics of every layer first, then every layer's budget
-        versions = [_tensor_versions(layer) for layer in record.layers]
-        try:
+    try:
+        if type(press) in PER_PROMPT:  # statistics of every layer first, then every layer's budget
             pairs = derive_per_prompt(press, record.layers, record.model.config, record.memo)  # type: ignore[arg-type]
-        except BaseException:
-            discard_masks(modules)
-            raise
-        layers = [take_mask(module, dynamic_layer(*pair)) for module, pair in zip(modules, pairs, strict=True)]
-        if [_tensor_versions(layer) for layer in record.layers] != versions:
-            record.invalid = f"deriving {type(press).__name__} wrote into the recorded tensors in place"
-            raise NotDerivableError(record.invalid)
-        return cache_from_layers(layers)
-    compressing = memoizing(press, record.memo)  # its scorer's scores computed once per record
-    layers = []
-    for layer in record.layers:
-        versions = _tensor_versions(layer)
-        kwargs = _RecordedKwargs(layer.kwargs)
-        try:
-            keys, values = compressing.compress(
-                layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, kwargs
-            )
-        except BaseException:
-            discard_masks([layer.module])
-            raise
-        layers.append(take_mask(layer.module, dynamic_layer(keys, values)))
-        if _tensor_versions(layer) != versions:
-            record.invalid = f"{type(press).__name__}.compress wrote into the recorded tensors in place"
-            raise NotDerivableError(record.invalid)
-    return cache_from_layers(layers)
+        else:
+            compressing = memoizing(press, record.memo)  # its scorer's scores computed once per record
+            pairs = [
+                compressing.compress(
+                    layer.module,
+                    layer.hidden_states,
+                    layer.keys,
+                    layer.values,
+                    layer.attentions,
+                    _RecordedKwargs(layer.kwargs),
+                )
+                for layer in record.layers
+            ]
+    except BaseException:
+        discard_masks(modules)
+        raise
+    if [_tensor_versions(layer) for layer in record.layers] != versions:
+        record.invalid = f"deriving {type(press).__name__} wrote into the recorded tensors in place"
+        raise NotDerivableError(record.invalid)
+    return cache_from_layers([take_mask(module, dynamic_layer(*pair)) for module, pair in zip(modules, pairs)])
 
 
 def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, float]:
-    """A :class:`Prefill` over the cache derived for ``press``, and the seconds the derivation took.
-
-    Its ``seconds`` is the recorded prefill's plus the derivation's, what a direct prefill would report.
-    """
+    """A :class:`Prefill` over the cache derived for ``press`` (``seconds``: the record's plus the derivation's), and
+    the derivation's seconds."""
     start = time.perf_counter()
     cache = derive_cache(record, press)
     seconds = time.perf_counter() - start
@@ -158,15 +138,8 @@ def compressed_prefill_in_chunks(
     press: BasePress,
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
 ) -> Prefill:
-    """``prefill(model, input_ids, press)`` for a prompt of any length: recorded in chunks, the cache derived.
-
-    kvpress compresses inside one pass, which would need the whole prompt's activations at once. This records in chunks
-    of at most ``prefill_chunk`` tokens (None: one pass), keeping only what ``press`` reads, then derives its cache. A
-    prompt within one chunk gives the direct prefill's result bit for bit (``seconds`` also count the derivation).
-
-    Raises:
-        NotDerivableError: for a press whose cache cannot be derived from a record.
-    """
+    """``prefill(model, input_ids, press)`` for a prompt of any length: recorded in chunks of ``prefill_chunk``
+    tokens (None: one pass), keeping only what ``press`` reads, then derived (bit for bit within one chunk)."""
     if not is_derivable(press):
         raise NotDerivableError(
             f"the fast path does not know {type(press).__name__} or a press it wraps (exact classes only): it cannot "
@@ -178,3 +151,74 @@ def compressed_prefill_in_chunks(
     record = record_prefill(model, input_ids, tail, residual_statistics_of(presses), prefill_chunk, prescore)
     state, _ = derived_prefill(record, press)
     return state
+
+
+def recorded_statistics(
+    press: PerPromptBudgetPress, layers: Sequence[LayerRecord], config: PretrainedConfig, memo: ScoreMemo
+) -> list[Any]:
+    """The rule's statistic of every compressed layer of a record: memoised per rule and window, or recorded while
+    the prefill ran (the residual stream's rules, :func:`residual_statistics_of`)."""
+    rule = press.schedule.rule  # type: ignore[union-attr]
+    stats = []
+    for index in compressed_layers(config):
+        layer = layers[index]
+        check_compressible(press, layer.kwargs, layer.keys.shape[2], press.window)
+        if press.needs_residual:
+            if rule.name not in layer.statistics:
+                raise ValueError(f"the prefill record holds no {rule.name} statistic: record it (see record_prefill)")
+            stats.append(layer.statistics[rule.name])
+            continue
+
+        def compute(layer: LayerRecord = layer) -> Any:
+            return press.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, layer.kwargs)
+
+        stats.append(memo.get("statistic", (repr(rule), press.window, press.reserve), index, layer.keys, compute))
+    return stats
+
+
+def derive_per_prompt(
+    press: PerPromptBudgetPress, layers: Sequence[LayerRecord], config: PretrainedConfig, memo: ScoreMemo
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's pruned keys and values from a prefill record's layers; head-wise masks (LAVa) are left on the
+    attention modules as kvpress's ``masked_key_indices``, for the caller to move into the derived cache."""
+    compressed = compressed_layers(config)
+    stats = recorded_statistics(press, layers, config, memo)
+    scores = {}
+    for index in compressed:
+        layer = layers[index]
+        scores[index] = memo.scores(
+            press.press,
+            layer.module,
+            layer.hidden_states,
+            layer.keys,
+            layer.values,
+            layer.attentions,
+            dict(layer.kwargs),
+        )
+    budgets = press.budgets(stats, config, layers[compressed[0]].keys.shape[2])
+    out = []
+    for index, layer in enumerate(layers):
+        if index not in budgets:
+            out.append((layer.keys, layer.values))
+            continue
+        kept_keys, kept_values, masked = press.prune(layer.keys, layer.values, scores[index], budgets[index], config)
+        if masked is not None:
+            setattr(layer.module, MASKED_KEYS, masked)
+        out.append((kept_keys, kept_values))
+    return out
+
+
+def residual_statistics_of(presses: Iterable[BasePress]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], Any]]:
+    """Per rule name, the residual-stream statistic a record computes to derive ``presses``: the rule's
+    ``layer_statistic``, or a :class:`~ripplekv.allocation.per_prompt.TokenStatistic` where the rule reduces per-token
+    values (a chunked prefill accumulates them)."""
+    found: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {}
+    for press in presses:
+        if type(press) not in PER_PROMPT or not press.needs_residual:  # type: ignore[attr-defined]
+            continue
+        rule = press.schedule.rule  # type: ignore[attr-defined]
+        per_token = getattr(rule, "token_statistic", None)
+        reduce = getattr(rule, "statistic_from_tokens", None)
+        whole = rule.layer_statistic
+        found[rule.name] = whole if per_token is None or reduce is None else TokenStatistic(whole, per_token, reduce)
+    return found

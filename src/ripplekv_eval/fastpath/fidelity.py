@@ -8,16 +8,14 @@ values (each reduction runs along one row; tested) with one block's temporaries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from ripplekv.inference.generate import Prefill, cache_forward
 from ripplekv.models.cache import fork_cache
-
-__all__ = ["ROW_BLOCK", "Fidelity", "fidelity", "logprob_rows", "mean_nll", "row_blocks", "teacher_forced_logprobs"]
 
 ROW_BLOCK = 2
 """Rows of ``(positions, vocab)`` float64 tensors computed at once."""
@@ -54,7 +52,7 @@ def logprob_rows(next_logits: torch.Tensor, logits: torch.Tensor | None) -> torc
     return out
 
 
-def _check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
+def check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
     ids = [int(t) for t in tokens]
     if not ids:
         raise ValueError("tokens is empty: teacher forcing needs at least one token")
@@ -65,23 +63,23 @@ def _check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
 
 
 @torch.no_grad()
-def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequence[int]) -> torch.Tensor:
-    """Next-token log-probabilities along ``tokens`` forced after the prompt of ``state``.
+def teacher_forced_logprobs(
+    model: PreTrainedModel,
+    state: Prefill,
+    tokens: Sequence[int],
+    fork: Callable[[DynamicCache], DynamicCache] = fork_cache,
+) -> torch.Tensor:
+    """``(len(tokens), vocab)`` float64 CPU log-probabilities along ``tokens`` forced after the prompt of ``state``.
 
-    Row ``i`` is the distribution of the token at position ``i`` given the prompt and ``tokens[:i]``: row 0 is
-    ``state.next_logits``, the others one forward pass of ``tokens[:-1]`` over a fork of ``state.cache`` (left
-    unchanged). Multi-token passes over per-layer compressed caches need an implementation that attends over them
-    (:func:`ripplekv.models.attention.supports_per_layer_lengths`).
-
-    Returns:
-        ``(len(tokens), vocab)`` float64 log-softmax, on the CPU.
+    Row 0 is ``state.next_logits``, the others one forward pass of ``tokens[:-1]`` over ``fork(state.cache)`` (the
+    cache left unchanged; :func:`~ripplekv.models.cache.lean_fork` never copies it, same values).
     """
     vocab = state.next_logits.shape[-1]
-    ids = _check_tokens(tokens, vocab)
+    ids = check_tokens(tokens, vocab)
     if len(ids) > 1:
         device = state.next_logits.device
         positions = torch.arange(state.prompt_tokens, state.prompt_tokens + len(ids) - 1, device=device)
-        logits = cache_forward(model, torch.tensor([ids[:-1]], device=device), fork_cache(state.cache), positions)
+        logits = cache_forward(model, torch.tensor([ids[:-1]], device=device), fork(state.cache), positions)
         if logits.shape[1] != len(ids) - 1:
             raise ValueError(f"the model returned logits for {logits.shape[1]} of {len(ids) - 1} positions")
         return logprob_rows(state.next_logits, logits[0])
@@ -90,16 +88,10 @@ def teacher_forced_logprobs(model: PreTrainedModel, state: Prefill, tokens: Sequ
 
 @dataclass(frozen=True)
 class Fidelity:
-    """How closely a candidate cache's next-token distributions follow the reference's along an answer.
+    """How closely a candidate cache's next-token distributions follow the reference's along an answer."""
 
-    Args:
-        kl: mean over positions of ``KL(reference_i || candidate_i)``, in nats.
-        top1: fraction of positions where the candidate's argmax is the answer's token.
-        positions: number of positions compared.
-    """
-
-    kl: float
-    top1: float
+    kl: float  # mean over positions of KL(reference_i || candidate_i), nats
+    top1: float  # fraction of positions where the candidate's argmax is the answer's token
     positions: int
 
     def __post_init__(self) -> None:
@@ -128,7 +120,7 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
     """
     ref = _check_logprobs("reference", reference, tokens)
     cand = _check_logprobs("candidate", candidate, tokens)
-    ids = _check_tokens(tokens, ref.shape[-1])
+    ids = check_tokens(tokens, ref.shape[-1])
     if ref.shape != cand.shape:
         raise ValueError(f"reference {tuple(ref.shape)} and candidate {tuple(cand.shape)} differ in shape")
     sums = torch.empty(ref.shape[0], dtype=torch.float64, device=ref.device)
@@ -146,6 +138,6 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
 def mean_nll(logprobs: torch.Tensor, tokens: Sequence[int]) -> float:
     """Mean negative log-likelihood of teacher-forced ``tokens``: ``mean_i -logprobs[i, tokens[i]]``."""
     rows = _check_logprobs("logprobs", logprobs, tokens)
-    ids = _check_tokens(tokens, rows.shape[-1])
+    ids = check_tokens(tokens, rows.shape[-1])
     index = torch.tensor(ids, device=rows.device).unsqueeze(1)
     return float(-rows.gather(1, index).mean())

@@ -1,27 +1,9 @@
-"""What a press reads of the prompt's hidden states, so a prefill record keeps that and no more; which presses the
-fast path derives at all.
+"""What a press reads of the prompt's hidden states (so a prefill record keeps no more), and which presses the fast
+path derives at all (exact classes; any other runs its own prefill).
 
-A prefill record (:mod:`ripplekv_eval.fastpath.record`) keeps, per layer, the *last* ``hidden_tail`` input hidden
-states, not the whole prompt's (``n_tokens * n_layers * hidden_size`` elements, more than the cache itself on small
-models). What a press reads of them is read from its code (:func:`hidden_states_needed`): SnapKV and the presses
-built on its scorer (PyramidKV, AdaKV, RippleKV) read the last ``window_size`` positions and check the query length
-exceeds the window, so they need ``window_size + 1``; TOVA the last position; KNorm, KeyDiff, StreamingLLM, QFilter,
-Random and the full cache none; ExpectedAttention (query statistics over the prompt) all of them.
-:func:`hidden_states_tail` takes the most that a run's presses need, for the caller to pass to
-:func:`~ripplekv_eval.fastpath.record.record_prefill` (whose default keeps :data:`DEFAULT_HIDDEN_TAIL`, what SnapKV
-reads at the default window); deriving a press that needs more than a record holds raises
-:class:`~ripplekv_eval.fastpath.derive.NotDerivableError`. The tables are also the one rule of what the fast path
-derives (:func:`is_derivable`, exact classes): any other press runs its own prefill.
-
-Prescoring: ExpectedAttention would make a record keep every layer's whole hidden states (32 GiB at 128K tokens on
-Llama-3.1-8B in bf16). A record made with ``prescore`` (:func:`prescored_scorers` of the presses) computes its scores
-while the prefill runs instead and pins them in the record's memo (one ``(batch, kv_heads, tokens)`` tensor per
-layer): in one pass by kvpress's own ``score`` on the layer's whole input, so every derived cache is bit for bit
-the one a record of every hidden state gives; in a chunked prefill from the query moments each chunk adds to
-(:mod:`ripplekv_eval.fastpath.query_moments`), equal to it up to the rounding of the model's dtype (tested: the same
-kept tokens). The presses whose scorer the fast path hands the memo
-(:data:`~ripplekv_eval.fastpath.score_memo.MEMO_SCORING`: the schedules, AdaKV) and the per-prompt presses then need
-none of the hidden states for it; a pinned score asked for other key tensors raises instead of being recomputed.
+A record keeps per layer the last ``hidden_tail`` input hidden states: SnapKV and the presses on its scorer read
+``window_size + 1``, TOVA 1, key- or position-only scorers 0, ExpectedAttention all of them, unless the record
+prescores it (its scores computed while the prefill runs, :mod:`ripplekv_eval.fastpath.recording_press` in chunks).
 """
 
 from __future__ import annotations
@@ -55,19 +37,7 @@ from ripplekv.presses.registry import DEFAULT_WINDOW
 from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv_eval.fastpath.score_memo import MEMO_SCORING, scorer_key
 
-__all__ = [
-    "DEFAULT_HIDDEN_TAIL",
-    "PER_PROMPT",
-    "PRESCORABLE",
-    "hidden_states_needed",
-    "hidden_states_tail",
-    "is_derivable",
-    "prescored_scorers",
-]
-
-DEFAULT_HIDDEN_TAIL = DEFAULT_WINDOW + 1
-"""Trailing hidden-state positions a record keeps unless told otherwise (65): what SnapKV and the presses on its
-scorer read at :func:`~ripplekv.presses.make_press`'s default window (``window_size + 1``)."""
+DEFAULT_HIDDEN_TAIL = DEFAULT_WINDOW + 1  # what SnapKV reads at make_press's default window
 
 
 def _snapkv_tail(press: Any) -> int:
@@ -100,14 +70,10 @@ _WRAPPERS: tuple[type, ...] = (
     RippleKVPress,
 )
 
+# Per-prompt presses: derived every layer at once (:mod:`ripplekv_eval.fastpath.derive`).
 PER_PROMPT: tuple[type[PerPromptBudgetPress], ...] = (PerPromptBudgetPress, LavaPress)
-"""Per-prompt presses (exact classes): derived every layer at once (:mod:`ripplekv_eval.fastpath.per_prompt`), their
-scorer and window statistics through the record's memo."""
-
+# Scorers that read every prompt position, which a record can score while the prefill runs instead.
 PRESCORABLE: frozenset[type[ScorerPress]] = frozenset({ExpectedAttentionPress})
-"""Scorers (exact types) whose scores read every prompt position's hidden states, which a record can compute while the
-prefill runs instead of keeping those hidden states (:func:`~ripplekv_eval.fastpath.record.record_prefill`'s
-``prescore``)."""
 
 
 def _prescored(scorer: BasePress, prescored: Collection[Hashable]) -> bool:
@@ -115,20 +81,10 @@ def _prescored(scorer: BasePress, prescored: Collection[Hashable]) -> bool:
 
 
 def hidden_states_needed(press: BasePress, prescored: Collection[Hashable] = frozenset()) -> int | None:
-    """How many of the last prompt positions of each layer's input hidden states ``press.compress`` reads.
+    """How many trailing prompt positions of each layer's input hidden states ``press.compress`` reads (None: all).
 
-    kvpress's scorers and RippleKV's presses as read from their code (see the module docstring; wrappers answer for
-    their wrapped scorer); any other press reads them all. A scorer whose scores the record computed while it ran
-    (``prescored``) reads none under a press the fast path hands the record's memo (:data:`MEMO_SCORING`,
-    :data:`PER_PROMPT`).
-
-    Args:
-        press: a press.
-        prescored: :func:`~ripplekv_eval.fastpath.score_memo.scorer_key` of the scorers a record prescored
-            (:attr:`PrefillRecord.prescored`).
-
-    Returns:
-        The number of trailing positions (0: none), or None for the whole prompt.
+    ``prescored``: the :func:`~ripplekv_eval.fastpath.score_memo.scorer_key` of the scorers a record prescored, which
+    read none under a press scoring through the record's memo.
     """
     kind = type(press)
     if kind in MEMO_SCORING and _prescored(press.press, prescored):
@@ -143,16 +99,8 @@ def hidden_states_needed(press: BasePress, prescored: Collection[Hashable] = fro
 
 
 def is_derivable(press: BasePress) -> bool:
-    """Whether the shared-prefill fast path derives ``press``'s cache from a record: the press and every press it
-    wraps are of the exact classes its tables were read from (above), whose derived caches are their own prefill's
-    (tested). The one rule every caller follows; any other press runs its own prefill.
-
-    A subclass is not derivable, whatever it inherits: its ``score`` or hook may read or do more than its base
-    class's.
-
-    Args:
-        press: a press.
-    """
+    """Whether the fast path derives ``press``'s cache: it and every press it wraps are of the exact classes above
+    (a subclass may read or do more than its base)."""
     kind = type(press)
     if kind in _WRAPPERS or kind in PER_PROMPT:
         return is_derivable(press.press)
@@ -160,13 +108,8 @@ def is_derivable(press: BasePress) -> bool:
 
 
 def hidden_states_tail(presses: Iterable[BasePress], prescore: Iterable[ScorerPress] = ()) -> int | None:
-    """The ``hidden_tail`` a record needs to derive every one of ``presses``: the most any needs, None for all.
-
-    Args:
-        presses: the presses that will be derived from the record.
-        prescore: the scorers the record will prescore (:func:`prescored_scorers`, passed to
-            :func:`~ripplekv_eval.fastpath.record.record_prefill`): their presses need none of the hidden states.
-    """
+    """The ``hidden_tail`` a record needs to derive every one of ``presses`` (None: all), given the scorers it
+    will ``prescore``."""
     prescored = frozenset(scorer_key(s) for s in prescore)
     most = 0
     for press in presses:
@@ -178,12 +121,8 @@ def hidden_states_tail(presses: Iterable[BasePress], prescore: Iterable[ScorerPr
 
 
 def prescored_scorers(presses: Iterable[BasePress]) -> tuple[ScorerPress, ...]:
-    """The scorers of ``presses`` a record should prescore: those of :data:`PRESCORABLE` that a press scores
-    through the record's memo, one per :func:`~ripplekv_eval.fastpath.score_memo.scorer_key`.
-
-    Args:
-        presses: the presses that will be derived from the record.
-    """
+    """The scorers of ``presses`` a record should prescore: those of :data:`PRESCORABLE` a press scores through the
+    record's memo, one per :func:`~ripplekv_eval.fastpath.score_memo.scorer_key`."""
     found: dict[Hashable, ScorerPress] = {}
 
     def visit(press: BasePress) -> None:

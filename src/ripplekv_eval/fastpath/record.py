@@ -1,9 +1,8 @@
 """The shared prefill record: one full prefill of a prompt feeds every (method, budget) compressed cache.
 
-kvpress compresses in a hook that runs after each layer's attention, so compression never changes the prefill's
-hidden states, logits or the keys and values handed to the press. :func:`record_prefill` stores, per layer, what
-``compress`` receives (:class:`~ripplekv_eval.fastpath.recording_press.RecordingPress`); presses are then derived
-from it (:mod:`ripplekv_eval.fastpath.derive`) at the cost of their ``compress`` alone.
+kvpress compresses in a hook after each layer's attention, so compression never changes the prefill's hidden states,
+logits or the keys and values handed to the press: :func:`record_prefill` stores per layer what ``compress``
+receives, and :mod:`ripplekv_eval.fastpath.derive` runs presses on it at the cost of their ``compress`` alone.
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill
 from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL
 from ripplekv_eval.fastpath.recording_press import LayerRecord, RecordingPress
 from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
-
-__all__ = ["PrefillRecord", "record_prefill"]
 
 
 @dataclass
@@ -79,25 +76,12 @@ def record_prefill(
 ) -> PrefillRecord:
     """Prefill ``input_ids`` (shape ``(1, n)``) once, recording every layer's compression inputs.
 
-    The record holds one full KV cache, the next token's logits and per layer the last ``hidden_tail`` hidden states
-    (with the kwargs and attention weights cut to them). A prompt longer than ``prefill_chunk`` (None: one pass) is
-    prefilled in chunks over the growing cache (:mod:`ripplekv.models.chunked_prefill`): the record equals a one-pass
-    record's up to float rounding; within one chunk it is exactly the one-pass prefill.
-
-    Args:
-        hidden_tail: hidden states kept per layer (None: all, 1.5 times the cache on SmolLM2-135M). The default (65) is
-            what SnapKV reads at its default window; pass
-            :func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_tail` of every press to derive. Deriving a press
-            that reads more raises :class:`~ripplekv_eval.fastpath.derive.NotDerivableError`.
-        residual_statistics: ``fn(residual_in, attention_output)`` per name, both ``(batch, tokens, hidden)``, computed
-            per layer as the prefill runs (what a per-prompt press such as SqueezeAttention reads) and kept in each
-            layer record's ``statistics``. A chunked prefill needs each to be a
-            :class:`~ripplekv.allocation.per_prompt.TokenStatistic` (per-token values of every chunk, reduced once over
-            the prompt: :func:`~ripplekv_eval.fastpath.per_prompt.residual_statistics_of`), else ValueError.
-        prescore: ExpectedAttention scorers (:func:`~ripplekv_eval.fastpath.hidden_tail.prescored_scorers`) scored while
-            the prefill runs, so no full hidden states are kept: in one pass exactly as derived, in chunks from
-            :mod:`ripplekv_eval.fastpath.query_moments` (to the model dtype's rounding). Pinned in the record's memo;
-            ``seconds`` include them.
+    A prompt longer than ``prefill_chunk`` (None: one pass) is prefilled in chunks, equal to one pass up to float
+    rounding. ``hidden_tail``: hidden states kept per layer (None: all;
+    :func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_tail` of the presses to derive).
+    ``residual_statistics``: ``fn(residual_in, attention_output)`` per name, kept in each layer's ``statistics``
+    (a chunked prefill needs :class:`~ripplekv.allocation.per_prompt.TokenStatistic`). ``prescore``: scorers scored
+    while the prefill runs (:func:`~ripplekv_eval.fastpath.hidden_tail.prescored_scorers`), pinned in the memo.
     """
     chunk = check_prefill_chunk(prefill_chunk)
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:

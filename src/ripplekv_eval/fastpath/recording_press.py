@@ -1,10 +1,7 @@
 """The press that records a prefill: per layer, exactly what ``compress`` receives, the cache left unchanged.
 
-Per layer a :class:`LayerRecord` keeps the last ``hidden_tail`` hidden states (copied out as the prefill runs),
-the full keys and values, and the attention weights and kwargs cut to the same query positions, so a scorer sees
-consistent queries. A chunked prefill is recorded chunk by chunk and joined by :meth:`RecordingPress.assemble`
-into what one pass records, up to float rounding (tested tensor for tensor); a prompt within one chunk is bit for
-bit. :func:`~ripplekv_eval.fastpath.record.record_prefill` runs it.
+A chunked prefill is recorded chunk by chunk and joined by :meth:`RecordingPress.assemble` into what one pass
+records, up to float rounding.
 """
 
 from __future__ import annotations
@@ -15,19 +12,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from kvpress import ExpectedAttentionPress
 from kvpress.presses.base_press import BasePress
 from kvpress.presses.scorer_press import ScorerPress
+from kvpress.utils import get_prerope_query_states
 from torch import nn
 from transformers import DynamicCache
 
 from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL, PRESCORABLE
-from ripplekv_eval.fastpath.query_moments import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
+from ripplekv_eval.sample import check_int
 
-__all__ = ["LayerRecord", "RecordingPress"]
-
-# Forward kwargs of the attention layer that are not recorded: the live cache (a derived cache is being built
-# instead) and the hidden states (recorded as their own field).
+# Not recorded: the live cache (a derived cache is built instead) and the hidden states (a field of their own).
 _NOT_RECORDED = frozenset({"hidden_states", "past_key_values", "past_key_value"})
 
 
@@ -70,15 +66,10 @@ def _token_tensors(values: Sequence[Any], pieces: Sequence[_Piece], dim: int) ->
 class RecordingPress(BasePress):
     """A press that compresses nothing and records, per layer, what ``compress`` receives.
 
-    In one pass it records in ``compress``. kvpress's hook compresses only a first pass, so in a chunked prefill its
-    own hook records every chunk (:meth:`begin_chunk` names the positions) and :meth:`assemble` joins them.
-
-    Args:
-        hidden_tail: keep the last ``hidden_tail`` query positions (hidden states, per-query kwargs, attention weights),
-            copied out so the layer's whole hidden states are freed; None keeps them all, by reference.
-        prescore: ExpectedAttention scorers scored while the prefill runs and pinned in ``memo`` (the record's): in one
-            pass by their own ``score``, in chunks from :class:`~ripplekv_eval.fastpath.query_moments.QueryMoments` at
-            :meth:`assemble`.
+    ``hidden_tail``: the last query positions kept (hidden states, per-query kwargs, attention weights), copied out so
+    the whole are freed (None: all, by reference). ``prescore``: scorers scored as the prefill runs, pinned in
+    ``memo``. kvpress's hook compresses only a first pass, so a chunked prefill is recorded by :meth:`forward_hook`
+    (:meth:`begin_chunk` names the positions) and joined by :meth:`assemble`.
     """
 
     hidden_tail: int | None = DEFAULT_HIDDEN_TAIL
@@ -91,9 +82,7 @@ class RecordingPress(BasePress):
     _pieces: dict[int, list[_Piece]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        tail = self.hidden_tail
-        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
-            raise ValueError(f"hidden_tail must be an int >= 0 or None, got {tail!r}")
+        check_int("hidden_tail", self.hidden_tail, 0, allow_none=True)
         self.prescore = tuple(self.prescore)
         for scorer in self.prescore:
             if type(scorer) not in PRESCORABLE or scorer_key(scorer) is None:
@@ -194,10 +183,9 @@ class RecordingPress(BasePress):
     def assemble(self, cache: DynamicCache, tokens: int) -> None:
         """Join the recorded chunks into one :class:`LayerRecord` per layer, over ``cache``'s keys and values.
 
-        Per-query tensors are concatenated over the chunks. A chunk's attention weights and 4D mask span the keys up
-        to its end and are padded to the prompt's ``tokens`` keys as one pass has them (zero weight; ``False`` or the
-        dtype's minimum); a chunk without a mask gets its causal rows made explicit. Tensors every layer shares are
-        joined once. Any other kwarg is the last chunk's.
+        Per-query tensors are concatenated; attention weights and 4D masks are padded to ``tokens`` keys as one pass
+        has them (a chunk without a mask gets its causal rows). Shared tensors are joined once; any other kwarg is the
+        last chunk's.
         """
         memo: dict[tuple[int, ...], tuple[Any, torch.Tensor]] = {}
 
@@ -275,3 +263,70 @@ class RecordingPress(BasePress):
         self._pieces.clear()
         self._moments.clear()
         self._chunk = None
+
+
+@dataclass
+class QueryMoments:
+    """Count, mean and centred second moment of one layer's pre-RoPE queries after the first ``n_sink``."""
+
+    n_sink: int
+    count: int = 0
+    mean: torch.Tensor | None = field(default=None, repr=False)  # (batch, heads, head_dim), float64
+    m2: torch.Tensor | None = field(default=None, repr=False)  # (batch, heads, head_dim, head_dim), float64
+    dtype: torch.dtype | None = None  # the queries' dtype, which kvpress computes the statistics in
+
+    def __post_init__(self) -> None:
+        check_int("n_sink", self.n_sink, 0)
+
+    @torch.no_grad()
+    def update(self, module: nn.Module, hidden_states: torch.Tensor, start: int) -> None:
+        """Merge the queries of the prompt positions ``[start, start + n)`` that ``hidden_states`` holds."""
+        skip = max(0, self.n_sink - start)
+        if skip >= hidden_states.shape[1]:
+            return
+        queries = get_prerope_query_states(module, hidden_states[:, skip:])
+        self.dtype = queries.dtype
+        queries = queries.to(torch.promote_types(queries.dtype, torch.float32))  # bf16 / fp16 chunks in float32
+        n = queries.shape[2]
+        chunk_mean = queries.mean(dim=2)
+        centred = queries - chunk_mean.unsqueeze(2)
+        chunk_m2 = torch.einsum("bhsi,bhsj->bhij", centred, centred).double()
+        chunk_mean = chunk_mean.double()
+        if self.mean is None or self.m2 is None:
+            self.count, self.mean, self.m2 = n, chunk_mean, chunk_m2
+            return
+        total = self.count + n
+        delta = chunk_mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + chunk_m2 + torch.einsum("bhi,bhj->bhij", delta, delta) * (self.count * n / total)
+        self.count = total
+
+    def statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mu, cov)`` as kvpress's ``get_query_statistics`` computes them before RoPE, in the queries' dtype."""
+        if self.mean is None or self.m2 is None or self.dtype is None:
+            raise ValueError(f"no query after the first {self.n_sink} prompt positions was merged")
+        return self.mean.to(self.dtype), (self.m2 / self.count).to(self.dtype)
+
+
+@dataclass
+class MomentsExpectedAttentionPress(ExpectedAttentionPress):
+    """kvpress's ExpectedAttention with its query statistics from :class:`QueryMoments` of the whole prompt, the
+    averaged RoPE applied at ``prompt_tokens`` as after a one-pass prefill."""
+
+    moments: QueryMoments | None = None
+    prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.moments is None:
+            raise ValueError("MomentsExpectedAttentionPress needs the layer's QueryMoments")
+        if self.moments.n_sink != self.n_sink:
+            raise ValueError(f"the moments leave out {self.moments.n_sink} sink positions, the press {self.n_sink}")
+        check_int("prompt_tokens", self.prompt_tokens)
+
+    def get_query_statistics(
+        self, module: nn.Module, hidden_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The moments' mean and covariance (None without ``use_covariance``), RoPE-averaged at the prompt's end."""
+        mu, cov = self.moments.statistics()  # type: ignore[union-attr]
+        return self.apply_avg_rope(module, mu, cov if self.use_covariance else None, self.prompt_tokens)

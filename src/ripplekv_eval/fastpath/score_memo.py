@@ -1,12 +1,8 @@
 """A prefill record's memo of token scores and per-layer statistics, shared by every press derived from it.
 
-The schedules of one scorer differ in how many tokens each layer keeps, not in how tokens are ranked, and
-recomputing the scores was most of a derivation's time. :func:`memoizing` gives a press the fast path derives a copy
-whose scorer is a :class:`MemoizedScorerPress` over the record's :class:`ScoreMemo`: a layer's scores are computed
-once per scorer and record, and a per-prompt rule's statistic once per rule
-(:mod:`ripplekv_eval.fastpath.per_prompt`). Exact: an entry is reused only for the very key tensor it was computed
-from (by identity), and only for scorers of :data:`RATIO_FREE` (by exact type), returning the tensor computed the
-first time. Memory: one ``(batch, kv_heads, tokens)`` tensor per layer and scorer.
+The schedules of one scorer differ in how many tokens each layer keeps, not in how tokens are ranked. Exact: an entry
+is reused only for the very key tensor it was computed from (by identity), and only for scorers of
+:data:`RATIO_FREE` (by exact type).
 """
 
 from __future__ import annotations
@@ -35,25 +31,17 @@ from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
 from ripplekv.presses.ripplekv_press import RippleKVPress
 
-__all__ = ["MEMO_SCORING", "RATIO_FREE", "MemoizedScorerPress", "ScoreMemo", "memoizing", "scorer_key"]
-
+# Scorers whose score() reads neither their compression ratio nor any state it changes (kvpress 0.5.5, LAVa's).
 RATIO_FREE: frozenset[type[ScorerPress]] = frozenset(
     {SnapKVPress, ExpectedAttentionPress, TOVAPress, KnormPress, KeyDiffPress, LavaScorerPress}
 )
-"""Scorers whose ``score()`` reads neither their compression ratio nor any state it changes (kvpress 0.5.5, and
-LAVa's token score)."""
-
+# Presses (exact classes) reading the hidden states only through press.score: handed a MemoizedScorerPress.
 MEMO_SCORING: tuple[type[BasePress], ...] = (AdaKVPress, LayerBudgetAdaPress, LayerBudgetPress, RippleKVPress)
-"""Presses (exact classes) whose ``compress`` reads the hidden states only through ``press.score``: the fast path
-hands them their scorer as a :class:`MemoizedScorerPress` (:func:`memoizing`)."""
 
 
 class ScoreMemo:
-    """Results computed once per (kind, key, layer), tied to the key tensor they were computed from.
-
-    :meth:`pin`'s entries (scores a prefill record computed while it ran, which later would need what the record
-    does not keep) are never recomputed: reading one over another key tensor raises, and :meth:`clear` keeps them.
-    """
+    """Results computed once per (kind, key, layer), tied to the key tensor they were computed from; :meth:`pin`'s
+    entries (a record's prescored scores) are never recomputed: reading one over other keys raises."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, Hashable, int], tuple[torch.Tensor, Any]] = {}
@@ -63,13 +51,8 @@ class ScoreMemo:
         self.misses = 0
 
     def get(self, kind: str, key: Hashable, layer: int, keys: torch.Tensor, compute: Callable[[], Any]) -> Any:
-        """The memoised ``compute()`` for ``(kind, key, layer)``; an entry made from other ``keys`` is recomputed.
-
-        ``kind`` is ``"scores"`` or ``"statistic"``; ``key`` what computes it (:func:`scorer_key`, a rule and window).
-
-        Raises:
-            ValueError: for a pinned ``(kind, key)`` without an entry of this layer over this very ``keys``.
-        """
+        """The memoised ``compute()`` for ``(kind, key, layer)`` (``kind``: ``"scores"`` or ``"statistic"``); an entry
+        made from other ``keys`` is recomputed, a pinned one raises ValueError."""
         if (kind, key) in self._pinned_keys:
             pinned = self._pinned.get((kind, key, layer))
             if pinned is None or pinned[0] is not keys:
@@ -142,12 +125,8 @@ def scorer_key(scorer: ScorerPress) -> Hashable | None:
 
 @dataclass
 class MemoizedScorerPress(ScorerPress):
-    """``press``'s scores through ``memo``, returned as a copy (kvpress's AdaKV writes into the scores it is given).
-
-    Args:
-        press: the token scorer; it scores at this press's ``compression_ratio``, which the wrapping press sets.
-        memo: the record's memo.
-    """
+    """``press``'s scores (at this press's ``compression_ratio``) through ``memo``, returned as a copy (kvpress's
+    AdaKV writes into the scores it is given)."""
 
     press: ScorerPress = field(default_factory=SnapKVPress)
     memo: ScoreMemo = field(default_factory=ScoreMemo, repr=False, compare=False)

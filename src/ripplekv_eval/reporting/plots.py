@@ -1,10 +1,8 @@
 """Plots (matplotlib, Agg) of ``ripplekv report`` and ``ripplekv analyze``.
 
-The report: the average score against the budget per method (``score_vs_budget.png``); for LongBench and RULER a
-heatmap of methods x tasks at each budget (``heatmap_budget_<b>.png``); for needles a heatmap over length x depth per
-method and budget (``needle_<method>_budget_<b>.png``). The analysis: ``damage_per_layer.png`` (mean damage per layer
-per budget with its bootstrap band, log scale, and the profile's KL and local scores below) and, with a profile,
-``damage_vs_profile_b<budget>.png`` (each layer's mean damage against its profile scores, log-log, titled with rho).
+The report: average score against budget per method, and heatmaps of methods x tasks (needles: length x depth) per
+budget. The analysis: mean damage per layer with its bootstrap band (and the profile's scores), and each layer's
+damage against its profile scores, titled with rho.
 """
 
 from __future__ import annotations

@@ -34,10 +34,8 @@ from ripplekv_eval.reporting.stats import (
     RunStats,
     analyse_run,
 )
-from ripplekv_eval.reporting.summary import AVERAGE, RunSummary, Timing, load_run, needle_task, summarize
+from ripplekv_eval.reporting.summary import AVERAGE, RunSummary, load_run, summarize
 from ripplekv_eval.sample import DEFAULT_SCORER, FULL_BUDGET, row_scorer, scored_methods, split_configuration
-
-__all__ = ["FORMATS", "RunSummary", "Timing", "load_run", "needle_task", "report", "summarize"]
 
 FORMATS = ("md", "csv", "json")
 FEW_SAMPLES = 5  # tasks with fewer samples get the small-sample caveat
@@ -359,12 +357,8 @@ def row_scorers(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def rows_of_scorer(
     rows: Sequence[Mapping[str, Any]], methods: Sequence[str], scorer: str
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows of one scorer as a run of their own, and its method names in report order.
-
-    The rows are those whose scorer is ``scorer`` or none (methods without a scorer; a row without the field is read
-    as :func:`row_scorers` reads it); each is returned under its plain method name (its ``scorer`` field set to
-    null), so the analysis compares schedules over one scorer.
-    """
+    """The rows whose scorer is ``scorer`` or none, under their plain method names (``scorer`` set to null) so the
+    analysis compares schedules over one scorer, and the method names in report order."""
     scored = scored_methods(rows)
     kept = [{**row, "scorer": None} for row in rows if row_scorer(row, scored) in (None, scorer)]
     present = {str(row["method"]) for row in kept}

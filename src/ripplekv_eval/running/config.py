@@ -20,25 +20,9 @@ from ripplekv_eval.sample import (
     CHAT_TEMPLATE_MODES,
     DEFAULT_SCORER,
     FULL_BUDGET,
-    MIN_NEW_TOKENS,
-    EvalSample,
     check_int,
     configuration_name,
 )
-
-__all__ = [
-    "CHAT_TEMPLATE_MODES",
-    "DEFAULT_BUDGETS",
-    "DEFAULT_METHODS",
-    "FULL_BUDGET",
-    "MIN_NEW_TOKENS",
-    "PROTOCOLS",
-    "SCORE_MODES",
-    "DECODE_MODES",
-    "EvalConfig",
-    "EvalSample",
-    "check_int",
-]
 
 PROTOCOLS = ("question-aware", "query-agnostic")
 SCORE_MODES = ("both", "fidelity")
@@ -161,11 +145,8 @@ class EvalConfig:
     @property
     def configurations(self) -> list[tuple[str, float]]:
         """The (configuration name, budget) pairs run on every sample: ``full`` once at 1.0, the others at every
-        budget, each method built on a scorer once per scorer (scorer by scorer, in the given order).
-
-        Names are :func:`~ripplekv_eval.sample.configuration_name`'s; budgets are :attr:`budget_values`
-        (:meth:`ripplekv.allocation.BudgetSpec.from_value` reads them back).
-        """
+        budget, each method built on a scorer once per scorer (scorer by scorer, in the given order); names are
+        :func:`~ripplekv_eval.sample.configuration_name`'s, budgets :attr:`budget_values`."""
         pairs = [("full", FULL_BUDGET)] if "full" in self.methods else []
         for index, scorer in enumerate(self.scorers):
             for method in self.methods:

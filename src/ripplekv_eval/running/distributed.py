@@ -1,9 +1,8 @@
 """``ripplekv eval --workers N [--ray-address ADDR]``: the evaluation sharded over Ray actors.
 
-Each actor loads the model once and runs whole samples; the driver alone writes the folder, with ``run_eval``'s steps
-and resume, a row at a time as rows arrive (the rows equal a single-process run's, timing aside). A sample whose actor
-dies is handed out again with only the configurations not yet received (:mod:`ripplekv.distributed`). Paths must be
-readable on every node.
+Each actor loads the model once and runs whole samples; the driver alone writes the folder, a row at a time, with
+``run_eval``'s resume (rows equal a single-process run's, timing aside). A dead actor's sample is handed out again
+with the configurations not yet received (:mod:`ripplekv.distributed`). Paths must be readable on every node.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """An evaluation folder: ``config.json`` (what ran, compared on resume or extended) and an append-only rows file.
 
-``results.jsonl`` holds one JSON row per (sample, configuration, budget), flushed and fsynced as it is written;
-:class:`ResultsLog` reads it back, cutting off a last line an interruption left incomplete. :func:`open_results` and
-:func:`run_pending` are the resume-and-run loop of ``eval``, ``analyze`` and ``tune``. One writer per folder:
-:func:`open_results` holds ``OUT/.lock`` (:func:`ripplekv.locking.writer_lock`) until the folder is closed.
+``results.jsonl`` holds one JSON row per (sample, configuration, budget), flushed and fsynced; :class:`ResultsLog`
+reads it back, cutting off a last line an interruption left incomplete. :func:`open_results` (holding ``OUT/.lock``)
+and :func:`run_pending` are the resume-and-run loop of ``eval``, ``analyze`` and ``tune``.
 """
 
 from __future__ import annotations
@@ -94,12 +93,8 @@ def check_or_write_config(
 ) -> None:
     """Write ``out/config.json``, or check that the one there holds ``resolved`` (``sources`` are recorded, not
     compared). A configuration that only adds values to ``extendable`` keys (:func:`extends`; for runs whose row
-    identity covers them) rewrites it, keeping the previous one under ``extended_from``.
-
-    Raises:
-        ConfigMismatchError: another configuration (naming the keys that differ), an unreadable config, or rows
-            without a config.
-    """
+    identity covers them) rewrites it, keeping the previous one under ``extended_from``; ConfigMismatchError (naming
+    the keys that differ) otherwise."""
     path = out / CONFIG_FILE
     record: dict[str, Any] = {"format": CONFIG_FORMAT, "config": resolved, "sources": sources}
     if path.exists():
@@ -240,13 +235,8 @@ def open_results(
     answers_from: str | None = "full",
     extendable: Mapping[str, Any] | None = None,
 ) -> RunFolder:
-    """Lock ``out`` (created), check or write its config (:func:`check_or_write_config`), repair its rows file and
-    read what the run resumes from.
-
-    Raises:
-        ConfigMismatchError: ``out`` holds another run.
-        ripplekv.locking.WriterBusyError: another run is writing into ``out``.
-    """
+    """Lock ``out`` (created; WriterBusyError while another run writes into it), check or write its config
+    (:func:`check_or_write_config`), repair its rows file and read what the run resumes from."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     lock = writer_lock(out / LOCK_FILE, str(out))  # before the config is checked or the rows file repaired

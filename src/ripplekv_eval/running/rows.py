@@ -30,16 +30,9 @@ token scorer (:func:`~ripplekv_eval.sample.row_configuration`):
 ``meta``            the sample's metadata (LongBench length, needle depth, ...)
 ==================  =====================================================================================
 
-Memory: the sample's prefill record holds its full cache and, per layer, only the hidden states of the last
-positions the run's presses read (:func:`~ripplekv_eval.fastpath.hidden_tail.hidden_states_tail`); ExpectedAttention's
-scores,
-which read every position, are computed while the record is made (its ``prescore``), so they do not make it keep
-every hidden state. The full cache's answer
-and every teacher-forced pass run over lean forks that never copy the cache they read
-(:func:`~ripplekv.models.cache.lean_fork`). Under ``--score both`` with batched decoding the configurations are
-derived, scored and laid out for the batch (:func:`~ripplekv_eval.fastpath.batched.decode_row`, their caches released
-at once) one at a time, and decoded in groups: a group is decoded and released before the next configuration that
-would take it over ``--decode-rows`` rows or ``--decode-memory`` bytes (default: one full cache) is laid out.
+Memory: every pass runs over lean forks that never copy the record (:func:`~ripplekv.models.cache.lean_fork`); under
+batched decoding each configuration is laid out as a decode row (its cache released) and a group is decoded before
+the next row would take it over ``--decode-rows`` rows or ``--decode-memory`` bytes (default: one full cache).
 """
 
 from __future__ import annotations
@@ -53,46 +46,53 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.inference.generate import Prefill, eos_ids, kept_tokens
-from ripplekv.models.cache import cache_bytes
+from ripplekv.inference.generate import Prefill, cache_forward, eos_ids, greedy_decode, kept_tokens
+from ripplekv.models.attention import uses_varlen_attention
+from ripplekv.models.cache import cache_bytes, lean_fork
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
 from ripplekv_eval.fastpath.batched import (
     DecodeRow,
     NotBatchableError,
     batched_greedy_decode_rows,
-    can_batch,
     decode_row,
     row_bytes,
 )
-from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill
-from ripplekv_eval.fastpath.fidelity import fidelity, mean_nll
+from ripplekv_eval.fastpath.derive import (
+    NotDerivableError,
+    compressed_prefill,
+    recorded_statistics,
+    residual_statistics_of,
+)
+from ripplekv_eval.fastpath.fidelity import fidelity, mean_nll, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import PER_PROMPT, hidden_states_tail, is_derivable, prescored_scorers
-from ripplekv_eval.fastpath.lean import lean_extend, lean_greedy_decode, lean_teacher_forced_logprobs
-from ripplekv_eval.fastpath.per_prompt import recorded_statistics, residual_statistics_of
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
-from ripplekv_eval.running.config import FULL_BUDGET, MIN_NEW_TOKENS, EvalConfig, EvalSample
-from ripplekv_eval.sample import DEFAULT_SCORER, split_configuration
+from ripplekv_eval.running.config import FULL_BUDGET, EvalConfig
+from ripplekv_eval.sample import DEFAULT_SCORER, MIN_NEW_TOKENS, EvalSample, split_configuration
 from ripplekv_eval.suites import encode
 
-__all__ = ["SampleRunner", "greedy_agreement"]
+
+@torch.no_grad()
+def lean_extend(model: PreTrainedModel, state: Prefill, input_ids: torch.Tensor) -> Prefill:
+    """:func:`~ripplekv.inference.generate.extend` over a :func:`~ripplekv.models.cache.lean_fork` (same logits;
+    ``state`` unchanged): the new ``(1, n)`` tokens are kept apart from ``state``'s tensors, held by reference."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"expected new tokens of shape (1, n), n >= 1, got {tuple(input_ids.shape)}")
+    start = state.prompt_tokens
+    positions = torch.arange(start, start + input_ids.shape[1], device=state.next_logits.device)
+    cache = lean_fork(state.cache)
+    start = time.perf_counter()
+    logits = cache_forward(model, input_ids.to(positions.device), cache, positions, logits_to_keep=1)
+    seconds = state.seconds + time.perf_counter() - start
+    return Prefill(cache, logits[0, -1], int(positions[-1]) + 1, seconds)
 
 
 def greedy_agreement(
     candidate: torch.Tensor, tokens: Sequence[int], stop_ids: set[int], min_new_tokens: int = MIN_NEW_TOKENS
 ) -> float:
-    """Fraction of positions where greedy decoding over ``candidate`` picks ``tokens[i]``.
-
-    The pick is the argmax, with the stop ids excluded at the first ``min_new_tokens`` positions as
-    :func:`~ripplekv.inference.generate.greedy_decode` excludes them: otherwise a cache whose first argmax is a
-    stop token (the full cache's too) would count as disagreeing where decoding agrees.
-
-    Args:
-        candidate: ``(len(tokens), vocab)`` teacher-forced log-probabilities over the method's cache.
-        tokens: the full cache's answer.
-        stop_ids: the stop ids of the sample.
-        min_new_tokens: positions at which the stop ids cannot be chosen.
-    """
+    """Fraction of positions where greedy decoding over ``candidate`` (teacher-forced log-probabilities) picks
+    ``tokens[i]``: the argmax, stop ids excluded at the first ``min_new_tokens`` positions as
+    :func:`~ripplekv.inference.generate.greedy_decode` excludes them."""
     if candidate.dim() != 2 or candidate.shape[0] != len(tokens) or not tokens:
         raise ValueError(f"candidate of shape {tuple(candidate.shape)} does not match {len(tokens)} tokens")
     banned = sorted(i for i in stop_ids if 0 <= i < candidate.shape[-1])
@@ -104,16 +104,9 @@ def greedy_agreement(
 
 
 def layer_statistics(press: BasePress, record: PrefillRecord, model: PreTrainedModel) -> list[list[float]] | None:
-    """The per-layer statistics a derived per-prompt press allocated from on ``record`` (one list of the rule's
-    fields per compressed layer), when every field is a number (CAKE, SqueezeAttention, LAVa; not DynamicKV's score
-    tensors); None for any other press. They let a reader check a row's budgets against its rule (e.g.
-    ``benchmarks/squeeze_optimality.py``).
-
-    Args:
-        press: the configuration's press.
-        record: the sample's prefill record (the statistics are memoised there: no recomputation).
-        model: the model (its config names the compressed layers).
-    """
+    """The per-layer statistics a derived per-prompt press allocated from on ``record`` (the rule's fields per
+    compressed layer) when every field is a number (not DynamicKV's score tensors), else None: a reader checks a
+    row's budgets against its rule (``benchmarks/squeeze_optimality.py``)."""
     if type(press) not in PER_PROMPT or not is_derivable(press):
         return None
     out = []
@@ -141,14 +134,8 @@ class _Pending:
 class SampleRunner:
     """Runs the pending configurations of one sample at a time (see :mod:`ripplekv_eval.running.runner`).
 
-    Args:
-        config: the evaluation.
-        model: the model (variable-length attention enabled).
-        tokenizer: its tokenizer.
-        presses: the press of every (configuration name, budget) of ``config.configurations`` and of
-            ``("full", 1.0)``.
-        on_group: called with the bytes of each group of decode rows right before it is decoded (for tests and
-            measurements).
+    ``presses``: the press of every (configuration, budget) and of ``("full", 1.0)``; ``on_group``: called with the
+    bytes of each group of decode rows before it is decoded (tests and measurements).
     """
 
     def __init__(
@@ -195,21 +182,18 @@ class SampleRunner:
             raise ValueError(f"sample {sample.id}, {method} at budget {budget}: {err}") from err
         return state
 
+    def _logprobs(self, state: Prefill, tokens: Sequence[int]) -> torch.Tensor:
+        return teacher_forced_logprobs(self.model, state, tokens, fork=lean_fork)
+
     def _decode(self, sample: EvalSample, state: Prefill) -> list[int]:
         stops = self.eos | sample.extra_stop_ids
-        return lean_greedy_decode(self.model, state, sample.max_new_tokens, stops, min_new_tokens=MIN_NEW_TOKENS)
+        return greedy_decode(self.model, state, sample.max_new_tokens, stops, MIN_NEW_TOKENS, fork=lean_fork)
 
     def run_sample(
         self, sample: EvalSample, pending: Sequence[tuple[str, float]], answer: Sequence[int] | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Rows of the ``pending`` configurations of ``sample``, the ``full`` row first.
-
-        Args:
-            sample: the sample.
-            pending: the (method, budget) pairs still to run.
-            answer: the full cache's answer stored by an earlier run (its ``full`` row's ``answer_ids``); decoded
-                again when None.
-        """
+        """Rows of the ``pending`` (method, budget) pairs of ``sample``, the ``full`` row first; ``answer``: the full
+        cache's answer stored by an earlier run (decoded again when None)."""
         prefix = sample.input_ids[: sample.question_start] if self.config.protocol == "query-agnostic" else None
         prefix = sample.input_ids if prefix is None else prefix
         if not prefix:
@@ -224,9 +208,9 @@ class SampleRunner:
         full_kept = kept_tokens(full)
         full = self._with_question(sample, full)
         tokens = list(answer) if answer else self._decode(sample, full)
-        reference = lean_teacher_forced_logprobs(self.model, full, tokens)
+        reference = self._logprobs(full, tokens)
         gold = encode(self.tokenizer, sample.gold) if sample.gold else []
-        full_gold_nll = mean_nll(lean_teacher_forced_logprobs(self.model, full, gold), gold) if gold else None
+        full_gold_nll = mean_nll(self._logprobs(full, gold), gold) if gold else None
         common: dict[str, Any] = {"prompt_tokens": len(sample.input_ids), "compressed_tokens": len(prefix)}
         common.update(answer_tokens=len(tokens), prefill_seconds=prefill_seconds)
         if ("full", FULL_BUDGET) in pending:
@@ -237,7 +221,7 @@ class SampleRunner:
         stops = self.eos | sample.extra_stop_ids
         asked = self.config.score == "both" and self.config.decode == "batched"
         # a ragged batch needs ripplekv's attention (FlashAttention as loaded decodes each cache alone: rows of 1)
-        batched = asked and can_batch(self.model)
+        batched = asked and uses_varlen_attention(self.model)
         bound = self.config.decode_memory or cache_bytes(record.full_cache())
         group: list[_Pending] = []
         others = [(method, budget) for method, budget in pending if method != "full"]
@@ -250,7 +234,7 @@ class SampleRunner:
                 del record, full
             kept = kept_tokens(state)
             state = self._with_question(sample, state)
-            candidate = lean_teacher_forced_logprobs(self.model, state, tokens)
+            candidate = self._logprobs(state, tokens)
             scores = {
                 "kl": fidelity(reference, candidate, tokens).kl,
                 "top1": greedy_agreement(candidate, tokens, stops),
@@ -259,7 +243,7 @@ class SampleRunner:
             }
             del candidate
             if gold:
-                scores["gold_nll"] = mean_nll(lean_teacher_forced_logprobs(self.model, state, gold), gold)
+                scores["gold_nll"] = mean_nll(self._logprobs(state, gold), gold)
                 scores["delta"] = scores["gold_nll"] - full_gold_nll
             if batched:
                 try:

@@ -169,11 +169,8 @@ LONGBENCH_E_BUCKETS: tuple[str, ...] = ("0-4k", "4-8k", "8k+")
 
 
 def iter_json_lines(path: Path) -> Iterator[tuple[str, int, Any]]:
-    """``(where, line_number, value)`` for every non-blank line of ``path``; ``where`` is ``"path:line"``.
-
-    Raises:
-        ValueError: on a line that is not valid JSON (the message names the file, line and column).
-    """
+    """``(where, line_number, value)`` for every non-blank line of ``path`` (``where``: ``"path:line"``); ValueError
+    naming the file, line and column for invalid JSON."""
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -248,12 +245,7 @@ def _parse_record(task: str, raw: Any, where: str) -> LongBenchRecord:
 
 
 def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
-    """Read ``<data_dir>/<task>.jsonl`` (official LongBench format).
-
-    Raises:
-        ValueError: an unknown task or a malformed line (the message names the file and line).
-        FileNotFoundError: the file is missing.
-    """
+    """Read ``<data_dir>/<task>.jsonl`` (official LongBench format)."""
     base_task(task)  # validates the name before touching the disk
     path = Path(data_dir) / f"{task}.jsonl"
     if not path.is_file():

@@ -391,9 +391,6 @@ def generate(task: str, tokenizer: TextTokenizer, context_tokens: int, seed: int
     """One sample of ``task`` whose context has at most (and close to) ``context_tokens`` tokens.
 
     Everything is drawn from ``seed``: the same arguments always give the same sample.
-
-    Raises:
-        ValueError: an unknown task, or a context too small for the task's fixed parts.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; tasks are: {', '.join(TASKS)}")
