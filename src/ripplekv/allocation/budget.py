@@ -60,11 +60,8 @@ def _check_prompt(prompt_tokens: object) -> None:
 
 
 def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
-    """The kvpress ``compression_ratio`` that keeps exactly ``kept`` of ``prompt_tokens`` tokens (0: all kept).
-
-    ``1 - kept / prompt_tokens``, moved by a few ulps where kvpress's ``int(prompt_tokens * (1 - ratio))`` would
-    round to one token fewer or more.
-    """
+    """The kvpress ``compression_ratio`` that keeps exactly ``kept`` of ``prompt_tokens`` tokens (0: all kept):
+    ``1 - kept / prompt_tokens``, moved by a few ulps where kvpress's ``int(prompt_tokens * (1 - ratio))`` is off."""
     _check_prompt(prompt_tokens)
     if not is_integer(kept) or not 1 <= kept <= prompt_tokens:
         raise ValueError(f"kept must be an integer in [1, {prompt_tokens}], got {kept!r}")
@@ -86,9 +83,6 @@ class BudgetSpec:
 
     budget: float | None = None
     tokens: int | None = None
-
-    ROW_TOKENS_MIN: ClassVar[int] = 2
-    """The smallest token count with a row value (:attr:`value`): 1 would read back as the fraction 1.0."""
 
     def __post_init__(self) -> None:
         problem = _budget_problem(self.budget, self.tokens)
@@ -125,30 +119,6 @@ class BudgetSpec:
         """The fraction of a ``prompt_tokens``-token prompt removed when each layer keeps :meth:`average`."""
         return compression_ratio_keeping(self.average(prompt_tokens), int(prompt_tokens))
 
-    @property
-    def value(self) -> float | int:
-        """The budget as results rows store it: ``<= 1`` a fraction (float), ``> 1`` tokens (int)."""
-        if self.tokens is None:
-            return float(self.budget)  # type: ignore[arg-type]
-        if self.tokens < self.ROW_TOKENS_MIN:
-            raise ValueError(
-                f"tokens={self.tokens} has no numeric budget value: {self.tokens} reads back as the kept fraction "
-                f"{float(self.tokens)} (the full cache); use tokens >= {self.ROW_TOKENS_MIN}"
-            )
-        return int(self.tokens)
-
-    @classmethod
-    def from_value(cls, value: object) -> BudgetSpec:
-        """The budget of a row's number (:attr:`value`): ``0.1``, ``512`` or ``512.0``."""
-        if not is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:  # type: ignore[arg-type]
-            raise ValueError(f"a budget value is a kept fraction in (0, 1] or a whole token count >= 2, got {value!r}")
-        number = float(value)  # type: ignore[arg-type]
-        if number <= 1:
-            return cls(budget=number)
-        if not number.is_integer():
-            raise ValueError(f"budget value {value!r} is above 1, so a token count, but not a whole number")
-        return cls(tokens=int(number))
-
     def kwargs(self) -> dict[str, float | int]:
         """``{"budget": fraction}`` or ``{"tokens": count}``, for ``make_press`` and the schedules."""
         return {"budget": self.budget} if self.tokens is None else {"tokens": self.tokens}  # type: ignore[dict-item]
@@ -159,11 +129,6 @@ class BudgetSpec:
         if self.tokens is not None:
             return f"{self.tokens} token{'s' if self.tokens != 1 else ''} per layer"
         return f"{100 * float(self.budget):g}%"  # type: ignore[arg-type]
-
-
-def budget_value(value: object) -> float | int:
-    """A row's ``budget`` number normalised (:meth:`BudgetSpec.from_value`, then :attr:`BudgetSpec.value`)."""
-    return BudgetSpec.from_value(value).value
 
 
 def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:
@@ -182,16 +147,11 @@ def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) ->
             break
         excess = sum((level * weights[i] - high for i in over), Fraction(0))
         deficit = sum((low - level * weights[i] for i in under), Fraction(0))
-        fixed: list[tuple[int, int]] = []
-        if excess >= deficit:
-            fixed += [(i, high) for i in over]
-        if deficit >= excess:
-            fixed += [(i, low) for i in under]
+        fixed = [(i, high) for i in over if excess >= deficit] + [(i, low) for i in under if deficit >= excess]
         for i, bound in fixed:
             shares[i] = Fraction(bound)
             remaining -= bound
-        fixed_ids = {i for i, _ in fixed}
-        free = [i for i in free if i not in fixed_ids]
+        free = [i for i in free if shares[i] is None]
     return [share if share is not None else Fraction(0) for share in shares]
 
 
@@ -216,7 +176,7 @@ def scale_to_total(
     weights). ``floor`` is lowered to ``cap``, then to ``total // len(weights)`` when not every entry can meet it."""
     if len(weights) == 0:
         raise ValueError("scale_to_total needs at least one weight")
-    for name, value in (("total", total), ("floor", floor), ("cap", cap)):
+    for name, value in {"total": total, "floor": floor, "cap": cap}.items():
         if not is_integer(value) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     if not all(isinstance(w, Fraction) or math.isfinite(float(w)) for w in weights):
@@ -267,17 +227,8 @@ class BudgetSchedule(ABC):
 
     @cached_property
     def spec(self) -> BudgetSpec:
+        """The budget (its average, its kvpress ``compression_ratio``)."""
         return BudgetSpec(self.budget, self.tokens)
-
-    def average(self, prompt_tokens: int) -> int:
-        return self.spec.average(prompt_tokens)
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.spec.compression_ratio
-
-    def compression_ratio_for(self, prompt_tokens: int) -> float:
-        return self.spec.compression_ratio_for(prompt_tokens)
 
     @abstractmethod
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:

@@ -1,8 +1,5 @@
-"""Which decoder layers attend through a sliding window, and which ones a press compresses.
-
-Like kvpress for Gemma 3, RippleKV compresses global layers only: sliding layers keep their cache and mask, and
-budget schedules spread the budget over the global layers.
-"""
+"""Which decoder layers attend through a sliding window, and which ones a press compresses: like kvpress for Gemma 3,
+the global layers only (sliding layers keep their cache; schedules spread the budget over the global layers)."""
 
 from __future__ import annotations
 
@@ -32,11 +29,7 @@ def sliding_layers(config: PretrainedConfig) -> tuple[bool, ...]:
 
 
 def compressed_layers(config: PretrainedConfig) -> tuple[int, ...]:
-    """Indices of the layers a press compresses: the global (not sliding-window) layers, in order.
-
-    Raises:
-        NoGlobalLayersError: if every layer is a sliding-window layer.
-    """
+    """Indices of the layers a press compresses: the global (not sliding-window) layers, in order."""
     layers = tuple(i for i, sliding in enumerate(sliding_layers(config)) if not sliding)
     if not layers:
         raise NoGlobalLayersError(

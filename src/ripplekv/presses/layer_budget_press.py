@@ -22,13 +22,8 @@ __all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_pad
 
 
 def scorer_at_ratio(press: BasePress, ratio: float) -> BasePress:
-    """A copy of a scorer set to ``compression_ratio = ratio``, every other attribute kept.
-
-    Scorers such as StreamingLLM derive their scores from their ratio, so a layer is scored at its own. A shallow
-    copy keeps state set up outside the constructor (kvpress's ``QFilterPress`` filters,
-    ``ExpectedAttentionStatsPress`` statistics), which ``dataclasses.replace`` would drop; a wrapped scorer
-    (``press.press``, as ``CriticalKVPress``) is copied too, so the caller's presses are never modified.
-    """
+    """A shallow copy of a scorer (and of its wrapped ``press.press``) at ``compression_ratio = ratio``: scorers such
+    as StreamingLLM score by their ratio; a copy keeps state ``dataclasses.replace`` would drop (``QFilterPress``)."""
     clone = copy.copy(press)
     inner = getattr(press, "press", None)
     if isinstance(inner, BasePress):
@@ -47,11 +42,8 @@ def has_padding(attention_mask: torch.Tensor | None) -> bool:
 
 
 def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> None:
-    """Raise unless one layer's prefill can be compressed: no padding, more tokens than the selection window.
-
-    Checked at every global layer, even one that keeps every token: a padded batch let through would make the mask
-    fitted over the compressed layers attend to the padding.
-    """
+    """Raise unless a layer's prefill can be compressed: no padding (checked even where a layer keeps every token:
+    the mask fitted over the compressed layers would attend to it), more tokens than the selection window."""
     if has_padding(kwargs.get("attention_mask")):
         raise PaddedBatchError(
             f"{type(press).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
@@ -61,11 +53,7 @@ def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> 
 
 
 def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple[BudgetSchedule, tuple[int, ...]]:
-    """The schedule over a model's compressed (global) layers, and their indices (``BudgetSchedule.over_layers``).
-
-    Raises:
-        ValueError: if the schedule does not fit the model, or every layer is a sliding-window layer.
-    """
+    """The schedule over a model's compressed (global) layers, and their indices (``ValueError`` if it does not fit)."""
     layers = compressed_layers(config)
     n_layers = int(config.get_text_config().num_hidden_layers)
     return schedule.over_layers(layers, n_layers), layers
@@ -73,15 +61,10 @@ def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple
 
 @dataclass
 class LayerBudgetPress(BasePress):
-    """Per-layer KV-cache budgets from a schedule, tokens ranked by any kvpress scorer.
-
-    Compressed layer ``l`` of ``n`` keeps the ``layer_budgets(n, prompt_tokens)[l]`` tokens ``press.score()`` ranks
-    highest. With SnapKV's scorer, :class:`~ripplekv.allocation.UniformSchedule` is SnapKV (tensor for tensor what
-    kvpress's ``SnapKVPress`` keeps), :class:`~ripplekv.allocation.PyramidSchedule` PyramidKV and
-    :class:`~ripplekv.allocation.ProfileSchedule` RippleKV; no extra model pass. The scorer is never mutated, so one
-    press serves several models at once. Sliding-window layers keep their whole cache and the schedule spreads the
-    budget over the global layers alone. A token budget's ``compression_ratio`` raises ``TokenBudgetError``, never
-    NaN, so kvpress's ``ComposedPress`` stops instead of carrying NaN along.
+    """Per-layer KV-cache budgets from a schedule, tokens ranked by any kvpress scorer: compressed layer ``l`` of
+    ``n`` keeps the ``layer_budgets(n, prompt_tokens)[l]`` tokens ``press.score()`` ranks highest (with SnapKV's
+    scorer, ``UniformSchedule`` is kvpress's SnapKV, ``PyramidSchedule`` PyramidKV, ``ProfileSchedule`` RippleKV).
+    Sliding-window layers stay whole; the scorer is never mutated.
 
     Args:
         press: token scorer (default ``SnapKVPress()``, window 64); its ``compression_ratio`` is ignored.
@@ -112,18 +95,15 @@ class LayerBudgetPress(BasePress):
     @property
     def floor(self) -> int:
         """The smallest budget a layer gets: ``min_tokens``, else the scorer's window, else 1."""
-        if self.min_tokens is not None:
-            return int(self.min_tokens)
-        return max(1, self.window)
+        return int(self.min_tokens) if self.min_tokens is not None else max(1, self.window)
 
     @property
     def compression_ratio(self) -> float:
-        """The schedule's :attr:`BudgetSchedule.compression_ratio` (over the compressed layers)."""
-        return self.schedule.compression_ratio
+        """The schedule's (a token budget's raises ``TokenBudgetError``: ``ComposedPress`` never carries NaN)."""
+        return self.schedule.spec.compression_ratio
 
     def compression_ratio_for(self, prompt_tokens: int) -> float:
-        """The schedule's :meth:`BudgetSchedule.compression_ratio_for` (the floor and the cap keep the average)."""
-        return self.schedule.compression_ratio_for(prompt_tokens)
+        return self.schedule.spec.compression_ratio_for(prompt_tokens)
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
         """Tokens kept by each of ``n_layers`` compressed layers: the schedule's budgets with this press's floor."""
@@ -137,17 +117,8 @@ class LayerBudgetPress(BasePress):
         return tuple(budgets.get(i, prompt_tokens) for i in range(n_layers))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the schedule against the model and, unless budgets are uniform, enable variable-length attention.
-
-        The switch is for good; on equal lengths the variant computes exactly what the original does. A model that
-        already attends over per-layer caches (:func:`~ripplekv.models.attention.supports_per_layer_lengths`,
-        FlashAttention included) is left as it is.
-
-        Raises:
-            ValueError: if the schedule does not fit the model (e.g. a profile of another depth), if the
-                model's attention implementation has no variable-length variant, or returns no attention weights
-                for a scorer that reads them.
-        """
+        """Check the schedule and the scorer against the model and, unless budgets are uniform, enable
+        variable-length attention for good (on equal lengths it computes what the original does)."""
         global_schedule(self.schedule, model.config)
         check_attention_weights(self.press, model)
         if not self.schedule.uniform and not supports_per_layer_lengths(model):

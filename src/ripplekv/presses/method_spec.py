@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from ripplekv.profiling.damage_profile import ORACLE_METHOD
 __all__ = ["METHOD_TABLE", "PARAM_SEPARATOR", "Method", "MethodSpec", "Param", "base_method", "parse_method"]
 
 PARAM_SEPARATOR = ":"
+_KINDS = {"float": float, "int": int, "bool": bool, "str": str}
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,8 @@ class Param:
     @classmethod
     def of(cls, owner: type, name: str, field: str = "") -> Param:
         declared = {f.name: f for f in dataclasses.fields(owner)}[field or name]
-        kinds = {"float": float, "int": int, "bool": bool, "str": str}
-        kind = kinds.get(declared.type, declared.type) if isinstance(declared.type, str) else declared.type
-        return cls(name, kind, declared.default, owner, field if field != name else "")  # type: ignore[arg-type]
+        kind = _KINDS.get(declared.type, declared.type) if isinstance(declared.type, str) else declared.type
+        return cls(name, kind, declared.default, owner, field)  # type: ignore[arg-type]
 
     def read(self, method: str, text: str) -> Any:
         """``text`` as a value of this parameter's kind, or a ``ValueError`` naming the method and parameter."""
@@ -66,13 +66,12 @@ class Param:
         return int(value) if self.kind is int else value
 
     def check_range(self, method: str, value: Any) -> None:
-        if value is None or self.low is None:
+        if value is None or self.low is None or (self.high is None and not value < self.low):
             return
-        if self.high is None and value < self.low:
+        if self.high is None or not self.low <= value <= self.high:
             kind = "an integer" if self.kind is int else "a number"
-            raise ValueError(f"method {method!r}: {self.name} must be {kind} >= {self.low:g}, got {value!r}")
-        if self.high is not None and not self.low <= value <= self.high:
-            raise ValueError(f"method {method!r}: {self.name} must be in [{self.low:g}, {self.high:g}], got {value!r}")
+            bound = f"{kind} >= {self.low:g}" if self.high is None else f"in [{self.low:g}, {self.high:g}]"
+            raise ValueError(f"method {method!r}: {self.name} must be {bound}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -90,6 +89,15 @@ class Method:
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
+
+    def refuse_unknown(self, name: str, keys: Iterable[str]) -> None:
+        """Raise naming the ``keys`` that are no parameter of this method (``name``)."""
+        unknown, declared = [k for k in keys if self.param(k) is None], [p.name for p in self.params]
+        if unknown:
+            raise ValueError(
+                f"method {name!r} has no parameter {', '.join(map(repr, unknown))} "
+                f"(its parameters: {', '.join(declared) or 'none'})"
+            )
 
     def config(self, owner: type, values: Mapping[str, Any]) -> Any:
         """``owner`` built from the values of its parameters (absent ones at the field's default)."""
@@ -144,7 +152,7 @@ METHOD_TABLE: dict[str, Method] = {
         _SNAP + "RippleKV budgets from the profile's downstream-KL scores", "registry:build_ripplekv", _RIPPLE
     ),
     "ripplekv-local": Method(
-        _SNAP + "RippleKV budgets from the profile's local signal (ablation)", "registry:build_ripplekv_local", _RIPPLE
+        _SNAP + "RippleKV budgets from the profile's local signal (ablation)", "factories:build_ripplekv_local", _RIPPLE
     ),
     "ripplekv-ada": Method(
         "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
@@ -179,7 +187,7 @@ METHOD_TABLE: dict[str, Method] = {
     ),
     ORACLE_METHOD: Method(
         _SNAP + "RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
-        "registry:build_ripplekv_oracle",
+        "factories:build_ripplekv_oracle",
         _RIPPLE,
     ),
 }
@@ -204,22 +212,12 @@ class MethodSpec:
     params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.name not in METHOD_TABLE:
-            raise ValueError(f"unknown method {self.name!r}; choose one of {', '.join(METHOD_TABLE)}")
-        declared = [p.name for p in METHOD_TABLE[self.name].params]
-        keys = [k for k, _ in self.params]
-        unknown = [k for k in keys if k not in declared]
-        if unknown:
-            raise ValueError(
-                f"method {self.name!r} has no parameter {', '.join(map(repr, unknown))} "
-                f"(its parameters: {', '.join(declared) or 'none'})"
-            )
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"method {self.name!r}: a parameter is given twice in {keys}")
-        order = [p for p in declared if p in keys]
+        method, keys = lookup(self.name, self.name), [k for k, _ in self.params]
+        method.refuse_unknown(self.name, keys)
+        order = [p.name for p in method.params if p.name in keys]
         if keys != order:
-            raise ValueError(f"method {self.name!r}: parameters must be in declared order {order}, got {keys}")
-        METHOD_TABLE[self.name].check(self.name, dict(self.params))
+            raise ValueError(f"method {self.name!r}: parameters must be given once, in declared order {order}: {keys}")
+        method.check(self.name, dict(self.params))
 
     @property
     def values(self) -> dict[str, Any]:
@@ -240,6 +238,13 @@ class MethodSpec:
         return self.canonical()
 
 
+def lookup(name: str, given: str) -> Method:
+    """The method ``name`` (as the user wrote it: ``given``), or a ``ValueError`` listing the methods."""
+    if name not in METHOD_TABLE:
+        raise ValueError(f"unknown method {given!r}; choose one of {', '.join(METHOD_TABLE)}")
+    return METHOD_TABLE[name]
+
+
 def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
     """The spec of ``name`` or ``name:key=value,...`` (or a :class:`MethodSpec`) with ``overrides`` (values given
     by keyword, e.g. ``make_press(ratio=...)``; a different value for a key of ``text`` is an error)."""
@@ -249,11 +254,8 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
         raise TypeError(f"a method must be a name or a MethodSpec, got {type(text).__name__}")
     else:
         head, sep, tail = text.strip().partition(PARAM_SEPARATOR)
-        name = head.strip().lower()
-        if name not in METHOD_TABLE:
-            raise ValueError(f"unknown method {head!r}; choose one of {', '.join(METHOD_TABLE)}")
-        declared = {p.name: p for p in METHOD_TABLE[name].params}
-        given = {}
+        name, given = head.strip().lower(), {}
+        lookup(name, head)
         if sep and not tail.strip():
             raise ValueError(f"method {name!r}: ':' must be followed by key=value pairs, got {text!r}")
         for item in tail.split(",") if sep else ():
@@ -262,14 +264,11 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
                 raise ValueError(f"method {name!r}: expected key=value, got {item!r} in {text!r}")
             if key in given:
                 raise ValueError(f"method {name!r}: parameter {key!r} given twice in {text!r}")
-            if key not in declared:
-                accepted = ", ".join(declared) or "none"
-                raise ValueError(f"method {name!r} has no parameter {key!r} (its parameters: {accepted})")
-            given[key] = declared[key].read(name, value)
+            METHOD_TABLE[name].refuse_unknown(name, [key])
+            given[key] = METHOD_TABLE[name].param(key).read(name, value)  # type: ignore[union-attr]
     params = METHOD_TABLE[name].params
+    METHOD_TABLE[name].refuse_unknown(name, overrides)
     for key, value in overrides.items():
-        if key not in {p.name for p in params}:
-            raise ValueError(f"method {name!r} has no parameter {key!r}")
         if key in given and given[key] != value:
             raise ValueError(f"method {name!r}: {key} is given twice ({given[key]!r} and {value!r})")
         given[key] = value

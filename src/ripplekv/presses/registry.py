@@ -16,7 +16,6 @@ from ripplekv.allocation.budget import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationC
 from ripplekv.presses.method_spec import METHOD_TABLE, MethodSpec, base_method, parse_method
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.presses.scorers import make_scorer
-from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 from ripplekv.profiling.profile import SensitivityProfile
 
 DEFAULT_WINDOW = 64
@@ -61,14 +60,6 @@ def build_ripplekv(b: Build) -> RippleKVPress:
     return b.ripple(b.needs_profile())
 
 
-def build_ripplekv_local(b: Build) -> RippleKVPress:
-    return b.ripple(b.needs_profile(), signal="local")
-
-
-def build_ripplekv_oracle(b: Build) -> RippleKVPress:
-    return b.ripple(require_damage_profile(ORACLE_METHOD, b.profile))
-
-
 def make_press(
     name: str | MethodSpec,
     budget: float | None = None,
@@ -85,7 +76,7 @@ def make_press(
 
     Args:
         name: a method of :data:`~ripplekv.presses.method_spec.METHOD_TABLE`, optionally with its parameters
-            (``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``), or a :class:`MethodSpec`.
+            (``"ripplekv:r=16,gamma=12"``), or a :class:`MethodSpec`.
         budget: kept fraction in (0, 1]; with neither ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET`.
         profile: sensitivity profile or its JSON file, for the ``ripplekv`` methods (``ripplekv-oracle``: a damage
             profile written by ``ripplekv analyze``).
@@ -96,13 +87,10 @@ def make_press(
         scorer: a kvpress ``ScorerPress`` or a name of :data:`~ripplekv.presses.scorers.SCORERS` (default SnapKV
             with ``window_size``; not for :data:`METHODS_WITHOUT_SCORER`). Each press gets a copy.
     """
-    overrides: dict[str, float] = {}
     entry = METHOD_TABLE.get(base_method(name))
-    if entry is not None and entry.param("r") is not None:  # a RippleKV method: ratio and gamma are r and gamma
-        for key, value, default in (("r", ratio, DEFAULT_RATIO), ("gamma", gamma, DEFAULT_GAMMA)):
-            if float(value) != float(default):
-                overrides[key] = float(value)
-    method = parse_method(name, **overrides)
+    ripple = entry is not None and entry.param("r") is not None  # a RippleKV method: ratio and gamma are r and gamma
+    given = {"r": (float(ratio), DEFAULT_RATIO), "gamma": (float(gamma), DEFAULT_GAMMA)}
+    method = parse_method(name, **{key: v for key, (v, default) in given.items() if ripple and v != default})
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
     if budget is None and tokens is None:
