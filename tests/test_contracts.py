@@ -145,8 +145,7 @@ def test_rounding_ties_go_to_the_less_sensitive_layer_when_ratio_is_below_one() 
 
 
 def test_budget_spec_kind_and_immutability() -> None:
-    """Kills ``tokens is None`` for ``is not None`` in ``is_tokens`` and ``@dataclass(frozen=False)``."""
-    assert BudgetSpec(tokens=5).is_tokens and not BudgetSpec(budget=0.5).is_tokens
+    """Kills ``@dataclass(frozen=False)``."""
     assert hash(BudgetSpec(budget=0.5)) == hash(BudgetSpec(budget=0.5))
     with pytest.raises(dataclasses.FrozenInstanceError):
         BudgetSpec(budget=0.5).budget = 0.2  # type: ignore[misc]

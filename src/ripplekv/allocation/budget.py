@@ -1,6 +1,5 @@
-"""A KV-cache budget (:class:`BudgetSpec`) and its per-layer integers: every schedule splits SnapKV's total
-``layers * average`` with :func:`scale_to_total` (exact water-filling, largest remainder), so methods keep the same
-number of tokens; RippleKV's rule is :func:`allocate`. Every schedule takes ``(n_layers, prompt_tokens, floor)``."""
+"""A KV-cache budget (:class:`BudgetSpec`) and its per-layer integers: each schedule splits SnapKV's total ``layers *
+average`` by :func:`scale_to_total` (exact water-filling, largest remainder); RippleKV's rule is :func:`allocate`."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from ripplekv.validation import is_integer, is_real
 
 
 class TokenBudgetError(ValueError):
-    """``compression_ratio`` of a token budget, which has none without the prompt length (a ``ValueError``, so
-    ``getattr(press, "compression_ratio", default)`` does not swallow it)."""
+    """``compression_ratio`` of a token budget (a ``ValueError``: ``getattr(press, "compression_ratio", d)`` raises)."""
 
 
 _BUDGET_RULE = "budget= is a kept fraction in (0, 1] (0.1 = 10%), tokens= an average token count per layer (>= 1)"
@@ -65,9 +63,7 @@ def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
     _check_prompt(prompt_tokens)
     if not is_integer(kept) or not 1 <= kept <= prompt_tokens:
         raise ValueError(f"kept must be an integer in [1, {prompt_tokens}], got {kept!r}")
-    if kept == prompt_tokens:
-        return 0.0
-    ratio = 1.0 - int(kept) / int(prompt_tokens)
+    ratio = 1.0 - int(kept) / int(prompt_tokens)  # 0.0 when every token is kept
     for _ in range(64):
         counted = int(prompt_tokens * (1 - ratio))
         if counted == kept:
@@ -88,14 +84,8 @@ class BudgetSpec:
         problem = _budget_problem(self.budget, self.tokens)
         if problem is not None:
             raise ValueError(problem)
-        if self.budget is not None:
-            object.__setattr__(self, "budget", float(self.budget))
-        else:
-            object.__setattr__(self, "tokens", int(self.tokens))  # type: ignore[arg-type]
-
-    @property
-    def is_tokens(self) -> bool:
-        return self.tokens is not None
+        given = ("budget", float(self.budget)) if self.budget is not None else ("tokens", int(self.tokens))  # type: ignore[arg-type]
+        object.__setattr__(self, *given)
 
     def average(self, prompt_tokens: int) -> int:
         """Kept tokens per layer on average: ``min(tokens, prompt_tokens)``, or for a fraction kvpress's own count
@@ -122,13 +112,6 @@ class BudgetSpec:
     def kwargs(self) -> dict[str, float | int]:
         """``{"budget": fraction}`` or ``{"tokens": count}``, for ``make_press`` and the schedules."""
         return {"budget": self.budget} if self.tokens is None else {"tokens": self.tokens}  # type: ignore[dict-item]
-
-    @property
-    def label(self) -> str:
-        """``10%`` or ``512 tokens per layer``."""
-        if self.tokens is not None:
-            return f"{self.tokens} token{'s' if self.tokens != 1 else ''} per layer"
-        return f"{100 * float(self.budget):g}%"  # type: ignore[arg-type]
 
 
 def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:
@@ -161,12 +144,9 @@ def largest_remainder(
     """Exact shares summing to ``total`` rounded to integers summing to ``total``: leftover units go to the largest
     remainders (ties: larger weight, larger ``preference``, lower index); no share moves past its ceiling."""
     floors = [math.floor(share) for share in shares]
-    leftover = total - sum(floors)
     order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - floors[i]), -weights[i], -preference[i], i))
-    budgets = list(floors)
-    for i in order[:leftover]:
-        budgets[i] += 1
-    return budgets
+    raised = set(order[: total - sum(floors)])
+    return [floor + (i in raised) for i, floor in enumerate(floors)]
 
 
 def scale_to_total(
@@ -176,7 +156,7 @@ def scale_to_total(
     weights). ``floor`` is lowered to ``cap``, then to ``total // len(weights)`` when not every entry can meet it."""
     if len(weights) == 0:
         raise ValueError("scale_to_total needs at least one weight")
-    for name, value in {"total": total, "floor": floor, "cap": cap}.items():
+    for name, value in (("total", total), ("floor", floor), ("cap", cap)):
         if not is_integer(value) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     if not all(isinstance(w, Fraction) or math.isfinite(float(w)) for w in weights):
@@ -250,7 +230,6 @@ class BudgetSchedule(ABC):
 
 DEFAULT_RATIO: float = 4.0
 """Default disparity ``r``, chosen with :data:`DEFAULT_GAMMA` on a needle-retrieval grid (docs/results.md)."""
-
 DEFAULT_GAMMA: float = 3.0
 
 
@@ -285,12 +264,8 @@ def validate_scores(scores: Sequence[float]) -> np.ndarray:
         raise ValueError("sensitivity scores are empty: need one score per layer (at least one layer)")
     bad = np.flatnonzero(~np.isfinite(array))
     if bad.size:
-        value = array[bad[0]]
-        kind = "NaN" if np.isnan(value) else f"{value} (infinite)"
-        raise ValueError(
-            f"sensitivity score for layer {int(bad[0])} is {kind}; all scores must be finite "
-            f"(non-finite scores in layers {bad.tolist()})"
-        )
+        kind = "NaN" if np.isnan(array[bad[0]]) else f"{array[bad[0]]} (infinite)"
+        raise ValueError(f"sensitivity score for layer {int(bad[0])} is {kind} (non-finite in layers {bad.tolist()})")
     return array
 
 
@@ -357,15 +332,8 @@ def allocate(
     average = BudgetSpec(budget, tokens).average(int(prompt_tokens))  # type: ignore[arg-type]
     total = len(weights) * average
     budgets = scale_to_total([float(w) for w in weights], total, int(min_tokens), int(prompt_tokens), preference)
-    return Allocation(
-        scores=tuple(float(s) for s in array),
-        normalized=tuple(float(n) for n in normalized),
-        weights=tuple(float(w) for w in weights),
-        budgets=tuple(budgets),
-        prompt_tokens=int(prompt_tokens),  # type: ignore[arg-type]
-        average_budget=average,
-        total=average * len(budgets),
-    )
+    exact = (tuple(map(float, array)), tuple(map(float, normalized)), tuple(map(float, weights)), tuple(budgets))
+    return Allocation(*exact, int(prompt_tokens), average, average * len(budgets))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

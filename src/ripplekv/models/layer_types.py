@@ -33,7 +33,6 @@ def compressed_layers(config: PretrainedConfig) -> tuple[int, ...]:
     layers = tuple(i for i, sliding in enumerate(sliding_layers(config)) if not sliding)
     if not layers:
         raise NoGlobalLayersError(
-            "every layer of this model attends through a sliding window: ripplekv compresses global layers only "
-            "(as kvpress does for Gemma 3), so there is nothing to compress"
+            "every layer attends through a sliding window; ripplekv compresses only global layers: nothing to compress"
         )
     return layers

@@ -13,12 +13,13 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from ripplekv.allocation.budget import BudgetSchedule, compression_ratio_keeping
 from ripplekv.allocation.schedules import UniformSchedule
-from ripplekv.models.attention import PaddedBatchError, enable_varlen_attention, supports_per_layer_lengths
+from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.scorers import check_attention_weights
+from ripplekv.presses.selection_window import check_compressible
 from ripplekv.validation import is_integer
 
-__all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_padding", "scorer_at_ratio"]
+__all__ = ["LayerBudgetPress", "global_schedule", "scorer_at_ratio"]
 
 
 def scorer_at_ratio(press: BasePress, ratio: float) -> BasePress:
@@ -32,31 +33,10 @@ def scorer_at_ratio(press: BasePress, ratio: float) -> BasePress:
     return clone
 
 
-def has_padding(attention_mask: torch.Tensor | None) -> bool:
-    """Whether a prefill's 4D attention mask hides some token from the last query (i.e. padding)."""
-    if attention_mask is None:
-        return False
-    last = attention_mask[..., -1, :]
-    visible = last if last.dtype == torch.bool else last == 0
-    return not bool(visible.all())
-
-
-def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> None:
-    """Raise unless a layer's prefill can be compressed: no padding (checked even where a layer keeps every token:
-    the mask fitted over the compressed layers would attend to it), more tokens than the selection window."""
-    if has_padding(kwargs.get("attention_mask")):
-        raise PaddedBatchError(
-            f"{type(press).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
-        )
-    if k_len <= window:
-        raise ValueError(f"the prompt has {k_len} tokens, not more than the {window}-token selection window")
-
-
 def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple[BudgetSchedule, tuple[int, ...]]:
     """The schedule over a model's compressed (global) layers, and their indices (``ValueError`` if it does not fit)."""
     layers = compressed_layers(config)
-    n_layers = int(config.get_text_config().num_hidden_layers)
-    return schedule.over_layers(layers, n_layers), layers
+    return schedule.over_layers(layers, int(config.get_text_config().num_hidden_layers)), layers
 
 
 @dataclass
@@ -82,10 +62,7 @@ class LayerBudgetPress(BasePress):
         if not isinstance(self.schedule, BudgetSchedule):
             raise TypeError(f"schedule must be a BudgetSchedule, got {type(self.schedule).__name__}")
         if self.min_tokens is not None and (not is_integer(self.min_tokens) or self.min_tokens < 1):
-            raise ValueError(
-                "min_tokens must be an integer >= 1 (a layer keeping no token breaks the cache), "
-                f"got {self.min_tokens!r}"
-            )
+            raise ValueError(f"min_tokens must be an integer >= 1 (a layer needs a token), got {self.min_tokens!r}")
 
     @property
     def window(self) -> int:
@@ -113,8 +90,7 @@ class LayerBudgetPress(BasePress):
         """Tokens kept by every layer of a model: its budget for a global layer, the whole prompt for a sliding one."""
         schedule, layers = global_schedule(self.schedule, config)
         budgets = dict(zip(layers, schedule.layer_budgets(len(layers), prompt_tokens, self.floor)))
-        n_layers = int(config.get_text_config().num_hidden_layers)
-        return tuple(budgets.get(i, prompt_tokens) for i in range(n_layers))
+        return tuple(budgets.get(i, prompt_tokens) for i in range(int(config.get_text_config().num_hidden_layers)))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Check the schedule and the scorer against the model and, unless budgets are uniform, enable
@@ -127,11 +103,9 @@ class LayerBudgetPress(BasePress):
                 enable_varlen_attention(model)
             except ValueError as error:
                 raise ValueError(
-                    f"{type(self).__name__} gives layers different numbers of tokens, which the attention "
-                    f"implementation {current!r} cannot attend over: load the model with "
-                    "attn_implementation='sdpa', 'eager' or 'flash_attention_2' (or call "
-                    "model.set_attn_implementation('sdpa')), then apply the press (or call "
-                    "ripplekv.models.attention.enable_varlen_attention(model))"
+                    f"{type(self).__name__} gives layers different numbers of tokens, which attention {current!r} "
+                    "cannot attend over: load the model with attn_implementation='sdpa', 'eager' or "
+                    "'flash_attention_2', or call ripplekv.models.attention.enable_varlen_attention(model) first"
                 ) from error
         self.press.post_init_from_model(model)
 
@@ -148,13 +122,12 @@ class LayerBudgetPress(BasePress):
         schedule, layers = global_schedule(self.schedule, module.config)
         if module.layer_idx not in layers:
             return keys, values
-        check_compressible(self, kwargs, keys.shape[2], self.window)
         k_len = keys.shape[2]
+        check_compressible(self, kwargs, k_len, self.window)
         n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
         scorer = scorer_at_ratio(self.press, compression_ratio_keeping(n_kept, k_len))  # a copy: the caller's untouched
         scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
-        indices = scores.topk(n_kept, dim=-1).indices
-        indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
+        indices = scores.topk(n_kept, dim=-1).indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
         return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()

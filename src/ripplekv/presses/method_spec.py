@@ -47,15 +47,13 @@ class Param:
 
     def read(self, method: str, text: str) -> Any:
         """``text`` as a value of this parameter's kind, or a ``ValueError`` naming the method and parameter."""
-        where = f"method {method!r}, parameter {self.name!r}"
-        if self.kind is bool:
-            if text.strip().lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"{where}: expected true or false, got {text!r}")
-            return text.strip().lower() in ("true", "1")
-        if self.kind is str:
-            if not text:
-                raise ValueError(f"{where}: empty value")
-            return text
+        where, word = f"method {method!r}, parameter {self.name!r}", text.strip().lower()
+        if self.kind is bool and word not in ("true", "false", "1", "0"):
+            raise ValueError(f"{where}: expected true or false, got {text!r}")
+        if self.kind is str and not text:
+            raise ValueError(f"{where}: empty value")
+        if self.kind in (bool, str):
+            return word in ("true", "1") if self.kind is bool else text
         expected = "an integer" if self.kind is int else "a number"
         try:
             value = float(text)
@@ -66,9 +64,8 @@ class Param:
         return int(value) if self.kind is int else value
 
     def check_range(self, method: str, value: Any) -> None:
-        if value is None or self.low is None or (self.high is None and not value < self.low):
-            return
-        if self.high is None or not self.low <= value <= self.high:
+        high = math.inf if self.high is None else self.high
+        if value is not None and self.low is not None and not self.low <= value <= high:
             kind = "an integer" if self.kind is int else "a number"
             bound = f"{kind} >= {self.low:g}" if self.high is None else f"in [{self.low:g}, {self.high:g}]"
             raise ValueError(f"method {method!r}: {self.name} must be {bound}, got {value!r}")
@@ -92,12 +89,9 @@ class Method:
 
     def refuse_unknown(self, name: str, keys: Iterable[str]) -> None:
         """Raise naming the ``keys`` that are no parameter of this method (``name``)."""
-        unknown, declared = [k for k in keys if self.param(k) is None], [p.name for p in self.params]
-        if unknown:
-            raise ValueError(
-                f"method {name!r} has no parameter {', '.join(map(repr, unknown))} "
-                f"(its parameters: {', '.join(declared) or 'none'})"
-            )
+        if unknown := ", ".join(repr(k) for k in keys if self.param(k) is None):
+            accepted = ", ".join(p.name for p in self.params) or "none"
+            raise ValueError(f"method {name!r} has no parameter {unknown} (its parameters: {accepted})")
 
     def config(self, owner: type, values: Mapping[str, Any]) -> Any:
         """``owner`` built from the values of its parameters (absent ones at the field's default)."""
@@ -105,9 +99,8 @@ class Method:
         return owner(**dict(dict(self.owner_args).get(owner, ())), **kwargs)
 
     def check(self, name: str, values: Mapping[str, Any]) -> None:
-        for param in self.params:
-            if param.owner is None and param.name in values:
-                param.check_range(name, values[param.name])
+        for param in (p for p in self.params if p.owner is None and p.name in values):
+            param.check_range(name, values[param.name])
         for owner in dict.fromkeys(p.owner for p in self.params if p.owner is not None):
             try:
                 self.config(owner, values)  # type: ignore[arg-type]
@@ -222,8 +215,7 @@ class MethodSpec:
     @property
     def values(self) -> dict[str, Any]:
         """Every parameter with its value: the given ones, the defaults for the rest."""
-        given = dict(self.params)
-        return {p.name: given.get(p.name, p.default) for p in METHOD_TABLE[self.name].params}
+        return {p.name: dict(self.params).get(p.name, p.default) for p in METHOD_TABLE[self.name].params}
 
     def config(self, owner: type) -> Any:
         """The dataclass ``owner`` (a rule, :class:`AllocationConfig`, ...) built from this spec's values."""
@@ -234,8 +226,7 @@ class MethodSpec:
         pairs = ",".join(f"{k}={format_value(v)}" for k, v in self.params)
         return f"{self.name}{PARAM_SEPARATOR}{pairs}" if pairs else self.name
 
-    def __str__(self) -> str:
-        return self.canonical()
+    __str__ = canonical
 
 
 def lookup(name: str, given: str) -> Method:
@@ -249,13 +240,12 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
     """The spec of ``name`` or ``name:key=value,...`` (or a :class:`MethodSpec`) with ``overrides`` (values given
     by keyword, e.g. ``make_press(ratio=...)``; a different value for a key of ``text`` is an error)."""
     if isinstance(text, MethodSpec):
-        name, given = text.name, dict(text.params)
+        name, given, method = text.name, dict(text.params), METHOD_TABLE[text.name]
     elif not isinstance(text, str):
         raise TypeError(f"a method must be a name or a MethodSpec, got {type(text).__name__}")
     else:
         head, sep, tail = text.strip().partition(PARAM_SEPARATOR)
-        name, given = head.strip().lower(), {}
-        lookup(name, head)
+        name, given, method = head.strip().lower(), {}, lookup(head.strip().lower(), head)
         if sep and not tail.strip():
             raise ValueError(f"method {name!r}: ':' must be followed by key=value pairs, got {text!r}")
         for item in tail.split(",") if sep else ():
@@ -264,15 +254,15 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
                 raise ValueError(f"method {name!r}: expected key=value, got {item!r} in {text!r}")
             if key in given:
                 raise ValueError(f"method {name!r}: parameter {key!r} given twice in {text!r}")
-            METHOD_TABLE[name].refuse_unknown(name, [key])
-            given[key] = METHOD_TABLE[name].param(key).read(name, value)  # type: ignore[union-attr]
-    params = METHOD_TABLE[name].params
-    METHOD_TABLE[name].refuse_unknown(name, overrides)
+            method.refuse_unknown(name, [key])
+            given[key] = method.param(key).read(name, value)  # type: ignore[union-attr]
+    method.refuse_unknown(name, overrides)
     for key, value in overrides.items():
         if key in given and given[key] != value:
             raise ValueError(f"method {name!r}: {key} is given twice ({given[key]!r} and {value!r})")
         given[key] = value
-    return MethodSpec(name, tuple((p.name, given[p.name]) for p in params if given.get(p.name, p.default) != p.default))
+    params = tuple((p.name, given[p.name]) for p in method.params if given.get(p.name, p.default) != p.default)
+    return MethodSpec(name, params)
 
 
 def base_method(text: str | MethodSpec) -> str:

@@ -7,7 +7,8 @@ import copy
 import os
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
 
 from kvpress import ScorerPress, SnapKVPress
 from kvpress.presses.base_press import BasePress
@@ -22,8 +23,7 @@ DEFAULT_WINDOW = 64
 METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
 FRACTION_ONLY_METHODS: tuple[str, ...] = tuple(name for name, m in METHOD_TABLE.items() if not m.takes_tokens)
 METHODS_WITHOUT_SCORER: tuple[str, ...] = tuple(name for name, m in METHOD_TABLE.items() if not m.has_scorer)
-DEFAULT_PRESS_BUDGET = 1.0
-"""The kept fraction of :func:`make_press` given neither ``budget`` nor ``tokens`` (nothing is compressed)."""
+DEFAULT_PRESS_BUDGET = 1.0  # given neither budget nor tokens: nothing is compressed
 
 
 @dataclass(frozen=True)
@@ -44,15 +44,9 @@ class Build:
 
     def ripple(self, profile: SensitivityProfile, signal: str = "kl") -> RippleKVPress:
         """RippleKV's press over the scorer with this method's ``r`` and ``gamma``."""
-        config = self.method.config(AllocationConfig)
+        config = asdict(self.method.config(AllocationConfig))  # ratio and gamma
         return RippleKVPress(
-            self.scorer(),
-            **self.spec.kwargs(),
-            profile=profile,
-            signal=signal,
-            ratio=config.ratio,
-            gamma=config.gamma,
-            strict_profile=self.strict,
+            self.scorer(), **self.spec.kwargs(), **config, profile=profile, signal=signal, strict_profile=self.strict
         )
 
 
@@ -93,8 +87,7 @@ def make_press(
     method = parse_method(name, **{key: v for key, (v, default) in given.items() if ripple and v != default})
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
-    if budget is None and tokens is None:
-        budget = DEFAULT_PRESS_BUDGET
+    budget = DEFAULT_PRESS_BUDGET if budget is None and tokens is None else budget
     try:
         spec = BudgetSpec(budget, tokens)
     except ValueError as error:
@@ -107,9 +100,6 @@ def make_press(
             scorer = make_scorer(scorer, window_size)
         if not isinstance(scorer, ScorerPress):
             raise TypeError(f"scorer must be a kvpress ScorerPress or a scorer name, got {type(scorer).__name__}")
-
-    def build_scorer() -> ScorerPress:
-        return SnapKVPress(window_size=window_size) if scorer is None else copy.copy(scorer)
-
+    build_scorer = partial(SnapKVPress, window_size=window_size) if scorer is None else partial(copy.copy, scorer)
     factory = pkgutil.resolve_name(f"ripplekv.presses.{METHOD_TABLE[method.name].factory}")
     return factory(Build(method, spec, resolve_profile(profile), window_size, bool(strict_profile), build_scorer))

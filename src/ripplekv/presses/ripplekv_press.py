@@ -15,8 +15,7 @@ from ripplekv.profiling.profile import SensitivityProfile
 __all__ = ["DEFAULT_BUDGET", "SIGNALS", "RippleKVPress", "resolve_profile"]
 
 SIGNALS = {"kl": "scores", "local": "local_scores"}
-DEFAULT_BUDGET = 0.2
-"""The kept fraction of a :class:`RippleKVPress` given neither ``budget`` nor ``tokens``."""
+DEFAULT_BUDGET = 0.2  # the kept fraction given neither budget nor tokens
 
 
 def resolve_profile(profile: object) -> SensitivityProfile | None:
@@ -25,7 +24,9 @@ def resolve_profile(profile: object) -> SensitivityProfile | None:
         return profile
     if isinstance(profile, (str, os.PathLike)):
         return SensitivityProfile.load(profile)
-    raise TypeError(f"profile must be a SensitivityProfile or the path of its JSON file, got {type(profile).__name__}")
+    raise TypeError(
+        f"profile must be a SensitivityProfile or the path of a profile JSON file, got {type(profile).__name__}"
+    )
 
 
 @dataclass

@@ -19,8 +19,8 @@ from transformers import PretrainedConfig
 from ripplekv.allocation.per_prompt import TokenStatistic
 from ripplekv.models.headwise import MASKED_KEYS
 from ripplekv.models.layer_types import compressed_layers
-from ripplekv.presses.layer_budget_press import check_compressible
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+from ripplekv.presses.selection_window import check_compressible
 from ripplekv_eval.fastpath.hidden_tail import PER_PROMPT
 from ripplekv_eval.fastpath.recording_press import LayerRecord
 from ripplekv_eval.fastpath.score_memo import ScoreMemo
