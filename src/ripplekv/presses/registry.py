@@ -83,8 +83,8 @@ def make_press(
     """
     entry = METHOD_TABLE.get(base_method(name))
     ripple = entry is not None and entry.param("r") is not None  # a RippleKV method: ratio and gamma are r and gamma
-    given = {"r": (float(ratio), DEFAULT_RATIO), "gamma": (float(gamma), DEFAULT_GAMMA)}
-    method = parse_method(name, **{key: v for key, (v, default) in given.items() if ripple and v != default})
+    given = {"r": (float(ratio), DEFAULT_RATIO), "gamma": (float(gamma), DEFAULT_GAMMA)} if ripple else {}
+    method = parse_method(name, **{key: v for key, (v, default) in given.items() if v != default})
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
     budget = DEFAULT_PRESS_BUDGET if budget is None and tokens is None else budget
