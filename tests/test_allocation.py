@@ -22,12 +22,12 @@ from ripplekv.allocation import (
     TokenBudgetError,
     UniformSchedule,
     allocate,
-    budget_value,
     compression_ratio_keeping,
     layer_weights,
     normalize_scores,
     scale_to_total,
 )
+from ripplekv_eval.running.budget_rows import budget_value, row_budget, row_value
 
 PROPERTY = settings(max_examples=300, deadline=None)
 
@@ -384,8 +384,6 @@ def test_fraction_one_and_one_token_differ():
     assert BudgetSpec(budget=1.0).average(500) == 500
     assert BudgetSpec(tokens=1).average(500) == 1
     assert BudgetSpec(budget=1.0) != BudgetSpec(tokens=1)
-    assert BudgetSpec(budget=1.0).label == "100%" and BudgetSpec(tokens=1).label == "1 token per layer"
-    assert BudgetSpec(tokens=512).label == "512 tokens per layer"
 
 
 def test_compression_ratio_of_each_kind():
@@ -422,17 +420,17 @@ def test_compression_ratio_keeping_refuses(kept, total):
 
 def test_budget_values_of_rows():
     """The numeric row column: a fraction <= 1 as a float, a token count > 1 as an int; tokens=1 has none."""
-    assert BudgetSpec(budget=0.1).value == 0.1 and type(BudgetSpec(budget=1).value) is float
-    assert BudgetSpec(tokens=512).value == 512 and type(BudgetSpec(tokens=512).value) is int
+    assert row_value(BudgetSpec(budget=0.1)) == 0.1 and type(row_value(BudgetSpec(budget=1))) is float
+    assert row_value(BudgetSpec(tokens=512)) == 512 and type(row_value(BudgetSpec(tokens=512))) is int
     with pytest.raises(ValueError, match="tokens=1 has no numeric budget value"):
-        _ = BudgetSpec(tokens=1).value
-    assert BudgetSpec.from_value(1.0) == BudgetSpec(budget=1.0)
-    assert BudgetSpec.from_value(0.3) == BudgetSpec(budget=0.3)
-    assert BudgetSpec.from_value(512) == BudgetSpec.from_value(512.0) == BudgetSpec(tokens=512)
-    assert BudgetSpec.from_value(2) == BudgetSpec(tokens=2)
+        _ = row_value(BudgetSpec(tokens=1))
+    assert row_budget(1.0) == BudgetSpec(budget=1.0)
+    assert row_budget(0.3) == BudgetSpec(budget=0.3)
+    assert row_budget(512) == row_budget(512.0) == BudgetSpec(tokens=512)
+    assert row_budget(2) == BudgetSpec(tokens=2)
     for bad in (0, -1, 1.5, math.nan, math.inf, True, "2"):
         with pytest.raises(ValueError):
-            BudgetSpec.from_value(bad)
+            row_budget(bad)
     assert budget_value(512.0) == 512 and type(budget_value(512.0)) is int
     assert type(budget_value(0.2)) is float
     assert BudgetSpec(tokens=512).kwargs() == {"tokens": 512} and BudgetSpec(budget=0.2).kwargs() == {"budget": 0.2}

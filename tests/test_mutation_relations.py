@@ -38,6 +38,7 @@ from ripplekv.profiling.sensitivity import (
 from ripplekv_eval.fastpath.derive import derived_prefill, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import Fidelity, fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.running.budget_rows import row_budget, row_value
 from ripplekv_eval.running.rows import greedy_agreement
 from tests.conftest import random_ids, tiny_model
 
@@ -383,13 +384,13 @@ def test_allocation_and_budget_bounds() -> None:
     with pytest.raises(ValueError, match="above 1"):
         BudgetSpec(budget=math.nextafter(1.0, 2.0))
     assert BudgetSpec(tokens=1) == BudgetSpec(tokens=1)
-    assert BudgetSpec(tokens=2).value == 2  # the smallest token count with a row value
+    assert row_value(BudgetSpec(tokens=2)) == 2  # the smallest token count with a row value
     with pytest.raises(ValueError, match="tokens must be >= 1"):
         BudgetSpec(tokens=0)
-    assert BudgetSpec.from_value(1) == BudgetSpec(budget=1.0)
-    assert BudgetSpec.from_value(math.nextafter(0.0, 1.0)) == BudgetSpec(budget=5e-324)
+    assert row_budget(1) == BudgetSpec(budget=1.0)
+    assert row_budget(math.nextafter(0.0, 1.0)) == BudgetSpec(budget=5e-324)
     with pytest.raises(ValueError):
-        BudgetSpec.from_value(0.0)
+        row_budget(0.0)
     assert compression_ratio_keeping(1, 10) == pytest.approx(0.9) and compression_ratio_keeping(10, 10) == 0.0
     assert compression_ratio_keeping(1, 1) == 0.0
     for kept, total in ((0, 10), (11, 10), (1, 0)):

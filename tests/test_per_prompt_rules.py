@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ripplekv.allocation import (
-    BudgetSpec,
     CakeRule,
     CakeStatistic,
     DynamicKVRule,
@@ -38,6 +37,7 @@ from ripplekv.allocation import (
 from ripplekv.allocation.cake import cake_preferences
 from ripplekv.allocation.per_prompt import apportion, fill_shares, layer_floor, top_k_counts
 from ripplekv.allocation.squeezeattention import squeeze_groups
+from ripplekv_eval.running.budget_rows import row_budget
 
 LN2 = math.log(2.0)
 
@@ -358,7 +358,7 @@ def test_lava_rule_validation() -> None:
 
 def test_schedule_spends_snapkvs_total() -> None:
     for budget, prompt in ((0.1, 100), (0.2, 284), (0.5, 1001), (64, 500), (1.0, 37)):
-        spec = BudgetSpec.from_value(budget).kwargs()
+        spec = row_budget(budget).kwargs()
         uniform = sum(UniformSchedule(**spec).layer_budgets(30, prompt, 64))
         schedule = PerPromptSchedule(LavaRule(), **spec)
         assert schedule.total(30, prompt) == uniform
@@ -441,7 +441,7 @@ CALLS = dict(
 @given(**CALLS)
 def test_budgets_sum_to_the_total_within_bounds(rule, make, values, prompt, budget, window, floor) -> None:
     n = len(values)
-    schedule = PerPromptSchedule(rule, window_size=window, **BudgetSpec.from_value(budget).kwargs())
+    schedule = PerPromptSchedule(rule, window_size=window, **row_budget(budget).kwargs())
     budgets = schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
     total = schedule.total(n, prompt)
     assert len(budgets) == n and all(isinstance(b, int) for b in budgets)
@@ -454,7 +454,7 @@ def test_budgets_sum_to_the_total_within_bounds(rule, make, values, prompt, budg
 @settings(max_examples=40, deadline=None)
 @given(value=st.floats(0.0, 1.0), n=st.integers(1, 12), **{k: v for k, v in CALLS.items() if k != "values"})
 def test_equal_statistics_give_uniform_budgets(rule, make, value, n, prompt, budget, window, floor) -> None:
-    schedule = PerPromptSchedule(rule, window_size=window, **BudgetSpec.from_value(budget).kwargs())
+    schedule = PerPromptSchedule(rule, window_size=window, **row_budget(budget).kwargs())
     budgets = schedule.layer_budgets(make([value] * n, max(1, prompt - window)), n, prompt, floor)
     assert max(budgets) - min(budgets) <= 1
 
@@ -470,7 +470,7 @@ def test_budgets_are_monotone_in_the_preference(rule, make, sign, values, prompt
     # CAKE and LAVa: a larger preference never gets fewer tokens; SqueezeAttention: a larger similarity (a less
     # important layer) never gets more.
     n = len(values)
-    schedule = PerPromptSchedule(rule, window_size=window, **BudgetSpec.from_value(budget).kwargs())
+    schedule = PerPromptSchedule(rule, window_size=window, **row_budget(budget).kwargs())
     budgets = schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
     for i in range(n):
         for j in range(n):
@@ -657,6 +657,6 @@ def test_a_nan_statistic_is_an_error_at_every_total(rule, make, bad, values, pro
     budgets are an even split that reads no statistic)."""
     n = len(values)
     values = [math.nan if i == bad % n else v for i, v in enumerate(values)]
-    schedule = PerPromptSchedule(rule, window_size=window, **BudgetSpec.from_value(budget).kwargs())
+    schedule = PerPromptSchedule(rule, window_size=window, **row_budget(budget).kwargs())
     with pytest.raises(ValueError):
         schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)

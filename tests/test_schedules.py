@@ -43,7 +43,7 @@ score_lists = st.lists(st.floats(-10, 10), min_size=1, max_size=64)
 def _check_invariants(schedule: BudgetSchedule, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
     """Exact total, every budget in [min(floor, prompt, average), prompt]."""
     average = BudgetSpec(schedule.budget, schedule.tokens).average(prompt_tokens)
-    assert schedule.average(prompt_tokens) == average
+    assert schedule.spec.average(prompt_tokens) == average
     result = schedule.layer_budgets(n_layers, prompt_tokens, floor)
     assert isinstance(result, tuple) and len(result) == n_layers
     assert all(isinstance(b, int) for b in result)
@@ -189,12 +189,12 @@ def test_budget_bounds_and_kinds(kind):
 @pytest.mark.parametrize("kind", sorted(SCHEDULES))
 def test_compression_ratio_of_both_kinds(kind):
     make = SCHEDULES[kind]
-    assert make(budget=0.25).compression_ratio == 0.75
-    assert make(budget=0.25).compression_ratio_for(1000) == 0.75
+    assert make(budget=0.25).spec.compression_ratio == 0.75
+    assert make(budget=0.25).spec.compression_ratio_for(1000) == 0.75
     with pytest.raises(TokenBudgetError, match=r"tokens=100 .*compression_ratio_for\(prompt_tokens\)"):
-        _ = make(tokens=100).compression_ratio
-    assert make(tokens=100).compression_ratio_for(400) == 0.75
-    assert make(tokens=100).compression_ratio_for(50) == 0.0
+        _ = make(tokens=100).spec.compression_ratio
+    assert make(tokens=100).spec.compression_ratio_for(400) == 0.75
+    assert make(tokens=100).spec.compression_ratio_for(50) == 0.0
 
 
 def test_positional_budget_still_a_fraction():

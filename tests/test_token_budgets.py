@@ -15,6 +15,7 @@ from ripplekv.allocation import BudgetSpec, PyramidSchedule
 from ripplekv.cli.args import budget_arg, row_tokens_arg, tokens_arg
 from ripplekv.cli.main import build_parser, main
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv_eval.running.budget_rows import row_budget
 from ripplekv_eval.running.config import DEFAULT_BUDGETS, FULL_BUDGET, EvalConfig
 from tests.conftest import save_tiny_model_dir
 
@@ -154,7 +155,7 @@ def test_eval_config_records_which_budget_is_which() -> None:
         ("snapkv", 64),
         ("snapkv", 2),
     ]
-    kinds = [BudgetSpec.from_value(b) for _, b in config.configurations[1:]]
+    kinds = [row_budget(b) for _, b in config.configurations[1:]]
     assert kinds == [BudgetSpec(budget=0.1), BudgetSpec(budget=1.0), BudgetSpec(tokens=64), BudgetSpec(tokens=2)]
     assert [type(b) for _, b in config.configurations[1:]] == [float, float, int, int]
     assert _config(budgets=(), tokens=(64,)).configurations == [("full", 1.0), ("snapkv", 64)]

@@ -17,7 +17,6 @@ from ripplekv.allocation.budget import (
     ProfileSchedule,
     TokenBudgetError,
     allocate,
-    budget_value,
     compression_ratio_keeping,
     layer_weights,
     normalize_scores,
@@ -64,7 +63,6 @@ __all__ = [
     "TokenBudgetError",
     "UniformSchedule",
     "allocate",
-    "budget_value",
     "cake_layer_statistic",
     "compression_ratio_keeping",
     "dynamickv_layer_statistic",
@@ -80,6 +78,7 @@ __all__ = [
 
 REMOVED: dict[str, str] = {
     "allocate_budgets": "allocate(scores, ...).budgets",
+    "budget_value": "ripplekv_eval.running.budget_rows.budget_value (results rows are the harness's)",
     "check_budget": "BudgetSpec(budget, tokens)",
     "kept_ratio": "compression_ratio_keeping",
     "resolve_average_budget": "BudgetSpec(budget, tokens).average(prompt_tokens)",

@@ -1,6 +1,5 @@
-"""A KV-cache budget (:class:`BudgetSpec`) and its per-layer integers: every schedule splits SnapKV's total
-``layers * average`` with :func:`scale_to_total` (exact water-filling, largest remainder), so methods keep the same
-number of tokens; RippleKV's rule is :func:`allocate`. Every schedule takes ``(n_layers, prompt_tokens, floor)``."""
+"""A KV-cache budget (:class:`BudgetSpec`) and its per-layer integers: each schedule splits SnapKV's total ``layers *
+average`` by :func:`scale_to_total` (exact water-filling, largest remainder); RippleKV's rule is :func:`allocate`."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from ripplekv.validation import is_integer, is_real
 
 
 class TokenBudgetError(ValueError):
-    """``compression_ratio`` of a token budget, which has none without the prompt length (a ``ValueError``, so
-    ``getattr(press, "compression_ratio", default)`` does not swallow it)."""
+    """``compression_ratio`` of a token budget (a ``ValueError``: ``getattr(press, "compression_ratio", d)`` raises)."""
 
 
 _BUDGET_RULE = "budget= is a kept fraction in (0, 1] (0.1 = 10%), tokens= an average token count per layer (>= 1)"
@@ -60,17 +58,12 @@ def _check_prompt(prompt_tokens: object) -> None:
 
 
 def compression_ratio_keeping(kept: int, prompt_tokens: int) -> float:
-    """The kvpress ``compression_ratio`` that keeps exactly ``kept`` of ``prompt_tokens`` tokens (0: all kept).
-
-    ``1 - kept / prompt_tokens``, moved by a few ulps where kvpress's ``int(prompt_tokens * (1 - ratio))`` would
-    round to one token fewer or more.
-    """
+    """The kvpress ``compression_ratio`` that keeps exactly ``kept`` of ``prompt_tokens`` tokens (0: all kept):
+    ``1 - kept / prompt_tokens``, moved by a few ulps where kvpress's ``int(prompt_tokens * (1 - ratio))`` is off."""
     _check_prompt(prompt_tokens)
     if not is_integer(kept) or not 1 <= kept <= prompt_tokens:
         raise ValueError(f"kept must be an integer in [1, {prompt_tokens}], got {kept!r}")
-    if kept == prompt_tokens:
-        return 0.0
-    ratio = 1.0 - int(kept) / int(prompt_tokens)
+    ratio = 1.0 - int(kept) / int(prompt_tokens)  # 0.0 when every token is kept
     for _ in range(64):
         counted = int(prompt_tokens * (1 - ratio))
         if counted == kept:
@@ -87,21 +80,12 @@ class BudgetSpec:
     budget: float | None = None
     tokens: int | None = None
 
-    ROW_TOKENS_MIN: ClassVar[int] = 2
-    """The smallest token count with a row value (:attr:`value`): 1 would read back as the fraction 1.0."""
-
     def __post_init__(self) -> None:
         problem = _budget_problem(self.budget, self.tokens)
         if problem is not None:
             raise ValueError(problem)
-        if self.budget is not None:
-            object.__setattr__(self, "budget", float(self.budget))
-        else:
-            object.__setattr__(self, "tokens", int(self.tokens))  # type: ignore[arg-type]
-
-    @property
-    def is_tokens(self) -> bool:
-        return self.tokens is not None
+        given = ("budget", float(self.budget)) if self.budget is not None else ("tokens", int(self.tokens))  # type: ignore[arg-type]
+        object.__setattr__(self, *given)
 
     def average(self, prompt_tokens: int) -> int:
         """Kept tokens per layer on average: ``min(tokens, prompt_tokens)``, or for a fraction kvpress's own count
@@ -125,45 +109,9 @@ class BudgetSpec:
         """The fraction of a ``prompt_tokens``-token prompt removed when each layer keeps :meth:`average`."""
         return compression_ratio_keeping(self.average(prompt_tokens), int(prompt_tokens))
 
-    @property
-    def value(self) -> float | int:
-        """The budget as results rows store it: ``<= 1`` a fraction (float), ``> 1`` tokens (int)."""
-        if self.tokens is None:
-            return float(self.budget)  # type: ignore[arg-type]
-        if self.tokens < self.ROW_TOKENS_MIN:
-            raise ValueError(
-                f"tokens={self.tokens} has no numeric budget value: {self.tokens} reads back as the kept fraction "
-                f"{float(self.tokens)} (the full cache); use tokens >= {self.ROW_TOKENS_MIN}"
-            )
-        return int(self.tokens)
-
-    @classmethod
-    def from_value(cls, value: object) -> BudgetSpec:
-        """The budget of a row's number (:attr:`value`): ``0.1``, ``512`` or ``512.0``."""
-        if not is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:  # type: ignore[arg-type]
-            raise ValueError(f"a budget value is a kept fraction in (0, 1] or a whole token count >= 2, got {value!r}")
-        number = float(value)  # type: ignore[arg-type]
-        if number <= 1:
-            return cls(budget=number)
-        if not number.is_integer():
-            raise ValueError(f"budget value {value!r} is above 1, so a token count, but not a whole number")
-        return cls(tokens=int(number))
-
     def kwargs(self) -> dict[str, float | int]:
         """``{"budget": fraction}`` or ``{"tokens": count}``, for ``make_press`` and the schedules."""
         return {"budget": self.budget} if self.tokens is None else {"tokens": self.tokens}  # type: ignore[dict-item]
-
-    @property
-    def label(self) -> str:
-        """``10%`` or ``512 tokens per layer``."""
-        if self.tokens is not None:
-            return f"{self.tokens} token{'s' if self.tokens != 1 else ''} per layer"
-        return f"{100 * float(self.budget):g}%"  # type: ignore[arg-type]
-
-
-def budget_value(value: object) -> float | int:
-    """A row's ``budget`` number normalised (:meth:`BudgetSpec.from_value`, then :attr:`BudgetSpec.value`)."""
-    return BudgetSpec.from_value(value).value
 
 
 def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:
@@ -182,16 +130,11 @@ def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) ->
             break
         excess = sum((level * weights[i] - high for i in over), Fraction(0))
         deficit = sum((low - level * weights[i] for i in under), Fraction(0))
-        fixed: list[tuple[int, int]] = []
-        if excess >= deficit:
-            fixed += [(i, high) for i in over]
-        if deficit >= excess:
-            fixed += [(i, low) for i in under]
+        fixed = [(i, high) for i in over if excess >= deficit] + [(i, low) for i in under if deficit >= excess]
         for i, bound in fixed:
             shares[i] = Fraction(bound)
             remaining -= bound
-        fixed_ids = {i for i, _ in fixed}
-        free = [i for i in free if i not in fixed_ids]
+        free = [i for i in free if shares[i] is None]
     return [share if share is not None else Fraction(0) for share in shares]
 
 
@@ -201,12 +144,9 @@ def largest_remainder(
     """Exact shares summing to ``total`` rounded to integers summing to ``total``: leftover units go to the largest
     remainders (ties: larger weight, larger ``preference``, lower index); no share moves past its ceiling."""
     floors = [math.floor(share) for share in shares]
-    leftover = total - sum(floors)
     order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - floors[i]), -weights[i], -preference[i], i))
-    budgets = list(floors)
-    for i in order[:leftover]:
-        budgets[i] += 1
-    return budgets
+    raised = set(order[: total - sum(floors)])
+    return [floor + (i in raised) for i, floor in enumerate(floors)]
 
 
 def scale_to_total(
@@ -267,17 +207,8 @@ class BudgetSchedule(ABC):
 
     @cached_property
     def spec(self) -> BudgetSpec:
+        """The budget (its average, its kvpress ``compression_ratio``)."""
         return BudgetSpec(self.budget, self.tokens)
-
-    def average(self, prompt_tokens: int) -> int:
-        return self.spec.average(prompt_tokens)
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.spec.compression_ratio
-
-    def compression_ratio_for(self, prompt_tokens: int) -> float:
-        return self.spec.compression_ratio_for(prompt_tokens)
 
     @abstractmethod
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
@@ -299,7 +230,6 @@ class BudgetSchedule(ABC):
 
 DEFAULT_RATIO: float = 4.0
 """Default disparity ``r``, chosen with :data:`DEFAULT_GAMMA` on a needle-retrieval grid (docs/results.md)."""
-
 DEFAULT_GAMMA: float = 3.0
 
 
@@ -334,12 +264,8 @@ def validate_scores(scores: Sequence[float]) -> np.ndarray:
         raise ValueError("sensitivity scores are empty: need one score per layer (at least one layer)")
     bad = np.flatnonzero(~np.isfinite(array))
     if bad.size:
-        value = array[bad[0]]
-        kind = "NaN" if np.isnan(value) else f"{value} (infinite)"
-        raise ValueError(
-            f"sensitivity score for layer {int(bad[0])} is {kind}; all scores must be finite "
-            f"(non-finite scores in layers {bad.tolist()})"
-        )
+        kind = "NaN" if np.isnan(array[bad[0]]) else f"{array[bad[0]]} (infinite)"
+        raise ValueError(f"sensitivity score for layer {int(bad[0])} is {kind} (non-finite in layers {bad.tolist()})")
     return array
 
 
@@ -406,15 +332,8 @@ def allocate(
     average = BudgetSpec(budget, tokens).average(int(prompt_tokens))  # type: ignore[arg-type]
     total = len(weights) * average
     budgets = scale_to_total([float(w) for w in weights], total, int(min_tokens), int(prompt_tokens), preference)
-    return Allocation(
-        scores=tuple(float(s) for s in array),
-        normalized=tuple(float(n) for n in normalized),
-        weights=tuple(float(w) for w in weights),
-        budgets=tuple(budgets),
-        prompt_tokens=int(prompt_tokens),  # type: ignore[arg-type]
-        average_budget=average,
-        total=average * len(budgets),
-    )
+    exact = (tuple(map(float, array)), tuple(map(float, normalized)), tuple(map(float, weights)), tuple(budgets))
+    return Allocation(*exact, int(prompt_tokens), average, average * len(budgets))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class UniformSchedule(BudgetSchedule):
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
         self._check_call(n_layers, floor)
-        return (self.average(prompt_tokens),) * n_layers
+        return (self.spec.average(prompt_tokens),) * n_layers
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class PyramidSchedule(BudgetSchedule):
     def capacities(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
         """The authors' per-layer capacities (selected tokens + window) before rescaling; ``C`` each if ``C <= W``."""
         self._check_call(n_layers, 0)
-        per_layer = self.average(prompt_tokens)
+        per_layer = self.spec.average(prompt_tokens)
         window = int(self.window_size)
         if per_layer <= window or n_layers == 1:
             return (per_layer,) * n_layers
@@ -90,7 +90,7 @@ class PyramidSchedule(BudgetSchedule):
 def _pyramid_budgets(schedule: PyramidSchedule, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
     window = int(schedule.window_size)
     capacities = schedule.capacities(n_layers, prompt_tokens)
-    total = n_layers * schedule.average(prompt_tokens)
+    total = n_layers * schedule.spec.average(prompt_tokens)
     if len(set(capacities)) == 1:  # a flat pyramid (e.g. C <= W): every layer keeps C
         return (total // n_layers,) * n_layers
     weights = [Fraction(c) for c in capacities]

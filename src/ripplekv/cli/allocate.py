@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     names = ["uniform", "pyramidkv", *(PROFILE_SCHEDULES if profile else ())] if args.compare else [args.schedule]
     table = {name: budgets_of(name) for name in names}
     average = spec.average(args.prompt_tokens)
-    shown = spec.label if spec.is_tokens else str(spec.budget)
+    shown = str(spec.budget) if spec.tokens is None else f"{spec.tokens} token{'s' * (spec.tokens != 1)} per layer"
     budget_json = {"budget": spec.budget, "tokens": spec.tokens}
     if args.plot:
         from ripplekv.cli.plots import plot_profile_and_budgets

@@ -1,8 +1,5 @@
-"""Which decoder layers attend through a sliding window, and which ones a press compresses.
-
-Like kvpress for Gemma 3, RippleKV compresses global layers only: sliding layers keep their cache and mask, and
-budget schedules spread the budget over the global layers.
-"""
+"""Which decoder layers attend through a sliding window, and which ones a press compresses: like kvpress for Gemma 3,
+the global layers only (sliding layers keep their cache; schedules spread the budget over the global layers)."""
 
 from __future__ import annotations
 
@@ -30,12 +27,10 @@ def sliding_layers(config: PretrainedConfig) -> tuple[bool, ...]:
 
 
 def compressed_layers(config: PretrainedConfig) -> tuple[int, ...]:
-    """Indices of the layers a press compresses: the global (not sliding-window) layers, in order
-    (NoGlobalLayersError when there is none)."""
+    """Indices of the layers a press compresses: the global (not sliding-window) layers, in order."""
     layers = tuple(i for i, sliding in enumerate(sliding_layers(config)) if not sliding)
     if not layers:
         raise NoGlobalLayersError(
-            "every layer of this model attends through a sliding window: ripplekv compresses global layers only "
-            "(as kvpress does for Gemma 3), so there is nothing to compress"
+            "every layer attends through a sliding window; ripplekv compresses only global layers: nothing to compress"
         )
     return layers

@@ -1,4 +1,4 @@
-"""The factories of every method of ``make_press`` but RippleKV's own: each gets a
+"""The factories of every method of ``make_press`` but ``ripplekv``'s own: each gets a
 :class:`~ripplekv.presses.registry.Build` and returns the press. kvpress's own presses compress global layers only
 (:class:`GlobalLayersPress`), as the schedules do."""
 
@@ -23,6 +23,7 @@ from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window
 from ripplekv.presses.registry import Build
+from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 
 
 def kept_fraction(b: Build) -> float:
@@ -69,6 +70,14 @@ def build_pyramidkv_kvpress(b: Build) -> BasePress:
 def build_adakv(b: Build) -> BasePress:
     scorer = scorer_at_ratio(b.scorer(), 1 - kept_fraction(b))
     return GlobalLayersPress(AdaKVPress(scorer, alpha_safeguard=b.method.values["alpha_safeguard"]))
+
+
+def build_ripplekv_local(b: Build) -> BasePress:
+    return b.ripple(b.needs_profile(), signal="local")
+
+
+def build_ripplekv_oracle(b: Build) -> BasePress:
+    return b.ripple(require_damage_profile(ORACLE_METHOD, b.profile))
 
 
 def build_ripplekv_ada(b: Build) -> BasePress:

@@ -20,8 +20,9 @@ from ripplekv.allocation.budget import BudgetSchedule, ProfileSchedule, compress
 from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS
-from ripplekv.presses.layer_budget_press import LayerBudgetPress, check_compressible, global_schedule, scorer_at_ratio
+from ripplekv.presses.layer_budget_press import LayerBudgetPress, global_schedule, scorer_at_ratio
 from ripplekv.presses.scorers import check_attention_weights
+from ripplekv.presses.selection_window import check_compressible
 from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv.validation import is_real
 

@@ -14,22 +14,17 @@ from transformers import PretrainedConfig, PreTrainedModel
 from ripplekv.allocation.budget import BudgetSchedule, compression_ratio_keeping
 from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
-from ripplekv.models.attention_masks import PaddedBatchError
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.scorers import check_attention_weights
+from ripplekv.presses.selection_window import check_compressible
 from ripplekv.validation import is_integer
 
-__all__ = ["LayerBudgetPress", "check_compressible", "global_schedule", "has_padding", "scorer_at_ratio"]
+__all__ = ["LayerBudgetPress", "global_schedule", "scorer_at_ratio"]
 
 
 def scorer_at_ratio(press: BasePress, ratio: float) -> BasePress:
-    """A copy of a scorer set to ``compression_ratio = ratio``, every other attribute kept.
-
-    Scorers such as StreamingLLM derive their scores from their ratio, so a layer is scored at its own. A shallow
-    copy keeps state set up outside the constructor (kvpress's ``QFilterPress`` filters,
-    ``ExpectedAttentionStatsPress`` statistics), which ``dataclasses.replace`` would drop; a wrapped scorer
-    (``press.press``, as ``CriticalKVPress``) is copied too, so the caller's presses are never modified.
-    """
+    """A shallow copy of a scorer (and of its wrapped ``press.press``) at ``compression_ratio = ratio``: scorers such
+    as StreamingLLM score by their ratio; a copy keeps state ``dataclasses.replace`` would drop (``QFilterPress``)."""
     clone = copy.copy(press)
     inner = getattr(press, "press", None)
     if isinstance(inner, BasePress):
@@ -38,51 +33,18 @@ def scorer_at_ratio(press: BasePress, ratio: float) -> BasePress:
     return clone
 
 
-def has_padding(attention_mask: torch.Tensor | None) -> bool:
-    """Whether a prefill's 4D attention mask hides some token from the last query (i.e. padding)."""
-    if attention_mask is None:
-        return False
-    last = attention_mask[..., -1, :]
-    visible = last if last.dtype == torch.bool else last == 0
-    return not bool(visible.all())
-
-
-def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> None:
-    """Raise unless one layer's prefill can be compressed: no padding, more tokens than the selection window.
-
-    Checked at every global layer, even one that keeps every token: a padded batch let through would make the mask
-    fitted over the compressed layers attend to the padding.
-    """
-    if has_padding(kwargs.get("attention_mask")):
-        raise PaddedBatchError(
-            f"{type(press).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
-        )
-    if k_len <= window:
-        raise ValueError(f"the prompt has {k_len} tokens, not more than the {window}-token selection window")
-
-
 def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple[BudgetSchedule, tuple[int, ...]]:
-    """The schedule over a model's compressed (global) layers, and their indices (``BudgetSchedule.over_layers``).
-
-    Raises:
-        ValueError: if the schedule does not fit the model, or every layer is a sliding-window layer.
-    """
+    """The schedule over a model's compressed (global) layers, and their indices (``ValueError`` if it does not fit)."""
     layers = compressed_layers(config)
-    n_layers = int(config.get_text_config().num_hidden_layers)
-    return schedule.over_layers(layers, n_layers), layers
+    return schedule.over_layers(layers, int(config.get_text_config().num_hidden_layers)), layers
 
 
 @dataclass
 class LayerBudgetPress(BasePress):
-    """Per-layer KV-cache budgets from a schedule, tokens ranked by any kvpress scorer.
-
-    Compressed layer ``l`` of ``n`` keeps the ``layer_budgets(n, prompt_tokens)[l]`` tokens ``press.score()`` ranks
-    highest. With SnapKV's scorer, :class:`~ripplekv.allocation.UniformSchedule` is SnapKV (tensor for tensor what
-    kvpress's ``SnapKVPress`` keeps), :class:`~ripplekv.allocation.PyramidSchedule` PyramidKV and
-    :class:`~ripplekv.allocation.ProfileSchedule` RippleKV; no extra model pass. The scorer is never mutated, so one
-    press serves several models at once. Sliding-window layers keep their whole cache and the schedule spreads the
-    budget over the global layers alone. A token budget's ``compression_ratio`` raises ``TokenBudgetError``, never
-    NaN, so kvpress's ``ComposedPress`` stops instead of carrying NaN along.
+    """Per-layer KV-cache budgets from a schedule, tokens ranked by any kvpress scorer: compressed layer ``l`` of
+    ``n`` keeps the ``layer_budgets(n, prompt_tokens)[l]`` tokens ``press.score()`` ranks highest (with SnapKV's
+    scorer, ``UniformSchedule`` is kvpress's SnapKV, ``PyramidSchedule`` PyramidKV, ``ProfileSchedule`` RippleKV).
+    Sliding-window layers stay whole; the scorer is never mutated.
 
     Args:
         press: token scorer (default ``SnapKVPress()``, window 64); its ``compression_ratio`` is ignored.
@@ -100,10 +62,7 @@ class LayerBudgetPress(BasePress):
         if not isinstance(self.schedule, BudgetSchedule):
             raise TypeError(f"schedule must be a BudgetSchedule, got {type(self.schedule).__name__}")
         if self.min_tokens is not None and (not is_integer(self.min_tokens) or self.min_tokens < 1):
-            raise ValueError(
-                "min_tokens must be an integer >= 1 (a layer keeping no token breaks the cache), "
-                f"got {self.min_tokens!r}"
-            )
+            raise ValueError(f"min_tokens must be an integer >= 1 (a layer needs a token), got {self.min_tokens!r}")
 
     @property
     def window(self) -> int:
@@ -113,18 +72,15 @@ class LayerBudgetPress(BasePress):
     @property
     def floor(self) -> int:
         """The smallest budget a layer gets: ``min_tokens``, else the scorer's window, else 1."""
-        if self.min_tokens is not None:
-            return int(self.min_tokens)
-        return max(1, self.window)
+        return int(self.min_tokens) if self.min_tokens is not None else max(1, self.window)
 
     @property
     def compression_ratio(self) -> float:
-        """The schedule's :attr:`BudgetSchedule.compression_ratio` (over the compressed layers)."""
-        return self.schedule.compression_ratio
+        """The schedule's (a token budget's raises ``TokenBudgetError``: ``ComposedPress`` never carries NaN)."""
+        return self.schedule.spec.compression_ratio
 
     def compression_ratio_for(self, prompt_tokens: int) -> float:
-        """The schedule's :meth:`BudgetSchedule.compression_ratio_for` (the floor and the cap keep the average)."""
-        return self.schedule.compression_ratio_for(prompt_tokens)
+        return self.schedule.spec.compression_ratio_for(prompt_tokens)
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
         """Tokens kept by each of ``n_layers`` compressed layers: the schedule's budgets with this press's floor."""
@@ -134,21 +90,11 @@ class LayerBudgetPress(BasePress):
         """Tokens kept by every layer of a model: its budget for a global layer, the whole prompt for a sliding one."""
         schedule, layers = global_schedule(self.schedule, config)
         budgets = dict(zip(layers, schedule.layer_budgets(len(layers), prompt_tokens, self.floor)))
-        n_layers = int(config.get_text_config().num_hidden_layers)
-        return tuple(budgets.get(i, prompt_tokens) for i in range(n_layers))
+        return tuple(budgets.get(i, prompt_tokens) for i in range(int(config.get_text_config().num_hidden_layers)))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the schedule against the model and, unless budgets are uniform, enable variable-length attention.
-
-        The switch is for good; on equal lengths the variant computes exactly what the original does. A model that
-        already attends over per-layer caches (:func:`~ripplekv.models.attention.supports_per_layer_lengths`,
-        FlashAttention included) is left as it is.
-
-        Raises:
-            ValueError: if the schedule does not fit the model (e.g. a profile of another depth), if the
-                model's attention implementation has no variable-length variant, or returns no attention weights
-                for a scorer that reads them.
-        """
+        """Check the schedule and the scorer against the model and, unless budgets are uniform, enable
+        variable-length attention for good (on equal lengths it computes what the original does)."""
         global_schedule(self.schedule, model.config)
         check_attention_weights(self.press, model)
         if not self.schedule.uniform and not supports_per_layer_lengths(model):
@@ -157,11 +103,9 @@ class LayerBudgetPress(BasePress):
                 enable_varlen_attention(model)
             except ValueError as error:
                 raise ValueError(
-                    f"{type(self).__name__} gives layers different numbers of tokens, which the attention "
-                    f"implementation {current!r} cannot attend over: load the model with "
-                    "attn_implementation='sdpa', 'eager' or 'flash_attention_2' (or call "
-                    "model.set_attn_implementation('sdpa')), then apply the press (or call "
-                    "ripplekv.models.attention.enable_varlen_attention(model))"
+                    f"{type(self).__name__} gives layers different numbers of tokens, which attention {current!r} "
+                    "cannot attend over: load the model with attn_implementation='sdpa', 'eager' or "
+                    "'flash_attention_2', or call ripplekv.models.attention.enable_varlen_attention(model) first"
                 ) from error
         self.press.post_init_from_model(model)
 
@@ -178,13 +122,12 @@ class LayerBudgetPress(BasePress):
         schedule, layers = global_schedule(self.schedule, module.config)
         if module.layer_idx not in layers:
             return keys, values
-        check_compressible(self, kwargs, keys.shape[2], self.window)
         k_len = keys.shape[2]
+        check_compressible(self, kwargs, k_len, self.window)
         n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
         scorer = scorer_at_ratio(self.press, compression_ratio_keeping(n_kept, k_len))  # a copy: the caller's untouched
         scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
-        indices = scores.topk(n_kept, dim=-1).indices
-        indices = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
+        indices = scores.topk(n_kept, dim=-1).indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
         return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from ripplekv.profiling.damage_profile import ORACLE_METHOD
 __all__ = ["METHOD_TABLE", "PARAM_SEPARATOR", "Method", "MethodSpec", "Param", "base_method", "parse_method"]
 
 PARAM_SEPARATOR = ":"
+_KINDS = {"float": float, "int": int, "bool": bool, "str": str}
 
 
 @dataclass(frozen=True)
@@ -41,21 +42,18 @@ class Param:
     @classmethod
     def of(cls, owner: type, name: str, field: str = "") -> Param:
         declared = {f.name: f for f in dataclasses.fields(owner)}[field or name]
-        kinds = {"float": float, "int": int, "bool": bool, "str": str}
-        kind = kinds.get(declared.type, declared.type) if isinstance(declared.type, str) else declared.type
-        return cls(name, kind, declared.default, owner, field if field != name else "")  # type: ignore[arg-type]
+        kind = _KINDS.get(declared.type, declared.type) if isinstance(declared.type, str) else declared.type
+        return cls(name, kind, declared.default, owner, field)  # type: ignore[arg-type]
 
     def read(self, method: str, text: str) -> Any:
         """``text`` as a value of this parameter's kind, or a ``ValueError`` naming the method and parameter."""
-        where = f"method {method!r}, parameter {self.name!r}"
-        if self.kind is bool:
-            if text.strip().lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"{where}: expected true or false, got {text!r}")
-            return text.strip().lower() in ("true", "1")
-        if self.kind is str:
-            if not text:
-                raise ValueError(f"{where}: empty value")
-            return text
+        where, word = f"method {method!r}, parameter {self.name!r}", text.strip().lower()
+        if self.kind is bool and word not in ("true", "false", "1", "0"):
+            raise ValueError(f"{where}: expected true or false, got {text!r}")
+        if self.kind is str and not text:
+            raise ValueError(f"{where}: empty value")
+        if self.kind in (bool, str):
+            return word in ("true", "1") if self.kind is bool else text
         expected = "an integer" if self.kind is int else "a number"
         try:
             value = float(text)
@@ -66,13 +64,11 @@ class Param:
         return int(value) if self.kind is int else value
 
     def check_range(self, method: str, value: Any) -> None:
-        if value is None or self.low is None:
-            return
-        if self.high is None and value < self.low:
+        high = math.inf if self.high is None else self.high
+        if value is not None and self.low is not None and not self.low <= value <= high:
             kind = "an integer" if self.kind is int else "a number"
-            raise ValueError(f"method {method!r}: {self.name} must be {kind} >= {self.low:g}, got {value!r}")
-        if self.high is not None and not self.low <= value <= self.high:
-            raise ValueError(f"method {method!r}: {self.name} must be in [{self.low:g}, {self.high:g}], got {value!r}")
+            bound = f"{kind} >= {self.low:g}" if self.high is None else f"in [{self.low:g}, {self.high:g}]"
+            raise ValueError(f"method {method!r}: {self.name} must be {bound}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -91,15 +87,20 @@ class Method:
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 
+    def refuse_unknown(self, name: str, keys: Iterable[str]) -> None:
+        """Raise naming the ``keys`` that are no parameter of this method (``name``)."""
+        if unknown := ", ".join(repr(k) for k in keys if self.param(k) is None):
+            accepted = ", ".join(p.name for p in self.params) or "none"
+            raise ValueError(f"method {name!r} has no parameter {unknown} (its parameters: {accepted})")
+
     def config(self, owner: type, values: Mapping[str, Any]) -> Any:
         """``owner`` built from the values of its parameters (absent ones at the field's default)."""
         kwargs = {p.field or p.name: values[p.name] for p in self.params if p.owner is owner and p.name in values}
         return owner(**dict(dict(self.owner_args).get(owner, ())), **kwargs)
 
     def check(self, name: str, values: Mapping[str, Any]) -> None:
-        for param in self.params:
-            if param.owner is None and param.name in values:
-                param.check_range(name, values[param.name])
+        for param in (p for p in self.params if p.owner is None and p.name in values):
+            param.check_range(name, values[param.name])
         for owner in dict.fromkeys(p.owner for p in self.params if p.owner is not None):
             try:
                 self.config(owner, values)  # type: ignore[arg-type]
@@ -144,7 +145,7 @@ METHOD_TABLE: dict[str, Method] = {
         _SNAP + "RippleKV budgets from the profile's downstream-KL scores", "registry:build_ripplekv", _RIPPLE
     ),
     "ripplekv-local": Method(
-        _SNAP + "RippleKV budgets from the profile's local signal (ablation)", "registry:build_ripplekv_local", _RIPPLE
+        _SNAP + "RippleKV budgets from the profile's local signal (ablation)", "factories:build_ripplekv_local", _RIPPLE
     ),
     "ripplekv-ada": Method(
         "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
@@ -179,7 +180,7 @@ METHOD_TABLE: dict[str, Method] = {
     ),
     ORACLE_METHOD: Method(
         _SNAP + "RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
-        "registry:build_ripplekv_oracle",
+        "factories:build_ripplekv_oracle",
         _RIPPLE,
     ),
 }
@@ -204,28 +205,17 @@ class MethodSpec:
     params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.name not in METHOD_TABLE:
-            raise ValueError(f"unknown method {self.name!r}; choose one of {', '.join(METHOD_TABLE)}")
-        declared = [p.name for p in METHOD_TABLE[self.name].params]
-        keys = [k for k, _ in self.params]
-        unknown = [k for k in keys if k not in declared]
-        if unknown:
-            raise ValueError(
-                f"method {self.name!r} has no parameter {', '.join(map(repr, unknown))} "
-                f"(its parameters: {', '.join(declared) or 'none'})"
-            )
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"method {self.name!r}: a parameter is given twice in {keys}")
-        order = [p for p in declared if p in keys]
+        method, keys = lookup(self.name, self.name), [k for k, _ in self.params]
+        method.refuse_unknown(self.name, keys)
+        order = [p.name for p in method.params if p.name in keys]
         if keys != order:
-            raise ValueError(f"method {self.name!r}: parameters must be in declared order {order}, got {keys}")
-        METHOD_TABLE[self.name].check(self.name, dict(self.params))
+            raise ValueError(f"method {self.name!r}: parameters must be given once, in declared order {order}: {keys}")
+        method.check(self.name, dict(self.params))
 
     @property
     def values(self) -> dict[str, Any]:
         """Every parameter with its value: the given ones, the defaults for the rest."""
-        given = dict(self.params)
-        return {p.name: given.get(p.name, p.default) for p in METHOD_TABLE[self.name].params}
+        return {p.name: dict(self.params).get(p.name, p.default) for p in METHOD_TABLE[self.name].params}
 
     def config(self, owner: type) -> Any:
         """The dataclass ``owner`` (a rule, :class:`AllocationConfig`, ...) built from this spec's values."""
@@ -236,24 +226,26 @@ class MethodSpec:
         pairs = ",".join(f"{k}={format_value(v)}" for k, v in self.params)
         return f"{self.name}{PARAM_SEPARATOR}{pairs}" if pairs else self.name
 
-    def __str__(self) -> str:
-        return self.canonical()
+    __str__ = canonical
+
+
+def lookup(name: str, given: str) -> Method:
+    """The method ``name`` (as the user wrote it: ``given``), or a ``ValueError`` listing the methods."""
+    if name not in METHOD_TABLE:
+        raise ValueError(f"unknown method {given!r}; choose one of {', '.join(METHOD_TABLE)}")
+    return METHOD_TABLE[name]
 
 
 def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
     """The spec of ``name`` or ``name:key=value,...`` (or a :class:`MethodSpec`) with ``overrides`` (values given
     by keyword, e.g. ``make_press(ratio=...)``; a different value for a key of ``text`` is an error)."""
     if isinstance(text, MethodSpec):
-        name, given = text.name, dict(text.params)
+        name, given, method = text.name, dict(text.params), METHOD_TABLE[text.name]
     elif not isinstance(text, str):
         raise TypeError(f"a method must be a name or a MethodSpec, got {type(text).__name__}")
     else:
         head, sep, tail = text.strip().partition(PARAM_SEPARATOR)
-        name = head.strip().lower()
-        if name not in METHOD_TABLE:
-            raise ValueError(f"unknown method {head!r}; choose one of {', '.join(METHOD_TABLE)}")
-        declared = {p.name: p for p in METHOD_TABLE[name].params}
-        given = {}
+        name, given, method = head.strip().lower(), {}, lookup(head.strip().lower(), head)
         if sep and not tail.strip():
             raise ValueError(f"method {name!r}: ':' must be followed by key=value pairs, got {text!r}")
         for item in tail.split(",") if sep else ():
@@ -262,18 +254,15 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
                 raise ValueError(f"method {name!r}: expected key=value, got {item!r} in {text!r}")
             if key in given:
                 raise ValueError(f"method {name!r}: parameter {key!r} given twice in {text!r}")
-            if key not in declared:
-                accepted = ", ".join(declared) or "none"
-                raise ValueError(f"method {name!r} has no parameter {key!r} (its parameters: {accepted})")
-            given[key] = declared[key].read(name, value)
-    params = METHOD_TABLE[name].params
+            method.refuse_unknown(name, [key])
+            given[key] = method.param(key).read(name, value)  # type: ignore[union-attr]
+    method.refuse_unknown(name, overrides)
     for key, value in overrides.items():
-        if key not in {p.name for p in params}:
-            raise ValueError(f"method {name!r} has no parameter {key!r}")
         if key in given and given[key] != value:
             raise ValueError(f"method {name!r}: {key} is given twice ({given[key]!r} and {value!r})")
         given[key] = value
-    return MethodSpec(name, tuple((p.name, given[p.name]) for p in params if given.get(p.name, p.default) != p.default))
+    params = tuple((p.name, given[p.name]) for p in method.params if given.get(p.name, p.default) != p.default)
+    return MethodSpec(name, params)
 
 
 def base_method(text: str | MethodSpec) -> str:

@@ -39,8 +39,8 @@ from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS
 from ripplekv.models.layer_types import compressed_layers
-from ripplekv.presses.layer_budget_press import check_compressible
 from ripplekv.presses.scorers import check_attention_weights
+from ripplekv.presses.selection_window import check_compressible
 from ripplekv.validation import is_integer
 
 __all__ = ["DEFAULT_STATISTIC_WINDOW", "RESIDUAL_STATISTICS", "PerPromptBudgetPress", "scorer_window", "select_top"]

@@ -7,7 +7,8 @@ import copy
 import os
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
 
 from kvpress import ScorerPress, SnapKVPress
 from kvpress.presses.base_press import BasePress
@@ -16,15 +17,13 @@ from ripplekv.allocation.budget import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationC
 from ripplekv.presses.method_spec import METHOD_TABLE, MethodSpec, base_method, parse_method
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.presses.scorers import make_scorer
-from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 from ripplekv.profiling.profile import SensitivityProfile
 
 DEFAULT_WINDOW = 64
 METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
 FRACTION_ONLY_METHODS: tuple[str, ...] = tuple(name for name, m in METHOD_TABLE.items() if not m.takes_tokens)
 METHODS_WITHOUT_SCORER: tuple[str, ...] = tuple(name for name, m in METHOD_TABLE.items() if not m.has_scorer)
-DEFAULT_PRESS_BUDGET = 1.0
-"""The kept fraction of :func:`make_press` given neither ``budget`` nor ``tokens`` (nothing is compressed)."""
+DEFAULT_PRESS_BUDGET = 1.0  # given neither budget nor tokens: nothing is compressed
 
 
 @dataclass(frozen=True)
@@ -45,28 +44,14 @@ class Build:
 
     def ripple(self, profile: SensitivityProfile, signal: str = "kl") -> RippleKVPress:
         """RippleKV's press over the scorer with this method's ``r`` and ``gamma``."""
-        config = self.method.config(AllocationConfig)
+        config = asdict(self.method.config(AllocationConfig))  # ratio and gamma
         return RippleKVPress(
-            self.scorer(),
-            **self.spec.kwargs(),
-            profile=profile,
-            signal=signal,
-            ratio=config.ratio,
-            gamma=config.gamma,
-            strict_profile=self.strict,
+            self.scorer(), **self.spec.kwargs(), **config, profile=profile, signal=signal, strict_profile=self.strict
         )
 
 
 def build_ripplekv(b: Build) -> RippleKVPress:
     return b.ripple(b.needs_profile())
-
-
-def build_ripplekv_local(b: Build) -> RippleKVPress:
-    return b.ripple(b.needs_profile(), signal="local")
-
-
-def build_ripplekv_oracle(b: Build) -> RippleKVPress:
-    return b.ripple(require_damage_profile(ORACLE_METHOD, b.profile))
 
 
 def make_press(
@@ -85,7 +70,7 @@ def make_press(
 
     Args:
         name: a method of :data:`~ripplekv.presses.method_spec.METHOD_TABLE`, optionally with its parameters
-            (``"cake:tau1=2,tau2=0.5"``, ``"ripplekv:r=16,gamma=12"``), or a :class:`MethodSpec`.
+            (``"ripplekv:r=16,gamma=12"``), or a :class:`MethodSpec`.
         budget: kept fraction in (0, 1]; with neither ``budget`` nor ``tokens``, :data:`DEFAULT_PRESS_BUDGET`.
         profile: sensitivity profile or its JSON file, for the ``ripplekv`` methods (``ripplekv-oracle``: a damage
             profile written by ``ripplekv analyze``).
@@ -96,17 +81,13 @@ def make_press(
         scorer: a kvpress ``ScorerPress`` or a name of :data:`~ripplekv.presses.scorers.SCORERS` (default SnapKV
             with ``window_size``; not for :data:`METHODS_WITHOUT_SCORER`). Each press gets a copy.
     """
-    overrides: dict[str, float] = {}
     entry = METHOD_TABLE.get(base_method(name))
-    if entry is not None and entry.param("r") is not None:  # a RippleKV method: ratio and gamma are r and gamma
-        for key, value, default in (("r", ratio, DEFAULT_RATIO), ("gamma", gamma, DEFAULT_GAMMA)):
-            if float(value) != float(default):
-                overrides[key] = float(value)
-    method = parse_method(name, **overrides)
+    ripple = entry is not None and entry.param("r") is not None  # a RippleKV method: ratio and gamma are r and gamma
+    given = {"r": (float(ratio), DEFAULT_RATIO), "gamma": (float(gamma), DEFAULT_GAMMA)} if ripple else {}
+    method = parse_method(name, **{key: v for key, (v, default) in given.items() if v != default})
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
-    if budget is None and tokens is None:
-        budget = DEFAULT_PRESS_BUDGET
+    budget = DEFAULT_PRESS_BUDGET if budget is None and tokens is None else budget
     try:
         spec = BudgetSpec(budget, tokens)
     except ValueError as error:
@@ -119,9 +100,6 @@ def make_press(
             scorer = make_scorer(scorer, window_size)
         if not isinstance(scorer, ScorerPress):
             raise TypeError(f"scorer must be a kvpress ScorerPress or a scorer name, got {type(scorer).__name__}")
-
-    def build_scorer() -> ScorerPress:
-        return SnapKVPress(window_size=window_size) if scorer is None else copy.copy(scorer)
-
+    build_scorer = partial(SnapKVPress, window_size=window_size) if scorer is None else partial(copy.copy, scorer)
     factory = pkgutil.resolve_name(f"ripplekv.presses.{METHOD_TABLE[method.name].factory}")
     return factory(Build(method, spec, resolve_profile(profile), window_size, bool(strict_profile), build_scorer))

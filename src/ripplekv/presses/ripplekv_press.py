@@ -14,9 +14,8 @@ from ripplekv.profiling.profile import SensitivityProfile
 
 __all__ = ["DEFAULT_BUDGET", "SIGNALS", "RippleKVPress", "resolve_profile"]
 
-SIGNALS = ("kl", "local")
-DEFAULT_BUDGET = 0.2
-"""The kept fraction of a :class:`RippleKVPress` given neither ``budget`` nor ``tokens``."""
+SIGNALS = {"kl": "scores", "local": "local_scores"}
+DEFAULT_BUDGET = 0.2  # the kept fraction given neither budget nor tokens
 
 
 def resolve_profile(profile: object) -> SensitivityProfile | None:
@@ -33,7 +32,7 @@ def resolve_profile(profile: object) -> SensitivityProfile | None:
 @dataclass
 class RippleKVPress(LayerBudgetPress):
     """RippleKV (paper, 2026): each layer keeps the share of the budget its measured sensitivity asks for, by the
-    :class:`ProfileSchedule` of the profile's per-layer scores, built once here.
+    :class:`ProfileSchedule` of the profile's per-layer scores (built once here).
 
     Args:
         budget: kept fraction in (0, 1]; with neither ``budget`` nor ``tokens``, :data:`DEFAULT_BUDGET`.
@@ -59,13 +58,10 @@ class RippleKVPress(LayerBudgetPress):
         if (self.profile is None) == (self.scores is None):
             raise ValueError("give exactly one of `profile` and `scores`")
         if self.signal not in SIGNALS:
-            raise ValueError(f"signal must be one of {SIGNALS}, got {self.signal!r}")
-        if self.profile is None:
-            scores = tuple(self.scores or ())
-        else:
-            scores = tuple(self.profile.scores if self.signal == "kl" else self.profile.local_scores)
+            raise ValueError(f"signal must be one of {tuple(SIGNALS)}, got {self.signal!r}")
+        by_signal = self.scores if self.profile is None else getattr(self.profile, SIGNALS[self.signal])
         budget = DEFAULT_BUDGET if self.budget is None and self.tokens is None else self.budget
-        self.schedule = ProfileSchedule(budget, scores, self.ratio, self.gamma, tokens=self.tokens)
+        self.schedule = ProfileSchedule(budget, tuple(by_signal), self.ratio, self.gamma, tokens=self.tokens)
         super().__post_init__()
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:

@@ -1,8 +1,12 @@
-"""The observation window a press needs at the end of the prompt, and the check that a prompt is longer."""
+"""The checks a prompt passes before a press compresses it: longer than the observation window the press needs at
+its end, and (at each layer's prefill) not padded."""
 
 from __future__ import annotations
 
+import torch
 from kvpress.presses.base_press import BasePress
+
+from ripplekv.models.attention_masks import PaddedBatchError
 
 
 def selection_window(press: BasePress | None) -> int:
@@ -22,3 +26,23 @@ def check_prompt_length(press: BasePress | None, prompt_tokens: int) -> None:
             f"the prompt has {prompt_tokens} tokens, not more than the {window}-token selection window of "
             f"{type(press).__name__}: use a longer prompt or a smaller window_size"
         )
+
+
+def has_padding(attention_mask: torch.Tensor | None) -> bool:
+    """Whether a prefill's 4D attention mask hides some token from the last query (i.e. padding)."""
+    if attention_mask is None:
+        return False
+    last = attention_mask[..., -1, :]
+    visible = last if last.dtype == torch.bool else last == 0
+    return not bool(visible.all())
+
+
+def check_compressible(press: object, kwargs: dict, k_len: int, window: int) -> None:
+    """Raise unless a layer's prefill can be compressed: no padding (checked even where a layer keeps every token:
+    the mask fitted over the compressed layers would attend to it), more tokens than the selection window."""
+    if has_padding(kwargs.get("attention_mask")):
+        raise PaddedBatchError(
+            f"{type(press).__name__} cannot compress a padded batch: use batch size 1 or equal lengths"
+        )
+    if k_len <= window:
+        raise ValueError(f"the prompt has {k_len} tokens, not more than the {window}-token selection window")

@@ -19,7 +19,6 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation.budget import BudgetSpec, budget_value
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import KVPair, cache_from_tensors, cache_tensors
@@ -29,6 +28,7 @@ from ripplekv_eval.fastpath.derive import NotDerivableError, compressed_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable
 from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
+from ripplekv_eval.running.budget_rows import budget_value, row_budget
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
 from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
@@ -151,7 +151,7 @@ class DamageRunner:
         self.eos = eos_ids(model, tokenizer)
         self.full = make_press("full")
         self.presses = {
-            float(b): make_press(DAMAGE_METHOD, **BudgetSpec.from_value(b).kwargs(), window_size=config.window_size)
+            float(b): make_press(DAMAGE_METHOD, **row_budget(b).kwargs(), window_size=config.window_size)
             for b in config.budget_values
         }
 

@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.stats import rankdata
 
-from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv_eval.running.budget_rows import row_budget
 from ripplekv_eval.sample import check_int
 
 SUMMARY_FORMAT = "ripplekv-analysis/1"
@@ -129,7 +129,7 @@ def top_k_overlap(
 
 
 def _pyramid_shares(budget: float, window_size: int, layers: int, lengths: Sequence[int]) -> np.ndarray:
-    schedule = PyramidSchedule(**BudgetSpec.from_value(budget).kwargs(), window_size=window_size)
+    schedule = PyramidSchedule(**row_budget(budget).kwargs(), window_size=window_size)
     rows = []
     for length in lengths:
         budgets = np.array(schedule.layer_budgets(layers, int(length), max(1, window_size)), dtype=np.float64)

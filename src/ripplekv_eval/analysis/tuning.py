@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, BudgetSpec, budget_value
+from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.headwise import headwise_of
@@ -40,6 +40,7 @@ from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, is_derivable, prescored_scorers
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
+from ripplekv_eval.running.budget_rows import budget_value, row_budget
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
 from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
@@ -226,7 +227,7 @@ class TuneRunner:
         self.n_layers = int(model.config.get_text_config().num_hidden_layers)
         self.full = make_press("full")
         window = config.eval.window_size
-        budgets = {float(b): BudgetSpec.from_value(b).kwargs() for b in config.eval.budget_values}
+        budgets = {float(b): row_budget(b).kwargs() for b in config.eval.budget_values}
         scorer = config.scorer
         self.uniform = {
             b: make_press("snapkv", **given, window_size=window, scorer=scorer) for b, given in budgets.items()

@@ -21,9 +21,8 @@ from ripplekv.models.cache import cache_from_layers, dynamic_layer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
 from ripplekv.models.headwise import MASKED_KEYS, discard_masks, take_mask
 from ripplekv.models.layer_types import compressed_layers
-from ripplekv.presses.layer_budget_press import check_compressible
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
-from ripplekv.presses.selection_window import check_prompt_length
+from ripplekv.presses.selection_window import check_compressible, check_prompt_length
 from ripplekv_eval.fastpath.hidden_tail import (
     DEFAULT_HIDDEN_TAIL,
     PER_PROMPT,

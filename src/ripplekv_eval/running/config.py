@@ -16,6 +16,7 @@ from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill
 from ripplekv.presses.method_spec import base_method, parse_method
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
 from ripplekv.presses.scorers import SCORERS
+from ripplekv_eval.running.budget_rows import ROW_TOKENS_MIN
 from ripplekv_eval.sample import (
     CHAT_TEMPLATE_MODES,
     DEFAULT_SCORER,
@@ -97,7 +98,7 @@ class EvalConfig:
             if budget <= 0:
                 raise ValueError(f"budget {budget} out of range: a kept fraction in (0, 1]")
         for count in self.tokens:
-            if BudgetSpec(tokens=count).tokens < BudgetSpec.ROW_TOKENS_MIN:  # type: ignore[operator]
+            if BudgetSpec(tokens=count).tokens < ROW_TOKENS_MIN:  # type: ignore[operator]
                 raise ValueError(
                     f"tokens {count}: a row stores its budget as one number, and {count} is the kept fraction 1.0 "
                     "(the full cache's row); evaluate 2 or more tokens per layer"

@@ -15,7 +15,6 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation.budget import budget_value
 from ripplekv.distributed import (
     DEFAULT_MAX_ATTEMPTS,
     StreamWorker,
@@ -24,6 +23,7 @@ from ripplekv.distributed import (
     check_workers,
     ray_session,
 )
+from ripplekv_eval.running.budget_rows import budget_value
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RunFolder, RunResult, row_key
 from ripplekv_eval.running.rows import SampleRunner

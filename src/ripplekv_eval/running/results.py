@@ -18,9 +18,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from ripplekv.allocation.budget import budget_value
 from ripplekv.locking import writer_lock
 from ripplekv.profiling.profile import write_json_atomic
+from ripplekv_eval.running.budget_rows import budget_value
 from ripplekv_eval.sample import row_configuration
 
 CONFIG_FILE = "config.json"

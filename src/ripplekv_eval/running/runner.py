@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.method_spec import base_method
 from ripplekv.presses.registry import make_press
@@ -27,6 +26,7 @@ from ripplekv.profiling.damage_profile import (
     select_oracle_profile,
 )
 from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv_eval.running.budget_rows import row_budget
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RunFolder, RunResult, open_results, run_pending, sha256_json
 from ripplekv_eval.running.rows import SampleRunner
@@ -120,7 +120,7 @@ def build_presses(
         given = select_oracle_profile(oracles, budget) if base_method(method) == ORACLE_METHOD else profile
         press = make_press(
             method,
-            **BudgetSpec.from_value(budget).kwargs(),
+            **row_budget(budget).kwargs(),
             profile=given,
             window_size=config.window_size,
             strict_profile=config.strict_profile,
