@@ -14,6 +14,7 @@ from ripplekv.inference import prefill
 from ripplekv.models.cache import layer_lengths
 from ripplekv.presses import RippleKVPress
 from ripplekv.presses.layer_budget_press import scorer_at_ratio
+from ripplekv.presses.registry import make_press
 from tests.conftest import random_ids, tiny_model
 
 SCORES = (1.0, 3.0, 2.0, 0.5)
@@ -90,4 +91,13 @@ def test_attention_weight_scorer_without_eager_names_the_implementation() -> Non
     model = tiny_model("llama", layers=4, attn="sdpa")
     press = RippleKVPress(press=kvpress.ObservedAttentionPress(), budget=0.3, scores=SCORES, min_tokens=4)
     with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        prefill(model, random_ids(PROMPT), press)
+
+
+def test_a_wrapped_attention_weight_scorer_is_refused_by_name_too() -> None:
+    """``adakv`` over ObservedAttentionPress (kvpress's AdaKVPress holds the scorer as ``press``) under sdpa: the
+    same ValueError, not kvpress's assertion inside its head-wise hook."""
+    model = tiny_model("llama", layers=4, attn="sdpa")
+    press = make_press("adakv", budget=0.3, scorer="observed_attention")
+    with pytest.raises(ValueError, match="ObservedAttentionPress .*attn_implementation='eager'"):
         prefill(model, random_ids(PROMPT), press)

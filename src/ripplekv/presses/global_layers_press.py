@@ -10,6 +10,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ripplekv.models.layer_types import compressed_layers
+from ripplekv.presses.scorers import check_attention_weights
 
 __all__ = ["GlobalLayersPress"]
 
@@ -35,8 +36,10 @@ class GlobalLayersPress(BasePress):
         return float(getattr(self.press, "compression_ratio", 0.0))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check that the model has a global layer, then initialise the wrapped press."""
+        """Check that the model has a global layer and returns the attention weights the press reads, then
+        initialise the wrapped press."""
         compressed_layers(model.config)
+        check_attention_weights(self.press, model)
         self.press.post_init_from_model(model)
 
     def compress(

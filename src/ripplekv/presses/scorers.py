@@ -28,6 +28,7 @@ from kvpress import (
     StreamingLLMPress,
     TOVAPress,
 )
+from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel
 
 from ripplekv.presses.lava_scorer import LavaScorerPress
@@ -62,19 +63,23 @@ NEEDS_ATTENTION_WEIGHTS: frozenset[type[ScorerPress]] = frozenset({ObservedAtten
 """Scorers (exact types) that score from the attention weights, which only eager attention returns (kvpress 0.5.5)."""
 
 
-def check_attention_weights(scorer: ScorerPress, model: PreTrainedModel) -> None:
-    """Raise unless ``model`` returns the attention weights ``scorer`` reads (a press checks it when applied).
+def check_attention_weights(scorer: BasePress, model: PreTrainedModel) -> None:
+    """Raise unless ``model`` returns the attention weights ``scorer`` reads, or any press it wraps (kvpress's
+    wrappers, e.g. ``AdaKVPress``, hold theirs as ``press``); a press checks it when applied.
 
     Raises:
         ValueError: for a scorer of :data:`NEEDS_ATTENTION_WEIGHTS` on a model without eager attention (kvpress
             would fail on a bare assertion at the first layer).
     """
     implementation = str(model.config._attn_implementation)
-    if type(scorer) in NEEDS_ATTENTION_WEIGHTS and "eager" not in implementation:
-        raise ValueError(
-            f"{type(scorer).__name__} scores tokens from the attention weights, which the attention implementation "
-            f"{implementation!r} does not return: load the model with attn_implementation='eager'"
-        )
+    press: BasePress | None = scorer
+    while press is not None:
+        if type(press) in NEEDS_ATTENTION_WEIGHTS and "eager" not in implementation:
+            raise ValueError(
+                f"{type(press).__name__} scores tokens from the attention weights, which the attention "
+                f"implementation {implementation!r} does not return: load the model with attn_implementation='eager'"
+            )
+        press = getattr(press, "press", None)
 
 
 def make_scorer(name: str, window_size: int) -> ScorerPress:
