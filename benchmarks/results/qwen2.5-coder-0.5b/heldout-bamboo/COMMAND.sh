@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Issue 33, the held-out check on Qwen2.5-Coder-0.5B: BAMBOO MeetingQA + PaperQA 4K (benchmarks/heldout/bamboo.jsonl,
+# untouched by any profile, calibration or tuning run), the first 80 records (the file interleaves the two tasks, so
+# 40 of each; all 169 would take ~7 h of CPU here), question-aware, 64-token answers, fidelity to the full cache,
+# SnapKV's scorer, 10/20/30%. Candidates: the library's default (ripplekv: r 4, gamma 3), the setting ../tune chose
+# on Qwen (tune.json "settings"), SnapKV uniform and PyramidKV. Every configuration of a prompt is derived from its
+# one prefill. Re-running resumes where the last run stopped; then the per-prompt check of the default.
+set -eo pipefail
+cd "$(dirname "$0")/../../../.."
+Q=benchmarks/results/qwen2.5-coder-0.5b
+TUNED=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['settings']['ripplekv'])" $Q/tune/tune.json)
+ripplekv eval --model qwen2.5-coder-0.5b --suite jsonl --data benchmarks/heldout/bamboo.jsonl --limit 80 \
+  --methods "full,snapkv,pyramidkv,ripplekv,$TUNED" --budgets 0.1,0.2,0.3 --scorers snapkv --score fidelity \
+  --max-new-tokens 64 --profile $Q/qwen2.5-coder-0.5b.profile.json --no-progress --out $Q/heldout-bamboo "$@"
+python benchmarks/default_check.py $Q/heldout-bamboo --candidate ripplekv \
+  --json $Q/heldout-bamboo/default_check.json --md $Q/heldout-bamboo/default_check.md
