@@ -22,26 +22,6 @@ if TYPE_CHECKING:
 
     from transformers import PreTrainedTokenizerBase
 
-ENGLISH_TASKS: tuple[str, ...] = (
-    "narrativeqa",
-    "qasper",
-    "multifieldqa_en",
-    "hotpotqa",
-    "2wikimqa",
-    "musique",
-    "gov_report",
-    "qmsum",
-    "multi_news",
-    "trec",
-    "triviaqa",
-    "samsum",
-    "passage_count",
-    "passage_retrieval_en",
-    "lcc",
-    "repobench-p",
-)
-"""The 16 English tasks of LongBench v1 (LongBench-E covers 13 of them: not narrativeqa, musique, qmsum)."""
-
 _MULTI_DOC_QA = (
     "Answer the question based on the given passages. Only give me the answer and do not output any other words."
     "\n\nThe following are given passages.\n{context}\n\n"
@@ -117,25 +97,32 @@ PROMPTS: dict[str, str] = {
 }
 """Official prompt templates (``config/dataset2prompt.json``), character for character, typos included."""
 
-MAX_NEW_TOKENS: dict[str, int] = {
-    "narrativeqa": 128,
-    "qasper": 128,
-    "multifieldqa_en": 64,
-    "hotpotqa": 32,
-    "2wikimqa": 32,
-    "musique": 32,
-    "gov_report": 512,
-    "qmsum": 512,
-    "multi_news": 512,
-    "trec": 64,
-    "triviaqa": 32,
-    "samsum": 128,
-    "passage_count": 32,
-    "passage_retrieval_en": 32,
-    "lcc": 64,
-    "repobench-p": 64,
+ENGLISH_TASKS: tuple[str, ...] = tuple(PROMPTS)
+"""The 16 English tasks of LongBench v1 (LongBench-E covers 13 of them: not narrativeqa, musique, qmsum)."""
+
+_LENGTH_AND_METRIC: dict[str, tuple[int, str]] = {
+    "narrativeqa": (128, "qa_f1_score"),
+    "qasper": (128, "qa_f1_score"),
+    "multifieldqa_en": (64, "qa_f1_score"),
+    "hotpotqa": (32, "qa_f1_score"),
+    "2wikimqa": (32, "qa_f1_score"),
+    "musique": (32, "qa_f1_score"),
+    "gov_report": (512, "rouge_score"),
+    "qmsum": (512, "rouge_score"),
+    "multi_news": (512, "rouge_score"),
+    "trec": (64, "classification_score"),
+    "triviaqa": (32, "qa_f1_score"),
+    "samsum": (128, "rouge_score"),
+    "passage_count": (32, "count_score"),
+    "passage_retrieval_en": (32, "retrieval_score"),
+    "lcc": (64, "code_sim_score"),
+    "repobench-p": (64, "code_sim_score"),
 }
-"""Official generation lengths (``config/dataset2maxlen.json``)."""
+"""Task -> its official generation length (``config/dataset2maxlen.json``) and metric (``eval.py``)."""
+
+MAX_NEW_TOKENS: dict[str, int] = {task: length for task, (length, _) in _LENGTH_AND_METRIC.items()}
+TASK_METRIC: dict[str, str] = {task: metric for task, (_, metric) in _LENGTH_AND_METRIC.items()}
+"""Task -> metric name (a key of :data:`ripplekv_eval.tasks.metrics.METRICS`)."""
 
 NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
 """Tasks whose prompt is fed raw, without the chat template (few-shot and code completion)."""
@@ -143,26 +130,6 @@ NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsh
 
 FIRST_LINE_TASKS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})
 """Tasks whose prediction is cut to its first line before scoring."""
-
-TASK_METRIC: dict[str, str] = {
-    "narrativeqa": "qa_f1_score",
-    "qasper": "qa_f1_score",
-    "multifieldqa_en": "qa_f1_score",
-    "hotpotqa": "qa_f1_score",
-    "2wikimqa": "qa_f1_score",
-    "musique": "qa_f1_score",
-    "gov_report": "rouge_score",
-    "qmsum": "rouge_score",
-    "multi_news": "rouge_score",
-    "trec": "classification_score",
-    "triviaqa": "qa_f1_score",
-    "samsum": "rouge_score",
-    "passage_count": "count_score",
-    "passage_retrieval_en": "retrieval_score",
-    "lcc": "code_sim_score",
-    "repobench-p": "code_sim_score",
-}
-"""Task -> metric name (a key of :data:`ripplekv_eval.tasks.metrics.METRICS`), as in the official ``eval.py``."""
 
 LONGBENCH_E_BUCKETS: tuple[str, ...] = ("0-4k", "4-8k", "8k+")
 """LongBench-E length buckets (``length`` in words: < 4000, < 8000, the rest)."""
