@@ -1,8 +1,4 @@
-"""A run's rows summarised: :class:`RunSummary` (mean score per task, method and budget, the timing it logged).
-
-Read by the report, its tables and its plots alike (:mod:`ripplekv_eval.reporting.report`, ``tables``, ``plots``),
-which is why it sits in a module of its own: none of them imports another to get it.
-"""
+"""A run's rows summarised for the report and its plots: mean score per task, method and budget, logged timing."""
 
 from __future__ import annotations
 

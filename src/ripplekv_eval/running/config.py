@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ripplekv.allocation.budget import BudgetSpec
+from ripplekv.inference.generate import PROTOCOLS
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 from ripplekv.presses.method_spec import base_method, parse_method
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
@@ -25,7 +26,6 @@ from ripplekv_eval.sample import (
     configuration_name,
 )
 
-PROTOCOLS = ("question-aware", "query-agnostic")
 SCORE_MODES = ("both", "fidelity")
 DECODE_MODES = ("batched", "sequential")
 DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
