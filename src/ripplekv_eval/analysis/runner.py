@@ -106,11 +106,7 @@ def run_analysis(
     tokenizer: PreTrainedTokenizerBase | None = None,
     progress: bool = True,
 ) -> RunResult:
-    """Run (or resume) the analysis ``config`` into ``out`` (created).
-
-    ``model`` is loaded from ``config.eval.model`` unless given together with ``tokenizer``.
-    """
-
+    """Run (or resume) the analysis ``config`` into ``out`` (the model loaded unless given with its tokenizer)."""
     from ripplekv.models import model_identity
     from ripplekv.models.identity import weights_fingerprint
     from ripplekv.version import __version__

@@ -282,10 +282,10 @@ def batched_greedy_decode_rows(
     stop_ids: set[int],
     min_new_tokens: int = 0,
 ) -> list[list[int]]:
-    """Greedy tokens after each of ``rows`` (:func:`decode_row`, each with room for ``max_new_tokens``), decoded as one
-    batch: row ``i`` is ``greedy_decode(model, state_i, max_new_tokens, stop_ids, min_new_tokens)`` up to float
-    rounding at near-ties. Check :func:`~ripplekv.models.attention.uses_varlen_attention` before laying caches out as
-    rows: only ripplekv's attention functions read a ragged batch (NotBatchableError otherwise).
+    """Greedy tokens after each of ``rows`` (:func:`decode_row`, each with room for ``max_new_tokens``), as one batch.
+
+    Check :func:`~ripplekv.models.attention.uses_varlen_attention` before laying caches out as rows: only ripplekv's
+    attention functions read a ragged batch (NotBatchableError otherwise).
     """
     if not uses_varlen_attention(model):
         raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))

@@ -1,8 +1,4 @@
-"""The press that records a prefill: per layer, exactly what ``compress`` receives, the cache left unchanged.
-
-A chunked prefill is recorded chunk by chunk and joined by :meth:`RecordingPress.assemble` into what one pass
-records, up to float rounding.
-"""
+"""The press that records a prefill: per layer, exactly what ``compress`` receives, the cache left unchanged."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""``ripplekv report``: tables, statistics and plots of an evaluation folder (``ripplekv eval``'s output).
-
-A task's score for one (method, budget) is ``100 * mean`` of its sample scores, with its percentage of the full cache's
-(``full`` runs once at 1.0 and is shown under every budget); needle cells are tasks, LongBench-E tasks add the official
-per-length view. The statistics (:mod:`~ripplekv_eval.reporting.stats`) cover the score and every fidelity metric; a
-run over several token scorers is analysed per scorer (schedules compared over one scorer, Holm within it).
-"""
+"""``ripplekv report``: tables, statistics (:mod:`~ripplekv_eval.reporting.stats`: the score and every fidelity metric)
+and plots of an evaluation folder; a run over several token scorers is analysed per scorer (schedules compared over
+one scorer, Holm within it)."""
 
 from __future__ import annotations
 
@@ -367,23 +363,14 @@ def rows_of_scorer(
 
 
 def analyse_by_scorer(
-    rows: Sequence[Mapping[str, Any]],
-    methods: Sequence[str],
-    budgets: Sequence[float],
-    metrics: Sequence[str] | None = None,
-    seed: int = 0,
-    resamples: int = DEFAULT_RESAMPLES,
-    draws: int = DEFAULT_DRAWS,
-    family: str = DEFAULT_FAMILY,
+    rows: Sequence[Mapping[str, Any]], methods: Sequence[str], budgets: Sequence[float], *args: Any, **options: Any
 ) -> dict[str, tuple[RunStats, list[str]]]:
     """Per scorer of the rows: its statistics (:func:`~ripplekv_eval.reporting.stats.analyse_run` over
-    :func:`rows_of_scorer`) and its method names.
-    """
+    :func:`rows_of_scorer`, with its further arguments ``args`` and ``options``) and its method names."""
     analysed: dict[str, tuple[RunStats, list[str]]] = {}
     for scorer in row_scorers(rows):
         kept, names = rows_of_scorer(rows, methods, scorer)
-        stats = analyse_run(kept, names, budgets, metrics, seed=seed, resamples=resamples, draws=draws, family=family)
-        analysed[scorer] = (stats, names)
+        analysed[scorer] = (analyse_run(kept, names, budgets, *args, **options), names)
     return analysed
 
 
