@@ -95,15 +95,15 @@ def cap_new_tokens(config: SuiteRequest, tokens: int) -> int:
     return min(tokens, config.max_new_tokens) if config.max_new_tokens else tokens
 
 
-def prompt_parts(
+def prompt_ids(
     tokenizer: PreTrainedTokenizerBase, context: str, question: str, mode: str, plain: str | None = None
-) -> tuple[str, str]:
-    """The prompt of ``context`` + ``question`` split where the question starts: with the chat template
+) -> tuple[tuple[int, ...], int]:
+    """:func:`split_prompt` of the prompt of ``context`` + ``question``: with the chat template
     :func:`ripplekv.inference.generate.chat_prompt_parts`, else ``context`` and ``plain`` (default that function's
     plain layout, ``"\\n\\n" + question + "\\nAnswer:"``)."""
     if use_chat_template(tokenizer, mode):
-        return chat_prompt_parts(tokenizer, context, question)
-    return context, "\n\n" + question + "\nAnswer:" if plain is None else plain
+        return split_prompt(tokenizer, *chat_prompt_parts(tokenizer, context, question))
+    return split_prompt(tokenizer, context, "\n\n" + question + "\nAnswer:" if plain is None else plain)
 
 
 @dataclass(frozen=True)
@@ -241,8 +241,7 @@ class RulerSuite(Suite):
             index = counts.get(synthetic.task, 0)
             counts[synthetic.task] = index + 1
             plain = "\n" + synthetic.question + synthetic.answer_prefix
-            parts = prompt_parts(tokenizer, synthetic.context, synthetic.question, config.chat_template, plain)
-            ids, split = split_prompt(tokenizer, *parts)
+            ids, split = prompt_ids(tokenizer, synthetic.context, synthetic.question, config.chat_template, plain)
 
             def score(prediction: str, synthetic: ruler.SyntheticSample = synthetic) -> float:
                 return ruler.score(prediction, synthetic.answers)
@@ -324,8 +323,7 @@ class NeedleSuite(Suite):
                     seed = config.seed + j
                     digits = options.needle_digits
                     needle = build_needle_prompt(tokenizer, length, depth=depth, seed=seed, digits=digits)
-                    parts = prompt_parts(tokenizer, needle.context, needle.question, config.chat_template)
-                    ids, split = split_prompt(tokenizer, *parts)
+                    ids, split = prompt_ids(tokenizer, needle.context, needle.question, config.chat_template)
 
                     def score(prediction: str, needle: NeedlePrompt = needle) -> float:
                         return 1.0 if needle.retrieved(prediction) else 0.0
@@ -451,8 +449,7 @@ class JsonlSuite(Suite):
             limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         samples = []
         for record in load_jsonl(options.data, options.metric)[: config.limit]:
-            parts = prompt_parts(tokenizer, record.context, record.question, config.chat_template)
-            ids, split = split_prompt(tokenizer, *parts)
+            ids, split = prompt_ids(tokenizer, record.context, record.question, config.chat_template)
             if isinstance(limit, int) and len(ids) > limit:
                 raise ValueError(
                     f"{options.data}: record {record.id!r} has {len(ids)} prompt tokens, more than the model's "
