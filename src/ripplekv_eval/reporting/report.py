@@ -404,12 +404,8 @@ def verdict_lines(by_scorer: ByScorer, metric: str) -> list[str]:
 def markdown_by_scorer(by_scorer: ByScorer, budgets: Sequence[float]) -> list[str]:
     """The allocation x scorer matrices (one per metric and budget) and the per-scorer verdict lines."""
     scorers = list(by_scorer)
-    methods: dict[str, None] = {}
-    for _, names in by_scorer.values():
-        methods.update(dict.fromkeys(n for n in names if n != REFERENCE))
-    metrics: dict[str, None] = {}
-    for run, _ in by_scorer.values():
-        metrics.update(dict.fromkeys(run.metrics))
+    methods = dict.fromkeys(n for _, names in by_scorer.values() for n in names if n != REFERENCE)
+    metrics = dict.fromkeys(m for run, _ in by_scorer.values() for m in run.metrics)
     lines = [
         "## Allocation x scorer",
         "",

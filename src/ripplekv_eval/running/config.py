@@ -1,8 +1,4 @@
-"""What ``ripplekv eval`` runs: :class:`EvalConfig`, the options common to every suite.
-
-A suite's own options (LongBench's data folder, RULER's context length, ...) go in ``EvalConfig.options`` and are
-validated, completed and frozen by the suite (:mod:`ripplekv_eval.suites`).
-"""
+"""What ``ripplekv eval`` runs: :class:`EvalConfig`, the options common to every suite (and the suite's own)."""
 
 from __future__ import annotations
 

@@ -82,7 +82,6 @@ def classification_score(prediction: str, ground_truth: str, all_classes: Sequen
 
 
 def _fraction_equal(prediction: str, target: str) -> float:
-    """The fraction of the numbers (``\\d+`` runs) in ``prediction`` equal to ``target``; 0.0 with no number."""
     numbers = _NUMBER.findall(prediction)
     return sum(1 for number in numbers if number == target) / len(numbers) if numbers else 0.0
 
