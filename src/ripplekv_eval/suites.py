@@ -163,8 +163,7 @@ class LongBenchSuite(Suite):
         samples: list[EvalSample] = []
         for task in self.tasks(config):
             skip = config.options.skip or 0
-            records = longbench.load_task(config.options.data_dir, task)[skip:]
-            records = records[: config.limit]
+            records = longbench.load_task(config.options.data_dir, task)[skip:][: config.limit]
             seen: dict[str, int] = {}
             for record in records:
                 built = longbench.build_prompt(record, tokenizer, max_length, config.chat_template)
@@ -292,9 +291,7 @@ class NeedleOptions:
         for depth in self.needle_depths:
             if isinstance(depth, bool) or not (isinstance(depth, (int, float)) and 0.0 <= depth <= 1.0):
                 raise ValueError(f"needle depth must be in [0, 1], got {depth!r}")
-        if len(set(self.needle_lengths)) != len(self.needle_lengths) or len(set(self.needle_depths)) != len(
-            self.needle_depths
-        ):
+        if any(len(set(values)) != len(values) for values in (self.needle_lengths, self.needle_depths)):
             raise ValueError("needle lengths and depths must not contain duplicates")
         check_int("needle digits", self.needle_digits)
         if self.needle_digits > 18:
@@ -444,9 +441,7 @@ class JsonlSuite(Suite):
         options: JsonlOptions = config.options
         metric = METRICS[options.metric]
         task = self.task(config)
-        limit = None
-        if model is not None:
-            limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        limit = None if model is None else getattr(model.config.get_text_config(), "max_position_embeddings", None)
         samples = []
         for record in load_jsonl(options.data, options.metric)[: config.limit]:
             ids, split = prompt_ids(tokenizer, record.context, record.question, config.chat_template)

@@ -116,8 +116,7 @@ def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, f
     start = time.perf_counter()
     cache = derive_cache(record, press)
     seconds = time.perf_counter() - start
-    prefill_state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds)
-    return prefill_state, seconds
+    return Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds), seconds
 
 
 def compressed_prefill(record: PrefillRecord, press: BasePress) -> Prefill:

@@ -144,8 +144,6 @@ class RecordingPress(BasePress):
         self.layers[module.layer_idx] = LayerRecord(module, hidden_states, keys, values, attentions, recorded)
         return keys, values
 
-    # ------------------------------------------------------------------------------------------- chunked prefill
-
     def begin_chunk(self, start: int, end: int, tokens: int) -> None:
         """Record the next pass as the chunk ``[start, end)`` of a ``tokens``-token prompt."""
         if not 0 <= start < end <= tokens:

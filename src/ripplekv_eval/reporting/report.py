@@ -507,15 +507,9 @@ def format_csv(summary: RunSummary) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["task", "method", "budget", "score", "percent_of_full", "samples"])
     for r in _score_records(summary):
-        percent, samples = r["percent_of_full"], r["samples"]
-        row = [
-            r["task"],
-            r["method"],
-            f"{r['budget']:g}",
-            f"{r['score']:.2f}",
-            "" if percent is None else f"{percent:.2f}",
-        ]
-        writer.writerow([*row, "" if samples is None else samples])
+        percent = "" if r["percent_of_full"] is None else f"{r['percent_of_full']:.2f}"
+        samples = "" if r["samples"] is None else r["samples"]
+        writer.writerow([r["task"], r["method"], f"{r['budget']:g}", f"{r['score']:.2f}", percent, samples])
     return buffer.getvalue()
 
 

@@ -217,10 +217,7 @@ def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
     path = Path(data_dir) / f"{task}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"LongBench file for task {task!r} not found: {path}")
-    records: list[LongBenchRecord] = []
-    for where, _, raw in iter_json_lines(path):
-        records.append(_parse_record(task, raw, where))
-    return records
+    return [_parse_record(task, raw, where) for where, _, raw in iter_json_lines(path)]
 
 
 @dataclass(frozen=True)
@@ -271,9 +268,7 @@ def _question_char_index(text: str, question: str) -> int:
             high = middle
         else:
             low = middle + 1
-    if high >= len(question):
-        return -1
-    return text.rfind(question[high:])
+    return -1 if high >= len(question) else text.rfind(question[high:])
 
 
 def uses_chat_template(task: str, tokenizer: PreTrainedTokenizerBase, chat_template: str = "auto") -> bool:
@@ -299,8 +294,7 @@ def build_prompt(
     """
     check_int("max_length", max_length, 2)  # two non-empty halves
     use_chat = uses_chat_template(record.task, tokenizer, chat_template)
-    task = record.base_task
-    template = PROMPTS[task]
+    template = PROMPTS[record.base_task]
     prompt = template.format(context=record.context, input=record.input)
 
     ids = _encode(tokenizer, prompt, add_special_tokens=True)
@@ -311,14 +305,13 @@ def build_prompt(
         tail = tokenizer.decode(ids[-half:], skip_special_tokens=True)
         prompt = head + tail
 
+    text = prompt
     if use_chat:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
         if not isinstance(text, str):
             raise ValueError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, expected str")
-    else:
-        text = prompt
     add_special_tokens = not use_chat
     input_ids = _encode(tokenizer, text, add_special_tokens=add_special_tokens)
 
@@ -346,9 +339,7 @@ def newline_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 def postprocess(task: str, prediction: str) -> str:
     """The prediction as scored: its first line (after leading newlines) for :data:`FIRST_LINE_TASKS`, else as is."""
-    if base_task(task) in FIRST_LINE_TASKS:
-        return prediction.lstrip("\n").split("\n")[0]
-    return prediction
+    return prediction.lstrip("\n").split("\n")[0] if base_task(task) in FIRST_LINE_TASKS else prediction
 
 
 def score_record(task: str, prediction: str, answers: Sequence[str], all_classes: Sequence[str] | None = None) -> float:

@@ -76,9 +76,7 @@ def classification_score(prediction: str, ground_truth: str, all_classes: Sequen
         if term in ground_truth and term != ground_truth:
             matched.remove(term)
         index += 1
-    if ground_truth in matched:
-        return 1.0 / len(matched)
-    return 0.0
+    return 1.0 / len(matched) if ground_truth in matched else 0.0
 
 
 def _fraction_equal(prediction: str, target: str) -> float:

@@ -398,16 +398,7 @@ def generate(task: str, tokenizer: TextTokenizer, context_tokens: int, seed: int
     else:
         generator, max_new_tokens = OTHER_TASKS[task]
         context, count, question, answers, prefix = generator(tokenizer, context_tokens, rng, task)
-    return SyntheticSample(
-        task=task,
-        context=context,
-        question=question,
-        answers=answers,
-        context_tokens=count,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        answer_prefix=prefix,
-    )
+    return SyntheticSample(task, context, question, answers, count, seed, max_new_tokens, prefix)
 
 
 def _sample_seed(seed: int, index: int) -> int:
