@@ -4,7 +4,7 @@ For each prompt length, one needle prompt of essay text is prefilled once and re
 the full cache and every (method, budget) (19 configurations with the defaults), then
 
 (a) sequential: ``greedy_decode`` over each cache in turn (what ``ripplekv eval --decode sequential`` does);
-(b) batched: ``batched_greedy_decode`` over all of them as one padded batch (the eval runner's default).
+(b) batched: ``batched_greedy_decode_rows`` over all of them laid out as one ragged batch (the eval runner's default).
 
 Both decode exactly ``--new-tokens`` tokens per configuration (stop tokens are barred, ``min_new_tokens`` equal to
 the length, so every row costs the same number of steps in both). The script prints both wall times, the speed-up
@@ -33,7 +33,7 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import make_press
 from ripplekv.profiling import SensitivityProfile
 from ripplekv.profiling.haystack import build_needle_prompt
-from ripplekv_eval.fastpath.batched import batched_greedy_decode
+from ripplekv_eval.fastpath.batched import batched_greedy_decode_rows, decode_row
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
@@ -57,13 +57,14 @@ def measure(model, tokenizer, profile, length: int, methods, budgets, new_tokens
     stops = eos_ids(model, tokenizer)
 
     greedy_decode(model, states[0], 2, stops)  # warm-up of both paths
-    batched_greedy_decode(model, states[:2], 2, stops)
+    batched_greedy_decode_rows(model, [decode_row(s, 2) for s in states[:2]], 2, stops)
 
     start = time.perf_counter()
     sequential = [greedy_decode(model, s, new_tokens, stops, min_new_tokens=new_tokens) for s in states]
     sequential_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    batched = batched_greedy_decode(model, states, new_tokens, stops, min_new_tokens=new_tokens)
+    rows = [decode_row(s, new_tokens) for s in states]
+    batched = batched_greedy_decode_rows(model, rows, new_tokens, stops, min_new_tokens=new_tokens)
     batched_seconds = time.perf_counter() - start
 
     differing = []

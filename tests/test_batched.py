@@ -12,7 +12,6 @@ from ripplekv.models.padded import KeyValidity
 from ripplekv.presses import make_press
 from ripplekv_eval.fastpath.batched import (
     NotBatchableError,
-    batched_greedy_decode,
     batched_teacher_forced_logprobs,
     pad_layers,
     padded_batch,
@@ -20,7 +19,7 @@ from ripplekv_eval.fastpath.batched import (
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
-from tests.conftest import random_ids, synthetic_profile, tiny_model
+from tests.conftest import decode_batch, random_ids, synthetic_profile, tiny_model
 from tests.test_ada_press import _masked
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,10 +51,11 @@ def test_batched_greedy_equals_one_at_a_time(model) -> None:
     assert any(map(_masked, states)), "AdaKV's head-wise masks should be among the rows"
     stops = {7, 11, 200}
     sequential = [greedy_decode(model, s, 12, stops, min_new_tokens=1) for s in states]
-    batched = batched_greedy_decode(model, states, 12, stops, min_new_tokens=1)
+    batched = decode_batch(model, states, 12, stops, min_new_tokens=1)
     assert batched == sequential
     assert {len(t) for t in sequential} != {12} or True  # rows may stop early; equality above is the check
-    assert batched_greedy_decode(model, states, 12, stops, min_new_tokens=1, max_rows=4) == sequential
+    fours = [states[i : i + 4] for i in range(0, len(states), 4)]  # in batches of four rows: the same tokens
+    assert [t for rows in fours for t in decode_batch(model, rows, 12, stops, min_new_tokens=1)] == sequential
 
 
 def test_rows_leave_the_batch_when_they_stop(model) -> None:
@@ -65,14 +65,14 @@ def test_rows_leave_the_batch_when_they_stop(model) -> None:
     stops = {free[1][1], free[4][1]}
     sequential = [greedy_decode(model, s, 10, stops) for s in states]
     assert any(len(t) < 10 for t in sequential) and any(len(t) == 10 for t in sequential)
-    assert batched_greedy_decode(model, states, 10, stops) == sequential
+    assert decode_batch(model, states, 10, stops) == sequential
 
 
 def test_min_new_tokens_bans_stops_in_every_row(model) -> None:
     states = _states(model)
     first = {int(s.next_logits.argmax()) for s in states}
     sequential = [greedy_decode(model, s, 4, first, min_new_tokens=2) for s in states]
-    batched = batched_greedy_decode(model, states, 4, first, min_new_tokens=2)
+    batched = decode_batch(model, states, 4, first, min_new_tokens=2)
     assert batched == sequential
     assert all(t[0] not in first and t[1] not in first for t in batched)
 
@@ -116,16 +116,14 @@ def test_states_at_other_positions_are_refused() -> None:
     states = _states(model)
     moved = extend(model, states[1], torch.tensor([[3]]))
     with pytest.raises(NotBatchableError, match="same positions"):
-        batched_greedy_decode(model, [states[0], moved], 3, set())
+        decode_batch(model, [states[0], moved], 3, set())
 
 
 def test_validation() -> None:
     model = enable_varlen_attention(tiny_model("llama", layers=2))
     states = _states(model)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        batched_greedy_decode(model, states, 0, set())
-    with pytest.raises(ValueError, match="max_rows"):
-        batched_greedy_decode(model, states, 2, set(), max_rows=0)
+        decode_batch(model, states, 0, set())
     with pytest.raises(ValueError, match="no caches"):
         padded_batch([])
     with pytest.raises(TypeError, match="boolean"):

@@ -37,11 +37,11 @@ from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig
 from ripplekv.profiling.noise import noise_generator, norm_adaptive_noise
 from ripplekv.profiling.sensitivity import score_sample
-from ripplekv_eval.fastpath.batched import batched_greedy_decode, batched_teacher_forced_logprobs
+from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
-from tests.conftest import random_ids, synthetic_profile, tiny_model
+from tests.conftest import decode_batch, random_ids, synthetic_profile, tiny_model
 from tests.test_ada_press import _masked
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -233,7 +233,7 @@ def test_batched_decoding_and_teacher_forcing_make_no_tensor_off_device() -> Non
     states = _states(model)
     assert any(map(_masked, states)), "AdaKV rows (head-wise masks) should be among them"
     with no_device_violations():
-        batched = batched_greedy_decode(model, states, 6, {7}, min_new_tokens=1)
+        batched = decode_batch(model, states, 6, {7}, min_new_tokens=1)
         sequential = [greedy_decode(model, state, 6, {7}, min_new_tokens=1) for state in states]
         together = batched_teacher_forced_logprobs(model, states, [3, 5, 8, 13])
         alone = [teacher_forced_logprobs(model, state, [3, 5, 8, 13]) for state in states]
@@ -328,7 +328,7 @@ def test_gpu_batched_decoding_with_adakv_and_ripplekv_rows() -> None:
     states = _states(model)
     assert all(state.cache.layers[0].keys.device.type == "cuda" for state in states)
     sequential = [greedy_decode(model, state, 8, {7}, min_new_tokens=1) for state in states]
-    assert batched_greedy_decode(model, states, 8, {7}, min_new_tokens=1) == sequential
+    assert decode_batch(model, states, 8, {7}, min_new_tokens=1) == sequential
     together = batched_teacher_forced_logprobs(model, states, [3, 5, 8, 13])
     for state, logprobs in zip(states, together):
         torch.testing.assert_close(logprobs, teacher_forced_logprobs(model, state, [3, 5, 8, 13]), atol=1e-4, rtol=1e-4)

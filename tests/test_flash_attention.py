@@ -34,7 +34,7 @@ from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig, passes, sensitivity
 from ripplekv.profiling.passes import can_share_prefix
 from ripplekv.profiling.sensitivity import score_sample
-from ripplekv_eval.fastpath.batched import NotBatchableError, batched_greedy_decode, batched_teacher_forced_logprobs
+from ripplekv_eval.fastpath.batched import NotBatchableError, batched_teacher_forced_logprobs
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
@@ -42,7 +42,7 @@ from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import SampleRunner
 from ripplekv_eval.running.runner import build_presses
 from ripplekv_eval.sample import EvalSample
-from tests.conftest import random_ids, synthetic_profile, tiny_model
+from tests.conftest import decode_batch, random_ids, synthetic_profile, tiny_model
 from tests.test_device import _Tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -200,9 +200,9 @@ def test_batched_decoding_under_flash_attention_falls_back(flash: Any) -> None:
     reference = enable_varlen_attention(tiny_model("llama", layers=4, seed=3))
     states, reference_states = _states(model), _states(reference)
     with pytest.raises(NotBatchableError, match="attn_implementation='sdpa'"):
-        batched_greedy_decode(model, states, 6, {7})
+        decode_batch(model, states, 6, {7})
     sequential = [greedy_decode(model, state, 6, {7}) for state in states]
-    assert sequential == batched_greedy_decode(reference, reference_states, 6, {7})
+    assert sequential == decode_batch(reference, reference_states, 6, {7})
     # batched teacher forcing teacher-forces one cache at a time under it: the same log-probabilities
     forced = batched_teacher_forced_logprobs(model, states, [3, 5, 8, 13])
     for state, logprobs, other in zip(

@@ -19,9 +19,8 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses import METHODS, make_press
 from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
 from ripplekv.profiling.damage_profile import ORACLE_METHOD
-from ripplekv_eval.fastpath.batched import batched_greedy_decode
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
-from tests.conftest import VOCAB, random_ids, tiny_model
+from tests.conftest import VOCAB, decode_batch, random_ids, tiny_model
 from tests.test_ada_press import _masked
 
 pytestmark = pytest.mark.gpu
@@ -126,7 +125,7 @@ def test_batched_decode_of_adakv_and_ripplekv_rows_equals_sequential(dtype: torc
     assert len({tuple(layer.keys.shape[2] for layer in s.cache.layers) for s in states}) > 2
     stops = {7, 11, 200}
     sequential = [greedy_decode(model, s, 12, stops, min_new_tokens=1) for s in states]
-    batched = batched_greedy_decode(model, states, 12, stops, min_new_tokens=1)
+    batched = decode_batch(model, states, 12, stops, min_new_tokens=1)
     torch.cuda.synchronize()
     if dtype == torch.float32:
         assert batched == sequential

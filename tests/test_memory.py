@@ -14,7 +14,6 @@ from ripplekv.models.cache import OverlayLayer, cache_tensors, lean_fork
 from ripplekv.presses import FullPress, RippleKVPress, make_press
 from ripplekv_eval.cli.eval import memory_size
 from ripplekv_eval.fastpath.batched import (
-    batched_greedy_decode,
     batched_greedy_decode_rows,
     decode_row,
     padded_batch,
@@ -24,7 +23,7 @@ from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.running.rows import lean_extend
-from tests.conftest import random_ids, tiny_model
+from tests.conftest import decode_batch, random_ids, tiny_model
 
 WINDOW = 8
 LAYERS = 4
@@ -89,7 +88,7 @@ def test_decode_rows_decode_as_the_batch_of_their_caches(model) -> None:
     context, question = random_ids(72, seed=23), random_ids(5, seed=24)
     record = record_prefill(model, context)
     states = [derived_prefill(record, press)[0] for name, press in _presses().items() if name != "full"]
-    expected = batched_greedy_decode(model, states, 6, set(), 1)
+    expected = decode_batch(model, states, 6, set(), 1)
     rows = [decode_row(state, 6) for state in states]
     for row, state in zip(rows, states):
         assert row.nbytes() == row_bytes(state, 6)
@@ -101,7 +100,7 @@ def test_decode_rows_decode_as_the_batch_of_their_caches(model) -> None:
     # caches over overlay forks (a question run with lean_extend) lay out as their copied versions
     lean = [lean_extend(model, state, question) for state in states]
     copied = [extend(model, state, question) for state in states]
-    assert batched_greedy_decode_rows(model, [decode_row(s, 6) for s in lean], 6, set(), 1) == batched_greedy_decode(
+    assert batched_greedy_decode_rows(model, [decode_row(s, 6) for s in lean], 6, set(), 1) == decode_batch(
         model, copied, 6, set(), 1
     )
     for a, b in zip(padded_batch(lean)[0].layers, padded_batch(copied)[0].layers):

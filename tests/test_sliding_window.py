@@ -24,11 +24,11 @@ from ripplekv.models.layer_types import NoGlobalLayersError, compressed_layers, 
 from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig, SensitivityProfile, score_sample
 from ripplekv.profiling.passes import can_share_prefix
-from ripplekv_eval.fastpath.batched import batched_greedy_decode, batched_teacher_forced_logprobs
+from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
-from tests.conftest import random_ids, tiny_model
+from tests.conftest import decode_batch, random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -140,7 +140,7 @@ def test_batched_decoding_and_teacher_forcing_beyond_the_window() -> None:
     presses = [make_press("full"), _ripple(0.3), make_press("snapkv", budget=0.5, window_size=4)]
     states = [derived_prefill(record, press)[0] for press in presses]
     alone = [greedy_decode(model, state, 10, set()) for state in states]
-    assert batched_greedy_decode(model, states, 10, set()) == alone
+    assert decode_batch(model, states, 10, set()) == alone
     forced = alone[0]
     for got, state in zip(batched_teacher_forced_logprobs(model, states, forced), states):
         torch.testing.assert_close(got, teacher_forced_logprobs(model, state, forced), rtol=1e-4, atol=1e-4)

@@ -95,15 +95,15 @@ def cap_new_tokens(config: SuiteRequest, tokens: int) -> int:
     return min(tokens, config.max_new_tokens) if config.max_new_tokens else tokens
 
 
-def prompt_parts(
+def prompt_ids(
     tokenizer: PreTrainedTokenizerBase, context: str, question: str, mode: str, plain: str | None = None
-) -> tuple[str, str]:
-    """The prompt of ``context`` + ``question`` split where the question starts: with the chat template
+) -> tuple[tuple[int, ...], int]:
+    """:func:`split_prompt` of the prompt of ``context`` + ``question``: with the chat template
     :func:`ripplekv.inference.generate.chat_prompt_parts`, else ``context`` and ``plain`` (default that function's
     plain layout, ``"\\n\\n" + question + "\\nAnswer:"``)."""
     if use_chat_template(tokenizer, mode):
-        return chat_prompt_parts(tokenizer, context, question)
-    return context, "\n\n" + question + "\nAnswer:" if plain is None else plain
+        return split_prompt(tokenizer, *chat_prompt_parts(tokenizer, context, question))
+    return split_prompt(tokenizer, context, "\n\n" + question + "\nAnswer:" if plain is None else plain)
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,7 @@ class LongBenchSuite(Suite):
         samples: list[EvalSample] = []
         for task in self.tasks(config):
             skip = config.options.skip or 0
-            records = longbench.load_task(config.options.data_dir, task)[skip:]
-            records = records[: config.limit]
+            records = longbench.load_task(config.options.data_dir, task)[skip:][: config.limit]
             seen: dict[str, int] = {}
             for record in records:
                 built = longbench.build_prompt(record, tokenizer, max_length, config.chat_template)
@@ -241,8 +240,7 @@ class RulerSuite(Suite):
             index = counts.get(synthetic.task, 0)
             counts[synthetic.task] = index + 1
             plain = "\n" + synthetic.question + synthetic.answer_prefix
-            parts = prompt_parts(tokenizer, synthetic.context, synthetic.question, config.chat_template, plain)
-            ids, split = split_prompt(tokenizer, *parts)
+            ids, split = prompt_ids(tokenizer, synthetic.context, synthetic.question, config.chat_template, plain)
 
             def score(prediction: str, synthetic: ruler.SyntheticSample = synthetic) -> float:
                 return ruler.score(prediction, synthetic.answers)
@@ -293,9 +291,7 @@ class NeedleOptions:
         for depth in self.needle_depths:
             if isinstance(depth, bool) or not (isinstance(depth, (int, float)) and 0.0 <= depth <= 1.0):
                 raise ValueError(f"needle depth must be in [0, 1], got {depth!r}")
-        if len(set(self.needle_lengths)) != len(self.needle_lengths) or len(set(self.needle_depths)) != len(
-            self.needle_depths
-        ):
+        if any(len(set(values)) != len(values) for values in (self.needle_lengths, self.needle_depths)):
             raise ValueError("needle lengths and depths must not contain duplicates")
         check_int("needle digits", self.needle_digits)
         if self.needle_digits > 18:
@@ -324,8 +320,7 @@ class NeedleSuite(Suite):
                     seed = config.seed + j
                     digits = options.needle_digits
                     needle = build_needle_prompt(tokenizer, length, depth=depth, seed=seed, digits=digits)
-                    parts = prompt_parts(tokenizer, needle.context, needle.question, config.chat_template)
-                    ids, split = split_prompt(tokenizer, *parts)
+                    ids, split = prompt_ids(tokenizer, needle.context, needle.question, config.chat_template)
 
                     def score(prediction: str, needle: NeedlePrompt = needle) -> float:
                         return 1.0 if needle.retrieved(prediction) else 0.0
@@ -446,13 +441,10 @@ class JsonlSuite(Suite):
         options: JsonlOptions = config.options
         metric = METRICS[options.metric]
         task = self.task(config)
-        limit = None
-        if model is not None:
-            limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        limit = None if model is None else getattr(model.config.get_text_config(), "max_position_embeddings", None)
         samples = []
         for record in load_jsonl(options.data, options.metric)[: config.limit]:
-            parts = prompt_parts(tokenizer, record.context, record.question, config.chat_template)
-            ids, split = split_prompt(tokenizer, *parts)
+            ids, split = prompt_ids(tokenizer, record.context, record.question, config.chat_template)
             if isinstance(limit, int) and len(ids) > limit:
                 raise ValueError(
                     f"{options.data}: record {record.id!r} has {len(ids)} prompt tokens, more than the model's "

@@ -3,7 +3,7 @@
 The damage of layer ``l`` at budget ``b`` is ``fidelity_kl`` (as :mod:`ripplekv_eval.running.rows` computes it)
 of a cache where only layer ``l`` is compressed by SnapKV at ``b``. kvpress compresses after each layer's attention,
 so that cache is the full cache with layer ``l`` spliced from the uniform SnapKV cache, derived once per budget
-(tested against a real prefill under :class:`SingleLayerPress`). Per prompt and budget: one derivation and
+(tested against a real prefill that compresses layer ``l`` alone). Per prompt and budget: one derivation and
 ``layers + 1`` teacher-forced passes (the +1: all layers compressed, for reference).
 """
 
@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from kvpress.presses.base_press import BasePress
-from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode
@@ -31,45 +30,9 @@ from ripplekv_eval.fastpath.record import PrefillRecord, record_prefill
 from ripplekv_eval.running.budget_rows import budget_value, row_budget
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
-from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
+from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample
 
 DAMAGE_METHOD = "snapkv"  # the method whose compression of one layer is measured
-
-
-@dataclass
-class SingleLayerPress(BasePress):
-    """Compress only layer ``layer`` with ``press``, every other layer full: the direct definition of what
-    :func:`single_layer_cache` derives from a shared prefill."""
-
-    press: BasePress
-    layer: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.press, BasePress):
-            raise TypeError(f"press must be a kvpress press, got {type(self.press).__name__}")
-        check_int("layer", self.layer, 0)
-
-    def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the layer exists, enable variable-length attention, then set up the inner press."""
-        layers = int(model.config.get_text_config().num_hidden_layers)
-        if self.layer >= layers:
-            raise ValueError(f"layer {self.layer} does not exist: the model has {layers} layers")
-        enable_varlen_attention(model)
-        self.press.post_init_from_model(model)
-
-    def compress(
-        self,
-        module: nn.Module,
-        hidden_states: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        attentions: torch.Tensor,
-        kwargs: dict,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The inner press's compression at layer ``layer``; the keys and values unchanged elsewhere."""
-        if module.layer_idx != self.layer:
-            return keys, values
-        return self.press.compress(module, hidden_states, keys, values, attentions, kwargs)
 
 
 def uniform_compressed(record: PrefillRecord, press: BasePress) -> list[KVPair]:

@@ -12,6 +12,7 @@ repeats one row).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -180,9 +181,6 @@ def _budget_summary(
     tail = 50.0 * (1.0 - confidence)
     low, high = np.percentile(weights @ damage, [tail, 100.0 - tail], axis=0)
     mean = damage.mean(axis=0)
-    tasks: dict[str, int] = {}
-    for row in rows:
-        tasks[str(row["task"])] = tasks.get(str(row["task"]), 0) + 1
     correlations: dict[str, Any] = {}
     lengths = [int(row["compressed_tokens"]) for row in rows]
     for name, predictor in _predictors(profile, budget, window_size, layers, lengths).items():
@@ -206,7 +204,7 @@ def _budget_summary(
     return {
         "budget": budget,
         "prompts": len(rows),
-        "tasks": tasks,
+        "tasks": dict(Counter(str(row["task"]) for row in rows)),
         "mean_damage": [float(v) for v in mean],
         "damage_low": [float(v) for v in low],
         "damage_high": [float(v) for v in high],

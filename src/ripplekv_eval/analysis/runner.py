@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -37,14 +38,16 @@ from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RunResult, open_results, run_pending
 from ripplekv_eval.running.runner import build_samples, resolve_config
-from ripplekv_eval.sample import check_int
+from ripplekv_eval.sample import EvalSample, check_int
 from ripplekv_eval.suites import get_suite
 
 DAMAGE_FILE = "damage.jsonl"
 ANALYSIS_FILE = "analysis.json"
+TUNE_FILE = "tune.jsonl"
+SUMMARY_FILE = "tune.json"
+_KINDS = {"layer-damage": (DAMAGE_METHOD, DAMAGE_FILE, "analyze"), "tune": (TUNE_METHOD, TUNE_FILE, "tune")}
+"""A run's ``config.json`` kind -> the method of its rows, its rows file, its progress label."""
 DEFAULT_TOP_K = 5
-DEFAULT_ANSWER_TOKENS = 32
-"""``ripplekv analyze``'s default cap on the answer teacher-forced."""
 
 
 def damage_profile_name(budget: float) -> str:
@@ -68,6 +71,34 @@ class AnalysisConfig:
         check_int("bootstrap_seed", self.bootstrap_seed, 0)
 
 
+def _run_rows(
+    runner: DamageRunner | TuneRunner,
+    options: EvalConfig,
+    samples: list[EvalSample],
+    resolved: dict[str, Any],
+    sources: dict[str, Any],
+    out: str | os.PathLike[str],
+    progress: bool,
+) -> tuple[Path, int, list[dict[str, Any]]]:
+    """Run (or resume) ``runner`` on ``samples`` at every budget into ``out`` (``sources`` recorded after the model's
+    and the suite's); return the folder, the rows written and the samples' rows it holds."""
+    sources = {"model": options.model, **get_suite(options.suite).sources(options), **sources}
+    budgets = options.budget_values
+    method, rows_file, desc = _KINDS[resolved["kind"]]
+    with open_results(out, resolved, sources, rows_file=rows_file, answers_from=None) as folder:
+        written = run_pending(
+            samples,
+            [(method, b) for b in budgets],
+            folder,
+            lambda sample, pending, answer: runner.run_sample(sample, [b for _, b in pending], answer),
+            desc=desc,
+            progress=progress,
+        )
+    ids = {s.id for s in samples}
+    rows = [r for r in folder.log.read() if str(r["sample_id"]) in ids and float(r["budget"]) in budgets]
+    return folder.out, written, rows
+
+
 def run_analysis(
     config: AnalysisConfig,
     out: str | os.PathLike[str],
@@ -75,11 +106,7 @@ def run_analysis(
     tokenizer: PreTrainedTokenizerBase | None = None,
     progress: bool = True,
 ) -> RunResult:
-    """Run (or resume) the analysis ``config`` into ``out`` (created).
-
-    ``model`` is loaded from ``config.eval.model`` unless given together with ``tokenizer``.
-    """
-
+    """Run (or resume) the analysis ``config`` into ``out`` (the model loaded unless given with its tokenizer)."""
     from ripplekv.models import model_identity
     from ripplekv.models.identity import weights_fingerprint
     from ripplekv.version import __version__
@@ -96,26 +123,9 @@ def run_analysis(
     runner = DamageRunner(options, model, tokenizer)
     samples = build_samples(options, tokenizer, model)
     resolved = {"kind": "layer-damage", **resolve_config(options, model, samples, None)}
-
-    sources = {"model": options.model, **get_suite(options.suite).sources(options), "profile": options.profile}
-    budgets = list(options.budget_values)
-    configurations = [(DAMAGE_METHOD, b) for b in budgets]
-    with open_results(out, resolved, sources, rows_file=DAMAGE_FILE, answers_from=None) as folder:
-        written = run_pending(
-            samples,
-            configurations,
-            folder,
-            lambda sample, pending, answer: runner.run_sample(sample, [b for _, b in pending], answer),
-            desc="analyze",
-            progress=progress,
-        )
-    out = folder.out
-
+    out, written, rows = _run_rows(runner, options, samples, resolved, {"profile": options.profile}, out, progress)
     order = {s.id: i for i, s in enumerate(samples)}
-    rows = sorted(
-        (r for r in folder.log.read() if str(r["sample_id"]) in order and float(r["budget"]) in budgets),
-        key=lambda r: (order[str(r["sample_id"])], float(r["budget"])),
-    )
+    rows.sort(key=lambda r: (order[str(r["sample_id"])], float(r["budget"])))
     identity = model_identity(model)
     context = {
         "model": identity.get("name_or_path"),
@@ -133,7 +143,7 @@ def run_analysis(
     )
     files = [write_json_atomic(out / ANALYSIS_FILE, summary)]
     fingerprint = weights_fingerprint(model)
-    for budget in budgets:
+    for budget in options.budget_values:
         at_budget = [r for r in rows if float(r["budget"]) == budget]
         calibration = {
             "description": f"layer damage on {len(at_budget)} {options.suite} prompts ({out / DAMAGE_FILE})",
@@ -159,10 +169,6 @@ def run_analysis(
         files += write_analysis_plots(summary, out / "plots")
     seconds = time.perf_counter() - start
     return RunResult(out, len(rows), written, len(samples), seconds, summary=summary, files=tuple(files))
-
-
-TUNE_FILE = "tune.jsonl"
-SUMMARY_FILE = "tune.json"
 
 
 def run_tune(
@@ -203,23 +209,9 @@ def run_tune(
     if config.method_candidates or config.scorer != DEFAULT_SCORER:  # runs without them keep their old identity
         resolved["grids"] = [spec.canonical() for spec in config.method_candidates]
         resolved["scorer"] = config.scorer
-
-    sources = {"model": options.model, **get_suite(options.suite).sources(options), "profiles": dict(config.profiles)}
-    budgets = list(options.budget_values)
-    configurations = [(TUNE_METHOD, b) for b in budgets]
-    with open_results(out, resolved, sources, rows_file=TUNE_FILE, answers_from=None) as folder:
-        written = run_pending(
-            samples,
-            configurations,
-            folder,
-            lambda sample, pending, answer: runner.run_sample(sample, [b for _, b in pending], answer),
-            desc="tune",
-            progress=progress,
-        )
-    out = folder.out
-
-    ids = {s.id for s in samples}
-    rows = [r for r in folder.log.read() if str(r["sample_id"]) in ids and float(r["budget"]) in budgets]
+    out, written, rows = _run_rows(
+        runner, options, samples, resolved, {"profiles": dict(config.profiles)}, out, progress
+    )
     context = {
         "model": model_identity(model).get("name_or_path"),
         "suite": options.suite,

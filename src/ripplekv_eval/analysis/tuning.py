@@ -1,10 +1,8 @@
 """``ripplekv tune``: choose RippleKV's allocation (profile, r, gamma), and any rival's knobs, by fidelity.
 
-Every candidate (each profile crossed with each ``r`` and ``gamma``, each spec of each rival's grid,
-:func:`~ripplekv.presses.method_lists.expand_grid`) is scored on the same prompts, from one shared prefill, under the
-same scorer, by ``fidelity_kl`` (:mod:`ripplekv_eval.running.rows`); the candidate of lowest mean KL on the
-calibration split is compared with the defaults (first profile, ``r = 4``, ``gamma = 3``) on the held-out split
-(:mod:`ripplekv_eval.analysis.tuning_report`). Candidates whose budgets coincide on a prompt share one cache.
+Every candidate (:class:`TuneConfig`) is scored on the same prompts, from one shared prefill, under the same scorer,
+by ``fidelity_kl`` (:mod:`ripplekv_eval.running.rows`); candidates whose budgets coincide on a prompt share one cache.
+Selection and held-out comparison: :mod:`ripplekv_eval.analysis.tuning_report`.
 
 A row of ``tune.jsonl`` is one (prompt, budget): ``sample_id``, ``task``, ``method`` (``ripplekv``), ``budget``,
 ``prompt_tokens``, ``compressed_tokens``, ``kl`` and ``top1`` (candidate key -> value; a rival's key is its

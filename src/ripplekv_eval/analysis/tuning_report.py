@@ -2,7 +2,7 @@
 
 Per budget: every candidate's macro-mean KL (:mod:`ripplekv_eval.reporting.stats`) on both splits (held-out means are
 shown, never used to choose); ``best``, the lowest calibration KL (ties: grid order); and held-out paired comparisons
-(sign-flip test, Holm over the budget's four or, ``family="metric"``, all budgets' twelve): ``best - default``,
+(sign-flip test, Holm over the budget's four): ``best - default``,
 ``best - snapkv``, ``default - snapkv`` and ``best - shared``, where ``shared`` has the lowest calibration KL averaged
 over the budgets (if ``best - shared`` is never significant, the best allocation does not depend on the budget).
 """
@@ -19,7 +19,6 @@ from ripplekv_eval.reporting.stats import (
     ALPHA,
     DEFAULT_DRAWS,
     DEFAULT_FAMILY,
-    FAMILIES,
     METRICS,
     TEST_NAME,
     Bootstrap,
@@ -86,12 +85,8 @@ def summarize_tuning(
     resamples: int,
     seed: int,
     context: Mapping[str, Any] | None = None,
-    draws: int = DEFAULT_DRAWS,
-    family: str = DEFAULT_FAMILY,
 ) -> dict[str, Any]:
     """The tuning summary of ``rows`` (see the module docstring)."""
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if default not in candidates:
         raise ValueError(f"the default {default!r} is not a candidate")
     if calibration & heldout:
@@ -99,7 +94,7 @@ def summarize_tuning(
     budgets = sorted({float(r["budget"]) for r in rows})
     if not budgets:
         raise ValueError("no tuning rows to summarise")
-    flip = SignFlip(draws=draws, seed=seed)
+    flip = SignFlip(draws=DEFAULT_DRAWS, seed=seed)
     bootstrap = Bootstrap(resamples, seed)
     calibration_kl: dict[float, dict[str, float]] = {}
     per_budget: list[dict[str, Any]] = []
@@ -145,11 +140,9 @@ def summarize_tuning(
                 "heldout": dict(zip(COMPARISONS, tests)),
             }
         )
-    groups = [[b] for b in out_budgets] if family == "budget" else [out_budgets]
-    for group in groups:
-        settled = iter(settle([b["heldout"][name] for b in group for name in COMPARISONS], ALPHA))
-        for b in group:
-            b["heldout"] = {name: comparison_record(next(settled), bca[b["budget"]][name]) for name in COMPARISONS}
+    for b in out_budgets:  # Holm over one budget's comparisons
+        settled = settle([b["heldout"][name] for name in COMPARISONS], ALPHA)
+        b["heldout"] = {name: comparison_record(c, bca[b["budget"]][name]) for name, c in zip(COMPARISONS, settled)}
     depends = any(b["heldout"]["best_minus_shared"]["significant"] for b in out_budgets)
     return {
         "format": "ripplekv-tune/1",
@@ -158,12 +151,10 @@ def summarize_tuning(
         "shared": shared,
         "test": {
             "name": TEST_NAME,
-            "draws": draws,
+            "draws": DEFAULT_DRAWS,
             "seed": seed,
-            "family": family,
-            "family_description": "the four held-out comparisons of one budget"
-            if family == "budget"
-            else "the held-out comparisons of all budgets",
+            "family": DEFAULT_FAMILY,
+            "family_description": "the four held-out comparisons of one budget",
             "adjustment": "holm",
             "alpha": ALPHA,
         },

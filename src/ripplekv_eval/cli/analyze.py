@@ -5,14 +5,33 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ripplekv.cli.args import positive_int
 from ripplekv_eval.cli.eval import add_suite_args, eval_config
 
+if TYPE_CHECKING:
+    from ripplekv_eval.running.results import RunResult
+
+
+DEFAULT_ANSWER_TOKENS = 32  # analyze's and tune's default cap on the answer teacher-forced
+
+
+def add_teacher_forced_args(parser: argparse.ArgumentParser, budgets_help: str) -> None:
+    """Add :func:`add_suite_args`'s options, the answer cap being that of the teacher-forced answer."""
+    add_suite_args(
+        parser,
+        budgets_help,
+        DEFAULT_ANSWER_TOKENS,
+        f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
+    )
+
 
 def add_summary_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--resamples``, ``--bootstrap-seed`` and ``--format`` (``analyze`` and ``tune`` print paired statistics)."""
+    """Add ``--resamples``, ``--bootstrap-seed``, ``--format`` (``analyze`` and ``tune`` print paired statistics),
+    ``--no-progress`` and ``--out``."""
     from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES
 
     parser.add_argument(
@@ -23,11 +42,25 @@ def add_summary_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--bootstrap-seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--format", choices=("md", "json"), default="md", help="summary printed: md (default) or json")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
+
+
+def print_summary(
+    result: RunResult, fmt: str, markdown: Callable[[Mapping[str, Any]], str], rows: str, file: str
+) -> None:
+    """Print ``result``'s summary as JSON or ``markdown`` of it, and on stderr what the run's ``rows`` file holds."""
+    print(json.dumps(result.summary, indent=2) + "\n" if fmt == "json" else markdown(result.summary), end="")
+    print(
+        f"{result.rows} {rows} rows ({result.new_rows} new) for {result.samples} prompts in {result.out} "
+        f"({result.seconds:.1f} s); summary {result.out / file}",
+        file=sys.stderr,
+    )
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``analyze`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
-    from ripplekv_eval.analysis.runner import DEFAULT_ANSWER_TOKENS, DEFAULT_TOP_K
+    from ripplekv_eval.analysis.runner import DEFAULT_TOP_K
 
     p = subparsers.add_parser(
         "analyze",
@@ -41,27 +74,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "budget (OUT/damage_profile_b<budget>.json) for `ripplekv eval --methods ripplekv-oracle --oracle-profile`. "
         "Rows go to OUT/damage.jsonl as they finish; re-running the same command resumes.",
     )
-    add_suite_args(
-        p,
-        "kept fractions the one layer is compressed to (default 0.1,0.2,0.3 unless --tokens is given alone)",
-        DEFAULT_ANSWER_TOKENS,
-        f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
+    add_teacher_forced_args(
+        p, "kept fractions the one layer is compressed to (default 0.1,0.2,0.3 unless --tokens is given alone)"
     )
     p.add_argument("--profile", default=None, help="sensitivity profile JSON to compare (omitted: depth and pyramid)")
     p.add_argument(
         "--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"top layers compared (default {DEFAULT_TOP_K})"
     )
-    add_summary_args(p)
     p.add_argument("--no-plots", action="store_true", help="do not write OUT/plots")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
+    add_summary_args(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv analyze`` with parsed ``args``; prints the summary, returns the exit status."""
-    import sys
-
     from ripplekv_eval.analysis.report import to_markdown
     from ripplekv_eval.analysis.runner import AnalysisConfig, run_analysis
 
@@ -74,13 +100,5 @@ def run(args: argparse.Namespace) -> int:
         plots=not args.no_plots,
     )
     result = run_analysis(config, args.out, progress=not args.no_progress)
-    if args.format == "json":
-        print(json.dumps(result.summary, indent=2))
-    else:
-        print(to_markdown(result.summary), end="")
-    print(
-        f"{result.rows} damage rows ({result.new_rows} new) for {result.samples} prompts in {result.out} "
-        f"({result.seconds:.1f} s); summary {result.out / 'analysis.json'}",
-        file=sys.stderr,
-    )
+    print_summary(result, args.format, to_markdown, "damage", "analysis.json")
     return 0

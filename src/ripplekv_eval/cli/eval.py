@@ -1,8 +1,5 @@
-"""``ripplekv eval``: score methods x budgets on a suite, in this process or sharded over Ray actors; and the options
-of a suite's prompts that ``analyze`` and ``tune`` take as ``eval`` does (:func:`add_suite_args`, :func:`eval_config`).
-
-Imported by :mod:`ripplekv.cli.main` at start-up, so nothing heavy is imported at the top.
-"""
+"""``ripplekv eval`` (in this process or sharded over Ray actors) and the suite options ``analyze`` and ``tune`` take
+as ``eval`` does (:func:`add_suite_args`, :func:`eval_config`); imported at start-up: nothing heavy at the top."""
 
 from __future__ import annotations
 

@@ -4,14 +4,12 @@ nothing heavy at the top)."""
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from ripplekv.cli.args import comma_list
-from ripplekv_eval.cli.analyze import add_summary_args
-from ripplekv_eval.cli.eval import add_suite_args, eval_config
+from ripplekv_eval.cli.analyze import add_summary_args, add_teacher_forced_args, print_summary
+from ripplekv_eval.cli.eval import eval_config
 
 
 def _grid_value(text: str) -> float:
@@ -39,7 +37,6 @@ def parse_profiles(items: list[str]) -> dict[str, str]:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``tune`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
-    from ripplekv_eval.analysis.runner import DEFAULT_ANSWER_TOKENS
     from ripplekv_eval.analysis.tuning import DEFAULT_GAMMAS, DEFAULT_RATIOS
 
     p = subparsers.add_parser(
@@ -53,12 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bootstrap intervals, Wilcoxon). Rows go to OUT/tune.jsonl as they finish; the summary to OUT/tune.json; "
         "re-running the same command resumes.",
     )
-    add_suite_args(
-        p,
-        "kept fractions to tune at (default 0.1,0.2,0.3 unless --tokens is given alone)",
-        DEFAULT_ANSWER_TOKENS,
-        f"cap on the full cache's answer that is teacher-forced (default {DEFAULT_ANSWER_TOKENS})",
-    )
+    add_teacher_forced_args(p, "kept fractions to tune at (default 0.1,0.2,0.3 unless --tokens is given alone)")
     p.add_argument(
         "--profile",
         action="append",
@@ -100,8 +92,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="share of each task's prompts (its first ones) that selects; the rest are held out (default 0.5)",
     )
     add_summary_args(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--out", required=True, help="output folder (resumed when it holds the same run)")
     return p
 
 
@@ -124,13 +114,5 @@ def run(args: argparse.Namespace) -> int:
         bootstrap_seed=args.bootstrap_seed,
     )
     result = run_tune(config, args.out, progress=not args.no_progress)
-    text = tuning_markdown(result.summary) + methods_markdown(result.summary)
-    print(json.dumps(result.summary, indent=2) if args.format == "json" else text, end="")
-    if args.format == "json":
-        print()
-    print(
-        f"{result.rows} tuning rows ({result.new_rows} new) for {result.samples} prompts in {result.out} "
-        f"({result.seconds:.1f} s); summary {result.out / 'tune.json'}",
-        file=sys.stderr,
-    )
+    print_summary(result, args.format, lambda s: tuning_markdown(s) + methods_markdown(s), "tuning", "tune.json")
     return 0

@@ -275,36 +275,6 @@ def plan_batches(states: Sequence[Prefill], max_rows: int | None = None) -> list
 
 
 @torch.no_grad()
-def batched_greedy_decode(
-    model: PreTrainedModel,
-    states: Sequence[Prefill],
-    max_new_tokens: int,
-    stop_ids: set[int],
-    min_new_tokens: int = 0,
-    max_rows: int | None = None,
-) -> list[list[int]]:
-    """Greedy tokens after each of ``states`` (left unchanged), decoded as one batch per ``max_rows`` rows.
-
-    Row ``i`` is ``greedy_decode(model, states[i], max_new_tokens, stop_ids, min_new_tokens)`` up to float rounding
-    at near-ties. NotBatchableError for caches, or a model without ripplekv's attention functions, that cannot
-    decode as one batch.
-    """
-    if not uses_varlen_attention(model):
-        raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))
-    check_int("max_new_tokens", max_new_tokens, 1)
-    check_int("min_new_tokens", min_new_tokens, 0)
-    check_states(states)
-    if max_rows is not None:
-        check_int("max_rows", max_rows, 1)
-    size = len(states) if max_rows is None else max_rows
-    results: list[list[int]] = []
-    for start in range(0, len(states), size):
-        rows = [decode_row(state, max_new_tokens) for state in states[start : start + size]]
-        results.extend(batched_greedy_decode_rows(model, rows, max_new_tokens, stop_ids, min_new_tokens))
-    return results
-
-
-@torch.no_grad()
 def batched_greedy_decode_rows(
     model: PreTrainedModel,
     rows: Sequence[DecodeRow],
@@ -312,10 +282,10 @@ def batched_greedy_decode_rows(
     stop_ids: set[int],
     min_new_tokens: int = 0,
 ) -> list[list[int]]:
-    """:func:`batched_greedy_decode` over rows built by :func:`decode_row` (each with room for ``max_new_tokens``).
+    """Greedy tokens after each of ``rows`` (:func:`decode_row`, each with room for ``max_new_tokens``), as one batch.
 
     Check :func:`~ripplekv.models.attention.uses_varlen_attention` before laying caches out as rows: only ripplekv's
-    attention functions read a ragged batch.
+    attention functions read a ragged batch (NotBatchableError otherwise).
     """
     if not uses_varlen_attention(model):
         raise NotBatchableError(unsupported_implementation_message(model, "batched decoding"))

@@ -1,9 +1,6 @@
-"""Deriving a press's compressed cache from a prefill record, at the cost of its ``compress`` alone.
-
-The same tensors as a direct ``prefill(model, ids, press)`` (tested). Only the presses of
-:func:`~ripplekv_eval.fastpath.hidden_tail.is_derivable` are derived; :func:`compressed_prefill` runs any other by its
-own prefill. Head-wise masks (AdaKV) move into the derived cache's layers, so derivations never see each other's.
-"""
+"""Deriving a press's compressed cache from a prefill record at the cost of its ``compress`` alone: the tensors of a
+direct ``prefill(model, ids, press)`` (tested). Head-wise masks (AdaKV) move into the derived cache's layers, so
+derivations never see each other's."""
 
 from __future__ import annotations
 
@@ -119,8 +116,7 @@ def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, f
     start = time.perf_counter()
     cache = derive_cache(record, press)
     seconds = time.perf_counter() - start
-    prefill_state = Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds)
-    return prefill_state, seconds
+    return Prefill(cache, record.next_logits, record.prompt_tokens, record.seconds + seconds), seconds
 
 
 def compressed_prefill(record: PrefillRecord, press: BasePress) -> Prefill:

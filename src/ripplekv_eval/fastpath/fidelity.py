@@ -2,8 +2,7 @@
 
 The full cache's greedy answer is teacher-forced over the full and a compressed cache; per position, the mean
 ``KL(reference || candidate)`` in nats and top-1 agreement (also the mean NLL of a gold answer). All float64, no
-clamping; ``(positions, vocab)`` rows are computed in blocks of :data:`ROW_BLOCK` rows, bit for bit the whole-tensor
-values (each reduction runs along one row; tested) with one block's temporaries.
+clamping, in blocks of rows (:func:`row_blocks`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What a press reads of the prompt's hidden states (so a prefill record keeps no more), and which presses the fast
-path derives at all (exact classes; any other runs its own prefill).
-
-A record keeps per layer the last ``hidden_tail`` input hidden states: SnapKV and the presses on its scorer read
-``window_size + 1``, TOVA 1, key- or position-only scorers 0, ExpectedAttention all of them, unless the record
-prescores it (its scores computed while the prefill runs, :mod:`ripplekv_eval.fastpath.recording_press` in chunks).
+"""What a press reads of the prompt's hidden states (so a prefill record keeps no more than that ``hidden_tail``),
+and which presses the fast path derives at all (exact classes; any other runs its own prefill). A scorer reading every
+position (ExpectedAttention) reads none where the record prescores it, its scores computed while the prefill runs.
 """
 
 from __future__ import annotations

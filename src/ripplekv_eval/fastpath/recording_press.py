@@ -1,8 +1,4 @@
-"""The press that records a prefill: per layer, exactly what ``compress`` receives, the cache left unchanged.
-
-A chunked prefill is recorded chunk by chunk and joined by :meth:`RecordingPress.assemble` into what one pass
-records, up to float rounding.
-"""
+"""The press that records a prefill: per layer, exactly what ``compress`` receives, the cache left unchanged."""
 
 from __future__ import annotations
 
@@ -147,8 +143,6 @@ class RecordingPress(BasePress):
             recorded = {key: self._cut_kwarg(key, value, tokens, tokens - tail) for key, value in recorded.items()}
         self.layers[module.layer_idx] = LayerRecord(module, hidden_states, keys, values, attentions, recorded)
         return keys, values
-
-    # ------------------------------------------------------------------------------------------- chunked prefill
 
     def begin_chunk(self, start: int, end: int, tokens: int) -> None:
         """Record the next pass as the chunk ``[start, end)`` of a ``tokens``-token prompt."""

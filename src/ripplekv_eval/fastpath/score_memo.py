@@ -1,9 +1,5 @@
-"""A prefill record's memo of token scores and per-layer statistics, shared by every press derived from it.
-
-The schedules of one scorer differ in how many tokens each layer keeps, not in how tokens are ranked. Exact: an entry
-is reused only for the very key tensor it was computed from (by identity), and only for scorers of
-:data:`RATIO_FREE` (by exact type).
-"""
+"""A prefill record's memo of token scores and per-layer statistics, shared by every press derived from it: the
+schedules of one scorer differ in how many tokens each layer keeps, not in how tokens are ranked."""
 
 from __future__ import annotations
 

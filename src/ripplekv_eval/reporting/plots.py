@@ -62,9 +62,7 @@ def write_plots(summary: RunSummary, directory: str | os.PathLike[str]) -> list[
 
     if summary.suite != "needle":
         for budget in summary.budgets:
-            grid = [
-                [_nan(summary.value(t, m, budget)) for t in summary.tasks] for m in summary.methods
-            ]  # rows: methods
+            grid = [[_nan(summary.value(t, m, budget)) for t in summary.tasks] for m in summary.methods]
             fig, ax = plt.subplots(
                 figsize=(1.2 + 0.9 * len(summary.tasks), 1.0 + 0.5 * len(summary.methods)), constrained_layout=True
             )

@@ -1,10 +1,6 @@
-"""``ripplekv report``: tables, statistics and plots of an evaluation folder (``ripplekv eval``'s output).
-
-A task's score for one (method, budget) is ``100 * mean`` of its sample scores, with its percentage of the full cache's
-(``full`` runs once at 1.0 and is shown under every budget); needle cells are tasks, LongBench-E tasks add the official
-per-length view. The statistics (:mod:`~ripplekv_eval.reporting.stats`) cover the score and every fidelity metric; a
-run over several token scorers is analysed per scorer (schedules compared over one scorer, Holm within it).
-"""
+"""``ripplekv report``: tables, statistics (:mod:`~ripplekv_eval.reporting.stats`: the score and every fidelity metric)
+and plots of an evaluation folder; a run over several token scorers is analysed per scorer (schedules compared over
+one scorer, Holm within it)."""
 
 from __future__ import annotations
 
@@ -367,23 +363,14 @@ def rows_of_scorer(
 
 
 def analyse_by_scorer(
-    rows: Sequence[Mapping[str, Any]],
-    methods: Sequence[str],
-    budgets: Sequence[float],
-    metrics: Sequence[str] | None = None,
-    seed: int = 0,
-    resamples: int = DEFAULT_RESAMPLES,
-    draws: int = DEFAULT_DRAWS,
-    family: str = DEFAULT_FAMILY,
+    rows: Sequence[Mapping[str, Any]], methods: Sequence[str], budgets: Sequence[float], *args: Any, **options: Any
 ) -> dict[str, tuple[RunStats, list[str]]]:
     """Per scorer of the rows: its statistics (:func:`~ripplekv_eval.reporting.stats.analyse_run` over
-    :func:`rows_of_scorer`) and its method names.
-    """
+    :func:`rows_of_scorer`, with its further arguments ``args`` and ``options``) and its method names."""
     analysed: dict[str, tuple[RunStats, list[str]]] = {}
     for scorer in row_scorers(rows):
         kept, names = rows_of_scorer(rows, methods, scorer)
-        stats = analyse_run(kept, names, budgets, metrics, seed=seed, resamples=resamples, draws=draws, family=family)
-        analysed[scorer] = (stats, names)
+        analysed[scorer] = (analyse_run(kept, names, budgets, *args, **options), names)
     return analysed
 
 
@@ -417,12 +404,8 @@ def verdict_lines(by_scorer: ByScorer, metric: str) -> list[str]:
 def markdown_by_scorer(by_scorer: ByScorer, budgets: Sequence[float]) -> list[str]:
     """The allocation x scorer matrices (one per metric and budget) and the per-scorer verdict lines."""
     scorers = list(by_scorer)
-    methods: dict[str, None] = {}
-    for _, names in by_scorer.values():
-        methods.update(dict.fromkeys(n for n in names if n != REFERENCE))
-    metrics: dict[str, None] = {}
-    for run, _ in by_scorer.values():
-        metrics.update(dict.fromkeys(run.metrics))
+    methods = dict.fromkeys(n for _, names in by_scorer.values() for n in names if n != REFERENCE)
+    metrics = dict.fromkeys(m for run, _ in by_scorer.values() for m in run.metrics)
     lines = [
         "## Allocation x scorer",
         "",
@@ -524,15 +507,9 @@ def format_csv(summary: RunSummary) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["task", "method", "budget", "score", "percent_of_full", "samples"])
     for r in _score_records(summary):
-        percent, samples = r["percent_of_full"], r["samples"]
-        row = [
-            r["task"],
-            r["method"],
-            f"{r['budget']:g}",
-            f"{r['score']:.2f}",
-            "" if percent is None else f"{percent:.2f}",
-        ]
-        writer.writerow([*row, "" if samples is None else samples])
+        percent = "" if r["percent_of_full"] is None else f"{r['percent_of_full']:.2f}"
+        samples = "" if r["samples"] is None else r["samples"]
+        writer.writerow([r["task"], r["method"], f"{r['budget']:g}", f"{r['score']:.2f}", percent, samples])
     return buffer.getvalue()
 
 

@@ -322,9 +322,8 @@ class SignFlip:
         hi = np.where(whole, np.inf, np.maximum(one, two)) + tol
         vectors = len(sums)
         extreme = int(np.count_nonzero((lo <= -total) & (-total <= hi)))  # sign vectors with |T_s| >= |T| (ties in)
-        need = max(
-            1, math.ceil((1.0 - self.confidence) * vectors - 1e-9)
-        )  # delta is accepted when >= need vectors cover it
+        # delta is accepted when at least `need` vectors cover it
+        need = max(1, math.ceil((1.0 - self.confidence) * vectors - 1e-9))
         low = float(total + np.sort(lo)[need - 1]) if need <= vectors else math.inf
         high = float(total + np.sort(hi)[::-1][need - 1]) if need <= vectors else -math.inf
         return FlipTest(

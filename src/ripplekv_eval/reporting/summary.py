@@ -1,8 +1,4 @@
-"""A run's rows summarised: :class:`RunSummary` (mean score per task, method and budget, the timing it logged).
-
-Read by the report, its tables and its plots alike (:mod:`ripplekv_eval.reporting.report`, ``tables``, ``plots``),
-which is why it sits in a module of its own: none of them imports another to get it.
-"""
+"""A run's rows summarised for the report and its plots: mean score per task, method and budget, logged timing."""
 
 from __future__ import annotations
 
@@ -88,9 +84,7 @@ class RunSummary:
 
     def percent_of_full(self, task: str, method: str, budget: float) -> float | None:
         score, full = self.value(task, method, budget), self.value(task, "full", FULL_BUDGET)
-        if score is None or full is None or full == 0:
-            return None
-        return 100.0 * score / full
+        return None if score is None or full is None or full == 0 else 100.0 * score / full
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -200,9 +194,7 @@ def _timing(rows: Sequence[dict[str, Any]]) -> Timing | None:
             separate += float(seconds) + float(prefill)
         else:
             own += float(seconds)
-    if not samples:
-        return None
-    return Timing(len(samples), sum(prefills.values()), derived, own, separate)
+    return Timing(len(samples), sum(prefills.values()), derived, own, separate) if samples else None
 
 
 def _longbench_e_groups(

@@ -1,8 +1,4 @@
-"""What ``ripplekv eval`` runs: :class:`EvalConfig`, the options common to every suite.
-
-A suite's own options (LongBench's data folder, RULER's context length, ...) go in ``EvalConfig.options`` and are
-validated, completed and frozen by the suite (:mod:`ripplekv_eval.suites`).
-"""
+"""What ``ripplekv eval`` runs: :class:`EvalConfig`, the options common to every suite (and the suite's own)."""
 
 from __future__ import annotations
 
@@ -12,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ripplekv.allocation.budget import BudgetSpec
+from ripplekv.inference.generate import PROTOCOLS
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 from ripplekv.presses.method_spec import base_method, parse_method
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
@@ -25,7 +22,6 @@ from ripplekv_eval.sample import (
     configuration_name,
 )
 
-PROTOCOLS = ("question-aware", "query-agnostic")
 SCORE_MODES = ("both", "fidelity")
 DECODE_MODES = ("batched", "sequential")
 DEFAULT_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")

@@ -16,7 +16,6 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.distributed import (
-    DEFAULT_MAX_ATTEMPTS,
     StreamWorker,
     WorkerPool,
     actor_options,
@@ -72,28 +71,23 @@ def run_eval_ray(
     out: str | os.PathLike[str],
     workers: int = 2,
     ray_address: str | None = None,
-    model_factory: ModelFactory | None = None,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
     worker_hook: Callable[[Hashable, int], None] | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> RunResult:
-    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors (``model_factory``: a
-    picklable loader, default :func:`ripplekv.models.load_model`; ``worker_hook``: called on the actors before each
-    row, for tests)."""
+    """Run (or resume) the evaluation ``config`` into ``out`` on ``workers`` Ray actors (``worker_hook``: called on the
+    actors before each row, for tests)."""
     from tqdm import tqdm
+
+    from ripplekv.models import load_model
 
     start = time.perf_counter()
     check_workers(workers)
     profiles = load_run_profiles(config)  # read here, as run_eval reads them, and sent to the actors
-    if model_factory is None:
-        from ripplekv.models import load_model
-
-        model_factory = functools.partial(load_model, config.model, dtype=config.dtype, device=config.device)
+    model_factory = functools.partial(load_model, config.model, dtype=config.dtype, device=config.device)
     with ray_session(ray_address) as ray:
         options = actor_options(ray, workers, config.device)
         worker_args = (config, profiles, model_factory, worker_hook)
-        pool = WorkerPool(ray, EvalWorker, worker_args, workers, options, max_attempts)
+        pool = WorkerPool(ray, EvalWorker, worker_args, workers, options)
         folder: RunFolder | None = None
         try:
             description = pool.start()
@@ -123,8 +117,6 @@ def run_eval_ray(
                         answers[str(key)] = [int(t) for t in row["answer_ids"]]
                     written += 1
                     bar.update(1)
-                    if on_row is not None:
-                        on_row(row)
 
                 pool.run(sample_ids, arguments, on_item)
         finally:

@@ -1,9 +1,6 @@
-"""An evaluation folder: ``config.json`` (what ran, compared on resume or extended) and an append-only rows file.
-
-``results.jsonl`` holds one JSON row per (sample, configuration, budget), flushed and fsynced; :class:`ResultsLog`
-reads it back, cutting off a last line an interruption left incomplete. :func:`open_results` (holding ``OUT/.lock``)
-and :func:`run_pending` are the resume-and-run loop of ``eval``, ``analyze`` and ``tune``.
-"""
+"""An evaluation folder: ``config.json`` (what ran, compared on resume or extended) and an append-only rows file
+(:class:`ResultsLog`); :func:`open_results` and :func:`run_pending` are the resume-and-run loop of ``eval``,
+``analyze`` and ``tune``."""
 
 from __future__ import annotations
 

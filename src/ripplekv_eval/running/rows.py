@@ -172,7 +172,7 @@ class SampleRunner:
         compressed_prefill`: derived from the record, or the press's own prefill)."""
         press = self.presses[method, budget]
         try:
-            state = compressed_prefill(record, press)
+            return compressed_prefill(record, press)
         except NotDerivableError as err:
             raise ValueError(
                 f"sample {sample.id}, {method} at budget {budget}: its cache cannot be derived from the shared "
@@ -180,7 +180,6 @@ class SampleRunner:
             ) from err
         except ValueError as err:
             raise ValueError(f"sample {sample.id}, {method} at budget {budget}: {err}") from err
-        return state
 
     def _logprobs(self, state: Prefill, tokens: Sequence[int]) -> torch.Tensor:
         return teacher_forced_logprobs(self.model, state, tokens, fork=lean_fork)

@@ -1,9 +1,5 @@
-"""``ripplekv eval``: score methods x budgets on a suite, resumably.
-
-Per sample the prompt is prefilled once (:mod:`ripplekv_eval.fastpath`) and every (method, budget) cache derived from
-it; the rows are :mod:`~ripplekv_eval.running.rows`'s, the folder and its resume :mod:`~ripplekv_eval.running.results`'s
-(a folder that only adds configurations, :data:`EXTENDABLE`, is extended, keeping its rows).
-"""
+"""``ripplekv eval`` in one process: the samples, presses and resolved configuration of a run, and the run loop
+(its rows: :mod:`~ripplekv_eval.running.rows`; its folder and resume: :mod:`~ripplekv_eval.running.results`)."""
 
 from __future__ import annotations
 

@@ -22,26 +22,6 @@ if TYPE_CHECKING:
 
     from transformers import PreTrainedTokenizerBase
 
-ENGLISH_TASKS: tuple[str, ...] = (
-    "narrativeqa",
-    "qasper",
-    "multifieldqa_en",
-    "hotpotqa",
-    "2wikimqa",
-    "musique",
-    "gov_report",
-    "qmsum",
-    "multi_news",
-    "trec",
-    "triviaqa",
-    "samsum",
-    "passage_count",
-    "passage_retrieval_en",
-    "lcc",
-    "repobench-p",
-)
-"""The 16 English tasks of LongBench v1 (LongBench-E covers 13 of them: not narrativeqa, musique, qmsum)."""
-
 _MULTI_DOC_QA = (
     "Answer the question based on the given passages. Only give me the answer and do not output any other words."
     "\n\nThe following are given passages.\n{context}\n\n"
@@ -117,25 +97,32 @@ PROMPTS: dict[str, str] = {
 }
 """Official prompt templates (``config/dataset2prompt.json``), character for character, typos included."""
 
-MAX_NEW_TOKENS: dict[str, int] = {
-    "narrativeqa": 128,
-    "qasper": 128,
-    "multifieldqa_en": 64,
-    "hotpotqa": 32,
-    "2wikimqa": 32,
-    "musique": 32,
-    "gov_report": 512,
-    "qmsum": 512,
-    "multi_news": 512,
-    "trec": 64,
-    "triviaqa": 32,
-    "samsum": 128,
-    "passage_count": 32,
-    "passage_retrieval_en": 32,
-    "lcc": 64,
-    "repobench-p": 64,
+ENGLISH_TASKS: tuple[str, ...] = tuple(PROMPTS)
+"""The 16 English tasks of LongBench v1 (LongBench-E covers 13 of them: not narrativeqa, musique, qmsum)."""
+
+_LENGTH_AND_METRIC: dict[str, tuple[int, str]] = {
+    "narrativeqa": (128, "qa_f1_score"),
+    "qasper": (128, "qa_f1_score"),
+    "multifieldqa_en": (64, "qa_f1_score"),
+    "hotpotqa": (32, "qa_f1_score"),
+    "2wikimqa": (32, "qa_f1_score"),
+    "musique": (32, "qa_f1_score"),
+    "gov_report": (512, "rouge_score"),
+    "qmsum": (512, "rouge_score"),
+    "multi_news": (512, "rouge_score"),
+    "trec": (64, "classification_score"),
+    "triviaqa": (32, "qa_f1_score"),
+    "samsum": (128, "rouge_score"),
+    "passage_count": (32, "count_score"),
+    "passage_retrieval_en": (32, "retrieval_score"),
+    "lcc": (64, "code_sim_score"),
+    "repobench-p": (64, "code_sim_score"),
 }
-"""Official generation lengths (``config/dataset2maxlen.json``)."""
+"""Task -> its official generation length (``config/dataset2maxlen.json``) and metric (``eval.py``)."""
+
+MAX_NEW_TOKENS: dict[str, int] = {task: length for task, (length, _) in _LENGTH_AND_METRIC.items()}
+TASK_METRIC: dict[str, str] = {task: metric for task, (_, metric) in _LENGTH_AND_METRIC.items()}
+"""Task -> metric name (a key of :data:`ripplekv_eval.tasks.metrics.METRICS`)."""
 
 NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
 """Tasks whose prompt is fed raw, without the chat template (few-shot and code completion)."""
@@ -143,26 +130,6 @@ NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsh
 
 FIRST_LINE_TASKS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})
 """Tasks whose prediction is cut to its first line before scoring."""
-
-TASK_METRIC: dict[str, str] = {
-    "narrativeqa": "qa_f1_score",
-    "qasper": "qa_f1_score",
-    "multifieldqa_en": "qa_f1_score",
-    "hotpotqa": "qa_f1_score",
-    "2wikimqa": "qa_f1_score",
-    "musique": "qa_f1_score",
-    "gov_report": "rouge_score",
-    "qmsum": "rouge_score",
-    "multi_news": "rouge_score",
-    "trec": "classification_score",
-    "triviaqa": "qa_f1_score",
-    "samsum": "rouge_score",
-    "passage_count": "count_score",
-    "passage_retrieval_en": "retrieval_score",
-    "lcc": "code_sim_score",
-    "repobench-p": "code_sim_score",
-}
-"""Task -> metric name (a key of :data:`ripplekv_eval.tasks.metrics.METRICS`), as in the official ``eval.py``."""
 
 LONGBENCH_E_BUCKETS: tuple[str, ...] = ("0-4k", "4-8k", "8k+")
 """LongBench-E length buckets (``length`` in words: < 4000, < 8000, the rest)."""
@@ -250,10 +217,7 @@ def load_task(data_dir: str | Path, task: str) -> list[LongBenchRecord]:
     path = Path(data_dir) / f"{task}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"LongBench file for task {task!r} not found: {path}")
-    records: list[LongBenchRecord] = []
-    for where, _, raw in iter_json_lines(path):
-        records.append(_parse_record(task, raw, where))
-    return records
+    return [_parse_record(task, raw, where) for where, _, raw in iter_json_lines(path)]
 
 
 @dataclass(frozen=True)
@@ -304,9 +268,7 @@ def _question_char_index(text: str, question: str) -> int:
             high = middle
         else:
             low = middle + 1
-    if high >= len(question):
-        return -1
-    return text.rfind(question[high:])
+    return -1 if high >= len(question) else text.rfind(question[high:])
 
 
 def uses_chat_template(task: str, tokenizer: PreTrainedTokenizerBase, chat_template: str = "auto") -> bool:
@@ -332,8 +294,7 @@ def build_prompt(
     """
     check_int("max_length", max_length, 2)  # two non-empty halves
     use_chat = uses_chat_template(record.task, tokenizer, chat_template)
-    task = record.base_task
-    template = PROMPTS[task]
+    template = PROMPTS[record.base_task]
     prompt = template.format(context=record.context, input=record.input)
 
     ids = _encode(tokenizer, prompt, add_special_tokens=True)
@@ -344,14 +305,13 @@ def build_prompt(
         tail = tokenizer.decode(ids[-half:], skip_special_tokens=True)
         prompt = head + tail
 
+    text = prompt
     if use_chat:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
         if not isinstance(text, str):
             raise ValueError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, expected str")
-    else:
-        text = prompt
     add_special_tokens = not use_chat
     input_ids = _encode(tokenizer, text, add_special_tokens=add_special_tokens)
 
@@ -379,9 +339,7 @@ def newline_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 def postprocess(task: str, prediction: str) -> str:
     """The prediction as scored: its first line (after leading newlines) for :data:`FIRST_LINE_TASKS`, else as is."""
-    if base_task(task) in FIRST_LINE_TASKS:
-        return prediction.lstrip("\n").split("\n")[0]
-    return prediction
+    return prediction.lstrip("\n").split("\n")[0] if base_task(task) in FIRST_LINE_TASKS else prediction
 
 
 def score_record(task: str, prediction: str, answers: Sequence[str], all_classes: Sequence[str] | None = None) -> float:

@@ -76,13 +76,10 @@ def classification_score(prediction: str, ground_truth: str, all_classes: Sequen
         if term in ground_truth and term != ground_truth:
             matched.remove(term)
         index += 1
-    if ground_truth in matched:
-        return 1.0 / len(matched)
-    return 0.0
+    return 1.0 / len(matched) if ground_truth in matched else 0.0
 
 
 def _fraction_equal(prediction: str, target: str) -> float:
-    """The fraction of the numbers (``\\d+`` runs) in ``prediction`` equal to ``target``; 0.0 with no number."""
     numbers = _NUMBER.findall(prediction)
     return sum(1 for number in numbers if number == target) / len(numbers) if numbers else 0.0
 

@@ -50,8 +50,10 @@ class SyntheticSample:
     answer_prefix: str = ""  # RULER's answer prefix (starts with a space), for prompting base models
 
 
-Generator = Callable[..., tuple[str, int, str, tuple[str, ...], str]]
-"""``(tokenizer, target, rng, task) -> (context, context_tokens, question, answers, answer_prefix)``."""
+Generated = tuple[str, int, str, tuple[str, ...], str]
+"""What a task's generator returns: ``(context, context_tokens, question, answers, answer_prefix)``."""
+Generator = Callable[..., Generated]
+"""``(tokenizer, target, rng, task) -> Generated``."""
 
 
 # Variable tracking
@@ -61,9 +63,7 @@ _VT_HOPS = 4
 _VT_NAME_LENGTH = 5
 
 
-def _generate_vt(
-    tokenizer: TextTokenizer, target: int, rng: random.Random, task: str
-) -> tuple[str, int, str, tuple[str, ...], str]:
+def _generate_vt(tokenizer: TextTokenizer, target: int, rng: random.Random, task: str) -> Generated:
     preamble = "Memorize and track the chain(s) of variable assignment hidden in the following text."
     forbidden = (NOISE + preamble + "question find all variables that are assigned the value in the text above").lower()
     names: list[str] = []
@@ -126,9 +126,7 @@ def _cwe_counts(entries: int, common_words: Sequence[str], uncommon_words: Seque
     return counts
 
 
-def _generate_cwe(
-    tokenizer: TextTokenizer, target: int, rng: random.Random, task: str
-) -> tuple[str, int, str, tuple[str, ...], str]:
+def _generate_cwe(tokenizer: TextTokenizer, target: int, rng: random.Random, task: str) -> Generated:
     preamble = (
         "Below is a numbered list of words. In these words, some appear more often than others. "
         "Memorize the ones that appear most often."
@@ -190,9 +188,7 @@ def _fwe_counts(total: int, vocabulary: int) -> list[int]:
     return [int(total * k**-_FWE_ALPHA / _FWE_ZETA) for k in range(1, vocabulary + 1)]
 
 
-def _generate_fwe(
-    tokenizer: TextTokenizer, target: int, rng: random.Random, task: str
-) -> tuple[str, int, str, tuple[str, ...], str]:
+def _generate_fwe(tokenizer: TextTokenizer, target: int, rng: random.Random, task: str) -> Generated:
     preamble = (
         "Read the following coded text and track the frequency of each coded word. "
         "Find the three most frequently appeared coded words."
@@ -330,9 +326,7 @@ def _distractor_keys(rng: random.Random, key_type: str, exclude: set[str]) -> It
                 yield key
 
 
-def generate_niah(
-    spec: _Niah, tokenizer: TextTokenizer, target: int, rng: random.Random, task: str
-) -> tuple[str, int, str, tuple[str, ...], str]:
+def generate_niah(spec: _Niah, tokenizer: TextTokenizer, target: int, rng: random.Random, task: str) -> Generated:
     label = _VALUE_LABELS[spec.value]
     preamble = (
         f"Some special magic {label} are hidden within the following text. Make sure to memorize it. "
@@ -404,16 +398,7 @@ def generate(task: str, tokenizer: TextTokenizer, context_tokens: int, seed: int
     else:
         generator, max_new_tokens = OTHER_TASKS[task]
         context, count, question, answers, prefix = generator(tokenizer, context_tokens, rng, task)
-    return SyntheticSample(
-        task=task,
-        context=context,
-        question=question,
-        answers=answers,
-        context_tokens=count,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        answer_prefix=prefix,
-    )
+    return SyntheticSample(task, context, question, answers, count, seed, max_new_tokens, prefix)
 
 
 def _sample_seed(seed: int, index: int) -> int:

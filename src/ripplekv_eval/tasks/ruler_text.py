@@ -89,11 +89,9 @@ def piece_token_counts(tokenizer: TextTokenizer, pieces: Sequence[str]) -> list[
     """
     if not pieces:
         return []
-    offsets = None
     try:
         options = {"add_special_tokens": False, "verbose": False, "return_offsets_mapping": True}
-        encoded = tokenizer("".join(pieces), **options)
-        offsets = encoded["offset_mapping"]
+        offsets = tokenizer("".join(pieces), **options)["offset_mapping"]
     except (NotImplementedError, TypeError, KeyError, ValueError):
         offsets = None
     if offsets is None:
