@@ -35,11 +35,15 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 BAMBOO = ROOT / "benchmarks" / "heldout" / "bamboo.jsonl"
@@ -54,14 +58,18 @@ ENGINE: dict[str, Any] = {
 
 
 def prompts(tokenizer: Any, count: int, low: int, high: int, seed: int) -> list[list[int]]:
-    """``count`` chat prompts of BAMBOO documents cut to a seeded length in ``[low, high]`` tokens of context."""
+    """``count`` chat prompts of BAMBOO documents (those of ``high`` tokens or more) cut to a seeded length in
+    ``[low, high]`` tokens of context, each followed by its question."""
     records = [json.loads(line) for line in BAMBOO.read_text().splitlines() if line.strip()]
+    contexts = [tokenizer(r["context"], add_special_tokens=False).input_ids for r in records]
+    usable = [(r, ids) for r, ids in zip(records, contexts) if len(ids) >= high]  # every draw is served whole
+    if not usable:
+        raise SystemExit(f"no BAMBOO record has {high} context tokens; lower --max-tokens")
     rng = random.Random(seed)
     out: list[list[int]] = []
     for i in range(count):
-        record = records[i % len(records)]
-        ids = tokenizer(record["context"], add_special_tokens=False).input_ids
-        keep = min(len(ids), rng.randint(low, high))
+        record, ids = usable[i % len(usable)]
+        keep = rng.randint(low, high)
         user = tokenizer.decode(ids[:keep]) + "\n\n" + record["question"]
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
@@ -77,18 +85,25 @@ def configs(budgets: list[float]) -> list[str]:
 
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-th percentile of ``values`` (linear interpolation, numpy's default); NaN for none."""
-    import numpy as np
-
     return float(np.percentile(values, q)) if values else float("nan")
 
 
 def child(args: argparse.Namespace) -> None:
     """Serve every request under one configuration and write its measurements to ``OUT/<config>.json``."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from ripplekv_vllm.fidelity import TeacherForcing, force_args, read_forced, read_reference, record_args
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    engine = dict(ENGINE, max_model_len=args.max_model_len, max_num_batched_tokens=args.max_model_len)
+    # one prompt and every running request's decode token fit in a step; the running count is never capped
+    max_num_seqs = args.max_num_seqs or args.requests
+    engine = dict(
+        ENGINE,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_model_len + max_num_seqs,
+        max_num_seqs=max_num_seqs,
+        logits_processors=[TeacherForcing],
+    )
     if args.kv_mib is not None:
         engine["kv_cache_memory_bytes"] = args.kv_mib * 2**20
     budget = 1.0
@@ -106,14 +121,31 @@ def child(args: argparse.Namespace) -> None:
         engine.update(worker_cls=ripplekv_vllm.WORKER_CLS, additional_config={"ripplekv": settings})
     llm = LLM(model=args.model_dir, **engine)
     ids = prompts(llm.get_tokenizer(), args.requests, args.min_tokens, args.max_tokens, args.seed)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=True)
+    names = [f"r{i}" for i in range(len(ids))]
+    reference = args.fidelity_dir / "full"
+    if args.config == "full":  # record the full cache's distribution of every output token
+        shutil.rmtree(reference, ignore_errors=True)
+        extra = {name: record_args(name, reference) for name in names}
+    else:  # teacher-force the full cache's answers and measure KL(full || compressed) per token
+        base = json.loads((args.out / "full.json").read_text())
+        if base["prompt_lens"] != [len(p) for p in ids]:
+            raise SystemExit("the full cache's run served other prompts: delete full.json and run again")
+        if not all((reference / f"{name}.npy").exists() for name in names):
+            raise SystemExit(f"the full cache's references are missing from {reference}: delete full.json")
+        results = args.fidelity_dir / args.config
+        shutil.rmtree(results, ignore_errors=True)
+        extra = {name: force_args(name, reference, results, base["answers"][name]) for name in names}
+    params = {
+        name: SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=True, extra_args=extra[name])
+        for name in names
+    }
     engine_core = llm.llm_engine.engine_core.engine_core
     scheduler = engine_core.scheduler
     pool = scheduler.kv_cache_manager.block_pool
     usable = pool.num_gpu_blocks - 1  # the null block
     started = time.perf_counter()
-    for i, prompt in enumerate(ids):
-        llm.llm_engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=prompt), params)
+    for name, prompt in zip(names, ids):
+        llm.llm_engine.add_request(name, TokensPrompt(prompt_token_ids=prompt), params[name])
     used: list[float] = []
     running: list[int] = []
     generated = 0
@@ -137,11 +169,34 @@ def child(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - started
     ttft = [first[r] for r in answers]
     tpot = [(done[r] - first[r]) / (len(answers[r]) - 1) for r in answers if len(answers[r]) > 1]
+    fidelity: dict[str, Any] = {}
+    if args.config == "full":
+        for name in names:  # row t of each reference is the distribution of output token t
+            top = np.asarray(read_reference(reference, name)).argmax(-1).tolist()
+            if top != answers[name]:
+                raise SystemExit(f"{name}: the recorded distributions' top tokens are not the full cache's answer")
+    else:
+        for name in names:
+            if answers[name] != base["answers"][name]:
+                raise SystemExit(f"{name}: the forced answer is not the full cache's")
+            kl, top1 = read_forced(results, name)
+            if np.isnan(kl).any() or (top1 < 0).any():
+                raise SystemExit(f"{name}: a token was produced without its fidelity row")
+            same = top1 == np.asarray(answers[name])
+            fidelity[name] = {
+                "kl": [float(f"{v:.6g}") for v in kl],
+                "top1_equal": int(same.sum()),
+                "first_difference": int(np.argmin(same)) if not same.all() else len(same),
+            }
     result = {
         "config": args.config,
         "budget": budget,
         "requests": len(ids),
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": args.max_model_len,
         "prompt_tokens": sum(len(p) for p in ids),
+        "prompt_lens": [len(p) for p in ids],
+        "kv_cache_groups": scheduler.kv_cache_manager.num_kv_cache_groups,
         "generated_tokens": generated,
         "seconds": round(seconds, 3),
         "requests_per_second": len(ids) / seconds,
@@ -159,58 +214,83 @@ def child(args: argparse.Namespace) -> None:
         "mean_running": sum(running) / len(running),
         "steps": len(used),
         "preemptions": sum(preemptions.values()),
-        "answers": {request: answers[request] for request in sorted(answers, key=lambda r: int(r[1:]))},
+        "answers": {name: answers[name] for name in names},
+        "fidelity": fidelity,
     }
     (args.out / f"{args.config}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
-def agreement(result: dict[str, Any], base: dict[str, Any]) -> tuple[float, float]:
-    """(share of requests answered exactly as under ``base``, mean share of each answer before its first difference)."""
-    same, prefix = [], []
-    for request, reference in base["answers"].items():
-        answer = result["answers"][request]
-        agree = next((i for i, (a, b) in enumerate(zip(answer, reference)) if a != b), min(len(answer), len(reference)))
-        same.append(answer == reference)
-        prefix.append(agree / max(len(reference), 1))
-    return sum(same) / len(same), sum(prefix) / len(prefix)
+def fidelity_summary(result: dict[str, Any]) -> dict[str, float]:
+    """A compressed configuration's agreement with the full cache, over every request's teacher-forced answer.
+
+    ``answers_equal``: the share of requests whose top token is the full cache's at every position (the greedy
+    answer served free-running would be the full cache's); ``answer_prefix_agreement``: the mean share of each answer
+    before its first difference (where the free-running answer would part); ``top1_match``: the share of all
+    positions whose top token is the full cache's; ``kl_mean`` / ``kl_p99``: KL(full || compressed) per token, the
+    mean and 99th percentile over every token of every request.
+    """
+    rows = result["fidelity"].values()
+    kl = [v for row in rows for v in row["kl"]]
+    tokens = [len(row["kl"]) for row in rows]
+    return {
+        "answers_equal": sum(row["first_difference"] == n for row, n in zip(rows, tokens)) / len(tokens),
+        "answer_prefix_agreement": sum(row["first_difference"] / n for row, n in zip(rows, tokens)) / len(tokens),
+        "top1_match": sum(row["top1_equal"] for row in rows) / sum(tokens),
+        "kl_mean": float(np.mean(kl)),
+        "kl_p99": percentile(kl, 99),
+    }
+
+
+CAPACITY = (
+    ("max_running", "most running at once"),
+    ("mean_running", "mean running"),
+    ("output_tokens_per_second", "output tokens/s"),
+    ("requests_per_second", "requests/s"),
+    ("ttft_p50", "TTFT p50 s"),
+    ("ttft_p99", "TTFT p99 s"),
+    ("tpot_p50", "TPOT p50 s"),
+    ("tpot_p99", "TPOT p99 s"),
+    ("preemptions", "preemptions"),
+    ("peak_kv_share", "peak KV pool in use"),
+    ("mean_kv_share", "mean KV pool in use"),
+    ("seconds", "wall s"),
+)
+FIDELITY = (
+    ("kl_mean", "KL(full ‖ compressed) per token, mean"),
+    ("kl_p99", "KL per token, p99"),
+    ("top1_match", "top-1 = full's token (teacher-forced)"),
+    ("answer_prefix_agreement", "answer before first difference"),
+    ("answers_equal", "answers equal to full"),
+)
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """Every configuration's measurements and their ratios to the full cache's, as markdown."""
+    """Capacity and latency with their ratios to the full cache's, then fidelity, as markdown."""
     base = next(r for r in results if r["config"] == "full")
-    for r in results:
-        if "answers" in r and "answers" in base:
-            r["answers_equal"], r["answer_prefix_agreement"] = agreement(r, base)
-    columns = (
-        ("max_running", "most running at once"),
-        ("mean_running", "mean running"),
-        ("output_tokens_per_second", "output tokens/s"),
-        ("requests_per_second", "requests/s"),
-        ("ttft_p50", "TTFT p50 s"),
-        ("ttft_p99", "TTFT p99 s"),
-        ("tpot_p50", "TPOT p50 s"),
-        ("tpot_p99", "TPOT p99 s"),
-        ("answers_equal", "answers equal to full"),
-        ("answer_prefix_agreement", "answer agreement before first difference"),
-        ("seconds", "wall s"),
-        ("peak_kv_share", "peak KV pool in use"),
-        ("mean_kv_share", "mean KV pool in use"),
-        ("preemptions", "preemptions"),
-    )
-    columns = tuple((key, label) for key, label in columns if all(key in r for r in results))
     lines = [
-        "| config | budget | " + " | ".join(label for _, label in columns) + " |",
-        "|---|---|" + "---|" * len(columns),
+        "| config | budget | " + " | ".join(label for _, label in CAPACITY) + " |",
+        "|---|---|" + "---|" * len(CAPACITY),
     ]
     for r in results:
         cells = []
-        for key, _ in columns:
+        for key, _ in CAPACITY:
             value = r[key]
-            shown = f"{value:.1%}" if "share" in key or "answer" in key else f"{value:.3g}"
-            if r is base or not base[key] or "answer" in key:
+            shown = f"{value:.1%}" if "share" in key else f"{value:.3g}"
+            if r is base or not base[key]:
                 cells.append(shown)  # a ratio to zero (no preemption under the full cache) is left out
             else:
                 cells.append(f"{shown} ({value / base[key]:.2f}x)")
+        lines.append(f"| {r['config']} | {r['budget']:g} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| config | budget | " + " | ".join(label for _, label in FIDELITY) + " |",
+        "|---|---|" + "---|" * len(FIDELITY),
+    ]
+    for r in results:
+        if r is base:
+            continue
+        summary = fidelity_summary(r)
+        cells = [f"{summary[k]:.1%}" if "kl" not in k else f"{summary[k]:.3g}" for k, _ in FIDELITY]
         lines.append(f"| {r['config']} | {r['budget']:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -229,6 +309,13 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--kv-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE of every configuration")
     parser.add_argument("--kv-mib", type=int, default=None, help="KV-cache MiB of every configuration (over --kv-gib)")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="vLLM's max_num_seqs (default: --requests)")
+    parser.add_argument(
+        "--fidelity-dir",
+        type=Path,
+        default=None,
+        help="where the full cache's per-token distributions go (default: a temporary folder named after --out)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--config", default=None, help=argparse.SUPPRESS)  # the child's
@@ -247,6 +334,8 @@ def main() -> None:
         if not Path(args.model_dir).is_dir():
             raise SystemExit(f"{args.model_dir} is missing: convert {smollm2_gguf_path()} with the main environment")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.fidelity_dir is None:
+        args.fidelity_dir = Path(tempfile.gettempdir()) / "ripplekv-serving-fidelity" / args.out.resolve().name
     if args.config is not None:
         child(args)
         return
@@ -262,6 +351,7 @@ def main() -> None:
         if config == "full":
             env["VLLM_PLUGINS"] = ""
         command = [sys.executable, __file__, *sys.argv[1:], "--config", config, "--model-dir", args.model_dir]
+        command += ["--fidelity-dir", str(args.fidelity_dir)]
         subprocess.run(command, env=env, check=True)
     results = [json.loads((args.out / f"{c}.json").read_text()) for c in names]
     text = table(results)
