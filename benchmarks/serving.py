@@ -47,13 +47,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 BAMBOO = ROOT / "benchmarks" / "heldout" / "bamboo.jsonl"
+BLOCK = 32
 ENGINE: dict[str, Any] = {
     "dtype": "float32",
     "enforce_eager": True,
     "seed": 0,
     "enable_prefix_caching": False,
     "enable_chunked_prefill": False,
-    "block_size": 32,
+    "block_size": BLOCK,
 }
 
 
@@ -295,6 +296,85 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def layer_fractions(config: str, args: argparse.Namespace, layers: int) -> list[float]:
+    """Every layer's kept fraction under ``config`` (1.0 for the full cache), as the plugin resolves them."""
+    if config == "full":
+        return [1.0] * layers
+    method, budget_text = config.split("-", 1)
+    if method == "snapkv":
+        return [float(budget_text)] * layers
+    from ripplekv_vllm.config import RippleConfig
+
+    settings = {"profile": str(args.profile), "budget": float(budget_text), "tiers": args.tiers}
+    engine = {"max_model_len": args.max_model_len, "max_num_batched_tokens": args.max_model_len + args.requests}
+    resolved = RippleConfig.from_settings(settings, num_layers=layers, block_size=BLOCK, **engine)
+    return list(resolved.layer_keep_fractions)
+
+
+def footprint(prompt: int, generated: int, fractions: list[float], window: int = 64) -> float:
+    """KV blocks a request holds once it has generated ``generated`` tokens (its prompt compacted), in blocks of
+    every layer: each layer's compacted blocks ``k / bs`` plus the blocks from the prompt's tail on, averaged."""
+    from ripplekv_vllm.hole import hole
+
+    tokens = prompt + generated  # the slots of the step that computes the next token
+    blocks = []
+    for fraction in fractions:
+        kept, full = hole(prompt, fraction, BLOCK, window) if fraction < 1.0 else (0, 0)
+        blocks.append(kept // BLOCK + -(-(tokens - full) // BLOCK))
+    return sum(blocks) / len(blocks)
+
+
+def ceiling(result: dict[str, Any], fractions: list[float], new_tokens: int) -> dict[str, float]:
+    """The concurrency the block arithmetic allows a configuration, from its prompts and pool (means over prompts).
+
+    A waiting request is admitted only when its whole uncompressed prompt's blocks ``F`` are free (its prefill
+    writes every prompt token before the hole is freed), so with ``n - 1`` compacted requests of ``c`` blocks
+    running, ``n`` run at once when ``(n - 1) c + F <= pool``: ``admit_start`` is ``(pool - F) / c + 1`` for requests
+    just prefilled, ``admit_half`` the same for requests halfway through their answers, and ``hold_end`` the pool over
+    the footprint of requests at their last token (the running set the pool holds without preemption).
+    """
+    lens, pool = result["prompt_lens"], result["kv_pool_blocks"] / result["kv_cache_groups"]
+
+    def mean(generated: int) -> float:
+        return sum(footprint(n, generated, fractions) for n in lens) / len(lens)
+
+    prompt = sum(-(-n // BLOCK) for n in lens) / len(lens)
+    start, half, end = mean(1), mean(new_tokens // 2), mean(new_tokens)
+    return {
+        "pool_blocks": pool,
+        "prompt_blocks": prompt,
+        "blocks_start": start,
+        "blocks_end": end,
+        "admit_start": (pool - prompt) / start + 1,
+        "admit_half": (pool - prompt) / half + 1,
+        "hold_end": pool / end,
+    }
+
+
+def ceiling_table(results: list[dict[str, Any]], args: argparse.Namespace, layers: int) -> str:
+    """The block arithmetic of every configuration beside its measured concurrency, as markdown."""
+    rows = {r["config"]: ceiling(r, layer_fractions(r["config"], args, layers), args.max_new_tokens) for r in results}
+    full = rows["full"]
+    base = next(r for r in results if r["config"] == "full")
+    lines = [
+        (
+            "| config | pool blocks | prompt blocks (mean) | blocks after prefill (mean) | blocks at the last token "
+            "(mean) | admitted, fresh requests | admitted, half-grown requests | held at the last token | measured "
+            "most running | 1 / budget x full's measured |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        row = rows[r["config"]]
+        cells = [f"{row[k]:.1f}" for k in ("pool_blocks", "prompt_blocks", "blocks_start", "blocks_end")]
+        for key in ("admit_start", "admit_half", "hold_end"):
+            cells.append(f"{row[key]:.1f}" + ("" if r["config"] == "full" else f" ({row[key] / full[key]:.2f}x)"))
+        cells.append(f"{r['max_running']} ({r['max_running'] / base['max_running']:.2f}x)")
+        cells.append(f"{base['max_running'] / r['budget']:.1f}")
+        lines.append(f"| {r['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", default=None, help="HF directory (default: the library's SmolLM2 conversion)")
@@ -354,7 +434,8 @@ def main() -> None:
         command += ["--fidelity-dir", str(args.fidelity_dir)]
         subprocess.run(command, env=env, check=True)
     results = [json.loads((args.out / f"{c}.json").read_text()) for c in names]
-    text = table(results)
+    layers = json.loads((Path(args.model_dir) / "config.json").read_text())["num_hidden_layers"]
+    text = table(results) + "\n" + ceiling_table(results, args, layers)
     (args.out / "serving.md").write_text(text)
     print(text, end="")
 
