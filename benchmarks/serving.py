@@ -154,8 +154,18 @@ def child(args: argparse.Namespace) -> None:
     first: dict[str, float] = {}
     done: dict[str, float] = {}
     answers: dict[str, list[int]] = {}
+    step_seconds: list[float] = []  # per engine step, and whether it prefilled a prompt (new or resumed)
+    prefill_step: list[bool] = []
+    stepped: list[int] = []  # requests that got a token in the step
     while llm.llm_engine.has_unfinished_requests():
-        for out in llm.llm_engine.step():
+        computed = {r.request_id: r.num_computed_tokens for r in scheduler.requests.values()}
+        tick = time.perf_counter()
+        outputs = llm.llm_engine.step()
+        step_seconds.append(time.perf_counter() - tick)
+        grown = (r.num_computed_tokens - computed.get(r.request_id, 0) for r in scheduler.requests.values())
+        prefill_step.append(any(g > 1 for g in grown))
+        stepped.append(len(outputs))
+        for out in outputs:
             now = time.perf_counter() - started
             if out.outputs[0].token_ids:
                 first.setdefault(out.request_id, now)
@@ -214,6 +224,10 @@ def child(args: argparse.Namespace) -> None:
         "max_running": max(running),
         "mean_running": sum(running) / len(running),
         "steps": len(used),
+        "prefill_steps": sum(prefill_step),
+        "prefill_step_seconds": sum(t for t, p in zip(step_seconds, prefill_step) if p),
+        "decode_step_seconds": sum(t for t, p in zip(step_seconds, prefill_step) if not p),
+        "decode_step_tokens": sum(n for n, p in zip(stepped, prefill_step) if not p),
         "preemptions": sum(preemptions.values()),
         "answers": {name: answers[name] for name in names},
         "fidelity": fidelity,
