@@ -307,6 +307,19 @@ def table(results: list[dict[str, Any]]) -> str:
         summary = fidelity_summary(r)
         cells = [f"{summary[k]:.1%}" if "kl" not in k else f"{summary[k]:.3g}" for k, _ in FIDELITY]
         lines.append(f"| {r['config']} | {r['budget']:g} | " + " | ".join(cells) + " |")
+    timed = [r for r in results if "prefill_steps" in r]
+    if timed:
+        lines += [
+            "",
+            "| config | budget | steps | prefill steps | prefill-step s | decode-only-step s | tokens in decode-only "
+            "steps | their tokens/s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in timed:
+            rate = r["decode_step_tokens"] / r["decode_step_seconds"]
+            cells = [r["steps"], r["prefill_steps"], f"{r['prefill_step_seconds']:.0f}"]
+            cells += [f"{r['decode_step_seconds']:.0f}", r["decode_step_tokens"], f"{rate:.3g}"]
+            lines.append(f"| {r['config']} | {r['budget']:g} | " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
