@@ -279,8 +279,9 @@ FIDELITY = (
 )
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    """Capacity and latency with their ratios to the full cache's, then fidelity, as markdown."""
+def table(results: list[dict[str, Any]], timing: list[dict[str, Any]] | None = None) -> str:
+    """Capacity and latency with their ratios to the full cache's, then fidelity, then the step time split, as
+    markdown (``timing``: further runs with the split, such as a configuration measured again for it)."""
     base = next(r for r in results if r["config"] == "full")
     lines = [
         "| config | budget | " + " | ".join(label for _, label in CAPACITY) + " |",
@@ -307,7 +308,7 @@ def table(results: list[dict[str, Any]]) -> str:
         summary = fidelity_summary(r)
         cells = [f"{summary[k]:.1%}" if "kl" not in k else f"{summary[k]:.3g}" for k, _ in FIDELITY]
         lines.append(f"| {r['config']} | {r['budget']:g} | " + " | ".join(cells) + " |")
-    timed = [r for r in results if "prefill_steps" in r]
+    timed = [r for r in [*results, *(timing or [])] if "prefill_steps" in r]
     if timed:
         lines += [
             "",
@@ -462,7 +463,10 @@ def main() -> None:
         subprocess.run(command, env=env, check=True)
     results = [json.loads((args.out / f"{c}.json").read_text()) for c in names]
     layers = json.loads((Path(args.model_dir) / "config.json").read_text())["num_hidden_layers"]
-    text = table(results) + "\n" + ceiling_table(results, args, layers)
+    timing = []
+    if (args.out / "full-timing.json").exists():  # the full cache measured again for its time split (COMMAND.sh)
+        timing.append({**json.loads((args.out / "full-timing.json").read_text()), "config": "full (again)"})
+    text = table(results, timing) + "\n" + ceiling_table(results, args, layers)
     (args.out / "serving.md").write_text(text)
     print(text, end="")
 

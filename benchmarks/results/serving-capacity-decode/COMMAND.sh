@@ -14,3 +14,14 @@ cd "$(dirname "$0")/../../.."
 OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving.py --budgets 0.1 0.2 0.3 --requests 24 \
   --min-tokens 2048 --max-tokens 3072 --max-new-tokens 256 --max-model-len 3584 --kv-mib 370 \
   --out benchmarks/results/serving-capacity-decode "$@"
+# The full cache once more, alone, for the split of its time into prefill steps and decode-only steps (the field was
+# added to benchmarks/serving.py while the run above was under way, after its full and 10% configurations had run;
+# its tokens are checked against full.json's). Skipped when full-timing.json exists.
+if [ ! -e benchmarks/results/serving-capacity-decode/full-timing.json ]; then
+  MODEL_DIR=$(.venv-vllm/bin/python -c "import json; print(json.load(open('benchmarks/results/vllm-probe/reference.json'))['model_dir'])")
+  VLLM_PLUGINS="" OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving.py --budgets 0.1 0.2 0.3 \
+    --requests 24 --min-tokens 2048 --max-tokens 3072 --max-new-tokens 256 --max-model-len 3584 --kv-mib 370 \
+    --out /tmp/ripplekv-serving-full-timing --config full --model-dir "$MODEL_DIR" \
+    --fidelity-dir /tmp/ripplekv-serving-fidelity/full-timing
+  cp /tmp/ripplekv-serving-full-timing/full.json benchmarks/results/serving-capacity-decode/full-timing.json
+fi
