@@ -3,12 +3,15 @@
 Runs in the vLLM environment (``benchmarks/serving/install_vllm_env.sh``, then ``benchmarks/serving/test.sh`` to
 install the plugin); never in the main one:
 
-    .venv-vllm/bin/python benchmarks/serving.py --budgets 0.1 0.2 0.3 --requests 24 --kv-mib 256 \
-        --max-new-tokens 256 --out benchmarks/results/serving-capacity
+    .venv-vllm/bin/python benchmarks/serving.py --budgets 0.1 0.2 0.3 --requests 24 --min-tokens 2048 \
+        --max-tokens 3072 --max-new-tokens 256 --max-model-len 3584 --kv-mib 370 \
+        --out benchmarks/results/serving-capacity-decode
 
 Every configuration serves the same requests, all submitted at once, from an engine with the same KV-cache memory
 (``--kv-mib`` MiB, vLLM's ``kv_cache_memory_bytes``; or ``--kv-gib``) and the same engine settings (block size 32,
-no prefix caching, no chunked prefill, float32, eager), each in a fresh child process:
+no prefix caching, no chunked prefill, float32, eager, ``max_num_seqs`` the request count so that it never caps
+the running requests, a step's token budget of one prompt plus every running request's token), each in a fresh
+child process:
 
 * ``full``: stock vLLM (``VLLM_PLUGINS=""``), every layer keeps every prompt token;
 * ``snapkv-B``: the plugin with one keep fraction, the budget ``B``, in every layer (SnapKV's uniform budget);
@@ -16,17 +19,23 @@ no prefix caching, no chunked prefill, float32, eager), each in a fresh child pr
 
 The workload is meant to hold more requests than fit, so that the most requests running at once measures
 capacity rather than the request count, and to be decode-heavy (long outputs). The prompts are BAMBOO documents
-(``benchmarks/heldout/bamboo.jsonl``) cut to token lengths drawn uniformly from ``[--min-tokens, --max-tokens]``
-(seeded), each with its question in the chat template; every request decodes ``--max-new-tokens`` greedy tokens
-(``ignore_eos``, so every configuration generates the same number of tokens). The engine is driven step by step;
-the child records after every step the KV blocks in use and the requests running, and per request the time to its
-first token (from submission) and the time per output token after it. It reports wall time, requests and output
-tokens per second, time to first token and time per output token (p50, p99), the peak and mean share of the KV
-pool in use, the most and mean requests running at once, the preemptions, and every request's tokens; the parent
-adds each compressed configuration's agreement with the full cache's answers (the share of requests answered
-identically, and the mean share of each answer's tokens before its first difference) and writes the table with the
-ratios to ``full``. A child's JSON is written when it finishes, so an interrupted run keeps finished
-configurations and re-running skips them.
+(``benchmarks/heldout/bamboo.jsonl``, those of ``--max-tokens`` context tokens or more) cut to token lengths drawn
+uniformly from ``[--min-tokens, --max-tokens]`` (seeded), each with its question in the chat template; every request
+decodes ``--max-new-tokens`` greedy tokens (``ignore_eos``, so every configuration generates the same number of
+tokens). The engine is driven step by step; the child records after every step the KV blocks in use, the requests
+running and the step's time (split into steps that prefill a prompt and decode-only steps), and per request the
+time to its first token (from submission) and the time per output token after it.
+
+Fidelity (:mod:`ripplekv_vllm.fidelity`): the full cache's run records every output token's distribution (in
+``--fidelity-dir``, a temporary folder by default); each compressed run serves the same requests teacher-forced
+along the full cache's answers and records KL(full || compressed) per token and its own top token, so each
+compressed answer's agreement with the full cache's is measured on the request served under load.
+
+The parent writes ``serving.md``: capacity and latency with the ratios to ``full``, fidelity (mean and p99 KL per
+token, top-1 agreement, the share of each answer before its first difference and of answers equal to the full
+cache's), the time split, and the block arithmetic of each configuration's concurrency (:func:`ceiling`) beside the
+measured one. A child's JSON is written when it finishes, so an interrupted run keeps finished configurations and
+re-running skips them (the compressed ones compare with the full cache's run: without ``full.json`` they must go too).
 """
 
 from __future__ import annotations
@@ -448,6 +457,9 @@ def main() -> None:
         child(args)
         return
     names = configs(args.budgets)
+    stale = [c for c in names[1:] if (args.out / f"{c}.json").exists()]
+    if stale and not (args.out / "full.json").exists():
+        raise SystemExit(f"{stale} compare with a full cache's run that full.json no longer holds: delete them too")
     for config in names:
         if (args.out / f"{config}.json").exists():
             continue

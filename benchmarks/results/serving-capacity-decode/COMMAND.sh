@@ -8,7 +8,7 @@
 # cache records each output token's distribution; each compressed configuration is teacher-forced along the full
 # cache's answers (ripplekv_vllm.fidelity.TeacherForcing) and reports KL(full || compressed) per token and its own
 # top tokens. Every configuration runs in a fresh process and writes its JSON when it finishes; re-running skips
-# finished configurations (delete a JSON to measure it again; deleting full.json re-measures all, since the
+# finished configurations (delete a JSON to measure it again; without full.json every JSON must go, since the
 # compressed rows compare with it).
 cd "$(dirname "$0")/../../.."
 OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving.py --budgets 0.1 0.2 0.3 --requests 24 \
