@@ -91,7 +91,13 @@ class Run:
     preemptions: dict[str, int] = field(default_factory=dict)
 
 
-def drive(llm: Any, prompts: dict[str, list[int]], max_tokens: int, arrivals: dict[str, int] | None = None) -> Run:
+def drive(
+    llm: Any,
+    prompts: dict[str, list[int]],
+    max_tokens: int,
+    arrivals: dict[str, int] | None = None,
+    extra_args: dict[str, dict[str, Any]] | None = None,
+) -> Run:
     """Serve ``prompts`` greedily, adding each at its arrival step, recording blocks after every step.
 
     Args:
@@ -99,6 +105,7 @@ def drive(llm: Any, prompts: dict[str, list[int]], max_tokens: int, arrivals: di
         prompts: token ids by request name.
         max_tokens: tokens to generate per request.
         arrivals: the engine step before which each request is added (default: all before the first).
+        extra_args: ``SamplingParams.extra_args`` by request name (default: none).
     """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -112,7 +119,11 @@ def drive(llm: Any, prompts: dict[str, list[int]], max_tokens: int, arrivals: di
     while step == 0 or engine.has_unfinished_requests() or any(s >= step for s in arrivals.values()):
         for name, at in arrivals.items():
             if at == step:
-                engine.add_request(name, TokensPrompt(prompt_token_ids=prompts[name]), params)
+                extra = (extra_args or {}).get(name)
+                request_params = params if extra is None else params.clone()
+                if extra is not None:
+                    request_params.extra_args = extra
+                engine.add_request(name, TokensPrompt(prompt_token_ids=prompts[name]), request_params)
                 run.arrival_steps[name] = step
         for output in engine.step():
             if output.finished:

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from engine_support import (
@@ -231,6 +232,55 @@ def test_preempted_request_answers_as_it_does_alone(preempt_run) -> None:
         assert len(served.tokens) == PREEMPT_TOKENS
         assert served.tokens == reference.tokens, name
         assert served.logprobs == pytest.approx(reference.logprobs, abs=1e-5), name  # measured: equal
+
+
+def test_teacher_forcing_in_the_engine(tiny_dir: str, tmp_path: Path) -> None:
+    """The fidelity probe under load, through a recompute preemption (the 46-block pool of ``preempt_run``).
+
+    Recording: row ``t`` of each reference is the distribution of output token ``t`` (its top token is the answer's,
+    its log-probability vLLM's own). Forcing each request along its own answer: KL 0 and the same tokens at every
+    position. Forcing ``r0`` along ``r1``'s answer: that answer is emitted; the first token, whose prefix is the
+    same, has KL 0 and ``r0``'s own top token; after it the prefixes differ and so do the distributions.
+    """
+    from ripplekv_vllm.fidelity import TeacherForcing, force_args, read_forced, read_reference, record_args
+
+    rng = random.Random(0)
+    long = {f"r{i}": [rng.randrange(3, 49152) for _ in range(500)] for i in range(2)}
+    arrivals = {"r0": 0, "r1": 2}
+    reference, results, other = tmp_path / "full", tmp_path / "forced", tmp_path / "other"
+    llm = ripple_llm(
+        tiny_dir,
+        {"keep_fractions": FRACTIONS, "window": WINDOW},
+        num_gpu_blocks_override=46,
+        max_model_len=704,
+        max_num_batched_tokens=704,
+        logits_processors=[TeacherForcing],
+    )
+    try:
+        recorded = drive(llm, long, PREEMPT_TOKENS, arrivals, {n: record_args(n, reference) for n in long})
+        answers = {name: recorded.requests[name].tokens for name in long}
+        own = {n: force_args(n, reference, results, answers[n]) for n in long}
+        forced = drive(llm, long, PREEMPT_TOKENS, arrivals, own)
+        swapped = drive(
+            llm, {"r0": long["r0"]}, PREEMPT_TOKENS, None, {"r0": force_args("r0", reference, other, answers["r1"])}
+        )
+    finally:
+        close(llm)
+    assert recorded.preemptions["r1"] >= 1 and forced.preemptions["r1"] >= 1, (recorded.preemptions, forced.preemptions)
+    for name in long:
+        rows = np.asarray(read_reference(reference, name))
+        assert rows.argmax(-1).tolist() == answers[name], name
+        picked = rows[np.arange(PREEMPT_TOKENS), answers[name]]
+        assert picked.tolist() == pytest.approx(recorded.requests[name].logprobs, abs=1e-5), name
+        kl, top1 = read_forced(results, name)
+        assert forced.requests[name].tokens == answers[name], name
+        assert top1.tolist() == answers[name], name
+        assert np.abs(kl).max() < 1e-6, name  # measured: 0 up to float rounding
+    assert answers["r0"] != answers["r1"]
+    assert swapped.requests["r0"].tokens == answers["r1"]
+    kl, top1 = read_forced(other, "r0")
+    assert abs(kl[0]) < 1e-6 and top1[0] == answers["r0"][0]
+    assert np.median(kl[1:]) > 1e-3
 
 
 def test_hole_disagreement_is_caught(tiny_dir: str, prompts: dict[str, list[int]]) -> None:

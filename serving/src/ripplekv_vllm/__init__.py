@@ -13,7 +13,10 @@ SnapKV-ranked prompt tokens. This plugin serves it in vLLM:
 * the worker and model runner give each layer its tier and the RippleKV backend, in the engine that configures
   the plugin only (:mod:`ripplekv_vllm.worker`, :mod:`ripplekv_vllm.runner`), and check every step's blocks
   against the holes (:mod:`ripplekv_vllm.ledger`); the settings are ``additional_config["ripplekv"]``
-  (:mod:`ripplekv_vllm.config`).
+  (:mod:`ripplekv_vllm.config`);
+* for measuring, not serving: a logits processor that records the full cache's per-token distributions and
+  teacher-forces compressed requests along the full cache's answers, for KL(full || compressed) per served token
+  (:mod:`ripplekv_vllm.fidelity`).
 
 :func:`register` is the ``vllm.general_plugins`` entry point (``ripplekv = ripplekv_vllm:register``), which vLLM
 calls in every process it starts.
