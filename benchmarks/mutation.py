@@ -111,6 +111,7 @@ TRACED_TESTS = (
 )
 FASTPATH_TESTS = (
     "tests/test_eval_shared.py",
+    "tests/test_chunked_prefill.py",
     "tests/test_per_prompt_press.py",
     "tests/test_relations_models.py",
     "tests/test_fastpath_unknown_press.py",
@@ -167,6 +168,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "ripplekv/presses/method_lists.py": ("tests/test_method_spec.py", "tests/test_tune.py", *RELATIONS),
     "ripplekv_eval/fastpath/recording_press.py": (
+        "tests/test_chunked_prefill.py",
         "tests/test_relations_models.py",
         "tests/test_mutation_inference.py",
         "tests/test_prescore.py",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import re
 import time
-from dataclasses import FrozenInstanceError, replace
+from dataclasses import FrozenInstanceError, dataclass, replace
 from typing import Any
 
 import pytest
@@ -18,21 +18,26 @@ from kvpress import KnormPress, SnapKVPress, StreamingLLMPress
 from transformers import DynamicCache
 
 from ripplekv.allocation import ProfileSchedule, UniformSchedule
-from ripplekv.allocation.budget import BudgetSpec
+from ripplekv.allocation.budget import BudgetSpec, compression_ratio_keeping
 from ripplekv.allocation.per_prompt import TokenStatistic
 from ripplekv.inference.generate import Prefill, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.attention_masks import PaddedBatchError
-from ripplekv.models.headwise import HeadwiseMask
+from ripplekv.models.headwise import HeadwiseMask, attention_modules
 from ripplekv.models.identity import cached_weights_fingerprint
 from ripplekv.presses import LayerBudgetAdaPress, LayerBudgetPress, RippleKVPress, make_press
 from ripplekv.presses.method_spec import METHOD_TABLE, parse_method
-from ripplekv.presses.registry import METHODS, METHODS_WITHOUT_SCORER, Build
+from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER, Build
 from ripplekv.presses.selection_window import check_compressible, check_prompt_length, has_padding, selection_window
 from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning
 from ripplekv_eval.analysis.tuning import TuneConfig, TuneRunner
 from ripplekv_eval.fastpath.batched import batched_greedy_decode, decode_row, plan_batches, row_bytes
-from ripplekv_eval.fastpath.derive import derived_prefill, residual_statistics_of
+from ripplekv_eval.fastpath.derive import (
+    NotDerivableError,
+    compressed_prefill_in_chunks,
+    derived_prefill,
+    residual_statistics_of,
+)
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.fastpath.recording_press import RecordingPress, _Piece, _token_tensors
@@ -41,7 +46,7 @@ from ripplekv_eval.reporting.stats import RunStats
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
 from ripplekv_eval.sample import EvalSample
-from tests.conftest import random_ids, synthetic_profile, tiny_model
+from tests.conftest import VOCAB, random_ids, synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -438,3 +443,109 @@ def test_a_chunked_eager_record_joins_the_attention_weights_along_the_queries() 
     for want, got in zip(one.layers, chunked.layers):
         assert got.attentions.shape == want.attentions.shape == (1, 4, 10, 24)
         assert torch.allclose(got.attentions, want.attentions, atol=1e-5)
+
+
+# --- round 2 (its survivors, against round 1's tests) ------------------------------------------------------------
+
+
+def test_a_record_takes_one_unpadded_sequence_of_one_token_or_more() -> None:
+    """Seeded: the shape check's ``or`` -> ``and`` (87:7), ``shape[1] < 1`` -> ``<= 1`` (87:58) or ``< 2``
+    (87:79)."""
+    model = tiny_model("llama", layers=2)
+    assert record_prefill(model, random_ids(1), 0).prompt_tokens == 1
+    for bad in (random_ids(5)[0], torch.cat([random_ids(5), random_ids(5)]), random_ids(0)):
+        with pytest.raises(ValueError, match="expected one non-empty unpadded sequence"):
+            record_prefill(model, bad, 0)
+
+
+def test_a_records_and_a_memoized_scorers_memo_are_bookkeeping() -> None:
+    """Neither printed nor compared. Seeded: ``repr=False`` -> ``True`` for the record's memo (40:75), the memoized
+    scorer's ``repr=False`` (132:60) and ``compare=False`` (132:75) -> ``True``."""
+    record = record_prefill(tiny_model("llama", layers=2), random_ids(8, seed=1), 0)
+    assert "memo=" not in repr(record)
+    scorer = SnapKVPress(window_size=4)
+    one, two = MemoizedScorerPress(press=scorer, memo=ScoreMemo()), MemoizedScorerPress(press=scorer, memo=ScoreMemo())
+    assert one == two and "memo=" not in repr(one)
+
+
+def test_row_bytes_count_the_room_and_the_masks_of_a_row() -> None:
+    """``row_bytes`` is what ``decode_row`` holds, with room for new tokens and a head-wise validity per masked
+    layer. Seeded: ``length + room`` -> ``-`` (178:17), ``kv_heads * length`` -> ``/`` (178:48)."""
+    model = tiny_model("llama", layers=2)
+    ids = random_ids(30, seed=2)
+    for name in ("snapkv", "adakv"):
+        state = prefill(model, ids, make_press(name, budget=0.5, window_size=4))
+        for room in (0, 3):
+            assert row_bytes(state, room) == decode_row(state, room).nbytes(), (name, room)
+
+
+def test_a_stop_id_past_the_vocabulary_is_never_banned() -> None:
+    """Seeded: ``0 <= i < vocab`` -> ``<= vocab`` (328:56): a stop id equal to the vocabulary size was banned."""
+    model = enable_varlen_attention(tiny_model("llama", layers=2))
+    states = [prefill(model, random_ids(12, seed=s)) for s in (3, 4)]
+    stops = {VOCAB, VOCAB + 5}
+    got = batched_greedy_decode(model, states, 3, stops, min_new_tokens=2)
+    assert got == [greedy_decode(model, s, 3, stops, min_new_tokens=2) for s in states]
+
+
+@dataclass
+class _OwnSnapKV(SnapKVPress):
+    """A scorer the fast path's tables were not read from."""
+
+
+def test_a_chunked_derivation_refuses_a_press_the_fast_path_does_not_know() -> None:
+    """Seeded: ``not is_derivable(press)`` -> ``is_derivable(press)`` (142:7)."""
+    model = tiny_model("llama", layers=2)
+    with pytest.raises(NotDerivableError):
+        compressed_prefill_in_chunks(model, random_ids(20), LayerBudgetPress(_OwnSnapKV(window_size=4)), 8)
+    compressed_prefill_in_chunks(model, random_ids(20), LayerBudgetPress(SnapKVPress(window_size=4)), 8)
+
+
+def test_layer_budget_press_selects_every_row_of_a_batch_as_if_alone() -> None:
+    """Seeded: the gather index expanded to ``(1, -1, -1, d)`` for ``(-1, -1, -1, d)`` (132:75)."""
+    model = enable_varlen_attention(tiny_model("llama", layers=2))
+    rows = torch.cat([random_ids(30, seed=7), random_ids(30, seed=8)])
+    press = LayerBudgetPress(SnapKVPress(window_size=4), UniformSchedule(0.4))
+    cache = DynamicCache()
+    with torch.no_grad(), press(model):
+        model(rows, past_key_values=cache, use_cache=True)
+    for row in range(2):
+        alone = prefill(model, rows[row : row + 1], press)
+        for ours, single in zip(cache.layers, alone.cache.layers):
+            assert torch.equal(ours.keys[row : row + 1], single.keys)
+
+
+def test_kvpress_own_presses_take_fractions_only() -> None:
+    """Seeded: ``takes_tokens=False`` -> ``True`` for pyramidkv-kvpress (135:21)."""
+    assert set(FRACTION_ONLY_METHODS) == {"streamingllm", "pyramidkv-kvpress", "adakv"}
+
+
+def test_a_headwise_mask_is_frozen_and_a_model_without_layers_has_no_attention_modules() -> None:
+    """Seeded: ``HeadwiseMask`` not frozen (26:18); ``layers is None or ...`` -> ``and`` (96:7)."""
+    mask = HeadwiseMask((torch.tensor([0]), torch.tensor([0]), torch.tensor([1])), kv_heads=1, length=2)
+    with pytest.raises(FrozenInstanceError):
+        mask.length = 3  # type: ignore[misc]
+    with pytest.raises(TypeError, match="cannot find the attention modules of Linear"):
+        attention_modules(torch.nn.Linear(2, 2))
+
+
+RATIOS: list[float] = []
+
+
+@dataclass
+class _RatioSpy(KnormPress):
+    """Knorm's scores; notes the ratio each copy scores at."""
+
+    def score(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        RATIOS.append(self.compression_ratio)
+        return super().score(*args, **kwargs)
+
+
+def test_ripplekv_ada_scores_a_one_token_layer_at_its_own_ratio() -> None:
+    """The scorer of a layer keeping one token of 40 scores at the ratio that keeps one. Seeded: ``max(1, ...)`` ->
+    ``max(2, ...)`` (191:73): scored as if keeping two."""
+    RATIOS.clear()
+    press = LayerBudgetAdaPress(_RatioSpy(), UniformSchedule(tokens=1), alpha_safeguard=1.0)
+    state = prefill(tiny_model("llama", layers=2), random_ids(40, seed=9), press)
+    assert kept_tokens(state) == [1, 1]
+    assert [compression_ratio_keeping(1, 40)] * 2 == RATIOS
