@@ -59,6 +59,7 @@ RELATIONS = (  # run for every module
     "tests/test_mutation_relations.py",
     "tests/test_contracts.py",
     "tests/test_contracts_profiling.py",
+    "tests/test_mutation_house.py",
 )
 ALLOCATION_TESTS = ("tests/test_allocation.py", "tests/test_schedules.py", *RELATIONS)
 PER_PROMPT_TESTS = ("tests/test_per_prompt_rules.py", "tests/test_relations_allocators.py", *RELATIONS)
@@ -98,8 +99,28 @@ RUN_TESTS = (
     "tests/test_mutation_runs.py",
     *RELATIONS,
 )
+# issue 32: the traced path of make_press("ripplekv") and the presses' modules after the rework
+TRACED_TESTS = (
+    "tests/test_presses.py",
+    "tests/test_method_spec.py",
+    "tests/test_token_budgets.py",
+    "tests/test_schedules.py",
+    "tests/test_scorers.py",
+    "tests/test_kvpress_wrappers.py",
+    *RELATIONS,
+)
+FASTPATH_TESTS = (
+    "tests/test_eval_shared.py",
+    "tests/test_chunked_prefill.py",
+    "tests/test_per_prompt_press.py",
+    "tests/test_relations_models.py",
+    "tests/test_fastpath_unknown_press.py",
+    *RELATIONS,
+)
 MODULES: dict[str, tuple[str, ...]] = {
-    "ripplekv/allocation/budget.py": tuple(dict.fromkeys(ALLOCATION_TESTS + PER_PROMPT_TESTS)),
+    "ripplekv/allocation/budget.py": tuple(
+        dict.fromkeys(ALLOCATION_TESTS + PER_PROMPT_TESTS + ("tests/test_token_budgets.py", "tests/test_presses.py"))
+    ),
     "ripplekv/allocation/schedules.py": ALLOCATION_TESTS,
     "ripplekv/allocation/per_prompt.py": PER_PROMPT_TESTS + ("tests/test_per_prompt_press.py",),
     "ripplekv/allocation/cake.py": PER_PROMPT_TESTS,
@@ -137,12 +158,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/test_prescore.py",
         *RELATIONS,
     ),
-    "ripplekv_eval/fastpath/derive.py": (
-        "tests/test_per_prompt_press.py",
-        "tests/test_relations_models.py",
-        "tests/test_score_memo.py",
-        *RELATIONS,
-    ),
+    "ripplekv_eval/fastpath/derive.py": FASTPATH_TESTS + ("tests/test_score_memo.py",),
     "ripplekv/presses/method_spec.py": (
         "tests/test_method_spec.py",
         "tests/test_tune.py",
@@ -150,8 +166,9 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/test_mutation_press_edges.py",
         *RELATIONS,
     ),
-    "ripplekv/presses/method_lists.py": ("tests/test_method_spec.py", "tests/test_tune.py"),
+    "ripplekv/presses/method_lists.py": ("tests/test_method_spec.py", "tests/test_tune.py", *RELATIONS),
     "ripplekv_eval/fastpath/recording_press.py": (
+        "tests/test_chunked_prefill.py",
         "tests/test_relations_models.py",
         "tests/test_mutation_inference.py",
         "tests/test_prescore.py",
@@ -165,10 +182,32 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "ripplekv/models/chunked_prefill.py": CHUNK_TESTS,
     "ripplekv/models/padded.py": CHUNK_TESTS + ("tests/test_batched.py",),
-    "ripplekv/models/layer_types.py": CHUNK_TESTS,
+    "ripplekv/models/layer_types.py": CHUNK_TESTS + ("tests/test_sliding_window.py",),
     "ripplekv/models/shared_prefix.py": CHUNK_TESTS,
     "ripplekv_eval/reporting/report.py": REPORT_TESTS,
     "ripplekv_eval/running/results.py": RUN_TESTS,
+    # issue 32: the modules of the traced path, the presses and the fast path new or rewritten by the rework
+    "ripplekv/presses/registry.py": TRACED_TESTS,
+    "ripplekv/presses/ripplekv_press.py": TRACED_TESTS,
+    "ripplekv/presses/layer_budget_press.py": TRACED_TESTS
+    + ("tests/test_sliding_window.py", "tests/test_mutation_inference.py"),
+    "ripplekv/presses/selection_window.py": TRACED_TESTS
+    + ("tests/test_per_prompt_press.py", "tests/test_relations_models.py"),
+    "ripplekv/presses/factories.py": TRACED_TESTS + ("tests/test_ada_press.py", "tests/test_lava_full.py"),
+    "ripplekv/presses/layer_budget_ada_press.py": ("tests/test_ada_press.py", "tests/test_eval_shared.py", *RELATIONS),
+    "ripplekv/models/headwise.py": (
+        "tests/test_headwise.py",
+        "tests/test_ada_press.py",
+        "tests/test_lava_full.py",
+        *RELATIONS,
+    ),
+    "ripplekv_eval/fastpath/batched.py": (
+        "tests/test_batched.py",
+        "tests/test_mutation_inference.py",
+        "tests/test_sliding_window.py",
+        *RELATIONS,
+    ),
+    "ripplekv_eval/fastpath/record.py": FASTPATH_TESTS + ("tests/test_score_memo.py",),
 }
 WALL_FACTOR = 4
 """A child's wall-time limit in multiples of its CPU-time limit (see :func:`run_forked`)."""
