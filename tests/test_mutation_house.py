@@ -31,7 +31,7 @@ from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS, METHODS_WI
 from ripplekv.presses.selection_window import check_compressible, check_prompt_length, has_padding, selection_window
 from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning
 from ripplekv_eval.analysis.tuning import TuneConfig, TuneRunner
-from ripplekv_eval.fastpath.batched import batched_greedy_decode, decode_row, plan_batches, row_bytes
+from ripplekv_eval.fastpath.batched import decode_row, plan_batches, row_bytes
 from ripplekv_eval.fastpath.derive import (
     NotDerivableError,
     compressed_prefill_in_chunks,
@@ -46,7 +46,7 @@ from ripplekv_eval.reporting.stats import RunStats
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
 from ripplekv_eval.sample import EvalSample
-from tests.conftest import VOCAB, random_ids, synthetic_profile, tiny_model
+from tests.conftest import VOCAB, decode_batch, random_ids, synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -300,12 +300,12 @@ def test_a_row_joins_a_batch_while_its_padding_costs_at_most_one_step() -> None:
 
 
 def test_one_row_per_batch_and_one_new_token_decode_and_a_row_needs_no_room() -> None:
-    """Seeded: ``max_rows`` checked ``>= 2`` (298:40), ``room`` checked ``>= 1`` (172:28)."""
+    """One row alone and a one-token decode equal greedy decoding. Seeded: ``room`` checked ``>= 1`` (172:28)."""
     model = enable_varlen_attention(tiny_model("llama", layers=2))
     states = [prefill(model, random_ids(20, seed=s)) for s in (1, 2)]
     alone = [greedy_decode(model, s, 3, set()) for s in states]
-    assert batched_greedy_decode(model, states, 3, set(), max_rows=1) == alone
-    assert batched_greedy_decode(model, states, 1, set()) == [tokens[:1] for tokens in alone]
+    assert [decode_batch(model, [state], 3, set())[0] for state in states] == alone
+    assert decode_batch(model, states, 1, set()) == [tokens[:1] for tokens in alone]
     for state in states:
         assert row_bytes(state, 0) == decode_row(state, 0).nbytes()
 
@@ -484,7 +484,7 @@ def test_a_stop_id_past_the_vocabulary_is_never_banned() -> None:
     model = enable_varlen_attention(tiny_model("llama", layers=2))
     states = [prefill(model, random_ids(12, seed=s)) for s in (3, 4)]
     stops = {VOCAB, VOCAB + 5}
-    got = batched_greedy_decode(model, states, 3, stops, min_new_tokens=2)
+    got = decode_batch(model, states, 3, stops, min_new_tokens=2)
     assert got == [greedy_decode(model, s, 3, stops, min_new_tokens=2) for s in states]
 
 
