@@ -650,7 +650,8 @@ def mutate_module(
     """Run every mutant of ``module`` that has no result for its current source and tests yet.
 
     A survivor whose tests changed runs again (unless it is listed as equivalent); ``sample`` draws that many of
-    the mutants never run (seeded by the module's source), ``survivors_only`` runs none of those."""
+    the mutants never run, under this source or an earlier one (same line text, column and mutation: a twin on a line
+    that only moved is not fresh; seeded by the module's source), ``survivors_only`` runs none of those."""
     tests = MODULES[module]
     source_sha = digest([SRC / module.partition("::")[0]])
     tests_sha = digest([ROOT / t for t in (*tests, CONFTEST)])
@@ -669,9 +670,12 @@ def mutate_module(
             again.append(site)  # a survivor the tests may now kill (an equivalent one survives any test)
     if survivors_only:
         fresh = []
-    elif sample is not None and sample < len(fresh):  # a seeded random sample of the mutants not run yet
-        chosen = set(random.Random(f"{module}:{source_sha}").sample(range(len(fresh)), sample))
-        fresh = [site for i, site in enumerate(fresh) if i in chosen]
+    elif sample is not None:  # a seeded random sample of the mutants never run, under this source or an earlier one
+        seen = {f"{r['module']}\t{r['col']}\t{r['label']}\t{r['source']}" for r in results.values()}
+        fresh = [site for site in fresh if site.key not in seen]  # a twin on a moved line is not a fresh mutant
+        if sample < len(fresh):
+            chosen = set(random.Random(f"{module}:{source_sha}").sample(range(len(fresh)), sample))
+            fresh = [site for i, site in enumerate(fresh) if i in chosen]
     todo = sorted([*again, *fresh], key=lambda site: site.index)
     print(f"{module}: {len(sites)} mutants, {len(todo)} to run", flush=True)
     if not todo:
