@@ -549,3 +549,26 @@ def test_ripplekv_ada_scores_a_one_token_layer_at_its_own_ratio() -> None:
     state = prefill(tiny_model("llama", layers=2), random_ids(40, seed=9), press)
     assert kept_tokens(state) == [1, 1]
     assert [compression_ratio_keeping(1, 40)] * 2 == RATIOS
+
+
+# Round 3's survivors (per_prompt_press.py)
+
+
+def test_a_per_prompt_press_over_a_windowless_scorer_observes_kvpress_snapkv_default_window() -> None:
+    """The statistics' window under a scorer without one is 64, SnapKV's default in kvpress. Seeded: 64 -> 65 (53)."""
+    from ripplekv.allocation import CakeRule, PerPromptSchedule
+    from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+
+    press = PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0))
+    assert press.window == SnapKVPress().window_size == 64
+    assert press.floor == 1
+
+
+@pytest.mark.parametrize("min_tokens", [0, -3, 2.5])
+def test_per_prompt_min_tokens_must_be_a_whole_number_of_at_least_one(min_tokens: float) -> None:
+    """A whole number below 1 and a fraction above 1 are both refused. Seeded: the check's ``or`` -> ``and`` (132)."""
+    from ripplekv.allocation import CakeRule, PerPromptSchedule
+    from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+
+    with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
+        PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0), min_tokens=min_tokens)
