@@ -57,7 +57,7 @@ def measure(model, tokenizer, profile, length: int, methods, budgets, new_tokens
     stops = eos_ids(model, tokenizer)
 
     greedy_decode(model, states[0], 2, stops)  # warm-up of both paths
-    batched_greedy_decode_rows(model, [decode_row(s, 2) for s in states[:2]], 2, stops)
+    batched_greedy_decode_rows(model, [decode_row(s, 2) for s in states[:2]], 2, stops, 0)
 
     start = time.perf_counter()
     sequential = [greedy_decode(model, s, new_tokens, stops, min_new_tokens=new_tokens) for s in states]

@@ -106,7 +106,7 @@ def test_decode_rows_decode_as_the_batch_of_their_caches(model) -> None:
     for a, b in zip(padded_batch(lean)[0].layers, padded_batch(copied)[0].layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
     with pytest.raises(ValueError, match="room for 2 tokens, 6 may be decoded"):
-        batched_greedy_decode_rows(model, [decode_row(states[0], 2)], 6, set())
+        batched_greedy_decode_rows(model, [decode_row(states[0], 2)], 6, set(), 0)
 
 
 def test_memory_size_parses_units() -> None:

@@ -572,3 +572,37 @@ def test_per_prompt_min_tokens_must_be_a_whole_number_of_at_least_one(min_tokens
 
     with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
         PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0), min_tokens=min_tokens)
+
+
+# Round 3's survivors (the rest)
+
+
+def test_a_two_layer_pyramid_is_not_flat() -> None:
+    """Two layers make a pyramid of two distinct capacities, rescaled, not a flat one. Seeded: the flat test
+    ``len(set(capacities)) == 1`` -> ``== 2`` (schedules.py:94)."""
+    from ripplekv.allocation import PyramidSchedule
+
+    schedule = PyramidSchedule(budget=0.5, window_size=4, beta=20)
+    first, second = schedule.capacities(2, 100)
+    assert first > second
+    budgets = schedule.layer_budgets(2, 100, 4)
+    assert budgets[0] > budgets[1] and sum(budgets) == 2 * 50
+
+
+def test_lava_token_scores_are_float64_by_default() -> None:
+    """LAVa's scores are computed in float64 unless a dtype is given. Seeded: ``dtype is None`` -> ``is not None``
+    (lava.py:74): computed in the inputs' float32."""
+    from ripplekv.allocation.lava import lava_token_scores
+
+    attention = torch.softmax(torch.randn(1, 4, 3, 10), dim=-1)
+    values = torch.randn(1, 2, 13, 8)
+    assert lava_token_scores(attention, values).dtype == torch.float64
+    assert lava_token_scores(attention, values, dtype=torch.float32).dtype == torch.float32
+
+
+def test_kvpress_pyramid_takes_no_scorer() -> None:
+    """kvpress's PyramidKVPress scores with its own SnapKV: ``scorer=`` is refused by name. Seeded: its
+    ``has_scorer=False`` -> ``True`` (method_spec.py:136)."""
+    assert "pyramidkv-kvpress" in METHODS_WITHOUT_SCORER
+    with pytest.raises(ValueError, match="has no token scorer to replace"):
+        make_press("pyramidkv-kvpress", budget=0.3, scorer="knorm")

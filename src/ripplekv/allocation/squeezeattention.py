@@ -85,9 +85,10 @@ def squeeze_layer_statistic(residual_in: torch.Tensor, attention_output: torch.T
 
 
 def _optimal_bounds(ordered: np.ndarray, counts: np.ndarray, k: int) -> list[int]:
-    """Bounds ``0 = b_0 < ... < b_k = m`` of the least-squares split of ``m`` distinct sorted values (``counts``
-    copies each): it maximises ``sum_j S_j^2 / n_j`` in exact integers (floats are dyadic; ``lcm(1..n)`` clears
-    every ``n_j``), ties to the largest last bound, then the one below it, and so on."""
+    """The inner bounds ``b_1 < ... < b_{k-1}`` (``b_0 = 0``, ``b_k = m``) of the least-squares split of ``m``
+    distinct sorted values (``counts`` copies each): it maximises ``sum_j S_j^2 / n_j`` in exact integers (floats
+    are dyadic; ``lcm(1..n)`` clears every ``n_j``), ties to the largest last bound, then the one below it, and so on.
+    """
     exact = [Fraction(v) for v in ordered.tolist()]
     scale = max(f.denominator for f in exact)
     units = [f.numerator * (scale // f.denominator) for f in exact]  # value * scale, exactly
@@ -110,7 +111,7 @@ def _optimal_bounds(ordered: np.ndarray, counts: np.ndarray, k: int) -> list[int
     for j in range(k - 1, 0, -1):
         hi = bounds[-1]
         bounds.append(max(t for t in range(j, hi) if best[j - 1][t] + gain(t, hi) == best[j][hi]))
-    return [0, *reversed(bounds)]
+    return bounds[:0:-1]
 
 
 def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, ...], tuple[float, ...]]:
@@ -126,9 +127,9 @@ def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, 
     check_int("kmeans_1d", "n_clusters", n_clusters, 1)
     ordered, counts = np.unique(array, return_counts=True)
     k = min(int(n_clusters), int(ordered.size))
-    bounds = _optimal_bounds(ordered, counts, k)
+    cuts = _optimal_bounds(ordered, counts, k)
     run = np.searchsorted(ordered, array)  # each value's index among the distinct values
-    labels = np.searchsorted(np.asarray(bounds[1:-1]), run, side="right")
+    labels = np.searchsorted(np.asarray(cuts), run, side="right")
     centres = tuple(math.fsum(v.tolist()) / v.size for v in (array[labels == c] for c in range(k)))  # exact means
     return tuple(int(label) for label in labels), centres
 

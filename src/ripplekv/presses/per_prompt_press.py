@@ -266,10 +266,9 @@ class PerPromptBudgetPress(BasePress):
     def _residual_hook(self, layer: nn.Module) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             cache = kwargs.get("past_key_values")
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            if cache is not None and hidden is not None:
+            if cache is not None:  # no cache (use_cache=False): nothing is compressed
                 pending = self._pending.setdefault(id(cache), _Pending())
-                pending.residual[layer.self_attn.layer_idx] = hidden
+                pending.residual[layer.self_attn.layer_idx] = args[0] if args else kwargs["hidden_states"]
 
         return hook
 

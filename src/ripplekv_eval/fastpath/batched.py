@@ -280,7 +280,7 @@ def batched_greedy_decode_rows(
     rows: Sequence[DecodeRow],
     max_new_tokens: int,
     stop_ids: set[int],
-    min_new_tokens: int = 0,
+    min_new_tokens: int,
 ) -> list[list[int]]:
     """Greedy tokens after each of ``rows`` (:func:`decode_row`, each with room for ``max_new_tokens``), as one batch.
 
