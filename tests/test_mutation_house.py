@@ -606,3 +606,67 @@ def test_kvpress_pyramid_takes_no_scorer() -> None:
     assert "pyramidkv-kvpress" in METHODS_WITHOUT_SCORER
     with pytest.raises(ValueError, match="has no token scorer to replace"):
         make_press("pyramidkv-kvpress", budget=0.3, scorer="knorm")
+
+
+# Round 4's survivors
+
+
+def test_a_report_without_the_full_cache_says_so_and_leaves_percentages_empty(tmp_path: Any) -> None:
+    """Seeded: ``"full" not in summary.methods`` -> ``in`` (report.py:466): the note went missing; and
+    ``percent_of_full is None`` -> ``is not None`` (report.py:510): the CSV failed on the missing percentage."""
+    import json
+
+    from ripplekv_eval.reporting.report import format_csv, report
+    from ripplekv_eval.reporting.summary import load_run, summarize
+    from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE
+
+    rows = [
+        {"sample_id": f"t/{i}", "task": "t", "method": m, "budget": 0.2, "score": float(i % 2), "prompt_tokens": 100,
+         "compressed_tokens": 100, "kept_tokens": [20, 20], "fidelity_kl": 0.1 * (i + 1), "meta": {}}
+        for i in range(3) for m in ("snapkv", "ripplekv")
+    ]  # fmt: skip
+    config = {"suite": "longbench", "model": {"name_or_path": "synthetic"}, "methods": ["snapkv", "ripplekv"],
+              "budgets": [0.2], "protocol": "question-aware", "score": "both", "samples": {"count": 3}}  # fmt: skip
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"format": "ripplekv-eval/1", "config": config}))
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "No full-cache results: percentages of full are not available." in report(tmp_path)
+    csv_lines = format_csv(summarize(*load_run(tmp_path))).splitlines()
+    assert csv_lines[0].split(",")[4] == "percent_of_full"
+    assert len(csv_lines) > 1 and all(line.split(",")[4] == "" for line in csv_lines[1:])
+
+
+def test_stop_id_zero_is_banned_in_a_batch_like_any_other() -> None:
+    """Token 0 made the greedy first pick; as a stop id it is banned for the first ``min_new_tokens`` in a batch
+    as alone. Seeded: ``0 <= i < vocab`` -> ``1 <= i`` (batched.py:298): token 0 was never banned."""
+    model = enable_varlen_attention(tiny_model("llama", layers=2))
+    states = [prefill(model, random_ids(12, seed=s)) for s in (3, 4)]
+    first = greedy_decode(model, states[0], 1, set())[0]
+    with torch.no_grad():
+        model.lm_head.weight[0] = 3.0 * model.lm_head.weight[first]  # token 0's logit: 3x the first pick's
+    states = [prefill(model, random_ids(12, seed=s)) for s in (3, 4)]
+    assert greedy_decode(model, states[0], 1, set()) == [0]
+    alone = [greedy_decode(model, s, 3, {0}, min_new_tokens=2) for s in states]
+    assert alone[0][0] != 0
+    assert decode_batch(model, states, 3, {0}, min_new_tokens=2) == alone
+
+
+def test_a_per_prompt_press_takes_no_pending_state_and_a_copy_has_its_own() -> None:
+    """The state of a prefill in progress is neither a constructor argument nor shared by ``replace``. Seeded:
+    ``_pending``'s ``init=False`` -> ``True`` (per_prompt_press.py:114): ``replace`` handed the copy the same dict."""
+    from ripplekv.allocation import CakeRule, PerPromptSchedule
+    from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+
+    press = PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0))
+    assert "_pending" not in inspect.signature(PerPromptBudgetPress).parameters
+    assert replace(press, min_tokens=2)._pending is not press._pending
+
+
+def test_ripplekv_ada_scores_a_sliding_layer_keeping_everything() -> None:
+    """A sliding-window layer has no budget: scored directly, its scorer runs at ratio 0 (keeps every token).
+    Seeded: ``0.0 if n_kept is None`` -> ``1.0`` (layer_budget_ada_press.py:191)."""
+    RATIOS.clear()
+    model = tiny_model("gemma3", layers=2, layer_types=["sliding_attention", "full_attention"])
+    press = LayerBudgetAdaPress(_RatioSpy(), UniformSchedule(budget=0.5))
+    keys, values = torch.randn(1, 2, 10, 32), torch.randn(1, 2, 10, 32)
+    press.score(model.model.layers[0].self_attn, torch.randn(1, 10, 64), keys, values, None, {})
+    assert RATIOS == [0.0]
