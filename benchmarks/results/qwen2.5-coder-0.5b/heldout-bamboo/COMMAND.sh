@@ -9,8 +9,10 @@ set -eo pipefail
 cd "$(dirname "$0")/../../../.."
 Q=benchmarks/results/qwen2.5-coder-0.5b
 TUNED=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['settings']['ripplekv'])" $Q/tune/tune.json)
+METHODS=full,snapkv,pyramidkv,ripplekv
+[ "$TUNED" = ripplekv ] || METHODS="$METHODS,$TUNED"  # the tuning may keep the default
 ripplekv eval --model qwen2.5-coder-0.5b --suite jsonl --data benchmarks/heldout/bamboo.jsonl --limit 80 \
-  --methods "full,snapkv,pyramidkv,ripplekv,$TUNED" --budgets 0.1,0.2,0.3 --scorers snapkv --score fidelity \
+  --methods "$METHODS" --budgets 0.1,0.2,0.3 --scorers snapkv --score fidelity \
   --max-new-tokens 64 --profile $Q/qwen2.5-coder-0.5b.profile.json --no-progress --out $Q/heldout-bamboo "$@"
 python benchmarks/default_check.py $Q/heldout-bamboo --candidate ripplekv \
   --json $Q/heldout-bamboo/default_check.json --md $Q/heldout-bamboo/default_check.md
