@@ -1,20 +1,23 @@
 """The README's headline table: RippleKV against its best rival, per model, suite, setting and budget.
 
 Each line of the table is one committed run's verdict (``benchmarks/allocators_verdict.py``'s ``verdict.json``, or
-``benchmarks/default_check.py``'s JSON for a held-out check), under SnapKV's scorer, on fidelity KL (nats per token
-over the full cache's own greedy answer; lower is closer to the full cache):
+``benchmarks/default_check.py``'s JSON for a held-out check), under SnapKV's scorer, on one metric: by default
+fidelity KL (nats per token over the full cache's own greedy answer; lower is closer to the full cache), or
+``--metric score`` (the task score; runs whose verdict lacks it are left out):
 
 * RippleKV's macro mean (the mean over tasks of each task's mean);
-* the best rival: the lowest macro mean among the run's other allocation families (uniform, depth, attention
+* the best rival: the best macro mean among the run's other allocation families (uniform, depth, attention
   statistics, representation change; RippleKV's local-signal ablation is not a rival), chosen before testing;
 * the paired difference of macro means (RippleKV - rival) with the stratified sign-flip test's inverted 95%
   interval and Holm p, as the verdict computed them;
-* per prompt, read here from the run's ``results.jsonl``: wins / ties / losses (a win: RippleKV's KL lower) and the
-  median and 90th percentile of the per-prompt difference (the 90th percentile is the tail where RippleKV is worse).
+* per prompt, read here from the run's ``results.jsonl``: wins / ties / losses (a win: RippleKV's value better) and
+  the median and the tail quantile of the per-prompt difference where RippleKV is worse (the 90th percentile of a
+  lower-is-better metric, the 10th of a higher-is-better one).
 
     python benchmarks/headline_table.py                 # the committed runs listed in RUNS
     python benchmarks/headline_table.py --json benchmarks/results/headline_table.json \
         > benchmarks/results/headline_table.md
+    python benchmarks/headline_table.py --metric score   # task scores, runs that scored them
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ripplekv_eval.reporting.stats import METRICS
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-METRIC = "fidelity_kl"
 SCORER = "snapkv"
 RIVAL_FAMILIES = ("uniform", "depth", "attention statistics", "representation change")
 
@@ -55,16 +59,16 @@ RUNS: tuple[Run, ...] = (
 )
 
 
-def per_prompt(folder: Path, candidate: str, rival: str, budget: float) -> list[float]:
-    """RippleKV's minus the rival's KL on every prompt holding both, at one budget (rows written before the scorer
+def per_prompt(folder: Path, candidate: str, rival: str, budget: float, metric: str) -> list[float]:
+    """RippleKV's minus the rival's value on every prompt holding both, at one budget (rows written before the scorer
     was recorded are SnapKV's, the default scorer, as ``ripplekv report`` reads them)."""
     values: dict[str, dict[str, float]] = {}
     with open(folder / "results.jsonl") as lines:
         for line in lines:
             row = json.loads(line)
             mine = row["method"] in (candidate, rival) and row.get("scorer", SCORER) == SCORER
-            if mine and row["budget"] == budget and row.get(METRIC) is not None:
-                values.setdefault(row["sample_id"], {})[row["method"]] = row[METRIC]
+            if mine and row["budget"] == budget and row.get(metric) is not None:
+                values.setdefault(row["sample_id"], {})[row["method"]] = row[metric]
     return [v[candidate] - v[rival] for v in values.values() if len(v) == 2]
 
 
@@ -73,28 +77,32 @@ def quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
-def lines_of(run: Run) -> list[dict[str, Any]]:
-    """The table's lines for one run, one per budget."""
+def lines_of(run: Run, metric: str = "fidelity_kl") -> list[dict[str, Any]]:
+    """The table's lines for one run, one per budget (none when its verdict lacks ``metric``)."""
     folder = RESULTS / run.folder
     verdict = json.loads((folder / run.verdict).read_text())
+    sign = 1.0 if METRICS[metric].higher_is_better else -1.0  # sign * value: larger is better
     out = []
     if "scorers" in verdict:  # allocators_verdict.py
         candidate = (verdict.get("settings") or {}).get("ripplekv", verdict["candidate"])
-        for entry in verdict["scorers"][SCORER]["metrics"][METRIC]["budgets"]:
+        for entry in verdict["scorers"][SCORER]["metrics"].get(metric, {}).get("budgets", []):
             rivals = [entry["comparisons"][f] for f in RIVAL_FAMILIES if f in entry["comparisons"]]
-            best = min(rivals, key=lambda c: c["other_mean"])
-            out.append(_line(run, folder, candidate, entry["budget"], entry["ripplekv_mean"], best))
-    else:  # default_check.py: the candidate against SnapKV
+            best = max(rivals, key=lambda c: sign * c["other_mean"])
+            out.append(_line(run, folder, candidate, entry["budget"], entry["ripplekv_mean"], best, metric))
+    elif verdict.get("metric", "fidelity_kl") == metric:  # default_check.py: the candidate against SnapKV
         candidate = verdict["candidate"]
         for entry in verdict["budgets"]:
             best = dict(entry["candidate_minus"][SCORER], other=SCORER, other_mean=entry["means"][SCORER])
-            out.append(_line(run, folder, candidate, entry["budget"], entry["means"][candidate], best))
+            out.append(_line(run, folder, candidate, entry["budget"], entry["means"][candidate], best, metric))
     return out
 
 
-def _line(run: Run, folder: Path, candidate: str, budget: float, mean: float, best: dict[str, Any]) -> dict[str, Any]:
-    diffs = per_prompt(folder, candidate, best["other"], budget)
-    wins, ties = sum(d < 0 for d in diffs), sum(d == 0 for d in diffs)
+def _line(
+    run: Run, folder: Path, candidate: str, budget: float, mean: float, best: dict[str, Any], metric: str
+) -> dict[str, Any]:
+    diffs = per_prompt(folder, candidate, best["other"], budget, metric)
+    sign = 1.0 if METRICS[metric].higher_is_better else -1.0
+    wins, ties = sum(sign * d > 0 for d in diffs), sum(d == 0 for d in diffs)
     if (wins, ties, len(diffs) - wins - ties) != (best["wins"], best["ties"], best["losses"]):
         raise SystemExit(f"{run.folder} {budget}: per-prompt counts disagree with {run.verdict}")
     return {
@@ -115,20 +123,21 @@ def _line(run: Run, folder: Path, candidate: str, budget: float, mean: float, be
         "ties": ties,
         "losses": len(diffs) - wins - ties,
         "median": statistics.median(diffs),
-        "p90": quantile(diffs, 0.9),
+        **({"p10": quantile(diffs, 0.1)} if sign > 0 else {"p90": quantile(diffs, 0.9)}),
     }
 
 
-def markdown(lines: list[dict[str, Any]]) -> str:
+def markdown(lines: list[dict[str, Any]], metric: str = "fidelity_kl") -> str:
+    tail = "p10" if METRICS[metric].higher_is_better else "p90"
     head = (
         "| model | suite | setting | budget | RippleKV | best rival | RippleKV - rival [95% CI] | Holm p "
-        "| W/T/L | median / p90 |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| W/T/L | median / {tail} |\n|---|---|---|---|---|---|---|---|---|---|\n"
     )
     body = "".join(
         f"| {x['model']} | {x['suite']} | {x['setting']} | {x['budget']:.0%} | {x['ripplekv_mean']:.3f} "
         f"| {x['rival'].split(':')[0]} {x['rival_mean']:.3f} "
         f"| {x['difference']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}] "
-        f"| {x['p_holm']:.2g} | {x['wins']}/{x['ties']}/{x['losses']} | {x['median']:+.4f} / {x['p90']:+.4f} |\n"
+        f"| {x['p_holm']:.2g} | {x['wins']}/{x['ties']}/{x['losses']} | {x['median']:+.4f} / {x[tail]:+.4f} |\n"
         for x in lines
     )
     return head + body
@@ -137,9 +146,10 @@ def markdown(lines: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the lines as JSON here")
+    parser.add_argument("--metric", default="fidelity_kl", choices=sorted(METRICS), help="the verdicts' metric")
     args = parser.parse_args(argv)
-    lines = [line for run in RUNS for line in lines_of(run)]
-    print(markdown(lines), end="")
+    lines = [line for run in RUNS for line in lines_of(run, args.metric)]
+    print(markdown(lines, args.metric), end="")
     if args.json:
         args.json.write_text(json.dumps(lines, indent=1) + "\n")
 
