@@ -106,6 +106,10 @@ def test_bad_input_is_a_clear_error(profile_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         main(["allocate", "--profile", str(profile_path), "--budget", "1.5", "--prompt-tokens", "100"])
     assert "budget 1.5 is above 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # demo takes fractions only: no hint at a --tokens it does not have
+        main(["demo", "--budgets", "0.1,2"])
+    err = capsys.readouterr().err
+    assert "budget 2 is above 1" in err and "--tokens" not in err
     bad = tmp_path / "bad.json"
     bad.write_text(profile_path.read_text().replace('"scores": [', '"scores": [NaN, ', 1))
     code = main(["allocate", "--profile", str(bad), "--budget", "0.2", "--prompt-tokens", "100"])

@@ -13,15 +13,24 @@ if TYPE_CHECKING:
 
 def budget_arg(text: str) -> float:
     """An argparse ``type``: a kept fraction in (0, 1] (``--budget``, ``--budgets``); token counts are ``--tokens``."""
+    return _kept_fraction(text, tokens_hint=True)
+
+
+def fraction_arg(text: str) -> float:
+    """An argparse ``type``: a kept fraction in (0, 1], for a command without ``--tokens`` (``demo``)."""
+    return _kept_fraction(text, tokens_hint=False)
+
+
+def _kept_fraction(text: str, tokens_hint: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"budget must be a number, got {text!r}") from None
     if value > 1:
         hint = f"--tokens {int(value)}" if value.is_integer() else "--tokens N (a whole number)"
+        tokens = f"; for an average number of tokens per layer use {hint}" if tokens_hint else ""
         raise argparse.ArgumentTypeError(
-            f"budget {text} is above 1: a budget is a kept fraction in (0, 1] (0.1 = 10%); for an average number "
-            f"of tokens per layer use {hint}"
+            f"budget {text} is above 1: a budget is a kept fraction in (0, 1] (0.1 = 10%){tokens}"
         )
     if not (value > 0):  # also NaN
         raise argparse.ArgumentTypeError(f"budget {text} out of range: a kept fraction in (0, 1] (0.1 = 10%)")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.cli.args import add_model_args, budget_arg, comma_list, positive_int
+from ripplekv.cli.args import add_model_args, comma_list, fraction_arg, positive_int
 
 if TYPE_CHECKING:  # imported where used: ``ripplekv report`` imports this module and no torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_model_args(d)
     d.add_argument(
         "--budgets",
-        type=comma_list(budget_arg, "budgets"),
+        type=comma_list(fraction_arg, "budgets"),
         default="0.1,0.5",
         help="kept fractions, comma-separated (default 0.1,0.5; the first is plotted)",
     )
