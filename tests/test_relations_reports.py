@@ -360,3 +360,33 @@ def test_each_comparison_in_either_direction_is_the_direct_comparison_of_that_di
                     ):
                         assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-12), (scorer, budget, method, c.other)
     assert reversed_pairs > 0
+
+
+# ------------------------------------------------------------------- the README's headline table, either direction
+
+
+@pytest.mark.parametrize("metric", ["fidelity_kl", "top1_agreement"])
+def test_the_headline_table_picks_the_best_rival_and_counts_wins_by_the_metrics_direction(
+    run: Path, verdict: dict[str, Any], metric: str
+) -> None:
+    """``benchmarks/headline_table.py``: the best rival is the family representative with the best mean (lowest KL,
+    highest top-1 agreement), and a win is a prompt where RippleKV's value is better; the lines' counts must agree
+    with the verdict's. Seeded: the rival chosen by the lowest mean and wins counted as ``d < 0`` for every metric
+    (the table before ``--metric``): top-1 agreement picked the worst rival and the counts disagreed (SystemExit)."""
+    from benchmarks import headline_table
+
+    (run / "verdict.json").write_text(json.dumps(verdict, allow_nan=False))
+    lines = headline_table.lines_of(headline_table.Run("m", "s", "default", str(run)), metric)
+    higher = METRICS[metric].higher_is_better
+    for line in lines:
+        entry = next(
+            b for b in verdict["scorers"]["snapkv"]["metrics"][metric]["budgets"] if b["budget"] == line["budget"]
+        )
+        means = [
+            entry["comparisons"][f]["other_mean"] for f in headline_table.RIVAL_FAMILIES if f in entry["comparisons"]
+        ]
+        assert line["rival_mean"] == (max(means) if higher else min(means))
+        diffs = headline_table.per_prompt(run, "ripplekv", line["rival"], line["budget"], metric)
+        assert line["wins"] == sum((d > 0) if higher else (d < 0) for d in diffs)
+    assert len(lines) == len(BUDGETS)
+    assert f"median / {'p10' if higher else 'p90'}" in headline_table.markdown(lines, metric)
