@@ -257,9 +257,15 @@ def test_the_scorer_of_ripplekv_ada_is_called_at_the_layers_own_ratio() -> None:
 def test_balanced_heads_are_evicted_for_every_row_of_a_batch() -> None:
     """Seeded: the gather index expanded to ``(1, -1, -1, d)`` for ``(-1, -1, -1, d)`` (216:46): two equal-length
     prompts, every head balanced (alpha 1), each row keeps what it keeps alone."""
+    _assert_rows_select_as_if_alone(
+        LayerBudgetAdaPress(SnapKVPress(window_size=4), UniformSchedule(0.4), alpha_safeguard=1.0), (5, 6)
+    )
+
+
+def _assert_rows_select_as_if_alone(press: Any, seeds: tuple[int, int]) -> None:
+    """Two equal-length prompts prefilled as one batch under ``press``: each row keeps the keys it keeps alone."""
     model = enable_varlen_attention(tiny_model("llama", layers=2))
-    rows = torch.cat([random_ids(30, seed=5), random_ids(30, seed=6)])
-    press = LayerBudgetAdaPress(SnapKVPress(window_size=4), UniformSchedule(0.4), alpha_safeguard=1.0)
+    rows = torch.cat([random_ids(30, seed=seed) for seed in seeds])
     cache = DynamicCache()
     with torch.no_grad(), press(model):
         model(rows, past_key_values=cache, use_cache=True)
@@ -503,16 +509,7 @@ def test_a_chunked_derivation_refuses_a_press_the_fast_path_does_not_know() -> N
 
 def test_layer_budget_press_selects_every_row_of_a_batch_as_if_alone() -> None:
     """Seeded: the gather index expanded to ``(1, -1, -1, d)`` for ``(-1, -1, -1, d)`` (132:75)."""
-    model = enable_varlen_attention(tiny_model("llama", layers=2))
-    rows = torch.cat([random_ids(30, seed=7), random_ids(30, seed=8)])
-    press = LayerBudgetPress(SnapKVPress(window_size=4), UniformSchedule(0.4))
-    cache = DynamicCache()
-    with torch.no_grad(), press(model):
-        model(rows, past_key_values=cache, use_cache=True)
-    for row in range(2):
-        alone = prefill(model, rows[row : row + 1], press)
-        for ours, single in zip(cache.layers, alone.cache.layers):
-            assert torch.equal(ours.keys[row : row + 1], single.keys)
+    _assert_rows_select_as_if_alone(LayerBudgetPress(SnapKVPress(window_size=4), UniformSchedule(0.4)), (7, 8))
 
 
 def test_kvpress_own_presses_take_fractions_only() -> None:
@@ -611,36 +608,11 @@ def test_kvpress_pyramid_takes_no_scorer() -> None:
 # Round 4's survivors
 
 
-def test_a_report_without_the_full_cache_says_so_and_leaves_percentages_empty(tmp_path: Any) -> None:
-    """Seeded: ``"full" not in summary.methods`` -> ``in`` (report.py:466): the note went missing; and
-    ``percent_of_full is None`` -> ``is not None`` (report.py:510): the CSV failed on the missing percentage."""
-    import json
-
-    from ripplekv_eval.reporting.report import format_csv, report
-    from ripplekv_eval.reporting.summary import load_run, summarize
-    from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE
-
-    rows = [
-        {"sample_id": f"t/{i}", "task": "t", "method": m, "budget": 0.2, "score": float(i % 2), "prompt_tokens": 100,
-         "compressed_tokens": 100, "kept_tokens": [20, 20], "fidelity_kl": 0.1 * (i + 1), "meta": {}}
-        for i in range(3) for m in ("snapkv", "ripplekv")
-    ]  # fmt: skip
-    config = {"suite": "longbench", "model": {"name_or_path": "synthetic"}, "methods": ["snapkv", "ripplekv"],
-              "budgets": [0.2], "protocol": "question-aware", "score": "both", "samples": {"count": 3}}  # fmt: skip
-    (tmp_path / CONFIG_FILE).write_text(json.dumps({"format": "ripplekv-eval/1", "config": config}))
-    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert "No full-cache results: percentages of full are not available." in report(tmp_path)
-    csv_lines = format_csv(summarize(*load_run(tmp_path))).splitlines()
-    assert csv_lines[0].split(",")[4] == "percent_of_full"
-    assert len(csv_lines) > 1 and all(line.split(",")[4] == "" for line in csv_lines[1:])
-
-
 def test_stop_id_zero_is_banned_in_a_batch_like_any_other() -> None:
     """Token 0 made the greedy first pick; as a stop id it is banned for the first ``min_new_tokens`` in a batch
     as alone. Seeded: ``0 <= i < vocab`` -> ``1 <= i`` (batched.py:298): token 0 was never banned."""
     model = enable_varlen_attention(tiny_model("llama", layers=2))
-    states = [prefill(model, random_ids(12, seed=s)) for s in (3, 4)]
-    first = greedy_decode(model, states[0], 1, set())[0]
+    first = greedy_decode(model, prefill(model, random_ids(12, seed=3)), 1, set())[0]
     with torch.no_grad():
         model.lm_head.weight[0] = 3.0 * model.lm_head.weight[first]  # token 0's logit: 3x the first pick's
     states = [prefill(model, random_ids(12, seed=s)) for s in (3, 4)]

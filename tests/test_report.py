@@ -393,3 +393,18 @@ def test_statistics_use_only_samples_with_every_configuration(tmp_path: Path) ->
     assert got["incomplete_samples"] == 1 and want["incomplete_samples"] == 0
     assert got["metrics"] == want["metrics"]
     assert "1 sample(s) without a row for every configuration are left out" in report_module.report(partial)
+
+
+def test_a_report_without_the_full_cache_says_so_and_leaves_percentages_empty(tmp_path: Path) -> None:
+    """Seeded: ``"full" not in summary.methods`` -> ``in`` (report.py:466): the note went missing; and
+    ``percent_of_full is None`` -> ``is not None`` (report.py:510): the CSV failed on the missing percentage."""
+    from ripplekv_eval.reporting.report import format_csv
+    from ripplekv_eval.reporting.summary import load_run, summarize
+
+    rows = [_row(f"t/{i}", "t", m, 0.2, score=float(i % 2), fidelity_kl=0.1 * (i + 1)) for i in range(3) for m in
+            ("snapkv", "ripplekv")]  # fmt: skip
+    run = _write_run(tmp_path / "run", rows, ["snapkv", "ripplekv"], [0.2])
+    assert "No full-cache results: percentages of full are not available." in report_module.report(run)
+    csv_lines = format_csv(summarize(*load_run(run))).splitlines()
+    assert csv_lines[0].split(",")[4] == "percent_of_full"
+    assert len(csv_lines) > 1 and all(line.split(",")[4] == "" for line in csv_lines[1:])
