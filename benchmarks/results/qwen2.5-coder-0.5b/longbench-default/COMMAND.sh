@@ -2,6 +2,8 @@
 # Issue 33, the same matrix as ../longbench-tuned (128 prompts: first 8 records of the 16 English LongBench tasks,
 # 2,048 tokens, question-aware, 64-token answers, SnapKV's scorer) with every method at its defaults.
 # Re-running resumes where the last run stopped.
+# --decode-memory 4GiB decodes a prompt's configurations in one batch instead of groups within one full cache: it
+# changes no row (one multi_news prompt, all 28 rows bitwise equal either way) and ran 2.2x faster here.
 set -eo pipefail
 cd "$(dirname "$0")/../../../.."
 Q=benchmarks/results/qwen2.5-coder-0.5b
@@ -10,6 +12,6 @@ ripplekv eval --model qwen2.5-coder-0.5b --suite longbench --data-dir ../shared/
   --methods full,snapkv,pyramidkv,cake,squeezeattention,dynamickv,lava,lava-layer,ripplekv,ripplekv-local \
   --budgets 0.1,0.2,0.3 --scorers snapkv \
   --limit 8 --max-length 2048 --max-new-tokens 64 --score both \
-  --profile $Q/qwen2.5-coder-0.5b.profile.json --no-progress --out $Q/longbench-default "$@"
+  --profile $Q/qwen2.5-coder-0.5b.profile.json --no-progress --decode-memory 4GiB --out $Q/longbench-default "$@"
 ripplekv report $Q/longbench-default > $Q/longbench-default/report.md
 ripplekv report $Q/longbench-default --format json > $Q/longbench-default/report.json
