@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 33, the fair fight on Qwen2.5-Coder-0.5B, question-aware LongBench: the first 8 records of the 16 English
-# tasks (128 prompts, disjoint from the tuning prompts), middle-truncated to 2,048 tokens, 64-token answers, every
-# family at the setting ../tune chose (tune.json "settings", read below: a method's lowest calibration KL averaged
-# over the budgets), SnapKV's scorer (the settings were tuned under it); RippleKV's local-signal ablation takes
-# RippleKV's tuned r and gamma. Task scores and fidelity. Every configuration of a prompt is derived from its one
-# prefill. Re-running resumes where the last run stopped.
+# Issue 33, the fair fight on Qwen2.5-Coder-0.5B, question-aware LongBench: the first 8 records of the 16 English tasks
+# (124 prompts: narrativeqa holds 5 records and musique 7; disjoint from the tuning prompts), middle-truncated to 2,048
+# tokens, 64-token answers, every family at the setting ../tune chose (tune.json "settings", read below: a method's
+# lowest calibration KL averaged over the budgets), SnapKV's scorer (the settings were tuned under it); RippleKV's
+# local-signal ablation takes RippleKV's tuned r and gamma. Task scores and fidelity. Every configuration of a prompt is
+# derived from its one prefill. Re-running resumes where the last run stopped.
 # --decode-memory 4GiB decodes a prompt's configurations in one batch instead of groups within one full cache: it
 # changes no row (one multi_news prompt, all 28 rows bitwise equal either way) and ran 2.2x faster here.
 set -eo pipefail
