@@ -56,19 +56,22 @@ RUNS: tuple[Run, ...] = (
     Run(
         "SmolLM2-135M", "BAMBOO (held out), 169 prompts, 4K", "default", "heldout-bamboo", "previous_default_check.json"
     ),
+    Run("Qwen2.5-Coder-0.5B", "LongBench, 124 prompts, 2K", "default", "qwen2.5-coder-0.5b/longbench-default"),
 )
 
 
 def per_prompt(folder: Path, candidate: str, rival: str, budget: float, metric: str) -> list[float]:
-    """RippleKV's minus the rival's value on every prompt holding both, at one budget (rows written before the scorer
-    was recorded are SnapKV's, the default scorer, as ``ripplekv report`` reads them)."""
+    """RippleKV's minus the rival's value on every prompt holding both, at one budget, in the verdict's units (task
+    scores x 100; rows written before the scorer was recorded are SnapKV's, the default scorer, as ``ripplekv
+    report`` reads them)."""
+    scale = METRICS[metric].scale
     values: dict[str, dict[str, float]] = {}
     with open(folder / "results.jsonl") as lines:
         for line in lines:
             row = json.loads(line)
             mine = row["method"] in (candidate, rival) and row.get("scorer", SCORER) == SCORER
             if mine and row["budget"] == budget and row.get(metric) is not None:
-                values.setdefault(row["sample_id"], {})[row["method"]] = row[metric]
+                values.setdefault(row["sample_id"], {})[row["method"]] = scale * row[metric]
     return [v[candidate] - v[rival] for v in values.values() if len(v) == 2]
 
 

@@ -390,3 +390,25 @@ def test_the_headline_table_picks_the_best_rival_and_counts_wins_by_the_metrics_
         assert line["wins"] == sum((d > 0) if higher else (d < 0) for d in diffs)
     assert len(lines) == len(BUDGETS)
     assert f"median / {'p10' if higher else 'p90'}" in headline_table.markdown(lines, metric)
+
+
+@pytest.mark.parametrize("metric", ["fidelity_kl", "score"])
+def test_the_headline_tables_per_prompt_differences_are_in_the_verdicts_units(tmp_path: Path, metric: str) -> None:
+    """Task scores are 0-1 per row and x 100 in a verdict; the per-prompt median and tail printed beside the verdict's
+    mean must be in its units. With as many prompts per task, the mean of the per-prompt differences is the verdict's
+    macro-mean difference. Seeded: the differences read unscaled (task-score medians 100x too small)."""
+    from benchmarks import headline_table
+
+    rows = _rows()
+    for row in rows:
+        row["score"] = float(np.exp(-row["fidelity_kl"]))
+    run_dir = _write_run(tmp_path / "run", rows)
+    (run_dir / "verdict.json").write_text(
+        json.dumps(allocators_verdict.analyse(run_dir, [metric], RESAMPLES, 0, DRAWS), allow_nan=False)
+    )
+    lines = headline_table.lines_of(headline_table.Run("m", "s", "default", str(run_dir)), metric)
+    assert len(lines) == len(BUDGETS)
+    for line in lines:
+        diffs = headline_table.per_prompt(run_dir, "ripplekv", line["rival"], line["budget"], metric)
+        assert float(np.mean(diffs)) == pytest.approx(line["difference"], rel=1e-9, abs=1e-12)
+        assert line["median"] == pytest.approx(float(np.median(diffs)), rel=1e-9, abs=1e-12)
