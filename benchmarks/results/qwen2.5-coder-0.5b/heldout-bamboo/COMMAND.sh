@@ -15,6 +15,7 @@ METHODS=full,snapkv,pyramidkv,ripplekv
 [ "$TUNED" = ripplekv ] || METHODS="$METHODS,$TUNED"  # the tuning may keep the default
 ripplekv eval --model qwen2.5-coder-0.5b --suite jsonl --data benchmarks/heldout/bamboo.jsonl --limit 80 \
   --methods "$METHODS" --budgets 0.1,0.2,0.3 --scorers snapkv --score fidelity \
-  --max-new-tokens 64 --profile $Q/qwen2.5-coder-0.5b.profile.json --no-progress --decode-memory 4GiB --out $Q/heldout-bamboo "$@"
+  --max-new-tokens 64 --profile $Q/qwen2.5-coder-0.5b.profile.json --no-progress --decode-memory 4GiB \
+  --out $Q/heldout-bamboo "$@"
 python benchmarks/default_check.py $Q/heldout-bamboo --candidate ripplekv \
   --json $Q/heldout-bamboo/default_check.json --md $Q/heldout-bamboo/default_check.md
