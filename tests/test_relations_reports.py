@@ -412,3 +412,23 @@ def test_the_headline_tables_per_prompt_differences_are_in_the_verdicts_units(tm
         diffs = headline_table.per_prompt(run_dir, "ripplekv", line["rival"], line["budget"], metric)
         assert float(np.mean(diffs)) == pytest.approx(line["difference"], rel=1e-9, abs=1e-12)
         assert line["median"] == pytest.approx(float(np.median(diffs)), rel=1e-9, abs=1e-12)
+
+
+def test_the_side_by_side_table_is_relative_to_each_rivals_mean(verdict: dict[str, Any]) -> None:
+    """``benchmarks/side_by_side.py``: each cell is RippleKV's mean over the family representative's, minus one (every
+    prompt holds every method, so the paired difference is the difference of the means), and bold exactly where the
+    verdict's Holm p is below 0.05. Seeded: dividing by RippleKV's own mean."""
+    from benchmarks import side_by_side
+
+    for budget, cells in side_by_side.relative_cells(verdict, "fidelity_kl"):
+        entry = next(
+            b for b in verdict["scorers"]["snapkv"]["metrics"]["fidelity_kl"]["budgets"] if b["budget"] == budget
+        )
+        assert set(cells) == set(entry["comparisons"]) & set(side_by_side.FAMILIES)
+        for family, cell in cells.items():
+            c = entry["comparisons"][family]
+            assert cell["relative"] == pytest.approx(entry["ripplekv_mean"] / c["other_mean"] - 1, rel=1e-9)
+            assert cell["low"] <= cell["relative"] <= cell["high"]
+            assert cell["significant"] == (c["p_holm"] < 0.05)
+    table = side_by_side.markdown([("m", verdict)], "fidelity_kl")
+    assert table.count("\n") == 2 + len(BUDGETS)
