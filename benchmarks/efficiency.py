@@ -36,9 +36,9 @@ the lengths already measured and measures the rest, so an interrupted run loses 
 ratio compares configurations measured side by side within one length, so lengths from two processes are never
 compared with each other; each length records when it was measured.
 
-    python benchmarks/efficiency.py --out benchmarks/results/efficiency.json --plots benchmarks/results
-    python benchmarks/efficiency.py --quick          # smoke test: 1K tokens, 1 repeat, 10% only
-    python benchmarks/efficiency.py --methods snapkv,ripplekv,cake,squeezeattention,dynamickv,lava --skip-memory \
+    python -m benchmarks.efficiency --out benchmarks/results/efficiency.json --plots benchmarks/results
+    python -m benchmarks.efficiency --quick          # smoke test: 1K tokens, 1 repeat, 10% only
+    python -m benchmarks.efficiency --methods snapkv,ripplekv,cake,squeezeattention,dynamickv,lava --skip-memory \
         --lengths 1024,2048,4096 --out benchmarks/results/efficiency-per-prompt.json
 """
 

@@ -3,7 +3,7 @@ scales differ compare: RippleKV minus each family's representative over that rep
 paired interval scaled the same way (bold: significant after Holm), from ``benchmarks/allocators_verdict.py``'s
 ``verdict.json``, SnapKV's scorer.
 
-    python benchmarks/side_by_side.py \\
+    python -m benchmarks.side_by_side \\
         "SmolLM2-135M, 211 prompts, 4K=benchmarks/results/allocators-longbench/verdict.json" \\
         "Qwen2.5-Coder-0.5B, 124 prompts, 2K=benchmarks/results/qwen2.5-coder-0.5b/longbench-default/verdict.json"
 """
@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("uniform", "depth", "attention statistics", "representation change", "local signal")
-SCORER = "snapkv"
+from benchmarks.headline_table import RIVAL_FAMILIES, SCORER
+
+FAMILIES = (*RIVAL_FAMILIES, "local signal")
 
 
 def relative_cells(verdict: dict[str, Any], metric: str) -> list[tuple[float, dict[str, dict[str, float]]]]:
@@ -43,23 +44,20 @@ def relative_cells(verdict: dict[str, Any], metric: str) -> list[tuple[float, di
 
 
 def markdown(runs: list[tuple[str, dict[str, Any]]], metric: str) -> str:
-    present = [f for f in FAMILIES if any(f in cells for _, v in runs for _, cells in relative_cells(v, metric))]
+    tables = [(label, relative_cells(verdict, metric)) for label, verdict in runs]
+    present = [f for f in FAMILIES if any(f in cells for _, table in tables for _, cells in table)]
     head = f"| model | budget | {' | '.join(present)} |\n|---|---|{'---|' * len(present)}\n"
     rows = []
-    for label, verdict in runs:
-        for budget, cells in relative_cells(verdict, metric):
-            text = []
-            for family in present:
-                c = cells.get(family)
-                if c is None:
-                    text.append("")
-                    continue
-                bold = "**" if c["significant"] else ""
-                text.append(
-                    f"{c['other'].split(':')[0]} {bold}{c['relative']:+.0%}{bold} [{c['low']:+.0%}, {c['high']:+.0%}]"
-                )
+    for label, table in tables:
+        for budget, cells in table:
+            text = [_cell(cells[f]) if f in cells else "" for f in present]
             rows.append(f"| {label} | {budget:.0%} | {' | '.join(text)} |\n")
     return head + "".join(rows)
+
+
+def _cell(c: dict[str, Any]) -> str:
+    bold = "**" if c["significant"] else ""
+    return f"{c['other'].split(':')[0]} {bold}{c['relative']:+.0%}{bold} [{c['low']:+.0%}, {c['high']:+.0%}]"
 
 
 def main(argv: list[str] | None = None) -> None:
