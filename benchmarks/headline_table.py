@@ -56,6 +56,7 @@ RUNS: tuple[Run, ...] = (
     Run(
         "SmolLM2-135M", "BAMBOO (held out), 169 prompts, 4K", "default", "heldout-bamboo", "previous_default_check.json"
     ),
+    Run("Qwen2.5-Coder-0.5B", "LongBench, 124 prompts, 2K", "tuned", "qwen2.5-coder-0.5b/longbench-tuned"),
     Run("Qwen2.5-Coder-0.5B", "LongBench, 124 prompts, 2K", "default", "qwen2.5-coder-0.5b/longbench-default"),
 )
 
