@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 33, the held-out check on Qwen2.5-Coder-0.5B: BAMBOO MeetingQA + PaperQA 4K (benchmarks/heldout/bamboo.jsonl,
 # untouched by any profile, calibration or tuning run), the first 80 records (the file interleaves the two tasks, so
-# 40 of each; all 169 would take ~7 h of CPU here), question-aware, 64-token answers, fidelity to the full cache,
+# 40 of each; chosen when all 169 were estimated at ~7 h here, but the answers are short options, so the 80 took 35 min),
+# question-aware, 64-token answers at most, fidelity to the full cache,
 # SnapKV's scorer, 10/20/30%. Candidates: the library's default (ripplekv: r 4, gamma 3), the setting ../tune chose
 # on Qwen (tune.json "settings"), SnapKV uniform and PyramidKV. Every configuration of a prompt is derived from its
-# one prefill. Re-running resumes where the last run stopped; then the per-prompt check of the default.
+# one prefill. Re-running resumes where the last run stopped; then the per-prompt checks of the default and the tuned
+# setting.
 # --decode-memory 4GiB decodes a prompt's configurations in one batch instead of groups within one full cache: it
 # changes no row (one multi_news prompt, all 28 rows bitwise equal either way) and ran 2.2x faster here.
 set -eo pipefail
@@ -19,3 +21,7 @@ ripplekv eval --model qwen2.5-coder-0.5b --suite jsonl --data benchmarks/heldout
   --out $Q/heldout-bamboo "$@"
 python benchmarks/default_check.py $Q/heldout-bamboo --candidate ripplekv \
   --json $Q/heldout-bamboo/default_check.json --md $Q/heldout-bamboo/default_check.md
+if [ "$TUNED" != ripplekv ]; then  # the tuned setting held out as well: against SnapKV, PyramidKV and the default
+  python benchmarks/default_check.py $Q/heldout-bamboo --candidate "$TUNED" \
+    --json $Q/heldout-bamboo/default_check_tuned.json --md $Q/heldout-bamboo/default_check_tuned.md
+fi
