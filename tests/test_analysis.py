@@ -354,6 +354,9 @@ def test_run_resumes_after_an_interruption(
     out = tmp_path / "run"
     first = run_analysis(config, out, model, tokenizer, progress=False)
     assert (first.rows, first.new_rows, first.samples) == (6, 6, 3)
+    oracle_path = out / damage_profile_name(0.3)  # as written an hour earlier: a rerun must keep it byte for byte
+    replace(SensitivityProfile.load(oracle_path), created="2000-01-01T00:00:00+00:00").save(oracle_path)
+    oracle_bytes = oracle_path.read_bytes()
     complete = ResultsLog(out / DAMAGE_FILE).read()
     lines = (out / DAMAGE_FILE).read_bytes().splitlines(keepends=True)
     (out / DAMAGE_FILE).write_bytes(lines[0] + lines[1][:40])  # killed while writing the second row
@@ -374,6 +377,7 @@ def test_run_resumes_after_an_interruption(
         {k: v for k, v in r.items() if k not in strip} for r in complete
     ]
     assert second.summary["budgets"] == first.summary["budgets"]
+    assert oracle_path.read_bytes() == oracle_bytes  # so an eval fingerprinting it with --oracle-profile resumes
     with pytest.raises(ConfigMismatchError, match="window_size"):
         run_analysis(replace(config, eval=replace(config.eval, window_size=4)), out, model, tokenizer, progress=False)
     for name in ("analysis.json", damage_profile_name(0.3), damage_profile_name(0.5)):

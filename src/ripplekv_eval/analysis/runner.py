@@ -29,7 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.scorers import DEFAULT_SCORER
 from ripplekv.profiling.damage_profile import make_damage_profile
-from ripplekv.profiling.profile import SensitivityProfile, write_json_atomic
+from ripplekv.profiling.profile import ProfileError, SensitivityProfile, write_json_atomic
 from ripplekv_eval.analysis.damage import DAMAGE_METHOD, DamageRunner
 from ripplekv_eval.analysis.report import summarize
 from ripplekv_eval.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
@@ -99,6 +99,19 @@ def _run_rows(
     return folder.out, written, rows
 
 
+def _save_unless_unchanged(profile: SensitivityProfile, path: Path) -> Path:
+    """Write ``profile`` unless ``path`` already holds it but for its ``created`` time: rerunning a complete analysis
+    then leaves its damage profiles byte for byte, so runs that fingerprint them (``--oracle-profile``) resume."""
+    if path.is_file():
+        try:
+            saved = SensitivityProfile.load(path)
+        except ProfileError:
+            saved = None
+        if saved is not None and replace(profile, created=saved.created) == saved:
+            return path
+    return profile.save(path)
+
+
 def run_analysis(
     config: AnalysisConfig,
     out: str | os.PathLike[str],
@@ -162,7 +175,7 @@ def run_analysis(
             __version__,
             fingerprint,
         )
-        files.append(damage.save(out / damage_profile_name(budget)))
+        files.append(_save_unless_unchanged(damage, out / damage_profile_name(budget)))
     if config.plots:
         from ripplekv_eval.reporting.plots import write_analysis_plots
 
