@@ -179,7 +179,7 @@ METHOD_TABLE: dict[str, Method] = {
         _LAVA,
     ),
     ORACLE_METHOD: Method(
-        _SNAP + "RippleKV budgets from a damage profile (measured single-layer damage; ceiling)",
+        _SNAP + "RippleKV budgets from a damage profile (measured single-layer damage: the oracle)",
         "factories:build_ripplekv_oracle",
         _RIPPLE,
     ),
