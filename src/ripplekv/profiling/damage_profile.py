@@ -1,7 +1,7 @@
 """Damage profiles: the mean KL(full || that layer alone compressed) per layer that ``ripplekv analyze`` measures at
 ``extra["budget"]``, saved as a sensitivity profile (``local_scores`` repeat it; ``alpha`` 0). The RippleKV rule over
-it (``ripplekv-oracle``) is the reference an offline profile is measured against: a ceiling on SmolLM2, matched by
-the profile on Qwen2.5-Coder-0.5B, where one layer makes most of the one-layer damage (docs/results.md)."""
+it (``ripplekv-oracle``) allocates from what compressing each layer alone measurably costs instead of the profile's
+estimate: the reference an offline profile is compared against."""
 
 from __future__ import annotations
 
