@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran on 2026-11-30 with the first SmolLM2 profile and that day's code; the profile was remade since (float64
+# profiling), so this folder resumes only from commit 2c904f3: git worktree add ../early 2c904f3, then run this file there.
 # LongBench-mini on SmolLM2-135M: every method x 10/20/30%. Re-running resumes where the last run stopped.
 # Subsampling (CPU): the first 2 records of each task, in file order (the _e files here hold only LongBench-E's
 # 0-4k-word bucket: see ../shared/data/longbench/PROVENANCE.md),

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran on 2026-11-30 with the first SmolLM2 profile and that day's code; the profile was remade since (float64
+# profiling), so this folder resumes only from commit b2cf94f: git worktree add ../early b2cf94f, then run this file there.
 # RULER-style suite at 4K tokens on SmolLM2-135M: every method x 10/20/30%. Re-running resumes where the last
 # run stopped. Subsampling (CPU): 3 generated samples per task (seeds derived from --seed 0) for all 14 tasks,
 # contexts sized to at most 4,096 tokens with the model's tokenizer, each task's own answer cap (32 or 64 tokens).
