@@ -5,6 +5,7 @@ Seeded bug: a committed damage profile saved again with another ``created`` time
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -20,15 +21,18 @@ RESULTS = ROOT / "benchmarks" / "results"
 EARLY_RUNS = {"longbench-mini", "ruler-4k", "needle"}
 
 
-def _fingerprinted_profiles(config: dict) -> list[tuple[str, str]]:
-    """(source path, recorded sha256) of the profile and the oracle profiles a saved eval config names."""
+def _fingerprinted_profiles(config: dict) -> list[tuple[str, str, bool]]:
+    """(source path, recorded sha256, whether it hashes the file's bytes) of every profile a saved config names: an
+    eval's profile and oracle profiles (hashed as JSON content), a tuning run's candidate profiles (file bytes)."""
     sources, resolved = config.get("sources", {}), config.get("config", {})
-    pairs = []
+    found = []
     if sources.get("profile") and isinstance(resolved.get("profile"), dict):
-        pairs.append((sources["profile"], resolved["profile"]["sha256"]))
+        found.append((sources["profile"], resolved["profile"]["sha256"], False))
     for path, entry in zip(sources.get("oracle_profile") or [], resolved.get("oracle_profile") or [], strict=True):
-        pairs.append((path, entry["sha256"]))
-    return pairs
+        found.append((path, entry["sha256"], False))
+    for label, path in (sources.get("profiles") or {}).items():
+        found.append((path, resolved["profiles"][label], True))
+    return found
 
 
 def _eval_configs() -> list[Path]:
@@ -45,16 +49,19 @@ CONFIGS = _eval_configs()
 
 def test_the_committed_runs_with_profiles_are_found() -> None:
     names = {p.parent.relative_to(RESULTS).as_posix() for p in CONFIGS}
-    assert {"oracle-fidelity", "qwen2.5-coder-0.5b/oracle-fidelity", "qwen2.5-coder-0.5b/longbench-tuned"} <= names
-    assert len(CONFIGS) >= 19
+    assert {"oracle-fidelity", "qwen2.5-coder-0.5b/oracle-fidelity", "qwen2.5-coder-0.5b/tune"} <= names
+    assert len(CONFIGS) >= 20
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.parent.relative_to(RESULTS).as_posix())
 def test_a_committed_run_fingerprints_the_committed_profiles(path: Path) -> None:
     if path.parent.relative_to(RESULTS).as_posix() in EARLY_RUNS:
         pytest.skip("an early run: resumes from the commit its COMMAND.sh names")
-    for source, recorded in _fingerprinted_profiles(json.loads(path.read_text())):
+    for source, recorded, by_bytes in _fingerprinted_profiles(json.loads(path.read_text())):
         profile = ROOT / source
         assert profile.is_file(), f"{path} names {source}, which is not in the tree"
-        found = sha256_json(SensitivityProfile.load(profile).to_dict())
+        if by_bytes:
+            found = hashlib.sha256(profile.read_bytes()).hexdigest()
+        else:
+            found = sha256_json(SensitivityProfile.load(profile).to_dict())
         assert found == recorded, f"{source} is not the profile {path} ran with: rerunning it would refuse to resume"
