@@ -60,14 +60,14 @@ RUNS: tuple[Run, ...] = (
     Run("Qwen2.5-Coder-0.5B", "LongBench, 124 prompts, 2K", "default", "qwen2.5-coder-0.5b/longbench-default"),
     Run(
         "Qwen2.5-Coder-0.5B",
-        "BAMBOO (held out), 80 prompts, 4K",
+        "BAMBOO (held out), 169 prompts, 4K",
         "tuned",
         "qwen2.5-coder-0.5b/heldout-bamboo",
         "default_check_tuned.json",
     ),
     Run(
         "Qwen2.5-Coder-0.5B",
-        "BAMBOO (held out), 80 prompts, 4K",
+        "BAMBOO (held out), 169 prompts, 4K",
         "default",
         "qwen2.5-coder-0.5b/heldout-bamboo",
         "default_check.json",
