@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
+from ripplekv.cli.args import method_list
 from ripplekv.inference import greedy_decode
 from ripplekv.inference.generate import chat_prompt_parts, eos_ids
 from ripplekv.models import load_model
@@ -109,7 +110,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     model, tokenizer = load_model(args.model)
     enable_varlen_attention(model)
-    methods = tuple(m.strip() for m in args.methods.split(","))
+    methods = method_list(args.methods)
     budgets = tuple(float(b) for b in args.budgets.split(","))
     profile = SensitivityProfile.load(args.profile) if any(m.startswith("ripplekv") for m in methods) else None
     results = []

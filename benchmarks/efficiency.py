@@ -68,6 +68,7 @@ from benchmarks.kv_accounting import (
     reset_peak_allocated,
     synchronize,
 )
+from ripplekv.cli.args import method_list
 from ripplekv.inference import greedy_decode, prefill
 from ripplekv.inference.generate import eos_ids
 from ripplekv.models import load_model
@@ -394,7 +395,7 @@ def main() -> None:
         args.lengths, args.repeats, args.budgets = "1024", 1, "0.1"
     lengths = tuple(int(n) for n in args.lengths.split(","))
     budgets = tuple(float(b) for b in args.budgets.split(","))
-    methods = tuple(args.methods.split(","))
+    methods = method_list(args.methods)
     if "snapkv" not in methods or len(set(methods)) != len(methods):
         parser.error("--methods must name snapkv (every ratio is to it) and no method twice")
     if args.repeats < 1 or args.steps < 1 or any(n < 128 for n in lengths) or not all(0 < b <= 1 for b in budgets):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ripplekv.cli.args import method_list, method_spec_arg
 from ripplekv_eval.reporting.report import load_run
 from ripplekv_eval.reporting.stats import (
     ALPHA,
@@ -193,18 +194,23 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; method lists are method specs, so a parameterised one keeps its commas."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="an evaluation folder (config.json + results.jsonl)")
-    parser.add_argument("--candidate", default="ripplekv")
-    parser.add_argument("--baselines", default=DEFAULT_BASELINES)
+    parser.add_argument("--candidate", type=method_spec_arg, default="ripplekv")
+    parser.add_argument("--baselines", type=method_list, default=DEFAULT_BASELINES, help="comma-separated method specs")
     parser.add_argument("--resamples", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--permutations", type=int, default=DEFAULT_DRAWS, help="random sign vectors per comparison")
     parser.add_argument("--family", choices=tuple(FAMILIES), default="budget", help="Holm's family (default budget)")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    args = parser.parse_args()
-    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    baselines = list(args.baselines)
     result = analyse(args.run, args.candidate, baselines, args.resamples, args.seed, args.permutations, args.family)
     print(markdown(result))
     if args.json:

@@ -432,3 +432,15 @@ def test_the_side_by_side_table_is_relative_to_each_rivals_mean(verdict: dict[st
             assert cell["significant"] == (c["p_holm"] < 0.05)
     table = side_by_side.markdown([("m", verdict)], "fidelity_kl")
     assert table.count("\n") == 2 + len(BUDGETS)
+
+
+def test_the_headline_scripts_method_lists_keep_a_parameterised_methods_commas() -> None:
+    """``benchmarks/headline.py --baselines snapkv,ripplekv:r=16,gamma=30`` names two baselines, not three (seeded bug:
+    a plain ``split(",")`` gave ``ripplekv:r=16`` and ``gamma=30``)."""
+    from benchmarks import headline
+
+    args = headline.build_parser().parse_args(
+        ["run", "--candidate", "ripplekv-oracle:r=16,gamma=30", "--baselines", "snapkv,ripplekv:r=16,gamma=30"]
+    )
+    assert list(args.baselines) == ["snapkv", "ripplekv:r=16,gamma=30"]
+    assert args.candidate == "ripplekv-oracle:r=16,gamma=30"
