@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
-from types import ModuleType
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from typing import Any, Protocol
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from ripplekv.cli import allocate, demo, generate, profile
 from ripplekv.version import __version__
@@ -34,15 +38,77 @@ ENTRY_POINT_GROUP = "ripplekv.commands"
 """Entry points of this group name command modules that other packages add (the evaluation harness's four)."""
 
 
-def commands(names: Sequence[str] | None = None) -> dict[str, ModuleType]:
-    """The command modules by name, the library's first, then installed plugins' (a plugin is imported only when
-    named or when ``names`` is None)."""
-    found: dict[str, ModuleType] = {"profile": profile, "allocate": allocate, "generate": generate, "demo": demo}
+class Command(Protocol):
+    """A ``ripplekv`` command: a module (or object) with ``add_parser(subparsers)`` and ``run(args) -> int``."""
+
+    def add_parser(self, subparsers: Any) -> argparse.ArgumentParser: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def install_hint(module: str | None, dist: str = "ripplekv") -> str:
+    """The pip command that installs ``module``: the extra of ``dist`` that requires it, else the module itself.
+
+    Args:
+        module: the top-level name of the missing module (``ModuleNotFoundError.name``).
+        dist: the distribution whose extras are searched.
+    """
+    name = canonicalize_name((module or "").partition(".")[0])
+    try:
+        requires = distribution(dist).requires or []
+    except PackageNotFoundError:
+        requires = []
+    for line in requires:
+        requirement = Requirement(line)
+        marker = str(requirement.marker or "")
+        extra = marker.partition('extra == "')[2].partition('"')[0]
+        if extra and canonicalize_name(requirement.name) == name:
+            return f"pip install '{dist}[{extra}]'"
+    return f"pip install {module}"
+
+
+@dataclass(frozen=True)
+class UninstalledCommand:
+    """A plugin command whose module cannot be imported (a missing extra): listed and parsed with any arguments, it
+    exits 2 with the install line instead of a traceback, and the other commands still run."""
+
+    name: str
+    missing: str
+    install: str
+
+    def add_parser(self, subparsers: Any) -> argparse.ArgumentParser:
+        """A parser that takes any arguments (they are never read)."""
+        parser = subparsers.add_parser(self.name, help=f"not installed: {self.install}", add_help=False)
+        parser.set_defaults(any_arguments=True)
+        return parser
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Print what to install; exit status 2."""
+        print(
+            f"error: ripplekv {self.name} needs {self.missing}, which is not installed: {self.install}", file=sys.stderr
+        )
+        return 2
+
+
+def load_command(point: EntryPoint) -> Command:
+    """The command module an entry point names, or an :class:`UninstalledCommand` when it cannot be imported (a
+    plugin's command module imports its extra's modules, so a missing extra is found before anything runs)."""
+    try:
+        return point.load()
+    except ModuleNotFoundError as err:
+        dist = point.dist.name if point.dist is not None else "ripplekv"
+        return UninstalledCommand(point.name, repr(err.name), install_hint(err.name, dist))
+
+
+def commands(names: Sequence[str] | None = None) -> dict[str, Command]:
+    """The commands by name, the library's first, then installed plugins' (a plugin is imported only when named or
+    when ``names`` is None; one whose dependencies are missing is an :class:`UninstalledCommand`)."""
+    found: dict[str, Command] = {"profile": profile, "allocate": allocate, "generate": generate, "demo": demo}
     wanted = None if names is None else set(names)
     for point in entry_points(group=ENTRY_POINT_GROUP):
-        if wanted is None or point.name in wanted:
-            found.setdefault(point.name, point.load())
-    return found if wanted is None else {name: module for name, module in found.items() if name in wanted}
+        if point.name not in found and (wanted is None or point.name in wanted):
+            found[point.name] = load_command(point)
+    return found if wanted is None else {name: command for name, command in found.items() if name in wanted}
 
 
 JSON_ONLY_COMMANDS = frozenset({"report"})
@@ -74,7 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a JSON-only command parses with its own parser alone: the other commands' options (their choices and
     # defaults) import torch, transformers and kvpress
     parser = build_parser([argv[0]] if argv and argv[0] in JSON_ONLY_COMMANDS else None)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command not in JSON_ONLY_COMMANDS:
         from transformers.utils import logging as hf_logging
 
@@ -82,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     try:
         return commands([args.command])[args.command].run(args)
+    except ModuleNotFoundError as err:  # a dependency a command imports only when it runs
+        print(f"error: {err}: {install_hint(err.name)}", file=sys.stderr)
+        return 2
     except (ValueError, OSError, ImportError, EssayCorpusMissingError, WorkerLostError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
