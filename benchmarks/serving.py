@@ -15,7 +15,8 @@ child process:
 
 * ``full``: stock vLLM (``VLLM_PLUGINS=""``), every layer keeps every prompt token;
 * ``snapkv-B``: the plugin with one keep fraction, the budget ``B``, in every layer (SnapKV's uniform budget);
-* ``ripplekv-B``: the plugin with the profile's per-layer budgets at the same global budget, in tiers.
+* ``ripplekv-B``: the plugin with the profile's per-layer budgets at the same global budget (``--groups``: one
+  KV-cache group per layer by default, or tiers).
 
 The workload is meant to hold more requests than fit, so that the most requests running at once measures
 capacity rather than the request count, and to be decode-heavy (long outputs). The prompts are BAMBOO documents
@@ -121,13 +122,9 @@ def child(args: argparse.Namespace) -> None:
         import ripplekv_vllm
 
         ripplekv_vllm.register()
-        method, budget_text = args.config.split("-", 1)
-        budget = float(budget_text)
-        if method == "snapkv":
-            layers = json.loads((Path(args.model_dir) / "config.json").read_text())["num_hidden_layers"]
-            settings: dict[str, Any] = {"keep_fractions": [budget] * layers}
-        else:
-            settings = {"profile": str(args.profile), "budget": budget, "tiers": args.tiers}
+        budget = float(args.config.split("-", 1)[1])
+        layers = json.loads((Path(args.model_dir) / "config.json").read_text())["num_hidden_layers"]
+        settings = plugin_settings(args.config, args, layers)
         engine.update(worker_cls=ripplekv_vllm.WORKER_CLS, additional_config={"ripplekv": settings})
     llm = LLM(model=args.model_dir, **engine)
     ids = prompts(llm.get_tokenizer(), args.requests, args.min_tokens, args.max_tokens, args.seed)
@@ -333,35 +330,40 @@ def table(results: list[dict[str, Any]], timing: list[dict[str, Any]] | None = N
     return "\n".join(lines) + "\n"
 
 
-def layer_fractions(config: str, args: argparse.Namespace, layers: int) -> list[float]:
-    """Every layer's kept fraction under ``config`` (1.0 for the full cache), as the plugin resolves them."""
-    if config == "full":
-        return [1.0] * layers
+def plugin_settings(config: str, args: argparse.Namespace, layers: int) -> dict[str, Any]:
+    """``additional_config["ripplekv"]`` of a compressed configuration (``snapkv-B``, ``ripplekv-B``)."""
     method, budget_text = config.split("-", 1)
     if method == "snapkv":
-        return [float(budget_text)] * layers
+        return {"keep_fractions": [float(budget_text)] * layers}
+    return {"profile": str(args.profile), "budget": float(budget_text), "groups": args.groups}
+
+
+def layer_budgets(config: str, args: argparse.Namespace, layers: int) -> Any:
+    """Every group's kept prompt blocks under ``config`` (keeping everything for the full cache), as the plugin
+    resolves them (a :class:`ripplekv_vllm.budgets.GroupBudgets`)."""
+    from ripplekv_vllm.budgets import FractionBudgets
     from ripplekv_vllm.config import RippleConfig
 
-    settings = {"profile": str(args.profile), "budget": float(budget_text), "tiers": args.tiers}
+    if config == "full":
+        return FractionBudgets.of_layers([1.0] * layers, BLOCK, 64)
     engine = {"max_model_len": args.max_model_len, "max_num_batched_tokens": args.max_model_len + args.requests}
-    resolved = RippleConfig.from_settings(settings, num_layers=layers, block_size=BLOCK, **engine)
-    return list(resolved.layer_keep_fractions)
+    settings = plugin_settings(config, args, layers)
+    return RippleConfig.from_settings(settings, num_layers=layers, block_size=BLOCK, **engine).budgets
 
 
-def footprint(prompt: int, generated: int, fractions: list[float], window: int = 64) -> float:
+def footprint(prompt: int, generated: int, budgets: Any) -> float:
     """KV blocks a request holds once it has generated ``generated`` tokens (its prompt compacted), in blocks of
-    every layer: each layer's compacted blocks ``k / bs`` plus the blocks from the prompt's tail on, averaged."""
-    from ripplekv_vllm.hole import hole
-
+    every layer: each group's compacted blocks ``k / bs`` plus the blocks from the prompt's tail on, averaged over
+    the groups (of equal sizes)."""
     tokens = prompt + generated  # the slots of the step that computes the next token
     blocks = []
-    for fraction in fractions:
-        kept, full = hole(prompt, fraction, BLOCK, window) if fraction < 1.0 else (0, 0)
+    for group in range(len(budgets.groups)):
+        kept, full = budgets.hole(prompt, group)
         blocks.append(kept // BLOCK + -(-(tokens - full) // BLOCK))
     return sum(blocks) / len(blocks)
 
 
-def ceiling(result: dict[str, Any], fractions: list[float], new_tokens: int) -> dict[str, float]:
+def ceiling(result: dict[str, Any], budgets: Any, new_tokens: int) -> dict[str, float]:
     """The concurrency the block arithmetic allows a configuration, from its prompts and pool (means over prompts).
 
     A waiting request is admitted only when its whole uncompressed prompt's blocks ``F`` are free (its prefill
@@ -373,7 +375,7 @@ def ceiling(result: dict[str, Any], fractions: list[float], new_tokens: int) -> 
     lens, pool = result["prompt_lens"], result["kv_pool_blocks"] / result["kv_cache_groups"]
 
     def mean(generated: int) -> float:
-        return sum(footprint(n, generated, fractions) for n in lens) / len(lens)
+        return sum(footprint(n, generated, budgets) for n in lens) / len(lens)
 
     prompt = sum(-(-n // BLOCK) for n in lens) / len(lens)
     start, half, end = mean(1), mean(new_tokens // 2), mean(new_tokens)
@@ -390,7 +392,7 @@ def ceiling(result: dict[str, Any], fractions: list[float], new_tokens: int) -> 
 
 def ceiling_table(results: list[dict[str, Any]], args: argparse.Namespace, layers: int) -> str:
     """The block arithmetic of every configuration beside its measured concurrency, as markdown."""
-    rows = {r["config"]: ceiling(r, layer_fractions(r["config"], args, layers), args.max_new_tokens) for r in results}
+    rows = {r["config"]: ceiling(r, layer_budgets(r["config"], args, layers), args.max_new_tokens) for r in results}
     full = rows["full"]
     base = next(r for r in results if r["config"] == "full")
     lines = [
@@ -418,7 +420,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=ROOT / "benchmarks" / "results" / "smollm2-135m.profile.json")
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.2, 0.3], help="global kept fractions")
     parser.add_argument("--budget", type=float, default=None, help="one budget (the same as --budgets BUDGET)")
-    parser.add_argument("--tiers", type=int, default=3)
+    parser.add_argument(
+        "--groups", type=lambda v: v if v == "layer" else int(v), default="layer", help="'layer' or a tier count"
+    )
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--min-tokens", type=int, default=2048)
     parser.add_argument("--max-tokens", type=int, default=3900)

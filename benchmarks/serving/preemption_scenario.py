@@ -33,7 +33,7 @@ def main() -> None:
     records = [json.loads(line) for line in lines if line.strip()]
     prompts = {f"r{i}": tokenizer.encode(records[i]["context"], add_special_tokens=False).ids[:600] for i in range(4)}
     profile = ROOT / "benchmarks" / "results" / "smollm2-135m.profile.json"
-    settings = {"profile": str(profile), "budget": 0.2, "tiers": 3, "reference_tokens": 1000}
+    settings = {"profile": str(profile), "budget": 0.2, "groups": 3}
     llm = ripple_llm(model, settings, num_gpu_blocks_override=91, max_model_len=960, max_num_batched_tokens=960)
     try:
         loaded = drive(llm, prompts, 300, arrivals={f"r{i}": 2 * i for i in range(4)})

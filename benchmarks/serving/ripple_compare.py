@@ -5,11 +5,11 @@ Run in the vLLM environment after ``ripple_reference.py`` (main environment) wro
     .venv-vllm/bin/python benchmarks/serving/ripple_compare.py --reference /tmp/ripple-reference.json --out DIR
 
 The plugin serves each reference prompt alone (in-process engine, float32, eager, 32-token blocks, the reference's
-profile, budget and tiers as ``additional_config["ripplekv"]``), records the positions every compaction keeps
-(``ripplekv_vllm.backend.observe_kept``) and adds the prompt's tail block ``[T, N)``, which stays in place. For each
-layer and KV head the kept set is compared with the library's (SnapKV at the same per-layer budget ``k + N - T``),
-then the greedy tokens (``ignore_eos``) are compared, and the prompts are served once more as one concurrent batch.
-``DIR/compare.json`` holds every count; ``DIR/compare.txt`` a summary.
+profile and budget as ``additional_config["ripplekv"]``, one group per layer), records the positions every
+compaction keeps (``ripplekv_vllm.backend.observe_kept``) and adds the prompt's tail block ``[T, N)``, which stays
+in place. For each layer and KV head the kept set is compared with the library's (SnapKV at the same per-layer
+budget ``k + N - T``), then the greedy tokens (``ignore_eos``) are compared, and the prompts are served once more as
+one concurrent batch. ``DIR/compare.json`` holds every count; ``DIR/compare.txt`` a summary.
 """
 
 from __future__ import annotations
@@ -64,13 +64,12 @@ def main() -> None:
     import ripplekv_vllm
     import vllm
     from ripplekv_vllm.backend import observe_kept
-    from ripplekv_vllm.hole import hole
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     ripplekv_vllm.register()
     bs = int(reference["block_size"])
-    settings = {k: v for k, v in reference["settings"].items()}
+    settings = {k: v for k, v in reference["settings"].items() if k in ("profile", "budget", "window", "kernel_size")}
     llm = LLM(
         model=reference["model_dir"],
         dtype="float32",
@@ -85,7 +84,6 @@ def main() -> None:
         additional_config={"ripplekv": settings},
     )
     config = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.ripple_config
-    assert list(config.layer_keep_fractions) == reference["keep_fractions"], "tiers differ from the reference's"
     params = SamplingParams(temperature=0.0, max_tokens=int(reference["max_new_tokens"]), ignore_eos=True)
     rows, alone = [], []
     for row in reference["prompts"]:
@@ -103,8 +101,7 @@ def main() -> None:
         tokens = list(output.outputs[0].token_ids)
         alone.append(tokens)
         library = {int(layer): [set(h) for h in heads] for layer, heads in row["kept"].items()}
-        plugin_budgets = [hole(n, f, bs, settings["window"]) for f in config.layer_keep_fractions]
-        budgets_equal = [k + n - t for k, t in plugin_budgets] == row["budgets"]
+        budgets_equal = list(config.budgets.layer_budgets(n)) == row["budgets"]
         sets = compare_kept(kept, library)
         rows.append(
             {

@@ -10,8 +10,8 @@ The plugin keeps, per layer tier, a block-aligned share of each prompt: ``k`` Sn
 prompt's full blocks ``[0, T)`` and the partial tail block ``[T, N)`` (``serving/src/ripplekv_vllm/hole.py``), i.e.
 ``k + N - T`` tokens. Here the library's own press (:class:`ripplekv.presses.LayerBudgetPress` with kvpress's
 ``SnapKVPress``, window 64, kernel 5) runs with exactly those per-layer budgets (a fixed schedule), and the positions
-each head keeps are recorded. The tiers come from the same profile and settings as the plugin's
-(``ripplekv_vllm.tiers``, imported from ``serving/src``: it needs no vLLM). The prompts are BAMBOO contexts
+each head keeps are recorded. The budgets come from the same profile and settings as the plugin's
+(``ripplekv_vllm.budgets``, imported from ``serving/src``: it needs no vLLM). The prompts are BAMBOO contexts
 (``benchmarks/heldout/bamboo.jsonl``) cut to a few lengths.
 """
 
@@ -33,12 +33,12 @@ from ripplekv.models.loading import ensure_converted
 from ripplekv.models.sources import smollm2_gguf_path
 from ripplekv.presses import LayerBudgetPress
 from ripplekv.presses.layer_budget_press import global_schedule
+from ripplekv.profiling.profile import SensitivityProfile
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "serving" / "src"))  # ripplekv_vllm.hole / .tiers: pure, no vLLM import
+sys.path.insert(0, str(ROOT / "serving" / "src"))  # ripplekv_vllm.budgets / .hole: no vLLM import
 
-from ripplekv_vllm.hole import hole  # noqa: E402
-from ripplekv_vllm.tiers import load_profile, tier_keep_fractions  # noqa: E402
+from ripplekv_vllm.budgets import ProfileBudgets, layer_groups  # noqa: E402
 
 BAMBOO = ROOT / "benchmarks" / "heldout" / "bamboo.jsonl"
 PROFILE = ROOT / "benchmarks" / "results" / "smollm2-135m.profile.json"
@@ -92,19 +92,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget", type=float, default=0.2)
-    parser.add_argument("--tiers", type=int, default=3)
-    parser.add_argument("--reference-tokens", type=int, default=1000)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     args = parser.parse_args()
     model, tokenizer = load_model("smollm2-135m", dtype="float32", device="cpu")
-    fractions = tier_keep_fractions(load_profile(PROFILE), args.budget, args.tiers, args.reference_tokens, WINDOW)
+    scores = SensitivityProfile.load(PROFILE).scores
+    served = ProfileBudgets(layer_groups(len(scores)), scores, args.budget, 4.0, 3.0, BLOCK, WINDOW)
     records = [json.loads(line) for line in BAMBOO.read_text().splitlines() if line.strip()]
     rows = []
     for name, index, length in PROMPTS:
         ids = tokenizer(records[index]["context"], add_special_tokens=False).input_ids[:length]
         n = len(ids)
-        bounds = [hole(n, f, BLOCK, WINDOW) for f in fractions]
-        budgets = tuple(k + n - t for k, t in bounds)
+        bounds = [served.hole(n, layer) for layer in range(len(scores))]
+        budgets = served.layer_budgets(n)
         press = RecordingPress(press=SnapKVPress(window_size=WINDOW, kernel_size=KERNEL))
         press.schedule = FixedBudgets(budgets=budgets, prompt_tokens=n)
         state = prefill(model, torch.tensor([ids]), press=press)
@@ -133,12 +132,9 @@ def main() -> None:
         "settings": {
             "profile": str(PROFILE),
             "budget": args.budget,
-            "tiers": args.tiers,
-            "reference_tokens": args.reference_tokens,
             "window": WINDOW,
             "kernel_size": KERNEL,
         },
-        "keep_fractions": list(fractions),
         "block_size": BLOCK,
         "max_new_tokens": args.max_new_tokens,
         "prompts": rows,

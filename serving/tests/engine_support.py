@@ -203,16 +203,21 @@ def transformers_reference(
     return tokens, logprobs
 
 
-def tier_of(runner: Any) -> list[tuple[float, list[int]]]:
-    """(keep fraction, layer indices) of each KV-cache group."""
+def groups_of(runner: Any) -> list[tuple[Any, list[int]]]:
+    """(``RippleSpec``, layer indices) of each KV-cache group."""
     from ripplekv_vllm.spec import RippleSpec
 
     out = []
     for group in runner.kv_cache_config.kv_cache_groups:
         assert isinstance(group.kv_cache_spec, RippleSpec)
         layers = sorted(int(name.split(".layers.")[1].split(".")[0]) for name in group.layer_names)
-        out.append((group.kv_cache_spec.keep_fraction, layers))
+        out.append((group.kv_cache_spec, layers))
     return out
+
+
+def fractions_of(runner: Any) -> list[tuple[float, list[int]]]:
+    """(kept fraction, layer indices) of each KV-cache group of an engine configured with ``keep_fractions``."""
+    return [(spec.budgets.fractions[spec.group], layers) for spec, layers in groups_of(runner)]
 
 
 def non_null(blocks: list[list[int | None]]) -> list[int]:

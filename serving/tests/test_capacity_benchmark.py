@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ripplekv_vllm.budgets import FractionBudgets
 from ripplekv_vllm.hole import hole
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,23 +39,28 @@ def test_fidelity_summary(bench) -> None:
     assert summary["kl_mean"] == pytest.approx(0.8 / 8)
 
 
+def groups(*fractions: float) -> FractionBudgets:
+    """One group per layer, each keeping its fraction."""
+    return FractionBudgets.of_layers(list(fractions), 32, 64)
+
+
 def test_footprint_is_the_compacted_blocks_plus_the_tail_and_answer(bench) -> None:
     # the full cache: every slot of prompt and answer
-    assert bench.footprint(1000, 1, [1.0, 1.0]) == 32  # 1,001 slots
-    assert bench.footprint(1000, 25, [1.0]) == 33
+    assert bench.footprint(1000, 1, groups(1.0, 1.0)) == 32  # 1,001 slots
+    assert bench.footprint(1000, 25, groups(1.0)) == 33
     # 20% of 1,000 tokens: 6 compacted blocks (192 tokens) + the tail block [992, 1001)
     kept, full = hole(1000, 0.2, 32, 64)
     assert (kept, full) == (192, 992)
-    assert bench.footprint(1000, 1, [0.2]) == 7
-    assert bench.footprint(1000, 24, [0.2]) == 7  # slots up to 1,024: still one tail block
-    assert bench.footprint(1000, 25, [0.2]) == 8
-    assert bench.footprint(1000, 1, [0.2, 1.0]) == (7 + 32) / 2  # averaged over layers
+    assert bench.footprint(1000, 1, groups(0.2)) == 7
+    assert bench.footprint(1000, 24, groups(0.2)) == 7  # slots up to 1,024: still one tail block
+    assert bench.footprint(1000, 25, groups(0.2)) == 8
+    assert bench.footprint(1000, 1, groups(0.2, 1.0)) == (7 + 32) / 2  # averaged over layers
 
 
 def test_ceiling(bench) -> None:
     result = {"prompt_lens": [1000, 1000], "kv_pool_blocks": 300, "kv_cache_groups": 3}  # 100 blocks of all layers
-    row = bench.ceiling(result, [0.2], 256)
+    row = bench.ceiling(result, groups(0.2), 256)
     assert row["pool_blocks"] == 100 and row["prompt_blocks"] == 32
     assert row["admit_start"] == pytest.approx((100 - 32) / 7 + 1)
-    assert row["hold_end"] == pytest.approx(100 / bench.footprint(1000, 256, [0.2]))
-    assert bench.footprint(1000, 256, [0.2]) == 6 + 9  # slots [992, 1256): 264 tokens in 9 blocks
+    assert row["hold_end"] == pytest.approx(100 / bench.footprint(1000, 256, groups(0.2)))
+    assert bench.footprint(1000, 256, groups(0.2)) == 6 + 9  # slots [992, 1256): 264 tokens in 9 blocks

@@ -33,10 +33,22 @@ def raises(message: str):
     return pytest.raises(RippleConfigError, match=re.escape(message))
 
 
-def test_a_profile_and_a_budget_give_tiers() -> None:
-    config = make({"profile": str(PROFILE), "budget": 0.2, "tiers": 3})
-    assert len(config.layer_keep_fractions) == 30 and len(set(config.layer_keep_fractions)) == 3
-    assert sum(config.layer_keep_fractions) == pytest.approx(30 * int(0.2 * 2048) / 2048)  # reference max_model_len
+def test_a_profile_and_a_budget_give_one_group_per_layer() -> None:
+    config = make({"profile": str(PROFILE), "budget": 0.2})
+    assert config.budgets.groups == tuple((layer,) for layer in range(30))
+    kept = config.budgets.layer_budgets(1500)
+    assert len(set(kept)) > 3 and sum(kept) == 30 * (288 + 1500 % 32)  # SnapKV-uniform's 9 blocks per layer
+
+
+def test_tiers_of_equal_sizes_in_budget_order() -> None:
+    config = make({"profile": str(PROFILE), "budget": 0.2, "groups": 3})
+    groups = config.budgets.groups
+    assert len(groups) == 3 and {len(g) for g in groups} == {10}
+    kept = config.budgets.kept_blocks(2000)
+    library = config.budgets.library_budgets(2048)  # the ranking's length: max_model_len
+    ranked = [min(library[i] for i in g) for g in groups], [max(library[i] for i in g) for g in groups]
+    assert all(ranked[1][a] <= ranked[0][b] for a in range(3) for b in range(a + 1, 3))
+    assert list(kept) == sorted(kept)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +123,9 @@ def test_engine_settings_the_plugin_cannot_serve(engine: dict, message: str) -> 
         ({"keep_fractions": [float("nan")] * 30}, "ripplekv: keep_fractions[0] is nan; it must be in (0, 1]"),
         ({"keep_fractions": [0.5] * 30, "budget": 0.2}, "give 'keep_fractions' or 'profile' with 'budget', not both"),
         ({}, "ripplekv: no budget source"),
-        ({"profile": str(PROFILE), "budget": 0.2, "tiers": 4}, "tiers must be an integer >= 1 dividing the model's 30"),
+        ({"profile": str(PROFILE), "budget": 0.2, "groups": 4}, "groups must be 'layer' or a number of tiers dividing"),
+        ({"profile": str(PROFILE), "budget": 0.2, "groups": "tier"}, "groups must be 'layer' or a number of tiers"),
+        ({"keep_fractions": [0.5] * 29 + [0.25]}, "ripplekv: keep_fractions: groups must have equal sizes"),
         ({"profile": "/nonexistent.json", "budget": 0.2}, "profile file /nonexistent.json does not exist"),
         ({"keep_fractions": [0.5] * 30, "window": 0}, "ripplekv: window must be an integer >= 1, got 0"),
         ({"keep_fractions": [0.5] * 30, "kernel_size": 4}, "kernel_size must be an odd integer >= 1, got 4"),

@@ -11,22 +11,23 @@ from conftest import PROFILE
 from engine_support import (
     close,
     drive,
+    fractions_of,
+    groups_of,
     non_null,
     ripple_llm,
     runner_of,
     stock_generate,
-    tier_of,
     transformers_reference,
 )
+from ripplekv.profiling.profile import SensitivityProfile
 
 from ripplekv_vllm.backend import observe_kept
-from ripplekv_vllm.hole import hole
-from ripplekv_vllm.tiers import load_profile, tier_keep_fractions
+from ripplekv_vllm.budgets import ProfileBudgets, layer_groups
 
 TOKENS = 12
 BS, WINDOW = 32, 64
-# the library's allocation of a 1,000-token prompt (prompt "a"), in 3 tiers of 10 layers
-TIERS = {"profile": str(PROFILE), "budget": 0.2, "tiers": 3, "reference_tokens": 1000}
+# the library's allocation at each prompt's own length, one KV-cache group per layer (the default)
+LAYERS = {"profile": str(PROFILE), "budget": 0.2}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_full_budget_is_stock_vllm(model_dir: str, prompts: dict[str, list[int]]
     stock = stock_generate(model_dir, [prompts[n] for n in names], TOKENS)
     llm = ripple_llm(model_dir, {"keep_fractions": [1.0] * 30})
     try:
-        assert [f for f, _ in tier_of(runner_of(llm))] == [1.0]
+        assert [f for f, _ in fractions_of(runner_of(llm))] == [1.0]
         run = drive(llm, {n: prompts[n] for n in names}, TOKENS)
     finally:
         close(llm)
@@ -54,19 +55,19 @@ def test_full_budget_is_stock_vllm(model_dir: str, prompts: dict[str, list[int]]
 
 @pytest.fixture(scope="module")
 def tier_runs(model_dir: str, prompts: dict[str, list[int]]):
-    """One engine with the library's tiers and a pool so small that ``b`` must reuse ``a``'s freed blocks.
+    """One engine with the library's per-layer budgets and a pool so small that ``b`` must reuse ``a``'s freed blocks.
 
     Runs ``a`` alone (recording its kept positions), ``b`` alone, then both with ``b`` arriving while ``a`` decodes.
     """
-    groups_needed = 3 * -(-len(prompts["a"]) // BS)
-    margin = 8  # free blocks beyond a's prefill: b (57 blocks) cannot fit without a's freed hole
-    # a pool this small admits sequences of 1,056 tokens at most (33 blocks in each of the 3 groups)
-    llm = ripple_llm(model_dir, TIERS, num_gpu_blocks_override=1 + groups_needed + margin, max_model_len=1056)
+    groups_needed = 30 * -(-len(prompts["a"]) // BS)
+    margin = 80  # free blocks beyond a's prefill: b (30 x 19 blocks) cannot fit without a's freed hole
+    # a pool this small admits sequences of 1,088 tokens at most (34 blocks in each of the 30 groups)
+    llm = ripple_llm(model_dir, LAYERS, num_gpu_blocks_override=1 + groups_needed + margin, max_model_len=1056)
     kept: dict[str, torch.Tensor] = {}
     observe_kept(lambda layer, row, indices: kept.__setitem__(layer, indices.clone()))
     try:
         runner = runner_of(llm)
-        tiers = tier_of(runner)
+        tiers = groups_of(runner)
         alone_a = drive(llm, {"a": prompts["a"]}, TOKENS)
         observe_kept(None)
         alone_b = drive(llm, {"b": prompts["b"]}, TOKENS)
@@ -77,22 +78,24 @@ def tier_runs(model_dir: str, prompts: dict[str, list[int]]):
     return {"tiers": tiers, "a": alone_a, "b": alone_b, "both": both, "kept": kept}
 
 
-def test_tiers_are_the_library_allocation(tier_runs) -> None:
-    tiers = tier_runs["tiers"]
-    assert len(tiers) == 3 and all(len(layers) == 10 for _, layers in tiers)
-    fractions = tier_keep_fractions(load_profile(PROFILE), 0.2, 3, 1000, WINDOW)
-    for fraction, layers in tiers:
-        assert all(fractions[i] == fraction for i in layers)
+def test_groups_are_the_library_allocation(tier_runs, prompts: dict[str, list[int]]) -> None:
+    groups = tier_runs["tiers"]
+    assert sorted(layers for _, layers in groups) == [[layer] for layer in range(30)]
+    scores = SensitivityProfile.load(PROFILE).scores
+    expected = ProfileBudgets(layer_groups(30), scores, 0.2, 4.0, 3.0, BS, WINDOW)
+    for n in (len(prompt) for prompt in prompts.values()):
+        for spec, (layer,) in groups:
+            assert spec.hole(n) == expected.hole(n, layer)
 
 
 def test_first_decode_step_frees_exactly_the_holes(tier_runs, prompts: dict[str, list[int]]) -> None:
     n = len(prompts["a"])
     assert n % BS  # the first decode token lands in the prompt's partial tail block: no new block at step 1
     run = tier_runs["a"]
-    bounds = [hole(n, fraction, BS, WINDOW) for fraction, _ in tier_runs["tiers"]]
-    assert all(k < t for k, t in bounds)
+    bounds = [spec.hole(n) for spec, _ in tier_runs["tiers"]]
+    assert all(k < t for k, t in bounds) and len(set(bounds)) > 1  # every layer evicts, not all alike
     blocks = run.requests["a"].blocks
-    assert non_null(blocks[0]) == [-(-n // BS)] * 3  # after the prefill: the whole prompt
+    assert non_null(blocks[0]) == [-(-n // BS)] * 30  # after the prefill: the whole prompt
     assert non_null(blocks[1]) == [k // BS + 1 for k, _ in bounds]  # [0, k) and the tail block
     for group, (k, t) in zip(blocks[1], bounds):
         assert all(b is None for b in group[k // BS : t // BS]) and None not in group[: k // BS]
@@ -102,8 +105,8 @@ def test_first_decode_step_frees_exactly_the_holes(tier_runs, prompts: dict[str,
 def test_decoding_attends_exactly_the_kept_tokens(tier_runs, model_dir: str, prompts: dict[str, list[int]]) -> None:
     n = len(prompts["a"])
     kept, full = {}, {}
-    for fraction, layers in tier_runs["tiers"]:
-        k, t = hole(n, fraction, BS, WINDOW)
+    for spec, layers in tier_runs["tiers"]:
+        k, t = spec.hole(n)
         for layer in layers:
             indices = tier_runs["kept"][f"model.layers.{layer}.self_attn.attn"]
             assert indices.shape == (k, 3)

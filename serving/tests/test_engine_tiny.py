@@ -26,11 +26,11 @@ from engine_support import (
     close,
     core_of,
     drive,
+    fractions_of,
     non_null,
     ripple_llm,
     runner_of,
     stock_generate,
-    tier_of,
     transformers_reference,
 )
 
@@ -96,7 +96,7 @@ def test_full_budget_is_stock_vllm(tiny_dir: str, prompts: dict[str, list[int]],
     names = ["a", "b"]
     llm = ripple_llm(tiny_dir, {"keep_fractions": [1.0] * LAYERS})
     try:
-        assert tier_of(runner_of(llm)) == [(1.0, list(range(LAYERS)))]
+        assert fractions_of(runner_of(llm)) == [(1.0, list(range(LAYERS)))]
         run = drive(llm, {n: prompts[n] for n in names}, TOKENS)
     finally:
         close(llm)
@@ -116,7 +116,7 @@ def tier_run(tiny_dir: str, prompts: dict[str, list[int]]):
     kept: dict[tuple[str, int], torch.Tensor] = {}
     observe_kept(lambda layer, row, indices: kept.__setitem__((layer, row), indices.clone()))
     try:
-        tiers = tier_of(runner_of(llm))
+        tiers = fractions_of(runner_of(llm))
         run = drive(llm, prompts, TOKENS)
         alone = drive(llm, {"a": prompts["a"]}, TOKENS)
     finally:
@@ -302,7 +302,7 @@ def test_hole_disagreement_is_caught(tiny_dir: str, prompts: dict[str, list[int]
         engine.add_request("a", TokensPrompt(prompt_token_ids=prompts["a"]), params)
         engine.step()  # a's prefill
         (internal,) = core.scheduler.requests
-        group = [fraction for fraction, _ in tier_of(runner_of(llm))].index(0.25)
+        group = [fraction for fraction, _ in fractions_of(runner_of(llm))].index(0.25)
         manager = core.scheduler.kv_cache_manager.coordinator.single_type_managers[group]
         kept, _ = hole(len(prompts["a"]), 0.25, BS, WINDOW)
         seeded = manager.req_to_blocks[internal][kept // BS - 1].block_id

@@ -11,6 +11,16 @@ from ripplekv_vllm.plan import ChunkedPrefillError, plan_batch, virtual_row
 BS, WINDOW = 32, 64
 
 
+def quarter(n: int) -> tuple[int, int]:
+    """The hole of a group keeping a quarter of each prompt."""
+    return hole(n, 0.25, BS, WINDOW)
+
+
+def everything(n: int) -> tuple[int, int]:
+    """The hole of a group keeping every token (none)."""
+    return hole(n, 1.0, BS, WINDOW)
+
+
 def table(rows: int, width: int) -> torch.Tensor:
     """Distinct block ids per row: row r holds 1000 r + column."""
     return torch.arange(width)[None, :] + 1000 * torch.arange(rows)[:, None]
@@ -23,7 +33,7 @@ def test_decode_rows_skip_the_hole_and_prefill_rows_compact() -> None:
     starts = torch.tensor([0, 1, 701, 702])
     blocks = table(3, 40)
     before = (seq_lens.clone(), blocks.clone())
-    plan = plan_batch(seq_lens, starts, prompts, blocks, 0.25, BS, WINDOW)
+    plan = plan_batch(seq_lens, starts, prompts, blocks, quarter, BS)
     assert torch.equal(seq_lens, before[0]) and torch.equal(blocks, before[1])  # inputs untouched
 
     kept, full = hole(1102, 0.25, BS, WINDOW)  # (256, 1088)
@@ -42,26 +52,27 @@ def test_decode_rows_skip_the_hole_and_prefill_rows_compact() -> None:
     assert plan.max_seq_len == int(plan.seq_lens.max())
 
 
-def test_a_tier_that_keeps_everything_changes_nothing() -> None:
+def test_a_group_that_keeps_everything_changes_nothing() -> None:
     seq_lens, starts, prompts = torch.tensor([1107, 700]), torch.tensor([0, 1, 701]), torch.tensor([1102, 700])
     blocks = table(2, 40)
-    plan = plan_batch(seq_lens, starts, prompts, blocks, 1.0, BS, WINDOW)
+    plan = plan_batch(seq_lens, starts, prompts, blocks, everything, BS)
     assert plan.compactions == () and plan.remapped_rows == ()
     assert torch.equal(plan.seq_lens, seq_lens) and torch.equal(plan.block_table, blocks)
 
 
 def test_a_resumed_request_compacts_its_prompt_and_carries_its_generated_tokens() -> None:
     # re-prefill after preemption: prompt plus 7 generated tokens in one step
-    plan = plan_batch(torch.tensor([707]), torch.tensor([0, 707]), torch.tensor([700]), table(1, 30), 0.25, BS, WINDOW)
+    plan = plan_batch(torch.tensor([707]), torch.tensor([0, 707]), torch.tensor([700]), table(1, 30), quarter, BS)
     (job,) = plan.compactions
     assert (job.num_prompt_tokens, job.kept, job.full, job.generated) == (700, *hole(700, 0.25, BS, WINDOW), 7)
     # the generated tokens then read prompt and themselves around the hole, as a decode row does
     seq, row = virtual_row(table(1, 30)[0], 707, job.kept, job.full, BS)
-    decode = plan_batch(torch.tensor([707]), torch.tensor([0, 1]), torch.tensor([700]), table(1, 30), 0.25, BS, WINDOW)
-    assert seq == int(decode.seq_lens[0]) and torch.equal(row, decode.block_table[0])
+    decode = plan_batch(torch.tensor([707]), torch.tensor([0, 1]), torch.tensor([700]), table(1, 30), quarter, BS)
+    used = -(-seq // BS)  # the columns the kernel reads; those past the sequence are unspecified
+    assert seq == int(decode.seq_lens[0]) and torch.equal(row[:used], decode.block_table[0, :used])
 
 
 @pytest.mark.parametrize(("seq", "query"), [(700, 300), (400, 400)])
 def test_partial_prefill_is_refused(seq: int, query: int) -> None:
     with pytest.raises(ChunkedPrefillError, match="RippleKV needs each prompt prefilled in one step"):
-        plan_batch(torch.tensor([seq]), torch.tensor([0, query]), torch.tensor([700]), table(1, 30), 0.25, BS, WINDOW)
+        plan_batch(torch.tensor([seq]), torch.tensor([0, query]), torch.tensor([700]), table(1, 30), quarter, BS)

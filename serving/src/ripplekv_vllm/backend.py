@@ -37,7 +37,6 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-from ripplekv_vllm.hole import hole
 from ripplekv_vllm.plan import Compaction, plan_batch, virtual_row
 from ripplekv_vllm.selection import kept_indices, snapkv_scores
 from ripplekv_vllm.spec import RippleSpec
@@ -113,7 +112,7 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
         if not isinstance(spec, RippleSpec):
             full = num_prompt_tokens // self.block_size * self.block_size
             return full, full
-        return hole(int(num_prompt_tokens), spec.keep_fraction, self.block_size, spec.window)
+        return spec.hole(int(num_prompt_tokens))
 
     def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False) -> Any:
         """The stock metadata, or for an evicting tier the planned metadata with its compactions.
@@ -125,7 +124,7 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             fast_build: the stock builder's flag.
         """
         spec = self.kv_cache_spec
-        if not isinstance(spec, RippleSpec) or spec.keep_fraction >= 1.0:
+        if not isinstance(spec, RippleSpec) or spec.budgets is None:
             return super().build(common_prefix_len, common_attn_metadata, fast_build)
         if self._prompt_lens is None:
             raise RuntimeError("RippleBuilder was not bound to the runner's prompt lengths (RippleRunner does it)")
@@ -136,9 +135,8 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             cm.query_start_loc_cpu[: num_reqs + 1],
             self._prompt_lens(num_reqs),
             cm.block_table_tensor[:num_reqs],
-            spec.keep_fraction,
+            spec.hole,
             self.block_size,
-            spec.window,
         )
         if plan.remapped_rows:
             seq_lens, table = cm.seq_lens.clone(), cm.block_table_tensor.clone()

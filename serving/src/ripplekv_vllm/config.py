@@ -8,24 +8,24 @@ settings and those engine facts, and refuses a bad combination in ``__post_init_
 
 The plugin's settings, as ``LLM(additional_config={"ripplekv": {...}})`` passes them:
 
-* ``profile`` (a ``ripplekv profile`` JSON) and ``budget`` (the global kept fraction in ``(0, 1]``), with
-  ``tiers`` (default 3), ``ratio``/``gamma`` (the library's allocation defaults) and ``reference_tokens`` (the
-  prompt length the allocation is computed at; default ``max_model_len``): see :mod:`ripplekv_vllm.tiers`;
-* or ``keep_fractions``: one kept fraction per layer, given directly;
+* ``profile`` (a ``ripplekv profile`` JSON) and ``budget`` (the global kept fraction in ``(0, 1]``), with ``groups``
+  (``"layer"``, the default: one KV-cache group per layer; or a number of tiers of equal layer counts) and
+  ``ratio``/``gamma`` (default: the library's): each prompt keeps, per layer, the library's RippleKV budget at its own
+  length, block-rounded to SnapKV-uniform's total (:class:`ripplekv_vllm.budgets.ProfileBudgets`);
+* or ``keep_fractions``: one kept fraction per layer, given directly (layers of one fraction share a group);
 * ``window`` (64) and ``kernel_size`` (5): SnapKV's observation window and pooling kernel, as kvpress's defaults.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig, BudgetSpec
-from ripplekv.profiling.profile import ProfileError
+from ripplekv.profiling.profile import ProfileError, SensitivityProfile
 
-from ripplekv_vllm.tiers import load_profile, tier_keep_fractions
+from ripplekv_vllm.budgets import FractionBudgets, GroupBudgets, ProfileBudgets, layer_groups, tier_groups
 
 __all__ = ["CONFIG_KEY", "KERNEL_BLOCK", "RippleConfig", "RippleConfigError", "SETTINGS"]
 
@@ -38,10 +38,9 @@ KERNEL_BLOCK = 32
 SETTINGS = (
     "profile",
     "budget",
-    "tiers",
+    "groups",
     "ratio",
     "gamma",
-    "reference_tokens",
     "keep_fractions",
     "window",
     "kernel_size",
@@ -80,23 +79,22 @@ class RippleConfig:
         enable_chunked_prefill: the engine's chunked prefill (must be off).
         long_prefill_token_threshold: the engine's cap on a prompt's tokens per step (must be 0: no cap).
         disable_hybrid_kv_cache_manager: whether vLLM merges every layer into one KV-cache group (must be off: each
-            tier is its own group); vLLM also sets it for KV connectors without hybrid support.
+            group is its own KV-cache group); vLLM also sets it for KV connectors without hybrid support.
         speculative_decoding: whether the engine has a speculative config (refused).
         async_scheduling: the engine's asynchronous scheduling (refused; vLLM's CPU build turns it off).
         kv_connector: whether the engine has a KV-transfer connector (refused).
         parallel_sizes: the engine's tensor, pipeline, decode- and prefill-context parallel sizes (each must be 1).
         budget: the global kept fraction in ``(0, 1]`` (with ``profile``).
         profile: path of a ``ripplekv profile`` JSON (with ``budget``), or None with ``keep_fractions``.
-        tiers: tiers of equal layer counts the profile's allocation is grouped into (``>= 1``, dividing
-            ``num_layers``).
+        groups: ``"layer"`` (one KV-cache group per layer) or a number of tiers of equal layer counts (``>= 1``,
+            dividing ``num_layers``; each tier keeps its layers' mean budget).
         ratio: the library allocation's disparity ``r``.
         gamma: the library allocation's clip bound.
-        reference_tokens: the prompt length the allocation is computed at (default: ``max_model_len``).
         keep_fractions: one kept fraction per layer in ``(0, 1]``, instead of ``profile`` and ``budget``.
         window: SnapKV's observation window (``>= 1``), always kept.
         kernel_size: SnapKV's pooling kernel (odd, ``>= 1``).
         model: the served model's architecture (``_ARCHITECTURE`` fields) to check the profile against.
-        layer_keep_fractions: the resolved kept fraction of every layer (computed).
+        budgets: every group's layers and kept prompt blocks (computed).
 
     Raises:
         RippleConfigError: on any setting out of range or an engine setting the plugin cannot serve with.
@@ -116,15 +114,14 @@ class RippleConfig:
     parallel_sizes: Mapping[str, int] = field(default_factory=dict)
     budget: float | None = None
     profile: str | None = None
-    tiers: int = 3
+    groups: str | int = "layer"
     ratio: float = DEFAULT_RATIO
     gamma: float = DEFAULT_GAMMA
-    reference_tokens: int | None = None
     keep_fractions: tuple[float, ...] | None = None
     window: int = 64
     kernel_size: int = 5
     model: Mapping[str, Any] = field(default_factory=dict)
-    layer_keep_fractions: tuple[float, ...] = field(init=False, default=())
+    budgets: GroupBudgets = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._check_engine()
@@ -136,9 +133,13 @@ class RippleConfig:
             if self.profile is not None or self.budget is not None:
                 raise RippleConfigError("ripplekv: give 'keep_fractions' or 'profile' with 'budget', not both")
             fractions = self._check_fractions(self.keep_fractions)
+            try:
+                budgets: GroupBudgets = FractionBudgets.of_layers(fractions, self.block_size, self.window)
+            except ValueError as error:
+                raise RippleConfigError(f"ripplekv: keep_fractions: {error}") from None
         else:
-            fractions = self._fractions_from_profile()
-        object.__setattr__(self, "layer_keep_fractions", fractions)
+            budgets = self._budgets_from_profile()
+        object.__setattr__(self, "budgets", budgets)
 
     def _check_engine(self) -> None:
         if self.enable_prefix_caching:
@@ -207,7 +208,7 @@ class RippleConfig:
                 raise RippleConfigError(f"ripplekv: keep_fractions[{i}] is {value!r}; it must be in (0, 1]")
         return tuple(float(v) for v in fractions)
 
-    def _fractions_from_profile(self) -> tuple[float, ...]:
+    def _budgets_from_profile(self) -> ProfileBudgets:
         if self.profile is None:
             raise RippleConfigError(
                 "ripplekv: no budget source: give 'profile' (a ripplekv profile JSON) with 'budget', or "
@@ -221,16 +222,36 @@ class RippleConfig:
             AllocationConfig(ratio=self.ratio, gamma=self.gamma)
         except ValueError as error:
             raise RippleConfigError(f"ripplekv: {error}") from None
-        if not _is_int(self.tiers) or self.tiers < 1 or self.num_layers % self.tiers:
-            raise RippleConfigError(
-                f"ripplekv: tiers must be an integer >= 1 dividing the model's {self.num_layers} layers (vLLM pads "
-                f"KV-cache groups of unequal sizes), got {self.tiers!r}"
-            )
-        reference = self.max_model_len if self.reference_tokens is None else self.reference_tokens
-        if not _is_int(reference) or reference < 1:
-            raise RippleConfigError(f"ripplekv: reference_tokens must be an integer >= 1, got {reference!r}")
+        profile = self._load_profile()
+        if self.groups == "layer":
+            groups = layer_groups(self.num_layers)
+        else:
+            # tiers: layers ranked by their library budget (ties: the more sensitive, then the lower index)
+            sign = 1.0 if self.ratio >= 1 else -1.0
+            weights = ProfileBudgets(
+                layer_groups(self.num_layers),
+                profile.scores,
+                float(budget),
+                self.ratio,
+                self.gamma,
+                self.block_size,
+                self.window,
+            ).library_budgets(self.max_model_len)
+            order = sorted(range(self.num_layers), key=lambda i: (weights[i], sign * profile.scores[i], i))
+            try:
+                groups = tier_groups(order, self.groups)  # type: ignore[arg-type]
+            except ValueError as error:
+                raise RippleConfigError(
+                    f"ripplekv: groups must be 'layer' or a number of tiers dividing the model's {self.num_layers} "
+                    f"layers (vLLM pads KV-cache groups of unequal sizes), got {self.groups!r}"
+                ) from error
+        return ProfileBudgets(
+            groups, profile.scores, float(budget), self.ratio, self.gamma, self.block_size, self.window
+        )
+
+    def _load_profile(self) -> SensitivityProfile:
         try:
-            profile = load_profile(self.profile)
+            profile = SensitivityProfile.load(self.profile)  # type: ignore[arg-type]
         except ProfileError as error:
             raise RippleConfigError(f"ripplekv: profile {self.profile}: {error}") from None
         if profile.num_layers != self.num_layers:
@@ -245,12 +266,7 @@ class RippleConfig:
                     f"ripplekv: profile {self.profile} was measured on a model with {name}={theirs}, the served "
                     f"model has {name}={mine} (run ripplekv profile on this model)"
                 )
-        fractions = tier_keep_fractions(
-            profile, float(budget), self.tiers, int(reference), self.window, self.ratio, self.gamma
-        )
-        if any(not math.isfinite(f) for f in fractions):  # cannot happen for a valid profile; never serve NaN
-            raise RippleConfigError(f"ripplekv: profile {self.profile} gave non-finite keep fractions {fractions}")
-        return fractions
+        return profile
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], **engine: Any) -> RippleConfig:

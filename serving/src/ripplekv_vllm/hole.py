@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-__all__ = ["hole", "min_kept_blocks", "realised_budget", "target_budget"]
+__all__ = ["check_hole_args", "hole", "min_kept_blocks", "realised_budget", "target_budget"]
 
 
-def _check(num_prompt_tokens: int, keep_fraction: float, block_size: int, window: int) -> None:
+def check_hole_args(num_prompt_tokens: int, keep_fraction: float, block_size: int, window: int) -> None:
     if isinstance(num_prompt_tokens, bool) or not isinstance(num_prompt_tokens, int) or num_prompt_tokens < 1:
         raise ValueError(f"num_prompt_tokens must be an integer >= 1, got {num_prompt_tokens!r}")
     if not (0.0 < keep_fraction <= 1.0):  # also rejects NaN
@@ -42,7 +42,7 @@ def target_budget(num_prompt_tokens: int, keep_fraction: float, window: int) -> 
         keep_fraction: the tier's kept fraction of the prompt, in ``(0, 1]``.
         window: SnapKV's observation window (``>= 1``).
     """
-    _check(num_prompt_tokens, keep_fraction, 1, window)
+    check_hole_args(num_prompt_tokens, keep_fraction, 1, window)
     return min(max(int(keep_fraction * num_prompt_tokens), min(window, num_prompt_tokens)), num_prompt_tokens)
 
 
@@ -56,7 +56,7 @@ def min_kept_blocks(num_prompt_tokens: int, block_size: int, window: int) -> int
         block_size: tokens per KV-cache block ``bs`` (``>= 1``).
         window: SnapKV's observation window (``>= 1``).
     """
-    _check(num_prompt_tokens, 1.0, block_size, window)
+    check_hole_args(num_prompt_tokens, 1.0, block_size, window)
     tail = num_prompt_tokens % block_size
     need = max(min(window, num_prompt_tokens) - tail, 0)
     return -(-need // block_size)
@@ -81,7 +81,7 @@ def hole(num_prompt_tokens: int, keep_fraction: float, block_size: int, window: 
     Raises:
         ValueError: on an argument out of range.
     """
-    _check(num_prompt_tokens, keep_fraction, block_size, window)
+    check_hole_args(num_prompt_tokens, keep_fraction, block_size, window)
     full = num_prompt_tokens // block_size * block_size
     tail = num_prompt_tokens - full
     budget = target_budget(num_prompt_tokens, keep_fraction, window)

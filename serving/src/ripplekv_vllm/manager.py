@@ -4,22 +4,21 @@ RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagatio
 tier's share of the prompt and evicts the rest after the prefill. Once a request's whole prompt has been
 processed, :meth:`RippleManager.remove_skipped_blocks` (which vLLM's ``KVCacheManager.allocate_slots`` calls
 before allocating the step's new blocks, with the request's prompt length) hands the prompt blocks of the hole
-``[k, T)`` (:func:`ripplekv_vllm.hole.hole`) back to the block pool and puts the null block in their place, as
-vLLM's own R-SWA manager frees a middle gap. Later positions keep their logical block indices.
+``[k, T)`` (:meth:`ripplekv_vllm.spec.RippleSpec.hole`) back to the block pool and puts the null block in their
+place, as vLLM's own R-SWA manager frees a middle gap. Later positions keep their logical block indices.
 """
 
 from __future__ import annotations
 
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
-from ripplekv_vllm.hole import hole
 from ripplekv_vllm.spec import RippleSpec
 
 __all__ = ["RippleManager"]
 
 
 class RippleManager(FullAttentionManager):
-    """The KV-cache manager of one RippleKV tier's group (a ``FullAttentionManager`` that frees the hole)."""
+    """The KV-cache manager of one RippleKV group (a ``FullAttentionManager`` that frees the hole)."""
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -35,5 +34,6 @@ class RippleManager(FullAttentionManager):
         if num_prompt_tokens is None or processed_computed_tokens < num_prompt_tokens or num_prompt_tokens < 1:
             return
         assert isinstance(spec, RippleSpec), f"RippleManager serves RippleSpec groups, got {type(spec).__name__}"
-        kept, full = hole(int(num_prompt_tokens), spec.keep_fraction, self.block_size, spec.window)
-        self._remove_blocks_in_range(request_id, kept // self.block_size, full // self.block_size)
+        kept, full = spec.hole(int(num_prompt_tokens))
+        if kept < full:
+            self._remove_blocks_in_range(request_id, kept // self.block_size, full // self.block_size)

@@ -15,16 +15,15 @@ requests), so the worker derives the hole from the prompt length ``N`` alone, fo
   what they computed before the preemption;
 * a row that prefills part of its prompt: refused (:class:`ChunkedPrefillError`), the plugin needs whole prompts.
 
-Rows of a tier that evicts nothing (``k == T``) are left as they are.
+Rows whose group evicts nothing of their prompt (``k == T``) are left as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from ripplekv_vllm.hole import hole
 
 __all__ = ["BatchPlan", "ChunkedPrefillError", "Compaction", "plan_batch", "virtual_row"]
 
@@ -57,11 +56,12 @@ class Compaction:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """The metadata one tier's attention reads, and its compactions.
+    """The metadata one group's attention reads, and its compactions.
 
     Attributes:
         seq_lens: per-row sequence lengths, shortened by ``T - k`` for remapped rows.
-        block_table: per-row block ids, the hole's columns removed for remapped rows.
+        block_table: per-row block ids, the hole's columns removed for remapped rows (columns past a remapped row's
+            sequence are unspecified: the kernel never reads them).
         compactions: the rows that compact their prompt after the attention.
         remapped_rows: the rows read through the virtual table.
     """
@@ -82,54 +82,61 @@ def plan_batch(
     query_start_loc: torch.Tensor,
     prompt_lens: torch.Tensor,
     block_table: torch.Tensor,
-    keep_fraction: float,
+    hole_of: Callable[[int], tuple[int, int]],
     block_size: int,
-    window: int,
 ) -> BatchPlan:
-    """The plan of one step's ``num_reqs`` rows for one tier (see the module docstring).
+    """The plan of one step's ``num_reqs`` rows for one group (see the module docstring).
 
-    The inputs are never modified: rows that change are written into clones.
+    The holes come from ``hole_of`` per distinct prompt length; the decode rows' virtual block tables are built in one
+    gather over the whole batch. The inputs are never modified.
 
     Args:
         seq_lens: per-row sequence lengths after this step, ``[num_reqs]``.
         query_start_loc: the rows' offsets into the step's tokens, ``[num_reqs + 1]``.
         prompt_lens: per-row prompt lengths ``N``, ``[num_reqs]``.
         block_table: the worker's per-row block ids, ``[num_reqs, max_blocks]``.
-        keep_fraction: the tier's kept fraction.
+        hole_of: ``(k, T)`` of a prompt length (the group's hole).
         block_size: tokens per block.
-        window: SnapKV's observation window.
 
     Raises:
         ChunkedPrefillError: a row prefills part of its prompt.
     """
     num_reqs = int(seq_lens.shape[0])
-    new_seq, new_table = seq_lens, block_table
-    compactions: list[Compaction] = []
-    remapped: list[int] = []
-    seq_list, start_list, prompt_list = seq_lens.tolist(), query_start_loc.tolist(), prompt_lens.tolist()
-    for row in range(num_reqs):
-        prompt = int(prompt_list[row])
-        if prompt < 1:
-            continue
-        kept, full = hole(prompt, keep_fraction, block_size, window)
-        if kept >= full:
-            continue
-        seq = int(seq_list[row])
-        computed = seq - (int(start_list[row + 1]) - int(start_list[row]))
-        if computed >= prompt:
-            if not remapped:
-                new_seq, new_table = seq_lens.clone(), block_table.clone()
-            new_seq[row], new_table[row] = virtual_row(block_table[row], seq, kept, full, block_size)
-            remapped.append(row)
-        elif computed == 0 and seq >= prompt:
-            compactions.append(Compaction(row, int(start_list[row]), prompt, kept, full, seq - prompt))
-        else:
-            raise ChunkedPrefillError(
-                f"RippleKV needs each prompt prefilled in one step, but a {prompt}-token prompt arrived with "
-                f"{computed} tokens already computed and {seq - computed} in this step: start vLLM with "
-                "enable_chunked_prefill=False and max_num_batched_tokens >= max_model_len"
-            )
-    return BatchPlan(new_seq, new_table, tuple(compactions), tuple(remapped))
+    prompts = prompt_lens[:num_reqs].tolist()
+    bounds = [hole_of(int(n)) if n >= 1 else (0, 0) for n in prompts]
+    kept = torch.tensor([k for k, _ in bounds], dtype=torch.int64)
+    full = torch.tensor([t for _, t in bounds], dtype=torch.int64)
+    query_lens = (query_start_loc[1 : num_reqs + 1] - query_start_loc[:num_reqs]).to(torch.int64)
+    seqs = seq_lens[:num_reqs].to(torch.int64)
+    computed = seqs - query_lens
+    prompt = torch.tensor(prompts, dtype=torch.int64)
+    evicts = kept < full
+    decode = evicts & (computed >= prompt)
+    prefill = evicts & (computed == 0) & (seqs >= prompt)
+    partial = evicts & ~decode & ~prefill
+    if bool(partial.any()):
+        row = int(partial.nonzero()[0])
+        raise ChunkedPrefillError(
+            f"RippleKV needs each prompt prefilled in one step, but a {prompts[row]}-token prompt arrived with "
+            f"{int(computed[row])} tokens already computed and {int(query_lens[row])} in this step: start vLLM with "
+            "enable_chunked_prefill=False and max_num_batched_tokens >= max_model_len"
+        )
+    starts = query_start_loc[:num_reqs].tolist()
+    compactions = tuple(
+        Compaction(row, int(starts[row]), prompts[row], bounds[row][0], bounds[row][1], int(seqs[row]) - prompts[row])
+        for row in prefill.nonzero().flatten().tolist()
+    )
+    remapped = tuple(decode.nonzero().flatten().tolist())
+    if not remapped:
+        return BatchPlan(seq_lens, block_table, compactions, ())
+    gap = torch.where(decode, (full - kept) // block_size, 0)
+    columns = torch.arange(block_table.shape[1], dtype=torch.int64)
+    source = columns[None, :] + torch.where(columns[None, :] >= (kept // block_size)[:, None], gap[:, None], 0)
+    table = block_table.clone()
+    table[:num_reqs] = block_table[:num_reqs].gather(1, source.clamp_(max=block_table.shape[1] - 1))
+    new_seq = seq_lens.clone()
+    new_seq[:num_reqs] = (seqs - gap * block_size).to(seq_lens.dtype)
+    return BatchPlan(new_seq, table, compactions, remapped)
 
 
 def virtual_row(row: torch.Tensor, seq_len: int, kept: int, full: int, block_size: int) -> tuple[int, torch.Tensor]:

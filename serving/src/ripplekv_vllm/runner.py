@@ -9,7 +9,7 @@ budgets per layer, but vLLM's attention layers and backends do not know which la
   refusing layers the plugin cannot serve (sliding window, ALiBi, anything but vLLM's CPU attention); no other
   engine in the process is touched;
 * :meth:`RippleRunner.get_kv_cache_spec` turns each layer's stock ``FullAttentionSpec`` into a
-  :class:`~ripplekv_vllm.spec.RippleSpec` of its tier (the layer index read from its name);
+  :class:`~ripplekv_vllm.spec.RippleSpec` of its group (the layer index read from its name);
 * :meth:`RippleRunner.initialize_kv_cache` lends every :class:`~ripplekv_vllm.backend.RippleBuilder` the rows'
   prompt lengths (the input batch's ``num_prompt_tokens_cpu_tensor``, in the order of the metadata rows) and builds
   the :class:`~ripplekv_vllm.ledger.BlockLedger` from the builders' holes;
@@ -37,7 +37,7 @@ __all__ = ["RippleRunner"]
 
 
 class RippleRunner(CPUModelRunner):
-    """A ``CPUModelRunner`` whose layers get RippleKV tier specs and the RippleKV backend (see the module)."""
+    """A ``CPUModelRunner`` whose layers get RippleKV group specs and the RippleKV backend (see the module)."""
 
     def __init__(self, vllm_config: Any, device: torch.device, ripple_config: RippleConfig) -> None:
         """Build the stock runner with the plugin's resolved settings.
@@ -83,13 +83,14 @@ class RippleRunner(CPUModelRunner):
             layer.impl = RippleImpl.of(impl)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        """The stock specs, each layer's as a ``RippleSpec`` of its tier.
+        """The stock specs, each layer's as a ``RippleSpec`` of its group.
 
         Raises:
             RippleConfigError: a layer that is not plain full attention (sliding window, MLA, ...), which the plugin
                 does not serve.
         """
         config = self.ripple_config
+        group_of = config.budgets.group_of_layers()
         out: dict[str, KVCacheSpec] = {}
         for name, spec in super().get_kv_cache_spec().items():
             if type(spec) is not FullAttentionSpec or spec.sliding_window is not None:
@@ -97,7 +98,7 @@ class RippleRunner(CPUModelRunner):
                     f"ripplekv serves full-attention layers only; layer {name} has a {type(spec).__name__}"
                 )
             layer = extract_layer_index(name)
-            out[name] = ripple_spec_from(spec, config.layer_keep_fractions[layer], config.window, config.kernel_size)
+            out[name] = ripple_spec_from(spec, config.budgets, group_of[layer], config.window, config.kernel_size)
         return out
 
     def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> None:

@@ -1,0 +1,235 @@
+"""How many prompt tokens each KV-cache group of the RippleKV vLLM plugin keeps, from the prompt length alone.
+
+RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) gives each layer
+its own share of a global KV budget. vLLM frees memory per KV-cache group and per block, so the plugin serves the
+library's per-layer budgets as groups of layers (by default one group per layer) whose kept prompt blocks are
+computed, for each prompt, from its own length ``N``:
+
+* :class:`ProfileBudgets`: the library's RippleKV budgets at ``N``
+  (:class:`ripplekv.allocation.ProfileSchedule`, SnapKV's window as the floor, exactly what ``LayerBudgetPress``
+  keeps), each group's target its layers' mean, apportioned in whole blocks so that every prompt keeps exactly the
+  blocks SnapKV-uniform keeps at the same budget (largest remainder; ties to the more sensitive group);
+* :class:`FractionBudgets`: one fixed kept fraction per group (SnapKV-uniform is one group at the budget).
+
+The scheduler (which frees each group's hole) and the worker (which compacts and reads around it) call
+:meth:`GroupBudgets.hole` with the same integers and get the same answer; nothing here imports vLLM or kvpress.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+
+import numpy as np
+from ripplekv.allocation.budget import ProfileSchedule
+
+from ripplekv_vllm.hole import check_hole_args, hole, min_kept_blocks
+
+__all__ = ["FractionBudgets", "GroupBudgets", "ProfileBudgets", "layer_groups", "tier_groups"]
+
+
+class GroupBudgets(ABC):
+    """Per KV-cache group, the prompt tokens kept: ``hole(N, group) = (k, T)``, the evicted range ``[k, T)``."""
+
+    groups: tuple[tuple[int, ...], ...]
+    block_size: int
+    window: int
+
+    @abstractmethod
+    def kept_blocks(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        """``k / bs`` of every group for a prompt of ``num_prompt_tokens`` tokens (``k`` of ``[0, T)`` kept)."""
+
+    def hole(self, num_prompt_tokens: int, group: int) -> tuple[int, int]:
+        """``(k, T)``: the block-aligned prompt range group ``group`` evicts (``k == T``: none).
+
+        Args:
+            num_prompt_tokens: the prompt length ``N`` (``>= 1``).
+            group: the group's index in :attr:`groups`.
+        """
+        full = num_prompt_tokens // self.block_size * self.block_size
+        return self.kept_blocks(num_prompt_tokens)[group] * self.block_size, full
+
+    def layer_budgets(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        """Tokens of the prompt each layer keeps: its group's ``k`` plus the tail ``[T, N)`` kept in place."""
+        tail = num_prompt_tokens % self.block_size
+        out = [0] * sum(len(members) for members in self.groups)
+        for blocks, members in zip(self.kept_blocks(num_prompt_tokens), self.groups):
+            for layer in members:
+                out[layer] = blocks * self.block_size + tail
+        return tuple(out)
+
+    def group_of_layers(self) -> dict[int, int]:
+        """Each layer's group index."""
+        return {layer: g for g, members in enumerate(self.groups) for layer in members}
+
+    def _check_groups(self, num_layers: int | None = None) -> None:
+        layers = sorted(layer for members in self.groups for layer in members)
+        if not self.groups or layers != list(range(len(layers))):
+            raise ValueError(f"groups must partition the layers 0..L-1, got {self.groups!r}")
+        if num_layers is not None and len(layers) != num_layers:
+            raise ValueError(f"groups cover {len(layers)} layers, the model has {num_layers}")
+        if len({len(members) for members in self.groups}) != 1:
+            raise ValueError(f"groups must have equal sizes (vLLM pads unequal KV-cache groups), got {self.groups!r}")
+        check_hole_args(1, 1.0, self.block_size, self.window)
+
+
+def layer_groups(num_layers: int) -> tuple[tuple[int, ...], ...]:
+    """One group per layer: the library's per-layer budgets, block-rounded."""
+    return tuple((layer,) for layer in range(num_layers))
+
+
+def tier_groups(order: Sequence[int], tiers: int) -> tuple[tuple[int, ...], ...]:
+    """``tiers`` groups of equal size, each a run of ``order`` (layers ranked by their budget).
+
+    Args:
+        order: every layer index, ranked.
+        tiers: the number of groups (``>= 1``, dividing the layer count).
+    """
+    n = len(order)
+    if isinstance(tiers, bool) or not isinstance(tiers, int) or tiers < 1 or n % tiers:
+        raise ValueError(f"tiers must be an integer >= 1 dividing the {n} layers (equal group sizes), got {tiers!r}")
+    size = n // tiers
+    return tuple(tuple(sorted(order[start : start + size])) for start in range(0, n, size))
+
+
+@dataclass(frozen=True)
+class FractionBudgets(GroupBudgets):
+    """One kept fraction per group: group ``g`` keeps :func:`ripplekv_vllm.hole.hole` of ``fractions[g]``.
+
+    Attributes:
+        groups: the layers of each group.
+        fractions: each group's kept fraction of the prompt, in ``(0, 1]``.
+        block_size: tokens per KV-cache block.
+        window: SnapKV's observation window (always kept).
+    """
+
+    groups: tuple[tuple[int, ...], ...]
+    fractions: tuple[float, ...]
+    block_size: int
+    window: int
+
+    def __post_init__(self) -> None:
+        self._check_groups()
+        if len(self.fractions) != len(self.groups):
+            raise ValueError(f"{len(self.fractions)} fractions for {len(self.groups)} groups")
+        for fraction in self.fractions:
+            check_hole_args(1, fraction, self.block_size, self.window)
+
+    @classmethod
+    def of_layers(cls, fractions: Sequence[float], block_size: int, window: int) -> FractionBudgets:
+        """Groups of the layers that share a fraction (in order of first appearance)."""
+        members: dict[float, list[int]] = {}
+        for layer, fraction in enumerate(fractions):
+            members.setdefault(float(fraction), []).append(layer)
+        return cls(tuple(tuple(m) for m in members.values()), tuple(members), block_size, window)
+
+    def kept_blocks(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        return _fraction_blocks(self, num_prompt_tokens)
+
+
+@lru_cache(maxsize=4096)
+def _fraction_blocks(budgets: FractionBudgets, num_prompt_tokens: int) -> tuple[int, ...]:
+    bs, window = budgets.block_size, budgets.window
+    return tuple(hole(num_prompt_tokens, f, bs, window)[0] // bs for f in budgets.fractions)
+
+
+@dataclass(frozen=True)
+class ProfileBudgets(GroupBudgets):
+    """The library's RippleKV budgets at each prompt's own length, served by groups in whole blocks.
+
+    For a prompt of ``N`` tokens (``T = N // bs * bs``): the library's per-layer budgets ``b_l`` (what
+    ``LayerBudgetPress`` with this schedule and SnapKV's window keeps), each group's target ``mean(b_l) - (N - T)``
+    in blocks, apportioned by largest remainder (ties: the group of the higher mean score, then the lower index)
+    over SnapKV-uniform's blocks at the same budget (``G * k_u`` for ``k_u`` = :func:`hole` of the budget), each
+    group within ``[min_kept_blocks, T / bs]``. So every prompt keeps the same number of blocks as under
+    SnapKV-uniform, and each layer keeps its library budget up to the block rounding.
+
+    Attributes:
+        groups: the layers of each group (equal sizes).
+        scores: the profile's per-layer sensitivity.
+        budget: the global kept fraction, in ``(0, 1]``.
+        ratio: the allocation's disparity ``r``.
+        gamma: the allocation's clip bound.
+        block_size: tokens per KV-cache block.
+        window: SnapKV's observation window (the library's per-layer floor, always kept).
+    """
+
+    groups: tuple[tuple[int, ...], ...]
+    scores: tuple[float, ...]
+    budget: float
+    ratio: float
+    gamma: float
+    block_size: int
+    window: int
+    schedule: ProfileSchedule = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._check_groups(len(self.scores))
+        object.__setattr__(self, "schedule", ProfileSchedule(self.budget, self.scores, self.ratio, self.gamma))
+
+    @cached_property
+    def _preference(self) -> np.ndarray:
+        sign = 1.0 if self.ratio >= 1 else -1.0
+        return np.array([sign * float(np.mean([self.scores[i] for i in m])) for m in self.groups])
+
+    def library_budgets(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        """The library's per-layer budgets of the prompt (no block rounding)."""
+        return self.schedule.layer_budgets(len(self.scores), int(num_prompt_tokens), self.window)
+
+    def kept_blocks(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        return _profile_blocks(self, num_prompt_tokens)
+
+
+@lru_cache(maxsize=4096)
+def _profile_blocks(budgets: ProfileBudgets, num_prompt_tokens: int) -> tuple[int, ...]:
+    bs = budgets.block_size
+    full_blocks, tail = divmod(num_prompt_tokens, bs)
+    low = min(min_kept_blocks(num_prompt_tokens, bs, budgets.window), full_blocks)
+    uniform = hole(num_prompt_tokens, budgets.budget, bs, budgets.window)[0] // bs
+    library = np.asarray(budgets.library_budgets(num_prompt_tokens), dtype=np.float64)
+    targets = np.array([(library[list(m)].mean() - tail) / bs for m in budgets.groups])
+    return apportion(targets, uniform * len(budgets.groups), low, full_blocks, budgets._preference)
+
+
+def apportion(targets: np.ndarray, total: int, low: int, high: int, preference: np.ndarray) -> tuple[int, ...]:
+    """Integers within ``[low, high]`` summing to ``total``, nearest to ``targets`` by largest remainder.
+
+    Each starts at ``clip(floor(target))``; the missing units go to the largest remainders (the surplus leaves the
+    smallest), ties to the higher ``preference``, then the lower index.
+
+    Args:
+        targets: real targets, one per group.
+        total: the sum to reach, within ``[len * low, len * high]``.
+        low: the least any group keeps.
+        high: the most any group keeps.
+        preference: the tie-breaker, one per group.
+    """
+    n = len(targets)
+    if not n * low <= total <= n * high:
+        raise ValueError(f"cannot apportion {total} over {n} groups within [{low}, {high}]")
+    floors = np.floor(targets)
+    out = np.clip(floors, low, high).astype(np.int64)
+    remainder = targets - floors
+    missing = total - int(out.sum())
+    # largest remainder first when adding, smallest first when removing; stable ties by preference, then index
+    order = (
+        np.lexsort((np.arange(n), -preference, -remainder))
+        if missing > 0
+        else np.lexsort((np.arange(n), preference, remainder))
+    )
+    step = 1 if missing > 0 else -1
+    while missing:
+        moved = False
+        for g in order:
+            if missing and low <= out[g] + step <= high:
+                out[g] += step
+                missing -= step
+                moved = True
+        if not moved:  # unreachable given the bounds check
+            raise ValueError(f"cannot apportion {total} within [{low}, {high}]")
+    if not math.isfinite(float(targets.sum())):
+        raise ValueError(f"non-finite targets {targets.tolist()}")
+    return tuple(int(v) for v in out)
