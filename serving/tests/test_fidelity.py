@@ -96,3 +96,17 @@ def test_forced_answer_shorter_than_max_tokens_is_refused(tmp_path: Path) -> Non
         TeacherForcing.validate_params(params(force_args("a", tmp_path, tmp_path, [1]), max_tokens=2))
     with pytest.raises(ValueError, match="greedy"):
         TeacherForcing.validate_params(SamplingParams(temperature=1.0, extra_args=record_args("a", tmp_path)))
+
+
+def test_record_can_force_a_given_answer(tmp_path: Path) -> None:
+    """The full-cache engine recording along the library's answer: each row is recorded as it comes, then the given
+    token is emitted whatever the engine's own top token."""
+    lp = processor()
+    output: list[int] = []
+    lp.update_state(update(1, added=[(0, params(record_args("a", tmp_path, [4, 2]), 2), [1], output)]))
+    logits = torch.tensor([[0.0, 5.0, 0.0, 0.0, 0.0]])
+    forced = lp.apply(logits.clone())
+    assert int(forced[0].argmax()) == 4 and torch.isinf(forced[0, :4]).all()
+    assert np.allclose(read_reference(tmp_path, "a")[0], torch.log_softmax(logits[0], -1).numpy())
+    output.append(4)
+    assert int(lp.apply(logits.clone())[0].argmax()) == 2

@@ -44,6 +44,7 @@ from ripplekv_vllm.spec import RippleSpec
 __all__ = ["RippleAttentionMetadata", "RippleBuilder", "RippleCPUAttentionBackend", "RippleImpl", "observe_kept"]
 
 KeptObserver = Callable[[str, int, torch.Tensor], None]
+_STOCK_FIELDS = tuple(f.name for f in fields(CPUAttentionMetadata))
 _OBSERVERS: list[KeptObserver] = []
 
 
@@ -143,7 +144,7 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             seq_lens[:num_reqs], table[:num_reqs] = plan.seq_lens, plan.block_table
             cm = cm.replace(seq_lens=seq_lens, block_table_tensor=table, max_seq_len=plan.max_seq_len)
         metadata = super().build(common_prefix_len, cm, fast_build)
-        stock = {f.name: getattr(metadata, f.name) for f in fields(CPUAttentionMetadata)}
+        stock = {name: getattr(metadata, name) for name in _STOCK_FIELDS}
         resumes = tuple(
             (job, self._resume_metadata(job, common_attn_metadata)) for job in plan.compactions if job.generated
         )

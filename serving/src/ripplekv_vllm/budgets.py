@@ -21,7 +21,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 from ripplekv.allocation.budget import ProfileSchedule
@@ -32,15 +32,27 @@ __all__ = ["FractionBudgets", "GroupBudgets", "ProfileBudgets", "layer_groups", 
 
 
 class GroupBudgets(ABC):
-    """Per KV-cache group, the prompt tokens kept: ``hole(N, group) = (k, T)``, the evicted range ``[k, T)``."""
+    """Per KV-cache group, the prompt tokens kept: ``hole(N, group) = (k, T)``, the evicted range ``[k, T)``.
+
+    The scheduler and the worker ask for every request's hole at every step, so each prompt length's answer is
+    computed once and kept in the instance (a per-length memo: hashing the object per call would cost more).
+    """
 
     groups: tuple[tuple[int, ...], ...]
     block_size: int
     window: int
+    _memo: dict[int, tuple[int, ...]]
 
-    @abstractmethod
     def kept_blocks(self, num_prompt_tokens: int) -> tuple[int, ...]:
         """``k / bs`` of every group for a prompt of ``num_prompt_tokens`` tokens (``k`` of ``[0, T)`` kept)."""
+        found = self._memo.get(num_prompt_tokens)
+        if found is None:
+            found = self._memo[num_prompt_tokens] = self._compute(num_prompt_tokens)
+        return found
+
+    @abstractmethod
+    def _compute(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        """:meth:`kept_blocks`, computed."""
 
     def hole(self, num_prompt_tokens: int, group: int) -> tuple[int, int]:
         """``(k, T)``: the block-aligned prompt range group ``group`` evicts (``k == T``: none).
@@ -110,6 +122,7 @@ class FractionBudgets(GroupBudgets):
     fractions: tuple[float, ...]
     block_size: int
     window: int
+    _memo: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_groups()
@@ -126,14 +139,9 @@ class FractionBudgets(GroupBudgets):
             members.setdefault(float(fraction), []).append(layer)
         return cls(tuple(tuple(m) for m in members.values()), tuple(members), block_size, window)
 
-    def kept_blocks(self, num_prompt_tokens: int) -> tuple[int, ...]:
-        return _fraction_blocks(self, num_prompt_tokens)
-
-
-@lru_cache(maxsize=4096)
-def _fraction_blocks(budgets: FractionBudgets, num_prompt_tokens: int) -> tuple[int, ...]:
-    bs, window = budgets.block_size, budgets.window
-    return tuple(hole(num_prompt_tokens, f, bs, window)[0] // bs for f in budgets.fractions)
+    def _compute(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        bs, window = self.block_size, self.window
+        return tuple(hole(num_prompt_tokens, f, bs, window)[0] // bs for f in self.fractions)
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,7 @@ class ProfileBudgets(GroupBudgets):
     block_size: int
     window: int
     schedule: ProfileSchedule = field(init=False, repr=False, compare=False)
+    _memo: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_groups(len(self.scores))
@@ -179,19 +188,14 @@ class ProfileBudgets(GroupBudgets):
         """The library's per-layer budgets of the prompt (no block rounding)."""
         return self.schedule.layer_budgets(len(self.scores), int(num_prompt_tokens), self.window)
 
-    def kept_blocks(self, num_prompt_tokens: int) -> tuple[int, ...]:
-        return _profile_blocks(self, num_prompt_tokens)
-
-
-@lru_cache(maxsize=4096)
-def _profile_blocks(budgets: ProfileBudgets, num_prompt_tokens: int) -> tuple[int, ...]:
-    bs = budgets.block_size
-    full_blocks, tail = divmod(num_prompt_tokens, bs)
-    low = min(min_kept_blocks(num_prompt_tokens, bs, budgets.window), full_blocks)
-    uniform = hole(num_prompt_tokens, budgets.budget, bs, budgets.window)[0] // bs
-    library = np.asarray(budgets.library_budgets(num_prompt_tokens), dtype=np.float64)
-    targets = np.array([(library[list(m)].mean() - tail) / bs for m in budgets.groups])
-    return apportion(targets, uniform * len(budgets.groups), low, full_blocks, budgets._preference)
+    def _compute(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        bs = self.block_size
+        full_blocks, tail = divmod(num_prompt_tokens, bs)
+        low = min(min_kept_blocks(num_prompt_tokens, bs, self.window), full_blocks)
+        uniform = hole(num_prompt_tokens, self.budget, bs, self.window)[0] // bs
+        library = np.asarray(self.library_budgets(num_prompt_tokens), dtype=np.float64)
+        targets = np.array([(library[list(m)].mean() - tail) / bs for m in self.groups])
+        return apportion(targets, uniform * len(self.groups), low, full_blocks, self._preference)
 
 
 def apportion(targets: np.ndarray, total: int, low: int, high: int, preference: np.ndarray) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ request is a request served under load like any other: :class:`TeacherForcing`, 
 
 * ``record`` (the full-cache engine): the log-softmax of the logits that produce output token ``t`` is written to
   row ``t`` of ``<directory>/<request>.npy`` (float32, ``[max_tokens, vocab]``); the logits are left as they are, so
-  the request generates its own greedy answer;
+  the request generates its own greedy answer, unless ``tokens`` are given, which are then forced as below;
 * ``force`` (a compressed engine): at output token ``t`` the KL ``sum_v p_full(v) (log p_full(v) - log q(v))`` against
   row ``t`` of the recorded reference and the compressed model's own top token are written to row ``t`` of
   ``<results>/<request>.kl.npy`` and ``.top1.npy``; then every logit but that of ``tokens[t]`` (the full cache's
@@ -40,14 +40,19 @@ KEY = "ripplekv_fidelity"
 """The ``SamplingParams.extra_args`` key of a measured request."""
 
 
-def record_args(request: str, directory: str | Path) -> dict[str, Any]:
+def record_args(request: str, directory: str | Path, tokens: list[int] | None = None) -> dict[str, Any]:
     """``extra_args`` of a request whose per-token log-probabilities are recorded (the full-cache reference).
 
     Args:
         request: the request's name (the file name of its reference).
         directory: where ``<request>.npy`` is written.
+        tokens: an answer to force while recording (e.g. the library's full-cache answer, so that the engine's
+            reference and the library's follow the same tokens); None: the request's own greedy answer.
     """
-    return {KEY: {"mode": "record", "request": request, "directory": str(directory)}}
+    spec: dict[str, Any] = {"mode": "record", "request": request, "directory": str(directory)}
+    if tokens is not None:
+        spec["tokens"] = [int(t) for t in tokens]
+    return {KEY: spec}
 
 
 def force_args(request: str, reference: str | Path, results: str | Path, tokens: list[int]) -> dict[str, Any]:
@@ -95,7 +100,7 @@ def _open(spec: dict[str, Any], max_tokens: int, vocab: int, output: list[int]) 
             rows = np.load(path, mmap_mode="r+")
         else:
             rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(max_tokens, vocab))
-        return _Measured("record", output, rows)
+        return _Measured("record", output, rows, spec.get("tokens"))
     if spec["mode"] != "force":
         raise ValueError(f"{KEY}: mode {spec['mode']!r} is neither 'record' nor 'force'")
     reference = read_reference(spec["directory"], name)
@@ -179,6 +184,9 @@ class TeacherForcing(LogitsProcessor):
             if measured.mode == "record":
                 if position < measured.rows.shape[0]:
                     measured.rows[position] = lp.numpy()
+                if measured.tokens is not None and position < len(measured.tokens):
+                    logits[row].fill_(float("-inf"))
+                    logits[row, measured.tokens[position]] = 0.0
                 continue
             assert measured.tokens is not None and measured.kl is not None and measured.top1 is not None
             if position >= len(measured.tokens):

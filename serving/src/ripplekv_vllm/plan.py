@@ -87,8 +87,9 @@ def plan_batch(
 ) -> BatchPlan:
     """The plan of one step's ``num_reqs`` rows for one group (see the module docstring).
 
-    The holes come from ``hole_of`` per distinct prompt length; the decode rows' virtual block tables are built in one
-    gather over the whole batch. The inputs are never modified.
+    The rows are classified in plain Python (a step holds few rows; small torch operations cost more than the loop),
+    and the decode rows' virtual block tables are built in one gather over the whole batch. The inputs are never
+    modified.
 
     Args:
         seq_lens: per-row sequence lengths after this step, ``[num_reqs]``.
@@ -103,40 +104,40 @@ def plan_batch(
     """
     num_reqs = int(seq_lens.shape[0])
     prompts = prompt_lens[:num_reqs].tolist()
-    bounds = [hole_of(int(n)) if n >= 1 else (0, 0) for n in prompts]
-    kept = torch.tensor([k for k, _ in bounds], dtype=torch.int64)
-    full = torch.tensor([t for _, t in bounds], dtype=torch.int64)
-    query_lens = (query_start_loc[1 : num_reqs + 1] - query_start_loc[:num_reqs]).to(torch.int64)
-    seqs = seq_lens[:num_reqs].to(torch.int64)
-    computed = seqs - query_lens
-    prompt = torch.tensor(prompts, dtype=torch.int64)
-    evicts = kept < full
-    decode = evicts & (computed >= prompt)
-    prefill = evicts & (computed == 0) & (seqs >= prompt)
-    partial = evicts & ~decode & ~prefill
-    if bool(partial.any()):
-        row = int(partial.nonzero()[0])
-        raise ChunkedPrefillError(
-            f"RippleKV needs each prompt prefilled in one step, but a {prompts[row]}-token prompt arrived with "
-            f"{int(computed[row])} tokens already computed and {int(query_lens[row])} in this step: start vLLM with "
-            "enable_chunked_prefill=False and max_num_batched_tokens >= max_model_len"
-        )
-    starts = query_start_loc[:num_reqs].tolist()
-    compactions = tuple(
-        Compaction(row, int(starts[row]), prompts[row], bounds[row][0], bounds[row][1], int(seqs[row]) - prompts[row])
-        for row in prefill.nonzero().flatten().tolist()
-    )
-    remapped = tuple(decode.nonzero().flatten().tolist())
+    seqs = seq_lens[:num_reqs].tolist()
+    starts = query_start_loc[: num_reqs + 1].tolist()
+    compactions: list[Compaction] = []
+    remapped: list[int] = []
+    gaps, kept_blocks = [0] * num_reqs, [0] * num_reqs
+    for row, (prompt, seq) in enumerate(zip(prompts, seqs)):
+        if prompt < 1:
+            continue
+        kept, full = hole_of(prompt)
+        if kept >= full:
+            continue
+        queried = starts[row + 1] - starts[row]
+        computed = seq - queried
+        if computed >= prompt:
+            remapped.append(row)
+            gaps[row], kept_blocks[row] = (full - kept) // block_size, kept // block_size
+        elif computed == 0 and seq >= prompt:
+            compactions.append(Compaction(row, starts[row], prompt, kept, full, seq - prompt))
+        else:
+            raise ChunkedPrefillError(
+                f"RippleKV needs each prompt prefilled in one step, but a {prompt}-token prompt arrived with "
+                f"{computed} tokens already computed and {queried} in this step: start vLLM with "
+                "enable_chunked_prefill=False and max_num_batched_tokens >= max_model_len"
+            )
     if not remapped:
-        return BatchPlan(seq_lens, block_table, compactions, ())
-    gap = torch.where(decode, (full - kept) // block_size, 0)
+        return BatchPlan(seq_lens, block_table, tuple(compactions), ())
+    gap = torch.tensor(gaps, dtype=torch.int64)
     columns = torch.arange(block_table.shape[1], dtype=torch.int64)
-    source = columns[None, :] + torch.where(columns[None, :] >= (kept // block_size)[:, None], gap[:, None], 0)
+    source = columns[None, :] + (columns[None, :] >= torch.tensor(kept_blocks)[:, None]) * gap[:, None]
     table = block_table.clone()
     table[:num_reqs] = block_table[:num_reqs].gather(1, source.clamp_(max=block_table.shape[1] - 1))
     new_seq = seq_lens.clone()
-    new_seq[:num_reqs] = (seqs - gap * block_size).to(seq_lens.dtype)
-    return BatchPlan(new_seq, table, compactions, remapped)
+    new_seq[:num_reqs] -= (gap * block_size).to(seq_lens.dtype)
+    return BatchPlan(new_seq, table, tuple(compactions), tuple(remapped))
 
 
 def virtual_row(row: torch.Tensor, seq_len: int, kept: int, full: int, block_size: int) -> tuple[int, torch.Tensor]:
