@@ -5,10 +5,11 @@ Run in the main environment (transformers 5.2 + kvpress):
 
     python benchmarks/serving/granularity.py --model smollm2-135m --out benchmarks/results/serving-granularity/smollm2
 
-For each BAMBOO chat prompt (the capacity benchmark's prompts: ``benchmarks/serving.py``'s ``prompts``, context cut to
-a seeded length in ``[--min-tokens, --max-tokens]``) the full cache's greedy answer (``--answer-tokens``, 64) is
-teacher-forced over SnapKV-selected caches (kvpress's ``SnapKVPress``, window 64, kernel 5, through the library's
-``LayerBudgetPress``) whose per-layer budgets are those of each design, at each budget:
+For each held-out BAMBOO prompt (``benchmarks/heldout/bamboo.jsonl``, the first ``--per-task`` records of each task,
+built as the harness's jsonl suite builds them: question-aware, chat template) the full cache's greedy answer of the
+committed held-out run (``--heldout-run``; at most 64 tokens) is teacher-forced over SnapKV-selected caches
+(kvpress's ``SnapKVPress``, window 64, kernel 5, through the library's ``LayerBudgetPress``) whose per-layer budgets
+are those of each design, at each budget:
 
 * ``library-uniform`` / ``library-ripplekv``: the library's own budgets (SnapKV's ``int(N b)`` per layer; RippleKV's
   ``ProfileSchedule`` at the prompt's length N);
@@ -18,6 +19,9 @@ teacher-forced over SnapKV-selected caches (kvpress's ``SnapKVPress``, window 64
 * ``served-tiers-G``: G tiers of equal layer counts, each its layers' mean budget at the prompt's own length;
 * ``served-tiers-3-ref``: the plugin before this issue: 3 tiers whose kept fractions are computed once at the
   reference length ``--reference-tokens`` (the capacity run's ``max_model_len``, 3,584) for every prompt.
+
+``library-uniform`` and ``library-ripplekv`` recompute the committed held-out run's ``snapkv`` and ``ripplekv`` rows
+(``check.md`` gives the largest difference).
 
 Per prompt, budget and design: KL(full || design) per token (mean over the answer) and top-1 agreement, and the
 per-layer kept counts. The first ``--all-designs-prompts`` prompts (24) are measured under every design (the
@@ -30,7 +34,6 @@ sign-flip test (``ripplekv_eval.reporting.stats``) of each served design against
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -43,7 +46,7 @@ import torch
 from kvpress import SnapKVPress
 
 from ripplekv.allocation.budget import BudgetSchedule
-from ripplekv.inference.generate import Prefill, greedy_decode
+from ripplekv.inference.generate import Prefill
 from ripplekv.models import load_model
 from ripplekv.presses import LayerBudgetPress
 from ripplekv.profiling.profile import SensitivityProfile
@@ -51,6 +54,7 @@ from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import fidelity
 from ripplekv_eval.fastpath.record import record_prefill
+from ripplekv_eval.suites import load_jsonl, prompt_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "serving" / "src"))  # ripplekv_vllm.budgets / .hole: no vLLM import
@@ -61,12 +65,33 @@ from ripplekv_vllm.hole import hole  # noqa: E402
 BLOCK, WINDOW, KERNEL = 32, 64, 5
 
 
-def capacity_prompts() -> Any:
-    """``benchmarks/serving.py``'s ``prompts`` (the file beside this folder; it imports no vLLM at import)."""
-    spec = importlib.util.spec_from_file_location("serving_capacity", ROOT / "benchmarks" / "serving.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module.prompts
+def heldout_prompts(args: argparse.Namespace, tokenizer: Any) -> list[tuple[str, list[int], list[int]]]:
+    """``(sample id, prompt ids, full-cache answer)`` of the first ``--per-task`` records of each task of the held-out
+    BAMBOO file, as the harness's jsonl suite builds them (question-aware, chat template), with the full cache's
+    answer from the committed held-out run (``--heldout-run``'s ``results.jsonl``), checked against its prompt length.
+    """
+    committed = {}
+    for line in (args.heldout_run / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["method"] == "full":
+            committed[row["sample_id"]] = row
+    taken: dict[str, int] = {}
+    out = []
+    for record in load_jsonl(args.data):
+        if taken.get(record.task or "", 0) >= args.per_task:
+            continue
+        taken[record.task or ""] = taken.get(record.task or "", 0) + 1
+        ids, _ = prompt_ids(tokenizer, record.context, record.question, "auto")
+        sample = f"{record.task}/{record.id}"
+        row = committed[sample]
+        if row["prompt_tokens"] != len(ids):
+            raise SystemExit(f"{sample}: {len(ids)} prompt tokens here, {row['prompt_tokens']} in the committed run")
+        out.append((sample, list(ids), list(row["answer_ids"])))
+    # interleave the tasks, so that the first prompts (every design) hold both
+    by_task: dict[str, list[tuple[str, list[int], list[int]]]] = {}
+    for item in out:
+        by_task.setdefault(item[0].split("/")[0], []).append(item)
+    return [item for group in zip(*by_task.values()) for item in group]
 
 
 @dataclass(frozen=True)
@@ -111,7 +136,7 @@ def designs(scores: tuple[float, ...], budget: float, n: int, args: argparse.Nam
         out[f"library-ripplekv{tag}"] = per_layer.library_budgets(n)
         out[f"served-layer{tag}"] = per_layer.layer_budgets(n)
         ranking = per_layer.library_budgets(args.reference_tokens)
-        order = sorted(range(layers), key=lambda i: (ranking[i], scores[i], i))
+        order = sorted(range(layers), key=lambda i: (scores[i], i))  # as the plugin ranks its tiers
         for tiers in args.tiers if args.tiers is not None else tiers_of(layers):
             groups = tier_groups(order, tiers)
             served = ProfileBudgets(groups, scores, budget, ratio, gamma, BLOCK, WINDOW)
@@ -128,15 +153,12 @@ def designs(scores: tuple[float, ...], budget: float, n: int, args: argparse.Nam
 
 
 def run_prompt(
-    model: Any, index: int, ids: list[int], scores: tuple[float, ...], args: argparse.Namespace
+    model: Any, index: int, ids: list[int], answer: list[int], scores: tuple[float, ...], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     """Every (budget, design) row of one prompt."""
     input_ids = torch.tensor([ids])
     record = record_prefill(model, input_ids, hidden_tail=WINDOW + 1)
     full = Prefill(record.full_cache(), record.next_logits, record.prompt_tokens, record.seconds)
-    answer = greedy_decode(model, full, args.answer_tokens, set())
-    with (args.out / "answers.jsonl").open("a") as handle:  # the served side forces the same answers
-        handle.write(json.dumps({"prompt": index, "prompt_ids": ids, "answer": answer}) + "\n")
     states, keys, kept = [], [], []
     for budget in args.budgets:
         for name, budgets in designs(scores, budget, len(ids), args).items():
@@ -162,11 +184,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--profile", type=Path, default=ROOT / "benchmarks" / "results" / "smollm2-135m.profile.json")
-    parser.add_argument("--prompts", type=int, default=48)
-    parser.add_argument("--min-tokens", type=int, default=1024)
-    parser.add_argument("--max-tokens", type=int, default=2048)
+    parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "heldout" / "bamboo.jsonl")
+    parser.add_argument("--heldout-run", type=Path, default=ROOT / "benchmarks" / "results" / "heldout-bamboo")
+    parser.add_argument("--per-task", type=int, default=24, help="records of each task (the first ones)")
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.2, 0.3])
-    parser.add_argument("--answer-tokens", type=int, default=64)
     parser.add_argument("--reference-tokens", type=int, default=3584)
     parser.add_argument("--rows", type=int, default=8, help="caches teacher-forced in one batch")
     parser.add_argument(
@@ -183,24 +204,28 @@ def main() -> None:
         default=["library-uniform", "library-ripplekv", "served-uniform", "served-layer", "served-tiers-6"],
         help="the designs of the remaining prompts (library vs served)",
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     model, tokenizer = load_model(args.model, dtype="float32", device="cpu")
     scores = SensitivityProfile.load(args.profile).scores
-    prompts = capacity_prompts()(tokenizer, args.prompts, args.min_tokens, args.max_tokens, args.seed)
+    prompts = heldout_prompts(args, tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "answers.jsonl").open("w") as handle:  # the served side forces the same answers
+        for index, (sample, ids, answer) in enumerate(prompts):
+            handle.write(json.dumps({"prompt": index, "sample_id": sample, "prompt_ids": ids, "answer": answer}) + "\n")
     rows_path = args.out / "rows.jsonl"
     done = {json.loads(line)["prompt"] for line in rows_path.read_text().splitlines()} if rows_path.exists() else set()
-    for index, ids in enumerate(prompts):
+    for index, (sample, ids, answer) in enumerate(prompts):
         if index in done:
             continue
         tick = time.perf_counter()
-        rows = run_prompt(model, index, ids, scores, args)
+        rows = run_prompt(model, index, ids, answer, scores, args)
         with rows_path.open("a") as handle:
             for row in rows:
-                handle.write(json.dumps({"prompt": index, "prompt_tokens": len(ids), **row}) + "\n")
+                handle.write(
+                    json.dumps({"prompt": index, "sample_id": sample, "prompt_tokens": len(ids), **row}) + "\n"
+                )
         print(f"prompt {index}: {len(ids)} tokens, {len(rows)} rows, {time.perf_counter() - tick:.1f} s", flush=True)
     write_table(args.out, rows_path, args)
 
@@ -253,6 +278,33 @@ def write_table(out: Path, rows_path: Path, args: argparse.Namespace) -> None:
                 f"| {budget:g} | {name} | {kl:.4f} | {top1:.3f} | {kept} | {test[0]} | {test[1]} | {test[2]} |"
             )
     (out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    write_check(out, rows_path, args)
+
+
+def write_check(out: Path, rows_path: Path, args: argparse.Namespace) -> None:
+    """``check.md``: the library's own rows against the committed held-out run's (the same prompts and answers)."""
+    committed: dict[tuple[str, str, float], float] = {}
+    for line in (args.heldout_run / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["method"] != "full":
+            committed[(row["sample_id"], row["method"], float(row["budget"]))] = row["fidelity_kl"]
+    methods = {"library-uniform": "snapkv"}
+    for ratio, gamma in args.settings:
+        default = (ratio, gamma) == (4.0, 3.0)
+        tag = "" if default else f"@r{ratio:g},g{gamma:g}"
+        methods[f"library-ripplekv{tag}"] = "ripplekv" if default else f"ripplekv:r={ratio:g},gamma={gamma:g}"
+    lines = ["| design | committed method | rows compared | largest difference in KL |", "|---|---|---|---|"]
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    for design, method in methods.items():
+        pairs = [
+            (r["kl"], committed[(r["sample_id"], method, float(r["budget"]))])
+            for r in rows
+            if r["design"] == design and (r["sample_id"], method, float(r["budget"])) in committed
+        ]
+        worst = max((abs(a - b) for a, b in pairs), default=float("nan"))
+        lines.append(f"| {design} | {method} | {len(pairs)} | {worst:.3g} |")
+    (out / "check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -63,12 +63,15 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     out: dict[str, Any] = {}
-    for name in sorted(served, key=lambda n: (float(n.split("-")[1].split("@")[0]), n)):
+    for name in sorted(served, key=lambda n: (float(n.split("-")[1].split("@")[0]), n)):  # by budget
         method, rest = name.split("-", 1)
         if method != "ripplekv":
             continue
-        budget_text, _, tag = rest.partition("@")
+        rest, _, tag = rest.partition("@")
+        budget_text, _, groups = rest.partition("-g")
         budget, suffix = float(budget_text), f"@{tag}" if tag else ""
+        design = f"served-tiers-{groups}{suffix}" if groups else f"served-layer{suffix}"
+        label = f"{tag or 'r 4, gamma 3'}, {f'{groups} tiers' if groups else 'per layer'}"
         snap = served.get(f"snapkv-{budget_text}")
         if snap is None:
             continue
@@ -76,7 +79,7 @@ def main() -> None:
             "library": (library[(budget, "library-uniform")], library[(budget, f"library-ripplekv{suffix}")]),
             "library, served budgets": (
                 library[(budget, "served-uniform")],
-                library[(budget, f"served-layer{suffix}")],
+                library[(budget, design)],
             ),
             "served (vLLM)": (
                 {int(k): v for k, v in snap["rows"].items()},
@@ -92,7 +95,7 @@ def main() -> None:
             kept = f"{-result['diff'] / base:.0%}" if where != "library" else ""
             w, t, lose = result["wtl"]
             lines.append(
-                f"| {budget:g} | {tag or 'r 4, gamma 3'} | {where} | {result['snapkv']:.4f} | {result['ripplekv']:.4f} "
+                f"| {budget:g} | {label} | {where} | {result['snapkv']:.4f} | {result['ripplekv']:.4f} "
                 f"| {result['diff']:+.4f} [{result['low']:+.4f}, {result['high']:+.4f}] | {result['p']:.3g} | "
                 f"{w}/{t}/{lose} | {result['median']:+.4f} / {result['p90']:+.4f} | {kept} | "
                 f"{top1[0]:.3f} / {top1[1]:.3f} |"

@@ -11,7 +11,7 @@ plugin's required settings), each request forced along the library's full-cache 
 * ``full``: stock vLLM, recording each answer token's distribution (the engine's own full-cache reference);
 * ``snapkv-B``: the plugin with one kept fraction ``B`` in every layer (SnapKV-uniform);
 * ``ripplekv-B`` (and ``ripplekv-B@rR,gG`` for each extra ``--settings``): the plugin with the profile's budgets,
-  one KV-cache group per layer (its default).
+  one KV-cache group per layer; ``ripplekv-B-gG``: in G tiers (``--groups``).
 
 Each compressed request's KL(full || compressed) per answer token against the engine's full-cache row, and its top-1
 agreement with the forced token. ``OUT/<config>.json`` is written when a configuration finishes: re-running skips it
@@ -46,13 +46,14 @@ def read_answers(path: Path) -> dict[int, dict[str, Any]]:
 
 
 def configs(args: argparse.Namespace) -> list[str]:
-    """``full``, then SnapKV-uniform and RippleKV (each setting) at each budget."""
+    """``full``, then SnapKV-uniform and RippleKV (each setting, each ``--groups``) at each budget."""
     out = ["full"]
     for budget in args.budgets:
         out.append(f"snapkv-{budget:g}")
         for ratio, gamma in args.settings:
             tag = "" if (ratio, gamma) == (4.0, 3.0) else f"@r{ratio:g},g{gamma:g}"
-            out.append(f"ripplekv-{budget:g}{tag}")
+            for groups in args.groups:
+                out.append(f"ripplekv-{budget:g}{'' if groups == 'layer' else f'-g{groups}'}{tag}")
     return out
 
 
@@ -61,11 +62,12 @@ def settings_of(config: str, args: argparse.Namespace, layers: int) -> dict[str,
     if config == "full":
         return None
     method, rest = config.split("-", 1)
-    budget_text, _, tag = rest.partition("@")
+    rest, _, tag = rest.partition("@")
+    budget_text, _, groups = rest.partition("-g")
     budget = float(budget_text)
     if method == "snapkv":
         return {"keep_fractions": [budget] * layers}
-    settings: dict[str, Any] = {"profile": str(args.profile), "budget": budget, "groups": "layer"}
+    settings: dict[str, Any] = {"profile": str(args.profile), "budget": budget, "groups": int(groups or 0) or "layer"}
     if tag:
         ratio, gamma = (float(part[1:]) for part in tag.split(","))
         settings.update(ratio=ratio, gamma=gamma)
@@ -143,6 +145,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, required=True)
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.2, 0.3])
     parser.add_argument("--settings", nargs="+", default=["4,3"], help="RippleKV r,gamma pairs (default 4,3)")
+    parser.add_argument("--groups", nargs="+", default=["layer"], help="RippleKV's groups: 'layer' or tier counts")
     parser.add_argument("--kv-mib", type=int, default=2048, help="KV-cache MiB of every engine")
     parser.add_argument("--fidelity-dir", type=Path, default=None, help="the recorded references (default: a temp)")
     parser.add_argument("--out", type=Path, required=True)
@@ -164,7 +167,7 @@ def main() -> None:
         argv = [sys.executable, __file__, "--config", config, "--fidelity-dir", str(fidelity_dir)]
         argv += ["--answers", str(args.answers), "--model-dir", args.model_dir, "--profile", str(args.profile)]
         argv += ["--out", str(args.out), "--kv-mib", str(args.kv_mib), "--budgets", *map(str, args.budgets)]
-        argv += ["--settings", *(f"{r:g},{g:g}" for r, g in args.settings)]
+        argv += ["--settings", *(f"{r:g},{g:g}" for r, g in args.settings), "--groups", *args.groups]
         tick = time.perf_counter()
         subprocess.run(argv, check=True)
         print(f"{config}: {time.perf_counter() - tick:.0f} s", flush=True)

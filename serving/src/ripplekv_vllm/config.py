@@ -226,18 +226,9 @@ class RippleConfig:
         if self.groups == "layer":
             groups = layer_groups(self.num_layers)
         else:
-            # tiers: layers ranked by their library budget (ties: the more sensitive, then the lower index)
+            # tiers: runs of the layers ranked by sensitivity (the library's budgets follow it, at every length)
             sign = 1.0 if self.ratio >= 1 else -1.0
-            weights = ProfileBudgets(
-                layer_groups(self.num_layers),
-                profile.scores,
-                float(budget),
-                self.ratio,
-                self.gamma,
-                self.block_size,
-                self.window,
-            ).library_budgets(self.max_model_len)
-            order = sorted(range(self.num_layers), key=lambda i: (weights[i], sign * profile.scores[i], i))
+            order = sorted(range(self.num_layers), key=lambda i: (sign * profile.scores[i], i))
             try:
                 groups = tier_groups(order, self.groups)  # type: ignore[arg-type]
             except ValueError as error:
