@@ -185,3 +185,44 @@ def test_engine_refuses_settings_at_start_up(model_dir: str, engine: dict, messa
             additional_config={"ripplekv": {"keep_fractions": [0.5] * 30}},
             **engine,
         )
+
+
+def profile_with_setting(tmp_path: Path, chosen: tuple[float, float] = (16.0, 30.0)) -> str:
+    """The SmolLM2 profile with a chosen RippleKV setting (made-up evidence that makes ``chosen`` the rule's pick)."""
+    from dataclasses import replace
+
+    from ripplekv.profiling.profile import ProfileSetting, SensitivityProfile, SettingCandidate
+
+    grid = [(4.0, 3.0), chosen]
+    candidates = tuple(
+        SettingCandidate(r, g, tuple((0.1 if (r, g) == chosen else 0.5,) for _ in range(3))) for r, g in grid
+    )
+    setting = ProfileSetting(
+        ratio=chosen[0],
+        gamma=chosen[1],
+        budgets=(0.1, 0.2, 0.3),
+        candidates=candidates,
+        snapkv_kl=((0.9,), (0.9,), (0.9,)),
+        prompts={"samples": [0], "split": "all"},
+    )
+    path = tmp_path / "with-setting.profile.json"
+    replace(SensitivityProfile.load(PROFILE), setting=setting).save(path)
+    return str(path)
+
+
+def test_the_profiles_setting_is_served_unless_one_is_given(tmp_path: Path) -> None:
+    """The plugin serves what the library's presses run: the profile's chosen r and gamma, an explicit pair over it,
+    and r 4, gamma 3 for a profile without one."""
+    from ripplekv_vllm.budgets import ProfileBudgets
+
+    path = profile_with_setting(tmp_path)
+    chosen = make({"profile": path, "budget": 0.2})
+    assert (chosen.setting.ratio, chosen.setting.gamma, chosen.setting.source) == (16.0, 30.0, "profile")
+    assert (chosen.budgets.ratio, chosen.budgets.gamma) == (16.0, 30.0)
+    expected = ProfileBudgets(chosen.budgets.groups, chosen.budgets.scores, 0.2, 16.0, 30.0, 32, 64)
+    assert chosen.budgets.layer_budgets(1500) == expected.layer_budgets(1500)
+    explicit = make({"profile": path, "budget": 0.2, "gamma": 6.0})
+    assert (explicit.setting.ratio, explicit.setting.gamma, explicit.setting.source) == (4.0, 6.0, "explicit")
+    plain = make({"profile": str(PROFILE), "budget": 0.2})
+    assert (plain.setting.ratio, plain.setting.gamma, plain.setting.source) == (4.0, 3.0, "default")
+    assert chosen.budgets.layer_budgets(1500) != plain.budgets.layer_budgets(1500)

@@ -10,7 +10,8 @@ The plugin's settings, as ``LLM(additional_config={"ripplekv": {...}})`` passes 
 
 * ``profile`` (a ``ripplekv profile`` JSON) and ``budget`` (the global kept fraction in ``(0, 1]``), with ``groups``
   (``"layer"``, the default: one KV-cache group per layer; or a number of tiers of equal layer counts) and
-  ``ratio``/``gamma`` (default: the library's): each prompt keeps, per layer, the library's RippleKV budget at its own
+  ``ratio``/``gamma`` (default: the profile's chosen setting, else the library's; :func:`ripplekv.profiling.profile.
+  resolve_setting`): each prompt keeps, per layer, the library's RippleKV budget at its own
   length, block-rounded to SnapKV-uniform's total (:class:`ripplekv_vllm.budgets.ProfileBudgets`);
 * or ``keep_fractions``: one kept fraction per layer, given directly (layers of one fraction share a group);
 * ``window`` (64) and ``kernel_size`` (5): SnapKV's observation window and pooling kernel, as kvpress's defaults.
@@ -22,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig, BudgetSpec
-from ripplekv.profiling.profile import ProfileError, SensitivityProfile
+from ripplekv.allocation import BudgetSpec
+from ripplekv.profiling.profile import AppliedSetting, ProfileError, SensitivityProfile, resolve_setting
 
 from ripplekv_vllm.budgets import FractionBudgets, GroupBudgets, ProfileBudgets, layer_groups, tier_groups
 
@@ -88,13 +89,15 @@ class RippleConfig:
         profile: path of a ``ripplekv profile`` JSON (with ``budget``), or None with ``keep_fractions``.
         groups: ``"layer"`` (one KV-cache group per layer) or a number of tiers of equal layer counts (``>= 1``,
             dividing ``num_layers``; each tier keeps its layers' mean budget).
-        ratio: the library allocation's disparity ``r``.
-        gamma: the library allocation's clip bound.
+        ratio: the allocation's disparity ``r`` (None: the profile's chosen setting, else the library's default).
+        gamma: the allocation's clip bound (None: likewise; an explicit ``ratio`` or ``gamma`` makes the pair explicit,
+            as in the library).
         keep_fractions: one kept fraction per layer in ``(0, 1]``, instead of ``profile`` and ``budget``.
         window: SnapKV's observation window (``>= 1``), always kept.
         kernel_size: SnapKV's pooling kernel (odd, ``>= 1``).
         model: the served model's architecture (``_ARCHITECTURE`` fields) to check the profile against.
         budgets: every group's layers and kept prompt blocks (computed).
+        setting: the ``r`` and ``gamma`` served and where they came from (computed; None with ``keep_fractions``).
 
     Raises:
         RippleConfigError: on any setting out of range or an engine setting the plugin cannot serve with.
@@ -115,13 +118,14 @@ class RippleConfig:
     budget: float | None = None
     profile: str | None = None
     groups: str | int = "layer"
-    ratio: float = DEFAULT_RATIO
-    gamma: float = DEFAULT_GAMMA
+    ratio: float | None = None
+    gamma: float | None = None
     keep_fractions: tuple[float, ...] | None = None
     window: int = 64
     kernel_size: int = 5
     model: Mapping[str, Any] = field(default_factory=dict)
     budgets: GroupBudgets = field(init=False, repr=False)
+    setting: AppliedSetting | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self._check_engine()
@@ -218,16 +222,17 @@ class RippleConfig:
             budget = BudgetSpec(self.budget).budget
         except ValueError as error:  # the library's message, e.g. "budget must be > 0 (...)"
             raise RippleConfigError(f"ripplekv: {error}") from None
+        profile = self._load_profile()
         try:
-            AllocationConfig(ratio=self.ratio, gamma=self.gamma)
+            setting = resolve_setting(profile, self.ratio, self.gamma)  # validates the pair (AllocationConfig)
         except ValueError as error:
             raise RippleConfigError(f"ripplekv: {error}") from None
-        profile = self._load_profile()
+        object.__setattr__(self, "setting", setting)
         if self.groups == "layer":
             groups = layer_groups(self.num_layers)
         else:
             # tiers: runs of the layers ranked by sensitivity (the library's budgets follow it, at every length)
-            sign = 1.0 if self.ratio >= 1 else -1.0
+            sign = 1.0 if setting.ratio >= 1 else -1.0
             order = sorted(range(self.num_layers), key=lambda i: (sign * profile.scores[i], i))
             try:
                 groups = tier_groups(order, self.groups)  # type: ignore[arg-type]
@@ -237,7 +242,7 @@ class RippleConfig:
                     f"layers (vLLM pads KV-cache groups of unequal sizes), got {self.groups!r}"
                 ) from error
         return ProfileBudgets(
-            groups, profile.scores, float(budget), self.ratio, self.gamma, self.block_size, self.window
+            groups, profile.scores, float(budget), setting.ratio, setting.gamma, self.block_size, self.window
         )
 
     def _load_profile(self) -> SensitivityProfile:
