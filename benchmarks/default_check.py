@@ -10,13 +10,15 @@ lower is better; a metric where higher is better, such as top-1 agreement, is ne
 candidate better), then the candidate default against each other configuration, prompt by prompt: the difference
 of macro means with the stratified sign-flip test's inverted 95% interval, wins / ties / losses (a win: the
 candidate lower) and the p-value, Holm-adjusted over the comparisons of one budget. A schedule that wins the mean
-but loses most prompts shows here as a negative difference with more losses than wins.
+but loses most prompts shows here as a negative difference with more losses than wins; the median and the 90th
+percentile of the per-prompt difference (candidate minus other: the tail where the candidate is worse) show it too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,11 @@ def check(run: Path, candidate: str, metric: str, draws: int, seed: int) -> dict
         mine = restrict(samples[(candidate, budget)], ids)
         tests = compare(KL, [(candidate, o, mine, restrict(samples[(o, budget)], ids)) for o in others], flip)
         versus = {other: comparison_record(c) for other, c in zip(others, settle(tests, ALPHA))}
+        for other, record in versus.items():
+            theirs = restrict(samples[(other, budget)], ids)
+            diffs = [v - theirs[task][i] for task, values in mine.items() for i, v in values.items()]
+            record["median"] = statistics.median(diffs)
+            record["p90"] = statistics.quantiles(diffs, n=100, method="inclusive")[89]  # as headline_table.py
         budgets.append({"budget": budget, "means": means, "candidate_minus": versus})
     return {"run": str(run), "metric": metric, "candidate": candidate, "prompts": len(ids), "budgets": budgets}
 
@@ -80,14 +87,14 @@ def markdown(summary: dict[str, Any]) -> str:
         f"candidate `{summary['candidate']}`",
         "",
         "| budget | configuration | macro mean | candidate minus it [95% interval] | W/T/L (candidate lower = W) | "
-        "Holm p |",
-        "|---|---|---|---|---|---|",
+        "median / p90 | Holm p |",
+        "|---|---|---|---|---|---|---|",
     ]
     for b in summary["budgets"]:
         for method, mean in b["means"].items():
             c = b["candidate_minus"].get(method)
             if c is None:
-                cells = ["(candidate)", "", ""]
+                cells = ["(candidate)", "", "", ""]
             else:
                 low = "-inf" if c["low"] is None else f"{c['low']:+.4f}"
                 high = "+inf" if c["high"] is None else f"{c['high']:+.4f}"
@@ -95,6 +102,7 @@ def markdown(summary: dict[str, Any]) -> str:
                 cells = [
                     f"{c['difference']:+.4f} [{low}, {high}]",
                     f"{c['wins']}/{c['ties']}/{c['losses']}",
+                    f"{c['median']:+.4f} / {c['p90']:+.4f}" if "median" in c else "",
                     f"{c['p_holm']:.3g}{mark}",
                 ]
             lines.append(f"| {b['budget']:g} | `{method}` | {mean:.4f} | " + " | ".join(cells) + " |")

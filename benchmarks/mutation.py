@@ -129,7 +129,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/allocation/lava.py": PER_PROMPT_TESTS
     + ("tests/test_mutation_presses.py", "tests/test_mutation_press_edges.py"),
     "ripplekv/profiling/checkpoint.py": PROFILING_TESTS,
-    "ripplekv/profiling/profile.py": PROFILING_TESTS,
+    "ripplekv/profiling/profile.py": (*PROFILING_TESTS, "tests/test_profile_setting.py"),
     "ripplekv/profiling/sensitivity.py": PROFILING_TESTS,
     "ripplekv/profiling/passes.py": PROFILING_TESTS,
     "ripplekv/profiling/noise.py": PROFILING_TESTS,
@@ -138,6 +138,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ripplekv/profiling/calibration.py": ("tests/test_calibration.py", *RELATIONS),
     "ripplekv/profiling/haystack.py": ("tests/test_calibration.py", *RELATIONS),
     "ripplekv_eval/fastpath/fidelity.py": ("tests/test_fidelity.py", *RELATIONS),
+    # issue 44: teacher forcing and its KL moved into the library; the choice of a profile's r and gamma
+    "ripplekv/inference/teacher_forcing.py": ("tests/test_fidelity.py", "tests/test_profile_setting.py", *RELATIONS),
+    "ripplekv/inference/setting.py": ("tests/test_profile_setting.py", *RELATIONS),
     "ripplekv_eval/running/rows.py::greedy_agreement": ("tests/test_fidelity.py", *RELATIONS),
     "ripplekv_eval/reporting/stats.py": STATS_TESTS,
     # issue 26: the modules added for the per-prompt allocators, their presses and statistics, the chunked prefill

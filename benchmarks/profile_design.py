@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ripplekv.profiling.profile import SensitivityProfile
-from ripplekv_eval.analysis.report import bootstrap_rho, resample_weights, spearman, spearman_rows
+from ripplekv_eval.analysis.report import PromptBootstrap, spearman, spearman_rows
 from ripplekv_eval.analysis.runner import DAMAGE_FILE
 from ripplekv_eval.running.results import ResultsLog
 
@@ -42,8 +42,8 @@ def compare(
         at = [r for r in rows if float(r["budget"]) == budget]
         damage = np.array([r["damage_kl"] for r in at], dtype=np.float64)
         prompts, layers = damage.shape
-        weights = resample_weights(prompts, resamples, seed)
-        resampled = weights @ damage
+        bootstrap = PromptBootstrap.draw(prompts, resamples, seed)
+        resampled = bootstrap.weights @ damage
         predictors = {"depth": np.arange(layers, dtype=np.float64)}
         for label, profile in profiles.items():
             if profile.num_layers != layers:
@@ -55,7 +55,7 @@ def compare(
         first = next(iter(profiles))
         entries = []
         for label, predictor in predictors.items():
-            estimate = bootstrap_rho(damage, np.tile(predictor, (prompts, 1)), resamples, seed)
+            estimate = bootstrap.rho(damage, np.tile(predictor, (prompts, 1)))
             low, high = _interval(replicates[label] - replicates[first])
             entries.append(
                 {

@@ -41,10 +41,10 @@ from ripplekv_eval.analysis.damage import (
     uniform_compressed,
 )
 from ripplekv_eval.analysis.report import (
-    bootstrap_rho,
+    PromptBootstrap,
     per_prompt_rho,
-    resample_weights,
     spearman,
+    spearman_rows,
     summarize,
     to_markdown,
     top_k_layers,
@@ -184,22 +184,29 @@ def test_spearman_matches_scipy_and_handles_ties_and_constants() -> None:
     assert math.isnan(spearman(np.ones(5), x[:5]))
     with pytest.raises(ValueError, match="at least 2 values"):
         spearman([1.0], [2.0])
+    rows_a, rows_b = rng.integers(0, 4, (40, 9)).astype(float), rng.normal(size=(40, 9))  # ties in every row
+    rows_a[3] = 2.0  # a constant row: undefined
+    rows = spearman_rows(rows_a, rows_b)
+    assert math.isnan(rows[3]) and np.isfinite(np.delete(rows, 3)).all()
+    for a, b, rho in zip(rows_a, rows_b, rows):
+        assert rho == pytest.approx(spearman(a, b), abs=1e-12, nan_ok=True)
 
 
 def test_bootstrap_of_a_perfectly_monotone_damage_is_one() -> None:
     layers = np.arange(6.0)
     damage = np.array([np.exp(layers) * s for s in (1.0, 2.0, 0.5, 3.0)])  # every prompt rises with depth
-    estimate = bootstrap_rho(damage, np.tile(layers, (4, 1)), resamples=500, seed=1)
-    assert (estimate.rho, estimate.low, estimate.high, estimate.undefined) == (1.0, 1.0, 1.0, 0)
-    reverse = bootstrap_rho(damage, np.tile(-layers, (4, 1)), resamples=500, seed=1)
-    assert reverse.rho == reverse.high == -1.0
+    estimate = PromptBootstrap.draw(4, 500, seed=1).rho(damage, np.tile(layers, (4, 1)))
+    assert estimate.rho == 1.0 and (estimate.low, estimate.high) == pytest.approx((1.0, 1.0), abs=1e-12)
+    assert estimate.undefined == 0
+    reverse = PromptBootstrap.draw(4, 500, seed=1).rho(damage, np.tile(-layers, (4, 1)))
+    assert reverse.rho == -1.0 and reverse.high == pytest.approx(-1.0, abs=1e-12)
 
 
 def test_bootstrap_resamples_prompts_and_recomputes_the_mean() -> None:
     rng = np.random.default_rng(3)
     damage = rng.gamma(1.0, size=(9, 7))
     predictor = np.tile(rng.normal(size=7), (9, 1))
-    weights = resample_weights(9, 300, 5)
+    weights = PromptBootstrap.draw(9, 300, 5).weights
     counts = weights * 9
     assert np.allclose(counts, np.round(counts)) and np.allclose(weights.sum(axis=1), 1.0)
     replicates = []
@@ -207,7 +214,7 @@ def test_bootstrap_resamples_prompts_and_recomputes_the_mean() -> None:
         chosen = np.repeat(np.arange(9), row)  # the resampled prompts, explicitly
         replicates.append(spearman(damage[chosen].mean(axis=0), predictor[0]))
     low, high = np.percentile(replicates, [2.5, 97.5])
-    estimate = bootstrap_rho(damage, predictor, resamples=300, seed=5)
+    estimate = PromptBootstrap.draw(9, 300, 5).rho(damage, predictor)
     assert estimate.rho == pytest.approx(spearman(damage.mean(axis=0), predictor[0]))
     assert (estimate.low, estimate.high) == pytest.approx((low, high))
     assert estimate.low < estimate.rho < estimate.high  # the resamples differ: prompts, not layers, are drawn

@@ -69,7 +69,33 @@ def test_allocate_json_budgets(profile_path: Path, capsys: pytest.CaptureFixture
     assert plot.stat().st_size > 1000
     assert main(args) == 0
     table = capsys.readouterr().out
-    assert "layer" in table and len(table.strip().splitlines()) == 2 + 3
+    assert "layer" in table and len(table.strip().splitlines()) == 3 + 3  # header, setting, column names, 3 layers
+    assert "ripplekv setting: r " in table and "(from the profile)" in table
+
+
+def test_profile_records_its_setting_and_allocate_prints_where_it_came_from(
+    model_dir: Path, profile_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ripplekv profile`` chooses r and gamma on its calibration prompts (the evidence in the profile);
+    ``allocate`` uses and prints the profile's setting, an explicit --gamma wins, and a profile made with
+    --no-select-setting records none (r 4, gamma 3). Seeded bug caught: allocate ignoring the profile's setting."""
+    setting = json.loads(profile_path.read_text())["setting"]
+    assert setting["prompts"]["samples"] == [0, 1, 2] and setting["budgets"] == [0.1, 0.2, 0.3]
+    assert any(c["ratio"] == 4.0 and c["gamma"] == 3.0 for c in setting["candidates"])
+    assert all(len(c["prompt_kl"]) == 3 and len(c["prompt_kl"][0]) == 3 for c in setting["candidates"])
+    args = ["allocate", "--profile", str(profile_path), "--budget", "0.2", "--prompt-tokens", "1000", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["ratio"], out["gamma"], out["setting_source"]) == (setting["ratio"], setting["gamma"], "profile")
+    assert main([*args, "--gamma", "6"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["ratio"], out["gamma"], out["setting_source"]) == (4.0, 6.0, "explicit")
+    calib, skipped = profile_path.parent / "calib.jsonl", tmp_path / "skipped.json"
+    run = ["profile", "--model", str(model_dir), "--calib", str(calib), "--samples", "1", "--out", str(skipped)]
+    assert main([*run, "--no-select-setting"]) == 0
+    assert "setting: not chosen" in capsys.readouterr().out and "setting" not in json.loads(skipped.read_text())
+    assert main(["allocate", "--profile", str(skipped), "--budget", "0.2", "--prompt-tokens", "1000"]) == 0
+    assert "ripplekv setting: r 4, gamma 3 (the defaults); the profile records no setting" in capsys.readouterr().out
 
 
 def test_generate_prints_answer_and_cache_sizes(

@@ -12,7 +12,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ripplekv.inference import Prefill, extend, greedy_decode, kept_tokens, prefill
-from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.attention import enable_varlen_attention, hand_cache_to_attention
 from ripplekv.models.cache import cache_from_tensors, cache_tensors, layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
 from ripplekv.presses import METHODS, FullPress, RippleKVPress, make_press
@@ -108,7 +108,12 @@ def _assert_same_masks(ours: DynamicCache, theirs: DynamicCache) -> None:
 
 
 def _masks_left(model) -> list[int]:
-    return [i for i, m in enumerate(attention_modules(model)) if MASKED_KEYS in vars(m) or m._forward_pre_hooks]
+    """Modules holding a mask or a pre-hook other than the one handing each pass its cache (``read_cache_masks``)."""
+    return [
+        i
+        for i, m in enumerate(attention_modules(model))
+        if MASKED_KEYS in vars(m) or set(m._forward_pre_hooks.values()) - {hand_cache_to_attention}
+    ]
 
 
 @torch.no_grad()

@@ -21,14 +21,16 @@ from kvpress.attention_patch import attention_patch
 from torch.nn.attention.bias import causal_lower_right
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ripplekv.inference import generate_answer, greedy_decode
+from ripplekv.inference import generate_answer, greedy_decode, prefill
 from ripplekv.models import loading
 from ripplekv.models.attention import (
+    HeadwiseMaskError,
     enable_varlen_attention,
     supports_per_layer_lengths,
     uses_varlen_attention,
     varlen_name,
 )
+from ripplekv.models.cache import fork_cache
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
 from ripplekv.presses import RippleKVPress, make_press
 from ripplekv.profiling import ProfilingConfig, passes, sensitivity
@@ -187,6 +189,19 @@ def test_flash_attention_gets_the_cache_layers_masks_for_each_pass_only(flash: A
     with pytest.raises(ValueError, match=r"layer\(s\) \[1\] hold head-wise masks already"):
         greedy_decode(model, state, 3, set())
     del modules[1].masked_key_indices
+
+
+@pytest.mark.parametrize("method", ["adakv", "ripplekv-ada"])
+def test_a_plain_pass_over_a_masked_cache_under_flash_attention_names_cache_forward(flash: Any, method: str) -> None:
+    """FlashAttention reads a cache's head-wise masks only through ``cache_forward`` (kvpress's fake keys): a plain
+    ``model(...)`` over the cache raises naming it instead of attending to the masked entries."""
+    model = flash()
+    state = prefill(model, random_ids(96, seed=5), _per_layer_presses(model)[method])
+    assert any(headwise_of(layer) is not None for layer in state.cache.layers)
+    position = torch.tensor([state.prompt_tokens])
+    with pytest.raises(HeadwiseMaskError, match="cache_forward"), torch.no_grad():
+        model(torch.tensor([[3]]), past_key_values=fork_cache(state.cache), cache_position=position)
+    assert len(greedy_decode(model, state, 3, set())) == 3  # through cache_forward
 
 
 def _states(model: Any) -> list[Any]:

@@ -224,19 +224,19 @@ def test_a_layer_needs_more_tokens_than_the_window() -> None:
 
 
 def test_ripplekv_ada_enables_variable_length_attention_on_a_plain_model() -> None:
-    """Seeded: ``not supports_per_layer_lengths(model)`` -> ``supports_per_layer_lengths(model)`` (159:66): a plain
-    SDPA model kept its attention and could not attend over layers of different lengths."""
-    for schedule, evict in ((ProfileSchedule(0.3, (0.1, 2.0, 0.5)), False), (UniformSchedule(0.3), True)):
+    """A plain SDPA model is switched to ``ripplekv_sdpa`` whatever the schedule: its layers may differ in length, and
+    its masked heads live in the cache layers, which only ripplekv's attention reads. Seeded: the switch dropped (a
+    plain model kept its attention and could not attend over layers of different lengths)."""
+    for schedule, evict in (
+        (ProfileSchedule(0.3, (0.1, 2.0, 0.5)), False),
+        (UniformSchedule(0.3), True),
+        (UniformSchedule(0.3), False),
+    ):
         model = tiny_model("llama", layers=3)
         assert not supports_per_layer_lengths(model)
         press = LayerBudgetAdaPress(SnapKVPress(window_size=4), schedule, evict_balanced=evict)
         press.post_init_from_model(model)
         assert supports_per_layer_lengths(model)
-    plain = tiny_model("llama", layers=3)
-    LayerBudgetAdaPress(SnapKVPress(window_size=4), UniformSchedule(0.3), evict_balanced=False).post_init_from_model(
-        plain
-    )
-    assert not supports_per_layer_lengths(plain)  # uniform budgets, masked not evicted: the model's own attention
 
 
 def test_the_scorer_of_ripplekv_ada_is_called_at_the_layers_own_ratio() -> None:

@@ -17,6 +17,7 @@ from ripplekv.allocation.lava import LavaRule, lava_token_scores
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule, top_k_counts
 from ripplekv.models.attention import attention_implementation, supports_per_layer_lengths, uses_varlen_attention
+from ripplekv.models.headwise import headwise_of
 from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
 from ripplekv.presses.lava_scorer import LavaScorerPress
@@ -327,13 +328,13 @@ def test_prune_refuses_head_masks_under_eager_attention_only() -> None:
     scores[0, 0, :6] += 10  # head 0 holds the layer's best prefix tokens: a split budget
     keys = torch.arange(30, dtype=torch.float32).view(1, 3, 10, 1)
     eager, sdpa = SimpleNamespace(_attn_implementation="eager"), SimpleNamespace(_attn_implementation="sdpa")
-    kept, _, masked = press.prune(keys, keys, scores, 6, sdpa)  # type: ignore[arg-type]
-    assert masked is not None and kept.shape[2] == 10
+    layer = press.prune(keys, keys, scores, 6, sdpa)  # type: ignore[arg-type]
+    assert headwise_of(layer) is not None and layer.keys.shape[2] == 10
     message = "LavaPress masks keys head-wise, which needs a boolean attention mask: load the model with"
     with pytest.raises(ValueError, match=re.escape(message)):
         press.prune(keys, keys, scores, 6, eager)  # type: ignore[arg-type]
-    kept, _, masked = press.prune(keys, keys, scores, 3, eager)  # type: ignore[arg-type]
-    assert masked is None and kept.shape[2] == 3
+    layer = press.prune(keys, keys, scores, 3, eager)  # type: ignore[arg-type]
+    assert headwise_of(layer) is None and layer.keys.shape[2] == 3
 
 
 def test_lava_scorer_default_window_is_kvpress_snapkvs() -> None:

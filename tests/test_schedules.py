@@ -289,9 +289,10 @@ def test_allocate_compare_and_without_profile(profile_path: Path, capsys: pytest
 
     assert main([*ALLOCATE, "--profile", str(profile_path), "--compare"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[1].split() == ["layer", "uniform", "pyramidkv", "ripplekv", "ripplekv-local"]
-    assert len(lines) == 2 + 30 + 1 and lines[-1].split() == ["total"] + ["6120"] * 4
-    pyramid = [int(line.split()[2]) for line in lines[2:32]]
+    assert lines[1].startswith("ripplekv setting: r 4, gamma 3 (the defaults)")  # the profile records no setting
+    assert lines[2].split() == ["layer", "uniform", "pyramidkv", "ripplekv", "ripplekv-local"]
+    assert len(lines) == 3 + 30 + 1 and lines[-1].split() == ["total"] + ["6120"] * 4
+    pyramid = [int(line.split()[2]) for line in lines[3:33]]
     assert all(a > b for a, b in zip(pyramid, pyramid[1:]))
     # the non-profile schedules need only the number of layers
     assert main([*ALLOCATE, "--layers", "30", "--compare", "--json"]) == 0

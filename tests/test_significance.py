@@ -90,14 +90,15 @@ def test_monte_carlo_p_counts_the_observed_signs() -> None:
 
 
 def test_p_is_uniform_under_the_null() -> None:
-    """Symmetric differences (tasks of 4 to 20 prompts, unequal spreads): p is roughly uniform, exact or sampled."""
+    """Symmetric differences (tasks of 4 to 20 prompts, unequal spreads): p is roughly uniform, exact or sampled
+    (exact over 10 prompts: scipy enumerates the 2^n sign vectors in Python, 1,024 here)."""
     flip_mc, flip_exact = SignFlip(draws=999), SignFlip()
     sampled, exact = [], []
     for seed in range(300):
         rng = np.random.default_rng(seed)
         data = {"a": rng.normal(0, 1, 4), "b": rng.normal(0, 3, 20), "c": rng.laplace(0, 0.2, 9)}
         sampled.append(_test(flip_mc, _samples(data)).p)
-        small = {"a": rng.normal(0, 1, 4), "b": rng.standard_t(3, 10)}
+        small = {"a": rng.normal(0, 1, 4), "b": rng.standard_t(3, 6)}
         exact.append(_test(flip_exact, _samples(small)).p)
     for ps in (np.array(sampled), np.array(exact)):
         assert 0.02 <= np.mean(ps <= 0.05) <= 0.09
@@ -254,6 +255,17 @@ def test_monte_carlo_reproduces_the_committed_reports() -> None:
             case["difference"]["high"],
             case["difference"]["mean"],
         )
+
+
+@pytest.mark.parametrize("exact_max", [0, 16])
+def test_a_difference_zero_but_for_rounding_ties_every_vector_as_the_committed_engine_did(exact_max: int) -> None:
+    """Differences that cancel (0.1 + 0.2 - 0.3) leave a macro mean of rounding noise, as extreme as every sign
+    vector's: p = 1 (the committed oracle-fidelity report's top-1 comparisons). Seeded bug caught: scipy's own
+    tolerance (relative to ``|T|``) instead of ties within 1e-9 of ``sum |w d|``, which gives p < 1."""
+    data = _samples({"t": [0.1, 0.2, -0.3] * 5})
+    result = _test(SignFlip(draws=999, exact_max=exact_max), data)
+    assert result.method == ("exact" if exact_max else "monte-carlo")
+    assert abs(result.mean) < 1e-15 and result.p == 1.0
 
 
 def test_exact_enumeration_is_scipys_and_matches_a_brute_force_count() -> None:

@@ -30,6 +30,7 @@ _EXPORTS = {
     "ProfilingConfig": "ripplekv.profiling",
     "SensitivityProfile": "ripplekv.profiling",
     "profile_model": "ripplekv.profiling",
+    "profile_with_setting": "ripplekv.inference.setting",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

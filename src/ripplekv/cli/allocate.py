@@ -13,7 +13,6 @@ PROFILE_SCHEDULES = ("ripplekv", "ripplekv-local")
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``allocate`` subcommand to ``subparsers``; return its parser."""
-    from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
     from ripplekv.presses.registry import DEFAULT_WINDOW
 
     a = subparsers.add_parser(
@@ -21,7 +20,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="per-layer token budgets: RippleKV from a profile, PyramidKV or uniform (SnapKV)",
         description="Per-layer token budgets of one schedule (--schedule), or of every schedule side by side "
         "(--compare). ripplekv: min-max normalise the profile's scores, w_l = ratio ** s_l, clip to "
-        "[1/gamma, gamma], rescale so the per-layer budgets sum to layers x budget; ripplekv-local: the same on "
+        "[1/gamma, gamma], rescale so the per-layer budgets sum to layers x budget (r and gamma: --ratio and "
+        "--gamma if given, else the profile's chosen setting, else 4 and 3; printed with where they came from); "
+        "ripplekv-local: the same on "
         "the profile's local signal; pyramidkv: PyramidKV's linear schedule (authors' code) rescaled to that "
         "total; uniform: SnapKV, the same count in every layer.",
     )
@@ -41,8 +42,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     a.add_argument("--window-size", type=positive_int, default=DEFAULT_WINDOW, help="PyramidKV window W (default 64)")
     add_budget_args(a)
     a.add_argument("--prompt-tokens", type=positive_int, required=True, help="prompt length in tokens")
-    a.add_argument("--ratio", type=float, default=DEFAULT_RATIO, help=f"disparity r (default {DEFAULT_RATIO})")
-    a.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help=f"clip bound (default {DEFAULT_GAMMA})")
+    a.add_argument(
+        "--ratio",
+        type=float,
+        default=None,
+        help="disparity r (default: the profile's chosen setting, else 4; giving --ratio or --gamma sets both, the "
+        "other at its default)",
+    )
+    a.add_argument(
+        "--gamma", type=float, default=None, help="clip bound (default: the profile's chosen setting, else 3)"
+    )
     a.add_argument(
         "--min-tokens",
         type=positive_int,
@@ -65,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         UniformSchedule,
         allocate,
     )
+    from ripplekv.profiling.profile import resolve_setting
 
     profile = load_profile(args.profile, required=args.schedule in PROFILE_SCHEDULES and not args.compare)
     if profile is None and args.layers is None:
@@ -77,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     given = resolve_budget(args)  # {"budget": F} or {"tokens": N}
     spec = BudgetSpec(**given)
     floor = args.window_size if args.min_tokens is None else args.min_tokens  # what make_press's presses use
+    try:
+        setting = resolve_setting(profile, args.ratio, args.gamma)  # what make_press's RippleKV presses use
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
 
     def signal_scores(name: str) -> tuple[float, ...]:
         if profile is None:
@@ -90,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         elif name == "pyramidkv":
             schedule = PyramidSchedule(**given, window_size=args.window_size)
         else:
-            schedule = ProfileSchedule(**given, scores=signal_scores(name), ratio=args.ratio, gamma=args.gamma)
+            schedule = ProfileSchedule(**given, scores=signal_scores(name), ratio=setting.ratio, gamma=setting.gamma)
         return schedule.layer_budgets(n_layers, args.prompt_tokens, floor)
 
     names = ["uniform", "pyramidkv", *(PROFILE_SCHEDULES if profile else ())] if args.compare else [args.schedule]
@@ -111,15 +125,23 @@ def run(args: argparse.Namespace) -> int:
         )
     header = f"{n_layers} layers, budget {shown} of {args.prompt_tokens} prompt tokens: "
     header += f"{average} tokens per layer on average, {average * n_layers} in all"
+    ripple_shown = args.schedule in PROFILE_SCHEDULES or (args.compare and profile is not None)
+    setting_line = f"ripplekv setting: {setting.describe()}"
+    if setting.source == "profile":
+        setting_line += f"; chosen by `ripplekv profile`: {profile.setting.describe()}"  # type: ignore[union-attr]
+    elif setting.source == "default" and profile is not None:
+        setting_line += "; the profile records no setting (made before settings existed, or --no-select-setting)"
+    setting_json = {"ratio": setting.ratio, "gamma": setting.gamma, "setting_source": setting.source}
     if args.schedule in PROFILE_SCHEDULES and not args.compare:
         scores = signal_scores(args.schedule)
-        config = AllocationConfig(ratio=args.ratio, gamma=args.gamma)
+        config = AllocationConfig(ratio=setting.ratio, gamma=setting.gamma)
         allocation = allocate(scores, prompt_tokens=args.prompt_tokens, config=config, min_tokens=floor, **given)
         if args.json:
-            extra = {"ratio": args.ratio, "gamma": args.gamma, **budget_json, "schedule": args.schedule}
+            extra = {**setting_json, **budget_json, "schedule": args.schedule}
             print(json.dumps({**allocation.to_dict(), **extra}))
             return 0
         print(header)
+        print(setting_line)
         print("layer     score  norm  weight  tokens")
         for i in range(len(scores)):
             print(
@@ -129,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.json:
         common = {**budget_json, "prompt_tokens": args.prompt_tokens, "average_budget": average}
         common["total"] = average * n_layers
+        if ripple_shown:
+            common.update(setting_json)
         if args.compare:
             print(json.dumps({**common, "budgets": {name: list(values) for name, values in table.items()}}))
         else:
@@ -136,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     else:
         print(header)
+        if ripple_shown:
+            print(setting_line)
         print("layer  " + "  ".join(f"{name:>14}" for name in table))
         for i in range(n_layers):
             print(f"{i:5d}  " + "  ".join(f"{values[i]:14d}" for values in table.values()))

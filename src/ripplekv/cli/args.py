@@ -4,6 +4,8 @@ top; argparse prints a ``type``'s ``__name__`` when it rejects a value)."""
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +88,20 @@ def resolve_budgets(args: argparse.Namespace, default: tuple[float, ...]) -> tup
     if args.budgets is not None:
         return tuple(args.budgets)
     return () if args.tokens else tuple(default)
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
+
+
+def memory_size(text: str) -> int:
+    """An argparse ``type``: bytes from a number with an optional binary unit (``512MiB``, ``1.5G``, ``K``, ``B``)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {text!r}")
+    size = float(match.group(1)) * _UNITS[match.group(2)]
+    if not math.isfinite(size) or size < 1:
+        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
+    return int(size)
 
 
 def positive_int(text: str) -> int:

@@ -61,25 +61,28 @@ def default_profile_path(model: PreTrainedModel, config: ProfilingConfig) -> Pat
 def cached_default_profile(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: ProfilingConfig | None = None
 ) -> SensitivityProfile:
-    """The model's profile on the default calibration set, measured once and cached under RIPPLEKV_CACHE.
+    """The model's profile on the default calibration set, its RippleKV setting chosen, measured once and cached under
+    RIPPLEKV_CACHE.
 
     The cache file is named by the architecture, the weights' fingerprint and the scoring version, so a
-    profile measured on other weights of the same architecture, or by an older scoring, is never reused.
+    profile measured on other weights of the same architecture, or by an older scoring, is never reused. A cached
+    profile made before settings existed gets its setting chosen (the sensitivity pass is not repeated) and is saved
+    again.
     """
     from tqdm import tqdm
 
-    from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
+    from ripplekv.inference.setting import choose_profile_setting, profile_with_setting
+    from ripplekv.profiling import ProfilingConfig, SensitivityProfile
     from ripplekv.profiling.calibration import default_calibration
 
     config = config or ProfilingConfig()
 
     path = default_profile_path(model, config)
-    if path.exists():
-        profile = SensitivityProfile.load(path)
+    cached = SensitivityProfile.load(path) if path.exists() else None
+    if cached is not None and cached.setting is not None:
         print(f"profile: cached {path}")
-        return profile
+        return cached
     calibration = default_calibration(tokenizer, seed=config.seed)
-    print(f"profile: measuring on {calibration.description} (first run only; cached in {path})")
     start = time.perf_counter()
     with tqdm(total=len(calibration), desc="profiling", unit="sample") as bar:
 
@@ -87,12 +90,18 @@ def cached_default_profile(
             bar.n = done
             bar.refresh()
 
-        profile = profile_model(
-            model, tokenizer, calibration, config, checkpoint=path.with_suffix(".partial.jsonl"), progress=progress
-        )
+        if cached is not None:
+            print(f"profile: cached {path}, choosing its r and gamma (once)")
+            bar.set_description("choosing r, gamma")
+            profile = choose_profile_setting(model, tokenizer, calibration, cached, config, progress=progress)
+        else:
+            print(f"profile: measuring on {calibration.description} (first run only; cached in {path})")
+            checkpoint = str(path.with_suffix(".partial.jsonl"))
+            run = profile_with_setting(model, tokenizer, calibration, config, checkpoint=checkpoint, progress=progress)
+            profile = run.profile
     profile.save(path)
     path.with_suffix(".partial.jsonl").unlink(missing_ok=True)
-    print(f"profile: {time.perf_counter() - start:.0f} s")
+    print(f"profile: {time.perf_counter() - start:.0f} s; RippleKV setting {profile.setting.describe()}")  # type: ignore[union-attr]
     return profile
 
 
@@ -103,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from ripplekv.models import load_model
     from ripplekv.presses import make_press
     from ripplekv.profiling.haystack import build_needle_prompt
+    from ripplekv.profiling.profile import resolve_setting
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"  {method:<10} {budget:>4g}  done in {rows[-1]['seconds']:.1f} s")
 
-    print(f"\n{rows[0]['prompt_tokens']}-token prompt, {profile.num_layers} layers, question-aware compression\n")
+    print(f"\n{rows[0]['prompt_tokens']}-token prompt, {profile.num_layers} layers, question-aware compression")
+    applied = resolve_setting(profile)
+    print(f"ripplekv: {applied.describe()}\n")
     print(f"{'method':<10} {'budget':>6} {'correct':<7} {'KV MiB':>7} {'of full':>7} {'time s':>6}  answer")
     for row in rows:
         answer = row["answer"].replace("\n", " ")

@@ -35,9 +35,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=method_spec_arg,
         default="ripplekv",
         help=f"compression method, from {', '.join(METHODS)}, optionally with its parameters "
-        "(ripplekv:r=16,gamma=12; default ripplekv)",
+        "(ripplekv:r=16,gamma=12; default ripplekv, whose r and gamma are the profile's chosen setting unless given)",
     )
-    g.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    g.add_argument(
+        "--profile",
+        default=None,
+        help="profile JSON (required by ripplekv methods; they run its chosen r and gamma unless the method's name "
+        "gives them)",
+    )
     g.add_argument(
         "--strict-profile",
         action="store_true",
@@ -58,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from ripplekv.inference import generate_answer
     from ripplekv.models import load_model
     from ripplekv.presses import make_press
+    from ripplekv.presses.ripplekv_press import press_setting
 
     profile = load_profile(args.profile, required=args.method.startswith("ripplekv"))
     given = resolve_budget(args)  # {"budget": F} or {"tokens": N}
@@ -67,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
         profile=profile,
         window_size=args.window_size,
         strict_profile=args.strict_profile,
+    )
+    applied = press_setting(press)  # a RippleKV press: its r, gamma and where they came from
+    setting = (
+        {} if applied is None else {"ratio": applied.ratio, "gamma": applied.gamma, "setting_source": applied.source}
     )
     context = Path(args.context_file).read_text()
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -78,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "method": args.method,
+                    **setting,
                     "budget": given.get("budget"),
                     "tokens": given.get("tokens"),
                     "answer": result.text,
@@ -91,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    if applied is not None:
+        print(f"{args.method}: {applied.describe()}")
     print(f"answer: {result.text}")
     print(f"prompt tokens: {result.prompt_tokens}; tokens kept per layer: {list(result.layer_tokens)}")
     print(

@@ -12,8 +12,7 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.models.attention import attends_per_layer_natively, enable_varlen_attention
-from ripplekv.models.attention_functions import CACHE_KWARG
+from ripplekv.models.attention import attends_per_layer_natively, enable_varlen_attention, read_cache_masks
 from ripplekv.models.cache import cache_bytes, fork_cache, layer_lengths
 from ripplekv.models.chunked_prefill import check_prefill_chunk, chunk_bounds, prefill_in_chunks
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, discard_masks, headwise_of, take_mask
@@ -73,8 +72,10 @@ def prefill(
 ) -> Prefill:
     """Run the unpadded prompt ``input_ids`` ``(1, n)`` into ``cache`` (written in place), compressing with ``press``.
 
-    Head-wise masks the press leaves on the attention modules (AdaKV) move into the cache's layers
-    (:func:`~ripplekv.models.headwise.take_mask`). Tokens after a context go through :func:`extend` instead.
+    Head-wise masks live in the cache's layers: ripplekv's presses write them there, and those kvpress's
+    ``AdaKVPress`` leaves on the attention modules are moved there (:func:`~ripplekv.models.headwise.take_mask`);
+    every later pass of ``model`` over the cache reads them (:func:`~ripplekv.models.attention.read_cache_masks`).
+    Tokens after a context go through :func:`extend` instead.
 
     Args:
         prefill_chunk: without a press, longer prompts run in chunks
@@ -96,7 +97,7 @@ def prefill(
     device = next(model.parameters()).device
     start = time.perf_counter()
     if press is not None:
-        modules = attention_modules(model)
+        modules = attention_modules(read_cache_masks(model))
         discard_masks(modules)
         try:
             with press(model):
@@ -141,17 +142,16 @@ def cache_forward(
 ) -> torch.Tensor:
     """The logits of ``input_ids`` ``(rows, n)`` over ``cache`` at ``positions`` ``(n,)``, every row alike.
 
-    The cache is passed to the attention functions (:data:`~ripplekv.models.attention_functions.CACHE_KWARG`) and
+    The attention functions read the cache's layers (:func:`~ripplekv.models.attention.read_cache_masks`); it is
     extended in place: pass a fork to keep a prefill. ``kwargs``: e.g. ``logits_to_keep``, ``key_validity``.
     """
-    with _kvpress_masks(model, cache):
+    with _kvpress_masks(read_cache_masks(model), cache):
         return model(
             input_ids,
             past_key_values=cache,
             use_cache=True,
             cache_position=positions,
             position_ids=positions.unsqueeze(0).expand(input_ids.shape[0], -1),
-            **{CACHE_KWARG: cache},
             **kwargs,
         ).logits
 

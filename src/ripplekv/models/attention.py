@@ -10,13 +10,17 @@ caches or ``shared_prefix``; callers then take exact per-cache paths.
 
 from __future__ import annotations
 
+from typing import Any
+
+from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from ripplekv.models.attention_functions import varlen_attention_function
+from ripplekv.models.attention_functions import CACHE_KWARG, varlen_attention_function
 from ripplekv.models.attention_masks import varlen_mask_function
+from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
 
 VARLEN_PREFIX = "ripplekv_"
 
@@ -59,12 +63,57 @@ def attention_implementation(model: PreTrainedModel) -> str:
 
 def enable_varlen_attention(model: PreTrainedModel) -> PreTrainedModel:
     """Make ``model`` attend correctly over per-layer compressed caches, in place (idempotent); returns it:
-    ``sdpa`` / ``eager`` become ``ripplekv_sdpa`` / ``ripplekv_eager``, FlashAttention is kept, others raise."""
+    ``sdpa`` / ``eager`` become ``ripplekv_sdpa`` / ``ripplekv_eager``, FlashAttention is kept, others raise. Every
+    pass then reads the head-wise masks of the cache it runs over (:func:`read_cache_masks`)."""
     current = attention_implementation(model)
     if current not in NATIVE_PER_LAYER_ATTENTION:
         target = varlen_name(current)  # registered in this process
         if target != current:
             model.set_attn_implementation(target)
+    return read_cache_masks(model)
+
+
+class HeadwiseMaskError(ValueError):
+    """A pass over a head-wise masked cache layer whose attention implementation would not read the masks."""
+
+
+def hand_cache_to_attention(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+    """An attention module's forward pre-hook: the pass's cache (``past_key_values``) handed on to ripplekv's
+    attention functions as :data:`CACHE_KWARG`; a pass over a masked layer that the implementation would attend
+    unmasked raises :class:`HeadwiseMaskError` naming what to call."""
+    cache = kwargs.get("past_key_values")
+    if cache is None:
+        return None
+    implementation = str(module.config._attn_implementation)
+    if implementation.startswith(VARLEN_PREFIX):
+        return args, {**kwargs, CACHE_KWARG: cache}
+    index = module.layer_idx
+    mask = headwise_of(cache.layers[index]) if index < len(cache.layers) else None
+    if mask is None:
+        return None
+    if implementation in NATIVE_PER_LAYER_ATTENTION:
+        if getattr(module, MASKED_KEYS, None) is mask.indices:  # handed to kvpress's wrapper for this pass
+            return None
+        raise HeadwiseMaskError(
+            f"layer {index} of the cache hides entries head by head (AdaKV), which {implementation!r} reads only "
+            "through ripplekv.inference.generate.cache_forward (greedy_decode, extend): run the pass with it, or "
+            "load the model with attn_implementation='sdpa'"
+        )
+    raise HeadwiseMaskError(
+        f"layer {index} of the cache hides entries head by head (AdaKV), which attention implementation "
+        f"{implementation!r} would attend to: call ripplekv.models.attention.enable_varlen_attention(model) first "
+        "(sdpa becomes ripplekv_sdpa, which reads the masks)"
+    )
+
+
+def read_cache_masks(model: PreTrainedModel) -> PreTrainedModel:
+    """Make every attention pass of ``model`` read the head-wise masks of the cache layer it runs over, however the
+    model is called (``model(...)``, ``generate``, ``cache_forward``), or raise :class:`HeadwiseMaskError`; in place
+    (idempotent), returns it. A forward pre-hook on each attention module hands the pass's cache on to ripplekv's
+    attention functions (:data:`CACHE_KWARG`)."""
+    for module in attention_modules(model):
+        if hand_cache_to_attention not in module._forward_pre_hooks.values():
+            module.register_forward_pre_hook(hand_cache_to_attention, with_kwargs=True)
     return model
 
 

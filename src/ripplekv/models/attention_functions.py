@@ -1,6 +1,7 @@
 """The attention functions registered as ``ripplekv_sdpa`` and ``ripplekv_eager``: exactly ``sdpa`` and ``eager``
-on uniform caches. A pass carries its cache (:data:`CACHE_KWARG`) and the layer decides: a ``RaggedLayer`` attends
-row by row, a ``MaskedLayer`` excludes its masked entries, any other layer gets its mask fitted."""
+on uniform caches. A pass carries its cache (:data:`CACHE_KWARG`, handed on by the attention modules' pre-hook,
+:func:`ripplekv.models.attention.read_cache_masks`) and the layer decides: a ``RaggedLayer`` attends row by row, a
+``MaskedLayer`` excludes its masked entries, any other layer gets its mask fitted."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import shared_prefix_attention
 
 CACHE_KWARG = "ripplekv_cache"
-"""The keyword argument of a forward pass that carries its cache to ripplekv's attention functions."""
+"""The keyword argument that carries a pass's cache from its attention module to ripplekv's attention functions."""
 
 
 class SlidingWindowError(ValueError):

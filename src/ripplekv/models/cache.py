@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from ripplekv.models.headwise import HeadwiseMask, MaskedLayer
+from ripplekv.models.headwise import HeadwiseMask, Indices, MaskedLayer
 
 KVPair = tuple[torch.Tensor, torch.Tensor]
 
@@ -25,10 +25,13 @@ def cache_from_tensors(pairs: Sequence[KVPair]) -> DynamicCache:
     return cache_from_layers([dynamic_layer(keys, values) for keys, values in pairs])
 
 
-def dynamic_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
-    """A ``DynamicLayer`` holding ``keys`` and ``values`` by reference."""
+def dynamic_layer(keys: torch.Tensor, values: torch.Tensor, masked: Indices | None = None) -> DynamicLayer:
+    """A ``DynamicLayer`` holding ``keys`` and ``values`` by reference; a :class:`MaskedLayer` hiding the ``masked``
+    entries (kvpress's ``(batch, kv_head, position)`` index tensors) from attention when given."""
     if keys.shape != values.shape:
         raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} differ in shape")
+    if masked is not None:
+        return MaskedLayer(keys, values, HeadwiseMask(masked, keys.shape[1], keys.shape[2]))
     layer = DynamicLayer()
     layer.lazy_initialization(keys, values)
     layer.keys, layer.values = keys, values

@@ -1,8 +1,10 @@
 """Cache layers that hide some of their entries from attention, KV head by KV head (AdaKV's head-wise masks).
 
 AdaKV (Feng et al. 2024, arXiv:2407.11550) and LAVa mask a layer's dropped (KV head, position) entries. The mask
-belongs to one compressed cache, so its layer holds it (:class:`MaskedLayer`); presses leave it on the attention
-module as kvpress's ``masked_key_indices`` and :func:`take_mask` moves it into the cache layer.
+belongs to one compressed cache, so its layer holds it (:class:`MaskedLayer`), and every attention pass over the
+layer reads it there (:func:`ripplekv.models.attention.read_cache_masks`). ripplekv's presses write the masked layer
+into the cache; kvpress's own (``AdaKVPress``) leave the mask on the attention module as ``masked_key_indices``,
+which :func:`take_mask` moves into the cache layer.
 """
 
 from __future__ import annotations
@@ -101,15 +103,16 @@ def attention_modules(model: PreTrainedModel) -> list[nn.Module]:
 
 
 def discard_masks(modules: Iterable[nn.Module]) -> None:
-    """Remove kvpress's head-wise masks from ``modules``: before a compression (a mask left there by a press used
-    directly belongs to no cache it makes) and after a failed one."""
+    """Remove kvpress's head-wise masks from ``modules``: before a compression (a mask left there by a kvpress press
+    used directly belongs to no cache it makes) and after a failed one."""
     for module in modules:
         vars(module).pop(MASKED_KEYS, None)
 
 
 def take_mask(module: nn.Module, layer: DynamicLayer) -> DynamicLayer:
-    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a press left on ``module`` (removed there);
-    ValueError for a mask on a sliding-window layer or one that does not fit the layer's keys."""
+    """``layer``, as a :class:`MaskedLayer` holding the head-wise mask a kvpress press (``AdaKVPress``) left on
+    ``module`` (removed there); ValueError for a mask on a sliding-window layer or one that does not fit the layer's
+    keys."""
     indices = vars(module).pop(MASKED_KEYS, None)
     if indices is None:
         return layer

@@ -23,6 +23,7 @@ from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window
 from ripplekv.presses.registry import Build
+from ripplekv.presses.ripplekv_press import press_setting
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 
 
@@ -83,7 +84,8 @@ def build_ripplekv_oracle(b: Build) -> BasePress:
 def build_ripplekv_ada(b: Build) -> BasePress:
     """RippleKV's per-layer budgets (the ``ripplekv`` schedule, same floor) with AdaKV's head-wise allocation."""
     ripple = b.ripple(b.needs_profile())
-    return LayerBudgetAdaPress(b.scorer(), ripple.schedule, profile=b.profile, strict_profile=b.strict)
+    setting = press_setting(ripple)
+    return LayerBudgetAdaPress(b.scorer(), ripple.schedule, profile=b.profile, strict_profile=b.strict, setting=setting)
 
 
 def build_cake(b: Build) -> BasePress:

@@ -4,9 +4,9 @@
 :class:`~ripplekv.presses.per_prompt_press.PerPromptBudgetPress` runs it (``lava-layer``). (2) Inside layer ``l``,
 each KV head keeps the scorer's window plus its share of ``H * (B_l - w)`` prefix tokens
 (:func:`~ripplekv.allocation.lava_heads.lava_head_budgets`). Every head keeps its ``m_l = max_h k_h`` best tokens in
-memory and the surplus is masked through kvpress's ``module.masked_key_indices`` (:mod:`ripplekv.models.headwise`):
-memory is the sum of the ``m_l``, attention sees exactly ``k_h`` per head. A layer whose heads all keep ``B_l`` is
-evicted with no mask (every layer under ``floor_alpha = 1``: ``lava-layer``'s caches).
+memory and the surplus is masked in the cache layer (a :class:`~ripplekv.models.headwise.MaskedLayer`): memory is
+the sum of the ``m_l``, attention sees exactly ``k_h`` per head. A layer whose heads all keep ``B_l`` is evicted with
+no mask (every layer under ``floor_alpha = 1``: ``lava-layer``'s caches).
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 import torch
 from kvpress import ScorerPress
 from transformers import PretrainedConfig
+from transformers.cache_utils import DynamicLayer
 
 from ripplekv.allocation.lava import LavaRule
 from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA, lava_head_budgets
 from ripplekv.allocation.per_prompt import PerPromptSchedule
+from ripplekv.models.cache import dynamic_layer
 from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window, select_top
 from ripplekv.validation import is_real
@@ -112,8 +114,9 @@ class LavaPress(PerPromptBudgetPress):
 
     def prune(
         self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, budget: int, config: PretrainedConfig
-    ) -> tuple[torch.Tensor, torch.Tensor, Masked | None]:
-        """One layer's kept keys and values (memory at its largest head) and the masked surplus of the others.
+    ) -> DynamicLayer:
+        """One layer's cache layer: its kept keys and values (memory at its largest head), a
+        :class:`~ripplekv.models.headwise.MaskedLayer` hiding the surplus of the other heads where there is one.
 
         Raises:
             ValueError: if masks are needed under eager attention (they need a boolean attention mask).
@@ -124,7 +127,7 @@ class LavaPress(PerPromptBudgetPress):
                 "LavaPress masks keys head-wise, which needs a boolean attention mask: load the model with "
                 "attn_implementation='sdpa', not eager"
             )
-        return kept_keys, kept_values, masked
+        return dynamic_layer(kept_keys, kept_values, masked)
 
     def __deepcopy__(self, memo: dict) -> LavaPress:
         clone = copy.copy(self)

@@ -18,12 +18,12 @@ from transformers import PreTrainedModel
 
 from ripplekv.allocation.budget import BudgetSchedule, ProfileSchedule, compression_ratio_keeping
 from ripplekv.allocation.schedules import UniformSchedule
-from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
-from ripplekv.models.headwise import MASKED_KEYS
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.cache import dynamic_layer
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, global_schedule, scorer_at_ratio
 from ripplekv.presses.scorers import check_attention_weights
 from ripplekv.presses.selection_window import check_compressible
-from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.profiling.profile import AppliedSetting, SensitivityProfile
 from ripplekv.validation import is_real
 
 __all__ = ["DEFAULT_ALPHA_SAFEGUARD", "LayerBudgetAdaPress", "headwise_keep_mask", "safeguard_tokens"]
@@ -73,9 +73,9 @@ class LayerBudgetAdaPress(BasePress):
 
     Layer ``l`` keeps ``n_l * kv_heads`` entries, ``n_l`` :class:`~ripplekv.presses.LayerBudgetPress`'s count for
     the same schedule (so SnapKV's total per head on average), chosen by :func:`headwise_keep_mask`. Heads then hold
-    different numbers of tokens, which a dense cache cannot: the dropped entries go to kvpress's
-    ``module.masked_key_indices`` (kept in memory, masked head by head; the prefill moves them into the cache layer,
-    :mod:`ripplekv.models.headwise`), unless every head keeps ``n_l``, in which case they are evicted physically.
+    different numbers of tokens, which a dense cache cannot: the dropped entries stay in memory, masked head by head
+    in the cache layer (a :class:`~ripplekv.models.headwise.MaskedLayer`, which every later pass reads), unless every
+    head keeps ``n_l``, in which case they are evicted physically.
     Not for eager attention (the masks need a boolean attention mask, as kvpress's AdaKV) nor padded batches.
 
     Args:
@@ -87,6 +87,8 @@ class LayerBudgetAdaPress(BasePress):
         profile: the profile a ``ProfileSchedule`` was allocated from, checked against the model when the press is
             applied (``ripplekv-ada`` passes it); None skips the check.
         strict_profile: a profile of other weights than the model's raises instead of warning once.
+        setting: the RippleKV ``r`` and ``gamma`` the ``ProfileSchedule`` was built with and where they came from
+            (``ripplekv-ada`` records it; rows and reports read it); None for another schedule.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -96,6 +98,7 @@ class LayerBudgetAdaPress(BasePress):
     evict_balanced: bool = True
     profile: SensitivityProfile | None = None
     strict_profile: bool = False
+    setting: AppliedSetting | None = None
 
     def __post_init__(self) -> None:
         LayerBudgetPress(self.press, self.schedule, self.min_tokens)  # validates press, schedule and min_tokens
@@ -143,29 +146,29 @@ class LayerBudgetAdaPress(BasePress):
         return self.layer_press.layer_budgets(n_layers, prompt_tokens)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the schedule (and profile) against the model; enable variable-length attention where needed.
+        """Check the schedule (and profile) against the model; enable variable-length attention, which reads the
+        cache layers' head-wise masks.
 
         FlashAttention is kept as loaded (its head-wise masks are kvpress's fake keys,
         :func:`ripplekv.inference.generate.cache_forward`); stock ``sdpa`` is switched.
 
         Raises:
             ValueError: if the schedule or profile does not fit the model, or the attention implementation has no
-                variable-length variant while layers may hold different numbers of tokens.
+                variable-length variant.
         """
         if self.profile is not None:
             self.profile.check_model(model, strict=self.strict_profile)
         global_schedule(self.schedule, model.config)
         check_attention_weights(self.press, model)
-        if (self.evict_balanced or not self.schedule.uniform) and not supports_per_layer_lengths(model):
-            current = model.config._attn_implementation
-            try:
-                enable_varlen_attention(model)
-            except ValueError as error:
-                raise ValueError(
-                    f"{type(self).__name__} can leave layers with different numbers of tokens, which the attention "
-                    f"implementation {current!r} cannot attend over: load the model with attn_implementation='sdpa' "
-                    "or 'flash_attention_2'"
-                ) from error
+        current = model.config._attn_implementation
+        try:
+            enable_varlen_attention(model)
+        except ValueError as error:
+            raise ValueError(
+                f"{type(self).__name__} leaves layers with different numbers of tokens and masked heads, which the "
+                f"attention implementation {current!r} cannot attend over: load the model with "
+                "attn_implementation='sdpa' or 'flash_attention_2'"
+            ) from error
         self.press.post_init_from_model(model)
 
     def _layer_count(self, module: nn.Module, k_len: int) -> int | None:
@@ -200,7 +203,9 @@ class LayerBudgetAdaPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keep the layer's budget head-wise: mask the dropped entries, or evict them when balanced."""
+        """Keep the layer's budget head-wise: evict the dropped entries when every head keeps the same count, else
+        keep them in memory and replace the pass's cache layer (``kwargs["past_key_values"]``) by a
+        :class:`~ripplekv.models.headwise.MaskedLayer` of these keys and values hiding them."""
         k_len = keys.shape[2]
         n_kept = self._layer_count(module, k_len)
         if n_kept is None:  # a sliding-window layer: left whole (a padded batch is refused at the global layers)
@@ -220,5 +225,6 @@ class LayerBudgetAdaPress(BasePress):
                 f"{type(self).__name__} masks keys head-wise, which needs a boolean attention mask: load the model "
                 "with attn_implementation='sdpa', not eager"
             )
-        setattr(module, MASKED_KEYS, (~keep).nonzero(as_tuple=True))
+        cache = kwargs["past_key_values"]
+        cache.layers[module.layer_idx] = dynamic_layer(keys, values, (~keep).nonzero(as_tuple=True))
         return keys, values

@@ -94,8 +94,12 @@ class Method:
             raise ValueError(f"method {name!r} has no parameter {unknown} (its parameters: {accepted})")
 
     def config(self, owner: type, values: Mapping[str, Any]) -> Any:
-        """``owner`` built from the values of its parameters (absent ones at the field's default)."""
-        kwargs = {p.field or p.name: values[p.name] for p in self.params if p.owner is owner and p.name in values}
+        """``owner`` built from the values of its parameters (absent or None ones at the field's default)."""
+        kwargs = {
+            p.field or p.name: values[p.name]
+            for p in self.params
+            if p.owner is owner and values.get(p.name) is not None
+        }
         return owner(**dict(dict(self.owner_args).get(owner, ())), **kwargs)
 
     def check(self, name: str, values: Mapping[str, Any]) -> None:
@@ -109,7 +113,12 @@ class Method:
 
 
 _WINDOW = Param("window", int, None, low=1)  # the statistic's window; default: the scorer's window, else 64
-_RIPPLE = (Param.of(AllocationConfig, "r", "ratio"), Param.of(AllocationConfig, "gamma"))
+# RippleKV's r and gamma default to None: derived when the press is built, from the profile's chosen setting, else r 4
+# and gamma 3 (ripplekv.profiling.profile.resolve_setting); a value given, the default's included, is explicit and wins
+_RIPPLE = (
+    Param("r", float, None, AllocationConfig, "ratio"),
+    Param("gamma", float, None, AllocationConfig, "gamma"),
+)
 _LAVA = (*(Param.of(LavaRule, name) for name in ("kernel_size", "pooling", "gqa_support")), _WINDOW)
 _SNAP = "SnapKV scorer, "
 

@@ -33,11 +33,12 @@ from kvpress.presses.base_press import BasePress
 from kvpress.utils import extract_keys_and_values
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from ripplekv.allocation.budget import TokenBudgetError
 from ripplekv.allocation.per_prompt import PerPromptSchedule
-from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
-from ripplekv.models.headwise import MASKED_KEYS
+from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.cache import dynamic_layer
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.scorers import check_attention_weights
 from ripplekv.presses.selection_window import check_compressible
@@ -84,7 +85,6 @@ class _Pending:
     stats: dict[int, Any] = field(default_factory=dict)
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
     residual: dict[int, torch.Tensor] = field(default_factory=dict)
-    modules: dict[int, nn.Module] = field(default_factory=dict)
 
 
 @dataclass
@@ -178,11 +178,11 @@ class PerPromptBudgetPress(BasePress):
         return bool(RESIDUAL_STATISTICS & set(self.schedule.rule.statistic_inputs))  # type: ignore[union-attr]
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Enable variable-length attention where needed and let the scorer see the model."""
+        """Enable variable-length attention (which reads head-wise masked cache layers) and let the scorer see the
+        model."""
         self.schedule.check_layers(len(compressed_layers(model.config)))  # type: ignore[union-attr]
         check_attention_weights(self.press, model)
-        if not supports_per_layer_lengths(model):
-            enable_varlen_attention(model)
+        enable_varlen_attention(model)
         self.press.post_init_from_model(model)
 
     # ------------------------------------------------------------------------------------------- statistics
@@ -299,27 +299,23 @@ class PerPromptBudgetPress(BasePress):
             recorded = {"residual_in": pending.residual.pop(index), "attention_output": output[0]}
         pending.stats[index] = self.layer_statistic(module, hidden_states, keys, values, kwargs, recorded)
         pending.scores[index] = self.layer_scores(module, hidden_states, keys, values, output[1], kwargs)
-        pending.modules[index] = module
         if index != layers[-1]:
             return output
         del self._pending[id(cache)]
         budgets = self.budgets([pending.stats[i] for i in layers], module.config, keys.shape[2])
         for layer in layers:
             layer_keys, layer_values = extract_keys_and_values(cache, layer)
-            kept_keys, kept_values, masked = self.prune(
+            cache.layers[layer] = self.prune(
                 layer_keys, layer_values, pending.scores[layer], budgets[layer], module.config
             )
-            cache.layers[layer].keys, cache.layers[layer].values = kept_keys, kept_values
-            if masked is not None:
-                setattr(pending.modules[layer], MASKED_KEYS, masked)
         return output
 
     def prune(
         self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, budget: int, config: PretrainedConfig
-    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """One layer's kept keys and values at its budget, and the head-wise key masks to set on its attention
-        module (kvpress's ``masked_key_indices``) or None: here the ``budget`` best tokens of every head, no mask.
-        A press that splits a layer's budget over heads (LAVa) overrides this.
+    ) -> DynamicLayer:
+        """One layer's cache layer at its budget: here the ``budget`` best tokens of every head. A press that splits
+        a layer's budget over heads (LAVa) overrides this, returning a :class:`~ripplekv.models.headwise.MaskedLayer`
+        where heads keep different counts.
 
         Args:
             keys, values: the layer's full prefill cache.
@@ -327,7 +323,7 @@ class PerPromptBudgetPress(BasePress):
             budget: the layer's budget.
             config: the model's config.
         """
-        return (*select_top(keys, values, scores, budget), None)
+        return dynamic_layer(*select_top(keys, values, scores, budget))
 
     def __deepcopy__(self, memo: dict) -> PerPromptBudgetPress:
         clone = copy.copy(self)

@@ -7,13 +7,13 @@ import copy
 import os
 import pkgutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 
 from kvpress import ScorerPress, SnapKVPress
 from kvpress.presses.base_press import BasePress
 
-from ripplekv.allocation.budget import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig, BudgetSpec
+from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.presses.method_spec import METHOD_TABLE, MethodSpec, base_method, parse_method
 from ripplekv.presses.ripplekv_press import RippleKVPress, resolve_profile
 from ripplekv.presses.scorers import make_scorer
@@ -43,10 +43,17 @@ class Build:
         return self.profile
 
     def ripple(self, profile: SensitivityProfile, signal: str = "kl") -> RippleKVPress:
-        """RippleKV's press over the scorer with this method's ``r`` and ``gamma``."""
-        config = asdict(self.method.config(AllocationConfig))  # ratio and gamma
+        """RippleKV's press over the scorer with this method's ``r`` and ``gamma`` (None when not given: the press
+        takes the profile's setting, else the defaults)."""
+        values = self.method.values
         return RippleKVPress(
-            self.scorer(), **self.spec.kwargs(), **config, profile=profile, signal=signal, strict_profile=self.strict
+            self.scorer(),
+            **self.spec.kwargs(),
+            ratio=values["r"],
+            gamma=values["gamma"],
+            profile=profile,
+            signal=signal,
+            strict_profile=self.strict,
         )
 
 
@@ -59,8 +66,8 @@ def make_press(
     budget: float | None = None,
     profile: SensitivityProfile | str | os.PathLike[str] | None = None,
     window_size: int = DEFAULT_WINDOW,
-    ratio: float = DEFAULT_RATIO,
-    gamma: float = DEFAULT_GAMMA,
+    ratio: float | None = None,
+    gamma: float | None = None,
     strict_profile: bool = False,
     *,
     tokens: int | None = None,
@@ -75,7 +82,9 @@ def make_press(
         profile: sensitivity profile or its JSON file, for the ``ripplekv`` methods (``ripplekv-oracle``: a damage
             profile written by ``ripplekv analyze``).
         window_size: SnapKV's observation window (the default scorer's, PyramidKV's, kvpress's presses').
-        ratio, gamma: RippleKV's ``r`` and ``gamma``, as in ``name`` (both given and different: an error).
+        ratio, gamma: RippleKV's ``r`` and ``gamma``, as in ``name`` (both given and different: an error). Given
+            neither here nor in ``name``, a RippleKV press takes the profile's chosen setting (``ripplekv profile``),
+            else r 4 and gamma 3; given either, the pair is explicit and wins (the other knob at its default).
         strict_profile: a profile of other weights than the model's is an error instead of a warning.
         tokens: instead of ``budget``, the average tokens kept per layer (not for :data:`FRACTION_ONLY_METHODS`).
         scorer: a kvpress ``ScorerPress`` or a name of :data:`~ripplekv.presses.scorers.SCORERS` (default SnapKV
@@ -83,8 +92,8 @@ def make_press(
     """
     entry = METHOD_TABLE.get(base_method(name))
     ripple = entry is not None and entry.param("r") is not None  # a RippleKV method: ratio and gamma are r and gamma
-    given = {"r": (float(ratio), DEFAULT_RATIO), "gamma": (float(gamma), DEFAULT_GAMMA)} if ripple else {}
-    method = parse_method(name, **{key: v for key, (v, default) in given.items() if v != default})
+    given = {"r": ratio, "gamma": gamma} if ripple else {}
+    method = parse_method(name, **{key: float(v) for key, v in given.items() if v is not None})
     if not (isinstance(window_size, int) and window_size >= 1):
         raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
     budget = DEFAULT_PRESS_BUDGET if budget is None and tokens is None else budget

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -86,6 +86,24 @@ class ProfilingConfig:
         check_prefill_chunk(self.prefill_chunk)
 
 
+class PrefillHandoff(Protocol):
+    """Sees each calibration sample's full-cache prefill while it is profiled, so that another pass over the same
+    prompts (``ripplekv profile``'s choice of RippleKV's setting) need not prefill them again.
+
+    ``prefill`` runs the context as :func:`~ripplekv.models.chunked_prefill.prefill_in_chunks` does (the same
+    computation: the scores must not change); ``keep`` gets the prefilled cache (never written by profiling), the
+    ``(vocab,)`` logits after the context and the ``(1, m)`` continuation that was scored, once the sample is scored.
+    """
+
+    def prefill(
+        self, model: PreTrainedModel, context_ids: torch.Tensor, prefill_chunk: int | None
+    ) -> tuple[DynamicCache, torch.Tensor]: ...
+
+    def keep(
+        self, sample_index: int, cache: DynamicCache, next_logits: torch.Tensor, continuation_ids: torch.Tensor
+    ) -> None: ...
+
+
 @torch.no_grad()
 def score_sample(
     model: PreTrainedModel,
@@ -93,10 +111,11 @@ def score_sample(
     continuation_ids: torch.Tensor | None,
     config: ProfilingConfig,
     sample_index: int = 0,
+    handoff: PrefillHandoff | None = None,
 ) -> SampleScores:
     """Per-layer KL and local scores of one sample, averaged over positions and draws, then clamped at 0:
     ``context_ids`` ``(1, n)`` prefilled, ``continuation_ids`` ``(1, m)`` (None: the model's own answer) scored;
-    ``sample_index`` is part of the noise seed."""
+    ``sample_index`` is part of the noise seed. ``handoff`` prefills and is handed the prefill when done."""
     given = continuation_ids is not None
     if context_ids.dim() != 2 or context_ids.shape[0] != 1 or (given and continuation_ids.dim() != 2):
         raise ValueError("score_sample takes one sample: ids of shape (1, n)")
@@ -107,11 +126,12 @@ def score_sample(
     layers = list(decoder_of(model).layers)
     n_ctx = context_ids.shape[1]
 
-    prefill, logits = prefill_in_chunks(model, context_ids, config.prefill_chunk)
+    prefill, logits = (handoff.prefill if handoff else prefill_in_chunks)(model, context_ids, config.prefill_chunk)
     logits = logits[:, -1]
     clean = cache_tensors(prefill)
     if continuation_ids is None:  # decoded over a by-reference fork: the prefill is never copied
         continuation_ids = greedy_continuation(model, lean_fork(prefill), logits, n_ctx, config.answer_tokens)
+    kept = prefill if handoff else None  # its tensors are ``clean``'s: holding them costs nothing more
     del prefill
     continuation_ids = continuation_ids.to(device)
     n_cont = continuation_ids.shape[1]
@@ -132,6 +152,8 @@ def score_sample(
     noise = NoiseSpec(float(config.alpha), config.repeats, config.seed, sample_index)
     run = batched_by_depth if can_share_prefix(model, n_ctx + n_cont) else layer_by_layer
     kl_scores, local_scores = run(model, clean_pass, noise, config.precision)
+    if handoff is not None and kept is not None:
+        handoff.keep(sample_index, kept, logits[0], continuation_ids)
     return SampleScores(tuple(kl_scores), tuple(local_scores), n_ctx, n_cont)
 
 
@@ -298,6 +320,7 @@ def profile_model(
     config: ProfilingConfig | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    handoff: PrefillHandoff | None = None,
 ) -> SensitivityProfile:
     """Measure the sensitivity profile of ``model`` (evaluation mode, any device and dtype) on ``calibration``.
 
@@ -305,6 +328,8 @@ def profile_model(
         checkpoint: JSON-lines file of finished samples, which a rerun of the same model, weights, calibration
             and config skips; one of any other run is overwritten, with a warning.
         progress: called as ``progress(done, total)`` after each sample.
+        handoff: prefills each sample scored here and is handed its prefill (:class:`PrefillHandoff`); samples taken
+            from the checkpoint are not prefilled, so it sees none of them.
     """
     config = config or ProfilingConfig()
     if len(calibration) == 0:
@@ -313,7 +338,7 @@ def profile_model(
     def run(pending: list[int], on_item: Callable[[int, SampleScores], None]) -> None:
         for index in pending:
             ids = calibration_ids(model, tokenizer, calibration.samples[index], config)
-            on_item(index, score_sample(model, *ids, config, sample_index=index))
+            on_item(index, score_sample(model, *ids, config, sample_index=index, handoff=handoff))
 
     identity, fingerprint = model_identity(model), weights_fingerprint(model)
     return collect_profile(identity, fingerprint, calibration, config, checkpoint, progress, run)

@@ -1,9 +1,10 @@
 """The summary of ``ripplekv analyze``: does a predictor rank layers as their measured damage does?
 
 Per budget: the mean damage per layer over prompts (95% percentile bootstrap interval over prompts) and, per
-predictor (:data:`PREDICTORS`), Spearman's ``rho`` of the mean damage with the mean predictor per layer (average
-ranks for ties, as ``scipy.stats.spearmanr``; NaN when either side is constant), its bootstrap interval (resamples
-whose rho is undefined are counted and left out), each prompt's own rho, and the top-k overlap with its chance level.
+predictor (:data:`PREDICTORS`), Spearman's ``rho`` (``scipy.stats.spearmanr``'s: average ranks for ties; NaN when
+either side is constant) of the mean damage with the mean predictor per layer, its interval from the same bootstrap
+resamples of the prompts (resamples whose rho is undefined are counted and left out), each prompt's own rho, and
+the top-k overlap with its chance level.
 ``depth``'s sign is the paper's (rho > 0: deeper layers do more damage); PyramidKV's budgets fall with depth, so its
 rho is about minus depth's. Damage and predictors are ``(prompts, layers)`` float64 matrices (a fixed predictor
 repeats one row).
@@ -12,12 +13,14 @@ repeats one row).
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy.stats import rankdata
+from scipy.stats import ConstantInputWarning, pearsonr, rankdata, spearmanr
 
 from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.profiling.profile import SensitivityProfile
@@ -41,33 +44,29 @@ def _num(value: float) -> float | None:
     return None if not math.isfinite(value) else float(value)
 
 
-def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Spearman's rho of each row of ``x`` with the same row of ``y`` (NaN where either is constant)."""
+def _checked(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.atleast_2d(np.asarray(x, dtype=np.float64)), np.atleast_2d(np.asarray(y, dtype=np.float64))
     if x.shape != y.shape or x.shape[-1] < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
         raise ValueError(f"rank correlation needs at least 2 values per row, finite, same shapes: {x.shape}, {y.shape}")
-    rx, ry = rankdata(x, axis=-1), rankdata(y, axis=-1)
-    rx -= rx.mean(axis=-1, keepdims=True)
-    ry -= ry.mean(axis=-1, keepdims=True)
-    denominator = np.sqrt((rx * rx).sum(axis=-1) * (ry * ry).sum(axis=-1))
-    numerator = (rx * ry).sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rho = np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)
-    return np.clip(rho, -1.0, 1.0)
+    return x, y
+
+
+def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's rho of each row of ``x`` with the same row of ``y``, NaN where either is constant: what
+    ``scipy.stats.spearmanr`` computes pair by pair (Pearson's r of the average ranks), for thousands of rows at once
+    through ``scipy.stats.pearsonr`` of ``scipy.stats.rankdata``."""
+    x, y = _checked(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConstantInputWarning)  # the rho of a constant row is NaN, counted as such
+        return pearsonr(rankdata(x, axis=-1), rankdata(y, axis=-1), axis=-1).statistic
 
 
 def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
-    """Spearman's rank correlation of two vectors."""
-    return float(spearman_rows(np.asarray(x)[None], np.asarray(y)[None])[0])
-
-
-def resample_weights(prompts: int, resamples: int, seed: int) -> np.ndarray:
-    """``(resamples, prompts)``: how often each prompt is drawn in each resample, over ``prompts`` (``weights @
-    values`` is every resample's mean); the draws depend only on the arguments."""
-    draws = np.random.default_rng([seed, prompts]).integers(0, prompts, size=(resamples, prompts))
-    offsets = (np.arange(resamples) * prompts)[:, None]
-    counts = np.bincount((draws + offsets).ravel(), minlength=resamples * prompts).reshape(resamples, prompts)
-    return counts / float(prompts)
+    """``scipy.stats.spearmanr`` of two vectors (NaN when either is constant)."""
+    x, y = _checked(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConstantInputWarning)
+        return float(spearmanr(x[0], y[0]).statistic)
 
 
 class RhoEstimate(NamedTuple):
@@ -79,17 +78,36 @@ class RhoEstimate(NamedTuple):
     undefined: int
 
 
-def bootstrap_rho(
-    damage: np.ndarray, predictor: np.ndarray, resamples: int = 4000, seed: int = 0, confidence: float = 0.95
-) -> RhoEstimate:
-    """Rho of the per-layer means of ``damage`` and ``predictor`` over prompts, with its bootstrap interval."""
-    rho = spearman(damage.mean(axis=0), predictor.mean(axis=0))
-    weights = resample_weights(damage.shape[0], resamples, seed)
-    replicates = spearman_rows(weights @ damage, weights @ predictor)
-    defined = replicates[np.isfinite(replicates)]
-    tail = 50.0 * (1.0 - confidence)
-    low, high = np.percentile(defined, [tail, 100.0 - tail]) if defined.size else (math.nan, math.nan)
-    return RhoEstimate(rho, float(low), float(high), int(replicates.size - defined.size))
+@dataclass(frozen=True, eq=False)
+class PromptBootstrap:
+    """The percentile bootstrap over prompts: ``weights`` ``(resamples, prompts)``, how often each prompt is drawn in
+    each resample over ``prompts`` (``weights @ values`` is every resample's mean over the prompts); drawn once per
+    budget, for the damage's intervals and every predictor's rho alike."""
+
+    weights: np.ndarray
+    confidence: float = 0.95
+
+    @classmethod
+    def draw(cls, prompts: int, resamples: int, seed: int, confidence: float = 0.95) -> PromptBootstrap:
+        """``resamples`` resamples of ``prompts`` prompts; the draws depend only on the arguments."""
+        draws = np.random.default_rng([seed, prompts]).integers(0, prompts, size=(resamples, prompts))
+        offsets = (np.arange(resamples) * prompts)[:, None]
+        counts = np.bincount((draws + offsets).ravel(), minlength=resamples * prompts).reshape(resamples, prompts)
+        return cls(counts / float(prompts), confidence)
+
+    def interval(self, replicates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The percentile interval of ``replicates`` (one per resample along axis 0)."""
+        tail = 50.0 * (1.0 - self.confidence)
+        low, high = np.percentile(replicates, [tail, 100.0 - tail], axis=0)
+        return low, high
+
+    def rho(self, damage: np.ndarray, predictor: np.ndarray) -> RhoEstimate:
+        """Rho of the per-layer means of ``damage`` and ``predictor`` over prompts, with its interval."""
+        rho = spearman(damage.mean(axis=0), predictor.mean(axis=0))
+        replicates = spearman_rows(self.weights @ damage, self.weights @ predictor)
+        defined = replicates[np.isfinite(replicates)]
+        low, high = self.interval(defined) if defined.size else (math.nan, math.nan)
+        return RhoEstimate(rho, float(low), float(high), int(replicates.size - defined.size))
 
 
 def per_prompt_rho(damage: np.ndarray, predictor: np.ndarray) -> dict[str, Any]:
@@ -177,14 +195,13 @@ def _budget_summary(
     if top_k > layers:
         raise ValueError(f"top_k {top_k} is more than the model's {layers} layers")
     top1 = np.array([row["damage_top1"] for row in rows], dtype=np.float64)
-    weights = resample_weights(len(rows), resamples, seed)
-    tail = 50.0 * (1.0 - confidence)
-    low, high = np.percentile(weights @ damage, [tail, 100.0 - tail], axis=0)
+    bootstrap = PromptBootstrap.draw(len(rows), resamples, seed, confidence)
+    low, high = bootstrap.interval(bootstrap.weights @ damage)
     mean = damage.mean(axis=0)
     correlations: dict[str, Any] = {}
     lengths = [int(row["compressed_tokens"]) for row in rows]
     for name, predictor in _predictors(profile, budget, window_size, layers, lengths).items():
-        estimate = bootstrap_rho(damage, predictor, resamples, seed, confidence)
+        estimate = bootstrap.rho(damage, predictor)
         spread = per_prompt_rho(damage, predictor)
         correlations[name] = {
             "rho": _num(estimate.rho),

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
-import re
 from typing import TYPE_CHECKING, Any
 
-from ripplekv.cli.args import (
+from ripplekv.cli.args import (  # memory_size: imported by name from here too
     add_model_args,
     add_ray_args,
     budget_arg,
     comma_list,
+    memory_size,
     method_list,
     on_ray,
     positive_int,
@@ -24,19 +23,6 @@ from ripplekv.cli.args import (
 
 if TYPE_CHECKING:
     from ripplekv_eval.running.config import EvalConfig
-
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
-
-
-def memory_size(text: str) -> int:
-    """An argparse ``type``: bytes from a number with an optional binary unit (``512MiB``, ``1.5G``, ``K``, ``B``)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
-    if match is None or match.group(2) not in _UNITS:
-        raise argparse.ArgumentTypeError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {text!r}")
-    size = float(match.group(1)) * _UNITS[match.group(2)]
-    if not math.isfinite(size) or size < 1:
-        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
-    return int(size)
 
 
 def add_suite_args(p: argparse.ArgumentParser, budgets_help: str, max_new_tokens: int | None, answer_help: str) -> None:
@@ -206,7 +192,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "prefilled in chunks over its growing cache, bounding the prefill's activations by the chunk (the same cache "
         "up to float rounding; prompts within the chunk run exactly as one pass)",
     )
-    e.add_argument("--profile", default=None, help="profile JSON (required by ripplekv methods)")
+    e.add_argument(
+        "--profile",
+        default=None,
+        help="profile JSON (required by ripplekv methods; they run its chosen r and gamma unless the method's name "
+        "gives them)",
+    )
     e.add_argument(
         "--strict-profile",
         action="store_true",

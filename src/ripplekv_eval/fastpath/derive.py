@@ -1,6 +1,7 @@
 """Deriving a press's compressed cache from a prefill record at the cost of its ``compress`` alone: the tensors of a
-direct ``prefill(model, ids, press)`` (tested). Head-wise masks (AdaKV) move into the derived cache's layers, so
-derivations never see each other's."""
+direct ``prefill(model, ids, press)`` (tested). Head-wise masks (AdaKV) live in the derived cache's layers (a press's
+``compress`` writes them into the cache it is handed, kvpress's own are moved there), so derivations never see each
+other's."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import Any
 import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from ripplekv.allocation.per_prompt import TokenStatistic
 from ripplekv.inference.generate import Prefill, prefill
+from ripplekv.models.attention import read_cache_masks
 from ripplekv.models.cache import cache_from_layers, dynamic_layer
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
-from ripplekv.models.headwise import MASKED_KEYS, discard_masks, take_mask
+from ripplekv.models.headwise import discard_masks, take_mask
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.selection_window import check_compressible, check_prompt_length
@@ -77,7 +80,7 @@ def derive_cache(record: PrefillRecord, press: BasePress) -> DynamicCache:
                 "record_prefill(..., hidden_tail=hidden_states_tail(presses)) over every press to derive, or "
                 "hidden_tail=None to keep them all"
             )
-    press.post_init_from_model(record.model)
+    press.post_init_from_model(read_cache_masks(record.model))
     return _derive(record, press)
 
 
@@ -87,27 +90,49 @@ def _derive(record: PrefillRecord, press: BasePress) -> DynamicCache:
     discard_masks(modules)
     try:
         if type(press) in PER_PROMPT:  # statistics of every layer first, then every layer's budget
-            pairs = derive_per_prompt(press, record.layers, record.model.config, record.memo)  # type: ignore[arg-type]
+            layers = derive_per_prompt(press, record.layers, record.model.config, record.memo)  # type: ignore[arg-type]
         else:
-            compressing = memoizing(press, record.memo)  # its scorer's scores computed once per record
-            pairs = [
-                compressing.compress(
-                    layer.module,
-                    layer.hidden_states,
-                    layer.keys,
-                    layer.values,
-                    layer.attentions,
-                    _RecordedKwargs(layer.kwargs),
-                )
-                for layer in record.layers
-            ]
+            layers = _compress_layers(memoizing(press, record.memo), record.layers)  # scores once per record
     except BaseException:
         discard_masks(modules)
         raise
     if [_tensor_versions(layer) for layer in record.layers] != versions:
         record.invalid = f"deriving {type(press).__name__} wrote into the recorded tensors in place"
         raise NotDerivableError(record.invalid)
-    return cache_from_layers([take_mask(module, dynamic_layer(*pair)) for module, pair in zip(modules, pairs)])
+    return cache_from_layers(layers)
+
+
+class _LayerSink:
+    """The ``past_key_values`` a derivation hands ``compress``: a press may write its layer into ``layers[index]``
+    (ripplekv's head-wise presses write their masked layers), but reading a layer of the live cache, which a prefill
+    record does not hold, raises :class:`NotDerivableError`."""
+
+    def __init__(self) -> None:
+        self.written: dict[int, DynamicLayer] = {}
+
+    @property
+    def layers(self) -> _LayerSink:
+        return self
+
+    def __setitem__(self, index: int, layer: DynamicLayer) -> None:
+        self.written[index] = layer
+
+    def __getitem__(self, index: int) -> Any:
+        raise NotDerivableError("compress reads kwargs['past_key_values'].layers, which a prefill record does not hold")
+
+
+def _compress_layers(press: BasePress, layers: Sequence[LayerRecord]) -> list[DynamicLayer]:
+    """Every recorded layer compressed by ``press``: the layer its ``compress`` writes into the pass's cache, else
+    one of the keys and values it returns, holding the head-wise mask kvpress's own presses (``AdaKVPress``) leave
+    on the attention module."""
+    out = []
+    for index, layer in enumerate(layers):
+        sink = _LayerSink()
+        kwargs = _RecordedKwargs({**layer.kwargs, "past_key_values": sink})
+        pair = press.compress(layer.module, layer.hidden_states, layer.keys, layer.values, layer.attentions, kwargs)
+        written = sink.written.get(index)
+        out.append(take_mask(layer.module, dynamic_layer(*pair) if written is None else written))
+    return out
 
 
 def derived_prefill(record: PrefillRecord, press: BasePress) -> tuple[Prefill, float]:
@@ -173,9 +198,8 @@ def recorded_statistics(
 
 def derive_per_prompt(
     press: PerPromptBudgetPress, layers: Sequence[LayerRecord], config: PretrainedConfig, memo: ScoreMemo
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every layer's pruned keys and values from a prefill record's layers; head-wise masks (LAVa) are left on the
-    attention modules as kvpress's ``masked_key_indices``, for the caller to move into the derived cache."""
+) -> list[DynamicLayer]:
+    """Every layer's cache layer pruned from a prefill record's layers (LAVa's head-wise masked ones included)."""
     compressed = compressed_layers(config)
     stats = recorded_statistics(press, layers, config, memo)
     scores = {}
@@ -191,16 +215,12 @@ def derive_per_prompt(
             dict(layer.kwargs),
         )
     budgets = press.budgets(stats, config, layers[compressed[0]].keys.shape[2])
-    out = []
-    for index, layer in enumerate(layers):
-        if index not in budgets:
-            out.append((layer.keys, layer.values))
-            continue
-        kept_keys, kept_values, masked = press.prune(layer.keys, layer.values, scores[index], budgets[index], config)
-        if masked is not None:
-            setattr(layer.module, MASKED_KEYS, masked)
-        out.append((kept_keys, kept_values))
-    return out
+    return [
+        press.prune(layer.keys, layer.values, scores[index], budgets[index], config)
+        if index in budgets
+        else dynamic_layer(layer.keys, layer.values)
+        for index, layer in enumerate(layers)
+    ]
 
 
 def residual_statistics_of(presses: Iterable[BasePress]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], Any]]:

@@ -2,87 +2,38 @@
 
 The full cache's greedy answer is teacher-forced over the full and a compressed cache; per position, the mean
 ``KL(reference || candidate)`` in nats and top-1 agreement (also the mean NLL of a gold answer). All float64, no
-clamping, in blocks of rows (:func:`row_blocks`).
+clamping, in blocks of rows (:func:`row_blocks`). Teacher forcing and the KL live in the library
+(:mod:`ripplekv.inference.teacher_forcing`, which ``ripplekv profile`` chooses RippleKV's setting with); their names
+are importable from here as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
 
-from ripplekv.inference.generate import Prefill, cache_forward
-from ripplekv.models.cache import fork_cache
+from ripplekv.inference.teacher_forcing import (
+    ROW_BLOCK,
+    check_logprobs,
+    check_tokens,
+    logprob_rows,
+    mean_kl,
+    row_blocks,
+    teacher_forced_logprobs,
+)
 
-ROW_BLOCK = 2
-"""Rows of ``(positions, vocab)`` float64 tensors computed at once."""
-
-
-def row_blocks(rows: int) -> list[tuple[int, int]]:
-    """``(start, end)`` blocks of :data:`ROW_BLOCK` rows covering ``rows`` (>= 1) rows, none of a single row.
-
-    A lone last row joins the block before it: a one-row CPU reduction may be split across threads (another summation
-    order), where a block of several rows reduces each row whole, as the whole tensor does.
-    """
-    if rows <= ROW_BLOCK:
-        return [(0, rows)]
-    blocks = [(start, min(start + ROW_BLOCK, rows)) for start in range(0, rows, ROW_BLOCK)]
-    if blocks[-1][1] - blocks[-1][0] == 1:
-        blocks[-2:] = [(blocks[-2][0], rows)]
-    return blocks
-
-
-def logprob_rows(next_logits: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
-    """``log_softmax`` in float64, on the CPU, of ``next_logits`` (``(vocab,)``) then the rows of ``logits``.
-
-    The values of ``torch.log_softmax(torch.cat([next_logits[None], logits]).to("cpu", torch.float64), -1)``,
-    normalised in place by :func:`row_blocks`: at most the ``(1 + n, vocab)`` result and ``logits`` are held at once.
-    """
-    vocab = next_logits.shape[-1]
-    rows = 1 + (0 if logits is None else int(logits.shape[0]))
-    out = torch.empty((rows, vocab), dtype=torch.float64, device="cpu")
-    out[0].copy_(next_logits.reshape(vocab))
-    if logits is not None:
-        out[1:].copy_(logits)
-    for start, end in row_blocks(rows):
-        out[start:end] = torch.log_softmax(out[start:end], dim=-1)
-    return out
-
-
-def check_tokens(tokens: Sequence[int], vocab: int) -> list[int]:
-    ids = [int(t) for t in tokens]
-    if not ids:
-        raise ValueError("tokens is empty: teacher forcing needs at least one token")
-    bad = [t for t in ids if not 0 <= t < vocab]
-    if bad:
-        raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {vocab}")
-    return ids
-
-
-@torch.no_grad()
-def teacher_forced_logprobs(
-    model: PreTrainedModel,
-    state: Prefill,
-    tokens: Sequence[int],
-    fork: Callable[[DynamicCache], DynamicCache] = fork_cache,
-) -> torch.Tensor:
-    """``(len(tokens), vocab)`` float64 CPU log-probabilities along ``tokens`` forced after the prompt of ``state``.
-
-    Row 0 is ``state.next_logits``, the others one forward pass of ``tokens[:-1]`` over ``fork(state.cache)`` (the
-    cache left unchanged; :func:`~ripplekv.models.cache.lean_fork` never copies it, same values).
-    """
-    vocab = state.next_logits.shape[-1]
-    ids = check_tokens(tokens, vocab)
-    if len(ids) > 1:
-        device = state.next_logits.device
-        positions = torch.arange(state.prompt_tokens, state.prompt_tokens + len(ids) - 1, device=device)
-        logits = cache_forward(model, torch.tensor([ids[:-1]], device=device), fork(state.cache), positions)
-        if logits.shape[1] != len(ids) - 1:
-            raise ValueError(f"the model returned logits for {logits.shape[1]} of {len(ids) - 1} positions")
-        return logprob_rows(state.next_logits, logits[0])
-    return logprob_rows(state.next_logits, None)
+__all__ = [
+    "ROW_BLOCK",
+    "Fidelity",
+    "check_tokens",
+    "fidelity",
+    "logprob_rows",
+    "mean_nll",
+    "row_blocks",
+    "teacher_forced_logprobs",
+]
 
 
 @dataclass(frozen=True)
@@ -100,16 +51,6 @@ class Fidelity:
             raise ValueError(f"top1 must be in [0, 1], got {self.top1}")
 
 
-def _check_logprobs(name: str, logprobs: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
-    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
-        raise ValueError(f"{name} must be a (positions, vocab) tensor of log-probabilities")
-    if not logprobs.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {logprobs.dtype}")
-    if logprobs.shape[0] != len(tokens):
-        raise ValueError(f"{name} has {logprobs.shape[0]} rows for {len(tokens)} tokens")
-    return logprobs.to(torch.float64)
-
-
 def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[int]) -> Fidelity:
     """Mean KL divergence and top-1 agreement of ``candidate`` against ``reference`` along ``tokens``.
 
@@ -117,18 +58,10 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
     candidate (compressed) cache; ``tokens[i]`` is the token at row ``i``, usually the reference's greedy answer.
     Terms with ``p_ref(v) = 0`` contribute 0 to the KL.
     """
-    ref = _check_logprobs("reference", reference, tokens)
-    cand = _check_logprobs("candidate", candidate, tokens)
+    ref = check_logprobs("reference", reference, tokens)
+    cand = check_logprobs("candidate", candidate, tokens)
     ids = check_tokens(tokens, ref.shape[-1])
-    if ref.shape != cand.shape:
-        raise ValueError(f"reference {tuple(ref.shape)} and candidate {tuple(cand.shape)} differ in shape")
-    sums = torch.empty(ref.shape[0], dtype=torch.float64, device=ref.device)
-    zero = torch.zeros((), dtype=torch.float64, device=ref.device)
-    for start, end in row_blocks(ref.shape[0]):  # the whole tensor's values, one block's temporaries
-        block, other = ref[start:end], cand[start:end]
-        p = block.exp()
-        sums[start:end] = torch.where(p > 0, p * (block - other), zero).sum(dim=-1)
-    kl = float(sums.mean())
+    kl = mean_kl(ref, cand)
     target = torch.tensor(ids, device=cand.device)
     top1 = float((cand.argmax(dim=-1) == target).to(torch.float64).mean())
     return Fidelity(kl=kl, top1=top1, positions=len(ids))
@@ -136,7 +69,7 @@ def fidelity(reference: torch.Tensor, candidate: torch.Tensor, tokens: Sequence[
 
 def mean_nll(logprobs: torch.Tensor, tokens: Sequence[int]) -> float:
     """Mean negative log-likelihood of teacher-forced ``tokens``: ``mean_i -logprobs[i, tokens[i]]``."""
-    rows = _check_logprobs("logprobs", logprobs, tokens)
+    rows = check_logprobs("logprobs", logprobs, tokens)
     ids = check_tokens(tokens, rows.shape[-1])
     index = torch.tensor(ids, device=rows.device).unsqueeze(1)
     return float(-rows.gather(1, index).mean())

@@ -55,6 +55,25 @@ def scorer_legend(scorers: Sequence[str]) -> list[str]:
     return md_table(["scorer", "what it ranks tokens by"], [[s, SCORER_DESCRIPTIONS.get(s, s)] for s in scorers])
 
 
+SETTING_SOURCES_TEXT = {
+    "profile": "the profile's chosen setting",
+    "explicit": "given in the method's name",
+    "default": "the defaults (the profile records no setting)",
+}
+
+
+def settings_lines(summary: RunSummary) -> list[str]:
+    """The RippleKV settings that ran and where they came from (none for rows written before sources were
+    recorded)."""
+    if not summary.settings:
+        return []
+    rows = [
+        [name, f"{r:g}", f"{gamma:g}", SETTING_SOURCES_TEXT.get(source, source)]
+        for name, (r, gamma, source) in summary.settings.items()
+    ]
+    return ["", "RippleKV settings that ran:", "", *md_table(["method", "r", "gamma", "from"], rows)]
+
+
 def budget_label(budget: float) -> str:
     """``10%`` for a kept fraction, ``512 tokens per layer`` for a token budget."""
     return f"{100 * budget:g}%" if budget <= 1 else f"{budget:g} tokens per layer"
@@ -315,6 +334,11 @@ def format_json(summary: RunSummary, stats: RunStats | None = None, by_scorer: M
         "protocol": summary.protocol,
         "tasks": list(summary.tasks),
         "methods": {m: describe_method(m) for m in summary.methods},
+        **(
+            {"settings": {m: {"r": r, "gamma": g, "source": src} for m, (r, g, src) in summary.settings.items()}}
+            if summary.settings
+            else {}
+        ),
         "budgets": list(summary.budgets),
         "rows": summary.rows,
         "expected_rows": summary.expected_rows,
@@ -479,10 +503,11 @@ def format_markdown(
     if by_scorer:
         plain = dict.fromkeys(m for _, names in by_scorer.values() for m in names)
         lines += ["", "## Methods (schedules)", "", *legend(list(plain))]
+        lines += settings_lines(summary)
         lines += ["", "## Token scorers", "", *scorer_legend(list(by_scorer))]
         lines += ["", *markdown_by_scorer(by_scorer, summary.budgets)]
     else:
-        lines += ["", "## Methods", "", *legend(summary.methods)]
+        lines += ["", "## Methods", "", *legend(summary.methods), *settings_lines(summary)]
     if stats is not None and not by_scorer:
         lines += ["", *markdown_significance(stats)]
     lines += ["", f"## Average over {len(summary.tasks)} tasks", "", *_md_table(summary, AVERAGE)]

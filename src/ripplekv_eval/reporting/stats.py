@@ -4,9 +4,9 @@ A metric's value for one (method, budget) is the macro mean (each task's mean ov
 with the stratified BCa bootstrap interval of ``scipy.stats.bootstrap`` (each task one sample, seeded by the seed and
 the sample ids). A paired difference ``a - b`` over the samples both have is tested by the stratified sign-flip
 permutation test of its macro mean (Fisher 1935; exact, by ``scipy.stats.permutation_test``, up to ``exact_max``
-prompts, else ``draws`` seeded sign vectors plus the identity) and given the interval inverting that test with the same
-vectors, so raw p < alpha exactly when it excludes 0; :func:`holm` adjusts over a family (:data:`FAMILIES`). The
-report's ``rule_text`` says all this to its readers.
+prompts, else ``draws`` seeded sign vectors plus the identity, by ``scipy.stats.monte_carlo_test``) and given the
+interval inverting that test with the same vectors, so raw p < alpha exactly when it excludes 0; :func:`holm` adjusts
+over a family (:data:`FAMILIES`). The report's ``rule_text`` says all this to its readers.
 """
 
 from __future__ import annotations
@@ -227,6 +227,25 @@ class FlipTest:
         return self.low > 0 or self.high < 0
 
 
+def _oriented(sums: np.ndarray) -> np.ndarray:
+    """``(..., 2)`` pairs ``(T_s, V_s)``, each negated where ``T_s < 0`` (which changes no ``|T_s - delta V_s|``)."""
+    return np.where(sums[..., :1] < 0, -sums, sums)
+
+
+def _tied(total: np.ndarray, grid: float) -> np.ndarray:
+    """``|T_s|`` in units of ``grid``, rounded: sums equal but for rounding tie exactly (scipy's own tolerance,
+    relative to ``|T|``, is too tight for a ``T`` that is 0 but for rounding)."""
+    return np.round(np.abs(total) / grid)
+
+
+def _flip_statistic(data: np.ndarray, axis: int, grid: float) -> np.ndarray:
+    """``(..., 3)`` per sign vector, ``data`` holding ``w d`` and ``w`` in its last but one axis: :func:`_tied`
+    ``|T_s|``, then :func:`_oriented` ``(T_s, V_s)``, the sums of the signed ``w_i d_i`` (the macro mean) and ``w_i``
+    (how a shift of the differences moves it)."""
+    sums = np.sum(data, axis=axis)
+    return np.concatenate([_tied(sums[..., :1], grid), _oriented(sums)], axis=-1)
+
+
 def _signed_sums(bits: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """``(vectors, k)``: each sign vector (``bits``: ``(bytes, vectors)``, bit set: flipped) applied to each column
     of ``columns`` (``(n, k)``): per byte of 8 prompts a table of its 256 signed sums, then one look-up per byte.
@@ -241,23 +260,6 @@ def _signed_sums(bits: np.ndarray, columns: np.ndarray) -> np.ndarray:
         for k in range(columns.shape[1]):
             out[k] += table[g, :, k].take(index)
     return out.T
-
-
-@lru_cache(maxsize=4)
-def _enumerated(n: int) -> np.ndarray:
-    """``(bytes, 2^n)``: every sign vector of ``n`` prompts (bit set: flipped), by ``scipy.stats.permutation_test``."""
-    if n == 1:  # scipy needs two observations
-        return np.array([[0, 1]], dtype=np.uint8)
-    from scipy.stats import permutation_test  # imported here: scipy.stats takes seconds to import
-
-    flipped = permutation_test(
-        (np.ones(n),),
-        lambda signs, axis: np.moveaxis(signs, axis, -1) < 0,
-        permutation_type="samples",
-        vectorized=True,
-        n_resamples=2**n,
-    ).null_distribution
-    return np.ascontiguousarray(np.packbits(flipped, axis=-1, bitorder="little").T)
 
 
 @lru_cache(maxsize=8)  # a run's comparisons share few prompt sets
@@ -294,6 +296,38 @@ class SignFlip:
         """The test and inverted interval of the macro mean of each of ``differences`` (task -> sample id -> d)."""
         return [self._one(diff) for diff in differences]
 
+    def _null(self, x: np.ndarray, w: np.ndarray, keys: tuple[tuple[str, str], ...], grid: float) -> tuple:
+        """Per sign vector ``(T_s, V_s)`` of ``x = w d`` (a pair may be negated, see :func:`_oriented`), and the
+        p-value, the share of vectors with :func:`_tied` ``|T_s| >= |T|``: all ``2^n`` by
+        ``scipy.stats.permutation_test`` up to ``exact_max`` prompts, else the identity and ``draws`` seeded ones
+        (:func:`_drawn`, the committed engine's: scipy's own draws would change every committed p) by
+        ``scipy.stats.monte_carlo_test``."""
+        from scipy.stats import monte_carlo_test, permutation_test  # imported here: scipy.stats takes seconds
+
+        if len(keys) == 1:  # scipy's test needs two prompts; the two sign vectors are equally extreme
+            return np.array([[x[0], w[0]], [-x[0], -w[0]]]), 1.0
+        if len(keys) <= self.exact_max:
+            exact = permutation_test(
+                (np.stack([x, w]),),
+                partial(_flip_statistic, grid=grid),
+                permutation_type="samples",
+                vectorized=True,
+                n_resamples=2 ** len(keys),
+                alternative="greater",
+                axis=-1,
+            )
+            return exact.null_distribution[:, 1:], float(exact.pvalue[0])
+        sums = _signed_sums(_drawn(self.seed, self.draws, keys), np.column_stack([x, w]))  # the identity first
+        sampled = monte_carlo_test(  # T, one observation, against the drawn vectors' T_s
+            sums[0, :1],
+            lambda size: sums[1 : 1 + size[0], :1],
+            lambda total, axis: _tied(np.sum(total, axis=axis), grid),
+            vectorized=True,
+            n_resamples=self.draws,
+            alternative="greater",
+        )
+        return sums, float(sampled.pvalue)
+
     def _one(self, differences: Mapping[str, Mapping[str, float]]) -> FlipTest:
         tasks = sorted(task for task, values in differences.items() if values)
         if not tasks:
@@ -307,10 +341,9 @@ class SignFlip:
         observed = float(np.mean([np.mean([differences[t][s] for s in sorted(differences[t])]) for t in tasks]))
         total = float(x.sum())
         tol = _TIE * float(np.abs(x).sum())
-        # u = T_s, the macro mean under each sign vector; v: that of all-ones, how a shift delta moves T_s
-        n = len(keys)
-        bits = _enumerated(n) if n <= self.exact_max else _drawn(self.seed, self.draws, keys)
-        sums = _signed_sums(bits, np.column_stack([x, w]))
+        # u = T_s, the macro mean under each sign vector; v: that of all-ones, how a shift delta moves T_s (both
+        # negated where T_s < 0, which changes no |T_s(delta)|)
+        sums, p = self._null(x, w, keys, tol or 1.0)  # 1.0: every difference is 0
         u, v = sums[:, 0], sums[:, 1]
         whole = np.abs(v) > 1.0 - float(w.min())  # all signs equal (|v| = 1): |T_s(delta)| = |T(delta)| everywhere
         # |u - delta v| >= |total - delta| with e = delta - total, r = u - total v: |r - e v| >= |e|, |v| < 1, holds
@@ -321,7 +354,6 @@ class SignFlip:
         lo = np.where(whole, -np.inf, np.minimum(one, two)) - tol
         hi = np.where(whole, np.inf, np.maximum(one, two)) + tol
         vectors = len(sums)
-        extreme = int(np.count_nonzero((lo <= -total) & (-total <= hi)))  # sign vectors with |T_s| >= |T| (ties in)
         # delta is accepted when at least `need` vectors cover it
         need = max(1, math.ceil((1.0 - self.confidence) * vectors - 1e-9))
         low = float(total + np.sort(lo)[need - 1]) if need <= vectors else math.inf
@@ -330,7 +362,7 @@ class SignFlip:
             mean=observed,
             low=low,
             high=high,
-            p=min(1.0, extreme / vectors),
+            p=p,
             method="exact" if len(keys) <= self.exact_max else "monte-carlo",
             vectors=vectors,
             samples=len(keys),

@@ -72,6 +72,9 @@ class RunSummary:
     groups: dict[tuple[str, str, float], float] = field(default_factory=dict)
     group_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     timing: Timing | None = None
+    # configuration -> (r, gamma, source) of the RippleKV methods whose rows record where their setting came from
+    # (``setting_source``: profile, explicit or default; rows written before it existed record none)
+    settings: dict[str, tuple[float, float, str]] = field(default_factory=dict)
 
     def value(self, task: str, method: str, budget: float) -> float | None:
         """A task's score (``task == "average"`` for the average); full's is the same under every budget."""
@@ -176,7 +179,24 @@ def summarize(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> RunSumm
         groups=groups,
         group_sizes=group_sizes,
         timing=timing,
+        settings=ripple_settings(rows),
     )
+
+
+def ripple_settings(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float, str]]:
+    """Configuration -> ``(r, gamma, source)`` of every row that records its RippleKV setting's source (ValueError
+    when two rows of one configuration ran different settings)."""
+    out: dict[str, tuple[float, float, str]] = {}
+    for row in rows:
+        source = row.get("setting_source")
+        if source is None:
+            continue
+        params = row.get("params") or {}
+        setting = (float(params["r"]), float(params["gamma"]), str(source))
+        name = row_configuration(row)
+        if out.setdefault(name, setting) != setting:
+            raise ValueError(f"the rows of {name} ran two RippleKV settings: {out[name]} and {setting}")
+    return out
 
 
 def _timing(rows: Sequence[dict[str, Any]]) -> Timing | None:

@@ -7,6 +7,9 @@ token scorer (:func:`~ripplekv_eval.sample.row_configuration`):
 ``sample_id``       the sample (unique in the run); ``task``: its task
 ``method``          the method (its budget schedule); ``budget``: its budget (1.0 for ``full``)
 ``scorer``          the token scorer's name (:mod:`ripplekv.presses.scorers`); null for a method without one
+``params``          a parameterised method's values (a RippleKV method's: the ``r`` and ``gamma`` that ran);
+                    ``setting_source``: where a RippleKV method's came from (``profile``: the profile's chosen
+                    setting, ``explicit``: given in the method's name, ``default``: r 4, gamma 3)
 ``prediction``      the decoded answer text; null for compressed configurations under ``--score fidelity``
 ``score``           the suite's metric on ``prediction`` (higher is better); null where ``prediction`` is
 ``prompt_tokens``   tokens of the whole prompt; ``compressed_tokens``: of the part that was compressed
@@ -51,6 +54,7 @@ from ripplekv.models.attention import uses_varlen_attention
 from ripplekv.models.cache import cache_bytes, lean_fork
 from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
+from ripplekv.presses.ripplekv_press import press_setting
 from ripplekv_eval.fastpath.batched import (
     DecodeRow,
     NotBatchableError,
@@ -304,6 +308,10 @@ class SampleRunner:
         method, scorer = split_configuration(configuration)
         spec = parse_method(method)
         extra: dict[str, Any] = {"params": spec.values} if spec.values else {}
+        applied = press_setting(self.presses[configuration, budget])
+        if applied is not None:  # the r and gamma that ran, and where they came from
+            extra = {"params": {**spec.values, "r": applied.ratio, "gamma": applied.gamma}}
+            extra["setting_source"] = applied.source
         statistics = self.statistics.get((configuration, budget))
         if statistics is not None:
             extra["layer_statistics"] = statistics
