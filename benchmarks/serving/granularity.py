@@ -205,7 +205,11 @@ def main() -> None:
         help="the designs of the remaining prompts (library vs served)",
     )
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--table-only", action="store_true", help="write the tables from rows.jsonl and stop")
     args = parser.parse_args()
+    if args.table_only:
+        write_table(args.out, args.out / "rows.jsonl", args)
+        return
     torch.set_grad_enabled(False)
     model, tokenizer = load_model(args.model, dtype="float32", device="cpu")
     scores = SensitivityProfile.load(args.profile).scores
@@ -246,10 +250,13 @@ def write_table(out: Path, rows_path: Path, args: argparse.Namespace) -> None:
         "",
         "Mean KL(full || design) per token over the full cache's 64-token greedy answer; 'advantage kept': the "
         "design's KL advantage over served-uniform as a share of the library's (library-uniform - library-ripplekv); "
-        "'vs served-uniform': paired difference (design - served-uniform) with the sign-flip test's 95% CI and p.",
+        "'vs served-uniform': paired difference (design - served-uniform) with the sign-flip test's 95% CI and p; "
+        "'off the library': the mean over prompts of |KL(design) - KL(library's own RippleKV)|, relative to the "
+        "library's mean KL (how far the design's answers stray from what the library computes for the same prompt).",
         "",
-        "| budget | design | mean KL | top-1 | advantage kept | vs served-uniform [95% CI] | p | W/T/L |",
-        "|---|---|---|---|---|---|---|---|",
+        "| budget | design | mean KL | top-1 | advantage kept | vs served-uniform [95% CI] | p | W/T/L "
+        "| off the library |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for budget in args.budgets:
         base = table[(budget, "served-uniform")]
@@ -274,8 +281,11 @@ def write_table(out: Path, rows_path: Path, args: argparse.Namespace) -> None:
                     "/".join(map(str, wins)),
                 )
             kept = f"{gain / library_gain:.0%}" if name not in ("served-uniform", "library-uniform") else ""
+            reference = np.mean([library[p]["kl"] for p in prompts])
+            off = np.mean([abs(cells[p]["kl"] - library[p]["kl"]) for p in prompts]) / reference
             lines.append(
-                f"| {budget:g} | {name} | {kl:.4f} | {top1:.3f} | {kept} | {test[0]} | {test[1]} | {test[2]} |"
+                f"| {budget:g} | {name} | {kl:.4f} | {top1:.3f} | {kept} | {test[0]} | {test[1]} | {test[2]} | "
+                f"{off:.0%} |"
             )
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Issue 43, item 3: where a decode step's time goes, SnapKV-uniform (one KV-cache group) against RippleKV's groups
+# (one per layer, and tiers), side by side: SmolLM2-135M float32, 12 BAMBOO prompts of 1,024 tokens, 96 greedy tokens
+# each, budget 20%, one engine per configuration in one process stepped in turn (this shared 2-core machine was
+# running other benchmarks; the turn-taking slows every engine alike). Two runs at the same commit.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+OUT=benchmarks/results/serving-decode-profile
+OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \
+  --configs snapkv ripplekv-layer ripplekv-tiers-6 ripplekv-tiers-10 --out "$OUT/layer-tiers6-tiers10"
+OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \
+  --configs snapkv ripplekv-layer ripplekv-tiers-15 ripplekv-tiers-10 --out "$OUT/layer-tiers15-tiers10"
