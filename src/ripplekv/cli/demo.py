@@ -13,7 +13,8 @@ from ripplekv.cli.args import add_model_args, comma_list, fraction_arg, positive
 if TYPE_CHECKING:  # imported where used: ``ripplekv report`` imports this module and no torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from ripplekv.profiling import ProfilingConfig, SensitivityProfile
+    from ripplekv.profiling.profile import SensitivityProfile
+    from ripplekv.profiling.sensitivity import ProfilingConfig
 
 DEMO_METHODS = ("full", "snapkv", "pyramidkv", "ripplekv")
 
@@ -45,8 +46,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def default_profile_path(model: PreTrainedModel, config: ProfilingConfig) -> Path:
     """Where :func:`cached_default_profile` keeps the profile of ``model`` (architecture, weights, scoring, config)."""
-    from ripplekv.models import cache_root, model_identity
-    from ripplekv.models.identity import weights_fingerprint
+    from ripplekv.models.identity import model_identity, weights_fingerprint
+    from ripplekv.models.sources import cache_root
     from ripplekv.profiling import sensitivity
 
     identity = model_identity(model)
@@ -72,8 +73,9 @@ def cached_default_profile(
     from tqdm import tqdm
 
     from ripplekv.inference.setting import choose_profile_setting, profile_with_setting
-    from ripplekv.profiling import ProfilingConfig, SensitivityProfile
     from ripplekv.profiling.calibration import default_calibration
+    from ripplekv.profiling.profile import SensitivityProfile
+    from ripplekv.profiling.sensitivity import ProfilingConfig
 
     config = config or ProfilingConfig()
 
@@ -90,6 +92,12 @@ def cached_default_profile(
             bar.n = done
             bar.refresh()
 
+        def choosing(done: int, total: int) -> None:  # the second phase: r and gamma over the same prompts
+            if bar.desc != "choosing r, gamma":
+                bar.set_description("choosing r, gamma")
+                bar.reset(total=total)
+            progress(done, total)
+
         if cached is not None:
             print(f"profile: cached {path}, choosing its r and gamma (once)")
             bar.set_description("choosing r, gamma")
@@ -97,7 +105,15 @@ def cached_default_profile(
         else:
             print(f"profile: measuring on {calibration.description} (first run only; cached in {path})")
             checkpoint = str(path.with_suffix(".partial.jsonl"))
-            run = profile_with_setting(model, tokenizer, calibration, config, checkpoint=checkpoint, progress=progress)
+            run = profile_with_setting(
+                model,
+                tokenizer,
+                calibration,
+                config,
+                checkpoint=checkpoint,
+                progress=progress,
+                selection_progress=choosing,
+            )
             profile = run.profile
     profile.save(path)
     path.with_suffix(".partial.jsonl").unlink(missing_ok=True)
@@ -108,9 +124,9 @@ def cached_default_profile(
 def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv demo``: print the table, save the plot and results; return the exit status."""
     from ripplekv.cli.plots import plot_profile_and_budgets
-    from ripplekv.inference import generate_answer
-    from ripplekv.models import load_model
-    from ripplekv.presses import make_press
+    from ripplekv.inference.generate import generate_answer
+    from ripplekv.models.loading import load_model
+    from ripplekv.presses.registry import make_press
     from ripplekv.profiling.haystack import build_needle_prompt
     from ripplekv.profiling.profile import resolve_setting
 
