@@ -62,29 +62,29 @@ def default_profile_path(model: PreTrainedModel, config: ProfilingConfig) -> Pat
 def cached_default_profile(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: ProfilingConfig | None = None
 ) -> SensitivityProfile:
-    """The model's profile on the default calibration set, its RippleKV setting chosen, measured once and cached under
-    RIPPLEKV_CACHE.
+    """The model's profile on the default calibration set, measured once and cached under RIPPLEKV_CACHE.
 
     The cache file is named by the architecture, the weights' fingerprint and the scoring version, so a
-    profile measured on other weights of the same architecture, or by an older scoring, is never reused. A cached
-    profile made before settings existed gets its setting chosen (the sensitivity pass is not repeated) and is saved
-    again.
+    profile measured on other weights of the same architecture, or by an older scoring, is never reused. The demo
+    measures the sensitivity only (``ripplekv profile --no-select-setting``): choosing r and gamma costs a few times
+    the sensitivity pass today, so its presses use the profile's setting when a cached profile has one, else the
+    library's default (``ripplekv profile`` chooses a model's own).
     """
     from tqdm import tqdm
 
-    from ripplekv.inference.setting import choose_profile_setting, profile_with_setting
+    from ripplekv.inference.setting import profile_with_setting
     from ripplekv.profiling.calibration import default_calibration
-    from ripplekv.profiling.profile import SensitivityProfile
+    from ripplekv.profiling.profile import SensitivityProfile, resolve_setting
     from ripplekv.profiling.sensitivity import ProfilingConfig
 
     config = config or ProfilingConfig()
 
     path = default_profile_path(model, config)
-    cached = SensitivityProfile.load(path) if path.exists() else None
-    if cached is not None and cached.setting is not None:
+    if path.exists():
         print(f"profile: cached {path}")
-        return cached
+        return SensitivityProfile.load(path)
     calibration = default_calibration(tokenizer, seed=config.seed)
+    print(f"profile: measuring on {calibration.description} (first run only; cached in {path})")
     start = time.perf_counter()
     with tqdm(total=len(calibration), desc="profiling", unit="sample") as bar:
 
@@ -92,32 +92,14 @@ def cached_default_profile(
             bar.n = done
             bar.refresh()
 
-        def choosing(done: int, total: int) -> None:  # the second phase: r and gamma over the same prompts
-            if bar.desc != "choosing r, gamma":
-                bar.set_description("choosing r, gamma")
-                bar.reset(total=total)
-            progress(done, total)
-
-        if cached is not None:
-            print(f"profile: cached {path}, choosing its r and gamma (once)")
-            bar.set_description("choosing r, gamma")
-            profile = choose_profile_setting(model, tokenizer, calibration, cached, config, progress=progress)
-        else:
-            print(f"profile: measuring on {calibration.description} (first run only; cached in {path})")
-            checkpoint = str(path.with_suffix(".partial.jsonl"))
-            run = profile_with_setting(
-                model,
-                tokenizer,
-                calibration,
-                config,
-                checkpoint=checkpoint,
-                progress=progress,
-                selection_progress=choosing,
-            )
-            profile = run.profile
+        checkpoint = str(path.with_suffix(".partial.jsonl"))
+        run = profile_with_setting(
+            model, tokenizer, calibration, config, checkpoint=checkpoint, progress=progress, select=False
+        )
+    profile = run.profile
     profile.save(path)
     path.with_suffix(".partial.jsonl").unlink(missing_ok=True)
-    print(f"profile: {time.perf_counter() - start:.0f} s; RippleKV setting {profile.setting.describe()}")  # type: ignore[union-attr]
+    print(f"profile: {time.perf_counter() - start:.0f} s; RippleKV setting {resolve_setting(profile).describe()}")
     return profile
 
 
