@@ -22,12 +22,12 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ripplekv.cli.demo import cached_default_profile
-from ripplekv.inference import prefill
-from ripplekv.models import load_model
+from ripplekv.inference.generate import prefill
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.presses import make_press
-from ripplekv.profiling import SensitivityProfile
+from ripplekv.models.loading import load_model
+from ripplekv.presses.registry import make_press
 from ripplekv.profiling.calibration import default_calibration
+from ripplekv.profiling.profile import SensitivityProfile
 
 
 @torch.no_grad()

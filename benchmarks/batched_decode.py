@@ -27,13 +27,12 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ripplekv.cli.args import method_list
-from ripplekv.inference import greedy_decode
-from ripplekv.inference.generate import chat_prompt_parts, eos_ids
-from ripplekv.models import load_model
+from ripplekv.inference.generate import chat_prompt_parts, eos_ids, greedy_decode
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.presses import make_press
-from ripplekv.profiling import SensitivityProfile
+from ripplekv.models.loading import load_model
+from ripplekv.presses.registry import make_press
 from ripplekv.profiling.haystack import build_needle_prompt
+from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.fastpath.batched import batched_greedy_decode_rows, decode_row
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs

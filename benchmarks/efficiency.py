@@ -69,12 +69,11 @@ from benchmarks.kv_accounting import (
     synchronize,
 )
 from ripplekv.cli.args import method_list
-from ripplekv.inference import greedy_decode, prefill
-from ripplekv.inference.generate import eos_ids
-from ripplekv.models import load_model
-from ripplekv.presses import make_press
-from ripplekv.profiling import SensitivityProfile
+from ripplekv.inference.generate import eos_ids, greedy_decode, prefill
+from ripplekv.models.loading import load_model
+from ripplekv.presses.registry import make_press
 from ripplekv.profiling.haystack import essays, token_stream
+from ripplekv.profiling.profile import SensitivityProfile
 
 DEFAULT_PROFILE = Path(__file__).parent / "results" / "smollm2-135m.profile.json"
 METHODS = ("full", "snapkv", "pyramidkv", "adakv", "ripplekv", "cake", "squeezeattention", "dynamickv", "lava")

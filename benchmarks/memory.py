@@ -157,7 +157,7 @@ def child(kind: str, length: int, prefill_chunk: int | None) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from ripplekv.inference.generate import full_cache_bytes
-    from ripplekv.models import load_model
+    from ripplekv.models.loading import load_model
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -166,8 +166,8 @@ def child(kind: str, length: int, prefill_chunk: int | None) -> dict[str, Any]:
     with torch.no_grad():
         model(torch.arange(16).unsqueeze(0))
     if kind == "profile":
-        from ripplekv.profiling import ProfilingConfig, profile_model
         from ripplekv.profiling.calibration import default_calibration
+        from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 
         calibration = default_calibration(tokenizer, n_samples=1, context_tokens=length, continuation_tokens=32)
         profiling = ProfilingConfig(prefill_chunk=prefill_chunk)

@@ -184,7 +184,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         *RELATIONS,
     ),
     "ripplekv/models/chunked_prefill.py": CHUNK_TESTS,
-    "ripplekv/models/padded.py": CHUNK_TESTS + ("tests/test_batched.py",),
+    "ripplekv_eval/fastpath/padded.py": CHUNK_TESTS + ("tests/test_batched.py",),
     "ripplekv/models/layer_types.py": CHUNK_TESTS + ("tests/test_sliding_window.py",),
     "ripplekv/models/shared_prefix.py": CHUNK_TESTS,
     "ripplekv_eval/reporting/report.py": REPORT_TESTS,

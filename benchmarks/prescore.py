@@ -68,9 +68,9 @@ def main() -> None:
     from kvpress import ExpectedAttentionPress
     from transformers.utils import logging as hf_logging
 
-    from ripplekv.models import load_model
     from ripplekv.models.attention import enable_varlen_attention
-    from ripplekv.presses import make_press
+    from ripplekv.models.loading import load_model
+    from ripplekv.presses.registry import make_press
     from ripplekv.profiling.calibration import default_calibration
     from ripplekv_eval.fastpath.derive import derived_prefill, residual_statistics_of
     from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail, prescored_scorers

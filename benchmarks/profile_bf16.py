@@ -27,10 +27,10 @@ import torch
 from scipy.stats import spearmanr
 from transformers.utils import logging as hf_logging
 
-from ripplekv.models import load_model
-from ripplekv.profiling import ProfilingConfig, profile_model
+from ripplekv.models.loading import load_model
 from ripplekv.profiling.calibration import default_calibration
 from ripplekv.profiling.passes import PRECISIONS
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 
 
 def agreement(scores: list[float], reference: list[float]) -> dict[str, float]:

@@ -31,10 +31,9 @@ from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from ripplekv.inference.setting import SELECTION_GAMMAS, SELECTION_RATIOS, SettingGrid, profile_with_setting
-from ripplekv.models import load_model
-from ripplekv.profiling import ProfilingConfig, profile_model
+from ripplekv.models.loading import load_model
 from ripplekv.profiling.calibration import default_calibration
-from ripplekv.profiling.sensitivity import DEFAULT_ALPHA, DEFAULT_REPEATS
+from ripplekv.profiling.sensitivity import DEFAULT_ALPHA, DEFAULT_REPEATS, ProfilingConfig, profile_model
 
 
 def main() -> None:

@@ -32,11 +32,11 @@ from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from ripplekv.inference.generate import eos_ids, greedy_decode
-from ripplekv.models import load_model
 from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.models.loading import load_model
 from ripplekv.presses.registry import make_press
-from ripplekv.profiling import ProfilingConfig, load_calibration, profile_model
-from ripplekv.profiling.sensitivity import calibration_ids
+from ripplekv.profiling.calibration import load_calibration
+from ripplekv.profiling.sensitivity import ProfilingConfig, calibration_ids, profile_model
 from ripplekv_eval.analysis.damage import DAMAGE_METHOD, layer_damage
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs

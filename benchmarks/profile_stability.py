@@ -20,9 +20,9 @@ import time
 from scipy.stats import spearmanr
 from transformers.utils import logging as hf_logging
 
-from ripplekv.models import load_model
-from ripplekv.profiling import CalibrationSet, ProfilingConfig, profile_model
-from ripplekv.profiling.calibration import default_calibration
+from ripplekv.models.loading import load_model
+from ripplekv.profiling.calibration import CalibrationSet, default_calibration
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 
 
 def main() -> None:

@@ -414,8 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from ripplekv.models import load_model
     from ripplekv.models.attention import enable_varlen_attention
+    from ripplekv.models.loading import load_model
     from ripplekv_eval.running.results import ResultsLog
     from ripplekv_eval.sample import row_configuration
 

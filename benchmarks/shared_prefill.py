@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from ripplekv.inference import generate_answer
-from ripplekv.models import load_model
-from ripplekv.presses import make_press
-from ripplekv.profiling import SensitivityProfile
+from ripplekv.inference.generate import generate_answer
+from ripplekv.models.loading import load_model
+from ripplekv.presses.registry import make_press
 from ripplekv.profiling.haystack import build_needle_prompt
+from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RESULTS_FILE, ResultsLog
 from ripplekv_eval.running.runner import run_eval

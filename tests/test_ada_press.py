@@ -10,16 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpress import AdaKVPress, SnapKVPress
 
-from ripplekv.allocation import BudgetSpec, ProfileSchedule, TokenBudgetError, UniformSchedule
-from ripplekv.inference import Prefill, greedy_decode, kept_tokens, prefill
+from ripplekv.allocation.budget import BudgetSpec, ProfileSchedule, TokenBudgetError
+from ripplekv.allocation.schedules import UniformSchedule
+from ripplekv.inference.generate import Prefill, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.attention_masks import PaddedBatchError
 from ripplekv.models.cache import layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS, headwise_of
-from ripplekv.presses import LayerBudgetAdaPress, LayerBudgetPress, make_press
-from ripplekv.presses.layer_budget_ada_press import headwise_keep_mask, safeguard_tokens
-from ripplekv.profiling import ProfilingConfig
-from ripplekv.profiling.sensitivity import profile_model
+from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress, headwise_keep_mask, safeguard_tokens
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
+from ripplekv.presses.registry import make_press
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import is_derivable

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpress.utils import compute_n_kept
 
-from ripplekv.allocation import (
+from ripplekv.allocation.budget import (
     DEFAULT_CONFIG,
     DEFAULT_GAMMA,
     DEFAULT_RATIO,
@@ -20,13 +20,13 @@ from ripplekv.allocation import (
     AllocationConfig,
     BudgetSpec,
     TokenBudgetError,
-    UniformSchedule,
     allocate,
     compression_ratio_keeping,
     layer_weights,
     normalize_scores,
     scale_to_total,
 )
+from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv_eval.running.budget_rows import budget_value, row_budget, row_value
 
 PROPERTY = settings(max_examples=300, deadline=None)

@@ -18,14 +18,16 @@ from torch import nn
 from transformers import PreTrainedModel
 
 import ripplekv_eval.analysis.damage as damage_module
-from ripplekv.allocation import ProfileSchedule
+from ripplekv.allocation.budget import ProfileSchedule
 from ripplekv.cli.main import main
-from ripplekv.inference import extend, prefill
-from ripplekv.models import load_model, model_identity
+from ripplekv.inference.generate import extend, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_tensors
-from ripplekv.presses import RippleKVPress, make_press
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, SensitivityProfile, profile_model
+from ripplekv.models.identity import model_identity
+from ripplekv.models.loading import load_model
+from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.damage_profile import (
     ORACLE_METHOD,
     damage_budget,
@@ -34,6 +36,9 @@ from ripplekv.profiling.damage_profile import (
     select_oracle_profile,
 )
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
+from ripplekv.validation import check_int
 from ripplekv_eval.analysis.damage import (
     DamageRunner,
     layer_damage,
@@ -58,7 +63,6 @@ from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RESULTS_FILE, ConfigMismatchError, ResultsLog
 from ripplekv_eval.running.rows import SampleRunner
 from ripplekv_eval.running.runner import build_presses, build_samples, resolve_config, run_eval
-from ripplekv_eval.sample import check_int
 from tests.conftest import random_ids, save_tiny_model_dir, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

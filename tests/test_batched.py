@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ripplekv.inference import greedy_decode
-from ripplekv.inference.generate import Prefill, cache_forward, extend
+from ripplekv.inference.generate import Prefill, cache_forward, extend, greedy_decode
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.models.padded import KeyValidity
-from ripplekv.presses import make_press
+from ripplekv.presses.registry import make_press
 from ripplekv_eval.fastpath.batched import (
     NotBatchableError,
     batched_teacher_forced_logprobs,
@@ -18,6 +16,7 @@ from ripplekv_eval.fastpath.batched import (
 )
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.padded import KeyValidity
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import decode_batch, random_ids, synthetic_profile, tiny_model
 from tests.test_ada_press import _masked

@@ -28,9 +28,9 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import ReservedLayer, lean_fork
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds
 from ripplekv.models.headwise import headwise_of
-from ripplekv.presses import make_press
-from ripplekv.profiling import ProfilingConfig, sensitivity
-from ripplekv.profiling.sensitivity import score_sample
+from ripplekv.presses.registry import make_press
+from ripplekv.profiling import sensitivity
+from ripplekv.profiling.sensitivity import ProfilingConfig, score_sample
 from ripplekv_eval.fastpath.derive import derived_prefill, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import fidelity, logprob_rows, row_blocks
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail

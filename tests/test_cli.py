@@ -167,7 +167,8 @@ def test_demo_runs_the_main_job(model_dir: Path, tmp_path: Path, monkeypatch: py
 def test_demo_profile_cache_is_keyed_by_weights_and_scoring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cached demo profile is never reused for other weights of the same architecture or an older scoring."""
     from ripplekv.cli import demo
-    from ripplekv.profiling import ProfilingConfig, sensitivity
+    from ripplekv.profiling import sensitivity
+    from ripplekv.profiling.sensitivity import ProfilingConfig
     from tests.conftest import tiny_model
 
     monkeypatch.setenv("RIPPLEKV_CACHE", str(tmp_path / "cache"))

@@ -50,13 +50,15 @@ from ripplekv.allocation.squeezeattention import (
     squeeze_statistic_of_similarities,
     squeeze_token_similarities,
 )
-from ripplekv.inference import extend, prefill
+from ripplekv.inference.generate import extend, prefill
 from ripplekv.locking import WriterBusyError
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.presses.registry import DEFAULT_WINDOW
-from ripplekv.profiling import CalibrationSample, ProfilingConfig, sensitivity
+from ripplekv.profiling import sensitivity
+from ripplekv.profiling.calibration import CalibrationSample
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.profile import ProfileError, SensitivityProfile
+from ripplekv.profiling.sensitivity import ProfilingConfig
 from ripplekv_eval.fastpath.fidelity import ROW_BLOCK, Fidelity, fidelity, row_blocks, teacher_forced_logprobs
 from ripplekv_eval.reporting import stats
 from ripplekv_eval.running.budget_rows import row_budget
@@ -602,7 +604,7 @@ def test_the_questions_digest_of_a_checkpoint_key_is_stable() -> None:
     any other width of the length prefix."""
     import hashlib
 
-    from ripplekv.profiling import CalibrationSet
+    from ripplekv.profiling.calibration import CalibrationSet
 
     samples = (
         CalibrationSample(context="a b c", continuation="d", question="Who?"),

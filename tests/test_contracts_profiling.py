@@ -26,13 +26,14 @@ import ripplekv.profiling.calibration as calibration
 import ripplekv.profiling.haystack as haystack
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import PassThroughLayer, PreallocatedLayer
-from ripplekv.profiling import ProfilingConfig, passes, score_sample
+from ripplekv.profiling import passes
 from ripplekv.profiling.damage_profile import damage_budget, make_damage_profile
 from ripplekv.profiling.divergence import kl_divergence, relative_change
 from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt, encode, token_stream
 from ripplekv.profiling.noise import ContinuationBuffers, noise_generator
 from ripplekv.profiling.passes import CleanPass, Float32Head, Float32Layers, can_share_prefix
 from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.profiling.sensitivity import ProfilingConfig, score_sample
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -775,7 +776,7 @@ def test_a_profile_names_its_prefill_chunk_only_when_it_is_not_the_default() -> 
     """The calibration record of a profile names the prefill chunk (512, or None: one pass) when it is not the
     default, and not for the default (as profiles made before the chunk existed). Kills ``!=`` for ``==`` in
     :func:`assemble_profile`."""
-    from ripplekv.models import model_identity
+    from ripplekv.models.identity import model_identity
     from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
     from ripplekv.profiling.checkpoint import SampleScores
     from ripplekv.profiling.sensitivity import assemble_profile

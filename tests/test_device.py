@@ -26,20 +26,19 @@ from torch.overrides import TorchFunctionMode
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import ripplekv
-from ripplekv.inference import generate_answer, greedy_decode
-from ripplekv.inference.generate import Prefill, cache_forward, extend
+from ripplekv.inference.generate import Prefill, cache_forward, extend, generate_answer, greedy_decode
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.attention_functions import CACHE_KWARG
 from ripplekv.models.attention_masks import fit_attention_mask
 from ripplekv.models.cache import cache_from_layers
-from ripplekv.models.padded import KeyValidity, RaggedLayer
-from ripplekv.presses import RippleKVPress, make_press
-from ripplekv.profiling import ProfilingConfig
+from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv.profiling.noise import noise_generator, norm_adaptive_noise
-from ripplekv.profiling.sensitivity import score_sample
+from ripplekv.profiling.sensitivity import ProfilingConfig, score_sample
 from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
+from ripplekv_eval.fastpath.padded import KeyValidity, RaggedLayer
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import decode_batch, random_ids, synthetic_profile, tiny_model
 from tests.test_ada_press import _masked

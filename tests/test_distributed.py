@@ -255,8 +255,9 @@ def test_profile_on_two_workers_resumes_and_equals_one_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An interrupted single-process profile finished on two workers: only the missing samples are scored there."""
-    from ripplekv.models import load_model
-    from ripplekv.profiling import ProfilingConfig, load_calibration, profile_model
+    from ripplekv.models.loading import load_model
+    from ripplekv.profiling.calibration import load_calibration
+    from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 
     out = tmp_path / "p.json"
     checkpoint = out.with_name(out.name + ".partial.jsonl")

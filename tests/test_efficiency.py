@@ -16,11 +16,12 @@ from benchmarks.kv_accounting import (
     computed_kv_table,
     state_bytes,
 )
-from ripplekv.allocation import ProfileSchedule
-from ripplekv.inference import prefill
-from ripplekv.inference.generate import full_cache_bytes
+from ripplekv.allocation.budget import ProfileSchedule
+from ripplekv.inference.generate import full_cache_bytes, prefill
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.presses import LayerBudgetAdaPress, RippleKVPress, make_press
+from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
+from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from ripplekv.cli.main import main
-from ripplekv.inference import extend, greedy_decode, prefill
-from ripplekv.inference.generate import eos_ids
-from ripplekv.models import load_model
-from ripplekv.presses import make_press
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
+from ripplekv.inference.generate import eos_ids, extend, greedy_decode, prefill
+from ripplekv.models.loading import load_model
+from ripplekv.presses.registry import make_press
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 from ripplekv_eval.reporting import report as report_module
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import CONFIG_FILE, RESULTS_FILE, ConfigMismatchError, ResultsLog
@@ -132,7 +132,7 @@ def test_needle_rows_match_direct_prefills(needle_run: tuple[Path, EvalConfig], 
 
 
 def _profile(config: EvalConfig) -> Any:
-    from ripplekv.profiling import SensitivityProfile
+    from ripplekv.profiling.profile import SensitivityProfile
 
     return SensitivityProfile.load(config.profile or "")
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from ripplekv.presses import make_press
 from ripplekv.presses import scorers as scorer_registry
 from ripplekv.presses.descriptions import SCORER_DESCRIPTIONS
-from ripplekv.profiling import SensitivityProfile
+from ripplekv.presses.registry import make_press
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND
+from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.reporting import report as report_module
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import ConfigMismatchError, ResultsLog, complete_samples, row_key

@@ -11,11 +11,13 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import DynamicCache
 
-from ripplekv.inference import Prefill, extend, greedy_decode, kept_tokens, prefill
+from ripplekv.inference.generate import Prefill, extend, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention, hand_cache_to_attention
 from ripplekv.models.cache import cache_from_tensors, cache_tensors, layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
-from ripplekv.presses import METHODS, FullPress, RippleKVPress, make_press
+from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.registry import METHODS, make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache, derived_prefill, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, hidden_states_tail, is_derivable
@@ -335,7 +337,7 @@ def test_tail_record_refuses_a_press_needing_more() -> None:
 def test_a_record_is_bounded_by_default_and_says_how_to_keep_everything() -> None:
     from kvpress import ExpectedAttentionPress
 
-    from ripplekv.presses import make_press
+    from ripplekv.presses.registry import make_press
     from ripplekv_eval.fastpath.derive import NotDerivableError, derive_cache
     from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL
     from ripplekv_eval.fastpath.record import record_prefill

@@ -20,7 +20,8 @@ from kvpress.presses.base_press import BasePress
 
 from ripplekv.inference.generate import extend, prefill
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.presses import FullPress, make_press
+from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.registry import make_press
 from ripplekv_eval.analysis import damage as damage_module
 from ripplekv_eval.analysis import tuning as tuning_module
 from ripplekv_eval.fastpath import derive as derive_module

@@ -8,10 +8,11 @@ import torch
 from kvpress import SnapKVPress
 from scipy.special import log_softmax, rel_entr
 
-from ripplekv.inference import Prefill, extend, greedy_decode, prefill
+from ripplekv.inference.generate import Prefill, extend, greedy_decode, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_tensors, layer_lengths
-from ripplekv.presses import RippleKVPress, make_press
+from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import Fidelity, fidelity, mean_nll, teacher_forced_logprobs
 from ripplekv_eval.fastpath.record import record_prefill

@@ -21,7 +21,7 @@ from kvpress.attention_patch import attention_patch
 from torch.nn.attention.bias import causal_lower_right
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ripplekv.inference import generate_answer, greedy_decode, prefill
+from ripplekv.inference.generate import generate_answer, greedy_decode, prefill
 from ripplekv.models import loading
 from ripplekv.models.attention import (
     HeadwiseMaskError,
@@ -32,10 +32,11 @@ from ripplekv.models.attention import (
 )
 from ripplekv.models.cache import fork_cache
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
-from ripplekv.presses import RippleKVPress, make_press
-from ripplekv.profiling import ProfilingConfig, passes, sensitivity
+from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
+from ripplekv.profiling import passes, sensitivity
 from ripplekv.profiling.passes import can_share_prefix
-from ripplekv.profiling.sensitivity import score_sample
+from ripplekv.profiling.sensitivity import ProfilingConfig, score_sample
 from ripplekv_eval.fastpath.batched import NotBatchableError, batched_teacher_forced_logprobs
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kvpress import SnapKVPress
 
-from ripplekv.inference import Prefill, extend, generate_answer, greedy_decode, kept_tokens, prefill
+from ripplekv.inference.generate import Prefill, extend, generate_answer, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import (
     PassThroughLayer,
@@ -18,7 +18,8 @@ from ripplekv.models.cache import (
     layer_lengths,
 )
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules
-from ripplekv.presses import RippleKVPress, make_press
+from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

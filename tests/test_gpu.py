@@ -14,11 +14,12 @@ import torch
 from scipy.stats import spearmanr
 
 from benchmarks.gpu.efficiency_gpu import synthetic_profile
-from ripplekv.inference import generate_answer, greedy_decode, prefill
+from ripplekv.inference.generate import generate_answer, greedy_decode, prefill
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.presses import METHODS, make_press
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
+from ripplekv.presses.registry import METHODS, make_press
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.damage_profile import ORACLE_METHOD
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs
 from tests.conftest import VOCAB, decode_batch, random_ids, tiny_model
 from tests.test_ada_press import _masked

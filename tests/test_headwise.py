@@ -8,12 +8,12 @@ from torch import nn
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ripplekv.inference import greedy_decode, prefill
+from ripplekv.inference.generate import greedy_decode, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.attention_functions import CACHE_KWARG
 from ripplekv.models.cache import OverlayLayer, cache_from_layers, dynamic_layer, fork_cache, lean_fork
 from ripplekv.models.headwise import MASKED_KEYS, HeadwiseMask, MaskedLayer, attention_modules, headwise_of, take_mask
-from ripplekv.presses import make_press
+from ripplekv.presses.registry import make_press
 from ripplekv_eval.fastpath.derive import derive_cache, derived_prefill
 from ripplekv_eval.fastpath.record import record_prefill
 from tests.conftest import random_ids, tiny_model

@@ -193,6 +193,25 @@ def test_no_circles_among_modules() -> None:
     assert circles(graph(typing=True)) == []
 
 
+def test_package_inits_import_nothing_and_names_come_from_their_modules() -> None:
+    """A package's ``__init__`` imports none of the package's modules (its names resolve on first use, PEP 562;
+    ``ripplekv_eval.cli`` imports only the ``eval`` extra), and ``src/`` and ``tests/`` import each name from the
+    module that defines it, never through an ``__init__`` (docs/architecture.md)."""
+    found = modules()
+    inits = {name for name, path in found.items() if path.name == "__init__.py"}
+    for name in inits:
+        assert set(imported(found[name], set(found))) <= {"ripplekv.version"}, name
+    through = [
+        f"{path.name}: from {node.module} import {alias.name}"
+        for path in [*found.values(), *sorted((SRC.parent / "tests").glob("*.py"))]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in inits
+        for alias in node.names
+        if f"{node.module}.{alias.name}" not in found
+    ]
+    assert through == []
+
+
 def seeded_graph(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

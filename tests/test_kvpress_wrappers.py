@@ -20,7 +20,7 @@ from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache
 
 from ripplekv.models.cache import cache_tensors
-from ripplekv.presses import METHODS, make_press
+from ripplekv.presses.registry import METHODS, make_press
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, make_damage_profile
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 

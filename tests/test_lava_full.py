@@ -14,19 +14,19 @@ import pytest
 import torch
 from kvpress import SnapKVPress
 
-from ripplekv.allocation import BudgetSpec
+from ripplekv.allocation.budget import BudgetSpec
 from ripplekv.allocation.lava import lava_token_scores
 from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets
 from ripplekv.allocation.per_prompt import PerPromptSchedule, top_k_counts
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
-from ripplekv.inference import Prefill, greedy_decode, kept_tokens, prefill
+from ripplekv.inference.generate import Prefill, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import layer_lengths
 from ripplekv.models.headwise import MASKED_KEYS
-from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
 from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+from ripplekv.presses.registry import make_press
 from ripplekv.presses.scorers import make_scorer
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs

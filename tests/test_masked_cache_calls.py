@@ -12,12 +12,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from ripplekv.inference import Prefill, prefill
-from ripplekv.inference.generate import cache_forward
+from ripplekv.inference.generate import Prefill, cache_forward, prefill
 from ripplekv.models.attention import HeadwiseMaskError, enable_varlen_attention, hand_cache_to_attention
 from ripplekv.models.cache import cache_from_layers, dynamic_layer, fork_cache
 from ripplekv.models.headwise import MASKED_KEYS, attention_modules, headwise_of
-from ripplekv.presses import make_press
+from ripplekv.presses.registry import make_press
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

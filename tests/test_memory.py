@@ -8,10 +8,12 @@ import pytest
 import torch
 from kvpress import SnapKVPress
 
-from ripplekv.inference import extend, greedy_decode
+from ripplekv.inference.generate import extend, greedy_decode
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import OverlayLayer, cache_tensors, lean_fork
-from ripplekv.presses import FullPress, RippleKVPress, make_press
+from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv_eval.cli.eval import memory_size
 from ripplekv_eval.fastpath.batched import (
     batched_greedy_decode_rows,

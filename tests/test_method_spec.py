@@ -8,16 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kvpress import KnormPress
 
-from ripplekv.allocation import AllocationConfig, PyramidSchedule
+from ripplekv.allocation.budget import AllocationConfig
 from ripplekv.allocation.per_prompt import PerPromptSchedule
+from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.cli.args import method_list
-from ripplekv.presses import make_press
 from ripplekv.presses.descriptions import describe_method
 from ripplekv.presses.method_lists import expand_grid, split_method_list
 from ripplekv.presses.method_spec import METHOD_TABLE, MethodSpec, base_method, format_value, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
-from ripplekv.presses.registry import METHODS
-from ripplekv.profiling import SensitivityProfile
+from ripplekv.presses.registry import METHODS, make_press
+from ripplekv.profiling.profile import SensitivityProfile
 from ripplekv_eval.running.config import EvalConfig
 from tests.conftest import synthetic_profile, tiny_model
 
@@ -152,7 +152,7 @@ def test_a_per_prompt_rule_reserves_only_the_window_its_scorer_keeps(method: str
 
 
 def test_a_windowless_scorer_lets_the_rule_share_every_token() -> None:
-    from ripplekv.allocation import CakeRule
+    from ripplekv.allocation.cake import CakeRule
 
     rule = CakeRule()
     stats = [(1.0, 1.0), (2.0, 1.0), (3.0, 1.0), (10.0, 1.0)]  # preference P_l = H_l: 1 : 2 : 3 : 10

@@ -17,17 +17,19 @@ import torch
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress
 from transformers import DynamicCache
 
-from ripplekv.allocation import ProfileSchedule, UniformSchedule
-from ripplekv.allocation.budget import BudgetSpec, compression_ratio_keeping
+from ripplekv.allocation.budget import BudgetSpec, ProfileSchedule, compression_ratio_keeping
 from ripplekv.allocation.per_prompt import TokenStatistic
+from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.inference.generate import Prefill, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.attention_masks import PaddedBatchError
 from ripplekv.models.headwise import HeadwiseMask, attention_modules
 from ripplekv.models.identity import cached_weights_fingerprint
-from ripplekv.presses import LayerBudgetAdaPress, LayerBudgetPress, RippleKVPress, make_press
+from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.method_spec import METHOD_TABLE, parse_method
-from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER, Build
+from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER, Build, make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv.presses.selection_window import check_compressible, check_prompt_length, has_padding, selection_window
 from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning
 from ripplekv_eval.analysis.tuning import TuneConfig, TuneRunner
@@ -553,7 +555,8 @@ def test_ripplekv_ada_scores_a_one_token_layer_at_its_own_ratio() -> None:
 
 def test_a_per_prompt_press_over_a_windowless_scorer_observes_kvpress_snapkv_default_window() -> None:
     """The statistics' window under a scorer without one is 64, SnapKV's default in kvpress. Seeded: 64 -> 65 (53)."""
-    from ripplekv.allocation import CakeRule, PerPromptSchedule
+    from ripplekv.allocation.cake import CakeRule
+    from ripplekv.allocation.per_prompt import PerPromptSchedule
     from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 
     press = PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0))
@@ -564,7 +567,8 @@ def test_a_per_prompt_press_over_a_windowless_scorer_observes_kvpress_snapkv_def
 @pytest.mark.parametrize("min_tokens", [0, -3, 2.5])
 def test_per_prompt_min_tokens_must_be_a_whole_number_of_at_least_one(min_tokens: float) -> None:
     """A whole number below 1 and a fraction above 1 are both refused. Seeded: the check's ``or`` -> ``and`` (132)."""
-    from ripplekv.allocation import CakeRule, PerPromptSchedule
+    from ripplekv.allocation.cake import CakeRule
+    from ripplekv.allocation.per_prompt import PerPromptSchedule
     from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 
     with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
@@ -577,7 +581,7 @@ def test_per_prompt_min_tokens_must_be_a_whole_number_of_at_least_one(min_tokens
 def test_a_two_layer_pyramid_is_not_flat() -> None:
     """Two layers make a pyramid of two distinct capacities, rescaled, not a flat one. Seeded: the flat test
     ``len(set(capacities)) == 1`` -> ``== 2`` (schedules.py:94)."""
-    from ripplekv.allocation import PyramidSchedule
+    from ripplekv.allocation.schedules import PyramidSchedule
 
     schedule = PyramidSchedule(budget=0.5, window_size=4, beta=20)
     first, second = schedule.capacities(2, 100)
@@ -625,7 +629,8 @@ def test_stop_id_zero_is_banned_in_a_batch_like_any_other() -> None:
 def test_a_per_prompt_press_takes_no_pending_state_and_a_copy_has_its_own() -> None:
     """The state of a prefill in progress is neither a constructor argument nor shared by ``replace``. Seeded:
     ``_pending``'s ``init=False`` -> ``True`` (per_prompt_press.py:114): ``replace`` handed the copy the same dict."""
-    from ripplekv.allocation import CakeRule, PerPromptSchedule
+    from ripplekv.allocation.cake import CakeRule
+    from ripplekv.allocation.per_prompt import PerPromptSchedule
     from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 
     press = PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0))

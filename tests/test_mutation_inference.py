@@ -35,7 +35,6 @@ from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.models.cache import cache_tensors
 from ripplekv.models.chunked_prefill import chunk_bounds, prefill_in_chunks
-from ripplekv.models.padded import RaggedLayer
 from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
@@ -43,6 +42,7 @@ from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv_eval.fastpath.batched import pad_layers
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed, is_derivable, prescored_scorers
+from ripplekv_eval.fastpath.padded import RaggedLayer
 from ripplekv_eval.fastpath.recording_press import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv_eval.fastpath.score_memo import scorer_key
 from tests.conftest import random_ids, tiny_model

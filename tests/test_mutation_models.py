@@ -15,8 +15,8 @@ import torch
 
 import ripplekv.models.shared_prefix as shared_prefix_module
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, chunk_bounds
-from ripplekv.models.padded import KeyValidity
 from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
+from ripplekv_eval.fastpath.padded import KeyValidity
 
 
 def _validity() -> KeyValidity:

@@ -14,16 +14,17 @@ import torch
 from kvpress import ObservedAttentionPress, SnapKVPress
 from transformers import DynamicCache
 
-from ripplekv.allocation import UniformSchedule
 from ripplekv.allocation.lava import lava_token_scores
 from ripplekv.allocation.per_prompt import PerPromptSchedule
+from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
-from ripplekv.inference import prefill
+from ripplekv.inference.generate import prefill
 from ripplekv.models.cache import layer_lengths
-from ripplekv.presses import LayerBudgetPress, make_press
 from ripplekv.presses.lava_press import headwise_select
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.method_spec import Param, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
+from ripplekv.presses.registry import make_press
 from ripplekv.presses.scorers import check_attention_weights
 from ripplekv_eval.fastpath.derive import derive_cache, residual_statistics_of
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_tail

@@ -18,11 +18,11 @@ from ripplekv.allocation.lava_heads import head_floor, lava_head_budgets
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule, top_k_counts
 from ripplekv.models.attention import attention_implementation, supports_per_layer_lengths, uses_varlen_attention
 from ripplekv.models.headwise import headwise_of
-from ripplekv.presses import make_press
 from ripplekv.presses.lava_press import LavaPress, headwise_select
 from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.method_spec import METHOD_TABLE, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
+from ripplekv.presses.registry import make_press
 from ripplekv_eval.fastpath.hidden_tail import hidden_states_needed
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key

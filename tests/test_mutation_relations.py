@@ -22,13 +22,14 @@ import numpy as np
 import pytest
 import torch
 
-from ripplekv.allocation import AllocationConfig, BudgetSpec, compression_ratio_keeping
-from ripplekv.inference import extend, greedy_decode, kept_tokens, prefill
+from ripplekv.allocation.budget import AllocationConfig, BudgetSpec, compression_ratio_keeping
+from ripplekv.inference.generate import extend, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.presses import make_press
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig
+from ripplekv.presses.registry import make_press
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.checkpoint import Checkpoint, SampleScores
 from ripplekv.profiling.sensitivity import (
+    ProfilingConfig,
     assemble_profile,
     calibration_ids,
     checkpoint_key,

@@ -10,16 +10,16 @@ import pytest
 import torch
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress
 
-from ripplekv.allocation import BudgetSpec, UniformSchedule
-from ripplekv.allocation.budget import BudgetSchedule
+from ripplekv.allocation.budget import BudgetSchedule, BudgetSpec
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule
 from ripplekv.allocation.lava import LavaRule
 from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
+from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
-from ripplekv.inference import prefill
+from ripplekv.inference.generate import prefill
 from ripplekv.models.cache import layer_lengths
-from ripplekv.presses import LayerBudgetPress
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from tests.conftest import random_ids, tiny_model
 

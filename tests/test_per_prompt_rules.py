@@ -18,25 +18,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ripplekv.allocation import (
-    CakeRule,
-    CakeStatistic,
-    DynamicKVRule,
-    LavaRule,
-    PerPromptSchedule,
+from ripplekv.allocation.budget import scale_to_total
+from ripplekv.allocation.cake import CakeRule, CakeStatistic, cake_layer_statistic, cake_preferences
+from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, dynamickv_pooled_scores
+from ripplekv.allocation.lava import LavaRule, lava_layer_statistic
+from ripplekv.allocation.per_prompt import PerPromptSchedule, apportion, fill_shares, layer_floor, top_k_counts
+from ripplekv.allocation.schedules import UniformSchedule
+from ripplekv.allocation.squeezeattention import (
     SqueezeAttentionRule,
-    UniformSchedule,
-    cake_layer_statistic,
-    dynamickv_layer_statistic,
-    dynamickv_pooled_scores,
     kmeans_1d,
-    lava_layer_statistic,
-    scale_to_total,
+    squeeze_groups,
     squeeze_layer_statistic,
 )
-from ripplekv.allocation.cake import cake_preferences
-from ripplekv.allocation.per_prompt import apportion, fill_shares, layer_floor, top_k_counts
-from ripplekv.allocation.squeezeattention import squeeze_groups
 from ripplekv_eval.running.budget_rows import row_budget
 
 LN2 = math.log(2.0)

@@ -10,11 +10,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, pipeline
 
-from ripplekv.inference import extend, greedy_decode, prefill
+from ripplekv.inference.generate import extend, greedy_decode, prefill
 from ripplekv.models.attention import uses_varlen_attention
 from ripplekv.models.cache import layer_lengths
-from ripplekv.presses import LayerBudgetPress, make_press
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
+from ripplekv.presses.registry import make_press
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 from tests.conftest import save_tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -19,7 +19,7 @@ from kvpress.utils import get_prerope_query_states
 from ripplekv.inference.generate import prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.headwise import headwise_of
-from ripplekv.presses import make_press
+from ripplekv.presses.registry import make_press
 from ripplekv_eval.fastpath.derive import (
     NotDerivableError,
     compressed_prefill_in_chunks,

@@ -19,26 +19,22 @@ from kvpress import (
     StreamingLLMPress,
 )
 
-from ripplekv.allocation import ProfileSchedule, PyramidSchedule, TokenBudgetError, UniformSchedule
-from ripplekv.inference import extend, greedy_decode, prefill
-from ripplekv.inference.generate import kept_tokens
+from ripplekv.allocation.budget import ProfileSchedule, TokenBudgetError
+from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
+from ripplekv.inference.generate import extend, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention, uses_varlen_attention
 from ripplekv.models.attention_masks import PaddedBatchError
 from ripplekv.models.cache import cache_tensors, layer_lengths
 from ripplekv.models.identity import cached_weights_fingerprint
-from ripplekv.presses import (
-    FRACTION_ONLY_METHODS,
-    METHODS,
-    FullPress,
-    GlobalLayersPress,
-    LayerBudgetPress,
-    RippleKVPress,
-    make_press,
-)
+from ripplekv.presses.full_press import FullPress
+from ripplekv.presses.global_layers_press import GlobalLayersPress
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
-from ripplekv.profiling import ProfileError, ProfileWeightsWarning, ProfilingConfig
+from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS, make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, make_damage_profile
-from ripplekv.profiling.sensitivity import profile_model
+from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 from tests.conftest import random_ids, tiny_model
 from tests.test_profiling import CharTokenizer, _calibration
 

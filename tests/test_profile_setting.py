@@ -23,16 +23,18 @@ from ripplekv.inference.setting import (
 )
 from ripplekv.inference.teacher_forcing import teacher_forced_logprobs
 from ripplekv.models.cache import cache_tensors, lean_fork
-from ripplekv.presses import make_press
+from ripplekv.presses.registry import make_press
 from ripplekv.presses.ripplekv_press import press_setting
-from ripplekv.profiling import ProfileError, ProfilingConfig, SensitivityProfile, profile_model
 from ripplekv.profiling.profile import (
     AppliedSetting,
+    ProfileError,
     ProfileSetting,
+    SensitivityProfile,
     SettingCandidate,
     choose_setting,
     resolve_setting,
 )
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 from ripplekv_eval.fastpath.fidelity import fidelity
 from tests.conftest import random_ids, synthetic_profile, tiny_model
 from tests.test_profiling import CharTokenizer, _calibration
@@ -250,7 +252,7 @@ def test_eval_rows_and_report_record_which_setting_ran(tmp_path: Path) -> None:
     """An evaluation over a profile with a setting: ``ripplekv`` rows ran the profile's setting (recorded in
     ``params`` with ``setting_source`` profile), ``ripplekv:r=4,gamma=3`` the defaults given explicitly, and the
     report lists both. Seeded bug caught: rows recording the spec's values instead of the press's."""
-    from ripplekv.models import load_model
+    from ripplekv.models.loading import load_model
     from ripplekv.profiling.haystack import essays
     from ripplekv_eval.reporting.report import report
     from ripplekv_eval.running.config import EvalConfig

@@ -14,16 +14,10 @@ from transformers import DynamicCache
 
 from ripplekv.models.cache import cache_from_tensors, cache_tensors
 from ripplekv.models.identity import model_identity, weights_fingerprint
-from ripplekv.profiling import (
-    CalibrationSample,
-    CalibrationSet,
-    ProfileError,
-    ProfileWeightsWarning,
-    ProfilingConfig,
-    SensitivityProfile,
-)
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.noise import ContinuationBuffers, noise_generator, norm_adaptive_noise
-from ripplekv.profiling.sensitivity import profile_model, score_sample
+from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning, SensitivityProfile
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model, score_sample
 from tests.conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

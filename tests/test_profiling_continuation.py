@@ -9,10 +9,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from ripplekv.inference import greedy_decode, prefill
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig
-from ripplekv.profiling.calibration import load_jsonl_calibration, load_longbench_calibration
+from ripplekv.inference.generate import greedy_decode, prefill
+from ripplekv.profiling.calibration import (
+    CalibrationSample,
+    CalibrationSet,
+    load_jsonl_calibration,
+    load_longbench_calibration,
+)
 from ripplekv.profiling.sensitivity import (
+    ProfilingConfig,
     calibration_ids,
     checkpoint_key,
     greedy_continuation,

@@ -30,10 +30,11 @@ from transformers import (
 from ripplekv.models import shared_prefix
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import cache_from_tensors, cache_tensors
-from ripplekv.profiling import ProfilingConfig, passes, score_sample
+from ripplekv.profiling import passes
 from ripplekv.profiling.divergence import kl_divergence, relative_change
 from ripplekv.profiling.noise import noise_generator, norm_adaptive_noise
 from ripplekv.profiling.passes import Float32Head, Float32Layers, can_share_prefix
+from ripplekv.profiling.sensitivity import ProfilingConfig, score_sample
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

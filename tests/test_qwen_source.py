@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from ripplekv.cli.main import main
-from ripplekv.models import cache_root, ensure_converted, load_model
-from ripplekv.models.loading import CONVERSION_MARKER
-from ripplekv.models.sources import CACHE_ENV_VAR, QWEN25_CODER_05B, SPLIT_ALIASES, resolve_model_source
+from ripplekv.models.loading import CONVERSION_MARKER, ensure_converted, load_model
+from ripplekv.models.sources import CACHE_ENV_VAR, QWEN25_CODER_05B, SPLIT_ALIASES, cache_root, resolve_model_source
 from ripplekv.models.split_gguf import SplitGGUF, WheelPart
 
 ALIAS = "qwen2.5-coder-0.5b"

@@ -19,11 +19,11 @@ from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.attention_masks import headwise_attention_mask
 from ripplekv.models.chunked_prefill import chunk_bounds, prefill_in_chunks
 from ripplekv.models.layer_types import NoGlobalLayersError, compressed_layers, sliding_layers
-from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import SharedPrefix, shared_prefix_attention
-from ripplekv.presses import make_press
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+from ripplekv.presses.registry import make_press
 from ripplekv_eval.fastpath.derive import recorded_statistics
+from ripplekv_eval.fastpath.padded import KeyValidity, RaggedLayer
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.fastpath.recording_press import MomentsExpectedAttentionPress, QueryMoments
 from ripplekv_eval.fastpath.score_memo import ScoreMemo

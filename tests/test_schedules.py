@@ -14,16 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpress import PyramidKVPress
 
-from ripplekv.allocation import (
+from ripplekv.allocation.budget import (
     AllocationConfig,
     BudgetSchedule,
     BudgetSpec,
     ProfileSchedule,
-    PyramidSchedule,
     TokenBudgetError,
-    UniformSchedule,
     allocate,
 )
+from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
 
 PROPERTY = settings(max_examples=300, deadline=None)
 
@@ -250,7 +249,7 @@ ALLOCATE = ["allocate", "--budget", "0.1", "--prompt-tokens", "2048"]
 @pytest.fixture(scope="module")
 def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 30-layer profile (SmolLM2-135M's shape) with spread-out scores, written as `ripplekv profile` writes it."""
-    from ripplekv.profiling import SensitivityProfile
+    from ripplekv.profiling.profile import SensitivityProfile
 
     kl = tuple(0.001 * (1 + (7 * i) % 11) ** 2 for i in range(30))
     local = tuple(0.1 + 0.02 * ((5 * i) % 13) for i in range(30))
@@ -271,7 +270,7 @@ def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_allocate_schedules_match_the_presses(profile_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ripplekv.cli.main import main
-    from ripplekv.presses import make_press
+    from ripplekv.presses.registry import make_press
 
     for schedule, method in [("uniform", "snapkv"), ("pyramidkv", "pyramidkv"), ("ripplekv", "ripplekv")]:
         assert main([*ALLOCATE, "--profile", str(profile_path), "--schedule", schedule, "--json"]) == 0

@@ -6,9 +6,9 @@ import pytest
 import torch
 from kvpress import KnormPress, RandomPress, SnapKVPress
 
-from ripplekv.inference import prefill
+from ripplekv.inference.generate import prefill
 from ripplekv.models.cache import layer_lengths
-from ripplekv.presses import make_press
+from ripplekv.presses.registry import make_press
 from ripplekv_eval.fastpath.derive import derive_cache, residual_statistics_of
 from ripplekv_eval.fastpath.record import record_prefill
 from ripplekv_eval.fastpath.score_memo import MemoizedScorerPress, ScoreMemo, scorer_key

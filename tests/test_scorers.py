@@ -10,11 +10,11 @@ import pytest
 import torch
 from kvpress import CriticalKVPress, ScorerPress, SnapKVPress
 
-from ripplekv.inference import prefill
+from ripplekv.inference.generate import prefill
 from ripplekv.models.cache import layer_lengths
-from ripplekv.presses import RippleKVPress
 from ripplekv.presses.layer_budget_press import scorer_at_ratio
 from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from tests.conftest import random_ids, tiny_model
 
 SCORES = (1.0, 3.0, 2.0, 0.5)

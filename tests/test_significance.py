@@ -305,13 +305,15 @@ ALLOWED = {
     "typing",
     "numpy",
     "scipy",
+    "ripplekv",
     "ripplekv_eval",
 }
 
 
 def test_the_statistics_module_imports_no_torch() -> None:
     """Only numpy, scipy and the standard library; of ripplekv_eval, the results log and the rows' naming rule of
-    :mod:`ripplekv_eval.sample` (``test_imports`` checks that importing it loads no torch)."""
+    :mod:`ripplekv_eval.sample`, of ripplekv the integer check of its leaf :mod:`ripplekv.validation` (numpy only;
+    ``test_imports`` checks that importing them loads no torch)."""
     tree = ast.parse((ROOT / "src" / "ripplekv_eval" / "reporting" / "stats.py").read_text())
     imported = {
         (node.module if isinstance(node, ast.ImportFrom) else alias.name)
@@ -320,5 +322,5 @@ def test_the_statistics_module_imports_no_torch() -> None:
         for alias in node.names
     }
     assert {name.split(".")[0] for name in imported} <= ALLOWED
-    own = {"ripplekv_eval.running.results", "ripplekv_eval.sample"}
+    own = {"ripplekv_eval.running.results", "ripplekv_eval.sample", "ripplekv.validation"}
     assert {name for name in imported if name.startswith("ripplekv")} <= own

@@ -16,14 +16,16 @@ from kvpress import SnapKVPress
 from transformers import DynamicCache, Gemma3TextConfig, PreTrainedModel
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
-from ripplekv.allocation import BudgetSpec, ProfileSchedule
-from ripplekv.inference import extend, generate_answer, greedy_decode, kept_tokens, prefill
+from ripplekv.allocation.budget import BudgetSpec, ProfileSchedule
+from ripplekv.inference.generate import extend, generate_answer, greedy_decode, kept_tokens, prefill
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.attention_masks import sliding_window_mask
 from ripplekv.models.layer_types import NoGlobalLayersError, compressed_layers, sliding_layers
-from ripplekv.presses import RippleKVPress, make_press
-from ripplekv.profiling import ProfilingConfig, SensitivityProfile, score_sample
+from ripplekv.presses.registry import make_press
+from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv.profiling.passes import can_share_prefix
+from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.profiling.sensitivity import ProfilingConfig, score_sample
 from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
 from ripplekv_eval.fastpath.derive import derived_prefill
 from ripplekv_eval.fastpath.fidelity import teacher_forced_logprobs

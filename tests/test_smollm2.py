@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from ripplekv.inference import generate_answer
-from ripplekv.presses import make_press
-from ripplekv.profiling import ProfilingConfig, SensitivityProfile, profile_model
+from ripplekv.inference.generate import generate_answer
+from ripplekv.presses.registry import make_press
 from ripplekv.profiling.calibration import default_calibration
 from ripplekv.profiling.haystack import build_needle_prompt
+from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 
 pytestmark = [
     pytest.mark.slow,

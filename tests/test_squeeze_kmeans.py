@@ -220,7 +220,7 @@ def test_the_real_similarities_come_from_the_model(smollm2: dict[str, Any]) -> N
     SqueezeAttention press's residual statistic, on SmolLM2-135M-Instruct in float32 on CPU."""
     import torch
 
-    from ripplekv.presses import make_press
+    from ripplekv.presses.registry import make_press
     from ripplekv_eval.fastpath.derive import residual_statistics_of
     from ripplekv_eval.fastpath.record import record_prefill
     from ripplekv_eval.running.config import EvalConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.squeeze_optimality import main, method_clusters, optimal_tops, squeezed_layers
-from ripplekv.allocation import SqueezeAttentionRule
+from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 
 # 0, 0.3, 0.5, 0.6: the optimum is {0}, {0.3}, {0.5, 0.6} (sum of squares 0.005), so layers 2 and 3 are squeezed;
 # Lloyd from the sorted start stopped at {0, 0.3}, {0.5}, {0.6} (0.045) and squeezed layer 3 alone, whose best

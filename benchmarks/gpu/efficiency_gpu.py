@@ -65,10 +65,10 @@ from benchmarks.efficiency import (
     write_result,
 )
 from benchmarks.kv_accounting import synchronize
-from ripplekv.inference import prefill
-from ripplekv.models import model_identity
+from ripplekv.inference.generate import prefill
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.profiling import SensitivityProfile
+from ripplekv.models.identity import model_identity
+from ripplekv.profiling.profile import SensitivityProfile
 
 SCHEMA = "ripplekv-gpu-check/1"
 RESULT_NAME = "gpu-check.json"

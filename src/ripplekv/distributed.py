@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
+from ripplekv.validation import check_int
+
 logger = logging.getLogger(__name__)
 
 RAY_INSTALL = "pip install 'ripplekv[ray]'"
@@ -32,8 +34,7 @@ def require_ray() -> ModuleType:
 
 def check_workers(workers: object, name: str = "workers") -> None:
     """Raise ValueError unless ``workers`` is an integer >= 1."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {workers!r}")
+    check_int(name, workers)
 
 
 @contextmanager

@@ -1,10 +1,15 @@
 """One writer per output (an evaluation folder, a profile's checkpoint): a second run stops at once instead of
 cutting the first's half-written line or appending rows twice. ``filelock``'s OS lock goes with the process, so a
-killed run leaves the output free."""
+killed run leaves the output free. A file written whole (:func:`atomic_write`) is never seen half-written."""
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 from filelock import FileLock, Timeout
 
@@ -24,3 +29,21 @@ def writer_lock(path: Path, what: str) -> FileLock:
             f"{what} is being written by another run: wait for it to finish, or write elsewhere"
         ) from None
     return lock
+
+
+@contextmanager
+def atomic_write(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
+    """A new file to write ``path``'s content into (its folder created): a hidden temporary beside it
+    (``.<name>.<pid>-<hex>.tmp``), flushed, synced and renamed onto ``path`` when the block ends, removed when it
+    raises, so ``path`` holds the old content or the new, never part of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with tmp.open("xb" if binary else "x") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

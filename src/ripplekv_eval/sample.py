@@ -54,14 +54,6 @@ def row_scorer(row: Mapping[str, Any], scored: set[str]) -> str | None:
     return DEFAULT_SCORER if str(row["method"]) in scored else None
 
 
-def check_int(name: str, value: object, minimum: int = 1, allow_none: bool = False) -> None:
-    """Raise ValueError naming ``name`` unless ``value`` is an integer >= ``minimum`` (or None when ``allow_none``)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ripplekv.inference.generate import chat_prompt_parts
 from ripplekv.profiling.haystack import NeedlePrompt, build_needle_prompt
-from ripplekv_eval.sample import EvalSample, check_int, use_chat_template
+from ripplekv.validation import check_int
+from ripplekv_eval.sample import EvalSample, use_chat_template
 from ripplekv_eval.tasks import longbench, ruler
 from ripplekv_eval.tasks.longbench import check_record, iter_json_lines
 from ripplekv_eval.tasks.metrics import METRICS

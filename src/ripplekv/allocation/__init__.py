@@ -2,79 +2,44 @@
 (:mod:`~ripplekv.allocation.budget`), the baselines' schedules (:mod:`~ripplekv.allocation.schedules`: SnapKV,
 PyramidKV), and the per-prompt rules decided from prefill statistics (:mod:`~ripplekv.allocation.per_prompt`: CAKE,
 SqueezeAttention, DynamicKV, LAVa).
+
+The names below resolve on first use (PEP 562): importing this package imports none of its modules.
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import Any
 
-from ripplekv.allocation.budget import (
-    DEFAULT_CONFIG,
-    DEFAULT_GAMMA,
-    DEFAULT_RATIO,
-    Allocation,
-    AllocationConfig,
-    BudgetSchedule,
-    BudgetSpec,
-    ProfileSchedule,
-    TokenBudgetError,
-    allocate,
-    compression_ratio_keeping,
-    layer_weights,
-    normalize_scores,
-    scale_to_total,
-    validate_scores,
-)
-from ripplekv.allocation.cake import CakeRule, CakeStatistic, cake_layer_statistic
-from ripplekv.allocation.dynamickv import (
-    DynamicKVRule,
-    DynamicKVStatistic,
-    dynamickv_layer_statistic,
-    dynamickv_pooled_scores,
-)
-from ripplekv.allocation.lava import LavaRule, LavaStatistic, lava_layer_statistic
-from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
-from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
-from ripplekv.allocation.squeezeattention import (
-    SqueezeAttentionRule,
-    SqueezeStatistic,
-    kmeans_1d,
-    squeeze_layer_statistic,
-)
+_MODULES = {
+    "budget": (
+        "DEFAULT_CONFIG",
+        "DEFAULT_GAMMA",
+        "DEFAULT_RATIO",
+        "Allocation",
+        "AllocationConfig",
+        "BudgetSchedule",
+        "BudgetSpec",
+        "ProfileSchedule",
+        "TokenBudgetError",
+        "allocate",
+        "compression_ratio_keeping",
+        "layer_weights",
+        "normalize_scores",
+        "scale_to_total",
+        "validate_scores",
+    ),
+    "cake": ("CakeRule", "CakeStatistic", "cake_layer_statistic"),
+    "dynamickv": ("DynamicKVRule", "DynamicKVStatistic", "dynamickv_layer_statistic", "dynamickv_pooled_scores"),
+    "lava": ("LavaRule", "LavaStatistic", "lava_layer_statistic"),
+    "per_prompt": ("PerPromptRule", "PerPromptSchedule"),
+    "schedules": ("PyramidSchedule", "UniformSchedule"),
+    "squeezeattention": ("SqueezeAttentionRule", "SqueezeStatistic", "kmeans_1d", "squeeze_layer_statistic"),
+}
+# public name -> the module that defines it
+_EXPORTS = {name: f"ripplekv.allocation.{module}" for module, names in _MODULES.items() for name in names}
 
-__all__ = [
-    "DEFAULT_CONFIG",
-    "DEFAULT_GAMMA",
-    "DEFAULT_RATIO",
-    "Allocation",
-    "AllocationConfig",
-    "BudgetSchedule",
-    "BudgetSpec",
-    "CakeRule",
-    "CakeStatistic",
-    "DynamicKVRule",
-    "DynamicKVStatistic",
-    "LavaRule",
-    "LavaStatistic",
-    "PerPromptRule",
-    "PerPromptSchedule",
-    "ProfileSchedule",
-    "PyramidSchedule",
-    "SqueezeAttentionRule",
-    "SqueezeStatistic",
-    "TokenBudgetError",
-    "UniformSchedule",
-    "allocate",
-    "cake_layer_statistic",
-    "compression_ratio_keeping",
-    "dynamickv_layer_statistic",
-    "dynamickv_pooled_scores",
-    "kmeans_1d",
-    "lava_layer_statistic",
-    "layer_weights",
-    "normalize_scores",
-    "scale_to_total",
-    "squeeze_layer_statistic",
-    "validate_scores",
-]
+__all__ = sorted(_EXPORTS)
 
 REMOVED: dict[str, str] = {
     "allocate_budgets": "allocate(scores, ...).budgets",
@@ -87,7 +52,15 @@ REMOVED: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
-    """Raise ``ImportError`` naming the replacement of a removed name; ``AttributeError`` for any other."""
+    """Import a public name's module on first use; ``ImportError`` naming the replacement of a removed name."""
     if name in REMOVED:
         raise ImportError(f"ripplekv.allocation.{name} is gone: use {REMOVED[name]}")
-    raise AttributeError(f"module 'ripplekv.allocation' has no attribute {name!r}")
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ripplekv.allocation' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

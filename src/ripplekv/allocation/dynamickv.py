@@ -24,7 +24,6 @@ import numpy as np
 from ripplekv.allocation.per_prompt import (
     PerPromptRule,
     apportion,
-    check_int,
     check_pooling,
     check_positive,
     check_rule_call,
@@ -33,6 +32,7 @@ from ripplekv.allocation.per_prompt import (
     pool_keys,
     top_k_counts,
 )
+from ripplekv.validation import check_int
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +71,7 @@ def dynamickv_layer_statistic(pooled_scores: torch.Tensor, keep: int | None = No
     if pooled_scores.dim() != 3 or pooled_scores.numel() == 0:
         raise ValueError(f"pooled_scores must be a non-empty (batch, heads, keys) tensor, got {pooled_scores.shape}")
     if keep is not None:
-        check_int("dynamickv_layer_statistic", "keep", keep, 1)
+        check_int("dynamickv_layer_statistic.keep", keep, 1)
     values = pooled_scores.detach().to(torch.float64).reshape(-1).cpu().numpy()
     if not np.isfinite(values).all():
         raise ValueError("pooled_scores must be finite")
@@ -90,7 +90,7 @@ def _check_stats(stats: Sequence[Sequence[object]]) -> tuple[list[np.ndarray], i
         array = np.asarray(fields[0], dtype=np.float64).reshape(-1)
         if array.size == 0 or not np.isfinite(array).all():
             raise ValueError(f"layer {layer}: DynamicKV scores must be a non-empty array of finite values")
-        check_int(f"DynamicKV statistic of layer {layer}", "heads", fields[1], 1)
+        check_int(f"DynamicKV statistic of layer {layer}.heads", fields[1], 1)
         arrays.append(array)
         heads.add(int(fields[1]))  # type: ignore[call-overload]
     if len(heads) != 1:
@@ -119,7 +119,7 @@ class DynamicKVRule(PerPromptRule):
     def __post_init__(self) -> None:
         check_pooling("DynamicKVRule", self.kernel_size, self.pooling)
         check_positive("DynamicKVRule", "radio_max", self.radio_max, minimum=1.0, strict=False)
-        check_int("DynamicKVRule", "update_interval", self.update_interval, 1)
+        check_int("DynamicKVRule.update_interval", self.update_interval, 1)
 
     def layer_statistic(  # type: ignore[override]
         self, window_attention: torch.Tensor, keep: int | None = None

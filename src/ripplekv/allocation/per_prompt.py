@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ripplekv.allocation.budget import BudgetSpec, largest_remainder
-from ripplekv.validation import is_integer, is_real
+from ripplekv.validation import check_int, is_integer, is_real
 
 if TYPE_CHECKING:
     import torch
@@ -247,19 +247,13 @@ def check_positive(owner: str, name: str, value: object, *, minimum: float = 0.0
         raise ValueError(f"{owner}.{name} must be a finite number {relation} {minimum:g}, got {value!r}")
 
 
-def check_int(owner: str, name: str, value: object, minimum: int) -> None:
-    """Raise ``ValueError`` naming ``owner.name`` unless ``value`` is an integer ``>= minimum``."""
-    if not is_integer(value) or value < minimum:  # type: ignore[operator]
-        raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}")
-
-
 POOLINGS: tuple[str, ...] = ("avgpool", "maxpool")
 """The pooling of window-attention scores along the keys that DynamicKV and LAVa offer."""
 
 
 def check_pooling(owner: str, kernel_size: object, pooling: object) -> None:
     """Raise ``ValueError`` naming ``owner`` unless ``kernel_size`` is an odd integer ``>= 1`` and ``pooling`` known."""
-    check_int(owner, "kernel_size", kernel_size, 1)
+    check_int(f"{owner}.kernel_size", kernel_size, 1)
     if int(kernel_size) % 2 == 0:  # type: ignore[call-overload]
         raise ValueError(f"{owner}.kernel_size must be odd (pooling keeps the keys' length), got {kernel_size}")
     if pooling not in POOLINGS:
@@ -282,7 +276,7 @@ class PerPromptSchedule:
         if not isinstance(self.rule, PerPromptRule):
             raise TypeError(f"PerPromptSchedule.rule must be a PerPromptRule, got {type(self.rule).__name__}")
         BudgetSpec(self.budget, self.tokens)  # exactly one, each valid
-        check_int("PerPromptSchedule", "window_size", self.window_size, 0)
+        check_int("PerPromptSchedule.window_size", self.window_size, 0)
 
     @property
     def spec(self) -> BudgetSpec:

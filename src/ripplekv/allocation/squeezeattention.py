@@ -20,13 +20,13 @@ import numpy as np
 from ripplekv.allocation.per_prompt import (
     PerPromptRule,
     apportion,
-    check_int,
     check_positive,
     check_rule_call,
     even_split,
     finite_array,
     layer_floor,
 )
+from ripplekv.validation import check_int
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +124,7 @@ def kmeans_1d(values: Sequence[float], n_clusters: int = 3) -> tuple[tuple[int, 
     array = finite_array(values, "values to cluster", nonnegative=False)
     if array.size == 0:
         raise ValueError("kmeans_1d needs at least one value")
-    check_int("kmeans_1d", "n_clusters", n_clusters, 1)
+    check_int("kmeans_1d.n_clusters", n_clusters, 1)
     ordered, counts = np.unique(array, return_counts=True)
     k = min(int(n_clusters), int(ordered.size))
     cuts = _optimal_bounds(ordered, counts, k)
@@ -162,7 +162,7 @@ class SqueezeAttentionRule(PerPromptRule):
         check_positive("SqueezeAttentionRule", "p", self.p)
         if float(self.p) > 1:
             raise ValueError(f"SqueezeAttentionRule.p must be <= 1 (class 3 is squeezed), got {self.p!r}")
-        check_int("SqueezeAttentionRule", "n_clusters", self.n_clusters, 2)
+        check_int("SqueezeAttentionRule.n_clusters", self.n_clusters, 2)
 
     def layer_statistic(  # type: ignore[override]
         self, residual_in: torch.Tensor, attention_output: torch.Tensor

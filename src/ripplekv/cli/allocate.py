@@ -66,14 +66,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv allocate`` with parsed ``args``: print the budgets table (or JSON); return the exit status."""
-    from ripplekv.allocation import (
-        AllocationConfig,
-        BudgetSpec,
-        ProfileSchedule,
-        PyramidSchedule,
-        UniformSchedule,
-        allocate,
-    )
+    from ripplekv.allocation.budget import AllocationConfig, BudgetSpec, ProfileSchedule, allocate
+    from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
     from ripplekv.profiling.profile import resolve_setting
 
     profile = load_profile(args.profile, required=args.schedule in PROFILE_SCHEDULES and not args.compare)

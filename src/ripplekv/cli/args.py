@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ripplekv.profiling import SensitivityProfile
+    from ripplekv.profiling.profile import SensitivityProfile
 
 
 def budget_arg(text: str) -> float:
@@ -183,7 +183,7 @@ def on_ray(args: argparse.Namespace) -> bool:
 
 def load_profile(path: str | None, required: bool) -> SensitivityProfile | None:
     """The profile at ``path``; None when no path is given, unless ``required`` (then exit with an error)."""
-    from ripplekv.profiling import SensitivityProfile
+    from ripplekv.profiling.profile import SensitivityProfile
 
     if path is None:
         if required:

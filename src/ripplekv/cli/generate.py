@@ -19,9 +19,8 @@ from ripplekv.cli.args import (
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``generate`` subcommand to ``subparsers``; return its parser."""
-    from ripplekv.inference import PROTOCOLS
-    from ripplekv.presses import METHODS
-    from ripplekv.presses.registry import DEFAULT_WINDOW
+    from ripplekv.inference.generate import PROTOCOLS
+    from ripplekv.presses.registry import DEFAULT_WINDOW, METHODS
 
     g = subparsers.add_parser(
         "generate",
@@ -60,9 +59,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv generate`` with parsed ``args``: print the answer and cache sizes; return the exit status."""
-    from ripplekv.inference import generate_answer
-    from ripplekv.models import load_model
-    from ripplekv.presses import make_press
+    from ripplekv.inference.generate import generate_answer
+    from ripplekv.models.loading import load_model
+    from ripplekv.presses.registry import make_press
     from ripplekv.presses.ripplekv_press import press_setting
 
     profile = load_profile(args.profile, required=args.method.startswith("ripplekv"))

@@ -139,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ripplekv.inference.setting import SettingGrid, SettingSelector, profile_with_setting
-    from ripplekv.models import load_model
-    from ripplekv.profiling import ProfilingConfig, load_calibration
+    from ripplekv.models.loading import load_model
+    from ripplekv.profiling.calibration import load_calibration
+    from ripplekv.profiling.sensitivity import ProfilingConfig
 
     config = ProfilingConfig(
         alpha=args.alpha,

@@ -37,6 +37,7 @@ from ripplekv.models.headwise import attention_modules
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.presses.registry import DEFAULT_WINDOW, make_press
+from ripplekv.presses.selection_window import scorer_window
 from ripplekv.profiling.calibration import CalibrationSet
 from ripplekv.profiling.profile import ProfileSetting, SensitivityProfile, SettingCandidate, choose_setting
 from ripplekv.profiling.sensitivity import (
@@ -136,7 +137,7 @@ class ScoreRecorder(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        window = int(getattr(self.press, "window_size", 0) or 0)
+        window = scorer_window(self.press)
         if module.layer_idx in compressed_layers(module.config) and keys.shape[2] > window:
             self.scores[module.layer_idx] = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
         return keys, values

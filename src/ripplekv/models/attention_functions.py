@@ -1,7 +1,9 @@
 """The attention functions registered as ``ripplekv_sdpa`` and ``ripplekv_eager``: exactly ``sdpa`` and ``eager``
 on uniform caches. A pass carries its cache (:data:`CACHE_KWARG`, handed on by the attention modules' pre-hook,
-:func:`ripplekv.models.attention.read_cache_masks`) and the layer decides: a ``RaggedLayer`` attends row by row, a
-``MaskedLayer`` excludes its masked entries, any other layer gets its mask fitted."""
+:func:`ripplekv.models.attention.read_cache_masks`) and the layer decides: a layer with an ``attend(module, query,
+scaling, window)`` method attends itself (the harness's ragged batches), a ``MaskedLayer`` excludes its masked
+entries, any other layer gets its mask fitted. A ``key_validity`` keyword (the harness's padded batches) gives the
+mask through its ``additive_mask(module, query, key)``."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ripplekv.models.attention_masks import fit_attention_mask, sliding_layer_mask, sliding_window_mask
 from ripplekv.models.headwise import MASKED_KEYS, headwise_of
-from ripplekv.models.padded import KeyValidity, RaggedLayer
 from ripplekv.models.shared_prefix import shared_prefix_attention
 
 CACHE_KWARG = "ripplekv_cache"
@@ -62,51 +63,6 @@ def sdpa_gqa_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _validity_mask(
-    module: torch.nn.Module, validity: KeyValidity, query: torch.Tensor, key: torch.Tensor
-) -> torch.Tensor:
-    """The additive mask of a pass over a padded batch of caches, on the cache's device (replaces layer 0's)."""
-    if not isinstance(validity, KeyValidity):
-        raise TypeError(f"key_validity must be a KeyValidity, got {type(validity).__name__}")
-    if getattr(module, MASKED_KEYS, None) is not None:
-        raise ValueError(f"a padded batch carries head-wise masks in its key validity, not in {MASKED_KEYS}")
-    if validity.rows != query.shape[0]:
-        raise ValueError(f"key validity for {validity.rows} rows, the pass has {query.shape[0]}")
-    allowed = validity.mask(module.layer_idx, query.shape[2], key.shape[2], query.shape[1])
-    # Additive even for sdpa: torch's CPU kernel converts a boolean mask to this on every call (slower).
-    return torch.zeros(allowed.shape, dtype=query.dtype, device=allowed.device).masked_fill(
-        ~allowed, torch.finfo(query.dtype).min
-    )
-
-
-def _ragged_attention(
-    module: torch.nn.Module, query: torch.Tensor, layer: RaggedLayer, scaling: float | None, window: int | None = None
-) -> torch.Tensor:
-    """Each row's queries over that row's own keys and values; a sliding layer's also get its ``window`` mask."""
-    if getattr(module, MASKED_KEYS, None) is not None:
-        raise ValueError(f"a ragged batch carries head-wise masks in its rows, not in {MASKED_KEYS}")
-    heads, query_len = query.shape[1], query.shape[2]
-    outputs = []
-    for row in range(query.shape[0]):
-        keys, values = layer.row(row)
-        mask = layer.row_mask(row, query_len, heads)  # on the row's buffers' device
-        band = None if window is None else sliding_window_mask(query_len, keys.shape[2], window, device=keys.device)
-        if band is not None:
-            mask = band if mask is None else mask & band
-        outputs.append(
-            torch.nn.functional.scaled_dot_product_attention(
-                query[row : row + 1],
-                keys,
-                values,
-                attn_mask=mask,
-                scale=scaling,
-                is_causal=False,
-                enable_gqa=heads != keys.shape[1],
-            )
-        )
-    return torch.cat(outputs, dim=0).transpose(1, 2).contiguous()
-
-
 def varlen_attention_function(base_name: str, default: Callable, additive: bool) -> Callable:
     """The attention function registered as ``ripplekv_<base_name>`` (``sdpa`` or ``eager``).
 
@@ -135,8 +91,9 @@ def varlen_attention_function(base_name: str, default: Callable, additive: bool)
             return shared_prefix_attention(query, key, value, shared, kwargs.get("scaling")), None
         cache = kwargs.pop(CACHE_KWARG, None)
         layer = None if cache is None else cache.layers[module.layer_idx]
-        if isinstance(layer, RaggedLayer):  # caches of their own lengths, attended row by row
-            return _ragged_attention(module, query, layer, kwargs.get("scaling"), window), None
+        attend = getattr(layer, "attend", None)
+        if attend is not None:  # a layer that attends itself (the harness's RaggedLayer: row by row)
+            return attend(module, query, kwargs.get("scaling"), window), None
         headwise = headwise_of(layer)
         if headwise is not None:  # the layer's head-wise masked entries (AdaKV), excluded exactly
             if window is not None or additive:
@@ -152,8 +109,10 @@ def varlen_attention_function(base_name: str, default: Callable, additive: bool)
         beyond_window = window is not None and key.shape[2] > window
         if base_name == "sdpa" and validity is None and attention_mask is None and not masked and not beyond_window:
             return sdpa_gqa_forward(module, query, key, value, None, dropout, **kwargs)  # causal offset, no dense mask
-        if validity is not None:  # a padded batch of compressed caches (see ripplekv.models.padded)
-            mask = _validity_mask(module, validity, query, key)
+        if validity is not None:  # a padded batch of compressed caches (the harness's KeyValidity)
+            if not callable(getattr(validity, "additive_mask", None)):
+                raise TypeError(f"key_validity must have an additive_mask method, got {type(validity).__name__}")
+            mask = validity.additive_mask(module, query, key)
             band = None
             if window is not None:
                 band = sliding_window_mask(query.shape[2], key.shape[2], window, device=mask.device)

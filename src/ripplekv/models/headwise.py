@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from ripplekv.models.attention_masks import headwise_attention_mask
+from ripplekv.models.decoder import find_decoder
 
 MASKED_KEYS = "masked_key_indices"
 """kvpress's attention-module attribute for head-wise masks: ``(batch, kv_head, position)`` index tensors."""
@@ -92,12 +93,13 @@ def headwise_of(layer: object) -> HeadwiseMask | None:
 
 
 def attention_modules(model: PreTrainedModel) -> list[nn.Module]:
-    """The attention module of every decoder layer (``model.model[.language_model].layers[i].self_attn``)."""
-    inner = getattr(model, "model", None)
-    layers = getattr(getattr(inner, "language_model", inner), "layers", None)
+    """The attention module of every decoder layer (``model.get_decoder().layers[i].self_attn``)."""
+    decoder = find_decoder(model)
+    layers = None if decoder is None else decoder.layers
     if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
         raise TypeError(
-            f"cannot find the attention modules of {type(model).__name__} (expected model.model.layers[i].self_attn)"
+            f"cannot find the attention modules of {type(model).__name__} "
+            "(expected model.get_decoder().layers[i].self_attn)"
         )
     return [layer.self_attn for layer in layers]
 

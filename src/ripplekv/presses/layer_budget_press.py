@@ -16,7 +16,7 @@ from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.scorers import check_attention_weights
-from ripplekv.presses.selection_window import check_compressible
+from ripplekv.presses.selection_window import check_compressible, scorer_window
 from ripplekv.validation import is_integer
 
 __all__ = ["LayerBudgetPress", "global_schedule", "scorer_at_ratio"]
@@ -67,7 +67,7 @@ class LayerBudgetPress(BasePress):
     @property
     def window(self) -> int:
         """The scorer's observation window (0 if it has none)."""
-        return int(getattr(self.press, "window_size", 0) or 0)
+        return scorer_window(self.press)
 
     @property
     def floor(self) -> int:

@@ -39,12 +39,13 @@ from ripplekv.allocation.budget import TokenBudgetError
 from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.cache import dynamic_layer
+from ripplekv.models.decoder import decoder_layers
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.scorers import check_attention_weights
-from ripplekv.presses.selection_window import check_compressible
+from ripplekv.presses.selection_window import check_compressible, scorer_window
 from ripplekv.validation import is_integer
 
-__all__ = ["DEFAULT_STATISTIC_WINDOW", "RESIDUAL_STATISTICS", "PerPromptBudgetPress", "scorer_window", "select_top"]
+__all__ = ["DEFAULT_STATISTIC_WINDOW", "RESIDUAL_STATISTICS", "PerPromptBudgetPress", "select_top"]
 
 RESIDUAL_STATISTICS = frozenset({"residual_in", "attention_output"})
 """Statistic inputs the attention hook of kvpress does not receive as compression inputs: the decoder layer's
@@ -53,12 +54,6 @@ input residual stream and the attention output. Rules reading them are computed 
 
 DEFAULT_STATISTIC_WINDOW = 64
 """The statistics' observation window under a scorer without one (kvpress's SnapKV default)."""
-
-
-def scorer_window(press: ScorerPress) -> int:
-    """The observation window a scorer keeps in every layer whatever its scores: SnapKV's ``window_size`` (its
-    scores of the window are set to the maximum), 0 for a scorer without one."""
-    return int(getattr(press, "window_size", 0) or 0)
 
 
 def select_top(keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, n_kept: int) -> tuple:
@@ -252,8 +247,7 @@ class PerPromptBudgetPress(BasePress):
         its own context, not this one: such a rule under it is refused at its first layer."""
         handles = []
         if self.needs_residual:
-            decoder = model.model.language_model if hasattr(model.model, "language_model") else model.model
-            for layer in decoder.layers:
+            for layer in decoder_layers(model):
                 handles.append(layer.register_forward_pre_hook(self._residual_hook(layer), with_kwargs=True))
         try:
             with super().__call__(model):

@@ -9,11 +9,17 @@ from kvpress.presses.base_press import BasePress
 from ripplekv.models.attention_masks import PaddedBatchError
 
 
+def scorer_window(press: object) -> int:
+    """A press's own observation window, its ``window_size`` (SnapKV's: the scorer keeps it in every layer whatever
+    its scores), 0 for a press without one."""
+    return int(getattr(press, "window_size", 0) or 0)
+
+
 def selection_window(press: BasePress | None) -> int:
     """The observation window a press needs at the end of the prompt (0 if none), its wrapped press's included."""
     window = 0
     while press is not None:
-        window = max(window, int(getattr(press, "window_size", 0) or 0))
+        window = max(window, scorer_window(press))
         press = getattr(press, "press", None)
     return window
 

@@ -23,6 +23,7 @@ from ripplekv.profiling.haystack import (
     essays,
     token_stream,
 )
+from ripplekv.validation import check_int
 
 _JSONL_FIELDS = ("context", "continuation")
 _LONGBENCH_FIELDS = ("input", "context", "answers")
@@ -74,14 +75,9 @@ class CalibrationSet:
         return iter(self.samples)
 
 
-def _check_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _check_n_samples(n_samples: int | None) -> None:
     if n_samples is not None:
-        _check_positive("n_samples", n_samples)
+        check_int("n_samples", n_samples)
 
 
 def _take(samples: list[CalibrationSample], n_samples: int | None, where: str) -> tuple[CalibrationSample, ...]:
@@ -108,9 +104,9 @@ def default_calibration(
     essays (re-tokenized, a decoded context has ``context_tokens`` up to a token or two at the cuts). Raises
     EssayCorpusMissingError without the essay package, ValueError beyond the whole corpus.
     """
-    _check_positive("n_samples", n_samples)
-    _check_positive("context_tokens", context_tokens)
-    _check_positive("continuation_tokens", continuation_tokens)
+    check_int("n_samples", n_samples)
+    check_int("context_tokens", context_tokens)
+    check_int("continuation_tokens", continuation_tokens)
     corpus = essays()
     rng = random.Random(seed)
     order = list(range(len(corpus)))

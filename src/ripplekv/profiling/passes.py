@@ -22,6 +22,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ripplekv.models.attention import uses_varlen_attention
 from ripplekv.models.cache import KVPair, PassThroughLayer, cache_from_layers
+from ripplekv.models.decoder import find_decoder
 from ripplekv.models.layer_types import sliding_layers
 from ripplekv.models.shared_prefix import SharedPrefix
 from ripplekv.profiling.divergence import ReferenceDistribution, kl_divergence, relative_change
@@ -146,8 +147,8 @@ class Float32Layers:
 
 def decoder_of(model: PreTrainedModel) -> nn.Module:
     """The decoder stack (``layers`` and final ``norm``) of a causal LM."""
-    decoder = model.get_decoder()
-    if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
+    decoder = find_decoder(model)
+    if decoder is None or not hasattr(decoder, "norm"):
         raise ValueError(f"{type(model).__name__} has no decoder `layers`/`norm`: not a supported architecture")
     return decoder
 

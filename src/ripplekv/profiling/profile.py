@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ripplekv.allocation.budget import DEFAULT_GAMMA, DEFAULT_RATIO, AllocationConfig
+from ripplekv.locking import atomic_write
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -411,16 +411,9 @@ class SensitivityProfile:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
+    """Write ``data`` as JSON to ``path`` whole (:func:`~ripplekv.locking.atomic_write`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        json.dump(data, f, indent=2, allow_nan=False)
+        f.write("\n")
     return path

@@ -24,8 +24,8 @@ from scipy.stats import ConstantInputWarning, pearsonr, rankdata, spearmanr
 
 from ripplekv.allocation.schedules import PyramidSchedule
 from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.validation import check_int
 from ripplekv_eval.running.budget_rows import row_budget
-from ripplekv_eval.sample import check_int
 
 SUMMARY_FORMAT = "ripplekv-analysis/1"
 PREDICTORS = ("profile_kl", "profile_local", "depth", "pyramidkv")

@@ -30,6 +30,7 @@ from ripplekv.presses.method_spec import parse_method
 from ripplekv.presses.scorers import DEFAULT_SCORER
 from ripplekv.profiling.damage_profile import make_damage_profile
 from ripplekv.profiling.profile import ProfileError, SensitivityProfile, write_json_atomic
+from ripplekv.validation import check_int
 from ripplekv_eval.analysis.damage import DAMAGE_METHOD, DamageRunner
 from ripplekv_eval.analysis.report import summarize
 from ripplekv_eval.analysis.tuning import TUNE_METHOD, TuneConfig, TuneRunner, split_samples
@@ -38,7 +39,7 @@ from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RunResult, open_results, run_pending
 from ripplekv_eval.running.runner import build_samples, resolve_config
-from ripplekv_eval.sample import EvalSample, check_int
+from ripplekv_eval.sample import EvalSample
 from ripplekv_eval.suites import get_suite
 
 DAMAGE_FILE = "damage.jsonl"
@@ -120,15 +121,14 @@ def run_analysis(
     progress: bool = True,
 ) -> RunResult:
     """Run (or resume) the analysis ``config`` into ``out`` (the model loaded unless given with its tokenizer)."""
-    from ripplekv.models import model_identity
-    from ripplekv.models.identity import weights_fingerprint
+    from ripplekv.models.identity import model_identity, weights_fingerprint
     from ripplekv.version import __version__
 
     start = time.perf_counter()
     options = replace(config.eval, methods=(DAMAGE_METHOD,), score="fidelity")
     profile = SensitivityProfile.load(options.profile) if options.profile is not None else None
     if model is None or tokenizer is None:
-        from ripplekv.models import load_model
+        from ripplekv.models.loading import load_model
 
         model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device)
     if profile is not None:
@@ -192,13 +192,13 @@ def run_tune(
     progress: bool = True,
 ) -> RunResult:
     """Run (or resume) the tuning ``config`` into ``out``; see the module docstring."""
-    from ripplekv.models import model_identity
+    from ripplekv.models.identity import model_identity
 
     start = time.perf_counter()
     options = replace(config.eval, methods=("snapkv",), score="fidelity", profile=None)
     profiles = {label: SensitivityProfile.load(path) for label, path in config.profiles.items()}
     if model is None or tokenizer is None:
-        from ripplekv.models import load_model
+        from ripplekv.models.loading import load_model
 
         model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device)
     for label, profile in profiles.items():

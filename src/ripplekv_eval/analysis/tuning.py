@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ripplekv.allocation import DEFAULT_GAMMA, DEFAULT_RATIO
+from ripplekv.allocation.budget import DEFAULT_GAMMA, DEFAULT_RATIO
 from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode, kept_tokens
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.headwise import headwise_of
@@ -32,6 +32,7 @@ from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS_WITHOUT_SCORER, make_press
 from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
 from ripplekv.profiling.profile import SensitivityProfile
+from ripplekv.validation import check_int
 from ripplekv_eval.fastpath.batched import batched_teacher_forced_logprobs
 from ripplekv_eval.fastpath.derive import compressed_prefill, recorded_statistics, residual_statistics_of
 from ripplekv_eval.fastpath.fidelity import fidelity, teacher_forced_logprobs
@@ -41,7 +42,7 @@ from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv_eval.running.budget_rows import budget_value, row_budget
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.rows import greedy_agreement
-from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample, check_int
+from ripplekv_eval.sample import MIN_NEW_TOKENS, EvalSample
 
 TUNE_METHOD = "ripplekv"
 DEFAULT_RATIOS: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 def add_suite_args(p: argparse.ArgumentParser, budgets_help: str, max_new_tokens: int | None, answer_help: str) -> None:
     """Add the model, the suite and its options, the budgets and the answer cap (``--max-new-tokens``)."""
-    from ripplekv.inference import PROTOCOLS
+    from ripplekv.inference.generate import PROTOCOLS
     from ripplekv.presses.registry import DEFAULT_WINDOW
     from ripplekv_eval.running.config import CHAT_TEMPLATE_MODES
     from ripplekv_eval.suites import (
@@ -117,8 +117,7 @@ def add_suite_args(p: argparse.ArgumentParser, budgets_help: str, max_new_tokens
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` subcommand to ``subparsers`` (the ``ripplekv`` command's); return its parser."""
     from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK
-    from ripplekv.presses import METHODS
-    from ripplekv.presses.registry import METHODS_WITHOUT_SCORER
+    from ripplekv.presses.registry import METHODS, METHODS_WITHOUT_SCORER
     from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
     from ripplekv_eval.running.config import DECODE_MODES, DEFAULT_METHODS, SCORE_MODES
     from ripplekv_eval.suites import JSONL_MAX_NEW_TOKENS

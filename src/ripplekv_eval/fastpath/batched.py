@@ -20,9 +20,9 @@ from ripplekv.inference.generate import Prefill, cache_forward
 from ripplekv.models.attention import unsupported_implementation_message, uses_varlen_attention
 from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, dynamic_layer
 from ripplekv.models.headwise import MaskedLayer, headwise_of
-from ripplekv.models.padded import KeyValidity, RaggedLayer
+from ripplekv.validation import check_int
 from ripplekv_eval.fastpath.fidelity import check_tokens, teacher_forced_logprobs
-from ripplekv_eval.sample import check_int
+from ripplekv_eval.fastpath.padded import KeyValidity, RaggedLayer
 
 
 def compact_heads(
@@ -217,7 +217,7 @@ def check_rows(rows: Sequence[DecodeRow], room: int) -> None:
 
 
 def ragged_cache_of(rows: Sequence[DecodeRow]) -> DynamicCache:
-    """One :class:`~ripplekv.models.padded.RaggedLayer` per layer over the rows' buffers (not copied)."""
+    """One :class:`~ripplekv_eval.fastpath.padded.RaggedLayer` per layer over the rows' buffers (not copied)."""
     layers = []
     for index in range(len(rows[0].buffers)):
         first_keys, first_values = rows[0].buffers[index]

@@ -21,6 +21,7 @@ from ripplekv.allocation.per_prompt import TokenStatistic
 from ripplekv.inference.generate import prefill
 from ripplekv.models.cache import cache_from_tensors
 from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, chunk_bounds, prefill_in_chunks
+from ripplekv.models.decoder import decoder_layers
 from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL
 from ripplekv_eval.fastpath.recording_press import LayerRecord, RecordingPress
 from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
@@ -102,8 +103,7 @@ def record_prefill(
     handles = []
     if residual_statistics:
         residual: dict[int, torch.Tensor] = {}
-        decoder = model.model.language_model if hasattr(model.model, "language_model") else model.model
-        for index, layer in enumerate(decoder.layers):
+        for index, layer in enumerate(decoder_layers(model)):
 
             def keep(module: nn.Module, args: tuple, kwargs: dict, index: int = index) -> None:
                 residual[index] = args[0] if args else kwargs["hidden_states"]

@@ -16,9 +16,9 @@ from torch import nn
 from transformers import DynamicCache
 
 from ripplekv.models.attention_functions import CACHE_KWARG
+from ripplekv.validation import check_int
 from ripplekv_eval.fastpath.hidden_tail import DEFAULT_HIDDEN_TAIL, PRESCORABLE
 from ripplekv_eval.fastpath.score_memo import ScoreMemo, scorer_key
-from ripplekv_eval.sample import check_int
 
 # Not recorded: the live cache (a derived cache is built instead) and the hidden states (a field of their own).
 _NOT_RECORDED = frozenset({"hidden_states", "past_key_values", "past_key_value", CACHE_KWARG})

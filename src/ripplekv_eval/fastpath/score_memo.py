@@ -26,6 +26,7 @@ from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress, scorer_at_ratio
 from ripplekv.presses.ripplekv_press import RippleKVPress
+from ripplekv.presses.selection_window import scorer_window
 
 # Scorers whose score() reads neither their compression ratio nor any state it changes (kvpress 0.5.5, LAVa's).
 RATIO_FREE: frozenset[type[ScorerPress]] = frozenset(
@@ -135,7 +136,7 @@ class MemoizedScorerPress(ScorerPress):
     @property
     def window_size(self) -> int:
         """The scorer's observation window (0 if it has none), which the budget presses read as their floor."""
-        return int(getattr(self.press, "window_size", 0) or 0)
+        return scorer_window(self.press)
 
     def post_init_from_model(self, model: nn.Module) -> None:
         """The scorer's own initialisation (QFilter's filters, ...)."""

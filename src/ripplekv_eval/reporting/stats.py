@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ripplekv.validation import check_int
 from ripplekv_eval.running.results import complete_samples
-from ripplekv_eval.sample import FULL_BUDGET, check_int, row_configuration
+from ripplekv_eval.sample import FULL_BUDGET, row_configuration
 
 Samples = dict[str, dict[str, float]]
 """Stratum (task) -> sample id -> value."""

@@ -13,14 +13,9 @@ from ripplekv.models.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill
 from ripplekv.presses.method_spec import base_method, parse_method
 from ripplekv.presses.registry import DEFAULT_WINDOW, FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER
 from ripplekv.presses.scorers import SCORERS
+from ripplekv.validation import check_int
 from ripplekv_eval.running.budget_rows import ROW_TOKENS_MIN
-from ripplekv_eval.sample import (
-    CHAT_TEMPLATE_MODES,
-    DEFAULT_SCORER,
-    FULL_BUDGET,
-    check_int,
-    configuration_name,
-)
+from ripplekv_eval.sample import CHAT_TEMPLATE_MODES, DEFAULT_SCORER, FULL_BUDGET, configuration_name
 
 SCORE_MODES = ("both", "fidelity")
 DECODE_MODES = ("batched", "sequential")

@@ -78,7 +78,7 @@ def run_eval_ray(
     actors before each row, for tests)."""
     from tqdm import tqdm
 
-    from ripplekv.models import load_model
+    from ripplekv.models.loading import load_model
 
     start = time.perf_counter()
     check_workers(workers)

@@ -68,7 +68,7 @@ def resolve_config(
     content hashes (the oracles' only when ``ripplekv-oracle`` runs; None: loaded from ``config``) and a hash of every
     sample's token ids."""
     oracles = load_oracle_profiles(config) if oracles is None else tuple(oracles)
-    from ripplekv.models import model_identity
+    from ripplekv.models.identity import model_identity
 
     resolved: dict[str, Any] = {
         "suite": config.suite,
@@ -185,7 +185,7 @@ def run_eval(
     start = time.perf_counter()
     profiles = load_run_profiles(config)
     if model is None or tokenizer is None:
-        from ripplekv.models import load_model
+        from ripplekv.models.loading import load_model
 
         model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
     runner, samples, resolved = prepare(config, profiles, model, tokenizer)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ripplekv_eval.sample import check_int, use_chat_template
+from ripplekv.validation import check_int
+from ripplekv_eval.sample import use_chat_template
 from ripplekv_eval.tasks.metrics import METRICS
 
 if TYPE_CHECKING:

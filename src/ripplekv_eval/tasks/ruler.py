@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ripplekv.profiling.haystack import TextTokenizer, essays
-from ripplekv_eval.sample import check_int
+from ripplekv.validation import check_int
 from ripplekv_eval.tasks.ruler_text import (
     NOISE,
     Batch,

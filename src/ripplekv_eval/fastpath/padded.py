@@ -1,9 +1,11 @@
 """Several compressed caches of one prompt as one batch: padded (:class:`KeyValidity`) or ragged (:class:`RaggedLayer`).
 
-The evaluation harness lays them out (:mod:`ripplekv_eval.fastpath.batched`): a padded layer is stacked into
-``(rows, kv_heads, longest, dim)``, left-padded; masked entries get exactly zero weight, so each row computes what it
-computes alone up to float rounding. Only ripplekv's attention functions read these (FlashAttention ignores unknown
-keywords): callers check :func:`ripplekv.models.attention.uses_varlen_attention`.
+:mod:`ripplekv_eval.fastpath.batched` lays them out: a padded layer is stacked into ``(rows, kv_heads, longest,
+dim)``, left-padded; masked entries get exactly zero weight, so each row computes what it computes alone up to float
+rounding. Only ripplekv's attention functions read these, through two hooks
+(:mod:`ripplekv.models.attention_functions`): ``key_validity``'s :meth:`KeyValidity.additive_mask` and a layer's
+:meth:`RaggedLayer.attend` (FlashAttention ignores unknown keywords): callers check
+:func:`ripplekv.models.attention.uses_varlen_attention`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicLayer
+
+from ripplekv.models.attention_masks import sliding_window_mask
+from ripplekv.models.headwise import MASKED_KEYS
 
 __all__ = ["KeyValidity", "RaggedLayer"]
 
@@ -63,6 +68,18 @@ class KeyValidity:
         columns = torch.arange(appended, device=cached.device).unsqueeze(0)
         causal = (columns <= queries + (appended - query_len)).expand(rows, heads, query_len, appended)
         return torch.cat([prefix, causal], dim=-1)
+
+    def additive_mask(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The additive mask of a pass over the padded batch, on the cache's device (replaces layer 0's)."""
+        if getattr(module, MASKED_KEYS, None) is not None:
+            raise ValueError(f"a padded batch carries head-wise masks in its key validity, not in {MASKED_KEYS}")
+        if self.rows != query.shape[0]:
+            raise ValueError(f"key validity for {self.rows} rows, the pass has {query.shape[0]}")
+        allowed = self.mask(module.layer_idx, query.shape[2], key.shape[2], query.shape[1])
+        # Additive even for sdpa: torch's CPU kernel converts a boolean mask to this on every call (slower).
+        return torch.zeros(allowed.shape, dtype=query.dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(query.dtype).min
+        )
 
 
 class RaggedLayer(DynamicLayer):
@@ -149,3 +166,30 @@ class RaggedLayer(DynamicLayer):
         return torch.cat(
             [prefix.expand(1, heads, query_len, cached), causal.expand(1, heads, query_len, appended)], dim=-1
         )
+
+    def attend(
+        self, module: torch.nn.Module, query: torch.Tensor, scaling: float | None, window: int | None = None
+    ) -> torch.Tensor:
+        """Each row's queries over that row's own keys and values; a sliding layer's also get its ``window`` mask."""
+        if getattr(module, MASKED_KEYS, None) is not None:
+            raise ValueError(f"a ragged batch carries head-wise masks in its rows, not in {MASKED_KEYS}")
+        heads, query_len = query.shape[1], query.shape[2]
+        outputs = []
+        for row in range(query.shape[0]):
+            keys, values = self.row(row)
+            mask = self.row_mask(row, query_len, heads)  # on the row's buffers' device
+            band = None if window is None else sliding_window_mask(query_len, keys.shape[2], window, device=keys.device)
+            if band is not None:
+                mask = band if mask is None else mask & band
+            outputs.append(
+                torch.nn.functional.scaled_dot_product_attention(
+                    query[row : row + 1],
+                    keys,
+                    values,
+                    attn_mask=mask,
+                    scale=scaling,
+                    is_causal=False,
+                    enable_gqa=heads != keys.shape[1],
+                )
+            )
+        return torch.cat(outputs, dim=0).transpose(1, 2).contiguous()
