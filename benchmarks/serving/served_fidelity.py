@@ -157,9 +157,10 @@ def main() -> None:
         child(args)
         return
     fidelity_dir = args.fidelity_dir or Path(tempfile.gettempdir()) / f"ripplekv-served-fidelity-{args.out.name}"
-    if not (args.out / "full.json").exists():
+    recorded = [fidelity_dir / "full" / f"p{index}.npy" for index in read_answers(args.answers)]
+    if not (args.out / "full.json").exists() or not all(path.exists() for path in recorded):
         for stale in args.out.glob("*.json"):
-            stale.unlink()  # the compressed rows compare with the full run's references
+            stale.unlink()  # the compressed rows compare with the full run's references (gone on a new machine)
     for config in configs(args):
         if (args.out / f"{config}.json").exists():
             print(f"{config}: done", flush=True)
