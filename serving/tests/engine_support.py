@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -30,8 +31,20 @@ ENGINE_ARGS: dict[str, Any] = {
 """Engine settings shared by the plugin and the stock runs (the plugin's required ones included)."""
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def save_tiny(model_dir: str, out: Path, model: Any) -> str:
+    """Save a random-weight model in float32 with the SmolLM2 tokenizer's files beside it; returns the directory."""
+    model.to(torch.float32).eval().save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        shutil.copy(Path(model_dir) / name, out / name)
+    return str(out)
+
+
 def ripple_llm(model_dir: str, settings: dict[str, Any], **engine: Any) -> Any:
-    """An in-process ``vllm.LLM`` serving with the plugin.
+    """An in-process ``vllm.LLM`` serving with the plugin, configured as a user does: ``additional_config`` alone
+    (the plugin's platform selects its worker).
 
     Args:
         model_dir: the model directory.
@@ -45,7 +58,6 @@ def ripple_llm(model_dir: str, settings: dict[str, Any], **engine: Any) -> Any:
     ripplekv_vllm.register()
     return LLM(
         model=model_dir,
-        worker_cls=ripplekv_vllm.WORKER_CLS,
         additional_config={"ripplekv": settings},
         **{**ENGINE_ARGS, **engine},
     )

@@ -138,55 +138,6 @@ def test_bad_settings(settings: dict, message: str) -> None:
         make(settings)
 
 
-def test_engine_refuses_prefix_caching_before_loading(model_dir: str) -> None:
-    from vllm import LLM
-
-    import ripplekv_vllm
-
-    ripplekv_vllm.register()
-    with raises("ripplekv: prefix caching is on"):
-        LLM(
-            model=model_dir,
-            dtype="float32",
-            max_model_len=1024,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            enable_chunked_prefill=False,
-            block_size=32,
-            worker_cls=ripplekv_vllm.WORKER_CLS,
-            additional_config={"ripplekv": {"keep_fractions": [0.5] * 30}},
-        )
-
-
-@pytest.mark.parametrize(
-    ("engine", "message"),
-    [
-        ({"long_prefill_token_threshold": 256}, "ripplekv: long_prefill_token_threshold=256 cuts long prompts"),
-        ({"disable_hybrid_kv_cache_manager": True}, "ripplekv: disable_hybrid_kv_cache_manager is on"),
-    ],
-)
-def test_engine_refuses_settings_at_start_up(model_dir: str, engine: dict, message: str) -> None:
-    """The worker reads each setting from vLLM's own config and refuses it before the model loads."""
-    from vllm import LLM
-
-    import ripplekv_vllm
-
-    ripplekv_vllm.register()
-    with raises(message):
-        LLM(
-            model=model_dir,
-            dtype="float32",
-            max_model_len=1024,
-            enforce_eager=True,
-            enable_prefix_caching=False,
-            enable_chunked_prefill=False,
-            block_size=32,
-            worker_cls=ripplekv_vllm.WORKER_CLS,
-            additional_config={"ripplekv": {"keep_fractions": [0.5] * 30}},
-            **engine,
-        )
-
-
 def profile_with_setting(tmp_path: Path, chosen: tuple[float, float] = (16.0, 30.0)) -> str:
     """The SmolLM2 profile with a chosen RippleKV setting (made-up evidence that makes ``chosen`` the rule's pick)."""
     from dataclasses import replace

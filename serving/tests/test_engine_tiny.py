@@ -5,18 +5,14 @@ tests exercise a GQA ratio of 2:1 (SmolLM2-135M's is 3:1) and run in a few minut
 relations as ``test_engine.py``: every keep fraction 1.0 is stock vLLM token for token, the first decode step frees
 exactly each tier's :func:`~ripplekv_vllm.hole.hole`, and decoding then attends to exactly the kept tokens; and
 those of serving under load: a request preempted (recomputed) answers exactly as it does alone, a block the
-scheduler hands out while a request still reads it is caught before the step runs, an engine without
-``additional_config["ripplekv"]`` in the same process is stock vLLM, and models the plugin cannot serve (ALiBi,
-sliding window) are refused at start-up.
+scheduler hands out while a request still reads it is caught before the step runs, and an engine without
+``additional_config["ripplekv"]`` in the same process is stock vLLM (the refusals: ``test_refusals_reach_caller.py``).
 """
 
 from __future__ import annotations
 
 import random
-import re
-import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -30,12 +26,12 @@ from engine_support import (
     non_null,
     ripple_llm,
     runner_of,
+    save_tiny,
     stock_generate,
     transformers_reference,
 )
 
 from ripplekv_vllm.backend import observe_kept
-from ripplekv_vllm.config import RippleConfigError
 from ripplekv_vllm.hole import hole
 from ripplekv_vllm.ledger import HoleMismatchError
 
@@ -43,15 +39,6 @@ TOKENS = 6
 BS, WINDOW = 32, 64
 LAYERS, KV_HEADS = 4, 2
 FRACTIONS = [0.25, 0.25, 0.5, 0.5]  # 2 tiers of 2 layers
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def save_tiny(model_dir: str, out: Path, model: Any) -> str:
-    """Save a random-weight model in float32 with the SmolLM2 tokenizer's files beside it; returns the directory."""
-    model.to(torch.float32).eval().save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        shutil.copy(Path(model_dir) / name, out / name)
-    return str(out)
 
 
 @pytest.fixture(scope="module")
@@ -314,40 +301,3 @@ def test_hole_disagreement_is_caught(tiny_dir: str, prompts: dict[str, list[int]
             engine.step()
     finally:
         close(llm)
-
-
-def refused(model_dir: str, message: str) -> None:
-    """Starting the plugin on ``model_dir`` fails with a ``RippleConfigError`` containing ``message``."""
-    with pytest.raises(RippleConfigError, match=re.escape(message)):
-        llm = ripple_llm(model_dir, {"keep_fractions": [0.5, 0.5]}, max_model_len=512, max_num_batched_tokens=512)
-        close(llm)
-
-
-def test_alibi_model_is_refused(model_dir: str, tmp_path: Path) -> None:
-    from transformers import BloomConfig, BloomForCausalLM
-
-    config = BloomConfig(vocab_size=49152, hidden_size=64, n_layer=2, n_head=2, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    directory = save_tiny(model_dir, tmp_path / "bloom", BloomForCausalLM(config))
-    refused(directory, "ripplekv: layer transformer.h.0.self_attention.attn uses ALiBi")
-
-
-def test_sliding_window_model_is_refused(model_dir: str, tmp_path: Path) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        bos_token_id=1,
-        eos_token_id=2,
-        sliding_window=64,  # as Gemma-style hybrid models: the first layer slides, the second attends to all
-        layer_types=["sliding_attention", "full_attention"],
-    )
-    torch.manual_seed(0)
-    directory = save_tiny(model_dir, tmp_path / "sliding", LlamaForCausalLM(config))
-    refused(directory, "ripplekv serves full-attention layers only; layer model.layers.0.self_attn.attn has a sliding")

@@ -10,10 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=benchmarks/results/serving-granularity
-nice -n 10 python benchmarks/serving/granularity.py --model smollm2-135m \
+nice -n 10 .venv/bin/python benchmarks/serving/granularity.py --model smollm2-135m \
   --profile benchmarks/results/smollm2-135m.profile.json --heldout-run benchmarks/results/heldout-bamboo \
   --out "$OUT/smollm2-135m"
-nice -n 10 python benchmarks/serving/granularity.py --model qwen2.5-coder-0.5b \
+nice -n 10 .venv/bin/python benchmarks/serving/granularity.py --model qwen2.5-coder-0.5b \
   --profile benchmarks/results/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.profile.json \
   --heldout-run benchmarks/results/qwen2.5-coder-0.5b/heldout-bamboo --settings 4,3 16,30 \
   --out "$OUT/qwen2.5-coder-0.5b"

@@ -4,22 +4,23 @@ RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagatio
 Transformer layer its own KV-cache budget, from a per-layer sensitivity profile, and keeps each layer's budget of
 SnapKV-ranked prompt tokens. This plugin serves it in vLLM:
 
-* layers are grouped into tiers of one keep fraction each (:mod:`ripplekv_vllm.tiers`), one KV-cache group per
-  tier (:mod:`ripplekv_vllm.spec`);
+* each layer keeps the library's budget for the prompt's own length, one KV-cache group per layer or per tier of
+  layers (:mod:`ripplekv_vllm.budgets`, :mod:`ripplekv_vllm.spec`);
 * after a prompt's prefill, each tier's scheduler-side manager frees a block-aligned hole of the prompt
   (:mod:`ripplekv_vllm.hole`, :mod:`ripplekv_vllm.manager`), and the attention backend compacts the kept tokens
   into the first blocks and reads around the hole from then on (:mod:`ripplekv_vllm.backend`,
   :mod:`ripplekv_vllm.plan`, :mod:`ripplekv_vllm.selection`);
-* the worker and model runner give each layer its tier and the RippleKV backend, in the engine that configures
-  the plugin only (:mod:`ripplekv_vllm.worker`, :mod:`ripplekv_vllm.runner`), and check every step's blocks
-  against the holes (:mod:`ripplekv_vllm.ledger`); the settings are ``additional_config["ripplekv"]``
-  (:mod:`ripplekv_vllm.config`);
+* the platform checks the settings where the engine is configured, so a refusal reaches the caller under the
+  multiprocess engine too, and selects the plugin's worker (:mod:`ripplekv_vllm.platform`); the worker and model
+  runner give each layer its group and the RippleKV backend, in the engine that configures the plugin only
+  (:mod:`ripplekv_vllm.worker`, :mod:`ripplekv_vllm.runner`), and check every step's blocks against the holes
+  (:mod:`ripplekv_vllm.ledger`); the settings are ``additional_config["ripplekv"]`` (:mod:`ripplekv_vllm.config`);
 * for measuring, not serving: a logits processor that records the full cache's per-token distributions and
   teacher-forces compressed requests along the full cache's answers, for KL(full || compressed) per served token
   (:mod:`ripplekv_vllm.fidelity`).
 
 :func:`register` is the ``vllm.general_plugins`` entry point (``ripplekv = ripplekv_vllm:register``), which vLLM
-calls in every process it starts.
+calls in every process it starts; :func:`ripplekv_vllm.platform.activate` is the ``vllm.platform_plugins`` one.
 """
 
 from __future__ import annotations
