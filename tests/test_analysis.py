@@ -265,6 +265,22 @@ def test_summary_signs_and_predictors() -> None:
     json.dumps(summary, allow_nan=False)
 
 
+def test_a_repeated_row_replaces_the_earlier_one_at_its_budget() -> None:
+    """``analyze`` counts each prompt once per budget: a second row of a (prompt, budget) pair replaces the first
+    (the last written wins), so the summary is that of the rows without the stale one; the same prompt at another
+    budget is no repeat. Seeded bug caught: a budget's rows appended instead of keyed by prompt (the prompt counted
+    twice, its stale damage averaged in)."""
+    layers = np.arange(6.0)
+    damage = np.array([(layers + 1) * s for s in (1.0, 2.0, 3.0)])
+    low, high = _rows(damage, budget=0.1), _rows(damage * 0.5, budget=0.2)
+    stale = {**low[0], "damage_kl": list(damage[0][::-1] * 10), "uniform_kl": 99.0, "uniform_top1": 0.1}
+    repeated = [stale, *high[:2], *low[1:], high[2], low[0]]  # s0 at 0.1 written twice, the stale row first
+    expected = summarize([*low, *high], window_size=64, top_k=3, resamples=2000)
+    summary = summarize(repeated, window_size=64, top_k=3, resamples=2000)
+    assert [summary["budgets"][b]["prompts"] for b in ("0.1", "0.2")] == [3, 3]
+    assert summary == expected
+
+
 # --- oracle profiles --------------------------------------------------------------------------------------------
 
 

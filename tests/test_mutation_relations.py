@@ -207,6 +207,28 @@ def test_settings_left_out_of_the_key_do_not_change_what_is_measured() -> None:
     assert checkpoint_key(IDENTITY, "w", calibration, BASE) == checkpoint_key(IDENTITY, "w", renamed, BASE)
 
 
+def test_a_context_longer_than_its_room_keeps_its_last_tokens() -> None:
+    """A context cut to its room (the position limit less the continuation, ``max_context_tokens``, or the limit
+    less the model's answer after the question) keeps its last tokens, so the continuation still follows the text it
+    was written after, and the question stays in. Seeded bug caught: the first ``room`` tokens kept
+    (``context_ids[:, :room]``)."""
+    model = tiny_model("llama", layers=2)
+    model.config.max_position_embeddings = 40
+    context = "".join(chr(33 + i) for i in range(60))  # 60 distinct characters: which ones are kept shows
+    sample = CalibrationSample(context=context, continuation="then", question=" Why?")
+
+    def ords(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    context_ids, continuation_ids = calibration_ids(model, CharTokenizer(), sample, BASE)
+    assert context_ids[0].tolist() == ords(context[-(40 - 4) :]) and continuation_ids[0].tolist() == ords("then")
+    capped, _ = calibration_ids(model, CharTokenizer(), sample, dataclasses.replace(BASE, max_context_tokens=10))
+    assert capped[0].tolist() == ords(context[-10:])
+    own = dataclasses.replace(MODEL_BASE, answer_tokens=6)
+    prompt, answer = calibration_ids(model, CharTokenizer(), sample, own)
+    assert answer is None and prompt[0].tolist() == ords((context + " Why?")[-(40 - 6) :])
+
+
 # ------------------------------------------------------------ derived prefill refuses what the direct one refuses
 
 

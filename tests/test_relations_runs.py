@@ -1,6 +1,6 @@
-"""Relations of a run's bookkeeping (issue 26): an extended run's history of configurations, and the warning of a
-profile applied to other weights, once per (profile, model) pair. Each test names the seeded bug it was checked to
-catch.
+"""Relations of a run's bookkeeping (issue 26): an extended run's history of configurations, the warning of a
+profile applied to other weights, once per (profile, model) pair, and (issue 45) a resume over the same profile
+content only. Each test names the seeded bug it was checked to catch.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pytest
 from ripplekv.models.identity import cached_weights_fingerprint
 from ripplekv.profiling import profile as profile_module
 from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning
+from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import ConfigMismatchError, check_or_write_config, open_results
+from ripplekv_eval.running.runner import load_run_profiles, open_run_folder, resolve_config
 from tests.conftest import synthetic_profile, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,3 +120,36 @@ def test_other_weights_warn_once_per_profile_and_model_pair(monkeypatch: pytest.
     assert _caught(lambda: own.check_model(x)) == [] and _caught(lambda: own.check_model(x)) == []
     with pytest.raises(ProfileError, match="strict"):
         a.check_model(x, strict=True)
+
+
+# ------------------------------------------------------------------------ a resume and its profile's content
+
+
+def _open_eval_folder(out: Path, config: EvalConfig, model: Any) -> None:
+    """``run_eval``'s steps up to its run folder: the profiles read from ``config``'s paths, the configuration
+    resolved (no samples: the profile's part is what is compared here) and checked against the folder's."""
+    profiles = load_run_profiles(config)
+    resolved = resolve_config(config, model, [], profiles.profile, profiles.oracles)
+    with open_run_folder(config, out, resolved, profiles):
+        pass
+
+
+def test_a_run_resumes_over_the_same_profile_content_only(tmp_path: Path) -> None:
+    """A run folder made with a profile resumes with it, refuses the profile rewritten at the same path with other
+    scores (rows of two profiles are never mixed in one run), and resumes with the first profile's content at
+    another path (the path is a source: recorded, not compared). Seeded bugs caught: the profile fingerprinted by
+    its path (``sha256_json(config.profile)``); the profile left out of the resolved configuration."""
+    model = tiny_model("llama", layers=2)
+    profile = synthetic_profile(model)
+    path = profile.save(tmp_path / "a.profile.json")
+    config = EvalConfig(suite="needle", methods=("full", "ripplekv"), budgets=(0.5,), profile=str(path), window_size=8)
+    out = tmp_path / "run"
+    _open_eval_folder(out, config, model)
+    _open_eval_folder(out, config, model)  # a resume
+    rescored = tuple(0.01 * (i + 2) for i in range(len(profile.scores)))
+    assert rescored != profile.scores
+    dataclasses.replace(profile, scores=rescored, sample_scores=(rescored,), local_scores=rescored).save(path)
+    with pytest.raises(ConfigMismatchError, match="profile: saved"):
+        _open_eval_folder(out, config, model)
+    moved = profile.save(tmp_path / "moved.profile.json")
+    _open_eval_folder(out, dataclasses.replace(config, profile=str(moved)), model)

@@ -26,8 +26,8 @@ from ripplekv_eval.cli.tune import parse_profiles
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import ConfigMismatchError, ResultsLog
 from ripplekv_eval.running.rows import SampleRunner
-from ripplekv_eval.running.runner import build_samples
-from ripplekv_eval.sample import EvalSample
+from ripplekv_eval.running.runner import build_presses, build_samples
+from ripplekv_eval.sample import DEFAULT_SCORER, EvalSample
 from tests.conftest import save_tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -246,6 +246,30 @@ def test_rows_match_the_eval_runner(loaded: tuple[Any, Any], data_path: Path, pr
 
 
 @needs_essays
+def test_the_uniform_snapkv_reference_runs_under_the_runs_scorer(
+    loaded: tuple[Any, Any], data_path: Path, profiles: dict[str, str]
+) -> None:
+    """``snapkv_kl`` and ``snapkv_top1``, the uniform reference the candidates are compared with, are SnapKV's
+    uniform budgets under the run's ``--scorer``, as every candidate is: the eval runner's row of ``snapkv@knorm``,
+    not of the default scorer's ``snapkv`` (which differs on this prompt). Seeded bug caught: the reference built
+    with the default scorer whatever the run's."""
+    model, tokenizer = loaded
+    config = _config(data_path, profiles, scorer="knorm")
+    sample = build_samples(config.eval, tokenizer, model)[0]
+    loaded_profiles = {label: SensitivityProfile.load(path) for label, path in profiles.items()}
+    (row,) = TuneRunner(config, loaded_profiles, model, tokenizer).run_sample(sample, [0.3])
+    evaluation = replace(config.eval, methods=("full", "snapkv"), budgets=(0.3,), scorers=(DEFAULT_SCORER, "knorm"))
+    runner = SampleRunner(evaluation, model, tokenizer, build_presses(evaluation, None, model))
+    full, *rest = runner.run_sample(sample, evaluation.configurations)
+    assert full["method"] == "full" and row["answer_ids"] == full["answer_ids"]
+    evaluated = {r["scorer"]: r for r in rest}
+    knorm, default = evaluated["knorm"], evaluated[DEFAULT_SCORER]
+    assert knorm["fidelity_kl"] != pytest.approx(default["fidelity_kl"], rel=1e-3)  # the scorers' caches differ
+    assert row["snapkv_kl"] == pytest.approx(knorm["fidelity_kl"], rel=1e-5, abs=1e-9)
+    assert row["snapkv_top1"] == knorm["top1_agreement"]
+
+
+@needs_essays
 def test_run_resumes_and_refuses_another_grid(
     loaded: tuple[Any, Any], data_path: Path, profiles: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -277,6 +301,29 @@ def test_run_resumes_and_refuses_another_grid(
     assert json.loads((out / SUMMARY_FILE).read_text())["default"] == "essay|r=4|gamma=3"
     with pytest.raises(ConfigMismatchError, match="ratios"):
         run_tune(replace(config, ratios=(2.0,)), out, model, tokenizer, progress=False)
+
+
+@needs_essays
+def test_a_tuning_run_resumes_over_the_same_profile_content_only(
+    loaded: tuple[Any, Any], data_path: Path, profiles: dict[str, str], tmp_path: Path
+) -> None:
+    """A tuning folder resumes with its profile, refuses the profile rewritten at the same path (its rows scored the
+    one before: never mixed), and resumes with the first profile's bytes at another path (the path is a source, not
+    compared). Seeded bug caught: the profiles fingerprinted by their paths, not their bytes."""
+    model, tokenizer = loaded
+    path, moved = tmp_path / "essay.json", tmp_path / "moved.json"
+    for copy in (path, moved):
+        copy.write_bytes(Path(profiles["essay"]).read_bytes())
+    evaluation = replace(_config(data_path, profiles).eval, budgets=(0.5,))
+    config = TuneConfig(evaluation, {"essay": str(path)}, ratios=(2.0,), gammas=(2.0,), resamples=2000)
+    out = tmp_path / "tune"
+    assert run_tune(config, out, model, tokenizer, progress=False).new_rows == 4
+    assert run_tune(config, out, model, tokenizer, progress=False).new_rows == 0
+    path.write_bytes(Path(profiles["other"]).read_bytes())
+    with pytest.raises(ConfigMismatchError, match="profiles: saved"):
+        run_tune(config, out, model, tokenizer, progress=False)
+    resumed = run_tune(replace(config, profiles={"essay": str(moved)}), out, model, tokenizer, progress=False)
+    assert (resumed.rows, resumed.new_rows) == (4, 0)
 
 
 @needs_essays
