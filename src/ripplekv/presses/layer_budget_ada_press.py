@@ -8,21 +8,15 @@ AdaKV (Feng et al., 2024, arXiv:2407.11550) chooses a layer's ``B * H`` (head, t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-from kvpress import ScorerPress, SnapKVPress
-from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import PreTrainedModel
 
-from ripplekv.allocation.budget import BudgetSchedule, ProfileSchedule, compression_ratio_keeping
-from ripplekv.allocation.schedules import UniformSchedule
-from ripplekv.models.attention import enable_varlen_attention
+from ripplekv.allocation.budget import ProfileSchedule
 from ripplekv.models.cache import dynamic_layer
-from ripplekv.presses.layer_budget_press import LayerBudgetPress, global_schedule, scorer_at_ratio
-from ripplekv.presses.scorers import check_attention_weights
-from ripplekv.presses.selection_window import check_compressible
+from ripplekv.presses.layer_budget_press import LayerBudgetPress
 from ripplekv.profiling.profile import AppliedSetting, SensitivityProfile
 from ripplekv.validation import is_real
 
@@ -68,7 +62,7 @@ def headwise_keep_mask(scores: torch.Tensor, n_kept: int, n_safe: int) -> torch.
 
 
 @dataclass
-class LayerBudgetAdaPress(BasePress):
+class LayerBudgetAdaPress(LayerBudgetPress):
     """Per-layer budgets from a schedule (RippleKV), AdaKV's head-wise allocation within each layer.
 
     Layer ``l`` keeps ``n_l * kv_heads`` entries, ``n_l`` :class:`~ripplekv.presses.LayerBudgetPress`'s count for
@@ -79,10 +73,9 @@ class LayerBudgetAdaPress(BasePress):
     Not for eager attention (the masks need a boolean attention mask, as kvpress's AdaKV) nor padded batches.
 
     Args:
-        press: token scorer; ratio-dependent scorers are called on a copy at the layer's own ratio.
+        press, schedule, min_tokens: as :class:`~ripplekv.presses.LayerBudgetPress`'s (budgets per head on average).
         alpha_safeguard: fraction in ``[0, 1]`` of a layer's per-head budget every head keeps (AdaKV's safeguard;
             kvpress's 0.2); ``1`` is SnapKV's per-head selection, evicted physically.
-        min_tokens: as :class:`~ripplekv.presses.LayerBudgetPress`'s, per head on average.
         evict_balanced: evict physically when every head of a layer keeps the same count; False always masks.
         profile: the profile a ``ProfileSchedule`` was allocated from, checked against the model when the press is
             applied (``ripplekv-ada`` passes it); None skips the check.
@@ -91,17 +84,14 @@ class LayerBudgetAdaPress(BasePress):
             (``ripplekv-ada`` records it; rows and reports read it); None for another schedule.
     """
 
-    press: ScorerPress = field(default_factory=SnapKVPress)
-    schedule: BudgetSchedule = field(default_factory=lambda: UniformSchedule(0.2))
     alpha_safeguard: float = DEFAULT_ALPHA_SAFEGUARD
-    min_tokens: int | None = None
     evict_balanced: bool = True
     profile: SensitivityProfile | None = None
     strict_profile: bool = False
     setting: AppliedSetting | None = None
 
     def __post_init__(self) -> None:
-        LayerBudgetPress(self.press, self.schedule, self.min_tokens)  # validates press, schedule and min_tokens
+        super().__post_init__()
         if not is_real(self.alpha_safeguard):
             raise TypeError(f"alpha_safeguard must be a real number, got {type(self.alpha_safeguard).__name__}")
         if not 0 <= float(self.alpha_safeguard) <= 1:
@@ -118,102 +108,30 @@ class LayerBudgetAdaPress(BasePress):
                     f"the schedule has {len(self.schedule.scores)} layer scores, the profile {self.profile.num_layers}"
                 )
 
-    @property
-    def layer_press(self) -> LayerBudgetPress:
-        """The :class:`LayerBudgetPress` of the per-layer counts, built from the current fields."""
-        return LayerBudgetPress(self.press, self.schedule, self.min_tokens)
-
-    @property
-    def window(self) -> int:
-        """The scorer's observation window (0 if it has none)."""
-        return self.layer_press.window
-
-    @property
-    def compression_ratio(self) -> float:
-        """Average fraction removed for a kept fraction: ``1 - budget``.
-
-        Raises:
-            TokenBudgetError: for a token budget (use :meth:`compression_ratio_for`).
-        """
-        return self.layer_press.compression_ratio
-
-    def compression_ratio_for(self, prompt_tokens: int) -> float:
-        """Average fraction of a ``prompt_tokens``-token prompt removed, for both kinds."""
-        return self.layer_press.compression_ratio_for(prompt_tokens)
-
-    def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
-        """Average tokens kept per head by each of ``n_layers`` layers (the layer keeps that times its KV heads)."""
-        return self.layer_press.layer_budgets(n_layers, prompt_tokens)
-
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the schedule (and profile) against the model; enable variable-length attention, which reads the
-        cache layers' head-wise masks.
-
-        FlashAttention is kept as loaded (its head-wise masks are kvpress's fake keys,
-        :func:`ripplekv.inference.generate.cache_forward`); stock ``sdpa`` is switched.
-
-        Raises:
-            ValueError: if the schedule or profile does not fit the model, or the attention implementation has no
-                variable-length variant.
-        """
+        """Check the profile against the model, then :class:`~ripplekv.presses.LayerBudgetPress`'s binding; the
+        head-wise masks need variable-length attention whatever the schedule (FlashAttention is kept as loaded:
+        its masks are kvpress's fake keys, :func:`ripplekv.inference.generate.cache_forward`)."""
         if self.profile is not None:
             self.profile.check_model(model, strict=self.strict_profile)
-        global_schedule(self.schedule, model.config)
-        check_attention_weights(self.press, model)
-        current = model.config._attn_implementation
-        try:
-            enable_varlen_attention(model)
-        except ValueError as error:
-            raise ValueError(
-                f"{type(self).__name__} leaves layers with different numbers of tokens and masked heads, which the "
-                f"attention implementation {current!r} cannot attend over: load the model with "
-                "attn_implementation='sdpa' or 'flash_attention_2'"
-            ) from error
-        self.press.post_init_from_model(model)
+        super().post_init_from_model(model)
 
-    def _layer_count(self, module: nn.Module, k_len: int) -> int | None:
-        """The layer's average tokens per head; None for a sliding-window layer (left whole)."""
-        schedule, layers = global_schedule(self.schedule, module.config)
-        if module.layer_idx not in layers:
-            return None
-        budgets = schedule.layer_budgets(len(layers), k_len, self.layer_press.floor)
-        return budgets[layers.index(module.layer_idx)]
+    def _needs_varlen(self, model: PreTrainedModel) -> bool:
+        return True  # the cache layers' head-wise masks are read by ripplekv's attention (enabling is idempotent)
 
-    def score(
+    def select(
         self,
         module: nn.Module,
-        hidden_states: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
-        attentions: torch.Tensor,
-        kwargs: dict,
-    ) -> torch.Tensor:
-        """The scorer's ``(batch, kv_heads, tokens)`` scores for this layer (called at the layer's own ratio)."""
-        k_len = keys.shape[2]
-        n_kept = self._layer_count(module, k_len)
-        ratio = 0.0 if n_kept is None else compression_ratio_keeping(max(1, min(n_kept, k_len)), k_len)
-        return scorer_at_ratio(self.press, ratio).score(module, hidden_states, keys, values, attentions, kwargs)
-
-    def compress(
-        self,
-        module: nn.Module,
-        hidden_states: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        attentions: torch.Tensor,
+        scores: torch.Tensor,
+        n_kept: int,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the layer's budget head-wise: evict the dropped entries when every head keeps the same count, else
         keep them in memory and replace the pass's cache layer (``kwargs["past_key_values"]``) by a
         :class:`~ripplekv.models.headwise.MaskedLayer` of these keys and values hiding them."""
         k_len = keys.shape[2]
-        n_kept = self._layer_count(module, k_len)
-        if n_kept is None:  # a sliding-window layer: left whole (a padded batch is refused at the global layers)
-            return keys, values
-        check_compressible(self, kwargs, k_len, self.window)
-        if n_kept >= k_len:
-            return keys, values
-        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
         keep = headwise_keep_mask(scores, n_kept, safeguard_tokens(n_kept, float(self.alpha_safeguard)))
         if self.evict_balanced and bool((keep.sum(-1) == n_kept).all()):
             positions = torch.arange(k_len, device=keep.device).expand_as(keep)

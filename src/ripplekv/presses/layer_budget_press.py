@@ -55,6 +55,7 @@ class LayerBudgetPress(BasePress):
     press: ScorerPress = field(default_factory=SnapKVPress)
     schedule: BudgetSchedule = field(default_factory=lambda: UniformSchedule(0.2))
     min_tokens: int | None = None
+    _bound: tuple[BudgetSchedule, tuple[int, ...]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.press, ScorerPress):
@@ -93,21 +94,49 @@ class LayerBudgetPress(BasePress):
         return tuple(budgets.get(i, prompt_tokens) for i in range(int(config.get_text_config().num_hidden_layers)))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the schedule and the scorer against the model and, unless budgets are uniform, enable
-        variable-length attention for good (on equal lengths it computes what the original does)."""
-        global_schedule(self.schedule, model.config)
+        """Bind the schedule to the model's compressed layers (once, not per layer), check the scorer and, where
+        layers may differ in length, enable variable-length attention for good (on equal lengths it computes what
+        the original does)."""
+        self._bound = global_schedule(self.schedule, model.config)
         check_attention_weights(self.press, model)
-        if not self.schedule.uniform and not supports_per_layer_lengths(model):
+        if self._needs_varlen(model):
             current = model.config._attn_implementation
             try:
                 enable_varlen_attention(model)
             except ValueError as error:
                 raise ValueError(
                     f"{type(self).__name__} gives layers different numbers of tokens, which attention {current!r} "
-                    "cannot attend over: load the model with attn_implementation='sdpa', 'eager' or "
-                    "'flash_attention_2', or call ripplekv.models.attention.enable_varlen_attention(model) first"
+                    "cannot attend over: load the model with attn_implementation='sdpa' or 'flash_attention_2'"
                 ) from error
         self.press.post_init_from_model(model)
+
+    def _needs_varlen(self, model: PreTrainedModel) -> bool:
+        """Whether the model must switch to variable-length attention: its layers may get different lengths."""
+        return not self.schedule.uniform and not supports_per_layer_lengths(model)
+
+    def _layer_budget(self, module: nn.Module, k_len: int) -> int | None:
+        """Tokens layer ``module.layer_idx`` keeps of ``k_len`` (None: a sliding layer, kept whole), from the
+        schedule bound by :meth:`post_init_from_model` (resolved from ``module.config`` when not bound)."""
+        schedule, layers = self._bound or global_schedule(self.schedule, module.config)
+        if module.layer_idx not in layers:
+            return None
+        return schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
+
+    def score(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor,
+        kwargs: dict,
+    ) -> torch.Tensor:
+        """The scorer's ``(batch, kv_heads, tokens)`` scores of this layer, from a copy at the layer's own ratio
+        (ratio-dependent scorers such as StreamingLLM; 0 on a sliding layer); the caller's scorer is untouched."""
+        k_len = keys.shape[2]
+        n_kept = self._layer_budget(module, k_len)
+        ratio = 0.0 if n_kept is None else compression_ratio_keeping(max(1, min(n_kept, k_len)), k_len)
+        return scorer_at_ratio(self.press, ratio).score(module, hidden_states, keys, values, attentions, kwargs)
 
     def compress(
         self,
@@ -118,16 +147,27 @@ class LayerBudgetPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keep layer ``module.layer_idx``'s budget of the scorer's highest-scored tokens; sliding layers stay whole."""
-        schedule, layers = global_schedule(self.schedule, module.config)
-        if module.layer_idx not in layers:
-            return keys, values
+        """Keep layer ``module.layer_idx``'s budget of the scorer's best tokens (:meth:`select`); sliding layers and
+        layers whose budget is the whole prompt stay whole."""
         k_len = keys.shape[2]
+        n_kept = self._layer_budget(module, k_len)
+        if n_kept is None:
+            return keys, values
         check_compressible(self, kwargs, k_len, self.window)
-        n_kept = schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
         if n_kept >= k_len:
             return keys, values
-        scorer = scorer_at_ratio(self.press, compression_ratio_keeping(n_kept, k_len))  # a copy: the caller's untouched
-        scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs)
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        return self.select(module, keys, values, scores, n_kept, kwargs)
+
+    def select(
+        self,
+        module: nn.Module,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        scores: torch.Tensor,
+        n_kept: int,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``n_kept`` highest-scored tokens of every head."""
         indices = scores.topk(n_kept, dim=-1).indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
         return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()
