@@ -9,9 +9,10 @@ install the plugin); never in the main one:
 
 Every configuration serves the same requests, all submitted at once, from an engine with the same KV-cache memory
 (``--kv-mib`` MiB, vLLM's ``kv_cache_memory_bytes``; or ``--kv-gib``) and the same engine settings (block size 32,
-no prefix caching, no chunked prefill, float32, eager, ``max_num_seqs`` the request count so that it never caps
-the running requests, a step's token budget of one prompt plus every running request's token), each in a fresh
-child process:
+no prefix caching, float32, eager, ``max_num_seqs`` the request count so that it never caps the running requests;
+without chunked prefill, a step's token budget of one prompt plus every running request's token; with
+``--chunked-prefill T``, vLLM's chunked prefill with a step budget of ``T`` tokens, so that an admission no longer
+stalls the running requests for a whole prompt), each in a fresh child process:
 
 * ``full``: stock vLLM (``VLLM_PLUGINS=""``), every layer keeps every prompt token;
 * ``snapkv-B``: the plugin with one keep fraction, the budget ``B``, in every layer (SnapKV's uniform budget);
@@ -99,6 +100,19 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+def step_budget(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's context and step token budget: one whole prompt plus every running request's decode token, or
+    with ``--chunked-prefill T`` chunked prefill and ``T`` tokens a step."""
+    seqs = args.max_num_seqs or args.requests
+    if args.chunked_prefill is None:
+        return {"max_model_len": args.max_model_len, "max_num_batched_tokens": args.max_model_len + seqs}
+    return {
+        "max_model_len": args.max_model_len,
+        "max_num_batched_tokens": args.chunked_prefill,
+        "enable_chunked_prefill": True,
+    }
+
+
 def child(args: argparse.Namespace) -> None:
     """Serve every request under one configuration and write its measurements to ``OUT/<config>.json``."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -108,13 +122,7 @@ def child(args: argparse.Namespace) -> None:
 
     # one prompt and every running request's decode token fit in a step; the running count is never capped
     max_num_seqs = args.max_num_seqs or args.requests
-    engine = dict(
-        ENGINE,
-        max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_model_len + max_num_seqs,
-        max_num_seqs=max_num_seqs,
-        logits_processors=[TeacherForcing],
-    )
+    engine = dict(ENGINE, **step_budget(args), max_num_seqs=max_num_seqs, logits_processors=[TeacherForcing])
     if args.kv_mib is not None:
         engine["kv_cache_memory_bytes"] = args.kv_mib * 2**20
     budget = 1.0
@@ -211,6 +219,7 @@ def child(args: argparse.Namespace) -> None:
         "requests": len(ids),
         "max_num_seqs": max_num_seqs,
         "max_model_len": args.max_model_len,
+        "chunked_prefill": args.chunked_prefill,
         "prompt_tokens": sum(len(p) for p in ids),
         "prompt_lens": [len(p) for p in ids],
         "kv_cache_groups": scheduler.kv_cache_manager.num_kv_cache_groups,
@@ -346,7 +355,7 @@ def layer_budgets(config: str, args: argparse.Namespace, layers: int) -> Any:
 
     if config == "full":
         return FractionBudgets.of_layers([1.0] * layers, BLOCK, 64)
-    engine = {"max_model_len": args.max_model_len, "max_num_batched_tokens": args.max_model_len + args.requests}
+    engine = step_budget(args)
     settings = plugin_settings(config, args, layers)
     return RippleConfig.from_settings(settings, num_layers=layers, block_size=BLOCK, **engine).budgets
 
@@ -436,6 +445,9 @@ def main() -> None:
         type=Path,
         default=None,
         help="where the full cache's per-token distributions go (default: a temporary folder named after --out)",
+    )
+    parser.add_argument(
+        "--chunked-prefill", type=int, default=None, help="serve with chunked prefill, this many tokens a step"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)

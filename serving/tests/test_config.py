@@ -95,11 +95,10 @@ def test_profile_of_another_architecture() -> None:
     [
         ({"enable_prefix_caching": True}, "ripplekv: prefix caching is on"),
         ({"enable_prefix_caching": True}, "start vLLM with enable_prefix_caching=False"),
-        ({"enable_chunked_prefill": True}, "start vLLM with enable_chunked_prefill=False"),
         ({"block_size": 16}, "ripplekv: block_size 16 is not a multiple of 32"),
         ({"block_size": 48}, "ripplekv: block_size 48 is not a multiple of 32"),
         ({"max_num_batched_tokens": 1024}, "ripplekv: max_num_batched_tokens=1024 is below max_model_len=2048"),
-        ({"long_prefill_token_threshold": 64}, "start vLLM with long_prefill_token_threshold=0"),
+        ({"long_prefill_token_threshold": 64}, "only chunked prefill serves: start vLLM with enable_chunked_prefill"),
         ({"disable_hybrid_kv_cache_manager": True}, "start vLLM with disable_hybrid_kv_cache_manager=False"),
         ({"speculative_decoding": True}, "ripplekv: speculative decoding is on"),
         ({"async_scheduling": True}, "start vLLM with async_scheduling=False"),
@@ -113,6 +112,11 @@ def test_profile_of_another_architecture() -> None:
 def test_engine_settings_the_plugin_cannot_serve(engine: dict, message: str) -> None:
     with raises(message):
         make({"keep_fractions": [0.5] * 30}, **engine)
+
+
+def test_chunked_prefill_is_served_with_any_step_budget_and_a_long_prefill_cap() -> None:
+    chunked = {"enable_chunked_prefill": True, "max_num_batched_tokens": 256, "long_prefill_token_threshold": 128}
+    assert make({"keep_fractions": [0.5] * 30}, **chunked).enable_chunked_prefill
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,49 @@ def test_decoding_attends_exactly_the_kept_tokens(tier_run, tiny_dir: str, promp
     assert tier_run["run"].requests["a"].tokens == tokens
 
 
+CHUNK = 96
+"""The chunked engine's step budget: the 500- and 333-token prompts arrive in pieces, ``a``'s last one (alone: 20
+tokens) shorter than the 64-token window, whose queries then come from the pieces before."""
+
+
+@pytest.fixture(scope="module")
+def chunked_run(tiny_dir: str, prompts: dict[str, list[int]]):
+    """``tier_run`` under chunked prefill (96 tokens a step), recording ``a``'s kept positions when alone."""
+    llm = ripple_llm(
+        tiny_dir,
+        {"keep_fractions": FRACTIONS, "window": WINDOW},
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=CHUNK,
+    )
+    kept: dict[tuple[str, int], torch.Tensor] = {}
+    try:
+        run = drive(llm, prompts, TOKENS)
+        observe_kept(lambda layer, row, indices: kept.__setitem__((layer, row), indices.clone()))
+        alone = drive(llm, {"a": prompts["a"]}, TOKENS)
+        stashed = runner_of(llm).stash.requests
+    finally:
+        observe_kept(None)
+        close(llm)
+    return {"run": run, "alone": alone, "kept": kept, "stashed": stashed}
+
+
+def test_chunked_prefill_keeps_and_answers_as_one_step_prefill(tier_run, chunked_run) -> None:
+    """Each prompt is compacted in the step that prefills its end, from all its pieces: the same kept positions in
+    every layer, the same holes freed and the same answers as when it is prefilled in one step."""
+    first = chunked_run["run"].requests["a"].blocks[0]
+    assert non_null(first)[0] <= CHUNK // BS < 500 // BS  # the prompt did arrive in pieces
+    for (layer, row), indices in chunked_run["kept"].items():
+        assert torch.equal(indices, tier_run["kept"][(layer, row)]), layer
+    assert len(chunked_run["kept"]) == LAYERS
+    for name in ("a", "b"):
+        chunked, whole = chunked_run["run"].requests[name], tier_run["run"].requests[name]
+        assert chunked.tokens == whole.tokens, name
+        assert chunked.logprobs == pytest.approx(whole.logprobs, abs=1e-4), name
+        assert non_null(chunked.blocks[-1]) == non_null(whole.blocks[-1]), name
+    assert chunked_run["alone"].requests["a"].tokens == tier_run["alone"].requests["a"].tokens
+    assert chunked_run["stashed"] == frozenset()  # nothing left aside once the prompts completed
+
+
 def test_unconfigured_engine_in_the_same_process_is_stock(tier_run, tiny_dir: str, prompts, stock) -> None:
     from vllm import LLM
     from vllm.config import get_layers_from_vllm_config
@@ -186,27 +229,31 @@ def test_unconfigured_engine_in_the_same_process_is_stock(tier_run, tiny_dir: st
 PREEMPT_TOKENS = 200
 
 
-@pytest.fixture(scope="module")
-def preempt_run(tiny_dir: str):
-    """Two 500-token requests arriving at steps 0 and 2 in a 46-block pool, 200 tokens each, and each alone.
+@pytest.fixture(scope="module", params=[False, True], ids=["one-step prefill", "chunked prefill"])
+def preempt_run(tiny_dir: str, request: pytest.FixtureRequest):
+    """Two 500-token requests arriving at steps 0 and 2 in a 46-block pool, 200 tokens each, and each alone; prompts
+    prefilled in one step, or in pieces of 96 tokens (a resumed request then prefills prompt and answer in pieces).
 
     After both prompts are compacted (12 blocks each) 21 blocks are free and both grow by 2 blocks every 32 tokens,
     so the second is preempted (recomputed) once it has generated well over a hundred tokens.
     """
     rng = random.Random(0)
     long = {f"r{i}": [rng.randrange(3, 49152) for _ in range(500)] for i in range(2)}
+    chunked = {"enable_chunked_prefill": True, "max_num_batched_tokens": CHUNK} if request.param else {}
     llm = ripple_llm(
         tiny_dir,
         {"keep_fractions": FRACTIONS, "window": WINDOW},
         num_gpu_blocks_override=46,
         max_model_len=704,
-        max_num_batched_tokens=704,
+        **{"max_num_batched_tokens": 704, **chunked},
     )
     try:
         both = drive(llm, long, PREEMPT_TOKENS, arrivals={"r0": 0, "r1": 2})
         alone = {name: drive(llm, {name: ids}, PREEMPT_TOKENS) for name, ids in long.items()}
+        stashed = runner_of(llm).stash.requests
     finally:
         close(llm)
+    assert stashed == frozenset()
     return both, alone
 
 

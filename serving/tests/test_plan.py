@@ -1,4 +1,5 @@
-"""``plan_batch``: decode rows read around the hole, whole prefills compact, partial prefills are refused."""
+"""``plan_batch``: decode rows read around the hole, a prompt compacts in the step that reaches its end, the pieces
+before it (chunked prefill) are kept aside."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 
 from ripplekv_vllm.hole import hole
-from ripplekv_vllm.plan import ChunkedPrefillError, plan_batch, virtual_row
+from ripplekv_vllm.plan import plan_batch, virtual_row
+from ripplekv_vllm.stash import PromptStash
 
 BS, WINDOW = 32, 64
 
@@ -72,7 +74,38 @@ def test_a_resumed_request_compacts_its_prompt_and_carries_its_generated_tokens(
     assert seq == int(decode.seq_lens[0]) and torch.equal(row[:used], decode.block_table[0, :used])
 
 
-@pytest.mark.parametrize(("seq", "query"), [(700, 300), (400, 400)])
-def test_partial_prefill_is_refused(seq: int, query: int) -> None:
-    with pytest.raises(ChunkedPrefillError, match="RippleKV needs each prompt prefilled in one step"):
-        plan_batch(torch.tensor([seq]), torch.tensor([0, query]), torch.tensor([700]), table(1, 30), quarter, BS)
+def test_chunked_prefill_keeps_pieces_aside_and_compacts_at_the_prompts_end() -> None:
+    prompts = torch.tensor([700, 700, 700])
+    # row 0: its first 300 tokens; row 1: tokens 300-599; row 2: tokens 600-699 and 5 generated ones (a resume)
+    seq_lens = torch.tensor([300, 600, 705])
+    starts = torch.tensor([0, 300, 600, 705])
+    plan = plan_batch(seq_lens, starts, prompts, table(3, 30), quarter, BS)
+    assert [(c.row, c.start, c.computed, c.tokens) for c in plan.chunks] == [(0, 0, 0, 300), (1, 300, 300, 300)]
+    (job,) = plan.compactions
+    assert (job.row, job.start, job.computed, job.generated) == (2, 600, 600, 5)
+    assert plan.remapped_rows == () and torch.equal(plan.seq_lens, seq_lens)
+
+
+def test_a_group_that_keeps_everything_keeps_no_piece_aside() -> None:
+    plan = plan_batch(torch.tensor([300]), torch.tensor([0, 300]), torch.tensor([700]), table(1, 30), everything, BS)
+    assert plan.chunks == () and plan.compactions == ()
+
+
+def test_the_stash_gives_back_a_prompt_in_order_and_refuses_a_gap() -> None:
+    stash = PromptStash()
+    keys, queries = torch.arange(10.0)[:, None, None], torch.arange(10.0)[:, None, None] + 100
+    stash.add("a", "l0", 0, keys[:4], -keys[:4], queries[:4], window=3)
+    stash.add("a", "l0", 4, keys[4:7], -keys[4:7], queries[4:7], window=3)
+    with pytest.raises(RuntimeError, match="must arrive in order"):
+        stash.add("a", "l0", 9, keys[9:], -keys[9:], queries[9:], window=3)
+    kept = stash.take("a", "l0", 7)
+    assert torch.equal(torch.cat(kept.keys), keys[:7]) and torch.equal(torch.cat(kept.values), -keys[:7])
+    assert kept.queries is not None and torch.equal(kept.queries, queries[4:7])  # the last window seen
+    assert stash.requests == frozenset()
+    stash.add("b", "l0", 0, keys[:2], keys[:2], queries[:2], window=3)
+    stash.add("b", "l0", 0, keys[:1], keys[:1], queries[:1], window=3)  # prefilled again from its start
+    with pytest.raises(RuntimeError, match="after 2 positions prefilled before, but 1 are kept"):
+        stash.take("b", "l0", 2)
+    stash.add("c", "l0", 0, keys[:2], keys[:2], queries[:2], window=3)
+    stash.drop(["c"])
+    assert stash.requests == frozenset() and stash.nbytes == 0

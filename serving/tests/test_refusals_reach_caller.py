@@ -33,14 +33,9 @@ def cases(model_dir: str, alibi_dir: str, sliding_dir: str) -> list[dict[str, An
     listed: list[dict[str, Any]] = [
         {"name": "vLLM's defaults", "engine": {}, "message": "ripplekv: prefix caching is on"},
         {
-            "name": "chunked prefill (vLLM's default)",
-            "engine": {"enable_prefix_caching": False},
-            "message": "ripplekv: chunked prefill is on",
-        },
-        {
             "name": "a long-prefill threshold",
             "engine": {**FITTED, "long_prefill_token_threshold": 256},
-            "message": "ripplekv: long_prefill_token_threshold=256 cuts long prompts",
+            "message": "ripplekv: long_prefill_token_threshold=256 cuts long prompts into pieces, which only chunked",
         },
         {
             "name": "one KV-cache group forced",

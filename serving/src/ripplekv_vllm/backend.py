@@ -9,14 +9,16 @@ like the stock backend.
 
 * :class:`RippleBuilder` plans each step (:func:`ripplekv_vllm.plan.plan_batch`) from the rows' prompt lengths,
   which the runner lends it (:meth:`RippleBuilder.bind`): decode rows read through a virtual block table that
-  skips the hole, whole-prompt prefill rows are marked for compaction.
+  skips the hole, rows whose step reaches their prompt's end are marked for compaction, and under chunked prefill
+  the pieces before it are marked to be kept aside (:mod:`ripplekv_vllm.stash`).
 * :class:`RippleImpl` runs the stock attention first (the prefill attends to the whole prompt), then compacts:
   per KV head, the kept tokens' keys and values (:mod:`ripplekv_vllm.selection`, post-RoPE, from this step's
-  tensors; the cache is never read) are written to the request's slots ``0 .. k - 1`` through the kernel's own
-  ``cpu_attn_reshape_and_cache`` (the cache layout is ISA-packed, so torch never indexes it). The kept keys keep
+  tensors and the prompt's earlier pieces kept aside; the cache is never read) are written to the request's slots
+  ``0 .. k - 1`` through the kernel's own ``cpu_attn_reshape_and_cache`` (the cache layout is ISA-packed, so torch
+  never indexes it). The kept keys keep
   the RoPE rotation of their original positions, and later queries keep their logical positions, as the library's
   compressed cache does.
-* A request resumed after a recompute preemption prefills prompt and generated tokens in one step. After the
+* A request resumed after a recompute preemption prefills prompt and generated tokens again. After the
   compaction, its generated tokens attend again, over the compacted prompt through the virtual table (their own
   metadata, built by the builder), and their outputs replace the stock ones: each layer passes on what the
   uninterrupted request computed, so preemption does not change the answer.
@@ -25,7 +27,7 @@ like the stock backend.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -37,9 +39,10 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-from ripplekv_vllm.plan import Compaction, plan_batch, virtual_row
+from ripplekv_vllm.plan import Chunk, Compaction, plan_batch, virtual_row
 from ripplekv_vllm.selection import kept_indices, snapkv_scores
 from ripplekv_vllm.spec import RippleSpec
+from ripplekv_vllm.stash import PromptStash
 
 __all__ = ["RippleAttentionMetadata", "RippleBuilder", "RippleCPUAttentionBackend", "RippleImpl", "observe_kept"]
 
@@ -69,8 +72,11 @@ class RippleAttentionMetadata(CPUAttentionMetadata):
         resumes: for each compaction with generated tokens (a resumed request), the metadata of those tokens'
             attention over the compacted prompt.
         real_block_table: the worker's block table, whose first ``k / bs`` blocks receive the kept tokens.
-        window: the tier's SnapKV observation window.
-        kernel_size: the tier's SnapKV pooling kernel.
+        window: the group's SnapKV observation window.
+        kernel_size: the group's SnapKV pooling kernel.
+        chunks: the rows prefilling a piece of their prompt short of its end (kept aside in ``stash``).
+        requests: the request id of each row that has a chunk or a compaction after chunks.
+        stash: the runner's :class:`~ripplekv_vllm.stash.PromptStash`.
     """
 
     compactions: tuple[Compaction, ...] = ()
@@ -78,6 +84,15 @@ class RippleAttentionMetadata(CPUAttentionMetadata):
     real_block_table: torch.Tensor | None = None
     window: int = 64
     kernel_size: int = 5
+    chunks: tuple[Chunk, ...] = ()
+    requests: dict[int, str] = field(default_factory=dict)
+    stash: PromptStash | None = None
+
+    def kept_aside(self, row: int) -> tuple[PromptStash, str]:
+        """The stash and the request id of a row whose prompt is prefilled in pieces."""
+        if self.stash is None or row not in self.requests:
+            raise RuntimeError(f"ripplekv: row {row} is prefilled in pieces but its builder gave no stash for it")
+        return self.stash, self.requests[row]
 
 
 class RippleBuilder(CPUAttentionMetadataBuilder):
@@ -94,14 +109,23 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
         """
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._prompt_lens: Callable[[int], torch.Tensor] | None = None
+        self._request_ids: Callable[[], list[str | None]] | None = None
+        self._stash: PromptStash | None = None
 
-    def bind(self, prompt_lens: Callable[[int], torch.Tensor]) -> None:
-        """Lend the builder the rows' prompt lengths (the runner's input batch, in metadata row order).
+    def bind(
+        self,
+        prompt_lens: Callable[[int], torch.Tensor],
+        request_ids: Callable[[], list[str | None]],
+        stash: PromptStash,
+    ) -> None:
+        """Lend the builder the runner's view of its rows (its input batch, in metadata row order) and its stash.
 
         Args:
             prompt_lens: ``prompt_lens(num_reqs)`` gives the first ``num_reqs`` rows' prompt lengths.
+            request_ids: the rows' request ids.
+            stash: where chunked prompts' pieces are kept.
         """
-        self._prompt_lens = prompt_lens
+        self._prompt_lens, self._request_ids, self._stash = prompt_lens, request_ids, stash
 
     def hole_of(self, num_prompt_tokens: int) -> tuple[int, int]:
         """``(k, T)``: the token range of a prompt this group's layers read around (``k == T``: none).
@@ -127,8 +151,8 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
         spec = self.kv_cache_spec
         if not isinstance(spec, RippleSpec) or spec.budgets is None:
             return super().build(common_prefix_len, common_attn_metadata, fast_build)
-        if self._prompt_lens is None:
-            raise RuntimeError("RippleBuilder was not bound to the runner's prompt lengths (RippleRunner does it)")
+        if self._prompt_lens is None or self._request_ids is None:
+            raise RuntimeError("RippleBuilder was not bound to the runner's input batch (RippleRunner does it)")
         cm = common_attn_metadata
         num_reqs = cm.num_reqs
         plan = plan_batch(
@@ -148,6 +172,8 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
         resumes = tuple(
             (job, self._resume_metadata(job, common_attn_metadata)) for job in plan.compactions if job.generated
         )
+        rows = [chunk.row for chunk in plan.chunks] + [job.row for job in plan.compactions if job.computed]
+        ids = self._request_ids() if rows else []
         return RippleAttentionMetadata(
             **stock,
             compactions=plan.compactions,
@@ -155,6 +181,9 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             real_block_table=common_attn_metadata.block_table_tensor,
             window=spec.window,
             kernel_size=spec.kernel_size,
+            chunks=plan.chunks,
+            requests={row: str(ids[row]) for row in rows},
+            stash=self._stash,
         )
 
     def _resume_metadata(self, job: Compaction, cm: Any) -> CPUAttentionMetadata:
@@ -169,7 +198,7 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
         seq_len, row = virtual_row(
             cm.block_table_tensor[job.row], job.num_prompt_tokens + job.generated, job.kept, job.full, self.block_size
         )
-        begin = job.start + job.num_prompt_tokens
+        begin = job.start + job.num_prompt_tokens - job.computed
         query_start = torch.tensor([0, job.generated], dtype=cm.query_start_loc_cpu.dtype)
         resumed = cm.replace(
             query_start_loc=query_start.to(cm.query_start_loc.device),
@@ -227,10 +256,18 @@ class RippleImpl(CPUAttentionBackendImpl):
         out = super().forward(
             layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
         )
-        if isinstance(attn_metadata, RippleAttentionMetadata) and attn_metadata.compactions:
+        if not isinstance(attn_metadata, RippleAttentionMetadata):
+            return out
+        name = str(getattr(layer, "layer_name", ""))
+        for chunk in attn_metadata.chunks:  # kept aside until the piece that ends the prompt
+            stash, request = attn_metadata.kept_aside(chunk.row)
+            piece = slice(chunk.start, chunk.start + chunk.tokens)
+            stash.add(request, name, chunk.computed, key[piece], value[piece], query[piece], attn_metadata.window)
+        if attn_metadata.compactions:
             self._compact(layer, query, key, value, kv_cache, attn_metadata)
             for job, metadata in attn_metadata.resumes:  # generated tokens again, over the compacted prompt
-                tokens = slice(job.start + job.num_prompt_tokens, job.start + job.num_prompt_tokens + job.generated)
+                begin = job.start + job.num_prompt_tokens - job.computed
+                tokens = slice(begin, begin + job.generated)
                 super().forward(layer, query[tokens], key[tokens], value[tokens], kv_cache, metadata, output[tokens])
         return out
 
@@ -246,24 +283,24 @@ class RippleImpl(CPUAttentionBackendImpl):
         num_blocks, kv_heads, block_size, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(num_blocks, kv_heads, block_size * 2, -1).chunk(2, dim=2)
         assert metadata.real_block_table is not None
+        name = str(getattr(layer, "layer_name", ""))
         for job in metadata.compactions:
+            prompt, here = job.num_prompt_tokens, slice(job.start, job.start + job.num_prompt_tokens - job.computed)
+            keys, values, queries = key[here], value[here], query[here]
+            if job.computed:  # the prompt's earlier pieces, kept aside as they were prefilled
+                stash, request = metadata.kept_aside(job.row)
+                before = stash.take(request, name, job.computed)
+                keys, values = torch.cat([*before.keys, keys]), torch.cat([*before.values, values])
+                queries = torch.cat([before.queries, queries]) if before.queries is not None else queries
             if job.kept == 0:  # the tail alone holds the budget: nothing to move
                 continue
-            start, prompt = job.start, job.num_prompt_tokens
             window = min(metadata.window, prompt - 1)
-            scores = snapkv_scores(
-                query[start + prompt - window : start + prompt],
-                key[start : start + prompt],
-                window,
-                metadata.kernel_size,
-            )
+            scores = snapkv_scores(queries[-window:], keys, window, metadata.kernel_size)
             kept = kept_indices(scores, prompt, job.kept, job.full)  # [k, H]
             for observer in _OBSERVERS:
-                observer(str(getattr(layer, "layer_name", "")), job.row, kept)
-            rows_k = kept[..., None].expand(-1, -1, key.shape[-1])
-            rows_v = kept[..., None].expand(-1, -1, value.shape[-1])
-            kept_keys = key[start : start + prompt].gather(0, rows_k).contiguous()
-            kept_values = value[start : start + prompt].gather(0, rows_v).contiguous()
+                observer(name, job.row, kept)
+            kept_keys = keys.gather(0, kept[..., None].expand(-1, -1, keys.shape[-1])).contiguous()
+            kept_values = values.gather(0, kept[..., None].expand(-1, -1, values.shape[-1])).contiguous()
             positions = torch.arange(job.kept)
             blocks = metadata.real_block_table[job.row, positions // block_size].long()
             ops.cpu_attn_reshape_and_cache(

@@ -75,10 +75,13 @@ class RippleConfig:
         num_layers: decoder layers of the served model.
         block_size: the engine's KV-cache block size (a multiple of :data:`KERNEL_BLOCK`).
         max_model_len: the engine's longest sequence.
-        max_num_batched_tokens: the engine's token budget per scheduler step (``>= max_model_len``).
+        max_num_batched_tokens: the engine's token budget per scheduler step (``>= max_model_len`` without chunked
+            prefill).
         enable_prefix_caching: the engine's prefix caching (must be off).
-        enable_chunked_prefill: the engine's chunked prefill (must be off).
-        long_prefill_token_threshold: the engine's cap on a prompt's tokens per step (must be 0: no cap).
+        enable_chunked_prefill: the engine's chunked prefill (served: a prompt is compacted in the step that
+            prefills its end).
+        long_prefill_token_threshold: the engine's cap on a prompt's tokens per step (0: none; a cap cuts prompts
+            into pieces, so it needs chunked prefill).
         disable_hybrid_kv_cache_manager: whether vLLM merges every layer into one KV-cache group (must be off: each
             group is its own KV-cache group); vLLM also sets it for KV connectors without hybrid support.
         speculative_decoding: whether the engine has a speculative config (refused).
@@ -151,15 +154,10 @@ class RippleConfig:
                 "ripplekv: prefix caching is on, but compacted prompt blocks no longer hold what their hash says: "
                 "start vLLM with enable_prefix_caching=False"
             )
-        if self.enable_chunked_prefill:
-            raise RippleConfigError(
-                "ripplekv: chunked prefill is on, but each prompt must be prefilled in one step to be scored and "
-                "compacted: start vLLM with enable_chunked_prefill=False"
-            )
-        if self.long_prefill_token_threshold:
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             raise RippleConfigError(
                 f"ripplekv: long_prefill_token_threshold={self.long_prefill_token_threshold} cuts long prompts into "
-                "pieces, but each prompt must be prefilled in one step to be scored and compacted: start vLLM with "
+                "pieces, which only chunked prefill serves: start vLLM with enable_chunked_prefill=True, or "
                 "long_prefill_token_threshold=0"
             )
         if self.disable_hybrid_kv_cache_manager:
@@ -194,7 +192,7 @@ class RippleConfig:
                 f"ripplekv: block_size {self.block_size!r} is not a multiple of {KERNEL_BLOCK} (the CPU attention "
                 f"kernel's granularity; the plugin frees whole blocks): start vLLM with block_size={KERNEL_BLOCK}"
             )
-        if self.max_num_batched_tokens < self.max_model_len:
+        if self.max_num_batched_tokens < self.max_model_len and not self.enable_chunked_prefill:
             raise RippleConfigError(
                 f"ripplekv: max_num_batched_tokens={self.max_num_batched_tokens} is below "
                 f"max_model_len={self.max_model_len}: without chunked prefill a longer prompt could never be "

@@ -8,12 +8,15 @@ requests), so the worker derives the hole from the prompt length ``N`` alone, fo
 * a row whose computed tokens ``c = seq_len - query_len`` reach ``N`` (decoding, its prompt compacted): it reads
   through a *virtual* block table with the hole's columns removed and a sequence ``T - k`` tokens shorter, so the
   attention kernel never touches a freed (perhaps reused) block;
-* a row that prefills its whole prompt in this step (``c == 0``, ``seq_len >= N``): a :class:`Compaction` of its
-  first ``N`` tokens after the attention. A request resumed after a recompute preemption prefills its prompt and
-  its ``G`` generated tokens in one step (``seq_len = N + G``): its compaction also carries the generated tokens,
-  which the backend attends again over the compacted prompt (:func:`virtual_row`), so that they compute exactly
-  what they computed before the preemption;
-* a row that prefills part of its prompt: refused (:class:`ChunkedPrefillError`), the plugin needs whole prompts.
+* a row whose step reaches the end of its prompt (``c < N <= seq_len``): a :class:`Compaction` of its first ``N``
+  tokens after the attention. Under chunked prefill the prompt's earlier pieces (``c > 0``) were kept aside as they
+  were prefilled (:class:`Chunk`, :mod:`ripplekv_vllm.stash`), so the compaction scores and moves the whole prompt,
+  exactly as in one step. A request resumed after a recompute preemption prefills its prompt and its ``G``
+  generated tokens again (``seq_len = N + G`` when in one step): the compaction also carries the generated tokens of
+  its step, which the backend attends again over the compacted prompt (:func:`virtual_row`), so that they compute
+  exactly what they computed before the preemption; later ones read around the hole as decode rows do;
+* a row that prefills a piece of its prompt short of its end (chunked prefill, ``seq_len < N``): a :class:`Chunk`,
+  whose keys, values and last queries the backend keeps aside until the piece that completes the prompt.
 
 Rows whose group evicts nothing of their prompt (``k == T``) are left as they are.
 """
@@ -25,11 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BatchPlan", "ChunkedPrefillError", "Compaction", "plan_batch", "virtual_row"]
-
-
-class ChunkedPrefillError(RuntimeError):
-    """A prompt reached the RippleKV backend in pieces (chunked prefill), which the plugin cannot compact."""
+__all__ = ["BatchPlan", "Chunk", "Compaction", "plan_batch", "virtual_row"]
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,10 @@ class Compaction:
         num_prompt_tokens: the prompt length ``N``.
         kept: ``k``, the tokens of ``[0, T)`` kept in the first ``k / bs`` blocks.
         full: ``T = N // bs * bs``.
-        generated: ``G``, the generated tokens after the prompt in this step (a request resumed after a
-            preemption; 0 for a first prefill).
+        generated: the generated tokens after the prompt in this step (a request resumed after a preemption; 0 for
+            a first prefill).
+        computed: the prompt tokens prefilled in earlier steps (chunked prefill; kept aside until this step), so the
+            step's first token is prompt position ``computed``.
     """
 
     row: int
@@ -52,6 +53,24 @@ class Compaction:
     kept: int
     full: int
     generated: int = 0
+    computed: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a prompt prefilled in this step short of the prompt's end (chunked prefill), kept aside.
+
+    Attributes:
+        row: the batch row.
+        start: the piece's first token in the step's flattened tensors.
+        computed: the prompt tokens prefilled before it (its first token's prompt position).
+        tokens: its length.
+    """
+
+    row: int
+    start: int
+    computed: int
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -64,12 +83,14 @@ class BatchPlan:
             sequence are unspecified: the kernel never reads them).
         compactions: the rows that compact their prompt after the attention.
         remapped_rows: the rows read through the virtual table.
+        chunks: the rows prefilling a piece of their prompt short of its end.
     """
 
     seq_lens: torch.Tensor
     block_table: torch.Tensor
     compactions: tuple[Compaction, ...]
     remapped_rows: tuple[int, ...]
+    chunks: tuple[Chunk, ...] = ()
 
     @property
     def max_seq_len(self) -> int:
@@ -98,15 +119,13 @@ def plan_batch(
         block_table: the worker's per-row block ids, ``[num_reqs, max_blocks]``.
         hole_of: ``(k, T)`` of a prompt length (the group's hole).
         block_size: tokens per block.
-
-    Raises:
-        ChunkedPrefillError: a row prefills part of its prompt.
     """
     num_reqs = int(seq_lens.shape[0])
     prompts = prompt_lens[:num_reqs].tolist()
     seqs = seq_lens[:num_reqs].tolist()
     starts = query_start_loc[: num_reqs + 1].tolist()
     compactions: list[Compaction] = []
+    chunks: list[Chunk] = []
     remapped: list[int] = []
     gaps, kept_blocks = [0] * num_reqs, [0] * num_reqs
     for row, (prompt, seq) in enumerate(zip(prompts, seqs)):
@@ -120,16 +139,12 @@ def plan_batch(
         if computed >= prompt:
             remapped.append(row)
             gaps[row], kept_blocks[row] = (full - kept) // block_size, kept // block_size
-        elif computed == 0 and seq >= prompt:
-            compactions.append(Compaction(row, starts[row], prompt, kept, full, seq - prompt))
+        elif seq >= prompt:
+            compactions.append(Compaction(row, starts[row], prompt, kept, full, seq - prompt, computed))
         else:
-            raise ChunkedPrefillError(
-                f"RippleKV needs each prompt prefilled in one step, but a {prompt}-token prompt arrived with "
-                f"{computed} tokens already computed and {queried} in this step: start vLLM with "
-                "enable_chunked_prefill=False and max_num_batched_tokens >= max_model_len"
-            )
+            chunks.append(Chunk(row, starts[row], computed, queried))
     if not remapped:
-        return BatchPlan(seq_lens, block_table, tuple(compactions), ())
+        return BatchPlan(seq_lens, block_table, tuple(compactions), (), tuple(chunks))
     gap = torch.tensor(gaps, dtype=torch.int64)
     columns = torch.arange(block_table.shape[1], dtype=torch.int64)
     source = columns[None, :] + (columns[None, :] >= torch.tensor(kept_blocks)[:, None]) * gap[:, None]
@@ -137,7 +152,7 @@ def plan_batch(
     table[:num_reqs] = block_table[:num_reqs].gather(1, source.clamp_(max=block_table.shape[1] - 1))
     new_seq = seq_lens.clone()
     new_seq[:num_reqs] -= (gap * block_size).to(seq_lens.dtype)
-    return BatchPlan(new_seq, table, tuple(compactions), tuple(remapped))
+    return BatchPlan(new_seq, table, tuple(compactions), tuple(remapped), tuple(chunks))
 
 
 def virtual_row(row: torch.Tensor, seq_len: int, kept: int, full: int, block_size: int) -> tuple[int, torch.Tensor]:

@@ -11,9 +11,11 @@ budgets per layer, but vLLM's attention layers and backends do not know which la
 * :meth:`RippleRunner.get_kv_cache_spec` turns each layer's stock ``FullAttentionSpec`` into a
   :class:`~ripplekv_vllm.spec.RippleSpec` of its group (the layer index read from its name);
 * :meth:`RippleRunner.initialize_kv_cache` lends every :class:`~ripplekv_vllm.backend.RippleBuilder` the rows'
-  prompt lengths (the input batch's ``num_prompt_tokens_cpu_tensor``, in the order of the metadata rows) and builds
-  the :class:`~ripplekv_vllm.ledger.BlockLedger` from the builders' holes;
-* :meth:`RippleRunner.execute_model` checks each step's blocks against the ledger before the step runs.
+  prompt lengths and request ids (the input batch's, in the order of the metadata rows) and the runner's
+  :class:`~ripplekv_vllm.stash.PromptStash`, and builds the :class:`~ripplekv_vllm.ledger.BlockLedger` from the
+  builders' holes;
+* :meth:`RippleRunner.execute_model` checks each step's blocks against the ledger before the step runs, and drops
+  the pieces kept aside for finished and preempted requests.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ripplekv_vllm.backend import RippleBuilder, RippleCPUAttentionBackend, Ripp
 from ripplekv_vllm.config import RippleConfig, RippleConfigError
 from ripplekv_vllm.ledger import BlockLedger
 from ripplekv_vllm.spec import RippleSpec, ripple_spec_from
+from ripplekv_vllm.stash import PromptStash
 
 __all__ = ["RippleRunner"]
 
@@ -49,6 +52,7 @@ class RippleRunner(CPUModelRunner):
         """
         self.ripple_config = ripple_config
         self.ledger: BlockLedger | None = None
+        self.stash = PromptStash()
         super().__init__(vllm_config, device)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -124,7 +128,7 @@ class RippleRunner(CPUModelRunner):
                                 f"tokens but managed in blocks of {groups[index].kv_cache_spec.block_size}: the "
                                 "worker's hole would not be the scheduler's (the CPU build never splits blocks)"
                             )
-                        builder.bind(self._prompt_lens)
+                        builder.bind(self._prompt_lens, self._request_ids, self.stash)
                         holes[index] = builder.hole_of
         sizes = [group.kv_cache_spec.block_size for group in groups]
         if any(isinstance(group.kv_cache_spec, RippleSpec) for group in groups):
@@ -143,8 +147,13 @@ class RippleRunner(CPUModelRunner):
         """
         if self.ledger is not None:
             self.ledger.update(scheduler_output)
+        self.stash.drop(scheduler_output.finished_req_ids | (scheduler_output.preempted_req_ids or set()))
         return super().execute_model(scheduler_output, *args, **kwargs)
 
     def _prompt_lens(self, num_reqs: int) -> torch.Tensor:
         """The first ``num_reqs`` rows' prompt lengths (read at call time: the input batch can be rebuilt)."""
         return self.input_batch.num_prompt_tokens_cpu_tensor[:num_reqs]
+
+    def _request_ids(self) -> list[str | None]:
+        """The rows' request ids (read at call time, as the prompt lengths)."""
+        return list(self.input_batch.req_ids)
