@@ -1,5 +1,10 @@
 """Ray plumbing of ``--workers N``: keyed units (samples) on actors that load the model once and stream each result
-to the driver as it exists; a unit whose actor dies is requeued with what is missing of it. Ray is optional."""
+to the driver as it exists; a unit whose actor dies is requeued with what is missing of it. Ray is optional.
+
+The requeue is written here rather than left to Ray's ``max_restarts`` / ``max_task_retries``: Ray retries a call on
+an actor rebuilt by its constructor, so the unit a ``next_item`` call was streaming is gone, and a streaming
+generator's retry runs the unit again from its start; here the driver hands the unit out again with only what it has
+not received (``arguments(key)``), and a replacement actor's setup is checked against the others'."""
 
 from __future__ import annotations
 
