@@ -66,6 +66,9 @@ def test_install_hint_names_the_extra_that_requires_the_module() -> None:
     assert install_hint("rouge") == "pip install 'ripplekv[eval]'"
     assert install_hint("ray") == "pip install 'ripplekv[ray]'"
     assert install_hint("surely_no_such_module") == "pip install surely_no_such_module"
+    # a module of ripplekv's own packages is not a dependency (the test extra requires ripplekv itself)
+    assert "[test]" not in install_hint("ripplekv.presses.no_such_module")
+    assert install_hint("ripplekv_eval.no_such_module").endswith("pip install --force-reinstall ripplekv")
 
 
 def test_the_harness_commands_import_exactly_the_eval_extra() -> None:

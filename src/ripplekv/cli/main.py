@@ -8,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points, packages_distributions
 from typing import Any, Protocol
 
 from packaging.requirements import Requirement
@@ -47,13 +47,17 @@ class Command(Protocol):
 
 
 def install_hint(module: str | None, dist: str = "ripplekv") -> str:
-    """The pip command that installs ``module``: the extra of ``dist`` that requires it, else the module itself.
+    """The pip command that installs ``module``: the extra of ``dist`` that requires it, else the module itself; a
+    module of ``dist``'s own packages is no dependency: ``dist`` itself is incomplete and is installed again.
 
     Args:
-        module: the top-level name of the missing module (``ModuleNotFoundError.name``).
+        module: the missing module (``ModuleNotFoundError.name``).
         dist: the distribution whose extras are searched.
     """
-    name = canonicalize_name((module or "").partition(".")[0])
+    top = (module or "").partition(".")[0]
+    if dist in packages_distributions().get(top, ()):
+        return f"{module} is part of {dist}, whose installation is incomplete: pip install --force-reinstall {dist}"
+    name = canonicalize_name(top)
     try:
         requires = distribution(dist).requires or []
     except PackageNotFoundError:
