@@ -162,12 +162,14 @@ MODULES: dict[str, tuple[str, ...]] = {
         *RELATIONS,
     ),
     "ripplekv_eval/fastpath/derive.py": FASTPATH_TESTS + ("tests/test_score_memo.py",),
-    "ripplekv/presses/method_spec.py": (
-        "tests/test_method_spec.py",
+    # the table and, since issue 45, every method's factory (factories.py's tests joined it)
+    "ripplekv/presses/method_spec.py": TRACED_TESTS
+    + (
         "tests/test_tune.py",
         "tests/test_mutation_presses.py",
         "tests/test_mutation_press_edges.py",
-        *RELATIONS,
+        "tests/test_ada_press.py",
+        "tests/test_lava_full.py",
     ),
     "ripplekv/presses/method_lists.py": ("tests/test_method_spec.py", "tests/test_tune.py", *RELATIONS),
     "ripplekv_eval/fastpath/recording_press.py": (
@@ -196,7 +198,6 @@ MODULES: dict[str, tuple[str, ...]] = {
     + ("tests/test_sliding_window.py", "tests/test_mutation_inference.py"),
     "ripplekv/presses/selection_window.py": TRACED_TESTS
     + ("tests/test_per_prompt_press.py", "tests/test_relations_models.py"),
-    "ripplekv/presses/factories.py": TRACED_TESTS + ("tests/test_ada_press.py", "tests/test_lava_full.py"),
     "ripplekv/presses/layer_budget_ada_press.py": ("tests/test_ada_press.py", "tests/test_eval_shared.py", *RELATIONS),
     "ripplekv/models/headwise.py": (
         "tests/test_headwise.py",

@@ -56,3 +56,21 @@ def test_the_cli_reference_is_generated_from_the_parser() -> None:
     assert section == options_reference().strip(), "run `python -m ripplekv.cli.reference docs/cli.md`"
     for flag in ("--strict-profile", "--budgets", "--score"):
         assert f"`{flag}`" in section
+
+
+def test_the_method_tables_of_the_cli_doc_follow_the_method_table() -> None:
+    """docs/cli.md describes every method of ``METHOD_TABLE`` and lists each one's parameters in declared order
+    (the canonical order), with their kinds and defaults (a default derived when the press is built: described)."""
+    from ripplekv.presses.method_spec import METHOD_TABLE, format_value
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    methods, params = text.split("### Methods\n", 1)[1].split("\n## ", 1)[0].split("### Method parameters\n", 1)
+    assert re.findall(r"^\| `([\w-]+)` \|", methods, re.MULTILINE) == list(METHOD_TABLE)
+    rows = dict(re.findall(r"^\| `([\w-]+)` \| (.*) \|$", params, re.MULTILINE))
+    assert list(rows) == [name for name, method in METHOD_TABLE.items() if method.params]
+    for name, row in rows.items():
+        listed = re.findall(r"`(\w+)` \((\w+), default:? ([^):]+)", row)
+        declared = METHOD_TABLE[name].params
+        assert [(key, kind) for key, kind, _ in listed] == [(p.name, p.kind.__name__) for p in declared], name
+        for (key, _, default), param in zip(listed, declared):
+            assert param.default is None or default == format_value(param.default), (name, key, default)

@@ -193,6 +193,27 @@ def test_no_circles_among_modules() -> None:
     assert circles(graph(typing=True)) == []
 
 
+def test_the_method_table_holds_its_factories_and_the_graph_sees_their_imports() -> None:
+    """A factory is an object of the table, not a name resolved at run time (an import the graph cannot read, which
+    hid a circle): each is defined in the table's module or one it imports, and outside the package inits (PEP 562)
+    no module resolves a module by name but the model assets' packages (``models/sources.py``, not ripplekv's)."""
+    from ripplekv.presses.method_spec import METHOD_TABLE
+
+    edges, table = graph(), "ripplekv.presses.method_spec"
+    for name, method in METHOD_TABLE.items():
+        module = getattr(method.factory, "func", method.factory).__module__  # a partial's function
+        assert module == table or module in edges[table], name
+    by_name = [
+        name
+        for name, path in modules().items()
+        if path.name != "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("resolve_name", "import_module")
+    ]
+    assert by_name == ["ripplekv.models.sources"]
+    assert {"ripplekv.presses.ripplekv_press", "ripplekv.presses.per_prompt_press"} <= edges[table]  # lazy imports
+
+
 def test_package_inits_import_nothing_and_names_come_from_their_modules() -> None:
     """A package's ``__init__`` imports none of the package's modules (its names resolve on first use, PEP 562;
     ``ripplekv_eval.cli`` imports only the ``eval`` extra), and ``src/`` and ``tests/`` import each name from the

@@ -256,6 +256,14 @@ def test_a_parameter_of_a_dataclass_has_its_fields_kind_and_default() -> None:
                 derived = param.default is None and param.owner is AllocationConfig
                 assert derived or param.default == field.default, (method, param)
                 assert param.kind.__name__ == field.type, (method, param)
+    # a knob of a press that needs torch is declared by hand (the table loads without torch): the press's default
+    from kvpress import AdaKVPress, StreamingLLMPress
+
+    from ripplekv.presses.lava_press import LavaPress
+
+    for name, press in (("streamingllm", StreamingLLMPress), ("adakv", AdaKVPress), ("lava", LavaPress)):
+        for param in (p for p in METHOD_TABLE[name].params if p.owner is None and p.name != "window"):
+            assert param.default == {f.name: f.default for f in dataclasses.fields(press)}[param.name], param
     assert parse_method("ripplekv:r=8").config(AllocationConfig) == AllocationConfig(ratio=8.0)
     assert parse_method("ripplekv").config(AllocationConfig) == AllocationConfig()  # None: the dataclass default
     assert parse_method("pyramidkv").values == {"beta": PyramidSchedule.beta}
@@ -274,3 +282,23 @@ def test_removed_tables_point_to_the_method_table(module: str, name: str, replac
 
     with pytest.raises(ImportError, match=re.escape(replacement)):
         exec(f"from {module} import {name}", {})
+
+
+def test_the_profile_a_method_needs_is_declared_once_in_its_entry() -> None:
+    """``make_press``, ``eval``, ``tune``, ``allocate`` and ``generate`` all read ``Method.needs_profile``."""
+    from ripplekv.presses.method_spec import Method, needs_profile
+
+    needed = {name: method.needs_profile for name, method in METHOD_TABLE.items() if method.needs_profile}
+    assert needed == {
+        "ripplekv": "sensitivity",
+        "ripplekv-local": "sensitivity",
+        "ripplekv-ada": "sensitivity",
+        "ripplekv-oracle": "damage",
+    }
+    assert needs_profile("RippleKV-Local:r=8") == "sensitivity" and needs_profile("uniform") == ""
+    with pytest.raises(ValueError, match="method 'ripplekv-ada' needs a sensitivity profile"):
+        make_press("ripplekv-ada", budget=0.2)
+    with pytest.raises(ValueError, match="needs a damage profile .* got a sensitivity profile"):
+        make_press("ripplekv-oracle", budget=0.2, profile=_profile())
+    with pytest.raises(ValueError, match="needs_profile must be"):
+        Method("a method", METHOD_TABLE["full"].factory, needs_profile="some")  # type: ignore[arg-type]

@@ -27,8 +27,8 @@ from ripplekv.models.headwise import HeadwiseMask, attention_modules
 from ripplekv.models.identity import cached_weights_fingerprint
 from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
 from ripplekv.presses.layer_budget_press import LayerBudgetPress
-from ripplekv.presses.method_spec import METHOD_TABLE, parse_method
-from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER, Build, make_press
+from ripplekv.presses.method_spec import METHOD_TABLE, Build, parse_method
+from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS, METHODS_WITHOUT_SCORER, make_press
 from ripplekv.presses.ripplekv_press import RippleKVPress
 from ripplekv.presses.selection_window import check_compressible, check_prompt_length, has_padding, selection_window
 from ripplekv.profiling.profile import ProfileError, ProfileWeightsWarning

@@ -103,15 +103,15 @@ class DynamicKVRule(PerPromptRule):
     """DynamicKV's allocation (Zhou et al., EMNLP 2025): shares from a progressive global top-k over layers.
 
     Attributes:
-        kernel_size: width of the pooling along the keys (odd).
         radio_max: the cap on a layer's selected tokens in multiples of the average (``>= 1``; the authors' name).
         update_interval: layers between two updates; a last update always runs at the last layer.
+        kernel_size: width of the pooling (``pooling``: avgpool or maxpool) along the keys (odd).
     """
 
+    radio_max: float = 10.0  # the fields' order is the specs' (``dynamickv:radio_max=2,window=64``): keep it
+    update_interval: int = 4
     kernel_size: int = 7
     pooling: str = "avgpool"
-    radio_max: float = 10.0
-    update_interval: int = 4
     name: ClassVar[str] = "dynamickv"
     statistic_inputs: ClassVar[tuple[str, ...]] = ("window_attention",)
     statistic_names: ClassVar[tuple[str, ...]] = DynamicKVStatistic._fields

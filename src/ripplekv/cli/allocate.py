@@ -8,7 +8,7 @@ from typing import Any
 
 from ripplekv.cli.args import add_budget_args, load_profile, positive_int, resolve_budget
 
-PROFILE_SCHEDULES = ("ripplekv", "ripplekv-local")
+COMPARED = ("uniform", "pyramidkv", "ripplekv", "ripplekv-local")  # method names, but uniform (snapkv's)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -68,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv allocate`` with parsed ``args``: print the budgets table (or JSON); return the exit status."""
     from ripplekv.allocation.budget import AllocationConfig, BudgetSpec, ProfileSchedule, allocate
     from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
+    from ripplekv.presses.method_spec import needs_profile
     from ripplekv.profiling.profile import resolve_setting
 
-    profile = load_profile(args.profile, required=args.schedule in PROFILE_SCHEDULES and not args.compare)
+    profile = load_profile(args.profile, required=bool(needs_profile(args.schedule)) and not args.compare)
     if profile is None and args.layers is None:
         raise SystemExit("error: give --profile (or --layers N for the pyramidkv and uniform schedules)")
     if profile is not None and args.layers is not None and args.layers != profile.num_layers:
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             schedule = ProfileSchedule(**given, scores=signal_scores(name), ratio=setting.ratio, gamma=setting.gamma)
         return schedule.layer_budgets(n_layers, args.prompt_tokens, floor)
 
-    names = ["uniform", "pyramidkv", *(PROFILE_SCHEDULES if profile else ())] if args.compare else [args.schedule]
+    names = [s for s in COMPARED if profile or not needs_profile(s)] if args.compare else [args.schedule]
     table = {name: budgets_of(name) for name in names}
     average = spec.average(args.prompt_tokens)
     shown = str(spec.budget) if spec.tokens is None else f"{spec.tokens} token{'s' * (spec.tokens != 1)} per layer"
@@ -119,14 +120,14 @@ def run(args: argparse.Namespace) -> int:
         )
     header = f"{n_layers} layers, budget {shown} of {args.prompt_tokens} prompt tokens: "
     header += f"{average} tokens per layer on average, {average * n_layers} in all"
-    ripple_shown = args.schedule in PROFILE_SCHEDULES or (args.compare and profile is not None)
+    ripple_shown = bool(needs_profile(args.schedule)) or (args.compare and profile is not None)
     setting_line = f"ripplekv setting: {setting.describe()}"
     if setting.source == "profile":
         setting_line += f"; chosen by `ripplekv profile`: {profile.setting.describe()}"  # type: ignore[union-attr]
     elif setting.source == "default" and profile is not None:
         setting_line += "; the profile records no setting (made before settings existed, or --no-select-setting)"
     setting_json = {"ratio": setting.ratio, "gamma": setting.gamma, "setting_source": setting.source}
-    if args.schedule in PROFILE_SCHEDULES and not args.compare:
+    if needs_profile(args.schedule) and not args.compare:
         scores = signal_scores(args.schedule)
         config = AllocationConfig(ratio=setting.ratio, gamma=setting.gamma)
         allocation = allocate(scores, prompt_tokens=args.prompt_tokens, config=config, min_tokens=floor, **given)

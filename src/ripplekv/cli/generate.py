@@ -61,10 +61,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ripplekv generate`` with parsed ``args``: print the answer and cache sizes; return the exit status."""
     from ripplekv.inference.generate import generate_answer
     from ripplekv.models.loading import load_model
+    from ripplekv.presses.method_spec import needs_profile
     from ripplekv.presses.registry import make_press
     from ripplekv.presses.ripplekv_press import press_setting
 
-    profile = load_profile(args.profile, required=args.method.startswith("ripplekv"))
+    profile = load_profile(args.profile, required=bool(needs_profile(args.method)))
     given = resolve_budget(args)  # {"budget": F} or {"tokens": N}
     press = make_press(
         args.method,

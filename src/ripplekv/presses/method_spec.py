@@ -1,28 +1,40 @@
-"""The methods of ``make_press`` (:data:`METHOD_TABLE`) and their specs, ``cake:tau1=2,tau2=0.5``: a parameter is a
-field of the dataclass the method is built from (kind and default read from it); a spec has one canonical form
-(declared order, defaults left out). No torch or kvpress import: reports read committed runs' names without them."""
+"""The methods of ``make_press`` (:data:`METHOD_TABLE`: factory, parameters, profile) and their specs,
+``cake:tau1=2,tau2=0.5``: a parameter is a field of the dataclass the method is built from (kind and default read
+from it); a spec has one canonical form (declared order, defaults left out). No torch or kvpress import (reports
+read committed runs' names without them): a factory imports its presses when called."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
 
-from ripplekv.allocation.budget import AllocationConfig
+from ripplekv.allocation.budget import AllocationConfig, BudgetSpec
 from ripplekv.allocation.cake import CakeRule
 from ripplekv.allocation.dynamickv import DynamicKVRule
 from ripplekv.allocation.lava import LavaRule
 from ripplekv.allocation.lava_heads import DEFAULT_FLOOR_ALPHA
-from ripplekv.allocation.schedules import PyramidSchedule
+from ripplekv.allocation.per_prompt import PerPromptRule, PerPromptSchedule
+from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
 from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
-from ripplekv.profiling.damage_profile import ORACLE_METHOD
+from ripplekv.profiling.damage_profile import ORACLE_METHOD, require_damage_profile
+from ripplekv.profiling.profile import SensitivityProfile
 
-__all__ = ["METHOD_TABLE", "PARAM_SEPARATOR", "Method", "MethodSpec", "Param", "base_method", "parse_method"]
+if TYPE_CHECKING:
+    from kvpress import ScorerPress
+    from kvpress.presses.base_press import BasePress
+
+    from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+    from ripplekv.presses.ripplekv_press import RippleKVPress
+
+__all__ = ["METHOD_TABLE", "Build", "Method", "MethodSpec", "Param", "base_method", "needs_profile", "parse_method"]
 
 PARAM_SEPARATOR = ":"
 _KINDS = {"float": float, "int": int, "bool": bool, "str": str}
+SENSITIVITY, DAMAGE = "sensitivity", "damage"  # the profiles a method needs: `ripplekv profile`'s, `ripplekv analyze`'s
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,11 @@ class Param:
         declared = {f.name: f for f in dataclasses.fields(owner)}[field or name]
         kind = _KINDS.get(declared.type, declared.type) if isinstance(declared.type, str) else declared.type
         return cls(name, kind, declared.default, owner, field)  # type: ignore[arg-type]
+
+    @classmethod
+    def fields(cls, owner: type) -> tuple[Param, ...]:
+        """A parameter for each field of the dataclass ``owner``, in declared order (a spec's canonical order)."""
+        return tuple(cls.of(owner, f.name) for f in dataclasses.fields(owner))
 
     def read(self, method: str, text: str) -> Any:
         """``text`` as a value of this parameter's kind, or a ``ValueError`` naming the method and parameter."""
@@ -73,16 +90,21 @@ class Param:
 
 @dataclass(frozen=True)
 class Method:
-    """A method: what it computes (the legend of reports), its factory (``module:function`` under
-    ``ripplekv.presses``, resolved by ``make_press``), its parameters, the arguments besides them with which an
-    owner is built to check values, whether it takes ``tokens=`` and whether ``scorer=`` replaces its scorer."""
+    """A method: what it computes (the legend of reports), its factory (a :class:`Build` to the press), its
+    parameters, the arguments besides them with which an owner is built to check values, whether it takes
+    ``tokens=``, whether ``scorer=`` replaces its scorer, and the profile it needs ("" for none)."""
 
     description: str
-    factory: str
+    factory: Callable[[Build], BasePress]
     params: tuple[Param, ...] = ()
     owner_args: tuple[tuple[type, tuple[tuple[str, Any], ...]], ...] = ()
     takes_tokens: bool = True
     has_scorer: bool = True
+    needs_profile: Literal["", "sensitivity", "damage"] = ""
+
+    def __post_init__(self) -> None:
+        if self.needs_profile not in ("", SENSITIVITY, DAMAGE):
+            raise ValueError(f"needs_profile must be '', {SENSITIVITY!r} or {DAMAGE!r}, got {self.needs_profile!r}")
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
@@ -112,85 +134,202 @@ class Method:
                 raise ValueError(f"method {name!r}: {err}") from None
 
 
+@dataclass(frozen=True)
+class Build:
+    """What a method's factory gets: the parsed spec, the budget, the profile (checked against the one the method
+    needs), the window, whether a profile of other weights is an error, and a scorer factory (a new copy)."""
+
+    method: MethodSpec
+    spec: BudgetSpec
+    profile: SensitivityProfile | None
+    window: int
+    strict: bool
+    scorer: Callable[[], ScorerPress]
+
+    def __post_init__(self) -> None:
+        need = METHOD_TABLE[self.method.name].needs_profile
+        if need == DAMAGE:
+            require_damage_profile(self.method.name, self.profile)
+        elif need and self.profile is None:
+            raise ValueError(f"method {self.method.name!r} needs a sensitivity profile (run `ripplekv profile` first)")
+
+    def ripple(self, signal: str = "kl") -> RippleKVPress:
+        """RippleKV's press over the scorer and the profile with this method's ``r`` and ``gamma`` (None when not
+        given: the press takes the profile's setting, else the defaults)."""
+        from ripplekv.presses.ripplekv_press import RippleKVPress
+
+        values = self.method.values
+        press = partial(RippleKVPress, profile=self.profile, signal=signal, strict_profile=self.strict)
+        return press(self.scorer(), **self.spec.kwargs(), ratio=values["r"], gamma=values["gamma"])
+
+
+def global_layers(b: Build, make: Callable[[float], BasePress]) -> BasePress:
+    """kvpress's own press ``make(compression_ratio)`` on the global layers only; its budget is a kept fraction."""
+    from ripplekv.presses.global_layers_press import GlobalLayersPress
+
+    if b.spec.budget is None:
+        raise ValueError(
+            f"{b.method.name} is kvpress's own press, configured by a compression ratio: it takes a kept "
+            f"fraction (budget=), not tokens={b.spec.tokens}"
+        )
+    return GlobalLayersPress(make(1 - float(b.spec.budget)))
+
+
+def build_full(b: Build) -> BasePress:
+    from ripplekv.presses.full_press import FullPress
+
+    return FullPress()
+
+
+def build_streamingllm(b: Build) -> BasePress:
+    from kvpress import StreamingLLMPress
+
+    return global_layers(b, lambda ratio: StreamingLLMPress(compression_ratio=ratio, n_sink=b.method.values["n_sink"]))
+
+
+def build_snapkv(b: Build) -> BasePress:
+    from ripplekv.presses.layer_budget_press import LayerBudgetPress
+
+    return LayerBudgetPress(b.scorer(), UniformSchedule(**b.spec.kwargs()))
+
+
+def build_pyramidkv(b: Build) -> BasePress:
+    from ripplekv.presses.layer_budget_press import LayerBudgetPress
+
+    schedule = PyramidSchedule(**b.spec.kwargs(), window_size=b.window, beta=b.method.values["beta"])
+    return LayerBudgetPress(b.scorer(), schedule)
+
+
+def build_pyramidkv_kvpress(b: Build) -> BasePress:
+    from kvpress import PyramidKVPress
+
+    return global_layers(b, lambda ratio: PyramidKVPress(compression_ratio=ratio, window_size=b.window))
+
+
+def build_adakv(b: Build) -> BasePress:
+    from kvpress import AdaKVPress
+
+    from ripplekv.presses.layer_budget_press import scorer_at_ratio
+
+    alpha = b.method.values["alpha_safeguard"]
+    return global_layers(b, lambda ratio: AdaKVPress(scorer_at_ratio(b.scorer(), ratio), alpha_safeguard=alpha))
+
+
+def build_ripplekv_ada(b: Build) -> BasePress:
+    """RippleKV's per-layer budgets (the ``ripplekv`` schedule, same floor) with AdaKV's head-wise allocation."""
+    from ripplekv.presses.layer_budget_ada_press import LayerBudgetAdaPress
+    from ripplekv.presses.ripplekv_press import press_setting
+
+    ripple = b.ripple()
+    setting = press_setting(ripple)
+    return LayerBudgetAdaPress(b.scorer(), ripple.schedule, profile=b.profile, strict_profile=b.strict, setting=setting)
+
+
+def per_prompt(b: Build, rule: type[PerPromptRule]) -> PerPromptBudgetPress:
+    """``rule``'s per-prompt press over the scorer, reserving the window the scorer keeps (none without one)."""
+    from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
+    from ripplekv.presses.selection_window import scorer_window
+
+    inner = b.scorer()
+    window = b.method.values.get("window") or scorer_window(inner) or int(b.window)
+    schedule = PerPromptSchedule(b.method.config(rule), **b.spec.kwargs(), window_size=scorer_window(inner))
+    return PerPromptBudgetPress(inner, schedule, statistic_window=window)
+
+
+def build_lava(b: Build) -> BasePress:
+    """LAVa complete: ``lava-layer``'s press (its layer budgets) with LAVa's head-wise split inside each layer."""
+    from ripplekv.presses.lava_press import LavaPress
+
+    layer = per_prompt(b, LavaRule)
+    floor_alpha = b.method.values["floor_alpha"]
+    return LavaPress(layer.press, layer.schedule, statistic_window=layer.statistic_window, floor_alpha=floor_alpha)
+
+
 _WINDOW = Param("window", int, None, low=1)  # the statistic's window; default: the scorer's window, else 64
 # RippleKV's r and gamma default to None: derived when the press is built, from the profile's chosen setting, else r 4
 # and gamma 3 (ripplekv.profiling.profile.resolve_setting); a value given, the default's included, is explicit and wins
-_RIPPLE = (
-    Param("r", float, None, AllocationConfig, "ratio"),
-    Param("gamma", float, None, AllocationConfig, "gamma"),
+_RIPPLE = tuple(
+    dataclasses.replace(Param.of(AllocationConfig, n, f), default=None) for n, f in (("r", "ratio"), ("gamma", "gamma"))
 )
-_LAVA = (*(Param.of(LavaRule, name) for name in ("kernel_size", "pooling", "gqa_support")), _WINDOW)
+_LAVA = (*Param.fields(LavaRule), _WINDOW)
 _SNAP = "SnapKV scorer, "
 
 METHOD_TABLE: dict[str, Method] = {
-    "full": Method("full cache (no compression)", "factories:build_full", has_scorer=False),
+    "full": Method("full cache (no compression)", build_full, has_scorer=False),
     "streamingllm": Method(
         "StreamingLLM (kvpress): attention sinks + recent tokens, uniform budgets",
-        "factories:build_streamingllm",
+        build_streamingllm,
         (Param("n_sink", int, 4, low=0),),  # kvpress StreamingLLMPress's default
         takes_tokens=False,
         has_scorer=False,
     ),
-    "snapkv": Method(_SNAP + "uniform per-layer budgets", "factories:build_snapkv"),
+    "snapkv": Method(_SNAP + "uniform per-layer budgets", build_snapkv),
     "pyramidkv": Method(
         _SNAP + "PyramidKV schedule (authors' code: linear in depth, beta 20), SnapKV's total",
-        "factories:build_pyramidkv",
+        build_pyramidkv,
         (Param.of(PyramidSchedule, "beta"),),
         ((PyramidSchedule, (("budget", 1.0),)),),
     ),
     "pyramidkv-kvpress": Method(
         "kvpress 0.5.5 PyramidKVPress (falls back to uniform when prompt x budget / 20 < window)",
-        "factories:build_pyramidkv_kvpress",
+        build_pyramidkv_kvpress,
         takes_tokens=False,
         has_scorer=False,
     ),
     "adakv": Method(
         "AdaKV (kvpress): SnapKV scores, head-wise budgets within each layer (keys masked, not freed)",
-        "factories:build_adakv",
+        build_adakv,
         (Param("alpha_safeguard", float, 0.2, low=0, high=1),),  # kvpress AdaKVPress's default
         takes_tokens=False,
     ),
     "ripplekv": Method(
-        _SNAP + "RippleKV budgets from the profile's downstream-KL scores", "registry:build_ripplekv", _RIPPLE
+        _SNAP + "RippleKV budgets from the profile's downstream-KL scores",
+        Build.ripple,
+        _RIPPLE,
+        needs_profile=SENSITIVITY,
     ),
     "ripplekv-local": Method(
-        _SNAP + "RippleKV budgets from the profile's local signal (ablation)", "factories:build_ripplekv_local", _RIPPLE
+        _SNAP + "RippleKV budgets from the profile's local signal (ablation)",
+        partial(Build.ripple, signal="local"),
+        _RIPPLE,
+        needs_profile=SENSITIVITY,
     ),
     "ripplekv-ada": Method(
         "SnapKV scores, RippleKV per-layer budgets, AdaKV head-wise allocation in each layer (keys masked)",
-        "factories:build_ripplekv_ada",
+        build_ripplekv_ada,
         _RIPPLE,
+        needs_profile=SENSITIVITY,
     ),
     "cake": Method(
         _SNAP + "CAKE budgets per prompt (window attention's entropy x variance per layer), SnapKV's total",
-        "factories:build_cake",
-        (Param.of(CakeRule, "tau1"), Param.of(CakeRule, "tau2"), _WINDOW),
+        partial(per_prompt, rule=CakeRule),
+        (*Param.fields(CakeRule), _WINDOW),
     ),
     "squeezeattention": Method(
         _SNAP + "SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
-        "factories:build_squeezeattention",
-        (Param.of(SqueezeAttentionRule, "p"), Param.of(SqueezeAttentionRule, "n_clusters")),
+        partial(per_prompt, rule=SqueezeAttentionRule),
+        Param.fields(SqueezeAttentionRule),
     ),
     "dynamickv": Method(
         _SNAP + "DynamicKV budgets per prompt (global top-k of window attention over layers)",
-        "factories:build_dynamickv",
-        # radio_max is the authors' (misspelt) name, kept: the specs of committed runs use it
-        (*(Param.of(DynamicKVRule, n) for n in ("radio_max", "update_interval", "kernel_size", "pooling")), _WINDOW),
+        partial(per_prompt, rule=DynamicKVRule),
+        (*Param.fields(DynamicKVRule), _WINDOW),
     ),
     "lava": Method(
         _SNAP + "LAVa: layer budgets per prompt (value-weighted entropy), head-wise split (keys masked)",
-        "factories:build_lava",
+        build_lava,
         (*_LAVA, Param("floor_alpha", float, DEFAULT_FLOOR_ALPHA, low=0, high=1)),
     ),
     "lava-layer": Method(
         _SNAP + "LAVa's layer rule alone (value-weighted entropy per layer), no head-wise split",
-        "factories:build_lava_layer",
+        partial(per_prompt, rule=LavaRule),
         _LAVA,
     ),
     ORACLE_METHOD: Method(
         _SNAP + "RippleKV budgets from a damage profile (measured single-layer damage: the oracle)",
-        "factories:build_ripplekv_oracle",
+        Build.ripple,
         _RIPPLE,
+        needs_profile=DAMAGE,
     ),
 }
 """Every method of ``make_press`` by name."""
@@ -277,6 +416,12 @@ def parse_method(text: str | MethodSpec, **overrides: Any) -> MethodSpec:
 def base_method(text: str | MethodSpec) -> str:
     """The method name of a spec (``cake`` of ``cake:tau1=2``), without parsing its parameters."""
     return text.name if isinstance(text, MethodSpec) else text.partition(PARAM_SEPARATOR)[0].strip().lower()
+
+
+def needs_profile(text: str | MethodSpec) -> str:
+    """The profile the method of a spec needs: :data:`SENSITIVITY`, :data:`DAMAGE`, or "" (none, or no method)."""
+    method = METHOD_TABLE.get(base_method(text))
+    return method.needs_profile if method else ""
 
 
 def __getattr__(name: str) -> object:

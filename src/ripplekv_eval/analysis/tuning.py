@@ -27,7 +27,7 @@ from ripplekv.inference.generate import Prefill, eos_ids, extend, greedy_decode,
 from ripplekv.models.attention import enable_varlen_attention
 from ripplekv.models.headwise import headwise_of
 from ripplekv.presses.method_lists import expand_grid
-from ripplekv.presses.method_spec import MethodSpec, parse_method
+from ripplekv.presses.method_spec import MethodSpec, needs_profile, parse_method
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 from ripplekv.presses.registry import FRACTION_ONLY_METHODS, METHODS_WITHOUT_SCORER, make_press
 from ripplekv.presses.scorers import DEFAULT_SCORER, SCORERS
@@ -73,10 +73,6 @@ class Candidate:
         return f"{self.profile}|r={float(self.ratio):g}|gamma={float(self.gamma):g}"
 
 
-PROFILE_METHODS = ("ripplekv", "ripplekv-local", "ripplekv-ada", "ripplekv-oracle")
-"""Methods whose candidates come from profiles (``--profile``, ``--ratios``, ``--gammas``), not from a grid."""
-
-
 def method_grid(grids: Sequence[str]) -> tuple[MethodSpec, ...]:
     """Every candidate of the rivals' grids (``cake:tau1=0.5|1|2,tau2=0.5|1|2``), each method's defaults first;
     ValueError for a method given twice, without a scorer, set by a compression ratio, or RippleKV's own."""
@@ -87,7 +83,7 @@ def method_grid(grids: Sequence[str]) -> tuple[MethodSpec, ...]:
         name = specs[0].name
         if name in seen:
             raise ValueError(f"method {name!r} has two grids: give each method one grid")
-        if name in PROFILE_METHODS:
+        if needs_profile(name):  # its candidates come from profiles, not from a grid
             raise ValueError(f"{name} is tuned by profiles, ratios and gammas (--profile, --ratios, --gammas)")
         if name in METHODS_WITHOUT_SCORER or name in FRACTION_ONLY_METHODS or name == "snapkv":
             raise ValueError(f"method {name!r} cannot be tuned here: tune allocations over a token scorer")

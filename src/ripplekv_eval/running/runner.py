@@ -13,7 +13,7 @@ from kvpress.presses.base_press import BasePress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ripplekv.models.attention import enable_varlen_attention
-from ripplekv.presses.method_spec import base_method
+from ripplekv.presses.method_spec import DAMAGE, SENSITIVITY, needs_profile
 from ripplekv.presses.registry import make_press
 from ripplekv.profiling.damage_profile import (
     ORACLE_METHOD,
@@ -44,7 +44,7 @@ def build_samples(
 
 def load_oracle_profiles(config: EvalConfig) -> tuple[SensitivityProfile, ...]:
     """The damage profiles of ``config.oracle_profile`` when ``ripplekv-oracle`` runs (else none), checked."""
-    if ORACLE_METHOD not in {base_method(m) for m in config.methods}:
+    if not any(needs_profile(m) == DAMAGE for m in config.methods):
         return ()
     if not config.oracle_profile:
         raise ValueError(f"the {ORACLE_METHOD} method needs --oracle-profile (a damage profile: `ripplekv analyze`)")
@@ -113,7 +113,7 @@ def build_presses(
     presses = {}
     for name, budget in [("full", FULL_BUDGET), *config.configurations]:
         method, scorer = split_configuration(name)
-        given = select_oracle_profile(oracles, budget) if base_method(method) == ORACLE_METHOD else profile
+        given = select_oracle_profile(oracles, budget) if needs_profile(method) == DAMAGE else profile
         press = make_press(
             method,
             **row_budget(budget).kwargs(),
@@ -132,8 +132,8 @@ EXTENDABLE: dict[str, list[Any]] = {"methods": [], "budgets": [], "tokens": [], 
 
 
 def needs_sensitivity_profile(methods: Sequence[str]) -> bool:
-    """Whether any of ``methods`` takes ``--profile`` (the ``ripplekv*`` methods but ``ripplekv-oracle``)."""
-    return any(m.startswith("ripplekv") and base_method(m) != ORACLE_METHOD for m in methods)
+    """Whether any of ``methods`` takes ``--profile`` (needs a sensitivity profile)."""
+    return any(needs_profile(m) == SENSITIVITY for m in methods)
 
 
 class RunProfiles(NamedTuple):
@@ -145,10 +145,10 @@ class RunProfiles(NamedTuple):
 
 def load_run_profiles(config: EvalConfig) -> RunProfiles:
     """The profiles of ``config``'s methods (the first step of every run)."""
-    needs_profile = needs_sensitivity_profile(config.methods)
-    if needs_profile and config.profile is None:
+    wanted = needs_sensitivity_profile(config.methods)
+    if wanted and config.profile is None:
         raise ValueError("the ripplekv methods need --profile (make one with `ripplekv profile`)")
-    profile = SensitivityProfile.load(config.profile) if config.profile is not None and needs_profile else None
+    profile = SensitivityProfile.load(config.profile) if config.profile is not None and wanted else None
     return RunProfiles(profile=profile, oracles=load_oracle_profiles(config))
 
 
