@@ -10,3 +10,10 @@ OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \
   --configs snapkv ripplekv-layer ripplekv-tiers-6 ripplekv-tiers-10 --out "$OUT/layer-tiers6-tiers10"
 OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \
   --configs snapkv ripplekv-layer ripplekv-tiers-15 ripplekv-tiers-10 --out "$OUT/layer-tiers15-tiers10"
+# Qwen2.5-Coder-0.5B (24 layers; 4x SmolLM2's compute per token), the same workload: SnapKV-uniform, one group per
+# layer and 6 tiers (run while other benchmarks shared the machine).
+QWEN_DIR=$(.venv/bin/python -c "from ripplekv.models.loading import ensure_converted; from ripplekv.models.sources \
+import resolve_model_source; print(ensure_converted(resolve_model_source('qwen2.5-coder-0.5b')[1]))")
+OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py --model-dir "$QWEN_DIR" \
+  --profile benchmarks/results/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.profile.json \
+  --configs snapkv ripplekv-layer ripplekv-tiers-6 --budget 0.2 --out "$OUT/qwen2.5-coder-0.5b"
