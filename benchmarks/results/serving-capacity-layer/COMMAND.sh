@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Issue 43, items 3, 4 and 7: the capacity benchmark of serving-capacity-decode (the decode-heavy mix: 24 requests of
+# 2,048-3,072 BAMBOO context tokens, 256 greedy tokens each, one 370 MiB KV cache, max_num_seqs 24) rerun with the
+# plugin as it now serves: one KV-cache group per layer, each prompt's budgets at its own length, and the profile's
+# r and gamma. SmolLM2-135M float32, vLLM 0.32.0 CPU build, one OpenMP thread, nice 10, this shared 2-core machine.
+# Twice: prompts prefilled in one step (as before), and under vLLM's chunked prefill at 512 tokens a step, for the
+# time per output token with and without chunking. Every configuration runs in a fresh process and writes its JSON
+# when it finishes; re-running skips finished configurations.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+OUT=benchmarks/results/serving-capacity-layer
+COMMON=(--budgets 0.1 0.2 0.3 --requests 24 --min-tokens 2048 --max-tokens 3072 --max-new-tokens 256
+  --max-model-len 3584 --kv-mib 370 --groups layer)
+OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving.py "${COMMON[@]}" --out "$OUT/one-step" "$@"
+OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving.py "${COMMON[@]}" --chunked-prefill 512 \
+  --out "$OUT/chunked-512" "$@"
