@@ -11,7 +11,8 @@
 #
 #   bash benchmarks/profile_setting_check.sh MODEL OUT COMMITTED_PROFILE TUNE_JSON [TUNE_JSON ...] [-- EVAL_ARGS]
 #
-# Every step resumes or is skipped when done: re-running the same command continues where it stopped.
+# Every step resumes or is skipped when done: re-running the same command continues where it stopped. With
+# REUSE=<committed held-out folder>, a chosen setting that folder already ran is checked there instead (step 3a).
 set -eo pipefail
 cd "$(dirname "$0")/.."
 MODEL=$1 OUT=$2 COMMITTED=$3
@@ -46,6 +47,23 @@ PY
 # 3. The held-out run
 SETTING=$(python -c "import json,sys; s=json.load(open(sys.argv[1]))['setting']; print(f\"ripplekv:r={s['ratio']:g},gamma={s['gamma']:g}\")" "$PROFILE")
 CANONICAL=$(python -c "import sys; from ripplekv.presses.method_spec import parse_method; print(parse_method(sys.argv[1]).canonical())" "$SETTING")
+# 3a. A committed held-out run (REUSE=<its folder>) that already ran the chosen setting, under a profile whose scores
+# are the regenerated one's (so every allocation, hence every row, is the same), is checked instead of run again.
+if [ -n "${REUSE:-}" ]; then
+  python - "$PROFILE" "$COMMITTED" "$REUSE/config.json" "$CANONICAL" <<'PY'
+import json, sys
+new, old, config = (json.load(open(path)) for path in sys.argv[1:4])
+methods = config["config"]["methods"]
+if new["scores"] != old["scores"] or sys.argv[4] not in methods:
+    sys.exit(f"cannot reuse: same scores {new['scores'] == old['scores']}, {sys.argv[4]} in {methods}")
+PY
+  mkdir -p "$OUT/heldout-reused"
+  echo "held-out rows reused from $REUSE (the committed profile's scores, $CANONICAL among its methods)" \
+    | tee "$OUT/heldout-reused/SOURCE.txt"
+  python benchmarks/default_check.py "$REUSE" --candidate "$CANONICAL" \
+    --json "$OUT/heldout-reused/check_profile_setting.json" --md "$OUT/heldout-reused/check_profile_setting.md"
+  exit 0
+fi
 METHODS=full,snapkv,pyramidkv,ripplekv
 [ "$CANONICAL" = "ripplekv:r=4,gamma=3" ] || METHODS="$METHODS,ripplekv:r=4,gamma=3"  # the profile may keep it
 TUNED=()
