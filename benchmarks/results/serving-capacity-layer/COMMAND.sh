@@ -14,3 +14,12 @@ COMMON=(--budgets 0.1 0.2 0.3 --requests 24 --min-tokens 2048 --max-tokens 3072 
 OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving.py "${COMMON[@]}" --out "$OUT/one-step" "$@"
 OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving.py "${COMMON[@]}" --chunked-prefill 512 \
   --out "$OUT/chunked-512" "$@"
+# Qwen2.5-Coder-0.5B (item 7), served with its regenerated profile (the setting `ripplekv profile` chose, r 16,
+# gamma 6, which the plugin reads from it): the same mix made smaller for a model 4x slower per token (16 requests,
+# 128 tokens each) in a KV cache of about three of its full-cache requests (its KV is 24 KiB a token: 200 MiB).
+QWEN_DIR=$(.venv/bin/python -c "from ripplekv.models.loading import ensure_converted; from ripplekv.models.sources \
+import resolve_model_source; print(ensure_converted(resolve_model_source('qwen2.5-coder-0.5b')[1]))")
+OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving.py --model-dir "$QWEN_DIR" \
+  --profile benchmarks/results/qwen2.5-coder-0.5b/profile-setting/qwen2.5-coder-0.5b.profile.json \
+  --budgets 0.1 0.2 0.3 --requests 16 --min-tokens 2048 --max-tokens 3072 --max-new-tokens 128 \
+  --max-model-len 3584 --kv-mib 200 --groups layer --out "$OUT/qwen2.5-coder-0.5b" "$@"
