@@ -74,7 +74,7 @@ def test_token_budget_masks_what_kvpress_adakv_masks_at_its_ratio(tokens: int) -
     """``UniformSchedule(tokens=N)``: kvpress's AdaKV at ``compression_ratio_for(prompt)`` keeps the same entries."""
     model = enable_varlen_attention(tiny_model("llama", layers=LAYERS))
     ids = random_ids(100, seed=4)
-    press = _ada(UniformSchedule(tokens=tokens), 0.2, evict_balanced=False, min_tokens=1)
+    press = _ada(UniformSchedule(tokens=tokens), 0.2, evict_balanced=False, floor=1)
     ratio = press.compression_ratio_for(100)
     assert ratio == pytest.approx(1 - tokens / 100)
     with pytest.raises(TokenBudgetError, match="compression_ratio_for"):

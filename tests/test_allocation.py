@@ -52,7 +52,7 @@ min_token_counts = st.integers(min_value=0, max_value=128)
 
 def alloc(scores, budget, prompt_tokens, config=DEFAULT_CONFIG, min_tokens=1):
     """``allocate(...).budgets`` with a drawn budget (``{"budget": f}`` or ``{"tokens": n}``)."""
-    return list(allocate(scores, prompt_tokens=prompt_tokens, config=config, min_tokens=min_tokens, **budget).budgets)
+    return list(allocate(scores, prompt_tokens, min_tokens, config=config, **budget).budgets)
 
 
 def average_of(budget, prompt_tokens):
@@ -185,7 +185,7 @@ def test_deterministic_and_consistent(scores, budget, prompt_tokens, config, min
     first = alloc(scores, budget, prompt_tokens, config, min_tokens)
     assert alloc(list(scores), budget, prompt_tokens, config, min_tokens) == first
     assert alloc(np.array(scores), budget, prompt_tokens, config, min_tokens) == first
-    full = allocate(tuple(scores), prompt_tokens=prompt_tokens, config=config, min_tokens=min_tokens, **budget)
+    full = allocate(tuple(scores), prompt_tokens, min_tokens, config=config, **budget)
     assert list(full.budgets) == first
     assert full.total == sum(first) == len(scores) * full.average_budget
     assert full.weights == tuple(layer_weights(scores, config).tolist())
@@ -233,7 +233,7 @@ def test_hand_computed_example():
     config = AllocationConfig(ratio=4.0, gamma=10.0)
     np.testing.assert_array_equal(layer_weights([0.0, 1.0], config), [1.0, 4.0])
     # B = 2 * int(100 * 0.5) = 100, shares 100 * [1, 4] / 5 = [20, 80].
-    assert list(allocate([0.0, 1.0], 0.5, 100, config).budgets) == [20, 80]
+    assert list(allocate([0.0, 1.0], 100, budget=0.5, config=config).budgets) == [20, 80]
 
 
 def test_cap_redistributes_the_excess():
@@ -241,35 +241,35 @@ def test_cap_redistributes_the_excess():
     # at 100 and the other 80 tokens are shared 1 : 2 = [26.67, 53.33] -> floors [26, 53] + 1 leftover token to
     # the larger remainder (layer 0).
     config = AllocationConfig(ratio=4.0, gamma=10.0)
-    assert list(allocate([0.0, 0.5, 1.0], 0.6, 100, config).budgets) == [27, 53, 100]
+    assert list(allocate([0.0, 0.5, 1.0], 100, budget=0.6, config=config).budgets) == [27, 53, 100]
     # Two layers: shares [32, 128] -> [60, 100].
-    assert list(allocate([0.0, 1.0], 0.8, 100, config).budgets) == [60, 100]
+    assert list(allocate([0.0, 1.0], 100, budget=0.8, config=config).budgets) == [60, 100]
 
 
 def test_floor_redistributes_the_deficit():
     # weights [1, 10]; B = 20; shares [1.8, 18.2]; the floor of 5 lifts layer 0, layer 1 gets the rest.
     config = AllocationConfig(ratio=10.0, gamma=10.0)
-    assert list(allocate([0.0, 1.0], None, 1000, config, min_tokens=5, tokens=10).budgets) == [5, 15]
-    assert list(allocate([0.0, 1.0], prompt_tokens=1000, config=config, min_tokens=0, tokens=10).budgets) == [2, 18]
+    assert list(allocate([0.0, 1.0], 1000, 5, tokens=10, config=config).budgets) == [5, 15]
+    assert list(allocate([0.0, 1.0], 1000, 0, tokens=10, config=config).budgets) == [2, 18]
     # A floor above the average (50 > 10) cannot hold for every layer: it is lowered to B // L = 10.
-    assert list(allocate([0.0, 1.0], prompt_tokens=1000, config=config, min_tokens=50, tokens=10).budgets) == [10, 10]
+    assert list(allocate([0.0, 1.0], 1000, 50, tokens=10, config=config).budgets) == [10, 10]
 
 
 def test_rounding_tie_breaks():
     # weights [1, 1, 2], B = 6: shares [1.5, 1.5, 3]; equal weights -> lower layer index gets the token.
-    assert list(allocate([0.0, 0.0, 1.0], prompt_tokens=100, config=AllocationConfig(2.0, 10.0), tokens=2).budgets) == [
+    assert list(allocate([0.0, 0.0, 1.0], 100, tokens=2, config=AllocationConfig(2.0, 10.0)).budgets) == [
         2,
         1,
         3,
     ]
     # weights [1, 3], B = 2: shares [0.5, 1.5]; equal remainders -> the larger weight gets the token.
     config = AllocationConfig(ratio=3.0, gamma=10.0)
-    assert list(allocate([0.0, 1.0], 0.1, 10, config, min_tokens=0).budgets) == [0, 2]
-    assert list(allocate([1.0, 0.0], 0.1, 10, config, min_tokens=0).budgets) == [2, 0]
+    assert list(allocate([0.0, 1.0], 10, 0, budget=0.1, config=config).budgets) == [0, 2]
+    assert list(allocate([1.0, 0.0], 10, 0, budget=0.1, config=config).budgets) == [2, 0]
     # weights clipped to the same value 2 (ratio 16, gamma 2): the higher score wins the tie, not the index.
     clipped = AllocationConfig(ratio=16.0, gamma=2.0)
     np.testing.assert_array_equal(layer_weights([0.0, 0.9, 0.8, 1.0], clipped)[1:], [2.0, 2.0, 2.0])
-    result = list(allocate([0.0, 0.9, 0.8, 1.0], 0.1, 100, clipped).budgets)
+    result = list(allocate([0.0, 0.9, 0.8, 1.0], 100, budget=0.1, config=clipped).budgets)
     assert sum(result) == 4 * 9 and result[3] >= result[1] >= result[2]  # 10% of 100 is 9 (kvpress rounding)
 
 
@@ -277,7 +277,7 @@ def test_weights_clip_and_inverse_ratio():
     np.testing.assert_allclose(layer_weights([0, 1, 2], AllocationConfig(4.0, 10.0)), [1, 2, 4])
     np.testing.assert_allclose(layer_weights([0, 1, 2], AllocationConfig(16.0, 2.0)), [1, 2, 2])
     np.testing.assert_allclose(layer_weights([0, 1, 2], AllocationConfig(0.25, 2.0)), [1, 0.5, 0.5])
-    assert list(allocate([0.0, 1.0], 0.5, 100, AllocationConfig(0.25, 10.0)).budgets) == [80, 20]
+    assert list(allocate([0.0, 1.0], 100, budget=0.5, config=AllocationConfig(0.25, 10.0)).budgets) == [80, 20]
 
 
 def test_normalize_extreme_scores():
@@ -305,7 +305,7 @@ def test_invalid_budget(budget):
     with pytest.raises(ValueError, match="budget"):
         BudgetSpec(budget).average(100)
     with pytest.raises(ValueError, match="budget"):
-        list(allocate([0.0, 1.0], budget, 100).budgets)
+        list(allocate([0.0, 1.0], 100, budget=budget).budgets)
 
 
 @pytest.mark.parametrize("budget", [2, 512, 512.0, 1.0000001, np.float64(512.0)])
@@ -314,14 +314,14 @@ def test_budget_above_one_points_to_tokens(budget):
     with pytest.raises(ValueError, match=r"above 1.*tokens="):
         BudgetSpec(budget).average(1000)
     with pytest.raises(ValueError, match=r"above 1.*tokens="):
-        allocate([0.0, 1.0], budget, 1000)
+        allocate([0.0, 1.0], 1000, budget=budget)
 
 
 def test_budget_and_tokens_exactly_one():
     with pytest.raises(ValueError, match="not both"):
-        list(allocate([0.0, 1.0], 0.5, 100, tokens=10).budgets)
+        list(allocate([0.0, 1.0], 100, budget=0.5, tokens=10).budgets)
     with pytest.raises(ValueError, match="no budget given"):
-        list(allocate([0.0, 1.0], prompt_tokens=100).budgets)
+        list(allocate([0.0, 1.0], 100).budgets)
     with pytest.raises(ValueError, match="no budget given"):
         BudgetSpec(None).average(100)
 
@@ -447,10 +447,10 @@ def test_invalid_prompt_tokens(prompt_tokens):
         BudgetSpec(0.5).average(prompt_tokens)
 
 
-@pytest.mark.parametrize("min_tokens", [-1, 1.5, None, True])
-def test_invalid_min_tokens(min_tokens):
-    with pytest.raises(ValueError, match="min_tokens"):
-        list(allocate([0.0, 1.0], 0.5, 100, min_tokens=min_tokens).budgets)
+@pytest.mark.parametrize("floor", [-1, 1.5, None, True])
+def test_invalid_floor(floor):
+    with pytest.raises(ValueError, match="floor must be an integer"):
+        list(allocate([0.0, 1.0], 100, floor, budget=0.5).budgets)
 
 
 @pytest.mark.parametrize("ratio", [0, 0.0, -1.0, math.nan, math.inf, "4", True])
@@ -467,7 +467,7 @@ def test_invalid_gamma(gamma):
 
 def test_nan_score():
     with pytest.raises(ValueError, match=r"layer 2 is NaN"):
-        list(allocate([0.0, 1.0, math.nan, 2.0], 0.5, 100).budgets)
+        list(allocate([0.0, 1.0, math.nan, 2.0], 100, budget=0.5).budgets)
     with pytest.raises(ValueError, match="NaN"):
         layer_weights([math.nan], AllocationConfig())
 
@@ -475,13 +475,13 @@ def test_nan_score():
 @pytest.mark.parametrize("bad", [math.inf, -math.inf])
 def test_infinite_score(bad):
     with pytest.raises(ValueError, match=r"layer 1 .*non-finite"):
-        list(allocate([0.0, bad], 0.5, 100).budgets)
+        list(allocate([0.0, bad], 100, budget=0.5).budgets)
 
 
 @pytest.mark.parametrize("scores", [[], (), np.array([]), np.zeros((2, 2)), ["a", "b"]])
 def test_malformed_scores(scores):
     with pytest.raises(ValueError, match="scores"):
-        list(allocate(scores, 0.5, 100).budgets)
+        list(allocate(scores, 100, budget=0.5).budgets)
     with pytest.raises(ValueError, match="scores"):
         layer_weights(scores, AllocationConfig())
 
@@ -491,7 +491,7 @@ def test_defaults_and_allocation_record():
     assert DEFAULT_RATIO > 0 and DEFAULT_GAMMA >= 1
     with pytest.raises(AttributeError):
         AllocationConfig().ratio = 2.0  # type: ignore[misc]
-    result = allocate([0.0, 2.0, 1.0], 0.1, 1000, AllocationConfig(ratio=4.0, gamma=10.0))
+    result = allocate([0.0, 2.0, 1.0], 1000, budget=0.1, config=AllocationConfig(ratio=4.0, gamma=10.0))
     assert isinstance(result, Allocation)
     assert result.scores == (0.0, 2.0, 1.0)
     assert result.normalized == (0.0, 1.0, 0.5)
@@ -514,8 +514,8 @@ def test_defaults_and_allocation_record():
 
 
 def test_single_layer_gets_the_average():
-    assert list(allocate([7.0], 0.25, 999).budgets) == [249]
-    assert list(allocate([7.0], prompt_tokens=999, tokens=4096).budgets) == [999]
+    assert list(allocate([7.0], 999, budget=0.25).budgets) == [249]
+    assert list(allocate([7.0], 999, tokens=4096).budgets) == [999]
 
 
 # ----------------------------------------------------------------------------------------- scale_to_total

@@ -116,17 +116,17 @@ def test_default_ratio_and_gamma_are_the_documented_ones() -> None:
 
 
 def test_allocate_keeps_one_token_per_layer_by_default() -> None:
-    """Kills ``min_tokens: int = 2`` in :func:`allocate`."""
+    """Kills ``floor: int = 2`` in :func:`allocate`."""
     scores, steep = [0.0, 1.0, 2.0, 3.0], AllocationConfig(ratio=1000.0, gamma=1000.0)
     default = allocate(scores, tokens=1, prompt_tokens=100, config=steep)
-    assert default.budgets == allocate(scores, tokens=1, prompt_tokens=100, min_tokens=1, config=steep).budgets
+    assert default.budgets == allocate(scores, 100, 1, tokens=1, config=steep).budgets
     assert default.budgets == (1, 1, 1, 1)
-    assert allocate(scores, tokens=1, prompt_tokens=100, min_tokens=0, config=steep).budgets == (0, 0, 0, 4)
+    assert allocate(scores, 100, 0, tokens=1, config=steep).budgets == (0, 0, 0, 4)
 
 
 def test_allocation_is_frozen() -> None:
     """Kills ``@dataclass(frozen=False)`` on :class:`Allocation`."""
-    result = allocate([0.0, 1.0], budget=0.5, prompt_tokens=10)
+    result = allocate([0.0, 1.0], 10, budget=0.5)
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.total = 0  # type: ignore[misc]
 
@@ -141,8 +141,8 @@ def test_rounding_ties_go_to_the_less_sensitive_layer_when_ratio_is_below_one() 
     """Equal clipped weights, one leftover token short for three layers: with ``ratio < 1`` the lower scores win it
     (the mirror of ``ratio > 1``). Kills ``-array -> array`` in the tie-breaking preference."""
     scores = [0.0, 0.5, 0.9, 1.0]
-    below = allocate(scores, tokens=2, prompt_tokens=100, config=AllocationConfig(ratio=0.01, gamma=2.0))
-    above = allocate(scores, tokens=2, prompt_tokens=100, config=AllocationConfig(ratio=100.0, gamma=2.0))
+    below = allocate(scores, 100, tokens=2, config=AllocationConfig(ratio=0.01, gamma=2.0))
+    above = allocate(scores, 100, tokens=2, config=AllocationConfig(ratio=100.0, gamma=2.0))
     assert below.weights == (1.0, 0.5, 0.5, 0.5) and below.budgets == (3, 2, 2, 1)
     assert above.weights == (1.0, 2.0, 2.0, 2.0) and above.budgets == (1, 2, 2, 3)
 
@@ -541,7 +541,7 @@ def test_schedule_defaults_and_keyword_only_tokens() -> None:
 def test_cake_spends_a_single_spare_token_by_preference() -> None:
     """One token beyond the windows goes to the preferred layer, not to the first. Kills ``spare <= 1`` for
     ``<= 0``, and a mutable :class:`CakeRule`."""
-    assert CakeRule().layer_budgets([(0.0, 1.0), (1.0, 1.0)], 2, 100, 9, 4, 0) == (4, 5)
+    assert CakeRule().layer_budgets(2, 100, 0, stats=[(0.0, 1.0), (1.0, 1.0)], total=9, window_size=4) == (4, 5)
     with pytest.raises(dataclasses.FrozenInstanceError):
         CakeRule().tau1 = 2.0  # type: ignore[misc]
 
@@ -550,7 +550,7 @@ def test_rule_calls_refuse_no_layers_and_fractional_layers() -> None:
     """Kills ``and`` for ``or`` in the check of ``n_layers`` (an integer 0 and a fraction 1.5 each fail one side)."""
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match="n_layers"):
-            check_rule_call([], bad, 10, 0, 0, 0)  # type: ignore[arg-type]
+            check_rule_call(bad, 10, 0, stats=[], total=0, window_size=0)  # type: ignore[arg-type]
 
 
 def test_fill_shares_moves_the_constant_entries_only_past_the_moving_ones_bounds() -> None:
@@ -575,7 +575,7 @@ def test_squeeze_rule_takes_negative_similarities() -> None:
     """A cosine similarity may be negative (a layer whose attention output opposes its input). Kills
     ``nonnegative=True`` for ``False`` in the rule's check of the similarities."""
     sims = [(-0.5,), (-0.4,), (0.1,), (0.9,), (0.95,), (0.99,)]
-    budgets = SqueezeAttentionRule(p=0.5).layer_budgets(sims, 6, 100, 120, 0, 0)
+    budgets = SqueezeAttentionRule(p=0.5).layer_budgets(6, 100, 0, stats=sims, total=120, window_size=0)
     assert budgets == (30, 30, 30, 10, 10, 10)
 
 
@@ -595,7 +595,7 @@ def test_global_topk_of_one_entry_counts_it() -> None:
 def test_lava_spends_a_single_spare_token_by_entropy() -> None:
     """One token beyond the windows goes to the layer of higher entropy, not to the first. Kills ``spare <= 1``
     for ``<= 0``."""
-    assert LavaRule().layer_budgets([(0.1,), (0.9,)], 2, 100, 9, 4, 0) == (4, 5)
+    assert LavaRule().layer_budgets(2, 100, 0, stats=[(0.1,), (0.9,)], total=9, window_size=4) == (4, 5)
 
 
 def test_the_questions_digest_of_a_checkpoint_key_is_stable() -> None:
@@ -646,7 +646,7 @@ def test_rule_calls_refuse_an_empty_or_fractional_prompt() -> None:
     ``prompt_tokens``. Kills ``and`` for ``or`` in :func:`check_rule_call`."""
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match="prompt_tokens"):
-            check_rule_call([()], 1, bad, 0, 0, 0)  # type: ignore[arg-type]
+            check_rule_call(1, bad, 0, stats=[()], total=0, window_size=0)  # type: ignore[arg-type]
 
 
 def test_squeeze_rule_squeezes_the_higher_of_two_clusters() -> None:
@@ -656,7 +656,12 @@ def test_squeeze_rule_squeezes_the_higher_of_two_clusters() -> None:
     assert squeeze_groups([0.1, 0.1, 0.9, 0.9]) == (False, False, True, True)
     assert squeeze_groups([0.1, 0.9], n_clusters=2) == (False, True)
     sims = [(0.1,), (0.1,), (0.9,), (0.9,)]
-    assert SqueezeAttentionRule(p=0.5).layer_budgets(sims, 4, 100, 160, 0, 0) == (60, 60, 20, 20)
+    assert SqueezeAttentionRule(p=0.5).layer_budgets(4, 100, 0, stats=sims, total=160, window_size=0) == (
+        60,
+        60,
+        20,
+        20,
+    )
 
 
 def test_squeeze_rule_squeezes_a_class_3_of_one_layer() -> None:
@@ -665,7 +670,7 @@ def test_squeeze_rule_squeezes_a_class_3_of_one_layer() -> None:
     would hand out uniform budgets)."""
     rule = SqueezeAttentionRule(p=0.5)
     assert rule.weights([0.1, 0.5, 0.9]) == (Fraction(5, 4), Fraction(5, 4), Fraction(1, 2))
-    assert rule.layer_budgets([(0.1,), (0.5,), (0.9,)], 3, 100, 120, 0, 0) == (50, 50, 20)
+    assert rule.layer_budgets(3, 100, 0, stats=[(0.1,), (0.5,), (0.9,)], total=120, window_size=0) == (50, 50, 20)
 
 
 def test_dynamickv_rule_refuses_empty_or_non_finite_scores() -> None:
@@ -689,10 +694,10 @@ def test_rule_calls_refuse_a_fractional_or_out_of_range_total() -> None:
     fail one side of the check of ``total``; 0 and 20, its bounds, pass. Kills ``and`` for ``or``, ``1 <= total``
     and ``total < n_layers * prompt_tokens`` in :func:`check_rule_call`."""
     for good in (0, 20):
-        check_rule_call([(), ()], 2, 10, good, 0, 0)
+        check_rule_call(2, 10, 0, stats=[(), ()], total=good, window_size=0)
     for bad in (1.5, -1, 21):
         with pytest.raises(ValueError, match="total must be an integer"):
-            check_rule_call([(), ()], 2, 10, bad, 0, 0)  # type: ignore[arg-type]
+            check_rule_call(2, 10, 0, stats=[(), ()], total=bad, window_size=0)  # type: ignore[arg-type]
 
 
 def test_dynamickv_defaults_cap_a_layer_at_10_times_the_average() -> None:
@@ -703,7 +708,14 @@ def test_dynamickv_defaults_cap_a_layer_at_10_times_the_average() -> None:
     assert DynamicKVRule() == DynamicKVRule(kernel_size=7, pooling="avgpool", radio_max=10.0, update_interval=4)
     assert "``radio_max = 10``" in " ".join(dynamickv.__doc__.split())
     stats = [(np.linspace(2.0, 1.0, 200), 1)] + [(np.full(200, 0.5 - 0.01 * layer), 1) for layer in range(1, 12)]
-    assert DynamicKVRule().layer_budgets(stats, 12, 1000, 120, 0, 0) == (100, *[0] * 7, 5, 5, 5, 5)
+    assert DynamicKVRule().layer_budgets(12, 1000, 0, stats=stats, total=120, window_size=0) == (
+        100,
+        *[0] * 7,
+        5,
+        5,
+        5,
+        5,
+    )
 
 
 def test_dynamickv_takes_a_radio_max_of_exactly_1_and_updates_after_every_layer() -> None:
@@ -712,7 +724,7 @@ def test_dynamickv_takes_a_radio_max_of_exactly_1_and_updates_after_every_layer(
     refused. Kills ``>`` for ``>=`` in :func:`check_positive` (``strict=False``) and ``check_int(..., 2)`` for
     ``update_interval``."""
     stats = [(np.linspace(2.0, 1.0, 200), 1)] + [(np.full(200, 0.5 - 0.01 * layer), 1) for layer in range(1, 12)]
-    assert DynamicKVRule(radio_max=1.0).layer_budgets(stats, 12, 1000, 120, 0, 0) == (10,) * 12
+    assert DynamicKVRule(radio_max=1.0).layer_budgets(12, 1000, 0, stats=stats, total=120, window_size=0) == (10,) * 12
     assert DynamicKVRule(update_interval=1).update_steps(3) == (1, 2, 3)
     for bad in ({"radio_max": math.nextafter(1.0, 0.0)}, {"update_interval": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -723,7 +735,7 @@ def test_dynamickv_spends_a_single_spare_token_by_its_count() -> None:
     """One token beyond the windows (one head): the last update counts the single highest score, layer 1's,
     which takes the token, not the first layer as an even split would. Kills ``sum(counts) == 1`` for ``== 0``."""
     stats = [(np.array([1.0, 0.0]), 1), (np.array([5.0, 0.0]), 1)]
-    assert DynamicKVRule().layer_budgets(stats, 2, 100, 9, 4, 0) == (4, 5)
+    assert DynamicKVRule().layer_budgets(2, 100, 0, stats=stats, total=9, window_size=4) == (4, 5)
 
 
 def test_lava_statistic_refuses_a_tensor_of_the_wrong_rank_on_either_side() -> None:
@@ -755,12 +767,12 @@ def test_lava_statistic_avgpool_counts_the_zero_padding() -> None:
 def test_rule_calls_refuse_a_negative_or_fractional_window_or_floor() -> None:
     """A window or floor of -1 (an integer) and of 1.5 (a fraction) each fail one side of their check; 0 passes.
     Kills ``and`` for ``or`` in the check of ``window`` and ``floor`` in :func:`check_rule_call`."""
-    check_rule_call([()], 1, 10, 5, 0, 0)
+    check_rule_call(1, 10, 0, stats=[()], total=5, window_size=0)
     for bad in (-1, 1.5):
-        with pytest.raises(ValueError, match="window must be an integer"):
-            check_rule_call([()], 1, 10, 5, bad, 0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="window_size must be an integer"):
+            check_rule_call(1, 10, 0, stats=[()], total=5, window_size=bad)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="floor must be an integer"):
-            check_rule_call([()], 1, 10, 5, 0, bad)  # type: ignore[arg-type]
+            check_rule_call(1, 10, bad, stats=[()], total=5, window_size=0)  # type: ignore[arg-type]
 
 
 def test_fill_shares_refuses_no_entries_or_any_list_of_another_length() -> None:
@@ -786,9 +798,9 @@ def test_fill_shares_refuses_a_non_finite_float_and_takes_any_fraction() -> None
 def test_an_infeasible_layer_floor_is_the_integer_average() -> None:
     """Two windows of 4 tokens exceed a total of 5: the floor is lowered to ``5 // 2 = 2``, an integer (not 2.5).
     Kills ``total / n_layers`` for ``//`` in :func:`layer_floor`."""
-    floor = layer_floor(2, 100, 5, 4, 0)
+    floor = layer_floor(2, 100, 0, total=5, window_size=4)
     assert floor == 2 and isinstance(floor, int)
-    assert layer_floor(2, 100, 8, 4, 0) == 4
+    assert layer_floor(2, 100, 0, total=8, window_size=4) == 4
 
 
 def test_per_prompt_schedule_defaults_and_immutability() -> None:
@@ -807,7 +819,7 @@ def test_per_prompt_schedule_defaults_and_immutability() -> None:
     assert not PerPromptSchedule.uniform
     sims = [(0.1,), (0.1,), (0.9,), (0.9,)]
     rule_schedule = PerPromptSchedule(SqueezeAttentionRule(p=0.5), tokens=40, window_size=0)
-    assert rule_schedule.layer_budgets(sims, 4, 100, 0) == (60, 60, 20, 20)
+    assert rule_schedule.layer_budgets(4, 100, 0, stats=sims) == (60, 60, 20, 20)
 
 
 def test_a_per_prompt_schedule_refuses_no_layers_and_fractional_layers() -> None:
@@ -859,7 +871,12 @@ def test_kmeans_and_the_squeeze_rule_take_their_smallest_cluster_counts() -> Non
     with pytest.raises(ValueError, match="n_clusters"):
         kmeans_1d([1.0, 3.0], 0)
     rule = SqueezeAttentionRule(p=0.5, n_clusters=2)
-    assert rule.layer_budgets([(0.1,), (0.2,), (0.8,), (0.9,)], 4, 100, 160, 0, 0) == (60, 60, 20, 20)
+    assert rule.layer_budgets(4, 100, 0, stats=[(0.1,), (0.2,), (0.8,), (0.9,)], total=160, window_size=0) == (
+        60,
+        60,
+        20,
+        20,
+    )
     with pytest.raises(ValueError, match="n_clusters"):
         SqueezeAttentionRule(n_clusters=1)
 

@@ -38,7 +38,7 @@ def _presses() -> dict[str, BasePress]:
         "snapkv": SnapKVPress(compression_ratio=0.7, window_size=WINDOW),
         "pyramidkv": PyramidKVPress(compression_ratio=0.7, window_size=WINDOW),
         "ripplekv": RippleKVPress(press=SnapKVPress(window_size=WINDOW), budget=0.3, scores=SCORES),
-        "ripplekv-streaming": RippleKVPress(press=StreamingLLMPress(), budget=0.25, scores=SCORES, min_tokens=4),
+        "ripplekv-streaming": RippleKVPress(press=StreamingLLMPress(), budget=0.25, scores=SCORES, floor=4),
     }
 
 
@@ -277,7 +277,7 @@ def _tail_presses() -> dict[str, BasePress]:
         "adakv": make_press("adakv", budget=0.3, window_size=WINDOW),
         "streamingllm": make_press("streamingllm", budget=0.3),
         "ripplekv": RippleKVPress(press=SnapKVPress(window_size=WINDOW), budget=0.3, scores=SCORES),
-        "ripplekv-streaming": RippleKVPress(press=StreamingLLMPress(), budget=0.25, scores=SCORES, min_tokens=4),
+        "ripplekv-streaming": RippleKVPress(press=StreamingLLMPress(), budget=0.25, scores=SCORES, floor=4),
         "knorm": KnormPress(compression_ratio=0.6),
         "tova": TOVAPress(compression_ratio=0.6),
         "full": FullPress(),

@@ -125,7 +125,7 @@ def test_each_parameter_reaches_the_press_it_configures() -> None:
     assert (squeeze.schedule.rule.p, squeeze.schedule.rule.n_clusters) == (0.625, 4)
     dynamic = make_press("dynamickv:radio_max=5,update_interval=2,window=8", budget=0.2)
     assert (dynamic.schedule.rule.radio_max, dynamic.schedule.rule.update_interval) == (5.0, 2)
-    assert (dynamic.window, dynamic.reserve, dynamic.schedule.window_size) == (
+    assert (dynamic.statistic_window, dynamic.window_size, dynamic.schedule.window_size) == (
         8,
         64,
         64,
@@ -140,11 +140,11 @@ def test_each_parameter_reaches_the_press_it_configures() -> None:
 @pytest.mark.parametrize("method", ["cake", "squeezeattention", "dynamickv", "lava-layer"])
 def test_a_per_prompt_rule_reserves_only_the_window_its_scorer_keeps(method: str) -> None:
     snap = make_press(method, budget=0.2)
-    assert (snap.reserve, snap.schedule.window_size, snap.window, snap.floor) == (64, 64, 64, 64)
+    assert (snap.window_size, snap.schedule.window_size, snap.statistic_window, snap.floor) == (64, 64, 64, 64)
     for scorer in ("expected_attention", "tova", "knorm"):
         press = make_press(method, budget=0.2, scorer=scorer)
         # nothing reserved, floor 1 (as RippleKV's LayerBudgetPress under the same scorer); statistics over 64
-        assert (press.reserve, press.schedule.window_size, press.window, press.floor) == (0, 0, 64, 1)
+        assert (press.window_size, press.schedule.window_size, press.statistic_window, press.floor) == (0, 0, 64, 1)
         ripple = make_press("ripplekv", budget=0.2, profile=_profile(), scorer=scorer)
         assert press.floor == ripple.floor
     with pytest.raises(ValueError, match="reserves a 64-token window but the scorer KnormPress always keeps 0"):
@@ -157,10 +157,14 @@ def test_a_windowless_scorer_lets_the_rule_share_every_token() -> None:
     rule = CakeRule()
     stats = [(1.0, 1.0), (2.0, 1.0), (3.0, 1.0), (10.0, 1.0)]  # preference P_l = H_l: 1 : 2 : 3 : 10
     press = make_press("cake", budget=0.25, scorer="expected_attention")
-    budgets = press.schedule.layer_budgets(stats, 4, 400, press.floor)
-    assert budgets == rule.layer_budgets(stats, 4, 400, 400, 0, 1) == (25, 50, 75, 250)  # P / sum(P) * total
+    budgets = press.schedule.layer_budgets(4, 400, press.floor, stats=stats)
+    assert (
+        budgets == rule.layer_budgets(4, 400, 1, stats=stats, total=400, window_size=0) == (25, 50, 75, 250)
+    )  # P / sum(P) * total
     snap = make_press("cake", budget=0.25)
-    assert snap.schedule.layer_budgets(stats, 4, 400, snap.floor)[0] == 64 + (400 - 4 * 64) // 16  # window + share
+    assert (
+        snap.schedule.layer_budgets(4, 400, snap.floor, stats=stats)[0] == 64 + (400 - 4 * 64) // 16
+    )  # window + share
 
 
 def test_eval_config_stores_canonical_specs_and_refuses_bad_ones() -> None:
@@ -224,7 +228,7 @@ def test_a_statistic_window_of_its_own_reads_the_keys_the_selection_chooses_amon
     object.__setattr__(press.schedule.rule, "layer_statistic", spy)
     with torch.no_grad():
         prefill(model, ids, press)
-    assert seen == [n - max(press.window, reserve)] * 4  # the prefix before both windows
+    assert seen == [n - max(press.statistic_window, reserve)] * 4  # the prefix before both windows
 
 
 @pytest.mark.parametrize(

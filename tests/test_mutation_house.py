@@ -107,7 +107,7 @@ def test_a_build_is_frozen() -> None:
     """What a factory gets cannot be changed under the next factory. Seeded: ``Build`` not frozen (29:18)."""
     build = Build(parse_method("snapkv"), BudgetSpec(0.5), None, 8, False, SnapKVPress)
     with pytest.raises(FrozenInstanceError):
-        build.window = 4  # type: ignore[misc]
+        build.window_size = 4  # type: ignore[misc]
 
 
 def test_a_window_of_one_token_is_allowed() -> None:
@@ -171,7 +171,7 @@ def test_a_scorer_without_a_window_has_window_zero() -> None:
     Seeded: ``getattr(..., 0)`` -> ``1`` (70:54), ``or 0`` -> ``or 1`` (70:60)."""
     for scorer in (KnormPress(), _NoWindow()):
         press = LayerBudgetPress(scorer, UniformSchedule(tokens=1))
-        assert press.window == 0 and press.floor == 1
+        assert press.window_size == 0 and press.floor == 1
         model = tiny_model("llama", layers=2)
         state = prefill(model, random_ids(1), press)
         assert kept_tokens(state) == [1, 1]
@@ -560,19 +560,19 @@ def test_a_per_prompt_press_over_a_windowless_scorer_observes_kvpress_snapkv_def
     from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 
     press = PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0))
-    assert press.window == SnapKVPress().window_size == 64
+    assert press.statistic_window == SnapKVPress().window_size == 64
     assert press.floor == 1
 
 
-@pytest.mark.parametrize("min_tokens", [0, -3, 2.5])
-def test_per_prompt_min_tokens_must_be_a_whole_number_of_at_least_one(min_tokens: float) -> None:
+@pytest.mark.parametrize("floor", [0, -3, 2.5])
+def test_per_prompt_floor_must_be_a_whole_number_of_at_least_one(floor: float) -> None:
     """A whole number below 1 and a fraction above 1 are both refused. Seeded: the check's ``or`` -> ``and`` (132)."""
     from ripplekv.allocation.cake import CakeRule
     from ripplekv.allocation.per_prompt import PerPromptSchedule
     from ripplekv.presses.per_prompt_press import PerPromptBudgetPress
 
-    with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
-        PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0), min_tokens=min_tokens)
+    with pytest.raises(ValueError, match="floor must be an integer >= 1"):
+        PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0), floor=floor)
 
 
 # Round 3's survivors (the rest)
@@ -635,7 +635,7 @@ def test_a_per_prompt_press_takes_no_pending_state_and_a_copy_has_its_own() -> N
 
     press = PerPromptBudgetPress(KnormPress(), PerPromptSchedule(CakeRule(), 0.5, window_size=0))
     assert "_pending" not in inspect.signature(PerPromptBudgetPress).parameters
-    assert replace(press, min_tokens=2)._pending is not press._pending
+    assert replace(press, floor=2)._pending is not press._pending
 
 
 def test_ripplekv_ada_scores_a_sliding_layer_keeping_everything() -> None:

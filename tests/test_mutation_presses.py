@@ -165,7 +165,7 @@ class CandidatesRule(PerPromptRule):
         return (window_attention,)
 
     def layer_budgets(
-        self, stats: Sequence[Any], n_layers: int, prompt_tokens: int, total: int, window: int, floor: int
+        self, n_layers: int, prompt_tokens: int, floor: int, *, stats: Sequence[Any], total: int, window_size: int
     ) -> tuple[int, ...]:
         return tuple(total // n_layers + (i < total % n_layers) for i in range(n_layers))
 

@@ -40,7 +40,7 @@ class FixedRule(PerPromptRule):
         return (float(window_attention.sum()),)
 
     def layer_budgets(
-        self, stats: Sequence[Any], n_layers: int, prompt_tokens: int, total: int, window: int, floor: int
+        self, n_layers: int, prompt_tokens: int, floor: int, *, stats: Sequence[Any], total: int, window_size: int
     ) -> tuple[int, ...]:
         unit = total // sum(self.shares)
         budgets = [unit * s for s in self.shares]
@@ -58,7 +58,9 @@ class FixedSchedule(BudgetSchedule):
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
         total = n_layers * BudgetSpec(self.budget).average(prompt_tokens)
-        return self.rule.layer_budgets((), n_layers, prompt_tokens, total, self.window_size, floor)
+        return self.rule.layer_budgets(
+            n_layers, prompt_tokens, floor, stats=(), total=total, window_size=self.window_size
+        )
 
 
 def _caches(model: torch.nn.Module, ids: torch.Tensor, press: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -72,9 +74,9 @@ def test_deciding_after_the_last_layer_equals_compressing_each_layer_at_once(sco
     ids = random_ids(48)
     reserve = getattr(scorer, "window_size", 0)  # the window the scorer keeps (none for KNorm)
     deferred = PerPromptBudgetPress(
-        scorer, PerPromptSchedule(FixedRule(), 0.5, window_size=reserve), min_tokens=1, statistic_window=WINDOW
+        scorer, PerPromptSchedule(FixedRule(), 0.5, window_size=reserve), floor=1, statistic_window=WINDOW
     )
-    at_once = LayerBudgetPress(scorer, FixedSchedule(), min_tokens=1)
+    at_once = LayerBudgetPress(scorer, FixedSchedule(), floor=1)
     a, b = _caches(model, ids, deferred), _caches(model, ids, at_once)
     assert [k.shape[2] for k, _ in a] == [k.shape[2] for k, _ in b] != [48] * 4
     for (ka, va), (kb, vb) in zip(a, b):
@@ -129,7 +131,7 @@ def test_budgets_follow_each_layers_own_statistic(rule: PerPromptRule) -> None:
     schedule = PerPromptSchedule(rule, 0.3, window_size=WINDOW)
     inputs = _layer_inputs(model, ids)
     stats = [rule.layer_statistic(*(layer[name] for name in rule.statistic_inputs)) for layer in inputs]
-    expected = schedule.layer_budgets(stats, 4, 128, WINDOW)
+    expected = schedule.layer_budgets(4, 128, WINDOW, stats=stats)
     press = PerPromptBudgetPress(SnapKVPress(window_size=WINDOW), schedule)
     seen: list[Any] = []
     original = press.layer_statistic

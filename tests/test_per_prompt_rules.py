@@ -8,6 +8,7 @@ hand-computed budget rule, and property tests: budgets sum exactly to SnapKV's t
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from fractions import Fraction
 from typing import Any
@@ -18,12 +19,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ripplekv.allocation.budget import scale_to_total
+from ripplekv.allocation.budget import BudgetSchedule, ProfileSchedule, allocate, scale_to_total
 from ripplekv.allocation.cake import CakeRule, CakeStatistic, cake_layer_statistic, cake_preferences
 from ripplekv.allocation.dynamickv import DynamicKVRule, dynamickv_layer_statistic, dynamickv_pooled_scores
 from ripplekv.allocation.lava import LavaRule, lava_layer_statistic
 from ripplekv.allocation.per_prompt import PerPromptSchedule, apportion, fill_shares, layer_floor, top_k_counts
-from ripplekv.allocation.schedules import UniformSchedule
+from ripplekv.allocation.schedules import PyramidSchedule, UniformSchedule
 from ripplekv.allocation.squeezeattention import (
     SqueezeAttentionRule,
     kmeans_1d,
@@ -88,17 +89,17 @@ def test_cake_budgets_by_hand() -> None:
     # Shares 4 + 64 P / 9 = (100/9, 164/9, 420/9, 36/9) = (11.11, 18.22, 46.67, 4): floors (11, 18, 46, 4) = 79,
     # the last token to the largest remainder (layer 2, 0.67).
     stats = [(1, 1), (2, 1), (3, 2), (0, 5)]
-    assert CakeRule().layer_budgets(stats, 4, 100, 80, 4, 0) == (11, 18, 47, 4)
+    assert CakeRule().layer_budgets(4, 100, 0, stats=stats, total=80, window_size=4) == (11, 18, 47, 4)
     # Prompt 30: layer 2 is capped at 30 and its excess 420/9 - 30 = 150/9 is spread evenly (+50/9 each) over the
     # others: (150/9, 214/9, 30, 86/9) = (16.67, 23.78, 30, 9.56); floors (16, 23, 30, 9) = 78, +1 to layers 1
     # (0.78) and 0 (0.67).
-    assert CakeRule().layer_budgets(stats, 4, 30, 80, 4, 0) == (17, 24, 30, 9)
+    assert CakeRule().layer_budgets(4, 30, 0, stats=stats, total=80, window_size=4) == (17, 24, 30, 9)
     # Floor 10: layer 3 (4) and then layer 0 (11.11 - 2 < 10) are lifted to 10 and the deficit is taken evenly
     # from layers 1 and 2: 164/9 + s + 420/9 + s = 60, s = -22/9 -> (10, 142/9, 398/9, 10) = (10, 15.78, 44.22,
     # 10): floors 79, +1 to layer 1.
-    assert CakeRule().layer_budgets(stats, 4, 100, 80, 4, 10) == (10, 16, 44, 10)
+    assert CakeRule().layer_budgets(4, 100, 10, stats=stats, total=80, window_size=4) == (10, 16, 44, 10)
     # tau1 = 2: P = (1, sqrt 2, 2 sqrt 3, 0) -> shares 4 + 64 P / (1 + 1.41421 + 3.46410) = (14.888, 19.398, 41.714, 4)
-    assert CakeRule(tau1=2.0).layer_budgets(stats, 4, 100, 80, 4, 0) == (15, 19, 42, 4)
+    assert CakeRule(tau1=2.0).layer_budgets(4, 100, 0, stats=stats, total=80, window_size=4) == (15, 19, 42, 4)
 
 
 def test_cake_rule_validation() -> None:
@@ -108,11 +109,11 @@ def test_cake_rule_validation() -> None:
     with pytest.raises(ValueError, match="tau2"):
         CakeRule(tau2=0)
     with pytest.raises(ValueError, match="one per layer"):
-        CakeRule().layer_budgets([(1, 1)], 2, 10, 10, 0, 0)
+        CakeRule().layer_budgets(2, 10, 0, stats=[(1, 1)], total=10, window_size=0)
     with pytest.raises(ValueError, match="dispersions"):
-        CakeRule().layer_budgets([(-1, 1), (1, 1)], 2, 10, 10, 0, 0)
+        CakeRule().layer_budgets(2, 10, 0, stats=[(-1, 1), (1, 1)], total=10, window_size=0)
     with pytest.raises(ValueError, match="total"):
-        CakeRule().layer_budgets([(1, 1), (1, 1)], 2, 10, 21, 0, 0)
+        CakeRule().layer_budgets(2, 10, 0, stats=[(1, 1), (1, 1)], total=21, window_size=0)
 
 
 # ----------------------------------------------------------------------------------------------- SqueezeAttention
@@ -166,14 +167,42 @@ def test_squeeze_budgets_by_hand() -> None:
     # The README's setting: ini_size 0.21, KV_class3 0.08, a prompt of 100 tokens, 6 layers (total 126).
     # Authors' code: class 3 keeps int(0.08 * 100) = 8; the others a = (6 * 0.21 - 3 * 0.08) / 3 = 0.34 -> 34.
     # Here p = 8/21: class 3 weight 8/21, others (6 - 3 * 8/21) / 3 = 34/21: shares 21 * w = 8 and 34, exactly.
-    assert SqueezeAttentionRule().layer_budgets(sims, 6, 100, 126, 0, 0) == (34, 34, 34, 8, 8, 8)
+    assert SqueezeAttentionRule().layer_budgets(6, 100, 0, stats=sims, total=126, window_size=0) == (
+        34,
+        34,
+        34,
+        8,
+        8,
+        8,
+    )
     # p = 0.5, 20 per layer: class 3 10, the others (6 - 1.5) / 3 * 20 = 30
-    assert SqueezeAttentionRule(p=0.5).layer_budgets(sims, 6, 100, 120, 0, 0) == (30, 30, 30, 10, 10, 10)
+    assert SqueezeAttentionRule(p=0.5).layer_budgets(6, 100, 0, stats=sims, total=120, window_size=0) == (
+        30,
+        30,
+        30,
+        10,
+        10,
+        10,
+    )
     # a window of 12 lifts class 3 to 12; the others share 120 - 36 = 84 -> 28 each
-    assert SqueezeAttentionRule(p=0.5).layer_budgets(sims, 6, 100, 120, 12, 0) == (28, 28, 28, 12, 12, 12)
+    assert SqueezeAttentionRule(p=0.5).layer_budgets(6, 100, 0, stats=sims, total=120, window_size=12) == (
+        28,
+        28,
+        28,
+        12,
+        12,
+        12,
+    )
     # p = 1 is uniform, and so are equal similarities (a single cluster)
-    assert SqueezeAttentionRule(p=1.0).layer_budgets(sims, 6, 100, 120, 0, 0) == (20,) * 6
-    assert SqueezeAttentionRule().layer_budgets([(0.9,)] * 6, 6, 100, 121, 0, 0) == (21, 20, 20, 20, 20, 20)
+    assert SqueezeAttentionRule(p=1.0).layer_budgets(6, 100, 0, stats=sims, total=120, window_size=0) == (20,) * 6
+    assert SqueezeAttentionRule().layer_budgets(6, 100, 0, stats=[(0.9,)] * 6, total=121, window_size=0) == (
+        21,
+        20,
+        20,
+        20,
+        20,
+        20,
+    )
     assert squeeze_groups([0.5, 0.52, 0.7, 0.9, 0.95, 0.99]) == (False, False, False, True, True, True)
 
 
@@ -184,7 +213,7 @@ def test_squeeze_rule_validation() -> None:
     with pytest.raises(ValueError, match="n_clusters"):
         SqueezeAttentionRule(n_clusters=1)
     with pytest.raises(ValueError, match="1-tuple"):
-        SqueezeAttentionRule().layer_budgets([(0.1, 0.2)], 1, 10, 5, 0, 0)
+        SqueezeAttentionRule().layer_budgets(1, 10, 0, stats=[(0.1, 0.2)], total=5, window_size=0)
 
 
 # ------------------------------------------------------------------------------------------------------ DynamicKV
@@ -237,11 +266,15 @@ def test_dynamickv_budgets_by_hand() -> None:
     #   in the ratio 7 : 1 -> (9.625, 1, 1.375): floors (9, 1, 1) = 11, +1 to layer 0 (remainder 0.625).
     rule = DynamicKVRule(update_interval=2)
     assert rule.progressive_caps(PROGRESSIVE, 3, 12, 10) == ((10, 1, 10), (7, 4, 1))
-    assert rule.layer_budgets(PROGRESSIVE, 3, 10, 12, 0, 0) == (10, 1, 1)
+    assert rule.layer_budgets(3, 10, 0, stats=PROGRESSIVE, total=12, window_size=0) == (10, 1, 1)
     # A single update at the end (interval >= 3): nothing carries over -> exactly the counts (7, 4, 1)
-    assert DynamicKVRule(update_interval=3).layer_budgets(PROGRESSIVE, 3, 10, 12, 0, 0) == (7, 4, 1)
+    assert DynamicKVRule(update_interval=3).layer_budgets(3, 10, 0, stats=PROGRESSIVE, total=12, window_size=0) == (
+        7,
+        4,
+        1,
+    )
     # A window of 1 (prompt 11, total 15): every layer keeps 1 + its share of the same 12 selected tokens
-    assert rule.layer_budgets(PROGRESSIVE, 3, 11, 15, 1, 0) == (11, 2, 2)
+    assert rule.layer_budgets(3, 11, 0, stats=PROGRESSIVE, total=15, window_size=1) == (11, 2, 2)
 
 
 def test_dynamickv_last_update_runs_at_the_last_layer() -> None:
@@ -258,7 +291,9 @@ def test_dynamickv_keep_truncation_is_exact() -> None:
     total, window = 6 * 12, 4  # 48 selected tokens in all: a layer counts at most 3 * 48 = 144 of its entries
     kept = [(s.scores[: 3 * (total - 6 * window)], s.heads) for s in full]
     rule = DynamicKVRule()
-    assert rule.layer_budgets(full, 6, 54, total, window, 0) == rule.layer_budgets(kept, 6, 54, total, window, 0)
+    assert rule.layer_budgets(6, 54, 0, stats=full, total=total, window_size=window) == rule.layer_budgets(
+        6, 54, 0, stats=kept, total=total, window_size=window
+    )
 
 
 def test_dynamickv_rule_validation() -> None:
@@ -271,19 +306,23 @@ def test_dynamickv_rule_validation() -> None:
     with pytest.raises(ValueError, match="update_interval"):
         DynamicKVRule(update_interval=0)
     with pytest.raises(ValueError, match="same number of heads"):
-        DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.ones(3), 2)], 2, 10, 10, 0, 0)
+        DynamicKVRule().layer_budgets(2, 10, 0, stats=[(np.ones(3), 1), (np.ones(3), 2)], total=10, window_size=0)
     with pytest.raises(ValueError, match="another prompt length or window"):
-        DynamicKVRule().layer_budgets([(np.ones(12), 1), (np.ones(3), 1)], 2, 10, 10, 0, 0)
+        DynamicKVRule().layer_budgets(2, 10, 0, stats=[(np.ones(12), 1), (np.ones(3), 1)], total=10, window_size=0)
     # invalid statistics are an error at every total, also one that leaves nothing beyond the windows (an even
     # split, no statistic read) or a window that covers the prompt
     for total, window in ((4, 2), (10, 10)):
         with pytest.raises(ValueError, match="same number of heads"):
-            DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.ones(3), 2)], 2, 10, total, window, 0)
+            DynamicKVRule().layer_budgets(
+                2, 10, 0, stats=[(np.ones(3), 1), (np.ones(3), 2)], total=total, window_size=window
+            )
         with pytest.raises(ValueError, match="finite"):
-            DynamicKVRule().layer_budgets([(np.ones(3), 1), (np.array([np.nan]), 1)], 2, 10, total, window, 0)
+            DynamicKVRule().layer_budgets(
+                2, 10, 0, stats=[(np.ones(3), 1), (np.array([np.nan]), 1)], total=total, window_size=window
+            )
     # scores of another prompt length are refused when the total leaves nothing beyond the windows too
     with pytest.raises(ValueError, match="another prompt length or window"):
-        DynamicKVRule().layer_budgets([(np.ones(12), 1), (np.ones(3), 1)], 2, 10, 4, 2, 0)
+        DynamicKVRule().layer_budgets(2, 10, 0, stats=[(np.ones(12), 1), (np.ones(3), 1)], total=4, window_size=2)
 
 
 # ----------------------------------------------------------------------------------------------------------- LAVa
@@ -327,12 +366,12 @@ def test_lava_statistic_by_hand() -> None:
 def test_lava_budgets_by_hand() -> None:
     stats = [(0.5,), (1.0,), (0.25,), (0.25,)]
     # 4 layers, prompt 100, total 80, window 4: 64 beyond the windows, shares 4 + 64 e / 2 = (20, 36, 12, 12)
-    assert LavaRule().layer_budgets(stats, 4, 100, 80, 4, 0) == (20, 36, 12, 12)
+    assert LavaRule().layer_budgets(4, 100, 0, stats=stats, total=80, window_size=4) == (20, 36, 12, 12)
     # prompt 30: layer 1 capped at 30; the others 4 + t e with 12 + t = 50 -> t = 38: (23, 30, 13.5, 13.5);
     # floors 79, the last token to the tied remainders' lower layer (2)
-    assert LavaRule().layer_budgets(stats, 4, 30, 80, 4, 0) == (23, 30, 14, 13)
+    assert LavaRule().layer_budgets(4, 30, 0, stats=stats, total=80, window_size=4) == (23, 30, 14, 13)
     # all-zero entropies: uniform
-    assert LavaRule().layer_budgets([(0.0,)] * 4, 4, 100, 80, 4, 0) == (20, 20, 20, 20)
+    assert LavaRule().layer_budgets(4, 100, 0, stats=[(0.0,)] * 4, total=80, window_size=4) == (20, 20, 20, 20)
 
 
 def test_lava_rule_validation() -> None:
@@ -343,7 +382,7 @@ def test_lava_rule_validation() -> None:
     with pytest.raises(ValueError, match="do not match"):
         lava_layer_statistic(WINDOW_ATTENTION, VALUES[:, :, :2])
     with pytest.raises(ValueError, match="entropies"):
-        LavaRule().layer_budgets([(math.nan,)], 1, 10, 5, 0, 0)
+        LavaRule().layer_budgets(1, 10, 0, stats=[(math.nan,)], total=5, window_size=0)
 
 
 # ------------------------------------------------------------------------------------------- common and properties
@@ -355,7 +394,7 @@ def test_schedule_spends_snapkvs_total() -> None:
         uniform = sum(UniformSchedule(**spec).layer_budgets(30, prompt, 64))
         schedule = PerPromptSchedule(LavaRule(), **spec)
         assert schedule.total(30, prompt) == uniform
-        budgets = schedule.layer_budgets([(0.5 + layer / 100,) for layer in range(30)], 30, prompt, 64)
+        budgets = schedule.layer_budgets(30, prompt, 64, stats=[(0.5 + layer / 100,) for layer in range(30)])
         assert sum(budgets) == uniform
     with pytest.raises(TypeError, match="PerPromptRule"):
         PerPromptSchedule(UniformSchedule(0.1), 0.1)  # type: ignore[arg-type]
@@ -363,6 +402,32 @@ def test_schedule_spends_snapkvs_total() -> None:
         PerPromptSchedule(LavaRule(), 1.5)
     with pytest.raises(ValueError, match="window_size"):
         PerPromptSchedule(LavaRule(), 0.1, window_size=-1)
+
+
+def test_every_schedule_answers_one_budget_signature() -> None:
+    """One budget contract (issue 45): every schedule, the per-prompt ones included, is a ``BudgetSchedule`` whose
+    ``layer_budgets`` takes ``(n_layers, prompt_tokens, floor)`` in that order, a per-prompt one its statistics after
+    them by keyword only; the rules and :func:`allocate` (one layer per score) take the same three first."""
+    head = ["n_layers", "prompt_tokens", "floor"]
+    offline = (UniformSchedule(0.5), PyramidSchedule(0.5, window_size=4), ProfileSchedule(0.5, (0.0, 1.0, 2.0)))
+    rules = (CakeRule(), SqueezeAttentionRule(), DynamicKVRule(), LavaRule())
+    per_prompt = tuple(PerPromptSchedule(rule, 0.5, window_size=4) for rule in rules)
+    for owner in (*offline, *per_prompt, *rules):
+        params = list(inspect.signature(owner.layer_budgets).parameters.values())
+        assert [p.name for p in params[:3]] == head, owner
+        assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params[:3]), owner
+        assert all(p.kind is p.KEYWORD_ONLY for p in params[3:]), owner
+    for schedule in (*offline, *per_prompt):
+        assert isinstance(schedule, BudgetSchedule)
+    for schedule in per_prompt:
+        assert [p for p in inspect.signature(schedule.layer_budgets).parameters][3:] == ["stats"]
+    assert list(inspect.signature(allocate).parameters)[:3] == ["scores", "prompt_tokens", "floor"]
+    stats = [(1.0, 1.0), (2.0, 1.0), (3.0, 1.0)]
+    cake = PerPromptSchedule(CakeRule(), 0.5, window_size=4)
+    expected = CakeRule().layer_budgets(3, 100, 4, stats=stats, total=150, window_size=4)
+    assert cake.layer_budgets(3, 100, 4, stats=stats) == expected and sum(expected) == 150
+    with pytest.raises(TypeError):
+        cake.layer_budgets(stats, 3, 100, 4)  # type: ignore[call-arg]
     assert PerPromptSchedule(CakeRule(), 0.1).statistic_names == ("dispersion", "shift")
 
 
@@ -435,11 +500,11 @@ CALLS = dict(
 def test_budgets_sum_to_the_total_within_bounds(rule, make, values, prompt, budget, window, floor) -> None:
     n = len(values)
     schedule = PerPromptSchedule(rule, window_size=window, **row_budget(budget).kwargs())
-    budgets = schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
+    budgets = schedule.layer_budgets(n, prompt, floor, stats=make(values, max(1, prompt - window)))
     total = schedule.total(n, prompt)
     assert len(budgets) == n and all(isinstance(b, int) for b in budgets)
     assert sum(budgets) == total
-    low = layer_floor(n, prompt, total, window, floor)
+    low = layer_floor(n, prompt, floor, total=total, window_size=window)
     assert all(low <= b <= prompt for b in budgets), (budgets, low, prompt)
 
 
@@ -448,7 +513,7 @@ def test_budgets_sum_to_the_total_within_bounds(rule, make, values, prompt, budg
 @given(value=st.floats(0.0, 1.0), n=st.integers(1, 12), **{k: v for k, v in CALLS.items() if k != "values"})
 def test_equal_statistics_give_uniform_budgets(rule, make, value, n, prompt, budget, window, floor) -> None:
     schedule = PerPromptSchedule(rule, window_size=window, **row_budget(budget).kwargs())
-    budgets = schedule.layer_budgets(make([value] * n, max(1, prompt - window)), n, prompt, floor)
+    budgets = schedule.layer_budgets(n, prompt, floor, stats=make([value] * n, max(1, prompt - window)))
     assert max(budgets) - min(budgets) <= 1
 
 
@@ -464,7 +529,7 @@ def test_budgets_are_monotone_in_the_preference(rule, make, sign, values, prompt
     # important layer) never gets more.
     n = len(values)
     schedule = PerPromptSchedule(rule, window_size=window, **row_budget(budget).kwargs())
-    budgets = schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
+    budgets = schedule.layer_budgets(n, prompt, floor, stats=make(values, max(1, prompt - window)))
     for i in range(n):
         for j in range(n):
             if values[i] > values[j]:
@@ -524,7 +589,7 @@ def test_statistics_from_a_real_prefill(smollm2: dict[str, Any]) -> None:
     assert all(0 <= s.entropy <= 1 for s in stats["lava"])
     for rule in rules:
         schedule = PerPromptSchedule(rule, 0.3, window_size=window)
-        budgets = schedule.layer_budgets(stats[rule.name], n_layers, prompt, window)
+        budgets = schedule.layer_budgets(n_layers, prompt, window, stats=stats[rule.name])
         assert sum(budgets) == schedule.total(n_layers, prompt)
         assert all(window <= b <= prompt for b in budgets)
 
@@ -565,9 +630,9 @@ def test_dynamickv_keep_of_one_and_single_entry_counts() -> None:
 def test_dynamickv_rejects_statistics_longer_than_the_prefix() -> None:
     # window 2 of a 10-token prompt: 8 prefix keys, so one head has at most 8 scores
     stats = [(np.ones(8), 1), (np.arange(8.0), 1)]
-    assert sum(DynamicKVRule().layer_budgets(stats, 2, 10, 10, 2, 0)) == 10
+    assert sum(DynamicKVRule().layer_budgets(2, 10, 0, stats=stats, total=10, window_size=2)) == 10
     with pytest.raises(ValueError, match="another prompt length or window"):
-        DynamicKVRule().layer_budgets([(np.ones(9), 1), (np.ones(8), 1)], 2, 10, 10, 2, 0)
+        DynamicKVRule().layer_budgets(2, 10, 0, stats=[(np.ones(9), 1), (np.ones(8), 1)], total=10, window_size=2)
 
 
 @pytest.mark.parametrize(
@@ -607,8 +672,11 @@ def test_lava_normaliser_adds_the_eps() -> None:
 def test_lava_total_below_the_windows_splits_evenly() -> None:
     # 2 layers of window 4 at a total of 7 < 2 * 4: nothing is left to share by e, the even split (4, 3)
     # (water-filling w + t * e down to the total would give the higher e the fewer tokens: (3, 4))
-    assert LavaRule().layer_budgets([(1.0,), (0.5,)], 2, 10, 7, 4, 0) == (4, 3)
-    assert LavaRule().layer_budgets([(1.0,), (0.5,)], 2, 10, 8, 4, 0) == (4, 4)  # exactly the windows
+    assert LavaRule().layer_budgets(2, 10, 0, stats=[(1.0,), (0.5,)], total=7, window_size=4) == (4, 3)
+    assert LavaRule().layer_budgets(2, 10, 0, stats=[(1.0,), (0.5,)], total=8, window_size=4) == (
+        4,
+        4,
+    )  # exactly the windows
 
 
 def _slow_chain(m: int) -> np.ndarray:
@@ -652,4 +720,4 @@ def test_a_nan_statistic_is_an_error_at_every_total(rule, make, bad, values, pro
     values = [math.nan if i == bad % n else v for i, v in enumerate(values)]
     schedule = PerPromptSchedule(rule, window_size=window, **row_budget(budget).kwargs())
     with pytest.raises(ValueError):
-        schedule.layer_budgets(make(values, max(1, prompt - window)), n, prompt, floor)
+        schedule.layer_budgets(n, prompt, floor, stats=make(values, max(1, prompt - window)))

@@ -115,7 +115,7 @@ def test_question_after_compressed_context_matches_token_by_token() -> None:
 
 def test_press_is_reentrant_and_never_mutates_the_inner_press() -> None:
     inner = StreamingLLMPress(n_sink=2)
-    press = RippleKVPress(press=inner, budget=0.25, scores=SCORES_4, min_tokens=4)
+    press = RippleKVPress(press=inner, budget=0.25, scores=SCORES_4, floor=4)
     before = dataclasses.asdict(inner)
     small, deep = tiny_model("llama", layers=4), tiny_model("llama", layers=4, seed=1)
     with press(small), press(deep):  # one press on two models at once
@@ -242,14 +242,14 @@ def test_plain_models_get_variable_length_attention_when_the_press_is_applied() 
     assert uniform.config._attn_implementation == "sdpa"  # uniform budgets leave the model as it was
 
 
-def test_min_tokens_must_be_at_least_one() -> None:
+def test_floor_must_be_at_least_one() -> None:
     """0 let a layer keep no token: kvpress then asserts on a compression ratio of 1 in the middle of a prefill."""
     for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
-            RippleKVPress(SnapKVPress(window_size=4), 0.1, scores=(0.0, 10.0), min_tokens=bad)
-        with pytest.raises(ValueError, match="min_tokens must be an integer >= 1"):
-            LayerBudgetPress(SnapKVPress(window_size=4), UniformSchedule(0.1), min_tokens=bad)
-    press = RippleKVPress(SnapKVPress(window_size=4), 0.1, scores=(0.0, 10.0), ratio=1e3, gamma=1e3, min_tokens=1)
+        with pytest.raises(ValueError, match="floor must be an integer >= 1"):
+            RippleKVPress(SnapKVPress(window_size=4), 0.1, scores=(0.0, 10.0), floor=bad)
+        with pytest.raises(ValueError, match="floor must be an integer >= 1"):
+            LayerBudgetPress(SnapKVPress(window_size=4), UniformSchedule(0.1), floor=bad)
+    press = RippleKVPress(SnapKVPress(window_size=4), 0.1, scores=(0.0, 10.0), ratio=1e3, gamma=1e3, floor=1)
     assert press.layer_budgets(2, 40) == (1, 5)
     assert layer_lengths(prefill(tiny_model("llama", layers=2), random_ids(40), press).cache) == [1, 5]
 
@@ -430,7 +430,7 @@ def test_ripplekv_press_default_and_replace() -> None:
     )  # the default fraction
     by_tokens = dataclasses.replace(press, tokens=16)
     assert by_tokens.layer_budgets(4, 100) == ProfileSchedule(scores=SCORES_4, tokens=16).layer_budgets(4, 100, 64)
-    assert RippleKVPress(scores=SCORES_4, tokens=1, min_tokens=1).layer_budgets(4, 100) == (1, 1, 1, 1)
+    assert RippleKVPress(scores=SCORES_4, tokens=1, floor=1).layer_budgets(4, 100) == (1, 1, 1, 1)
     assert RippleKVPress(scores=SCORES_4, budget=1.0).layer_budgets(4, 100) == (100,) * 4
 
 

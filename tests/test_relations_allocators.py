@@ -84,9 +84,9 @@ def test_dynamickv_budgets_of_a_batch_of_one_prompt_twice_equal_the_prompts_own(
         single.append(rule.layer_statistic(attention))
         double.append(rule.layer_statistic(torch.cat([attention, attention])))
     assert {s.heads for s in double} == {4}
-    alone = rule.layer_budgets(single, layers, prompt, total, window, 0)
+    alone = rule.layer_budgets(layers, prompt, 0, stats=single, total=total, window_size=window)
     assert len(set(alone)) > 2, "the prompts must give uneven budgets for the relation to say something"
-    assert rule.layer_budgets(double, layers, prompt, total, window, 0) == alone
+    assert rule.layer_budgets(layers, prompt, 0, stats=double, total=total, window_size=window) == alone
 
 
 def test_dynamickv_average_pool_is_the_zero_padded_window_mean_of_the_query_sums() -> None:
@@ -172,8 +172,8 @@ def test_cake_gives_a_rounding_tie_to_the_layer_of_larger_preference() -> None:
     ignoring its ``strength`` (the slopes, all 1 here, always)."""
     rule = CakeRule()
     stats = [(1.0, 1.0), (3.0, 1.0)]
-    assert rule.layer_budgets(stats, 2, 10, 6, 2, 0) == (2, 4)
-    assert rule.layer_budgets(stats[::-1], 2, 10, 6, 2, 0) == (4, 2)
+    assert rule.layer_budgets(2, 10, 0, stats=stats, total=6, window_size=2) == (2, 4)
+    assert rule.layer_budgets(2, 10, 0, stats=stats[::-1], total=6, window_size=2) == (4, 2)
 
 
 def test_squeezeattention_gives_a_rounding_tie_to_the_less_similar_layer() -> None:
@@ -187,7 +187,7 @@ def test_squeezeattention_gives_a_rounding_tie_to_the_less_similar_layer() -> No
     assert sorted(len(c) for c in classes.values()) == [2, 3]
     uneven = 0
     for total in range(40, 60):
-        budgets = rule.layer_budgets([(s,) for s in similarity], 5, 100, total, 0, 0)
+        budgets = rule.layer_budgets(5, 100, 0, stats=[(s,) for s in similarity], total=total, window_size=0)
         for members in classes.values():
             ordered = [budgets[i] for i in sorted(members, key=lambda i: similarity[i])]
             assert ordered == sorted(ordered, reverse=True), (total, budgets)

@@ -85,7 +85,7 @@ def test_profile_invariants_and_unchanged_rule(budget, scores, prompt_tokens, fl
     schedule = ProfileSchedule(**budget, scores=scores, ratio=ratio, gamma=gamma)
     result = _check_invariants(schedule, len(scores), prompt_tokens, floor)
     config = AllocationConfig(ratio=ratio, gamma=gamma)
-    assert result == allocate(scores, prompt_tokens=prompt_tokens, config=config, min_tokens=floor, **budget).budgets
+    assert result == allocate(scores, prompt_tokens, floor, config=config, **budget).budgets
 
 
 def test_pyramid_at_2048_tokens_and_10_percent_is_a_strict_pyramid_with_snapkvs_total():

@@ -50,7 +50,7 @@ def test_every_scorer_is_accounted_for() -> None:
 def test_scorer_runs_under_the_ripplekv_schedule(name: str) -> None:
     scorer = WRAPPERS.get(name, getattr(kvpress, name))()
     model = tiny_model("llama", layers=4, attn="eager" if name in NEEDS_EAGER else "sdpa")
-    press = RippleKVPress(press=scorer, budget=0.3, scores=SCORES, min_tokens=4)
+    press = RippleKVPress(press=scorer, budget=0.3, scores=SCORES, floor=4)
     state = prefill(model, random_ids(PROMPT), press)
     assert layer_lengths(state.cache) == list(press.layer_budgets(4, PROMPT))
     assert len(set(layer_lengths(state.cache))) > 1
@@ -73,7 +73,7 @@ class StatefulScorer(ScorerPress):
 
 def test_scorer_state_set_after_construction_survives_the_per_layer_ratio() -> None:
     model = tiny_model("llama", layers=4)
-    press = RippleKVPress(press=StatefulScorer(), budget=0.3, scores=SCORES, min_tokens=4)
+    press = RippleKVPress(press=StatefulScorer(), budget=0.3, scores=SCORES, floor=4)
     state = prefill(model, random_ids(PROMPT), press)
     assert layer_lengths(state.cache) == list(press.layer_budgets(4, PROMPT))
 
@@ -89,7 +89,7 @@ def test_per_layer_ratio_copies_wrapped_scorers_and_never_touches_the_callers() 
 def test_attention_weight_scorer_without_eager_names_the_implementation() -> None:
     """ObservedAttentionPress under sdpa is a ValueError naming eager, not kvpress's bare assertion."""
     model = tiny_model("llama", layers=4, attn="sdpa")
-    press = RippleKVPress(press=kvpress.ObservedAttentionPress(), budget=0.3, scores=SCORES, min_tokens=4)
+    press = RippleKVPress(press=kvpress.ObservedAttentionPress(), budget=0.3, scores=SCORES, floor=4)
     with pytest.raises(ValueError, match="attn_implementation='eager'"):
         prefill(model, random_ids(PROMPT), press)
 

@@ -15,7 +15,9 @@ from ripplekv.allocation.squeezeattention import SqueezeAttentionRule
 # Lloyd from the sorted start stopped at {0, 0.3}, {0.5}, {0.6} (0.045) and squeezed layer 3 alone, whose best
 # split, {0}, {0.3, 0.5}, {0.6}, has 0.02.
 SIMILARITIES = [0.0, 0.3, 0.5, 0.6]
-EXACT_KEPT = list(SqueezeAttentionRule(p=0.5).layer_budgets([(s,) for s in SIMILARITIES], 4, 100, 120, 0, 0))
+EXACT_KEPT = list(
+    SqueezeAttentionRule(p=0.5).layer_budgets(4, 100, 0, stats=[(s,) for s in SIMILARITIES], total=120, window_size=0)
+)
 LLOYD_KEPT = [35, 35, 35, 15]
 
 

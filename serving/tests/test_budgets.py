@@ -38,7 +38,7 @@ def test_per_layer_groups_keep_snapkv_uniforms_blocks(scores, budget: float, n: 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_each_layer_keeps_its_library_budget_up_to_a_block(scores, budget: float, n: int) -> None:
     budgets = per_layer(scores, budget)
-    library = allocate(scores, budget, n, AllocationConfig(4.0, 3.0), min_tokens=WINDOW).budgets
+    library = allocate(scores, n, WINDOW, budget=budget, config=AllocationConfig(4.0, 3.0)).budgets
     assert budgets.library_budgets(n) == library  # what LayerBudgetPress keeps with SnapKV's window
     served = budgets.layer_budgets(n)
     low = min(min_kept_blocks(n, BS, WINDOW), n // BS) * BS + n % BS

@@ -114,28 +114,69 @@ class BudgetSpec:
         return {"budget": self.budget} if self.tokens is None else {"tokens": self.tokens}  # type: ignore[dict-item]
 
 
-def _water_fill(weights: Sequence[Fraction], total: int, low: int, high: int) -> list[Fraction]:
-    """Exact shares ``clip(t * w_l, low, high)`` summing to ``total``. Each round fixes at their bound only the
-    side (cap or floor) with the larger total violation, whose violators stay violators at the final ``t``."""
-    shares: list[Fraction | None] = [None] * len(weights)
-    free = list(range(len(weights)))
-    remaining = Fraction(total)
+def fill_shares(
+    offsets: Sequence[float | Fraction],
+    slopes: Sequence[float | Fraction],
+    lows: Sequence[int],
+    highs: Sequence[int],
+    total: int,
+) -> list[Fraction]:
+    """Exact water-filling: real shares ``x_l = clip(a_l + t * c_l, lo_l, hi_l)`` with ``sum(x) == total``, one level
+    ``t`` for all.
+
+    ``a = 0, c = w`` is proportional water-filling; ``c = 1`` is additive (an excess or deficit spread evenly). Each
+    round fixes at their bound only the side (upper or lower) with the larger total violation, whose violators stay
+    violators at the final ``t`` (``sum(x)`` is non-decreasing in ``t``). Entries with ``c_l == 0`` stay at
+    ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb ``total``: they then share what is left evenly. Needs
+    finite ``a``, ``c >= 0``, ``lo <= hi``, ``sum(lows) <= total <= sum(highs)``.
+    """
+    n = len(offsets)
+    if not n or len(slopes) != n or len(lows) != n or len(highs) != n:
+        raise ValueError("fill_shares needs equally long, non-empty offsets, slopes, lows and highs")
+    if any(not isinstance(v, Fraction) and not math.isfinite(float(v)) for v in [*offsets, *slopes]):
+        raise ValueError("fill_shares needs finite offsets and slopes")
+    a = [Fraction(v) for v in offsets]
+    c = [Fraction(v) for v in slopes]
+    if any(s < 0 for s in c):
+        raise ValueError(f"slopes must be >= 0, got {[float(s) for s in c]}")
+    if any(lo > hi for lo, hi in zip(lows, highs)):
+        raise ValueError("every lower bound must be <= its upper bound")
+    if not sum(lows) <= total <= sum(highs):
+        raise ValueError(f"a total of {total} is outside [sum(lows), sum(highs)] = [{sum(lows)}, {sum(highs)}]")
+    moving = [i for i in range(n) if c[i] > 0]
+    if not moving:
+        return fill_shares(a, [1] * n, lows, highs, total)
+    fixed = [i for i in range(n) if c[i] == 0]
+    shares = [min(max(a[i], Fraction(lows[i])), Fraction(highs[i])) for i in range(n)]  # the fixed entries' values
+    remaining = total - sum((shares[i] for i in fixed), Fraction(0))
+    if not sum(lows[i] for i in moving) <= remaining <= sum(highs[i] for i in moving):
+        # the moving entries all sit at one bound; the constant ones share the rest evenly among themselves
+        bound = highs if remaining > sum(highs[i] for i in moving) else lows
+        rest = fill_shares(
+            [a[i] for i in fixed],
+            [1] * len(fixed),
+            [lows[i] for i in fixed],
+            [highs[i] for i in fixed],
+            total - sum(bound[i] for i in moving),
+        )
+        for i, value in [*((i, Fraction(bound[i])) for i in moving), *zip(fixed, rest)]:
+            shares[i] = value
+        return shares
+    free = moving
     while free:
-        level = remaining / sum(weights[i] for i in free)
-        over = [i for i in free if level * weights[i] > high]
-        under = [i for i in free if level * weights[i] < low]
-        if not over and not under:
-            for i in free:
-                shares[i] = level * weights[i]
+        level = (remaining - sum(a[i] for i in free)) / sum(c[i] for i in free)
+        over = [i for i in free if a[i] + level * c[i] > highs[i]]
+        under = [i for i in free if a[i] + level * c[i] < lows[i]]
+        excess = sum((a[i] + level * c[i] - highs[i] for i in over), Fraction(0))
+        deficit = sum((lows[i] - a[i] - level * c[i] for i in under), Fraction(0))
+        pinned = {i: highs[i] for i in over if excess >= deficit} | {i: lows[i] for i in under if deficit >= excess}
+        for i in free:
+            shares[i] = Fraction(pinned[i]) if i in pinned else a[i] + level * c[i]
+        remaining -= sum(pinned.values())
+        free = [i for i in free if i not in pinned]
+        if not pinned:
             break
-        excess = sum((level * weights[i] - high for i in over), Fraction(0))
-        deficit = sum((low - level * weights[i] for i in under), Fraction(0))
-        fixed = [(i, high) for i in over if excess >= deficit] + [(i, low) for i in under if deficit >= excess]
-        for i, bound in fixed:
-            shares[i] = Fraction(bound)
-            remaining -= bound
-        free = [i for i in free if shares[i] is None]
-    return [share if share is not None else Fraction(0) for share in shares]
+    return shares
 
 
 def largest_remainder(
@@ -170,7 +211,7 @@ def scale_to_total(
     low = min(int(floor), int(cap))
     if n * low > total:
         low = total // n
-    shares = _water_fill(exact, int(total), low, int(cap))
+    shares = fill_shares([0] * n, exact, [low] * n, [int(cap)] * n, int(total))
     ties = [0.0] * n if preference is None else [float(p) for p in preference]
     return largest_remainder(shares, exact, ties, int(total))
 
@@ -214,7 +255,8 @@ class BudgetSchedule(ABC):
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
         """Tokens kept by each layer, summing to ``n_layers * average(prompt_tokens)``, each in
         ``[min(floor, prompt_tokens, average), prompt_tokens]`` (``floor``, e.g. the scorer's window, is lowered
-        to the average when ``n_layers * floor`` exceeds the total)."""
+        to the average when ``n_layers * floor`` exceeds the total). Every schedule takes these three in this
+        order; a per-prompt one takes its inputs after them, by keyword (``stats=``)."""
 
     def check_layers(self, n_layers: int) -> None:
         """Raise ``ValueError`` if the schedule cannot serve a model of ``n_layers`` layers."""
@@ -312,26 +354,27 @@ class Allocation:
 
 def allocate(
     scores: Sequence[float],
-    budget: float | None = None,
-    prompt_tokens: int | None = None,
-    config: AllocationConfig = DEFAULT_CONFIG,
-    min_tokens: int = 1,
+    prompt_tokens: int,
+    floor: int = 1,
     *,
+    budget: float | None = None,
     tokens: int | None = None,
+    config: AllocationConfig = DEFAULT_CONFIG,
 ) -> Allocation:
-    """The RippleKV rule: layer ``l`` gets ``clip(t * w_l, floor, prompt_tokens)`` of the total ``L * average``,
-    ``w`` = :func:`layer_weights`, by :func:`scale_to_total` (rounding ties go to the higher score, the lower for
-    ``ratio < 1``, so a more sensitive layer never gets fewer tokens); ``floor = min_tokens``."""
+    """The RippleKV rule, in :meth:`BudgetSchedule.layer_budgets`' order (one layer per score): layer ``l`` gets
+    ``clip(t * w_l, floor, prompt_tokens)`` of the total ``L * average``, ``w`` = :func:`layer_weights`, by
+    :func:`scale_to_total` (rounding ties go to the higher score, the lower for ``ratio < 1``, so a more sensitive
+    layer never gets fewer tokens)."""
     array = validate_scores(scores)
     normalized = normalize_scores(array)
     weights = _weights_from_normalized(normalized, config)
     preference = array if config.ratio >= 1 else -array
-    if not is_integer(min_tokens) or min_tokens < 0:
-        raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+    if not is_integer(floor) or floor < 0:
+        raise ValueError(f"floor must be an integer >= 0, got {floor!r}")
     _check_prompt(prompt_tokens)
-    average = BudgetSpec(budget, tokens).average(int(prompt_tokens))  # type: ignore[arg-type]
+    average = BudgetSpec(budget, tokens).average(int(prompt_tokens))
     total = len(weights) * average
-    budgets = scale_to_total([float(w) for w in weights], total, int(min_tokens), int(prompt_tokens), preference)
+    budgets = scale_to_total([float(w) for w in weights], total, int(floor), int(prompt_tokens), preference)
     exact = (tuple(map(float, array)), tuple(map(float, normalized)), tuple(map(float, weights)), tuple(budgets))
     return Allocation(*exact, int(prompt_tokens), average, average * len(budgets))  # type: ignore[arg-type]
 
@@ -374,4 +417,4 @@ class ProfileSchedule(BudgetSchedule):
 @lru_cache(maxsize=256)
 def _profile_budgets(schedule: ProfileSchedule, prompt_tokens: int, floor: int) -> tuple[int, ...]:
     config = AllocationConfig(ratio=schedule.ratio, gamma=schedule.gamma)
-    return allocate(schedule.scores, schedule.budget, prompt_tokens, config, floor, tokens=schedule.tokens).budgets
+    return allocate(schedule.scores, prompt_tokens, floor, **schedule.spec.kwargs(), config=config).budgets

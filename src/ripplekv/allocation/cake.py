@@ -95,21 +95,22 @@ class CakeRule(PerPromptRule):
 
     def layer_budgets(
         self,
-        stats: Sequence[Sequence[float]],
         n_layers: int,
         prompt_tokens: int,
-        total: int,
-        window: int,
         floor: int,
+        *,
+        stats: Sequence[Sequence[float]],
+        total: int,
+        window_size: int,
     ) -> tuple[int, ...]:
         """The window plus a share of ``total - L * w`` proportional to ``P``; non-decreasing in ``P``."""
-        check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
+        check_rule_call(n_layers, prompt_tokens, floor, stats=stats, total=total, window_size=window_size)
         preference = cake_preferences(stats, self.tau1, self.tau2)
-        low = layer_floor(n_layers, prompt_tokens, total, window, floor)
-        spare = total - n_layers * window
-        if spare <= 0 or window >= prompt_tokens or sum(preference) == 0:
+        low = layer_floor(n_layers, prompt_tokens, floor, total=total, window_size=window_size)
+        spare = total - n_layers * window_size
+        if spare <= 0 or window_size >= prompt_tokens or sum(preference) == 0:
             return even_split(total, n_layers)
         exact = [Fraction(p) for p in preference]
         mass = sum(exact)
-        offsets = [window + p * spare / mass for p in exact]
+        offsets = [window_size + p * spare / mass for p in exact]
         return apportion(offsets, [1] * n_layers, total, [low] * n_layers, [prompt_tokens] * n_layers, preference)

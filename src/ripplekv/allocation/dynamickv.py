@@ -65,7 +65,7 @@ def dynamickv_pooled_scores(
 
 def dynamickv_layer_statistic(pooled_scores: torch.Tensor, keep: int | None = None) -> DynamicKVStatistic:
     """One layer's DynamicKV statistic from :func:`dynamickv_pooled_scores`, keeping only the ``keep`` highest scores
-    when given (the budgets are unchanged while ``keep >= heads * (total - n_layers * window)``)."""
+    when given (the budgets are unchanged while ``keep >= heads * (total - n_layers * window_size)``)."""
     import torch
 
     if pooled_scores.dim() != 3 or pooled_scores.numel() == 0:
@@ -160,33 +160,34 @@ class DynamicKVRule(PerPromptRule):
 
     def layer_budgets(
         self,
-        stats: Sequence[Sequence[object]],
         n_layers: int,
         prompt_tokens: int,
-        total: int,
-        window: int,
         floor: int,
+        *,
+        stats: Sequence[Sequence[object]],
+        total: int,
+        window_size: int,
     ) -> tuple[int, ...]:
         """The window plus a share of ``total - L * w`` by the last update's counts, under the replayed caps."""
-        check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
+        check_rule_call(n_layers, prompt_tokens, floor, stats=stats, total=total, window_size=window_size)
         # invalid statistics are an error at every total, before the even-split shortcut
         arrays, heads = _check_stats(stats)
         longest = max(a.size for a in arrays)
-        if window < prompt_tokens and longest > heads * (prompt_tokens - window):
+        if window_size < prompt_tokens and longest > heads * (prompt_tokens - window_size):
             raise ValueError(
-                f"a DynamicKV statistic has {longest} scores, more than heads * (prompt_tokens - window) = "
-                f"{heads} * {prompt_tokens - window}: it was computed for another prompt length or window"
+                f"a DynamicKV statistic has {longest} scores, more than heads * (prompt_tokens - window_size) = "
+                f"{heads} * {prompt_tokens - window_size}: it was computed for another prompt length or window"
             )
-        spare = total - n_layers * window
-        if spare <= 0 or window >= prompt_tokens:
+        spare = total - n_layers * window_size
+        if spare <= 0 or window_size >= prompt_tokens:
             return even_split(total, n_layers)
-        budget_size = min(int(float(self.radio_max) * Fraction(spare, n_layers)), prompt_tokens - window)
+        budget_size = min(int(float(self.radio_max) * Fraction(spare, n_layers)), prompt_tokens - window_size)
         caps, counts = self.progressive_caps(stats, n_layers, spare, budget_size)
         if sum(counts) == 0:
             return even_split(total, n_layers)
-        low = layer_floor(n_layers, prompt_tokens, total, window, floor)
+        low = layer_floor(n_layers, prompt_tokens, floor, total=total, window_size=window_size)
         for limit in (caps, (budget_size,) * n_layers, (prompt_tokens,) * n_layers):
-            highs = [max(low, min(prompt_tokens, window + cap)) for cap in limit]
+            highs = [max(low, min(prompt_tokens, window_size + cap)) for cap in limit]
             if sum(highs) >= total:
                 break
-        return apportion([window] * n_layers, counts, total, [low] * n_layers, highs)
+        return apportion([window_size] * n_layers, counts, total, [low] * n_layers, highs)

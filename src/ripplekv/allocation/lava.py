@@ -128,21 +128,22 @@ class LavaRule(PerPromptRule):
 
     def layer_budgets(
         self,
-        stats: Sequence[Sequence[float]],
         n_layers: int,
         prompt_tokens: int,
-        total: int,
-        window: int,
         floor: int,
+        *,
+        stats: Sequence[Sequence[float]],
+        total: int,
+        window_size: int,
     ) -> tuple[int, ...]:
         """The window plus a share of ``total - L * w`` proportional to ``e``; non-decreasing in ``e``."""
-        check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
+        check_rule_call(n_layers, prompt_tokens, floor, stats=stats, total=total, window_size=window_size)
         if any(len(tuple(s)) != 1 for s in stats):
             raise ValueError("every LAVa statistic must be a 1-tuple (entropy,)")
         entropy = finite_array([tuple(s)[0] for s in stats], "LAVa entropies e_l")
-        spare = total - n_layers * window
-        if spare <= 0 or window >= prompt_tokens or not entropy.any():
+        spare = total - n_layers * window_size
+        if spare <= 0 or window_size >= prompt_tokens or not entropy.any():
             return even_split(total, n_layers)
-        low = layer_floor(n_layers, prompt_tokens, total, window, floor)
+        low = layer_floor(n_layers, prompt_tokens, floor, total=total, window_size=window_size)
         weights = [Fraction(float(e)) for e in entropy]
-        return apportion([window] * n_layers, weights, total, [low] * n_layers, [prompt_tokens] * n_layers)
+        return apportion([window_size] * n_layers, weights, total, [low] * n_layers, [prompt_tokens] * n_layers)

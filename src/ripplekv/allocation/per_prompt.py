@@ -1,8 +1,9 @@
 """Per-prompt per-layer budget rules (CAKE, SqueezeAttention, DynamicKV, LAVa; one module each).
 
 A rule reads a statistic from every layer during the prefill and, after the last layer, shares out exactly SnapKV's
-global budget, each layer in ``[window (and floor), prompt]``, as exact rationals (:func:`fill_shares`) rounded by
-largest remainder: deterministic and platform-independent.
+global budget, each layer in ``[window_size (and floor), prompt]``, as exact rationals
+(:func:`~ripplekv.allocation.budget.fill_shares`) rounded by largest remainder: deterministic and
+platform-independent.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ripplekv.allocation.budget import BudgetSpec, largest_remainder
+from ripplekv.allocation.budget import BudgetSchedule, fill_shares, largest_remainder
 from ripplekv.validation import check_int, is_integer, is_real
 
 if TYPE_CHECKING:
@@ -39,15 +40,17 @@ class PerPromptRule(ABC):
     @abstractmethod
     def layer_budgets(
         self,
-        stats: Sequence[Sequence[Any]],
         n_layers: int,
         prompt_tokens: int,
-        total: int,
-        window: int,
         floor: int,
+        *,
+        stats: Sequence[Sequence[Any]],
+        total: int,
+        window_size: int,
     ) -> tuple[int, ...]:
         """Tokens kept by each layer, summing exactly to ``total``, each in ``[layer_floor(...), prompt_tokens]``
-        (``window``: the scorer's observation window, which every layer keeps). ValueError on a bad statistic."""
+        (``window_size``: the scorer's observation window, which every layer keeps). ValueError on a bad
+        statistic."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class TokenStatistic:
 
 
 def check_rule_call(
-    stats: Sequence[Any], n_layers: int, prompt_tokens: int, total: int, window: int, floor: int
+    n_layers: int, prompt_tokens: int, floor: int, *, stats: Sequence[Any], total: int, window_size: int
 ) -> None:
     """Raise ValueError unless :meth:`PerPromptRule.layer_budgets`' arguments are integers in range and there is
     one statistic per layer."""
@@ -78,7 +81,7 @@ def check_rule_call(
         raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
     if not is_integer(prompt_tokens) or prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be an integer >= 1, got {prompt_tokens!r}")
-    for name, value in (("window", window), ("floor", floor)):
+    for name, value in (("window_size", window_size), ("floor", floor)):
         if not is_integer(value) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     if not is_integer(total) or not 0 <= total <= n_layers * prompt_tokens:
@@ -90,84 +93,11 @@ def check_rule_call(
         raise ValueError(f"{len(stats)} layer statistics for a model of {n_layers} layers (need one per layer)")
 
 
-def layer_floor(n_layers: int, prompt_tokens: int, total: int, window: int, floor: int) -> int:
-    """The smallest budget every layer gets: ``min(max(floor, window), prompt_tokens)`` (SnapKV never drops its
+def layer_floor(n_layers: int, prompt_tokens: int, floor: int, *, total: int, window_size: int) -> int:
+    """The smallest budget every layer gets: ``min(max(floor, window_size), prompt_tokens)`` (SnapKV never drops its
     window), or the average ``total // n_layers`` when ``n_layers`` such floors exceed ``total``."""
-    low = min(max(int(floor), int(window)), int(prompt_tokens))
+    low = min(max(int(floor), int(window_size)), int(prompt_tokens))
     return low if n_layers * low <= total else total // n_layers
-
-
-def fill_shares(
-    offsets: Sequence[float | Fraction],
-    slopes: Sequence[float | Fraction],
-    lows: Sequence[int],
-    highs: Sequence[int],
-    total: int,
-) -> list[Fraction]:
-    """Exact real shares ``x_l = clip(a_l + t * c_l, lo_l, hi_l)`` with ``sum(x) == total``, one level ``t`` for all.
-
-    ``a = 0, c = w`` is proportional water-filling; ``c = 1`` is additive (an excess or deficit spread evenly).
-    ``sum(x)`` is piecewise linear and non-decreasing in ``t``, so ``t`` is exact between two breakpoints. Entries
-    with ``c_l == 0`` stay at ``clip(a_l, lo_l, hi_l)`` unless the others cannot absorb ``total``: they then share
-    what is left evenly. Needs finite ``a``, ``c >= 0``, ``lo <= hi``, ``sum(lows) <= total <= sum(highs)``.
-    """
-    n = len(offsets)
-    if not n or len(slopes) != n or len(lows) != n or len(highs) != n:
-        raise ValueError("fill_shares needs equally long, non-empty offsets, slopes, lows and highs")
-    if any(not isinstance(v, Fraction) and not math.isfinite(float(v)) for v in [*offsets, *slopes]):
-        raise ValueError("fill_shares needs finite offsets and slopes")
-    a = [Fraction(v) for v in offsets]
-    c = [Fraction(v) for v in slopes]
-    if any(s < 0 for s in c):
-        raise ValueError(f"slopes must be >= 0, got {[float(s) for s in c]}")
-    if any(lo > hi for lo, hi in zip(lows, highs)):
-        raise ValueError("every lower bound must be <= its upper bound")
-    if not sum(lows) <= total <= sum(highs):
-        raise ValueError(f"a total of {total} is outside [sum(lows), sum(highs)] = [{sum(lows)}, {sum(highs)}]")
-
-    def share(i: int, t: Fraction) -> Fraction:
-        return min(max(a[i] + t * c[i], Fraction(lows[i])), Fraction(highs[i]))
-
-    moving = [i for i in range(n) if c[i] > 0]
-    if not moving:
-        return fill_shares([a[i] for i in range(n)], [1] * n, lows, highs, total)
-    fixed = [i for i in range(n) if c[i] == 0]
-    fixed_sum = sum((share(i, Fraction(0)) for i in fixed), Fraction(0))
-    top = fixed_sum + sum(highs[i] for i in moving)
-    bottom = fixed_sum + sum(lows[i] for i in moving)
-    if total > top or total < bottom:
-        # the moving entries all sit at one bound; the constant ones share the rest evenly among themselves
-        bound = highs if total > top else lows
-        rest = fill_shares(
-            [a[i] for i in fixed],
-            [1] * len(fixed),
-            [lows[i] for i in fixed],
-            [highs[i] for i in fixed],
-            total - sum(bound[i] for i in moving),
-        )
-        shares: list[Fraction] = [Fraction(0)] * n
-        for i in moving:
-            shares[i] = Fraction(bound[i])
-        for i, value in zip(fixed, rest):
-            shares[i] = value
-        return shares
-    points = sorted({(Fraction(bound) - a[i]) / c[i] for i in moving for bound in (lows[i], highs[i])})
-
-    def level_sum(t: Fraction) -> Fraction:
-        return sum((share(i, t) for i in range(n)), Fraction(0))
-
-    previous, previous_sum = points[0], level_sum(points[0])
-    level = points[-1]
-    if previous_sum >= total:
-        level = previous
-    else:
-        for point in points[1:]:
-            point_sum = level_sum(point)
-            if point_sum >= total:  # sum(x) is linear between two breakpoints
-                level = previous + (total - previous_sum) * (point - previous) / (point_sum - previous_sum)
-                break
-            previous, previous_sum = point, point_sum
-    return [share(i, level) for i in range(n)]
 
 
 def apportion(
@@ -261,7 +191,7 @@ def check_pooling(owner: str, kernel_size: object, pooling: object) -> None:
 
 
 @dataclass(frozen=True)
-class PerPromptSchedule:
+class PerPromptSchedule(BudgetSchedule):
     """A per-prompt rule at a user-facing budget: SnapKV's global budget, shared out from every layer's statistic
     (``window_size``: the scorer's observation window, which every layer keeps; kvpress's SnapKV default is 64)."""
 
@@ -270,28 +200,17 @@ class PerPromptSchedule:
     window_size: int = 64
     _: KW_ONLY
     tokens: int | None = None
-    uniform: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.rule, PerPromptRule):
             raise TypeError(f"PerPromptSchedule.rule must be a PerPromptRule, got {type(self.rule).__name__}")
-        BudgetSpec(self.budget, self.tokens)  # exactly one, each valid
+        self._check_budget()
         check_int("PerPromptSchedule.window_size", self.window_size, 0)
-
-    @property
-    def spec(self) -> BudgetSpec:
-        """The budget as a :class:`~ripplekv.allocation.BudgetSpec`."""
-        return BudgetSpec(self.budget, self.tokens)
 
     @property
     def statistic_names(self) -> tuple[str, ...]:
         """The fields of the rule's per-layer statistic."""
         return self.rule.statistic_names
-
-    def check_layers(self, n_layers: int) -> None:
-        """Raise ``ValueError`` if ``n_layers`` is not an integer ``>= 1``."""
-        if not is_integer(n_layers) or n_layers < 1:
-            raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
 
     def total(self, n_layers: int, prompt_tokens: int) -> int:
         """SnapKV's global budget: ``n_layers * spec.average(prompt_tokens)``, as :class:`UniformSchedule` keeps."""
@@ -299,8 +218,11 @@ class PerPromptSchedule:
         return int(n_layers) * self.spec.average(prompt_tokens)
 
     def layer_budgets(
-        self, stats: Sequence[Sequence[Any]], n_layers: int, prompt_tokens: int, floor: int
+        self, n_layers: int, prompt_tokens: int, floor: int, *, stats: Sequence[Sequence[Any]]
     ) -> tuple[int, ...]:
-        """Tokens kept by each layer for this prompt (:meth:`PerPromptRule.layer_budgets` at :meth:`total`)."""
+        """Tokens kept by each layer for this prompt, from every layer's statistic (``stats``, one per layer):
+        :meth:`PerPromptRule.layer_budgets` at :meth:`total`."""
         total = self.total(n_layers, prompt_tokens)
-        return self.rule.layer_budgets(stats, n_layers, prompt_tokens, total, self.window_size, floor)
+        return self.rule.layer_budgets(
+            n_layers, prompt_tokens, floor, stats=stats, total=total, window_size=self.window_size
+        )

@@ -190,21 +190,22 @@ class SqueezeAttentionRule(PerPromptRule):
 
     def layer_budgets(
         self,
-        stats: Sequence[Sequence[float]],
         n_layers: int,
         prompt_tokens: int,
-        total: int,
-        window: int,
         floor: int,
+        *,
+        stats: Sequence[Sequence[float]],
+        total: int,
+        window_size: int,
     ) -> tuple[int, ...]:
         """The :meth:`weights` shared out over ``total``; never larger for a layer of higher similarity."""
-        check_rule_call(stats, n_layers, prompt_tokens, total, window, floor)
+        check_rule_call(n_layers, prompt_tokens, floor, stats=stats, total=total, window_size=window_size)
         if any(len(tuple(s)) != 1 for s in stats):
             raise ValueError("every SqueezeAttention statistic must be a 1-tuple (similarity,)")
         similarity = finite_array([tuple(s)[0] for s in stats], "SqueezeAttention similarities", nonnegative=False)
         weights = self.weights(similarity)
         if len(set(weights)) == 1:
             return even_split(total, n_layers)
-        low = layer_floor(n_layers, prompt_tokens, total, window, floor)
+        low = layer_floor(n_layers, prompt_tokens, floor, total=total, window_size=window_size)
         bounds = ([low] * n_layers, [prompt_tokens] * n_layers)
         return apportion([0] * n_layers, weights, total, *bounds, preference=[-s for s in similarity])

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if needs_profile(args.schedule) and not args.compare:
         scores = signal_scores(args.schedule)
         config = AllocationConfig(ratio=setting.ratio, gamma=setting.gamma)
-        allocation = allocate(scores, prompt_tokens=args.prompt_tokens, config=config, min_tokens=floor, **given)
+        allocation = allocate(scores, args.prompt_tokens, floor, **given, config=config)
         if args.json:
             extra = {**setting_json, **budget_json, "schedule": args.schedule}
             print(json.dumps({**allocation.to_dict(), **extra}))

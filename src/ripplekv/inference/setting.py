@@ -195,7 +195,7 @@ def derive_cache(press: LayerBudgetPress, prompt: PrefilledPrompt, model: PreTra
     """The cache ``press`` keeps of ``prompt``: its own ``compress`` per layer over the full cache, ranking by the
     recorded scores (the cache a prefill with ``press`` builds; ``press``'s scorer must be the recorded one)."""
     deriving = copy.copy(press)  # the caller's press keeps its scorer
-    deriving.press = RecordedScorer(scores=prompt.scores, window_size=press.window)
+    deriving.press = RecordedScorer(scores=prompt.scores, window_size=press.window_size)
     layers = []
     for module, layer in zip(attention_modules(model), prompt.cache.layers, strict=True):
         keys, values = deriving.compress(module, None, layer.keys, layer.values, None, {})  # type: ignore[arg-type]

@@ -26,7 +26,6 @@ from ripplekv.allocation.per_prompt import PerPromptSchedule
 from ripplekv.models.cache import dynamic_layer
 from ripplekv.presses.lava_scorer import LavaScorerPress
 from ripplekv.presses.per_prompt_press import PerPromptBudgetPress, select_top
-from ripplekv.presses.selection_window import scorer_window
 from ripplekv.validation import is_real
 
 __all__ = ["DEFAULT_LAVA_BUDGET", "LavaPress", "Masked", "headwise_select"]
@@ -92,7 +91,7 @@ class LavaPress(PerPromptBudgetPress):
 
     def __post_init__(self) -> None:
         if self.schedule is None and isinstance(self.press, ScorerPress):
-            self.schedule = PerPromptSchedule(LavaRule(), DEFAULT_LAVA_BUDGET, window_size=scorer_window(self.press))
+            self.schedule = PerPromptSchedule(LavaRule(), DEFAULT_LAVA_BUDGET, window_size=self.window_size)
         super().__post_init__()
         if not is_real(self.floor_alpha) or not 0 <= float(self.floor_alpha) <= 1:
             raise ValueError(f"floor_alpha must be a real number in [0, 1], got {self.floor_alpha!r}")
@@ -106,12 +105,12 @@ class LavaPress(PerPromptBudgetPress):
         """Tokens each KV head keeps (the reserved window included), per batch row, summing to
         ``kv_heads * min(budget, tokens)``; ``scores`` have the window last, as the scorer gives them."""
         batch, heads, tokens = scores.shape
-        reserve = min(self.reserve, budget)
-        if budget >= tokens or budget <= reserve:
+        window = min(self.window_size, budget)
+        if budget >= tokens or budget <= window:
             return [(min(budget, tokens),) * heads] * batch
-        prefix = scores[..., : tokens - reserve].detach().to(torch.float64).cpu().numpy()
-        split = [lava_head_budgets(row, budget - reserve, float(self.floor_alpha)) for row in prefix]
-        return [tuple(reserve + count for count in row) for row in split]
+        prefix = scores[..., : tokens - window].detach().to(torch.float64).cpu().numpy()
+        split = [lava_head_budgets(row, budget - window, float(self.floor_alpha)) for row in prefix]
+        return [tuple(window + count for count in row) for row in split]
 
     def prune(
         self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, budget: int, config: PretrainedConfig

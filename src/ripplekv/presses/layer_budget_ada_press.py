@@ -73,7 +73,7 @@ class LayerBudgetAdaPress(LayerBudgetPress):
     Not for eager attention (the masks need a boolean attention mask, as kvpress's AdaKV) nor padded batches.
 
     Args:
-        press, schedule, min_tokens: as :class:`~ripplekv.presses.LayerBudgetPress`'s (budgets per head on average).
+        press, schedule, floor: as :class:`~ripplekv.presses.LayerBudgetPress`'s (budgets per head on average).
         alpha_safeguard: fraction in ``[0, 1]`` of a layer's per-head budget every head keeps (AdaKV's safeguard;
             kvpress's 0.2); ``1`` is SnapKV's per-head selection, evicted physically.
         evict_balanced: evict physically when every head of a layer keeps the same count; False always masks.

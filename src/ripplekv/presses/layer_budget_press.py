@@ -16,8 +16,7 @@ from ripplekv.allocation.schedules import UniformSchedule
 from ripplekv.models.attention import enable_varlen_attention, supports_per_layer_lengths
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.scorers import check_attention_weights
-from ripplekv.presses.selection_window import check_compressible, scorer_window
-from ripplekv.validation import is_integer
+from ripplekv.presses.selection_window import check_compressible, resolve_floor, scorer_window
 
 __all__ = ["LayerBudgetPress", "global_schedule", "scorer_at_ratio"]
 
@@ -48,13 +47,13 @@ class LayerBudgetPress(BasePress):
 
     Args:
         press: token scorer (default ``SnapKVPress()``, window 64); its ``compression_ratio`` is ignored.
-        min_tokens: smallest budget a layer may get (``>= 1``: a layer with no token breaks the cache); None: the
-            scorer's ``window_size`` if it has one (SnapKV always keeps its window), else 1.
+        floor: smallest budget a layer may get (``>= 1``: a layer with no token breaks the cache); None: the
+            scorer's ``window_size`` if it has one (SnapKV always keeps its window), else 1 (resolved when built).
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
     schedule: BudgetSchedule = field(default_factory=lambda: UniformSchedule(0.2))
-    min_tokens: int | None = None
+    floor: int | None = None
     _bound: tuple[BudgetSchedule, tuple[int, ...]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -62,18 +61,12 @@ class LayerBudgetPress(BasePress):
             raise TypeError(f"{type(self).__name__} wraps a kvpress ScorerPress, got {type(self.press).__name__}")
         if not isinstance(self.schedule, BudgetSchedule):
             raise TypeError(f"schedule must be a BudgetSchedule, got {type(self.schedule).__name__}")
-        if self.min_tokens is not None and (not is_integer(self.min_tokens) or self.min_tokens < 1):
-            raise ValueError(f"min_tokens must be an integer >= 1 (a layer needs a token), got {self.min_tokens!r}")
+        self.floor = resolve_floor(self.floor, self.window_size)
 
     @property
-    def window(self) -> int:
+    def window_size(self) -> int:
         """The scorer's observation window (0 if it has none)."""
         return scorer_window(self.press)
-
-    @property
-    def floor(self) -> int:
-        """The smallest budget a layer gets: ``min_tokens``, else the scorer's window, else 1."""
-        return int(self.min_tokens) if self.min_tokens is not None else max(1, self.window)
 
     @property
     def compression_ratio(self) -> float:
@@ -85,12 +78,12 @@ class LayerBudgetPress(BasePress):
 
     def layer_budgets(self, n_layers: int, prompt_tokens: int) -> tuple[int, ...]:
         """Tokens kept by each of ``n_layers`` compressed layers: the schedule's budgets with this press's floor."""
-        return self.schedule.layer_budgets(n_layers, prompt_tokens, self.floor)
+        return self.schedule.layer_budgets(n_layers, prompt_tokens, self.floor)  # type: ignore[arg-type]
 
     def model_budgets(self, config: PretrainedConfig, prompt_tokens: int) -> tuple[int, ...]:
         """Tokens kept by every layer of a model: its budget for a global layer, the whole prompt for a sliding one."""
         schedule, layers = global_schedule(self.schedule, config)
-        budgets = dict(zip(layers, schedule.layer_budgets(len(layers), prompt_tokens, self.floor)))
+        budgets = dict(zip(layers, schedule.layer_budgets(len(layers), prompt_tokens, self.floor)))  # type: ignore[arg-type]
         return tuple(budgets.get(i, prompt_tokens) for i in range(int(config.get_text_config().num_hidden_layers)))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
@@ -120,7 +113,7 @@ class LayerBudgetPress(BasePress):
         schedule, layers = self._bound or global_schedule(self.schedule, module.config)
         if module.layer_idx not in layers:
             return None
-        return schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]
+        return schedule.layer_budgets(len(layers), k_len, self.floor)[layers.index(module.layer_idx)]  # type: ignore[arg-type]
 
     def score(
         self,
@@ -153,7 +146,7 @@ class LayerBudgetPress(BasePress):
         n_kept = self._layer_budget(module, k_len)
         if n_kept is None:
             return keys, values
-        check_compressible(self, kwargs, k_len, self.window)
+        check_compressible(self, kwargs, k_len, self.window_size)
         if n_kept >= k_len:
             return keys, values
         scores = self.score(module, hidden_states, keys, values, attentions, kwargs)

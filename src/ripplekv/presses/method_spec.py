@@ -137,12 +137,12 @@ class Method:
 @dataclass(frozen=True)
 class Build:
     """What a method's factory gets: the parsed spec, the budget, the profile (checked against the one the method
-    needs), the window, whether a profile of other weights is an error, and a scorer factory (a new copy)."""
+    needs), the window_size, whether a profile of other weights is an error, and a scorer factory (a new copy)."""
 
     method: MethodSpec
     spec: BudgetSpec
     profile: SensitivityProfile | None
-    window: int
+    window_size: int
     strict: bool
     scorer: Callable[[], ScorerPress]
 
@@ -196,14 +196,14 @@ def build_snapkv(b: Build) -> BasePress:
 def build_pyramidkv(b: Build) -> BasePress:
     from ripplekv.presses.layer_budget_press import LayerBudgetPress
 
-    schedule = PyramidSchedule(**b.spec.kwargs(), window_size=b.window, beta=b.method.values["beta"])
+    schedule = PyramidSchedule(**b.spec.kwargs(), window_size=b.window_size, beta=b.method.values["beta"])
     return LayerBudgetPress(b.scorer(), schedule)
 
 
 def build_pyramidkv_kvpress(b: Build) -> BasePress:
     from kvpress import PyramidKVPress
 
-    return global_layers(b, lambda ratio: PyramidKVPress(compression_ratio=ratio, window_size=b.window))
+    return global_layers(b, lambda ratio: PyramidKVPress(compression_ratio=ratio, window_size=b.window_size))
 
 
 def build_adakv(b: Build) -> BasePress:
@@ -231,9 +231,9 @@ def per_prompt(b: Build, rule: type[PerPromptRule]) -> PerPromptBudgetPress:
     from ripplekv.presses.selection_window import scorer_window
 
     inner = b.scorer()
-    window = b.method.values.get("window") or scorer_window(inner) or int(b.window)
+    statistic_window = b.method.values.get("window") or scorer_window(inner) or int(b.window_size)
     schedule = PerPromptSchedule(b.method.config(rule), **b.spec.kwargs(), window_size=scorer_window(inner))
-    return PerPromptBudgetPress(inner, schedule, statistic_window=window)
+    return PerPromptBudgetPress(inner, schedule, statistic_window=statistic_window)
 
 
 def build_lava(b: Build) -> BasePress:
@@ -245,13 +245,13 @@ def build_lava(b: Build) -> BasePress:
     return LavaPress(layer.press, layer.schedule, statistic_window=layer.statistic_window, floor_alpha=floor_alpha)
 
 
-_WINDOW = Param("window", int, None, low=1)  # the statistic's window; default: the scorer's window, else 64
+_STATISTIC_WINDOW = Param("window", int, None, low=1)  # spec key `window` (in run names): the press's statistic_window
 # RippleKV's r and gamma default to None: derived when the press is built, from the profile's chosen setting, else r 4
 # and gamma 3 (ripplekv.profiling.profile.resolve_setting); a value given, the default's included, is explicit and wins
 _RIPPLE = tuple(
     dataclasses.replace(Param.of(AllocationConfig, n, f), default=None) for n, f in (("r", "ratio"), ("gamma", "gamma"))
 )
-_LAVA = (*Param.fields(LavaRule), _WINDOW)
+_LAVA = (*Param.fields(LavaRule), _STATISTIC_WINDOW)
 _SNAP = "SnapKV scorer, "
 
 METHOD_TABLE: dict[str, Method] = {
@@ -303,7 +303,7 @@ METHOD_TABLE: dict[str, Method] = {
     "cake": Method(
         _SNAP + "CAKE budgets per prompt (window attention's entropy x variance per layer), SnapKV's total",
         partial(per_prompt, rule=CakeRule),
-        (*Param.fields(CakeRule), _WINDOW),
+        (*Param.fields(CakeRule), _STATISTIC_WINDOW),
     ),
     "squeezeattention": Method(
         _SNAP + "SqueezeAttention budgets per prompt (cosine of each layer's residual update)",
@@ -313,7 +313,7 @@ METHOD_TABLE: dict[str, Method] = {
     "dynamickv": Method(
         _SNAP + "DynamicKV budgets per prompt (global top-k of window attention over layers)",
         partial(per_prompt, rule=DynamicKVRule),
-        (*Param.fields(DynamicKVRule), _WINDOW),
+        (*Param.fields(DynamicKVRule), _STATISTIC_WINDOW),
     ),
     "lava": Method(
         _SNAP + "LAVa: layer budgets per prompt (value-weighted entropy), head-wise split (keys masked)",

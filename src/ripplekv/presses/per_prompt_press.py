@@ -42,7 +42,7 @@ from ripplekv.models.cache import dynamic_layer
 from ripplekv.models.decoder import decoder_layers
 from ripplekv.models.layer_types import compressed_layers
 from ripplekv.presses.scorers import check_attention_weights
-from ripplekv.presses.selection_window import check_compressible, scorer_window
+from ripplekv.presses.selection_window import check_compressible, resolve_floor, scorer_window
 from ripplekv.validation import is_integer
 
 __all__ = ["DEFAULT_STATISTIC_WINDOW", "RESIDUAL_STATISTICS", "PerPromptBudgetPress", "select_top"]
@@ -93,18 +93,18 @@ class PerPromptBudgetPress(BasePress):
             ``window_size`` is the window the budgets reserve, and must equal what the scorer always keeps: its
             ``window_size`` for a scorer with an observation window (SnapKV), 0 for one without (ExpectedAttention,
             TOVA, KNorm, ...), so that no layer's budget is forced uniform for a window nobody keeps.
-        min_tokens: smallest budget of a layer (``>= 1``); default the scorer's window, else 1 (as
-            :class:`~ripplekv.presses.LayerBudgetPress`).
+        floor: smallest budget of a layer (``>= 1``); default the scorer's window, else 1 (as
+            :class:`~ripplekv.presses.LayerBudgetPress`; resolved when built).
         statistic_window: the observation window of the rule's window statistics (the last ``statistic_window``
             prompt positions as queries; ``>= 1``); default the scorer's ``window_size``, else
-            :data:`DEFAULT_STATISTIC_WINDOW`. A method's own window (DynamicKV's 8, CAKE's and LAVa's 32) can be
-            set here without changing the scorer's. The window attention a rule reads covers the keys the selection
-            chooses among, those before both windows (``n - max(statistic_window, reserve)``).
+            :data:`DEFAULT_STATISTIC_WINDOW` (resolved when built). A method's own window (DynamicKV's 8, CAKE's and
+            LAVa's 32) can be set here without changing the scorer's. The window attention a rule reads covers the
+            keys the selection chooses among, those before both windows (``n - max(statistic_window, window_size)``).
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
     schedule: PerPromptSchedule | None = None
-    min_tokens: int | None = None
+    floor: int | None = None
     statistic_window: int | None = None
     _pending: dict[int, _Pending] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -118,33 +118,21 @@ class PerPromptBudgetPress(BasePress):
             )
         if not isinstance(self.schedule, PerPromptSchedule):
             raise TypeError(f"schedule must be a PerPromptSchedule, got {type(self.schedule).__name__}")
-        if self.schedule.window_size != self.reserve:
+        if self.schedule.window_size != self.window_size:
             raise ValueError(
                 f"the schedule reserves a {self.schedule.window_size}-token window but the scorer "
-                f"{type(self.press).__name__} always keeps {self.reserve}: give the schedule window_size="
-                f"{self.reserve} (a scorer's window_size, 0 for a scorer without one)"
+                f"{type(self.press).__name__} always keeps {self.window_size}: give the schedule window_size="
+                f"{self.window_size} (a scorer's window_size, 0 for a scorer without one)"
             )
-        if self.min_tokens is not None and (not is_integer(self.min_tokens) or self.min_tokens < 1):
-            raise ValueError(f"min_tokens must be an integer >= 1, got {self.min_tokens!r}")
+        self.floor = resolve_floor(self.floor, self.window_size)
         if self.statistic_window is not None and (not is_integer(self.statistic_window) or self.statistic_window < 1):
             raise ValueError(f"statistic_window must be an integer >= 1, got {self.statistic_window!r}")
+        self.statistic_window = int(self.statistic_window or self.window_size or DEFAULT_STATISTIC_WINDOW)
 
     @property
-    def reserve(self) -> int:
+    def window_size(self) -> int:
         """The window the scorer always keeps in every layer (its ``window_size``; 0 for a scorer without one)."""
         return scorer_window(self.press)
-
-    @property
-    def window(self) -> int:
-        """The observation window of the rule's window statistics (see ``statistic_window``)."""
-        if self.statistic_window is not None:
-            return int(self.statistic_window)
-        return self.reserve or DEFAULT_STATISTIC_WINDOW
-
-    @property
-    def floor(self) -> int:
-        """The smallest budget a layer gets: ``min_tokens``, else the scorer's window, else 1."""
-        return int(self.min_tokens) if self.min_tokens is not None else max(1, self.reserve)
 
     @property
     def budget(self) -> float | None:
@@ -195,7 +183,7 @@ class PerPromptBudgetPress(BasePress):
 
         Args:
             module: the attention module.
-            hidden_states: its input (at least the last ``window + 1`` positions).
+            hidden_states: its input (at least the last ``statistic_window + 1`` positions).
             keys, values: the layer's full prefill cache.
             kwargs: the attention layer's forward kwargs (``position_embeddings``).
             recorded: inputs captured while the prefill ran (``residual_in``, ``attention_output``).
@@ -205,10 +193,10 @@ class PerPromptBudgetPress(BasePress):
         for name in rule.statistic_inputs:
             if name == "window_attention":
                 attention = SnapKVPress.compute_window_attention(
-                    module, hidden_states, keys, self.window, kwargs["position_embeddings"]
+                    module, hidden_states, keys, self.statistic_window, kwargs["position_embeddings"]
                 )
                 # the keys the selection chooses among: before both the statistics' window and the kept one
-                candidates = keys.shape[2] - max(self.window, self.reserve)
+                candidates = keys.shape[2] - max(self.statistic_window, self.window_size)  # type: ignore[type-var]
                 inputs.append(attention[..., :candidates].float())
             elif name == "values":
                 inputs.append(values)
@@ -235,7 +223,7 @@ class PerPromptBudgetPress(BasePress):
         layers = compressed_layers(config)
         if len(stats) != len(layers):
             raise ValueError(f"{len(stats)} layer statistics for {len(layers)} compressed layers")
-        budgets = self.schedule.layer_budgets(stats, len(layers), prompt_tokens, self.floor)  # type: ignore[union-attr]
+        budgets = self.schedule.layer_budgets(len(layers), prompt_tokens, self.floor, stats=stats)  # type: ignore[union-attr, arg-type]
         return dict(zip(layers, budgets))
 
     # --------------------------------------------------------------------------------------- direct prefill
@@ -278,7 +266,7 @@ class PerPromptBudgetPress(BasePress):
         if index not in layers:
             return output
         keys, values = extract_keys_and_values(cache, index)
-        check_compressible(self, kwargs, keys.shape[2], self.window)
+        check_compressible(self, kwargs, keys.shape[2], self.statistic_window)  # type: ignore[arg-type]
         if self.needs_residual and index not in self._pending.get(id(cache), _Pending()).residual:
             raise RuntimeError(  # kvpress gives a wrapped press no hook before a decoder layer, nor an end of context
                 f"{self.schedule.rule.name} reads each decoder layer's input residual stream, which "  # type: ignore[union-attr]

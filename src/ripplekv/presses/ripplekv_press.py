@@ -48,7 +48,7 @@ class RippleKVPress(LayerBudgetPress):
     """
 
     schedule: ProfileSchedule = field(init=False)
-    min_tokens: int | None = field(default=None, kw_only=True)
+    floor: int | None = field(default=None, kw_only=True)
     budget: float | None = None
     profile: SensitivityProfile | str | os.PathLike[str] | None = None
     scores: Sequence[float] | None = None

@@ -7,12 +7,23 @@ import torch
 from kvpress.presses.base_press import BasePress
 
 from ripplekv.models.attention_masks import PaddedBatchError
+from ripplekv.validation import is_integer
 
 
 def scorer_window(press: object) -> int:
     """A press's own observation window, its ``window_size`` (SnapKV's: the scorer keeps it in every layer whatever
     its scores), 0 for a press without one."""
     return int(getattr(press, "window_size", 0) or 0)
+
+
+def resolve_floor(floor: object, window_size: int) -> int:
+    """The smallest budget a press gives a layer: ``floor`` (an integer ``>= 1``: a layer with no token breaks the
+    cache), or for None the scorer's ``window_size`` (SnapKV always keeps its window), else 1."""
+    if floor is None:
+        return max(1, int(window_size))
+    if not is_integer(floor) or floor < 1:  # type: ignore[operator]
+        raise ValueError(f"floor must be an integer >= 1 (a layer needs a token), got {floor!r}")
+    return int(floor)  # type: ignore[call-overload]
 
 
 def selection_window(press: BasePress | None) -> int:

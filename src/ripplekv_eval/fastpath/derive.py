@@ -182,7 +182,7 @@ def recorded_statistics(
     stats = []
     for index in compressed_layers(config):
         layer = layers[index]
-        check_compressible(press, layer.kwargs, layer.keys.shape[2], press.window)
+        check_compressible(press, layer.kwargs, layer.keys.shape[2], press.statistic_window)  # type: ignore[arg-type]
         if press.needs_residual:
             if rule.name not in layer.statistics:
                 raise ValueError(f"the prefill record holds no {rule.name} statistic: record it (see record_prefill)")
@@ -192,7 +192,8 @@ def recorded_statistics(
         def compute(layer: LayerRecord = layer) -> Any:
             return press.layer_statistic(layer.module, layer.hidden_states, layer.keys, layer.values, layer.kwargs)
 
-        stats.append(memo.get("statistic", (repr(rule), press.window, press.reserve), index, layer.keys, compute))
+        key = (repr(rule), press.statistic_window, press.window_size)
+        stats.append(memo.get("statistic", key, index, layer.keys, compute))
     return stats
 
 

@@ -90,7 +90,7 @@ def hidden_states_needed(press: BasePress, prescored: Collection[Hashable] = fro
         return hidden_states_needed(press.press, prescored)
     if kind in PER_PROMPT:  # its scorer's, and its window's statistics
         inner = 0 if _prescored(press.press, prescored) else hidden_states_needed(press.press)
-        return None if inner is None else max(inner, int(press.window) + 1)
+        return None if inner is None else max(inner, int(press.statistic_window) + 1)  # type: ignore[arg-type]
     rule = _SCORER_TAILS.get(kind)
     return None if rule is None else rule(press)
 
