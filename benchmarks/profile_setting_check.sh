@@ -4,7 +4,8 @@
 # (benchmarks/heldout/bamboo.jsonl, all 169 records, untouched by any profile, calibration or tuning run),
 # question-aware, 64-token answers at most, fidelity to the full cache, SnapKV's scorer, 10/20/30%.
 # Candidates: the profile's setting (`ripplekv`, which runs it), the library default (`ripplekv:r=4,gamma=3`, given
-# explicitly: it wins over the profile's), the setting(s) `ripplekv tune` chose for the model, SnapKV and PyramidKV;
+# explicitly: it wins over the profile's), the setting(s) `ripplekv tune` chose for the model, every distinct
+# allocation of the selection's grid (14: a gamma of at least r clips nothing), SnapKV and PyramidKV;
 # every configuration of a prompt is derived from its one prefill. Then the paired checks (benchmarks/default_check.py:
 # the stratified sign-flip test, Holm over a budget's comparisons, W/T/L, median and p90 of the per-prompt difference)
 # of the profile's setting against every other configuration, and of each tune setting likewise.
@@ -70,7 +71,26 @@ TUNED=()
 for TUNE in "${TUNES[@]}"; do
   T=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['settings']['ripplekv'])" "$TUNE")
   [ "$T" = ripplekv ] && T="ripplekv:r=4,gamma=3"  # a tune run names the default by the plain method
+  T=$(python -c "import sys; from ripplekv.presses.method_spec import parse_method; print(parse_method(sys.argv[1]).canonical())" "$T")
   case ",$METHODS," in *",$T,"*) ;; *) [ "$T" = "$CANONICAL" ] || { METHODS="$METHODS,$T"; TUNED+=("$T"); } ;; esac
+done
+# Every distinct allocation of the selection's grid too (a gamma of at least r clips nothing: one per r), so that any
+# rule choosing among the candidates, not only the one the profile applied, is judged on these held-out prompts.
+GRID=$(python - "$PROFILE" <<'PY'
+import json, sys
+from ripplekv.presses.method_spec import parse_method
+setting = json.load(open(sys.argv[1]))["setting"]
+seen, names = set(), []
+for c in sorted(setting["candidates"], key=lambda c: (c["ratio"], c["gamma"])):
+    key = (c["ratio"], c["gamma"] if c["gamma"] < c["ratio"] else None)
+    if key not in seen:
+        seen.add(key)
+        names.append(parse_method(f"ripplekv:r={c['ratio']:g},gamma={c['gamma']:g}").canonical())
+print(",".join(names))
+PY
+)
+for G in ${GRID//,/ }; do
+  case ",$METHODS," in *",$G,"*) ;; *) METHODS="$METHODS,$G" ;; esac
 done
 echo "profile's setting $CANONICAL (runs as ripplekv); methods $METHODS" | tee -a "$OUT/heldout.log"
 ripplekv eval --model "$MODEL" --suite jsonl --data benchmarks/heldout/bamboo.jsonl \
