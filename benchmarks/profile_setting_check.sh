@@ -76,22 +76,26 @@ for TUNE in "${TUNES[@]}"; do
 done
 # Every distinct allocation of the selection's grid too (a gamma of at least r clips nothing: one per r), so that any
 # rule choosing among the candidates, not only the one the profile applied, is judged on these held-out prompts.
-GRID=$(python - "$PROFILE" <<'PY'
+METHODS=$(python - "$PROFILE" "$METHODS" <<'PY'
 import json, sys
 from ripplekv.presses.method_spec import parse_method
+methods: list[str] = []
+for token in sys.argv[2].split(","):  # a knob ("gamma=3") belongs to the method before it
+    if methods and ":" not in token and "=" in token:
+        methods[-1] += "," + token
+    else:
+        methods.append(token)
 setting = json.load(open(sys.argv[1]))["setting"]
-seen, names = set(), []
+seen = set()
 for c in sorted(setting["candidates"], key=lambda c: (c["ratio"], c["gamma"])):
     key = (c["ratio"], c["gamma"] if c["gamma"] < c["ratio"] else None)
-    if key not in seen:
-        seen.add(key)
-        names.append(parse_method(f"ripplekv:r={c['ratio']:g},gamma={c['gamma']:g}").canonical())
-print(",".join(names))
+    name = parse_method(f"ripplekv:r={c['ratio']:g},gamma={c['gamma']:g}").canonical()
+    if key not in seen and name not in methods:
+        methods.append(name)
+    seen.add(key)
+print(",".join(methods))
 PY
 )
-for G in ${GRID//,/ }; do
-  case ",$METHODS," in *",$G,"*) ;; *) METHODS="$METHODS,$G" ;; esac
-done
 echo "profile's setting $CANONICAL (runs as ripplekv); methods $METHODS" | tee -a "$OUT/heldout.log"
 ripplekv eval --model "$MODEL" --suite jsonl --data benchmarks/heldout/bamboo.jsonl \
   --methods "$METHODS" --budgets 0.1,0.2,0.3 --scorers snapkv --score fidelity \
