@@ -1,5 +1,5 @@
-"""Where a decode step's time goes under the RippleKV vLLM plugin: SnapKV-uniform (one KV-cache group) against
-RippleKV's per-layer groups (and tiers), side by side in one process, and a cProfile of each one's decode steps.
+"""Where a decode step's time goes under the RippleKV vLLM plugin: SnapKV-uniform against RippleKV's per-layer budgets
+(and tiers), side by side in one process, and a cProfile of each one's decode steps.
 
 Run in the vLLM environment:
 

@@ -215,21 +215,19 @@ def transformers_reference(
     return tokens, logprobs
 
 
-def groups_of(runner: Any) -> list[tuple[Any, list[int]]]:
-    """(``RippleSpec``, layer indices) of each KV-cache group."""
+def spec_of(runner: Any) -> Any:
+    """The engine's one ``RippleSpec`` (every layer is in one KV-cache group)."""
     from ripplekv_vllm.spec import RippleSpec
 
-    out = []
-    for group in runner.kv_cache_config.kv_cache_groups:
-        assert isinstance(group.kv_cache_spec, RippleSpec)
-        layers = sorted(int(name.split(".layers.")[1].split(".")[0]) for name in group.layer_names)
-        out.append((group.kv_cache_spec, layers))
-    return out
+    (group,) = runner.kv_cache_config.kv_cache_groups
+    assert isinstance(group.kv_cache_spec, RippleSpec)
+    return group.kv_cache_spec
 
 
 def fractions_of(runner: Any) -> list[tuple[float, list[int]]]:
-    """(kept fraction, layer indices) of each KV-cache group of an engine configured with ``keep_fractions``."""
-    return [(spec.budgets.fractions[spec.group], layers) for spec, layers in groups_of(runner)]
+    """(kept fraction, layer indices) of each budget group of an engine configured with ``keep_fractions``."""
+    budgets = spec_of(runner).budgets
+    return [(fraction, list(members)) for fraction, members in zip(budgets.fractions, budgets.groups)]
 
 
 def non_null(blocks: list[list[int | None]]) -> list[int]:

@@ -1,5 +1,5 @@
 """Group budgets: the library's per-layer RippleKV budgets at each prompt's own length, in blocks, at SnapKV-uniform's
-total; tiers of equal sizes; fixed fractions as the hole arithmetic."""
+total; tiers of equal sizes; fixed fractions as the hole arithmetic; per-layer and pooled kept blocks."""
 
 from __future__ import annotations
 
@@ -81,8 +81,12 @@ def test_fraction_budgets_are_the_hole_arithmetic() -> None:
     for n in LENGTHS:
         assert budgets.hole(n, 0) == hole(n, 0.25, BS, WINDOW)
         assert budgets.hole(n, 1) == hole(n, 0.5, BS, WINDOW)
-    with pytest.raises(ValueError, match="equal sizes"):
-        FractionBudgets.of_layers([0.25, 0.5, 0.5], BS, WINDOW)
+    uneven = FractionBudgets.of_layers([0.25, 0.5, 0.5], BS, WINDOW)  # one KV-cache group serves any grouping
+    assert uneven.groups == ((0,), (1, 2))
+    assert (
+        uneven.layer_kept_blocks(1000)
+        == (hole(1000, 0.25, BS, WINDOW)[0] // BS,) + (hole(1000, 0.5, BS, WINDOW)[0] // BS,) * 2
+    )
 
 
 def test_apportion_is_largest_remainder_within_bounds() -> None:

@@ -12,10 +12,10 @@ from engine_support import (
     close,
     drive,
     fractions_of,
-    groups_of,
     non_null,
     ripple_llm,
     runner_of,
+    spec_of,
     stock_generate,
     transformers_reference,
 )
@@ -26,7 +26,7 @@ from ripplekv_vllm.budgets import ProfileBudgets, layer_groups
 
 TOKENS = 12
 BS, WINDOW = 32, 64
-# the library's allocation at each prompt's own length, one KV-cache group per layer (the default)
+# the library's allocation at each prompt's own length, per layer (the default)
 LAYERS = {"profile": str(PROFILE), "budget": 0.2}
 
 
@@ -59,15 +59,15 @@ def tier_runs(model_dir: str, prompts: dict[str, list[int]]):
 
     Runs ``a`` alone (recording its kept positions), ``b`` alone, then both with ``b`` arriving while ``a`` decodes.
     """
-    groups_needed = 30 * -(-len(prompts["a"]) // BS)
-    margin = 80  # free blocks beyond a's prefill: b (30 x 19 blocks) cannot fit without a's freed hole
-    # a pool this small admits sequences of 1,088 tokens at most (34 blocks in each of the 30 groups)
-    llm = ripple_llm(model_dir, LAYERS, num_gpu_blocks_override=1 + groups_needed + margin, max_model_len=1056)
+    margin = 4  # free blocks beyond a's prefill: b (19 blocks) cannot fit without a's freed hole
+    # a pool this small admits sequences of 1,152 tokens at most (36 blocks, each a page of every layer)
+    llm = ripple_llm(
+        model_dir, LAYERS, num_gpu_blocks_override=1 + -(-len(prompts["a"]) // BS) + margin, max_model_len=1056
+    )
     kept: dict[str, torch.Tensor] = {}
     observe_kept(lambda layer, row, indices: kept.__setitem__(layer, indices.clone()))
     try:
-        runner = runner_of(llm)
-        tiers = groups_of(runner)
+        spec = spec_of(runner_of(llm))
         alone_a = drive(llm, {"a": prompts["a"]}, TOKENS)
         observe_kept(None)
         alone_b = drive(llm, {"b": prompts["b"]}, TOKENS)
@@ -75,42 +75,41 @@ def tier_runs(model_dir: str, prompts: dict[str, list[int]]):
     finally:
         observe_kept(None)
         close(llm)
-    return {"tiers": tiers, "a": alone_a, "b": alone_b, "both": both, "kept": kept}
+    return {"spec": spec, "a": alone_a, "b": alone_b, "both": both, "kept": kept}
 
 
-def test_groups_are_the_library_allocation(tier_runs, prompts: dict[str, list[int]]) -> None:
-    groups = tier_runs["tiers"]
-    assert sorted(layers for _, layers in groups) == [[layer] for layer in range(30)]
+def test_budgets_are_the_library_allocation(tier_runs, prompts: dict[str, list[int]]) -> None:
+    budgets = tier_runs["spec"].budgets
+    assert budgets.groups == layer_groups(30)
     scores = SensitivityProfile.load(PROFILE).scores
     expected = ProfileBudgets(layer_groups(30), scores, 0.2, 4.0, 3.0, BS, WINDOW)
     for n in (len(prompt) for prompt in prompts.values()):
-        for spec, (layer,) in groups:
-            assert spec.hole(n) == expected.hole(n, layer)
+        assert budgets.layer_kept_blocks(n) == expected.layer_kept_blocks(n)
 
 
-def test_first_decode_step_frees_exactly_the_holes(tier_runs, prompts: dict[str, list[int]]) -> None:
+def test_first_decode_step_frees_exactly_the_hole(tier_runs, prompts: dict[str, list[int]]) -> None:
     n = len(prompts["a"])
     assert n % BS  # the first decode token lands in the prompt's partial tail block: no new block at step 1
     run = tier_runs["a"]
-    bounds = [spec.hole(n) for spec, _ in tier_runs["tiers"]]
-    assert all(k < t for k, t in bounds) and len(set(bounds)) > 1  # every layer evicts, not all alike
+    layers = tier_runs["spec"].budgets.layer_kept_blocks(n)
+    assert len(set(layers)) > 1 and max(layers) < n // BS  # every layer evicts, not all alike
+    kept, full = -(-sum(layers) // 30), n // BS
+    assert tier_runs["spec"].hole(n) == (kept * BS, full * BS)
     blocks = run.requests["a"].blocks
-    assert non_null(blocks[0]) == [-(-n // BS)] * 30  # after the prefill: the whole prompt
-    assert non_null(blocks[1]) == [k // BS + 1 for k, _ in bounds]  # [0, k) and the tail block
-    for group, (k, t) in zip(blocks[1], bounds):
-        assert all(b is None for b in group[k // BS : t // BS]) and None not in group[: k // BS]
-    assert run.free_blocks[1] - run.free_blocks[0] == sum((t - k) // BS for k, t in bounds)
+    assert non_null(blocks[0]) == [-(-n // BS)]  # after the prefill: the whole prompt
+    assert non_null(blocks[1]) == [kept + 1]  # [0, M) and the tail block
+    (group,) = blocks[1]
+    assert all(b is None for b in group[kept:full]) and None not in group[:kept]
+    assert run.free_blocks[1] - run.free_blocks[0] == full - kept
 
 
 def test_decoding_attends_exactly_the_kept_tokens(tier_runs, model_dir: str, prompts: dict[str, list[int]]) -> None:
     n = len(prompts["a"])
     kept, full = {}, {}
-    for spec, layers in tier_runs["tiers"]:
-        k, t = spec.hole(n)
-        for layer in layers:
-            indices = tier_runs["kept"][f"model.layers.{layer}.self_attn.attn"]
-            assert indices.shape == (k, 3)
-            kept[layer], full[layer] = indices, t
+    for layer, blocks in enumerate(tier_runs["spec"].budgets.layer_kept_blocks(n)):
+        indices = tier_runs["kept"][f"model.layers.{layer}.self_attn.attn"]
+        assert indices.shape == (blocks * BS, 3)
+        kept[layer], full[layer] = indices, n // BS * BS
     tokens, logprobs = transformers_reference(model_dir, prompts["a"], kept, full, TOKENS)
     generation = tier_runs["a"].requests["a"]
     assert generation.tokens == tokens

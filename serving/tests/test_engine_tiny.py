@@ -27,6 +27,7 @@ from engine_support import (
     ripple_llm,
     runner_of,
     save_tiny,
+    spec_of,
     stock_generate,
     transformers_reference,
 )
@@ -117,20 +118,24 @@ def test_tiers_are_the_keep_fractions(tier_run) -> None:
 
 
 def test_first_decode_step_frees_exactly_the_holes(tier_run, prompts: dict[str, list[int]]) -> None:
+    """Every layer is in one KV-cache group whose block ids are pages of every layer: after the prefill a request
+    keeps the block ids its layers' kept blocks fill (``ceil(sum_l K_l / L)``), and the tail block."""
     run = tier_run["run"]
     freed = 0
     for name, ids in prompts.items():
         n = len(ids)
         assert n % BS  # the first decode token lands in the prompt's partial tail block: no new block at step 1
         bounds = [hole(n, fraction, BS, WINDOW) for fraction, _ in tier_run["tiers"]]
-        assert all(k < t for k, t in bounds) and len({k for k, _ in bounds}) == 2  # each tier frees its own hole
+        assert all(k < t for k, t in bounds) and len({k for k, _ in bounds}) == 2  # each tier keeps its own share
+        layer_blocks = [k // BS for (k, _), (_, layers) in zip(bounds, tier_run["tiers"]) for _ in layers]
+        kept, full = -(-sum(layer_blocks) // LAYERS), n // BS
         blocks = run.requests[name].blocks
-        assert non_null(blocks[0]) == [-(-n // BS)] * 2, name  # after the prefill: the whole prompt
-        assert non_null(blocks[1]) == [k // BS + 1 for k, _ in bounds], name  # [0, k) and the tail block
-        for group, (k, t) in zip(blocks[1], bounds):
-            assert all(b is None for b in group[k // BS : t // BS]), name
-            assert None not in group[: k // BS] and group[t // BS] is not None, name
-        freed += sum((t - k) // BS for k, t in bounds)
+        assert non_null(blocks[0]) == [-(-n // BS)], name  # after the prefill: the whole prompt
+        assert non_null(blocks[1]) == [kept + 1], name  # [0, M) and the tail block
+        (group,) = blocks[1]
+        assert all(b is None for b in group[kept:full]), name
+        assert None not in group[:kept] and group[full] is not None, name
+        freed += full - kept
     assert run.free_blocks[1] - run.free_blocks[0] == freed
 
 
@@ -227,15 +232,18 @@ def test_unconfigured_engine_in_the_same_process_is_stock(tier_run, tiny_dir: st
 
 
 PREEMPT_TOKENS = 200
+POOL = 23
+"""Blocks of the preemption runs' pool (each block id is a page of every layer)."""
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["one-step prefill", "chunked prefill"])
 def preempt_run(tiny_dir: str, request: pytest.FixtureRequest):
-    """Two 500-token requests arriving at steps 0 and 2 in a 46-block pool, 200 tokens each, and each alone; prompts
-    prefilled in one step, or in pieces of 96 tokens (a resumed request then prefills prompt and answer in pieces).
+    """Two 500-token requests arriving at steps 0 and 2 in a 23-block pool (22 usable), 200 tokens each, and each
+    alone; prompts prefilled in one step, or in pieces of 96 tokens (a resumed request then prefills prompt and answer
+    in pieces).
 
-    After both prompts are compacted (12 blocks each) 21 blocks are free and both grow by 2 blocks every 32 tokens,
-    so the second is preempted (recomputed) once it has generated well over a hundred tokens.
+    After both prompts are compacted (5 block ids and the tail block each) 10 blocks are free and both grow by a
+    block every 32 tokens, so the second is preempted (recomputed) once it has generated well over a hundred tokens.
     """
     rng = random.Random(0)
     long = {f"r{i}": [rng.randrange(3, 49152) for _ in range(500)] for i in range(2)}
@@ -243,7 +251,7 @@ def preempt_run(tiny_dir: str, request: pytest.FixtureRequest):
     llm = ripple_llm(
         tiny_dir,
         {"keep_fractions": FRACTIONS, "window": WINDOW},
-        num_gpu_blocks_override=46,
+        num_gpu_blocks_override=POOL,
         max_model_len=704,
         **{"max_num_batched_tokens": 704, **chunked},
     )
@@ -269,7 +277,7 @@ def test_preempted_request_answers_as_it_does_alone(preempt_run) -> None:
 
 
 def test_teacher_forcing_in_the_engine(tiny_dir: str, tmp_path: Path) -> None:
-    """The fidelity probe under load, through a recompute preemption (the 46-block pool of ``preempt_run``).
+    """The fidelity probe under load, through a recompute preemption (the pool of ``preempt_run``).
 
     Recording: row ``t`` of each reference is the distribution of output token ``t`` (its top token is the answer's,
     its log-probability vLLM's own). Forcing each request along its own answer: KL 0 and the same tokens at every
@@ -285,7 +293,7 @@ def test_teacher_forcing_in_the_engine(tiny_dir: str, tmp_path: Path) -> None:
     llm = ripple_llm(
         tiny_dir,
         {"keep_fractions": FRACTIONS, "window": WINDOW},
-        num_gpu_blocks_override=46,
+        num_gpu_blocks_override=POOL,
         max_model_len=704,
         max_num_batched_tokens=704,
         logits_processors=[TeacherForcing],
@@ -322,11 +330,11 @@ def test_hole_disagreement_is_caught(tiny_dir: str, prompts: dict[str, list[int]
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    # a pool of a's prompt and 4 more blocks: b (22 blocks) takes the 4, the seeded block and a's freed hole
+    # a pool of a's prompt and 4 more blocks: b (11 blocks) takes the 4, the seeded block and a's freed hole
     llm = ripple_llm(
         tiny_dir,
         {"keep_fractions": FRACTIONS, "window": WINDOW},
-        num_gpu_blocks_override=1 + 2 * 16 + 4,
+        num_gpu_blocks_override=1 + 16 + 4,
         max_model_len=544,
         max_num_batched_tokens=544,
     )
@@ -336,14 +344,13 @@ def test_hole_disagreement_is_caught(tiny_dir: str, prompts: dict[str, list[int]
         engine.add_request("a", TokensPrompt(prompt_token_ids=prompts["a"]), params)
         engine.step()  # a's prefill
         (internal,) = core.scheduler.requests
-        group = [fraction for fraction, _ in fractions_of(runner_of(llm))].index(0.25)
-        manager = core.scheduler.kv_cache_manager.coordinator.single_type_managers[group]
-        kept, _ = hole(len(prompts["a"]), 0.25, BS, WINDOW)
+        (manager,) = core.scheduler.kv_cache_manager.coordinator.single_type_managers
+        kept, _ = spec_of(runner_of(llm)).hole(len(prompts["a"]))
         seeded = manager.req_to_blocks[internal][kept // BS - 1].block_id
         manager._remove_blocks_in_range(internal, kept // BS - 1, kept // BS)  # frees a block a still reads
         engine.add_request("b", TokensPrompt(prompt_token_ids=prompts["b"]), params)
-        message = rf"gave block {seeded} to request b-\S+ \(KV-cache group \d\), but request a-\S+ still reads it "
-        message += rf"\(group {group},"
+        message = rf"gave block {seeded} to request b-\S+ \(KV-cache group 0\), but request a-\S+ still reads it "
+        message += r"\(group 0,"
         with pytest.raises(HoleMismatchError, match=message):
             engine.step()
     finally:

@@ -1,94 +1,150 @@
-"""``plan_batch``: decode rows read around the hole, a prompt compacts in the step that reaches its end, the pieces
-before it (chunked prefill) are kept aside."""
+"""``plan_step``: every layer reads its own pages (decode rows their packed kept blocks, then the tail), a prompt
+compacts in the step that reaches its end into pages no other layer packs into, the pieces before it (chunked prefill)
+are kept aside; and ``KVPool`` sees the layers' caches as one tensor of pages."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ripplekv_vllm.budgets import FractionBudgets
 from ripplekv_vllm.hole import hole
-from ripplekv_vllm.plan import plan_batch, virtual_row
+from ripplekv_vllm.plan import plan_step
+from ripplekv_vllm.pool import KVPool
 from ripplekv_vllm.stash import PromptStash
 
 BS, WINDOW = 32, 64
+FRACTIONS = (0.25, 0.5, 0.125, 0.25)
+LAYERS, NUM_BLOCKS = len(FRACTIONS), 5000
+LAYOUTS = {"layer-major": (torch.arange(LAYERS) * NUM_BLOCKS, 1), "block-major": (torch.arange(LAYERS), LAYERS)}
 
 
-def quarter(n: int) -> tuple[int, int]:
-    """The hole of a group keeping a quarter of each prompt."""
-    return hole(n, 0.25, BS, WINDOW)
-
-
-def everything(n: int) -> tuple[int, int]:
-    """The hole of a group keeping every token (none)."""
-    return hole(n, 1.0, BS, WINDOW)
+def kept_of(fractions: tuple[float, ...] = FRACTIONS):
+    """``K_l`` of every layer for a prompt length (each layer its own fraction)."""
+    return FractionBudgets.of_layers(fractions, BS, WINDOW).layer_kept_blocks
 
 
 def table(rows: int, width: int) -> torch.Tensor:
     """Distinct block ids per row: row r holds 1000 r + column."""
-    return torch.arange(width)[None, :] + 1000 * torch.arange(rows)[:, None]
+    return (torch.arange(width)[None, :] + 1000 * torch.arange(rows)[:, None]).to(torch.int32)
 
 
-def test_decode_rows_skip_the_hole_and_prefill_rows_compact() -> None:
+def plan(seq_lens, starts, prompts, blocks, layout="layer-major", fractions=FRACTIONS):
+    offsets, stride = LAYOUTS[layout]
+    return plan_step(seq_lens, starts, prompts, blocks, kept_of(fractions), offsets, stride, BS)
+
+
+def page(layout: str, layer: int, block: int) -> int:
+    offsets, stride = LAYOUTS[layout]
+    return int(offsets[layer]) + block * stride
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_decode_rows_read_their_packed_pages_and_prefill_rows_compact(layout: str) -> None:
     prompts = torch.tensor([1102, 700, 60])
     # row 0 decodes its 5th token, row 1 prefills its whole prompt, row 2 decodes a prompt within the window
-    seq_lens = torch.tensor([1102 + 5, 700, 60 + 1])
+    seq_lens = torch.tensor([1102 + 5, 700, 60 + 1], dtype=torch.int32)
     starts = torch.tensor([0, 1, 701, 702])
     blocks = table(3, 40)
     before = (seq_lens.clone(), blocks.clone())
-    plan = plan_batch(seq_lens, starts, prompts, blocks, quarter, BS)
+    step = plan(seq_lens, starts, prompts, blocks, layout)
     assert torch.equal(seq_lens, before[0]) and torch.equal(blocks, before[1])  # inputs untouched
+    assert step.remapped_rows == (0,)
 
-    kept, full = hole(1102, 0.25, BS, WINDOW)  # (256, 1088)
-    gap = (full - kept) // BS
-    assert plan.seq_lens[0] == 1107 - (full - kept)
-    used = -(-1107 // BS)
-    expected = torch.cat([blocks[0, : kept // BS], blocks[0, full // BS : used]])
-    assert torch.equal(plan.block_table[0, : used - gap], expected)
-    assert plan.remapped_rows == (0,)
-    assert torch.equal(plan.block_table[2], blocks[2]) and plan.seq_lens[2] == 61
+    kept = [hole(1102, f, BS, WINDOW)[0] // BS for f in FRACTIONS]
+    full, used = 1102 // BS, -(-1107 // BS)
+    packed = {}
+    for layer, k in enumerate(kept):
+        assert int(step.seq_lens[layer, 0]) == 1107 - (full - k) * BS
+        read = step.tables[layer, 0, : used - (full - k)].tolist()
+        tail = [page(layout, layer, int(b)) for b in blocks[0, full:used]]
+        assert read[k:] == tail  # the prompt's tail block and the answer, in place
+        packed[layer] = read[:k]
+    pages = [p for layer in packed.values() for p in layer]
+    owned = {page(layout, layer, int(b)) for layer in range(LAYERS) for b in blocks[0, : -(-sum(kept) // LAYERS)]}
+    assert len(set(pages)) == sum(kept) and set(pages) <= owned  # distinct pages of the block ids the row keeps
+    for layer in range(LAYERS):  # the other rows read in place
+        for row, length in ((1, 700), (2, 61)):
+            assert int(step.seq_lens[layer, row]) == length
+            width = -(-length // BS)
+            assert step.tables[layer, row, :width].tolist() == [
+                page(layout, layer, int(b)) for b in blocks[row, :width]
+            ]
 
-    k1, t1 = hole(700, 0.25, BS, WINDOW)
-    compactions = [(c.row, c.start, c.num_prompt_tokens, c.kept, c.full, c.generated) for c in plan.compactions]
-    assert compactions == [(1, 1, 700, k1, t1, 0)]
-    assert torch.equal(plan.block_table[1], blocks[1]) and plan.seq_lens[1] == 700
-    assert plan.max_seq_len == int(plan.seq_lens.max())
+    (job,) = step.compactions
+    assert (job.row, job.start, job.num_prompt_tokens, job.full, job.generated) == (1, 1, 700, 700 // BS * BS, 0)
+    assert job.kept == tuple(hole(700, f, BS, WINDOW)[0] for f in FRACTIONS)
+    # the compaction writes where the row will read once it decodes
+    decode = plan(
+        torch.tensor([701], dtype=torch.int32), torch.tensor([0, 1]), torch.tensor([700]), table(2, 40)[1:], layout
+    )
+    for layer, k in enumerate(job.kept):
+        assert torch.equal(job.pages[layer, : k // BS], decode.tables[layer, 0, : k // BS].long())
 
 
-def test_a_group_that_keeps_everything_changes_nothing() -> None:
-    seq_lens, starts, prompts = torch.tensor([1107, 700]), torch.tensor([0, 1, 701]), torch.tensor([1102, 700])
+def test_a_budget_that_keeps_everything_changes_nothing() -> None:
+    seq_lens, starts, prompts = (
+        torch.tensor([1107, 700], dtype=torch.int32),
+        torch.tensor([0, 1, 701]),
+        torch.tensor([1102, 700]),
+    )
     blocks = table(2, 40)
-    plan = plan_batch(seq_lens, starts, prompts, blocks, everything, BS)
-    assert plan.compactions == () and plan.remapped_rows == ()
-    assert torch.equal(plan.seq_lens, seq_lens) and torch.equal(plan.block_table, blocks)
+    step = plan(seq_lens, starts, prompts, blocks, fractions=(1.0,) * LAYERS)
+    assert step.compactions == () and step.remapped_rows == ()
+    assert torch.equal(step.seq_lens, seq_lens[None].expand(LAYERS, -1))
+    for layer in range(LAYERS):
+        assert step.tables[layer].tolist() == [
+            [page("layer-major", layer, int(b)) for b in row] for row in blocks[:, :35]
+        ]
 
 
 def test_a_resumed_request_compacts_its_prompt_and_carries_its_generated_tokens() -> None:
     # re-prefill after preemption: prompt plus 7 generated tokens in one step
-    plan = plan_batch(torch.tensor([707]), torch.tensor([0, 707]), torch.tensor([700]), table(1, 30), quarter, BS)
-    (job,) = plan.compactions
-    assert (job.num_prompt_tokens, job.kept, job.full, job.generated) == (700, *hole(700, 0.25, BS, WINDOW), 7)
-    # the generated tokens then read prompt and themselves around the hole, as a decode row does
-    seq, row = virtual_row(table(1, 30)[0], 707, job.kept, job.full, BS)
-    decode = plan_batch(torch.tensor([707]), torch.tensor([0, 1]), torch.tensor([700]), table(1, 30), quarter, BS)
-    used = -(-seq // BS)  # the columns the kernel reads; those past the sequence are unspecified
-    assert seq == int(decode.seq_lens[0]) and torch.equal(row[:used], decode.block_table[0, :used])
+    step = plan(torch.tensor([707], dtype=torch.int32), torch.tensor([0, 707]), torch.tensor([700]), table(1, 30))
+    (job,) = step.compactions
+    assert (job.num_prompt_tokens, job.full, job.generated) == (700, 700 // BS * BS, 7)
+    assert step.remapped_rows == ()  # its generated tokens attend again over the compacted prompt (the backend)
 
 
 def test_chunked_prefill_keeps_pieces_aside_and_compacts_at_the_prompts_end() -> None:
     prompts = torch.tensor([700, 700, 700])
     # row 0: its first 300 tokens; row 1: tokens 300-599; row 2: tokens 600-699 and 5 generated ones (a resume)
-    seq_lens = torch.tensor([300, 600, 705])
+    seq_lens = torch.tensor([300, 600, 705], dtype=torch.int32)
     starts = torch.tensor([0, 300, 600, 705])
-    plan = plan_batch(seq_lens, starts, prompts, table(3, 30), quarter, BS)
-    assert [(c.row, c.start, c.computed, c.tokens) for c in plan.chunks] == [(0, 0, 0, 300), (1, 300, 300, 300)]
-    (job,) = plan.compactions
+    step = plan(seq_lens, starts, prompts, table(3, 30))
+    assert [(c.row, c.start, c.computed, c.tokens) for c in step.chunks] == [(0, 0, 0, 300), (1, 300, 300, 300)]
+    (job,) = step.compactions
     assert (job.row, job.start, job.computed, job.generated) == (2, 600, 600, 5)
-    assert plan.remapped_rows == () and torch.equal(plan.seq_lens, seq_lens)
+    assert step.remapped_rows == () and torch.equal(step.seq_lens, seq_lens[None].expand(LAYERS, -1))
 
 
-def test_a_group_that_keeps_everything_keeps_no_piece_aside() -> None:
-    plan = plan_batch(torch.tensor([300]), torch.tensor([0, 300]), torch.tensor([700]), table(1, 30), everything, BS)
-    assert plan.chunks == () and plan.compactions == ()
+def test_a_budget_that_keeps_everything_keeps_no_piece_aside() -> None:
+    step = plan(
+        torch.tensor([300], dtype=torch.int32),
+        torch.tensor([0, 300]),
+        torch.tensor([700]),
+        table(1, 30),
+        fractions=(1.0,) * LAYERS,
+    )
+    assert step.chunks == () and step.compactions == ()
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_the_pool_is_every_layers_pages_of_one_buffer(interleaved: bool) -> None:
+    blocks, heads, width = 6, 2, 8
+    buffer = torch.arange(LAYERS * blocks * heads * BS * width, dtype=torch.float32)
+    if interleaved:  # block-major: block b of every layer, then block b + 1
+        grid = buffer.view(blocks, LAYERS, heads, BS, width)
+        caches = [grid[:, layer] for layer in range(LAYERS)]
+    else:
+        caches = list(buffer.view(LAYERS, blocks, heads, BS, width))
+    pool = KVPool.of_layers(caches)
+    assert pool.tensor.shape == (LAYERS * blocks, heads, BS, width)
+    for layer in range(LAYERS):
+        ids = torch.tensor([0, 3, 5])
+        assert torch.equal(pool.tensor[pool.pages(layer, ids)], caches[layer][ids])
+    with pytest.raises(ValueError, match="not whole pages of one buffer"):
+        KVPool.of_layers([caches[0], caches[1].clone()])
 
 
 def test_the_stash_gives_back_a_prompt_in_order_and_refuses_a_gap() -> None:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 43, items 3, 4 and 7: the capacity benchmark of serving-capacity-decode (the decode-heavy mix: 24 requests of
 # 2,048-3,072 BAMBOO context tokens, 256 greedy tokens each, one 370 MiB KV cache, max_num_seqs 24) rerun with the
-# plugin as it now serves: one KV-cache group per layer, each prompt's budgets at its own length, and the profile's
-# r and gamma. SmolLM2-135M float32, vLLM 0.32.0 CPU build, one OpenMP thread, nice 10, this shared 2-core machine.
+# plugin as it now serves: each layer's own budget at each prompt's own length, every layer in one KV-cache group (the
+# pooled layout, ripplekv_vllm/pool.py), and the profile's r and gamma. (The full-cache run, stock vLLM, ran before the
+# pooled layout; it does not involve the plugin.) SmolLM2-135M float32, vLLM 0.32.0 CPU build, one OpenMP thread, nice 10, this shared 2-core machine.
 # Twice: prompts prefilled in one step (as before), and under vLLM's chunked prefill at 512 tokens a step, for the
 # time per output token with and without chunking. Every configuration runs in a fresh process and writes its JSON
 # when it finishes; re-running skips finished configurations.

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Issue 43, item 3: where a decode step's time goes, SnapKV-uniform (one KV-cache group) against RippleKV's groups
-# (one per layer, and tiers), side by side: SmolLM2-135M float32, 12 BAMBOO prompts of 1,024 tokens, 96 greedy tokens
+# Issue 43, item 3: where a decode step's time goes, SnapKV-uniform against RippleKV's per-layer budgets (and tiers),
+# side by side: SmolLM2-135M float32, 12 BAMBOO prompts of 1,024 tokens, 96 greedy tokens
 # each, budget 20%, one engine per configuration in one process stepped in turn (this shared 2-core machine was
 # running other benchmarks; the turn-taking slows every engine alike). Two runs at the same commit.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=benchmarks/results/serving-decode-profile
+# Since the pooled layout (every layer in one KV-cache group, each layer's kept blocks packed into the pages of the
+# request's block ids; ripplekv_vllm/pool.py): SnapKV-uniform and RippleKV per layer, SmolLM2 (one other benchmark,
+# the served-fidelity run, on the machine's other core).
+OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \
+  --configs snapkv ripplekv-layer --out "$OUT/pooled"
+# The runs below are of the plugin before the pooled layout (one KV-cache group per layer or tier, at dc420e4).
 OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \
   --configs snapkv ripplekv-layer ripplekv-tiers-6 ripplekv-tiers-10 --out "$OUT/layer-tiers6-tiers10"
 OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \

@@ -4,15 +4,17 @@ RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagatio
 Transformer layer its own KV-cache budget, from a per-layer sensitivity profile, and keeps each layer's budget of
 SnapKV-ranked prompt tokens. This plugin serves it in vLLM:
 
-* each layer keeps the library's budget for the prompt's own length, one KV-cache group per layer or per tier of
-  layers (:mod:`ripplekv_vllm.budgets`, :mod:`ripplekv_vllm.spec`);
-* after a prompt's prefill, each tier's scheduler-side manager frees a block-aligned hole of the prompt
-  (:mod:`ripplekv_vllm.hole`, :mod:`ripplekv_vllm.manager`), and the attention backend compacts the kept tokens
-  into the first blocks and reads around the hole from then on (:mod:`ripplekv_vllm.backend`,
+* each layer keeps the library's budget for the prompt's own length in whole blocks (:mod:`ripplekv_vllm.budgets`);
+  every layer is served from one KV-cache group whose block ids are pages of every layer
+  (:mod:`ripplekv_vllm.spec`, :mod:`ripplekv_vllm.pool`), so vLLM plans one block table per step, as for uniform
+  SnapKV;
+* after a prompt's prefill, the scheduler-side manager frees the block ids its layers' kept blocks do not fill
+  (:mod:`ripplekv_vllm.hole`, :mod:`ripplekv_vllm.manager`), and the attention backend packs each layer's kept
+  tokens into the pages of the block ids left and reads them there from then on (:mod:`ripplekv_vllm.backend`,
   :mod:`ripplekv_vllm.plan`, :mod:`ripplekv_vllm.selection`);
 * the platform checks the settings where the engine is configured, so a refusal reaches the caller under the
   multiprocess engine too, and selects the plugin's worker (:mod:`ripplekv_vllm.platform`); the worker and model
-  runner give each layer its group and the RippleKV backend, in the engine that configures the plugin only
+  runner give each layer the RippleKV spec and backend, in the engine that configures the plugin only
   (:mod:`ripplekv_vllm.worker`, :mod:`ripplekv_vllm.runner`), and check every step's blocks against the holes
   (:mod:`ripplekv_vllm.ledger`); the settings are ``additional_config["ripplekv"]`` (:mod:`ripplekv_vllm.config`);
 * for measuring, not serving: a logits processor that records the full cache's per-token distributions and

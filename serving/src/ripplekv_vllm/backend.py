@@ -1,33 +1,33 @@
-"""The RippleKV CPU attention backend: stock CPU attention plus SnapKV compaction and reads around the hole.
+"""The RippleKV CPU attention backend: stock CPU attention over each layer's own pages, plus SnapKV compaction.
 
 RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) keeps, in
-each layer tier, the tier's share of every prompt. On vLLM's CPU build every attention layer gets the ``CPU_ATTN``
+each layer, the layer's share of every prompt. On vLLM's CPU build every attention layer gets the ``CPU_ATTN``
 backend; the plugin's runner (:class:`~ripplekv_vllm.runner.RippleRunner`) gives its own engine's layers
-:class:`RippleCPUAttentionBackend` instead, so engines that do not configure RippleKV keep the stock backend. For
-layers that are not a :class:`~ripplekv_vllm.spec.RippleSpec` of a tier that evicts something it behaves exactly
-like the stock backend.
+:class:`RippleCPUAttentionBackend` instead, so engines that do not configure RippleKV keep the stock backend.
 
-* :class:`RippleBuilder` plans each step (:func:`ripplekv_vllm.plan.plan_batch`) from the rows' prompt lengths,
-  which the runner lends it (:meth:`RippleBuilder.bind`): decode rows read through a virtual block table that
-  skips the hole, rows whose step reaches their prompt's end are marked for compaction, and under chunked prefill
-  the pieces before it are marked to be kept aside (:mod:`ripplekv_vllm.stash`).
-* :class:`RippleImpl` runs the stock attention first (the prefill attends to the whole prompt), then compacts:
-  per KV head, the kept tokens' keys and values (:mod:`ripplekv_vllm.selection`, post-RoPE, from this step's
-  tensors and the prompt's earlier pieces kept aside; the cache is never read) are written to the request's slots
-  ``0 .. k - 1`` through the kernel's own ``cpu_attn_reshape_and_cache`` (the cache layout is ISA-packed, so torch
-  never indexes it). The kept keys keep
-  the RoPE rotation of their original positions, and later queries keep their logical positions, as the library's
-  compressed cache does.
-* A request resumed after a recompute preemption prefills prompt and generated tokens again. After the
-  compaction, its generated tokens attend again, over the compacted prompt through the virtual table (their own
-  metadata, built by the builder), and their outputs replace the stock ones: each layer passes on what the
+* :class:`RippleBuilder` plans each step once for every layer (:func:`ripplekv_vllm.plan.plan_step`) from the rows'
+  prompt lengths, which the runner lends it (:meth:`RippleBuilder.bind`): each layer reads its own pages of the
+  pool (:class:`~ripplekv_vllm.pool.KVPool`), decode rows through their packed kept pages; rows whose step reaches
+  their prompt's end are marked for compaction, and under chunked prefill the pieces before it are marked to be
+  kept aside (:mod:`ripplekv_vllm.stash`). Layers whose sequences match share one kernel schedule.
+* :class:`RippleImpl` runs the stock attention over the layer's pages (the prefill attends to the whole prompt in
+  place), then compacts: per KV head, the kept tokens' keys and values (:mod:`ripplekv_vllm.selection`, post-RoPE,
+  from this step's tensors and the prompt's earlier pieces kept aside; the cache is never read) are queued for the
+  layer's packed pages (:class:`PendingWrites`), which the runner writes through the kernel's own
+  ``cpu_attn_reshape_and_cache`` once the step's forward is done (the cache layout is ISA-packed, so torch never
+  indexes it; and a page a layer packs into may be one another layer still reads in place this step). The kept
+  keys keep the RoPE rotation of their original positions, and later queries keep their logical positions, as the
+  library's compressed cache does.
+* A request resumed after a recompute preemption prefills prompt and generated tokens again. Its generated tokens
+  attend again over the compacted prompt (its kept tokens, the prompt's tail and themselves, in a scratch cache laid
+  out as the packed pages are), and their outputs replace the stock ones: each layer passes on what the
   uninterrupted request computed, so preemption does not change the answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -39,12 +39,20 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-from ripplekv_vllm.plan import Chunk, Compaction, plan_batch, virtual_row
+from ripplekv_vllm.plan import Chunk, Compaction, plan_step
+from ripplekv_vllm.pool import KVPool
 from ripplekv_vllm.selection import kept_indices, snapkv_scores
 from ripplekv_vllm.spec import RippleSpec
 from ripplekv_vllm.stash import PromptStash
 
-__all__ = ["RippleAttentionMetadata", "RippleBuilder", "RippleCPUAttentionBackend", "RippleImpl", "observe_kept"]
+__all__ = [
+    "PendingWrites",
+    "RippleAttentionMetadata",
+    "RippleBuilder",
+    "RippleCPUAttentionBackend",
+    "RippleImpl",
+    "observe_kept",
+]
 
 KeptObserver = Callable[[str, int, torch.Tensor], None]
 _STOCK_FIELDS = tuple(f.name for f in fields(CPUAttentionMetadata))
@@ -63,25 +71,66 @@ def observe_kept(observer: KeptObserver | None) -> None:
         _OBSERVERS.append(observer)
 
 
+def _split(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key and value halves of a CPU cache ``[blocks, H, bs, 2 D]`` (the kernel's own view)."""
+    blocks, heads, block_size, _ = cache.shape
+    return cache.view(blocks, heads, block_size * 2, -1).chunk(2, dim=2)
+
+
+class PendingWrites:
+    """Kept keys and values queued for their packed pages until the step's forward is done (see the module)."""
+
+    def __init__(self) -> None:
+        self._writes: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, str]] = []
+
+    def add(self, layer: Any, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, dtype: str) -> None:
+        """Queue ``keys`` and ``values`` (``[k, H, D]``) for pool ``slots`` (``[k]``) of ``layer``'s kernel ISA."""
+        self._writes.append((layer, keys, values, slots, dtype))
+
+    def __len__(self) -> int:
+        return len(self._writes)
+
+    def flush(self, pool: KVPool) -> None:
+        """Write every queued compaction into the pool, then forget it."""
+        key_cache, value_cache = _split(pool.tensor)
+        for layer, keys, values, slots, dtype in self._writes:
+            ops.cpu_attn_reshape_and_cache(
+                keys,
+                values,
+                key_cache,
+                value_cache,
+                slots,
+                layer.isa,
+                k_scale=layer._k_scale_float,
+                v_scale=layer._v_scale_float,
+                kv_cache_dtype=dtype,
+            )
+        self._writes.clear()
+
+
 @dataclass
 class RippleAttentionMetadata(CPUAttentionMetadata):
-    """CPU attention metadata (with the virtual block table) plus the step's compactions.
+    """The step's stock CPU metadata (pages in place) plus each layer's own, and the step's compactions.
 
     Attributes:
-        compactions: the rows whose prompt is compacted after this step's attention.
-        resumes: for each compaction with generated tokens (a resumed request), the metadata of those tokens'
-            attention over the compacted prompt.
-        real_block_table: the worker's block table, whose first ``k / bs`` blocks receive the kept tokens.
-        window: the group's SnapKV observation window.
-        kernel_size: the group's SnapKV pooling kernel.
+        layers: per layer (model order), the metadata its attention reads (its pages, its sequence lengths).
+        compactions: the rows whose prompt is compacted after this step's forward.
+        pool: the layers' pages.
+        pending: where compactions are queued until the step's forward is done.
+        alone: ``alone(seq_len, queries)``: the metadata of one row of ``queries`` tokens over a scratch cache of
+            ``seq_len`` tokens in blocks ``0, 1, ...`` (a resumed request's generated tokens).
+        window: SnapKV's observation window.
+        kernel_size: SnapKV's pooling kernel.
         chunks: the rows prefilling a piece of their prompt short of its end (kept aside in ``stash``).
         requests: the request id of each row that has a chunk or a compaction after chunks.
         stash: the runner's :class:`~ripplekv_vllm.stash.PromptStash`.
     """
 
+    layers: tuple[CPUAttentionMetadata, ...] = ()
     compactions: tuple[Compaction, ...] = ()
-    resumes: tuple[tuple[Compaction, CPUAttentionMetadata], ...] = ()
-    real_block_table: torch.Tensor | None = None
+    pool: KVPool | None = None
+    pending: PendingWrites | None = None
+    alone: Callable[[int, int], CPUAttentionMetadata] | None = None
     window: int = 64
     kernel_size: int = 5
     chunks: tuple[Chunk, ...] = ()
@@ -96,7 +145,7 @@ class RippleAttentionMetadata(CPUAttentionMetadata):
 
 
 class RippleBuilder(CPUAttentionMetadataBuilder):
-    """The CPU metadata builder of one KV-cache group, planning the group's tier (see the module)."""
+    """The CPU metadata builder of the engine's one KV-cache group, planning every layer (see the module)."""
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         """Build the stock builder.
@@ -111,24 +160,31 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
         self._prompt_lens: Callable[[int], torch.Tensor] | None = None
         self._request_ids: Callable[[], list[str | None]] | None = None
         self._stash: PromptStash | None = None
+        self._pool: KVPool | None = None
+        self._pending: PendingWrites | None = None
 
     def bind(
         self,
         prompt_lens: Callable[[int], torch.Tensor],
         request_ids: Callable[[], list[str | None]],
         stash: PromptStash,
+        pool: KVPool,
+        pending: PendingWrites,
     ) -> None:
-        """Lend the builder the runner's view of its rows (its input batch, in metadata row order) and its stash.
+        """Lend the builder the runner's view of its rows (its input batch, in metadata row order) and its state.
 
         Args:
             prompt_lens: ``prompt_lens(num_reqs)`` gives the first ``num_reqs`` rows' prompt lengths.
             request_ids: the rows' request ids.
             stash: where chunked prompts' pieces are kept.
+            pool: the layers' pages.
+            pending: where compactions wait for the end of the step.
         """
         self._prompt_lens, self._request_ids, self._stash = prompt_lens, request_ids, stash
+        self._pool, self._pending = pool, pending
 
     def hole_of(self, num_prompt_tokens: int) -> tuple[int, int]:
-        """``(k, T)``: the token range of a prompt this group's layers read around (``k == T``: none).
+        """``(k, T)``: the prompt's block ids ``[k / bs, T / bs)`` the group frees (``k == T``: none).
 
         Args:
             num_prompt_tokens: the prompt length ``N``.
@@ -140,45 +196,51 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
         return spec.hole(int(num_prompt_tokens))
 
     def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False) -> Any:
-        """The stock metadata, or for an evicting tier the planned metadata with its compactions.
+        """The stock metadata, or for a RippleKV group the planned per-layer metadata with its compactions.
 
         Args:
             common_prefix_len: the batch's common prefix (cascade attention; 0 on CPU).
-            common_attn_metadata: the step's ``CommonAttentionMetadata`` (a shallow copy shared by the groups:
-                never modified here).
+            common_attn_metadata: the step's ``CommonAttentionMetadata`` (never modified here).
             fast_build: the stock builder's flag.
         """
         spec = self.kv_cache_spec
         if not isinstance(spec, RippleSpec) or spec.budgets is None:
             return super().build(common_prefix_len, common_attn_metadata, fast_build)
-        if self._prompt_lens is None or self._request_ids is None:
+        if self._prompt_lens is None or self._request_ids is None or self._pool is None:
             raise RuntimeError("RippleBuilder was not bound to the runner's input batch (RippleRunner does it)")
         cm = common_attn_metadata
-        num_reqs = cm.num_reqs
-        plan = plan_batch(
+        num_reqs, pool = cm.num_reqs, self._pool
+        plan = plan_step(
             cm.seq_lens[:num_reqs],
             cm.query_start_loc_cpu[: num_reqs + 1],
             self._prompt_lens(num_reqs),
             cm.block_table_tensor[:num_reqs],
-            spec.hole,
+            spec.budgets.layer_kept_blocks,
+            pool.offsets,
+            pool.stride,
             self.block_size,
         )
-        if plan.remapped_rows:
-            seq_lens, table = cm.seq_lens.clone(), cm.block_table_tensor.clone()
-            seq_lens[:num_reqs], table[:num_reqs] = plan.seq_lens, plan.block_table
-            cm = cm.replace(seq_lens=seq_lens, block_table_tensor=table, max_seq_len=plan.max_seq_len)
-        metadata = super().build(common_prefix_len, cm, fast_build)
-        stock = {name: getattr(metadata, name) for name in _STOCK_FIELDS}
-        resumes = tuple(
-            (job, self._resume_metadata(job, common_attn_metadata)) for job in plan.compactions if job.generated
+        stock = super().build(common_prefix_len, cm, fast_build)
+        distinct, which = torch.unique(plan.seq_lens, dim=0, return_inverse=True)
+        schedules = []
+        for seq_lens in distinct:
+            lens = cm.seq_lens.clone()
+            lens[:num_reqs] = seq_lens
+            schedules.append(
+                super().build(common_prefix_len, cm.replace(seq_lens=lens, max_seq_len=int(seq_lens.max())), fast_build)
+            )
+        layers = tuple(
+            replace(schedules[index], block_table=table) for index, table in zip(which.tolist(), plan.tables)
         )
         rows = [chunk.row for chunk in plan.chunks] + [job.row for job in plan.compactions if job.computed]
         ids = self._request_ids() if rows else []
         return RippleAttentionMetadata(
-            **stock,
+            **{name: getattr(stock, name) for name in _STOCK_FIELDS},
+            layers=layers,
             compactions=plan.compactions,
-            resumes=resumes,
-            real_block_table=common_attn_metadata.block_table_tensor,
+            pool=pool,
+            pending=self._pending,
+            alone=lambda seq_len, queries: self._alone(cm, seq_len, queries),
             window=spec.window,
             kernel_size=spec.kernel_size,
             chunks=plan.chunks,
@@ -186,46 +248,41 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             stash=self._stash,
         )
 
-    def _resume_metadata(self, job: Compaction, cm: Any) -> CPUAttentionMetadata:
-        """The metadata of a resumed request's generated tokens attending over its compacted prompt.
-
-        One row: the ``G`` tokens after the prompt as queries, the sequence read through the virtual table.
-
-        Args:
-            job: the resumed request's compaction (``job.generated > 0``).
-            cm: the step's ``CommonAttentionMetadata``.
-        """
-        seq_len, row = virtual_row(
-            cm.block_table_tensor[job.row], job.num_prompt_tokens + job.generated, job.kept, job.full, self.block_size
-        )
-        begin = job.start + job.num_prompt_tokens - job.computed
-        query_start = torch.tensor([0, job.generated], dtype=cm.query_start_loc_cpu.dtype)
-        resumed = cm.replace(
-            query_start_loc=query_start.to(cm.query_start_loc.device),
+    def _alone(self, cm: Any, seq_len: int, queries: int) -> CPUAttentionMetadata:
+        """One row of ``queries`` tokens ending a sequence of ``seq_len`` tokens held in blocks ``0, 1, ...``."""
+        query_start = torch.tensor([0, queries], dtype=cm.query_start_loc_cpu.dtype)
+        blocks = torch.arange(-(-seq_len // self.block_size), dtype=cm.block_table_tensor.dtype)
+        alone = cm.replace(
+            query_start_loc=query_start,
             query_start_loc_cpu=query_start,
             seq_lens=torch.tensor([seq_len], dtype=cm.seq_lens.dtype),
             num_reqs=1,
-            num_actual_tokens=job.generated,
-            max_query_len=job.generated,
+            num_actual_tokens=queries,
+            max_query_len=queries,
             max_seq_len=seq_len,
-            block_table_tensor=row[None],
-            slot_mapping=cm.slot_mapping[begin : begin + job.generated],
+            block_table_tensor=blocks[None],
+            slot_mapping=cm.slot_mapping[:queries],
         )
-        return super().build(0, resumed)
+        return super().build(0, alone)
 
 
 class RippleImpl(CPUAttentionBackendImpl):
-    """CPU attention, then SnapKV compaction of the rows that prefilled their whole prompt."""
+    """CPU attention over the layer's own pages, then SnapKV compaction of the rows that prefilled their prompt."""
+
+    layer_index: int = -1
+    """The layer's index in the model (its pages in the pool), set by the runner."""
 
     @classmethod
-    def of(cls, stock: CPUAttentionBackendImpl) -> RippleImpl:
+    def of(cls, stock: CPUAttentionBackendImpl, layer_index: int) -> RippleImpl:
         """A ``RippleImpl`` with the state of a layer's stock implementation (the runner's per-engine swap).
 
         Args:
             stock: the layer's ``CPUAttentionBackendImpl``, as vLLM built it.
+            layer_index: the layer's index in the model.
         """
         impl = cls.__new__(cls)
         impl.__dict__.update(vars(stock))
+        impl.layer_index = int(layer_index)
         return impl
 
     def forward(
@@ -240,80 +297,118 @@ class RippleImpl(CPUAttentionBackendImpl):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The stock forward; afterwards each compaction rewrites its request's first ``k`` slots.
+        """The stock forward over the layer's pages; then each compaction is queued for its packed pages.
 
         Args:
             layer: the attention layer (its ISA, KV scales and name).
             query: the step's post-RoPE queries, ``[tokens, HQ, D]``.
             key: the step's post-RoPE keys, ``[tokens, H, D]``.
             value: the step's values, ``[tokens, H, D]``.
-            kv_cache: the layer's cache, ``[blocks, H, bs, 2 D]``.
+            kv_cache: the layer's cache, ``[blocks, H, bs, 2 D]`` (vLLM wrote this step's tokens in place).
             attn_metadata: the group's metadata (None while warming up).
             output: the attention output buffer.
             output_scale: unsupported, as in the stock backend.
             output_block_scale: unsupported, as in the stock backend.
         """
-        out = super().forward(
-            layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
-        )
         if not isinstance(attn_metadata, RippleAttentionMetadata):
-            return out
+            return super().forward(
+                layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+            )
+        assert attn_metadata.pool is not None
+        out = super().forward(
+            layer,
+            query,
+            key,
+            value,
+            attn_metadata.pool.tensor,
+            attn_metadata.layers[self.layer_index],
+            output,
+            output_scale,
+            output_block_scale,
+        )
         name = str(getattr(layer, "layer_name", ""))
         for chunk in attn_metadata.chunks:  # kept aside until the piece that ends the prompt
             stash, request = attn_metadata.kept_aside(chunk.row)
             piece = slice(chunk.start, chunk.start + chunk.tokens)
             stash.add(request, name, chunk.computed, key[piece], value[piece], query[piece], attn_metadata.window)
-        if attn_metadata.compactions:
-            self._compact(layer, query, key, value, kv_cache, attn_metadata)
-            for job, metadata in attn_metadata.resumes:  # generated tokens again, over the compacted prompt
-                begin = job.start + job.num_prompt_tokens - job.computed
-                tokens = slice(begin, begin + job.generated)
-                super().forward(layer, query[tokens], key[tokens], value[tokens], kv_cache, metadata, output[tokens])
+        for job in attn_metadata.compactions:
+            self._compact(layer, name, job, query, key, value, output, attn_metadata)
         return out
 
     def _compact(
         self,
         layer: Any,
+        name: str,
+        job: Compaction,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        kv_cache: torch.Tensor,
+        output: torch.Tensor,
         metadata: RippleAttentionMetadata,
     ) -> None:
-        num_blocks, kv_heads, block_size, _ = kv_cache.shape
-        key_cache, value_cache = kv_cache.view(num_blocks, kv_heads, block_size * 2, -1).chunk(2, dim=2)
-        assert metadata.real_block_table is not None
-        name = str(getattr(layer, "layer_name", ""))
-        for job in metadata.compactions:
-            prompt, here = job.num_prompt_tokens, slice(job.start, job.start + job.num_prompt_tokens - job.computed)
-            keys, values, queries = key[here], value[here], query[here]
-            if job.computed:  # the prompt's earlier pieces, kept aside as they were prefilled
-                stash, request = metadata.kept_aside(job.row)
-                before = stash.take(request, name, job.computed)
-                keys, values = torch.cat([*before.keys, keys]), torch.cat([*before.values, values])
-                queries = torch.cat([before.queries, queries]) if before.queries is not None else queries
-            if job.kept == 0:  # the tail alone holds the budget: nothing to move
-                continue
+        assert metadata.pending is not None and metadata.pool is not None
+        prompt, kept = job.num_prompt_tokens, job.kept[self.layer_index]
+        here = slice(job.start, job.start + prompt - job.computed)
+        keys, values, queries = key[here], value[here], query[here]
+        if job.computed:  # the prompt's earlier pieces, kept aside as they were prefilled
+            stash, request = metadata.kept_aside(job.row)
+            before = stash.take(request, name, job.computed)
+            keys, values = torch.cat([*before.keys, keys]), torch.cat([*before.values, values])
+            queries = torch.cat([before.queries, queries]) if before.queries is not None else queries
+        if kept:
             window = min(metadata.window, prompt - 1)
             scores = snapkv_scores(queries[-window:], keys, window, metadata.kernel_size)
-            kept = kept_indices(scores, prompt, job.kept, job.full)  # [k, H]
+            indices = kept_indices(scores, prompt, kept, job.full)  # [k, H]
             for observer in _OBSERVERS:
-                observer(name, job.row, kept)
-            kept_keys = keys.gather(0, kept[..., None].expand(-1, -1, keys.shape[-1])).contiguous()
-            kept_values = values.gather(0, kept[..., None].expand(-1, -1, values.shape[-1])).contiguous()
-            positions = torch.arange(job.kept)
-            blocks = metadata.real_block_table[job.row, positions // block_size].long()
-            ops.cpu_attn_reshape_and_cache(
-                kept_keys,
-                kept_values,
-                key_cache,
-                value_cache,
-                blocks * block_size + positions % block_size,
-                layer.isa,
-                k_scale=layer._k_scale_float,
-                v_scale=layer._v_scale_float,
-                kv_cache_dtype=self.kv_cache_dtype,
-            )
+                observer(name, job.row, indices)
+            kept_keys = keys.gather(0, indices[..., None].expand(-1, -1, keys.shape[-1])).contiguous()
+            kept_values = values.gather(0, indices[..., None].expand(-1, -1, values.shape[-1])).contiguous()
+            bs = metadata.pool.tensor.shape[2]
+            positions = torch.arange(kept)
+            slots = job.pages[self.layer_index, positions // bs] * bs + positions % bs
+            metadata.pending.add(layer, kept_keys, kept_values, slots, self.kv_cache_dtype)
+        else:  # the tail alone holds the budget: nothing to move
+            kept_keys, kept_values = keys[:0], values[:0]
+        if job.generated:  # generated tokens again, over the compacted prompt
+            self._attend_resumed(layer, job, kept_keys, kept_values, keys, values, query, key, value, output, metadata)
+
+    def _attend_resumed(
+        self,
+        layer: Any,
+        job: Compaction,
+        kept_keys: torch.Tensor,
+        kept_values: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        output: torch.Tensor,
+        metadata: RippleAttentionMetadata,
+    ) -> None:
+        """A resumed request's generated tokens attending over kept tokens, the prompt's tail and themselves."""
+        assert metadata.alone is not None and metadata.pool is not None
+        begin = job.start + job.num_prompt_tokens - job.computed
+        tokens = slice(begin, begin + job.generated)
+        sequence_keys = torch.cat([kept_keys, keys[job.full :], key[tokens]])
+        sequence_values = torch.cat([kept_values, values[job.full :], value[tokens]])
+        seq_len = int(sequence_keys.shape[0])
+        _, heads, block_size, width = metadata.pool.tensor.shape
+        scratch = metadata.pool.tensor.new_zeros((-(-seq_len // block_size), heads, block_size, width))
+        key_cache, value_cache = _split(scratch)
+        ops.cpu_attn_reshape_and_cache(
+            sequence_keys.contiguous(),
+            sequence_values.contiguous(),
+            key_cache,
+            value_cache,
+            torch.arange(seq_len, dtype=torch.int64),
+            layer.isa,
+            k_scale=layer._k_scale_float,
+            v_scale=layer._v_scale_float,
+            kv_cache_dtype=self.kv_cache_dtype,
+        )
+        alone = metadata.alone(seq_len, job.generated)
+        super().forward(layer, query[tokens], key[tokens], value[tokens], scratch, alone, output[tokens])
 
 
 class RippleCPUAttentionBackend(CPUAttentionBackend):
@@ -326,5 +421,5 @@ class RippleCPUAttentionBackend(CPUAttentionBackend):
 
     @staticmethod
     def get_builder_cls() -> type[RippleBuilder]:
-        """The metadata builder: stock metadata, planned for evicting tiers."""
+        """The metadata builder: stock metadata, planned for every layer of a RippleKV group."""
         return RippleBuilder

@@ -1,9 +1,9 @@
-"""How many prompt tokens each KV-cache group of the RippleKV vLLM plugin keeps, from the prompt length alone.
+"""How many prompt tokens each layer of the RippleKV vLLM plugin keeps, from the prompt length alone.
 
 RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) gives each layer
-its own share of a global KV budget. vLLM frees memory per KV-cache group and per block, so the plugin serves the
-library's per-layer budgets as groups of layers (by default one group per layer) whose kept prompt blocks are
-computed, for each prompt, from its own length ``N``:
+its own share of a global KV budget. vLLM frees memory per block, so the plugin keeps each layer's budget in whole
+blocks, computed for each prompt from its own length ``N``, for *budget groups* of layers (by default one per layer;
+all layers are served from one KV-cache group either way, :mod:`ripplekv_vllm.pool`):
 
 * :class:`ProfileBudgets`: the library's RippleKV budgets at ``N``
   (:class:`ripplekv.allocation.ProfileSchedule`, SnapKV's window as the floor, exactly what ``LayerBudgetPress``
@@ -11,8 +11,9 @@ computed, for each prompt, from its own length ``N``:
   blocks SnapKV-uniform keeps at the same budget (largest remainder; ties to the more sensitive group);
 * :class:`FractionBudgets`: one fixed kept fraction per group (SnapKV-uniform is one group at the budget).
 
-The scheduler (which frees each group's hole) and the worker (which compacts and reads around it) call
-:meth:`GroupBudgets.hole` with the same integers and get the same answer; nothing here imports vLLM or kvpress.
+The scheduler (which frees the hole of the request's block ids, :meth:`GroupBudgets.pooled_hole`) and the worker
+(which compacts each layer and reads around it) ask with the same integers and get the same answer; nothing here
+imports vLLM or kvpress.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = ["FractionBudgets", "GroupBudgets", "ProfileBudgets", "layer_groups", 
 
 
 class GroupBudgets(ABC):
-    """Per KV-cache group, the prompt tokens kept: ``hole(N, group) = (k, T)``, the evicted range ``[k, T)``.
+    """Per budget group of layers, the prompt tokens kept: ``hole(N, group) = (k, T)``, the evicted range ``[k, T)``.
 
     The scheduler and the worker ask for every request's hole at every step, so each prompt length's answer is
     computed once and kept in the instance (a per-length memo: hashing the object per call would cost more).
@@ -42,6 +43,7 @@ class GroupBudgets(ABC):
     block_size: int
     window: int
     _memo: dict[int, tuple[int, ...]]
+    _layer_memo: dict[int, tuple[int, ...]]
 
     def kept_blocks(self, num_prompt_tokens: int) -> tuple[int, ...]:
         """``k / bs`` of every group for a prompt of ``num_prompt_tokens`` tokens (``k`` of ``[0, T)`` kept)."""
@@ -64,6 +66,32 @@ class GroupBudgets(ABC):
         full = num_prompt_tokens // self.block_size * self.block_size
         return self.kept_blocks(num_prompt_tokens)[group] * self.block_size, full
 
+    def layer_kept_blocks(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        """``k / bs`` of every layer (its group's) for a prompt of ``num_prompt_tokens`` tokens."""
+        found = self._layer_memo.get(num_prompt_tokens)
+        if found is None:
+            per_group = self.kept_blocks(num_prompt_tokens)
+            out = [0] * sum(len(members) for members in self.groups)
+            for blocks, members in zip(per_group, self.groups):
+                for layer in members:
+                    out[layer] = blocks
+            found = self._layer_memo[num_prompt_tokens] = tuple(out)
+        return found
+
+    def pooled_hole(self, num_prompt_tokens: int) -> tuple[int, int]:
+        """``(k, T)`` of the one KV-cache group that holds every layer (:mod:`ripplekv_vllm.pool`).
+
+        A request keeps ``k / bs`` of its prompt's block ids, each one page of every layer: enough pages for every
+        layer's kept blocks (``k / bs = ceil(sum / L)``; exactly SnapKV-uniform's count for :class:`ProfileBudgets`,
+        whose layers' blocks sum to ``L`` times it).
+
+        Args:
+            num_prompt_tokens: the prompt length ``N`` (``>= 1``).
+        """
+        layers = self.layer_kept_blocks(num_prompt_tokens)
+        full = num_prompt_tokens // self.block_size * self.block_size
+        return -(-sum(layers) // len(layers)) * self.block_size, full
+
     def layer_budgets(self, num_prompt_tokens: int) -> tuple[int, ...]:
         """Tokens of the prompt each layer keeps: its group's ``k`` plus the tail ``[T, N)`` kept in place."""
         tail = num_prompt_tokens % self.block_size
@@ -83,8 +111,6 @@ class GroupBudgets(ABC):
             raise ValueError(f"groups must partition the layers 0..L-1, got {self.groups!r}")
         if num_layers is not None and len(layers) != num_layers:
             raise ValueError(f"groups cover {len(layers)} layers, the model has {num_layers}")
-        if len({len(members) for members in self.groups}) != 1:
-            raise ValueError(f"groups must have equal sizes (vLLM pads unequal KV-cache groups), got {self.groups!r}")
         check_hole_args(1, 1.0, self.block_size, self.window)
 
 
@@ -123,6 +149,7 @@ class FractionBudgets(GroupBudgets):
     block_size: int
     window: int
     _memo: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _layer_memo: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_groups()
@@ -156,7 +183,7 @@ class ProfileBudgets(GroupBudgets):
     SnapKV-uniform, and each layer keeps its library budget up to the block rounding.
 
     Attributes:
-        groups: the layers of each group (equal sizes).
+        groups: the layers of each group.
         scores: the profile's per-layer sensitivity.
         budget: the global kept fraction, in ``(0, 1]``.
         ratio: the allocation's disparity ``r``.
@@ -174,6 +201,7 @@ class ProfileBudgets(GroupBudgets):
     window: int
     schedule: ProfileSchedule = field(init=False, repr=False, compare=False)
     _memo: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _layer_memo: dict[int, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_groups(len(self.scores))

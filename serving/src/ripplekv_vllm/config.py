@@ -1,19 +1,19 @@
 """The RippleKV vLLM plugin's settings: ``additional_config["ripplekv"]``, checked against the engine's settings.
 
 RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) needs a few
-engine settings to be served by vLLM: each prompt prefilled in one scheduler step (chunked prefill off, and a token
-budget that fits the longest prompt), no prefix caching (compacted blocks no longer hold what their hash says) and
-a block size the CPU attention kernel accepts (a multiple of 32). :class:`RippleConfig` gathers the plugin's
+engine settings to be served by vLLM: no prefix caching (compacted blocks no longer hold what their hash says), a
+token budget that fits the longest prompt unless chunked prefill is on, and a block size the CPU attention kernel
+accepts (a multiple of 32). :class:`RippleConfig` gathers the plugin's
 settings and those engine facts, and refuses a bad combination in ``__post_init__`` with a message naming the fix.
 
 The plugin's settings, as ``LLM(additional_config={"ripplekv": {...}})`` passes them:
 
 * ``profile`` (a ``ripplekv profile`` JSON) and ``budget`` (the global kept fraction in ``(0, 1]``), with ``groups``
-  (``"layer"``, the default: one KV-cache group per layer; or a number of tiers of equal layer counts) and
+  (``"layer"``, the default: each layer its own budget; or a number of tiers of equal layer counts) and
   ``ratio``/``gamma`` (default: the profile's chosen setting, else the library's; :func:`ripplekv.profiling.profile.
   resolve_setting`): each prompt keeps, per layer, the library's RippleKV budget at its own
   length, block-rounded to SnapKV-uniform's total (:class:`ripplekv_vllm.budgets.ProfileBudgets`);
-* or ``keep_fractions``: one kept fraction per layer, given directly (layers of one fraction share a group);
+* or ``keep_fractions``: one kept fraction per layer, given directly;
 * ``window`` (64) and ``kernel_size`` (5): SnapKV's observation window and pooling kernel, as kvpress's defaults.
 """
 
@@ -82,16 +82,18 @@ class RippleConfig:
             prefills its end).
         long_prefill_token_threshold: the engine's cap on a prompt's tokens per step (0: none; a cap cuts prompts
             into pieces, so it needs chunked prefill).
-        disable_hybrid_kv_cache_manager: whether vLLM merges every layer into one KV-cache group (must be off: each
-            group is its own KV-cache group); vLLM also sets it for KV connectors without hybrid support.
+        disable_hybrid_kv_cache_manager: whether vLLM unifies the layers' specs itself (must be off: the plugin is
+            built and tested with its own spec reaching the KV-cache manager); vLLM also sets it for KV connectors
+            without hybrid support.
         speculative_decoding: whether the engine has a speculative config (refused).
         async_scheduling: the engine's asynchronous scheduling (refused; vLLM's CPU build turns it off).
         kv_connector: whether the engine has a KV-transfer connector (refused).
         parallel_sizes: the engine's tensor, pipeline, decode- and prefill-context parallel sizes (each must be 1).
         budget: the global kept fraction in ``(0, 1]`` (with ``profile``).
         profile: path of a ``ripplekv profile`` JSON (with ``budget``), or None with ``keep_fractions``.
-        groups: ``"layer"`` (one KV-cache group per layer) or a number of tiers of equal layer counts (``>= 1``,
-            dividing ``num_layers``; each tier keeps its layers' mean budget).
+        groups: ``"layer"`` (each layer its own budget, the default) or a number of tiers of equal layer counts
+            (``>= 1``, dividing ``num_layers``; each tier keeps its layers' mean budget). Every layer is served from
+            one KV-cache group either way (:mod:`ripplekv_vllm.pool`).
         ratio: the allocation's disparity ``r`` (None: the profile's chosen setting, else the library's default).
         gamma: the allocation's clip bound (None: likewise; an explicit ``ratio`` or ``gamma`` makes the pair explicit,
             as in the library).
@@ -163,8 +165,8 @@ class RippleConfig:
         if self.disable_hybrid_kv_cache_manager:
             raise RippleConfigError(
                 "ripplekv: disable_hybrid_kv_cache_manager is on (set by you, or by vLLM for a KV connector without "
-                "hybrid support), but each RippleKV tier is its own KV-cache group: start vLLM with "
-                "disable_hybrid_kv_cache_manager=False and no KV connector"
+                "hybrid support), but the plugin is built and tested with its own KV-cache spec reaching vLLM's "
+                "manager: start vLLM with disable_hybrid_kv_cache_manager=False and no KV connector"
             )
         if self.speculative_decoding:
             raise RippleConfigError(
@@ -237,7 +239,7 @@ class RippleConfig:
             except ValueError as error:
                 raise RippleConfigError(
                     f"ripplekv: groups must be 'layer' or a number of tiers dividing the model's {self.num_layers} "
-                    f"layers (vLLM pads KV-cache groups of unequal sizes), got {self.groups!r}"
+                    f"layers (tiers of equal layer counts), got {self.groups!r}"
                 ) from error
         return ProfileBudgets(
             groups, profile.scores, float(budget), setting.ratio, setting.gamma, self.block_size, self.window

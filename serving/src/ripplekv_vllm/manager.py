@@ -1,7 +1,8 @@
 """``RippleManager``: the scheduler side of the RippleKV vLLM plugin, freeing each request's hole.
 
-RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) keeps a
-tier's share of the prompt and evicts the rest after the prefill. Once a request's whole prompt has been
+RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) keeps each
+layer's share of the prompt, packed into the pages of the request's first block ids (:mod:`ripplekv_vllm.pool`), and
+evicts the rest after the prefill. Once a request's whole prompt has been
 processed, :meth:`RippleManager.remove_skipped_blocks` (which vLLM's ``KVCacheManager.allocate_slots`` calls
 before allocating the step's new blocks, with the request's prompt length) hands the prompt blocks of the hole
 ``[k, T)`` (:meth:`ripplekv_vllm.spec.RippleSpec.hole`) back to the block pool and puts the null block in their
@@ -18,7 +19,7 @@ __all__ = ["RippleManager"]
 
 
 class RippleManager(FullAttentionManager):
-    """The KV-cache manager of one RippleKV group (a ``FullAttentionManager`` that frees the hole)."""
+    """The KV-cache manager of a RippleKV engine's group (a ``FullAttentionManager`` that frees the hole)."""
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None

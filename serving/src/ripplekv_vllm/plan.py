@@ -1,24 +1,28 @@
-"""Per-step row plan of the RippleKV vLLM plugin: which rows compact their prompt, which read around the hole.
+"""Per-step plan of the RippleKV vLLM plugin: every layer's block table, and which rows compact their prompt.
 
-RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) evicts a
-block-aligned hole ``[k, T)`` of each prompt (:func:`ripplekv_vllm.hole.hole`). The worker's block table only
-grows (vLLM never tells it which blocks the scheduler replaced by the null block, and those blocks go to other
-requests), so the worker derives the hole from the prompt length ``N`` alone, for every batch row:
+RippleKV ("RippleKV: Cross-Layer KV Cache Allocation via Perturbation Propagation", Xu et al., 2026) keeps
+``K_l`` whole blocks of each prompt's first ``T = N // bs * bs`` tokens in layer ``l``; the prompt's last, partly
+filled block ``[T, N)`` stays in every layer. All layers share one KV-cache group whose block ids are pages of every
+layer (:mod:`ripplekv_vllm.pool`); a request keeps ``M = ceil(sum_l K_l / L)`` of its prompt's ``T / bs`` block ids
+(:meth:`~ripplekv_vllm.budgets.GroupBudgets.pooled_hole`), and its layers' kept blocks are *packed* into their
+``M x L`` pages in layer order: layer ``l``'s ``j``-th kept block is pack index ``f = sum_{l' < l} K_l' + j``, the page
+of layer ``f % L`` of the request's block id number ``f // L``. The worker's block table only grows (vLLM never tells
+it which blocks the scheduler replaced by the null block), so the plan derives everything from the prompt length:
 
-* a row whose computed tokens ``c = seq_len - query_len`` reach ``N`` (decoding, its prompt compacted): it reads
-  through a *virtual* block table with the hole's columns removed and a sequence ``T - k`` tokens shorter, so the
-  attention kernel never touches a freed (perhaps reused) block;
-* a row whose step reaches the end of its prompt (``c < N <= seq_len``): a :class:`Compaction` of its first ``N``
-  tokens after the attention. Under chunked prefill the prompt's earlier pieces (``c > 0``) were kept aside as they
-  were prefilled (:class:`Chunk`, :mod:`ripplekv_vllm.stash`), so the compaction scores and moves the whole prompt,
-  exactly as in one step. A request resumed after a recompute preemption prefills its prompt and its ``G``
-  generated tokens again (``seq_len = N + G`` when in one step): the compaction also carries the generated tokens of
-  its step, which the backend attends again over the compacted prompt (:func:`virtual_row`), so that they compute
-  exactly what they computed before the preemption; later ones read around the hole as decode rows do;
+* a row whose computed tokens ``c = seq_len - query_len`` reach ``N`` (decoding, its prompt compacted) reads, in
+  layer ``l``, its ``K_l`` packed pages, then its blocks from ``T / bs`` on, with a sequence ``T - K_l bs`` tokens
+  shorter, so the attention kernel never touches a freed (perhaps reused) block;
+* a row whose step reaches the end of its prompt (``c < N <= seq_len``): a :class:`Compaction`, whose kept tokens
+  each layer writes into its packed pages once the step's forward is done (every layer read the prompt in place
+  until then). Under chunked prefill the prompt's earlier pieces (``c > 0``) were kept aside as they were
+  prefilled (:class:`Chunk`, :mod:`ripplekv_vllm.stash`), so the compaction scores the whole prompt, exactly as in
+  one step. A request resumed after a recompute preemption prefills its prompt and its ``G`` generated tokens again
+  (``seq_len = N + G`` when in one step): its generated tokens attend again over the compacted prompt, so that they
+  compute what they computed before the preemption;
 * a row that prefills a piece of its prompt short of its end (chunked prefill, ``seq_len < N``): a :class:`Chunk`,
   whose keys, values and last queries the backend keeps aside until the piece that completes the prompt.
 
-Rows whose group evicts nothing of their prompt (``k == T``) are left as they are.
+Every other row, and every row whose layers all keep their whole prompt, reads its blocks in place.
 """
 
 from __future__ import annotations
@@ -28,19 +32,20 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BatchPlan", "Chunk", "Compaction", "plan_batch", "virtual_row"]
+__all__ = ["Chunk", "Compaction", "StepPlan", "plan_step"]
 
 
 @dataclass(frozen=True)
 class Compaction:
-    """One row's prompt to compact after this step's attention.
+    """One row's prompt to compact once the step's forward is done.
 
     Attributes:
         row: the batch row.
         start: the row's first token in the step's flattened query/key/value tensors.
         num_prompt_tokens: the prompt length ``N``.
-        kept: ``k``, the tokens of ``[0, T)`` kept in the first ``k / bs`` blocks.
+        kept: per layer, ``K_l bs``: the tokens of ``[0, T)`` the layer keeps.
         full: ``T = N // bs * bs``.
+        pages: per layer, the pages its kept blocks are packed into, ``[L, >= max K_l]`` (row ``l``'s first ``K_l``).
         generated: the generated tokens after the prompt in this step (a request resumed after a preemption; 0 for
             a first prefill).
         computed: the prompt tokens prefilled in earlier steps (chunked prefill; kept aside until this step), so the
@@ -50,8 +55,9 @@ class Compaction:
     row: int
     start: int
     num_prompt_tokens: int
-    kept: int
+    kept: tuple[int, ...]
     full: int
+    pages: torch.Tensor
     generated: int = 0
     computed: int = 0
 
@@ -74,101 +80,111 @@ class Chunk:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
-    """The metadata one group's attention reads, and its compactions.
+class StepPlan:
+    """What every layer's attention reads in one step, and the rows that compact or keep a piece aside.
 
     Attributes:
-        seq_lens: per-row sequence lengths, shortened by ``T - k`` for remapped rows.
-        block_table: per-row block ids, the hole's columns removed for remapped rows (columns past a remapped row's
+        tables: per layer and row, the pages read, ``[L, num_reqs, columns]`` int32 (columns past a row's
             sequence are unspecified: the kernel never reads them).
-        compactions: the rows that compact their prompt after the attention.
-        remapped_rows: the rows read through the virtual table.
+        seq_lens: per layer and row, the sequence read, ``[L, num_reqs]`` (shortened by ``T - K_l bs`` for
+            remapped rows).
+        compactions: the rows that compact their prompt after the step's forward.
+        remapped_rows: the rows read through their packed pages.
         chunks: the rows prefilling a piece of their prompt short of its end.
     """
 
+    tables: torch.Tensor
     seq_lens: torch.Tensor
-    block_table: torch.Tensor
     compactions: tuple[Compaction, ...]
     remapped_rows: tuple[int, ...]
     chunks: tuple[Chunk, ...] = ()
 
-    @property
-    def max_seq_len(self) -> int:
-        """The longest (virtual) sequence of the batch (0 for an empty batch)."""
-        return int(self.seq_lens.max()) if self.seq_lens.numel() else 0
 
-
-def plan_batch(
+def plan_step(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     prompt_lens: torch.Tensor,
     block_table: torch.Tensor,
-    hole_of: Callable[[int], tuple[int, int]],
+    layer_kept: Callable[[int], tuple[int, ...]],
+    offsets: torch.Tensor,
+    stride: int,
     block_size: int,
-) -> BatchPlan:
-    """The plan of one step's ``num_reqs`` rows for one group (see the module docstring).
+) -> StepPlan:
+    """The plan of one step's ``num_reqs`` rows for every layer (see the module docstring).
 
-    The rows are classified in plain Python (a step holds few rows; small torch operations cost more than the loop),
-    and the decode rows' virtual block tables are built in one gather over the whole batch. The inputs are never
-    modified.
+    Rows are classified in plain Python (a step holds few rows); every layer's table is built in one vectorised
+    pass. The inputs are never modified.
 
     Args:
         seq_lens: per-row sequence lengths after this step, ``[num_reqs]``.
         query_start_loc: the rows' offsets into the step's tokens, ``[num_reqs + 1]``.
         prompt_lens: per-row prompt lengths ``N``, ``[num_reqs]``.
-        block_table: the worker's per-row block ids, ``[num_reqs, max_blocks]``.
-        hole_of: ``(k, T)`` of a prompt length (the group's hole).
+        block_table: the rows' block ids, ``[num_reqs, max_blocks]``.
+        layer_kept: ``K_l`` of every layer for a prompt length (whole blocks of ``[0, T)``).
+        offsets: per layer, the pool page of its block 0 (:class:`~ripplekv_vllm.pool.KVPool`), ``[L]`` int64.
+        stride: pool pages per block id.
         block_size: tokens per block.
     """
-    num_reqs = int(seq_lens.shape[0])
+    num_reqs, num_layers = int(seq_lens.shape[0]), int(offsets.shape[0])
     prompts = prompt_lens[:num_reqs].tolist()
     seqs = seq_lens[:num_reqs].tolist()
     starts = query_start_loc[: num_reqs + 1].tolist()
-    compactions: list[Compaction] = []
+    width = min(max((-(-s // block_size) for s in seqs), default=1), int(block_table.shape[1]))
+    table = block_table[:num_reqs, :width].long()
+    tables = offsets[:, None, None] + table[None] * stride  # every row in place
+    lens = seq_lens[None, :num_reqs].expand(num_layers, num_reqs).clone()
+    evicting: list[tuple[int, tuple[int, ...], int]] = []
+    jobs: list[tuple[int, int, int, int]] = []  # (row, prompt, generated, computed) of compactions
     chunks: list[Chunk] = []
     remapped: list[int] = []
-    gaps, kept_blocks = [0] * num_reqs, [0] * num_reqs
     for row, (prompt, seq) in enumerate(zip(prompts, seqs)):
         if prompt < 1:
             continue
-        kept, full = hole_of(prompt)
-        if kept >= full:
+        kept = layer_kept(prompt)
+        if min(kept) >= prompt // block_size:
             continue
         queried = starts[row + 1] - starts[row]
         computed = seq - queried
         if computed >= prompt:
             remapped.append(row)
-            gaps[row], kept_blocks[row] = (full - kept) // block_size, kept // block_size
+            evicting.append((row, kept, prompt // block_size))
         elif seq >= prompt:
-            compactions.append(Compaction(row, starts[row], prompt, kept, full, seq - prompt, computed))
+            jobs.append((row, prompt, seq - prompt, computed))
+            evicting.append((row, kept, prompt // block_size))
         else:
             chunks.append(Chunk(row, starts[row], computed, queried))
-    if not remapped:
-        return BatchPlan(seq_lens, block_table, tuple(compactions), (), tuple(chunks))
-    gap = torch.tensor(gaps, dtype=torch.int64)
-    columns = torch.arange(block_table.shape[1], dtype=torch.int64)
-    source = columns[None, :] + (columns[None, :] >= torch.tensor(kept_blocks)[:, None]) * gap[:, None]
-    table = block_table.clone()
-    table[:num_reqs] = block_table[:num_reqs].gather(1, source.clamp_(max=block_table.shape[1] - 1))
-    new_seq = seq_lens.clone()
-    new_seq[:num_reqs] -= (gap * block_size).to(seq_lens.dtype)
-    return BatchPlan(new_seq, table, tuple(compactions), tuple(remapped), tuple(chunks))
-
-
-def virtual_row(row: torch.Tensor, seq_len: int, kept: int, full: int, block_size: int) -> tuple[int, torch.Tensor]:
-    """A compacted request's sequence length and block table with the hole ``[k, T)`` removed.
-
-    The blocks from ``T`` on move down to ``k``, and the sequence is ``T - k`` tokens shorter, so the attention
-    kernel reads ``[0, k)``, then the tail ``[T, N)`` and what follows, and never a freed block.
-
-    Args:
-        row: the request's block ids, ``[max_blocks]`` (not modified).
-        seq_len: the request's true sequence length.
-        kept: ``k``.
-        full: ``T``.
-        block_size: tokens per block.
-    """
-    blocks, gap = -(-seq_len // block_size), (full - kept) // block_size
-    out = row.clone()
-    out[kept // block_size : blocks - gap] = row[full // block_size : blocks]
-    return seq_len - (full - kept), out
+    pages: dict[int, torch.Tensor] = {}
+    if evicting:
+        rows = torch.tensor([r for r, _, _ in evicting])
+        kept_blocks = torch.tensor([k for _, k, _ in evicting], dtype=torch.int64).T  # [L, E]
+        full_blocks = torch.tensor([t for _, _, t in evicting], dtype=torch.int64)
+        columns = torch.arange(width, dtype=torch.int64)
+        packs = (kept_blocks.cumsum(0) - kept_blocks)[:, :, None] + columns  # [L, E, width]
+        ids = table[rows]  # [E, width]
+        owner = ids[None].expand(num_layers, -1, -1).gather(2, (packs // num_layers).clamp_(max=width - 1))
+        packed = offsets[packs % num_layers] + owner * stride
+        for index, (row, _, _) in enumerate(evicting):
+            pages[row] = packed[:, index]
+        if remapped:
+            chosen = torch.tensor([i for i, (r, _, _) in enumerate(evicting) if r in set(remapped)])
+            k, t = kept_blocks[:, chosen, None], full_blocks[chosen][None, :, None]
+            tail = (columns - k + t).clamp_(0, width - 1)
+            moved = offsets[:, None, None] + ids[chosen][None].expand(num_layers, -1, -1).gather(2, tail) * stride
+            read = torch.where(columns < k, packed[:, chosen], moved)
+            remapped_index = torch.tensor(remapped)
+            tables[:, remapped_index] = read
+            lens[:, remapped_index] -= ((t[..., 0] - k[..., 0]) * block_size).to(lens.dtype)
+    compactions = tuple(
+        Compaction(
+            row,
+            starts[row],
+            prompt,
+            tuple(b * block_size for b in layer_kept(prompt)),
+            prompt // block_size * block_size,
+            pages[row],
+            generated,
+            computed,
+        )
+        for row, prompt, generated, computed in jobs
+    )
+    return StepPlan(tables.to(torch.int32), lens, compactions, tuple(remapped), tuple(chunks))
