@@ -80,3 +80,12 @@ class EvalSample:
     gold: str | None = None  # teacher-forced for gold_nll (None: the suite has none)
     extra_stop_ids: frozenset[int] = frozenset()  # besides the model's end-of-sequence ids
     meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def split(self, protocol: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(prefilled, question)``: query-agnostic, the context is prefilled (and compressed) and the question run
+        over it after; question-aware, the whole prompt is prefilled. An empty context is an error."""
+        agnostic = protocol == "query-agnostic"
+        prefix = self.input_ids[: self.question_start] if agnostic else self.input_ids
+        if not prefix:
+            raise ValueError(f"sample {self.id}: the context part of the prompt is empty")
+        return prefix, self.input_ids[self.question_start :] if agnostic else ()

@@ -254,9 +254,8 @@ class BudgetSchedule(ABC):
     @abstractmethod
     def layer_budgets(self, n_layers: int, prompt_tokens: int, floor: int) -> tuple[int, ...]:
         """Tokens kept by each layer, summing to ``n_layers * average(prompt_tokens)``, each in
-        ``[min(floor, prompt_tokens, average), prompt_tokens]`` (``floor``, e.g. the scorer's window, is lowered
-        to the average when ``n_layers * floor`` exceeds the total). Every schedule takes these three in this
-        order; a per-prompt one takes its inputs after them, by keyword (``stats=``)."""
+        ``[min(floor, prompt_tokens, average), prompt_tokens]``; a per-prompt schedule takes its inputs after these
+        three, by keyword (``stats=``)."""
 
     def check_layers(self, n_layers: int) -> None:
         """Raise ``ValueError`` if the schedule cannot serve a model of ``n_layers`` layers."""

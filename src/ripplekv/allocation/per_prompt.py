@@ -1,10 +1,6 @@
-"""Per-prompt per-layer budget rules (CAKE, SqueezeAttention, DynamicKV, LAVa; one module each).
-
-A rule reads a statistic from every layer during the prefill and, after the last layer, shares out exactly SnapKV's
-global budget, each layer in ``[window_size (and floor), prompt]``, as exact rationals
-(:func:`~ripplekv.allocation.budget.fill_shares`) rounded by largest remainder: deterministic and
-platform-independent.
-"""
+"""Per-prompt per-layer budget rules (CAKE, SqueezeAttention, DynamicKV, LAVa; one module each): a statistic of
+every layer read during the prefill, and after the last layer SnapKV's global budget shared out exactly, each layer
+in ``[window_size (and floor), prompt]``, as exact rationals rounded by largest remainder."""
 
 from __future__ import annotations
 
@@ -75,8 +71,7 @@ class TokenStatistic:
 def check_rule_call(
     n_layers: int, prompt_tokens: int, floor: int, *, stats: Sequence[Any], total: int, window_size: int
 ) -> None:
-    """Raise ValueError unless :meth:`PerPromptRule.layer_budgets`' arguments are integers in range and there is
-    one statistic per layer."""
+    """Raise ValueError unless :meth:`PerPromptRule.layer_budgets`' arguments are in range, one statistic a layer."""
     if not is_integer(n_layers) or n_layers < 1:
         raise ValueError(f"n_layers must be an integer >= 1, got {n_layers!r}")
     if not is_integer(prompt_tokens) or prompt_tokens < 1:
@@ -138,8 +133,8 @@ def top_k_counts(rows: Sequence[Any], k: int) -> tuple[Fraction, ...]:
 
 
 def pool_keys(scores: torch.Tensor, kernel_size: int, pooling: str) -> torch.Tensor:
-    """``(batch, heads, keys)`` scores pooled along the keys, stride 1, same length (``avgpool`` counts the zero
-    padding, ``maxpool`` pads with ``-inf``: ``F.avg_pool1d`` / ``F.max_pool1d``)."""
+    """``(batch, heads, keys)`` scores pooled along the keys, stride 1, same length (``F.avg_pool1d`` /
+    ``F.max_pool1d``)."""
     from torch.nn import functional as F
 
     batch, heads, keys = scores.shape
@@ -220,8 +215,7 @@ class PerPromptSchedule(BudgetSchedule):
     def layer_budgets(
         self, n_layers: int, prompt_tokens: int, floor: int, *, stats: Sequence[Sequence[Any]]
     ) -> tuple[int, ...]:
-        """Tokens kept by each layer for this prompt, from every layer's statistic (``stats``, one per layer):
-        :meth:`PerPromptRule.layer_budgets` at :meth:`total`."""
+        """Tokens kept by each layer for this prompt: :meth:`PerPromptRule.layer_budgets` at :meth:`total`."""
         total = self.total(n_layers, prompt_tokens)
         return self.rule.layer_budgets(
             n_layers, prompt_tokens, floor, stats=stats, total=total, window_size=self.window_size

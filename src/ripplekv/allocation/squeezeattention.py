@@ -76,11 +76,8 @@ def squeeze_statistic_of_similarities(parts: Sequence[torch.Tensor]) -> SqueezeS
 
 
 def squeeze_layer_statistic(residual_in: torch.Tensor, attention_output: torch.Tensor) -> SqueezeStatistic:
-    """SqueezeAttention's similarity of one layer, averaged over the batch too, in float64.
-
-    ``residual_in`` is the decoder layer's *input* (kvpress's attention hook sees normalised hidden states: take it
-    with a forward pre-hook on the decoder layer); ``attention_output`` the attention module's first output.
-    """
+    """SqueezeAttention's similarity of one layer, averaged over the batch too, in float64, from the decoder layer's
+    input ``residual_in`` (not the normalised hidden states kvpress's hook sees) and the attention's output."""
     return squeeze_statistic_of_similarities([squeeze_token_similarities(residual_in, attention_output)])
 
 

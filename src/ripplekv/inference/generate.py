@@ -23,18 +23,12 @@ PROTOCOLS = ("question-aware", "query-agnostic")
 
 @dataclass(frozen=True)
 class Prefill:
-    """A prompt prefilled (and compressed) into a cache; passes over it run on a fork and never change it.
-
-    Attributes:
-        next_logits: ``(vocab,)`` logits of the token after the prompt.
-        prompt_tokens: tokens of the prompt, i.e. the position of the next token.
-        seconds: wall time of the prefill (plus any derivation or extension).
-    """
+    """A prompt prefilled (and compressed) into a cache; passes over it run on a fork and never change it."""
 
     cache: DynamicCache
-    next_logits: torch.Tensor
-    prompt_tokens: int
-    seconds: float
+    next_logits: torch.Tensor  # (vocab,): of the token after the prompt
+    prompt_tokens: int  # the position of the next token
+    seconds: float  # the prefill's wall time (plus any derivation or extension)
 
 
 @dataclass(frozen=True)
@@ -72,17 +66,9 @@ def prefill(
 ) -> Prefill:
     """Run the unpadded prompt ``input_ids`` ``(1, n)`` into ``cache`` (written in place), compressing with ``press``.
 
-    Head-wise masks live in the cache's layers: ripplekv's presses write them there, and those kvpress's
-    ``AdaKVPress`` leaves on the attention modules are moved there (:func:`~ripplekv.models.headwise.take_mask`);
-    every later pass of ``model`` over the cache reads them (:func:`~ripplekv.models.attention.read_cache_masks`).
-    Tokens after a context go through :func:`extend` instead.
-
-    Args:
-        prefill_chunk: without a press, longer prompts run in chunks
-            (:func:`~ripplekv.models.chunked_prefill.prefill_in_chunks`); None: one pass.
-
-    Raises:
-        ValueError: with a press, for a prompt longer than ``prefill_chunk`` (kvpress compresses a first pass only).
+    Head-wise masks kvpress's ``AdaKVPress`` leaves on the attention modules are moved into the cache's layers,
+    where every later pass reads them. Without a press, prompts longer than ``prefill_chunk`` run in chunks; with
+    one, they are an error (kvpress compresses a first pass only).
     """
     _check_single(input_ids)
     chunks = chunk_bounds(int(input_ids.shape[1]), check_prefill_chunk(prefill_chunk))
@@ -113,11 +99,8 @@ def prefill(
 
 @contextmanager
 def _kvpress_masks(model: PreTrainedModel, cache: DynamicCache) -> Iterator[None]:
-    """Under FlashAttention, the cache's head-wise masks set on the attention modules for one pass (for kvpress).
-
-    Exact on single-token decoding; a multi-token pass may raise kvpress's ``Could not find fake keys`` and then
-    needs ``attn_implementation='sdpa'``.
-    """
+    """Under FlashAttention, the cache's head-wise masks set on the attention modules for one pass (for kvpress;
+    exact on single-token decoding)."""
     masked = {index: mask for index, mask in enumerate(map(headwise_of, cache.layers)) if mask is not None}
     if not masked or not attends_per_layer_natively(model):
         yield
@@ -140,11 +123,8 @@ def _kvpress_masks(model: PreTrainedModel, cache: DynamicCache) -> Iterator[None
 def cache_forward(
     model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache, positions: torch.Tensor, **kwargs: Any
 ) -> torch.Tensor:
-    """The logits of ``input_ids`` ``(rows, n)`` over ``cache`` at ``positions`` ``(n,)``, every row alike.
-
-    The attention functions read the cache's layers (:func:`~ripplekv.models.attention.read_cache_masks`); it is
-    extended in place: pass a fork to keep a prefill. ``kwargs``: e.g. ``logits_to_keep``, ``key_validity``.
-    """
+    """The logits of ``input_ids`` ``(rows, n)`` over ``cache`` (extended in place) at ``positions`` ``(n,)``, every
+    row alike; ``kwargs``: e.g. ``logits_to_keep``, ``key_validity``."""
     with _kvpress_masks(read_cache_masks(model), cache):
         return model(
             input_ids,
@@ -197,13 +177,8 @@ def greedy_decode(
     min_new_tokens: int = 0,
     fork: Callable[[DynamicCache], DynamicCache] | None = None,
 ) -> list[int]:
-    """Greedy tokens after a prefill, ending with the first id of ``stop_ids`` generated (included) if any.
-
-    Args:
-        min_new_tokens: the stop ids cannot be chosen before (LongBench's ``min_length``).
-        fork: makes the decoding cache from ``state.cache``, left unchanged (default
-            :func:`~ripplekv.models.cache.fork_cache`).
-    """
+    """Greedy tokens after a prefill, ending with the first id of ``stop_ids`` generated (included) if any; stop
+    ids cannot be chosen before ``min_new_tokens``; ``fork`` makes the decoding cache (default ``fork_cache``)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
@@ -238,10 +213,8 @@ def full_cache_bytes(model: PreTrainedModel, tokens: int) -> int:
 
 
 def chat_prompt_parts(tokenizer: PreTrainedTokenizerBase, context: str, question: str) -> tuple[str, str]:
-    """The chat prompt for ``context`` + ``question``, split where the question starts.
-
-    Without a chat template the prompt is the plain text ``context\\n\\nquestion\\nAnswer:``.
-    """
+    """The chat prompt for ``context`` + ``question`` (without a chat template, plain text ending in ``Answer:``),
+    split where the question starts."""
     marker = "\n\n"
     if getattr(tokenizer, "chat_template", None):
         user = context + marker + question
@@ -262,13 +235,9 @@ def generate_answer(
     max_new_tokens: int = 32,
     protocol: str = "question-aware",
 ) -> GenerationResult:
-    """Answer ``question`` about ``context`` with the cache compressed by ``press``.
-
-    ``protocol``: ``question-aware`` (the paper's and KVCache-Factory's: the question is compressed with the
-    context, so SnapKV's window holds it) or ``query-agnostic`` (kvpress's: the question runs over the compressed
-    context). Switches the model to variable-length attention
-    (:func:`~ripplekv.models.attention.enable_varlen_attention`).
-    """
+    """Answer ``question`` about ``context`` with the cache compressed by ``press``: ``question-aware`` compresses
+    the question with the context, ``query-agnostic`` runs it over the compressed context. Switches the model to
+    variable-length attention."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     enable_varlen_attention(model)

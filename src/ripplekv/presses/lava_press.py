@@ -1,17 +1,13 @@
 """LavaPress: LAVa complete (Shen et al., 2025, arXiv:2509.09754), its per-prompt layer budgets and its head-wise split.
 
-(1) Layer budgets: :class:`~ripplekv.allocation.lava.LavaRule` after the last compressed layer, as
-:class:`~ripplekv.presses.per_prompt_press.PerPromptBudgetPress` runs it (``lava-layer``). (2) Inside layer ``l``,
-each KV head keeps the scorer's window plus its share of ``H * (B_l - w)`` prefix tokens
-(:func:`~ripplekv.allocation.lava_heads.lava_head_budgets`). Every head keeps its ``m_l = max_h k_h`` best tokens in
-memory and the surplus is masked in the cache layer (a :class:`~ripplekv.models.headwise.MaskedLayer`): memory is
-the sum of the ``m_l``, attention sees exactly ``k_h`` per head. A layer whose heads all keep ``B_l`` is evicted with
-no mask (every layer under ``floor_alpha = 1``: ``lava-layer``'s caches).
+Layer budgets as ``lava-layer``'s; inside layer ``l`` each KV head keeps the scorer's window plus its share of
+``H * (B_l - w)`` prefix tokens (:func:`~ripplekv.allocation.lava_heads.lava_head_budgets`). Every head keeps its
+``max_h k_h`` best tokens in memory and the surplus is masked in the cache layer; a layer whose heads all keep
+``B_l`` is evicted with no mask.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,14 +36,9 @@ Masked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def headwise_select(
     keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, counts: Sequence[Sequence[int]]
 ) -> tuple[torch.Tensor, torch.Tensor, Masked | None]:
-    """Keep ``counts[b][h]`` highest-scored tokens in KV head ``h`` of batch row ``b``, memory at the largest count.
-
-    Every head keeps its ``m = max(counts)`` best tokens (:func:`select_top`); the entries past ``counts[b][h]`` in
-    head ``h``'s ranking are returned as masked indices into the kept layer, None when every head keeps ``m``.
-
-    Raises:
-        ValueError: if ``counts`` does not give one count in ``[0, tokens]`` per batch row and head.
-    """
+    """Keep ``counts[b][h]`` highest-scored tokens in KV head ``h`` of batch row ``b``: every head keeps its
+    ``max(counts)`` best tokens, and the entries past its count are returned as masked indices into the kept layer
+    (None when every head keeps the largest count)."""
     batch, heads, tokens = scores.shape
     if len(counts) != batch or any(len(row) != heads for row in counts):
         raise ValueError(f"counts must be {batch} rows of {heads} head counts, got {counts!r}")
@@ -78,12 +69,10 @@ class LavaPress(PerPromptBudgetPress):
     """LAVa (Shen et al., 2025): per-prompt layer budgets, then a head-wise split of each layer.
 
     Args:
-        press: the token scorer (default LAVa's own, window 64); its scores rank tokens within each head and, over a
-            layer's heads jointly, split the layer's budget.
-        schedule: default ``PerPromptSchedule(LavaRule(), 0.2)`` reserving the scorer's window; a rule that reads
-            the residual stream is refused.
-        floor_alpha: LAVa's ``floor_alpha`` in ``[0, 1]`` (the authors' 0.2): every head keeps at least
-            ``floor(floor_alpha * (B_l - w))`` prefix tokens.
+        press: the token scorer (default LAVa's own); it ranks tokens within each head and splits a layer's budget.
+        schedule: default ``PerPromptSchedule(LavaRule(), 0.2)``; a rule that reads the residual stream is refused.
+        floor_alpha: in ``[0, 1]`` (the authors' 0.2): every head keeps ``floor(floor_alpha * (B_l - w))`` prefix
+            tokens at least.
     """
 
     press: ScorerPress = field(default_factory=LavaScorerPress)
@@ -115,12 +104,7 @@ class LavaPress(PerPromptBudgetPress):
     def prune(
         self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, budget: int, config: PretrainedConfig
     ) -> DynamicLayer:
-        """One layer's cache layer: its kept keys and values (memory at its largest head), a
-        :class:`~ripplekv.models.headwise.MaskedLayer` hiding the surplus of the other heads where there is one.
-
-        Raises:
-            ValueError: if masks are needed under eager attention (they need a boolean attention mask).
-        """
+        """One layer's kept keys and values (memory at its largest head), masking the other heads' surplus."""
         kept_keys, kept_values, masked = headwise_select(keys, values, scores, self.head_counts(scores, budget))
         if masked is not None and "eager" in str(config._attn_implementation):
             raise ValueError(
@@ -128,8 +112,3 @@ class LavaPress(PerPromptBudgetPress):
                 "attn_implementation='sdpa', not eager"
             )
         return dynamic_layer(kept_keys, kept_values, masked)
-
-    def __deepcopy__(self, memo: dict) -> LavaPress:
-        clone = copy.copy(self)
-        clone._pending = {}
-        return clone

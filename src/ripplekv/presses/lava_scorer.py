@@ -1,11 +1,8 @@
 """LavaScorerPress: LAVa's token score (Shen et al., 2025, arXiv:2509.09754) as a kvpress ScorerPress.
 
-The score is :func:`ripplekv.allocation.lava.lava_token_scores`, the very scores whose entropy is LAVa's layer
-statistic: the value-norm factor is one per head, so it leaves a head's ranking as the pooled attention's but weighs
-heads against each other in a joint top-k. The window scores above every prefix token, so every head keeps it, as
-the code concatenates it to every head's selection. Deviations: the run's shared window (64; the authors' 32),
-float32 scores (the code: the model's dtype), and ``gqa_support=False`` refused on a grouped-query model (the code
-then keeps a cache per query head, which a kvpress cache of KV heads cannot hold).
+The score is :func:`ripplekv.allocation.lava.lava_token_scores`, whose entropy is LAVa's layer statistic; the window
+scores above every prefix token, so every head keeps it. Deviations: the run's shared window (64; the authors' 32),
+float32 scores, and ``gqa_support=False`` refused on a grouped-query model.
 """
 
 from __future__ import annotations
@@ -26,16 +23,9 @@ __all__ = ["LavaScorerPress"]
 
 @dataclass
 class LavaScorerPress(ScorerPress):
-    """LAVa's token score (Shen et al., 2025, arXiv:2509.09754).
-
-    Args:
-        compression_ratio: fraction of tokens removed when used as a kvpress press on its own.
-        window_size: the observation window, the last ``window_size`` prompt positions as queries, always kept
-            (kvpress's SnapKV default; the authors' LongBench configs use 32).
-        kernel_size: pooling width along the keys (odd; the authors' ``c*_w32_k7_maxpool.json``).
-        gqa_support: reduce query heads to their KV head by a max (the authors' LongBench script); False needs as
-            many KV heads as query heads.
-    """
+    """LAVa's token score: ``window_size`` the observation window (always kept), ``kernel_size`` the odd pooling
+    width along the keys, ``gqa_support`` a max over the query heads of a KV head (False needs as many KV heads as
+    query heads)."""
 
     compression_ratio: float = 0.0
     window_size: int = 64
@@ -66,12 +56,7 @@ class LavaScorerPress(ScorerPress):
         attentions: torch.Tensor | None,
         kwargs: dict,
     ) -> torch.Tensor:
-        """LAVa's scores ``(batch, kv_heads, tokens)`` in float32, the window's above every prefix token's.
-
-        Raises:
-            ValueError: if the prompt is not longer than the window, or ``gqa_support`` is off on a grouped-query
-                model.
-        """
+        """LAVa's scores ``(batch, kv_heads, tokens)`` in float32, the window's above every prefix token's."""
         window = int(self.window_size)
         if hidden_states.shape[1] <= window or keys.shape[2] <= window:
             raise ValueError(

@@ -27,23 +27,15 @@ DEFAULT_ALPHA_SAFEGUARD = 0.2
 
 
 def safeguard_tokens(n_kept: int, alpha: float) -> int:
-    """Tokens every head keeps whatever its scores: ``int(n_kept * alpha)``, at least 1 when ``alpha > 0``.
-
-    ``n_kept`` is the layer's average tokens per head.
-    """
+    """Tokens every head keeps whatever its scores: ``int(n_kept * alpha)`` of the layer's average ``n_kept``, at
+    least 1 when ``alpha > 0``."""
     n_safe = int(n_kept * alpha)
     return max(1, n_safe) if alpha > 0 and n_kept > 0 else n_safe
 
 
 def headwise_keep_mask(scores: torch.Tensor, n_kept: int, n_safe: int) -> torch.Tensor:
-    """AdaKV's allocation of one layer: the boolean ``(batch, kv_heads, tokens)`` mask of kept entries.
-
-    Each head's ``n_safe`` highest-scored tokens are kept, the rest of the ``n_kept * heads`` entries per batch row go
-    to the highest scores across all heads jointly.
-
-    Raises:
-        ValueError: if ``scores`` is not 3-D or ``0 <= n_safe <= n_kept <= tokens`` fails.
-    """
+    """AdaKV's allocation of one layer, the boolean ``(batch, kv_heads, tokens)`` mask of kept entries: each head's
+    ``n_safe`` best tokens, and the rest of the ``n_kept * heads`` entries per row by score across all heads."""
     if scores.dim() != 3:
         raise ValueError(f"scores must be (batch, kv_heads, tokens), got shape {tuple(scores.shape)}")
     batch, heads, tokens = scores.shape
@@ -65,23 +57,16 @@ def headwise_keep_mask(scores: torch.Tensor, n_kept: int, n_safe: int) -> torch.
 class LayerBudgetAdaPress(LayerBudgetPress):
     """Per-layer budgets from a schedule (RippleKV), AdaKV's head-wise allocation within each layer.
 
-    Layer ``l`` keeps ``n_l * kv_heads`` entries, ``n_l`` :class:`~ripplekv.presses.LayerBudgetPress`'s count for
-    the same schedule (so SnapKV's total per head on average), chosen by :func:`headwise_keep_mask`. Heads then hold
-    different numbers of tokens, which a dense cache cannot: the dropped entries stay in memory, masked head by head
-    in the cache layer (a :class:`~ripplekv.models.headwise.MaskedLayer`, which every later pass reads), unless every
-    head keeps ``n_l``, in which case they are evicted physically.
-    Not for eager attention (the masks need a boolean attention mask, as kvpress's AdaKV) nor padded batches.
+    Layer ``l`` keeps ``n_l * kv_heads`` entries (``n_l``: :class:`~ripplekv.presses.LayerBudgetPress`'s count),
+    chosen by :func:`headwise_keep_mask`; the dropped entries stay in memory, masked head by head in the cache layer,
+    unless every head keeps ``n_l``. Not for eager attention nor padded batches.
 
     Args:
-        press, schedule, floor: as :class:`~ripplekv.presses.LayerBudgetPress`'s (budgets per head on average).
-        alpha_safeguard: fraction in ``[0, 1]`` of a layer's per-head budget every head keeps (AdaKV's safeguard;
-            kvpress's 0.2); ``1`` is SnapKV's per-head selection, evicted physically.
+        alpha_safeguard: fraction in ``[0, 1]`` of a layer's per-head budget every head keeps (AdaKV's safeguard).
         evict_balanced: evict physically when every head of a layer keeps the same count; False always masks.
-        profile: the profile a ``ProfileSchedule`` was allocated from, checked against the model when the press is
-            applied (``ripplekv-ada`` passes it); None skips the check.
+        profile: the profile a ``ProfileSchedule`` was allocated from, checked against the model when applied.
         strict_profile: a profile of other weights than the model's raises instead of warning once.
-        setting: the RippleKV ``r`` and ``gamma`` the ``ProfileSchedule`` was built with and where they came from
-            (``ripplekv-ada`` records it; rows and reports read it); None for another schedule.
+        setting: the RippleKV ``r`` and ``gamma`` of the ``ProfileSchedule`` and their origin (rows record it).
     """
 
     alpha_safeguard: float = DEFAULT_ALPHA_SAFEGUARD
@@ -109,9 +94,7 @@ class LayerBudgetAdaPress(LayerBudgetPress):
                 )
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Check the profile against the model, then :class:`~ripplekv.presses.LayerBudgetPress`'s binding; the
-        head-wise masks need variable-length attention whatever the schedule (FlashAttention is kept as loaded:
-        its masks are kvpress's fake keys, :func:`ripplekv.inference.generate.cache_forward`)."""
+        """Check the profile against the model, then :class:`~ripplekv.presses.LayerBudgetPress`'s binding."""
         if self.profile is not None:
             self.profile.check_model(model, strict=self.strict_profile)
         super().post_init_from_model(model)
@@ -129,8 +112,7 @@ class LayerBudgetAdaPress(LayerBudgetPress):
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the layer's budget head-wise: evict the dropped entries when every head keeps the same count, else
-        keep them in memory and replace the pass's cache layer (``kwargs["past_key_values"]``) by a
-        :class:`~ripplekv.models.headwise.MaskedLayer` of these keys and values hiding them."""
+        replace the pass's cache layer by a :class:`~ripplekv.models.headwise.MaskedLayer` hiding them."""
         k_len = keys.shape[2]
         keep = headwise_keep_mask(scores, n_kept, safeguard_tokens(n_kept, float(self.alpha_safeguard)))
         if self.evict_balanced and bool((keep.sum(-1) == n_kept).all()):

@@ -41,14 +41,12 @@ def global_schedule(schedule: BudgetSchedule, config: PretrainedConfig) -> tuple
 @dataclass
 class LayerBudgetPress(BasePress):
     """Per-layer KV-cache budgets from a schedule, tokens ranked by any kvpress scorer: compressed layer ``l`` of
-    ``n`` keeps the ``layer_budgets(n, prompt_tokens)[l]`` tokens ``press.score()`` ranks highest (with SnapKV's
-    scorer, ``UniformSchedule`` is kvpress's SnapKV, ``PyramidSchedule`` PyramidKV, ``ProfileSchedule`` RippleKV).
-    Sliding-window layers stay whole; the scorer is never mutated.
+    ``n`` keeps the ``layer_budgets(n, prompt_tokens)[l]`` tokens ``press.score()`` ranks highest. Sliding-window
+    layers stay whole; the scorer is never mutated.
 
     Args:
-        press: token scorer (default ``SnapKVPress()``, window 64); its ``compression_ratio`` is ignored.
-        floor: smallest budget a layer may get (``>= 1``: a layer with no token breaks the cache); None: the
-            scorer's ``window_size`` if it has one (SnapKV always keeps its window), else 1 (resolved when built).
+        press: token scorer (default ``SnapKVPress()``); its ``compression_ratio`` is ignored.
+        floor: smallest budget a layer may get (``>= 1``); None: the scorer's ``window_size`` if it has one, else 1.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -87,9 +85,8 @@ class LayerBudgetPress(BasePress):
         return tuple(budgets.get(i, prompt_tokens) for i in range(int(config.get_text_config().num_hidden_layers)))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Bind the schedule to the model's compressed layers (once, not per layer), check the scorer and, where
-        layers may differ in length, enable variable-length attention for good (on equal lengths it computes what
-        the original does)."""
+        """Bind the schedule to the model's compressed layers, check the scorer and, where layers may differ in
+        length, enable variable-length attention."""
         self._bound = global_schedule(self.schedule, model.config)
         check_attention_weights(self.press, model)
         if self._needs_varlen(model):
@@ -108,8 +105,7 @@ class LayerBudgetPress(BasePress):
         return not self.schedule.uniform and not supports_per_layer_lengths(model)
 
     def _layer_budget(self, module: nn.Module, k_len: int) -> int | None:
-        """Tokens layer ``module.layer_idx`` keeps of ``k_len`` (None: a sliding layer, kept whole), from the
-        schedule bound by :meth:`post_init_from_model` (resolved from ``module.config`` when not bound)."""
+        """Tokens layer ``module.layer_idx`` keeps of ``k_len`` (None: a sliding layer, kept whole)."""
         schedule, layers = self._bound or global_schedule(self.schedule, module.config)
         if module.layer_idx not in layers:
             return None
@@ -125,7 +121,7 @@ class LayerBudgetPress(BasePress):
         kwargs: dict,
     ) -> torch.Tensor:
         """The scorer's ``(batch, kv_heads, tokens)`` scores of this layer, from a copy at the layer's own ratio
-        (ratio-dependent scorers such as StreamingLLM; 0 on a sliding layer); the caller's scorer is untouched."""
+        (for ratio-dependent scorers such as StreamingLLM)."""
         k_len = keys.shape[2]
         n_kept = self._layer_budget(module, k_len)
         ratio = 0.0 if n_kept is None else compression_ratio_keeping(max(1, min(n_kept, k_len)), k_len)
@@ -140,8 +136,7 @@ class LayerBudgetPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keep layer ``module.layer_idx``'s budget of the scorer's best tokens (:meth:`select`); sliding layers and
-        layers whose budget is the whole prompt stay whole."""
+        """Keep layer ``module.layer_idx``'s budget of the scorer's best tokens (:meth:`select`)."""
         k_len = keys.shape[2]
         n_kept = self._layer_budget(module, k_len)
         if n_kept is None:

@@ -1,22 +1,10 @@
 """PerPromptBudgetPress: budgets decided per prompt from every layer's statistics (CAKE, SqueezeAttention, ...).
 
-The per-prompt rules of :mod:`ripplekv.allocation` (CAKE, SqueezeAttention, DynamicKV, LAVa) read a small
-statistic from each layer during the prefill and share SnapKV's global budget out once every layer has produced
-its own. kvpress compresses a layer in a forward hook that runs after the layer's attention, and a layer's
-compression only changes what *later passes* attend to, never the prefill's own hidden states: layer ``l + 1``
-attends over its own cache, computed from layer ``l``'s output, which compression does not touch. So every
-layer's statistic (and its token scores) can be collected first and all layers pruned after the last one, and the
-caches are exactly those of compressing each layer as soon as its budget is known (tested with a schedule whose
-budgets are known in advance).
-
-The press keeps each compressed layer's cache whole until the last compressed layer's hook, keeping only the
-layer's statistic and its token scores (``(batch, kv_heads, tokens)`` floats), then prunes every layer to its
-budget with the same top-k as :class:`~ripplekv.presses.LayerBudgetPress`. Sliding-window layers are left whole
-and the budgets are shared over the global layers.
-
-Token scores are computed with the scorer as given (its ``compression_ratio`` untouched), so the scorer's scores
-must not depend on its compression ratio (SnapKV, ExpectedAttention, TOVA, KNorm, KeyDiff do not; StreamingLLM
-does, and is refused).
+A layer's compression only changes what later passes attend to, never the prefill's own hidden states, so the press
+keeps each compressed layer's cache whole while collecting its statistic and token scores, and after the last
+compressed layer prunes every layer to its budget: the same caches as compressing each layer as soon as its budget
+is known. Sliding-window layers are left whole. The scorer's scores must not depend on its compression ratio
+(StreamingLLM's do, and is refused).
 """
 
 from __future__ import annotations
@@ -57,13 +45,8 @@ DEFAULT_STATISTIC_WINDOW = 64
 
 
 def select_top(keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, n_kept: int) -> tuple:
-    """Keep the ``n_kept`` highest-scored positions of every KV head (as kvpress's ScorerPress does).
-
-    Args:
-        keys, values: ``(batch, kv_heads, tokens, head_dim)``.
-        scores: ``(batch, kv_heads, tokens)``.
-        n_kept: positions kept per head (all of them when ``>= tokens``).
-    """
+    """Keep the ``n_kept`` highest ``(batch, kv_heads, tokens)`` scores' positions of every KV head (as kvpress's
+    ScorerPress does; all when ``n_kept >= tokens``)."""
     if n_kept >= keys.shape[2]:
         return keys, values
     indices = scores.topk(n_kept, dim=-1).indices.unsqueeze(-1)
@@ -87,19 +70,12 @@ class PerPromptBudgetPress(BasePress):
     """Per-layer budgets decided per prompt by a per-prompt rule, tokens ranked by any kvpress scorer.
 
     Args:
-        press: the token scorer (default ``SnapKVPress()``, window 64); its ``compression_ratio`` is ignored, and
-            its scores must not depend on it (StreamingLLM is refused).
-        schedule: the rule and the budget (:class:`~ripplekv.allocation.per_prompt.PerPromptSchedule`); its
-            ``window_size`` is the window the budgets reserve, and must equal what the scorer always keeps: its
-            ``window_size`` for a scorer with an observation window (SnapKV), 0 for one without (ExpectedAttention,
-            TOVA, KNorm, ...), so that no layer's budget is forced uniform for a window nobody keeps.
-        floor: smallest budget of a layer (``>= 1``); default the scorer's window, else 1 (as
-            :class:`~ripplekv.presses.LayerBudgetPress`; resolved when built).
-        statistic_window: the observation window of the rule's window statistics (the last ``statistic_window``
-            prompt positions as queries; ``>= 1``); default the scorer's ``window_size``, else
-            :data:`DEFAULT_STATISTIC_WINDOW` (resolved when built). A method's own window (DynamicKV's 8, CAKE's and
-            LAVa's 32) can be set here without changing the scorer's. The window attention a rule reads covers the
-            keys the selection chooses among, those before both windows (``n - max(statistic_window, window_size)``).
+        press: the token scorer (default ``SnapKVPress()``); its ``compression_ratio`` is ignored.
+        schedule: the rule and the budget; its ``window_size`` (the window the budgets reserve) must equal what the
+            scorer always keeps: its ``window_size``, 0 for a scorer without one.
+        floor: smallest budget of a layer (``>= 1``); default the scorer's window, else 1.
+        statistic_window: the queries of the rule's window statistics (``>= 1``); default the scorer's
+            ``window_size``, else :data:`DEFAULT_STATISTIC_WINDOW`. Its keys are those before both windows.
     """
 
     press: ScorerPress = field(default_factory=SnapKVPress)
@@ -142,11 +118,7 @@ class PerPromptBudgetPress(BasePress):
 
     @property
     def compression_ratio(self) -> float:
-        """Average fraction removed (kvpress convention): ``1 - budget`` for a kept fraction.
-
-        Raises:
-            TokenBudgetError: for a token budget, whose ratio depends on the prompt length.
-        """
+        """``1 - budget`` (kvpress convention); a token budget raises :class:`TokenBudgetError`."""
         if self.budget is None:
             tokens = self.schedule.tokens  # type: ignore[union-attr]
             raise TokenBudgetError(
@@ -161,14 +133,11 @@ class PerPromptBudgetPress(BasePress):
         return bool(RESIDUAL_STATISTICS & set(self.schedule.rule.statistic_inputs))  # type: ignore[union-attr]
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Enable variable-length attention (which reads head-wise masked cache layers) and let the scorer see the
-        model."""
+        """Enable variable-length attention and let the scorer see the model."""
         self.schedule.check_layers(len(compressed_layers(model.config)))  # type: ignore[union-attr]
         check_attention_weights(self.press, model)
         enable_varlen_attention(model)
         self.press.post_init_from_model(model)
-
-    # ------------------------------------------------------------------------------------------- statistics
 
     def layer_statistic(
         self,
@@ -179,15 +148,8 @@ class PerPromptBudgetPress(BasePress):
         kwargs: Mapping[str, Any],
         recorded: Mapping[str, Any] | None = None,
     ) -> Any:
-        """The rule's statistic of one layer.
-
-        Args:
-            module: the attention module.
-            hidden_states: its input (at least the last ``statistic_window + 1`` positions).
-            keys, values: the layer's full prefill cache.
-            kwargs: the attention layer's forward kwargs (``position_embeddings``).
-            recorded: inputs captured while the prefill ran (``residual_in``, ``attention_output``).
-        """
+        """The rule's statistic of one layer from its attention module's inputs, its full prefill cache and the
+        inputs ``recorded`` while the prefill ran (``residual_in``, ``attention_output``)."""
         rule = self.schedule.rule  # type: ignore[union-attr]
         inputs: list[Any] = []
         for name in rule.statistic_inputs:
@@ -226,13 +188,10 @@ class PerPromptBudgetPress(BasePress):
         budgets = self.schedule.layer_budgets(len(layers), prompt_tokens, self.floor, stats=stats)  # type: ignore[union-attr, arg-type]
         return dict(zip(layers, budgets))
 
-    # --------------------------------------------------------------------------------------- direct prefill
-
     @contextmanager
     def __call__(self, model: PreTrainedModel) -> Iterator[None]:
         """kvpress's context manager, plus, for rules that read the residual stream, a pre-hook on each decoder
-        layer that keeps its input for the statistic (released at once). A kvpress wrapper (``ComposedPress``) runs
-        its own context, not this one: such a rule under it is refused at its first layer."""
+        layer that keeps its input for the statistic."""
         handles = []
         if self.needs_residual:
             for layer in decoder_layers(model):
@@ -295,16 +254,8 @@ class PerPromptBudgetPress(BasePress):
     def prune(
         self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor, budget: int, config: PretrainedConfig
     ) -> DynamicLayer:
-        """One layer's cache layer at its budget: here the ``budget`` best tokens of every head. A press that splits
-        a layer's budget over heads (LAVa) overrides this, returning a :class:`~ripplekv.models.headwise.MaskedLayer`
-        where heads keep different counts.
-
-        Args:
-            keys, values: the layer's full prefill cache.
-            scores: the scorer's ``(batch, kv_heads, tokens)`` scores.
-            budget: the layer's budget.
-            config: the model's config.
-        """
+        """One layer's cache layer at its budget: the ``budget`` best tokens of every head (LAVa's press overrides
+        it to split the budget over heads)."""
         return dynamic_layer(*select_top(keys, values, scores, budget))
 
     def __deepcopy__(self, memo: dict) -> PerPromptBudgetPress:

@@ -1,11 +1,6 @@
-"""Token scorers by name: the second axis of a method (``make_press(name, scorer="tova")``, ``eval --scorers``).
-
-The schedule decides how many tokens a layer keeps, the scorer (a kvpress ``ScorerPress``) which ones. Each name
-builds a fresh scorer with kvpress 0.5.5's defaults, except where noted in
-:data:`~ripplekv.presses.descriptions.SCORER_DESCRIPTIONS`. Not registered: ``QFilterPress``,
-``ExpectedAttentionStatsPress`` and ``KVzapPress`` (they download from the Hugging Face hub) and ``PyramidKVPress``
-(a schedule, the ``pyramidkv`` method). ``observed_attention`` needs eager attention.
-"""
+"""Token scorers by name (``make_press(name, scorer="tova")``, ``eval --scorers``): each builds a fresh kvpress
+``ScorerPress`` with kvpress 0.5.5's defaults, except where :data:`~ripplekv.presses.descriptions.SCORER_DESCRIPTIONS`
+says. Not registered: the scorers that download from the Hugging Face hub, and ``PyramidKVPress`` (a schedule)."""
 
 from __future__ import annotations
 
@@ -64,13 +59,8 @@ NEEDS_ATTENTION_WEIGHTS: frozenset[type[ScorerPress]] = frozenset({ObservedAtten
 
 
 def check_attention_weights(scorer: BasePress, model: PreTrainedModel) -> None:
-    """Raise unless ``model`` returns the attention weights ``scorer`` reads, or any press it wraps (kvpress's
-    wrappers, e.g. ``AdaKVPress``, hold theirs as ``press``); a press checks it when applied.
-
-    Raises:
-        ValueError: for a scorer of :data:`NEEDS_ATTENTION_WEIGHTS` on a model without eager attention (kvpress
-            would fail on a bare assertion at the first layer).
-    """
+    """Raise ``ValueError`` if ``scorer`` (or a press it wraps as ``press``) reads the attention weights, which the
+    model's attention does not return (kvpress would fail on a bare assertion at the first layer)."""
     implementation = str(model.config._attn_implementation)
     press: BasePress | None = scorer
     while press is not None:
@@ -83,11 +73,7 @@ def check_attention_weights(scorer: BasePress, model: PreTrainedModel) -> None:
 
 
 def make_scorer(name: str, window_size: int) -> ScorerPress:
-    """A fresh scorer by name; ``window_size`` is used by those with a window (``snapkv``, ``lava``, ...).
-
-    Raises:
-        ValueError: for an unknown name or a window that is not a positive integer.
-    """
+    """A fresh scorer by name; ``window_size`` is used by those with a window (``snapkv``, ``lava``, ...)."""
     if name not in _FACTORIES:
         raise ValueError(f"unknown scorer {name!r}; choose one of {', '.join(SCORERS)}")
     if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:

@@ -52,14 +52,11 @@ class ProfilingConfig:
     Attributes:
         alpha: relative noise scale (:func:`~ripplekv.profiling.noise.norm_adaptive_noise`).
         repeats: noise draws per (sample, layer), averaged; draws depend only on ``(seed, sample, layer)``.
-        max_context_tokens: contexts keep their last tokens (None: ``max_position_embeddings`` minus the
-            continuation).
-        continuation: ``"text"`` (the paper's: the sample's continuation, teacher-forced) or ``"model"`` (the
-            model's own greedy answer to context + question, at most ``answer_tokens``, never starting with EOS).
+        max_context_tokens: contexts keep their last tokens (None: the model's positions less the continuation).
+        continuation: ``"text"`` (the sample's continuation, teacher-forced) or ``"model"`` (the model's own greedy
+            answer to context + question, at most ``answer_tokens``).
         max_continuation_tokens: text continuations keep their first tokens (None: whole).
-        precision: one of :data:`~ripplekv.profiling.passes.PRECISIONS`.
-        prefill_chunk: longer contexts are prefilled in chunks (equal to one pass up to float rounding; None: one
-            pass).
+        prefill_chunk: longer contexts are prefilled in chunks (None: one pass).
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -87,13 +84,9 @@ class ProfilingConfig:
 
 
 class PrefillHandoff(Protocol):
-    """Sees each calibration sample's full-cache prefill while it is profiled, so that another pass over the same
-    prompts (``ripplekv profile``'s choice of RippleKV's setting) need not prefill them again.
-
-    ``prefill`` runs the context as :func:`~ripplekv.models.chunked_prefill.prefill_in_chunks` does (the same
-    computation: the scores must not change); ``keep`` gets the prefilled cache (never written by profiling), the
-    ``(vocab,)`` logits after the context and the ``(1, m)`` continuation that was scored, once the sample is scored.
-    """
+    """Sees each calibration sample's full-cache prefill, so that another pass over the same prompts need not
+    prefill them again: ``prefill`` computes as :func:`~ripplekv.models.chunked_prefill.prefill_in_chunks`; ``keep``
+    gets the cache, the ``(vocab,)`` logits after the context and the scored ``(1, m)`` continuation."""
 
     def prefill(
         self, model: PreTrainedModel, context_ids: torch.Tensor, prefill_chunk: int | None
@@ -325,11 +318,10 @@ def profile_model(
     """Measure the sensitivity profile of ``model`` (evaluation mode, any device and dtype) on ``calibration``.
 
     Args:
-        checkpoint: JSON-lines file of finished samples, which a rerun of the same model, weights, calibration
-            and config skips; one of any other run is overwritten, with a warning.
+        checkpoint: JSON-lines file of finished samples, which a rerun of the same run skips; one of any other run
+            is overwritten, with a warning.
         progress: called as ``progress(done, total)`` after each sample.
-        handoff: prefills each sample scored here and is handed its prefill (:class:`PrefillHandoff`); samples taken
-            from the checkpoint are not prefilled, so it sees none of them.
+        handoff: prefills each sample scored here (not those taken from the checkpoint) and is handed its prefill.
     """
     config = config or ProfilingConfig()
     if len(calibration) == 0:

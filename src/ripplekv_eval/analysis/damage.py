@@ -123,11 +123,7 @@ class DamageRunner:
     ) -> Iterator[dict[str, Any]]:
         """One row per budget for ``sample`` (fields: :mod:`ripplekv_eval.analysis.runner`); ``answer``: stored by an
         earlier run (decoded again when None)."""
-        query_agnostic = self.config.protocol == "query-agnostic"
-        prefix = sample.input_ids[: sample.question_start] if query_agnostic else sample.input_ids
-        question = sample.input_ids[sample.question_start :] if query_agnostic else ()
-        if not prefix:
-            raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
+        prefix, question = sample.split(self.config.protocol)
         ids = torch.tensor([list(prefix)], dtype=torch.long)
         derived = [press for press in (self.full, *self.presses.values()) if is_derivable(press)]
         record = record_prefill(self.model, ids, hidden_states_tail(derived))

@@ -38,7 +38,7 @@ from ripplekv_eval.analysis.tuning_report import summarize_tuning
 from ripplekv_eval.reporting.stats import DEFAULT_RESAMPLES, MIN_RESAMPLES
 from ripplekv_eval.running.config import EvalConfig
 from ripplekv_eval.running.results import RunResult, open_results, run_pending
-from ripplekv_eval.running.runner import build_samples, resolve_config
+from ripplekv_eval.running.runner import build_samples, loaded_model, resolve_config
 from ripplekv_eval.sample import EvalSample
 from ripplekv_eval.suites import get_suite
 
@@ -127,10 +127,7 @@ def run_analysis(
     start = time.perf_counter()
     options = replace(config.eval, methods=(DAMAGE_METHOD,), score="fidelity")
     profile = SensitivityProfile.load(options.profile) if options.profile is not None else None
-    if model is None or tokenizer is None:
-        from ripplekv.models.loading import load_model
-
-        model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device)
+    model, tokenizer = loaded_model(options, model, tokenizer)
     if profile is not None:
         profile.check_model(model)
     runner = DamageRunner(options, model, tokenizer)
@@ -197,10 +194,7 @@ def run_tune(
     start = time.perf_counter()
     options = replace(config.eval, methods=("snapkv",), score="fidelity", profile=None)
     profiles = {label: SensitivityProfile.load(path) for label, path in config.profiles.items()}
-    if model is None or tokenizer is None:
-        from ripplekv.models.loading import load_model
-
-        model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device)
+    model, tokenizer = loaded_model(options, model, tokenizer)
     for label, profile in profiles.items():
         try:
             profile.check_model(model)

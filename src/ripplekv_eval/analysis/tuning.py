@@ -267,11 +267,7 @@ class TuneRunner:
     ) -> Iterator[dict[str, Any]]:
         """One row per budget for ``sample`` (fields in the module docstring); ``answer``: stored by an earlier run
         (decoded again when None)."""
-        query_agnostic = self.config.eval.protocol == "query-agnostic"
-        prefix = sample.input_ids[: sample.question_start] if query_agnostic else sample.input_ids
-        question = sample.input_ids[sample.question_start :] if query_agnostic else ()
-        if not prefix:
-            raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
+        prefix, question = sample.split(self.config.eval.protocol)
         suffix = torch.tensor([list(question)], dtype=torch.long) if question else None
 
         def with_question(state: Prefill) -> Prefill:

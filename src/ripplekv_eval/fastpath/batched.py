@@ -22,7 +22,7 @@ from ripplekv.models.cache import KVPair, OverlayLayer, cache_from_layers, dynam
 from ripplekv.models.headwise import MaskedLayer, headwise_of
 from ripplekv.validation import check_int
 from ripplekv_eval.fastpath.fidelity import check_tokens, teacher_forced_logprobs
-from ripplekv_eval.fastpath.padded import KeyValidity, RaggedLayer
+from ripplekv_eval.fastpath.padded import KeyValidity, RaggedLayer, with_room
 
 
 def compact_heads(
@@ -191,14 +191,9 @@ def decode_row(state: Prefill, room: int) -> DecodeRow:
         mask = None
         if keep is not None:
             keys, values, mask = compact_heads(keys, values, keep)
-        n = keys.shape[2]
-        key_buffer = keys.new_empty((1, keys.shape[1], n + room, keys.shape[3]))
-        value_buffer = values.new_empty((1, values.shape[1], n + room, values.shape[3]))
-        key_buffer[:, :, :n] = keys
-        value_buffer[:, :, :n] = values
+        buffers.append(with_room(keys, values, room))
+        lengths.append(keys.shape[2])
         del keys, values  # an OverlayLayer's whole layer is a temporary: one layer at a time
-        buffers.append((key_buffer, value_buffer))
-        lengths.append(n)
         valid.append(mask)
     return DecodeRow(tuple(buffers), tuple(lengths), tuple(valid), state.next_logits, state.prompt_tokens, room)
 

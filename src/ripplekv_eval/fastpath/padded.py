@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 from ripplekv.models.attention_masks import sliding_window_mask
 from ripplekv.models.headwise import MASKED_KEYS
 
-__all__ = ["KeyValidity", "RaggedLayer"]
+__all__ = ["KeyValidity", "RaggedLayer", "with_room"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,16 @@ class KeyValidity:
         )
 
 
+def with_room(keys: torch.Tensor, values: torch.Tensor, room: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of ``(1, kv_heads, n, dim)`` ``keys`` and ``values`` in buffers with ``room`` more entries after them."""
+    n = keys.shape[2]
+    key_buffer = keys.new_empty((1, keys.shape[1], n + room, keys.shape[3]))
+    value_buffer = values.new_empty((1, values.shape[1], n + room, values.shape[3]))
+    key_buffer[:, :, :n] = keys
+    value_buffer[:, :, :n] = values
+    return key_buffer, value_buffer
+
+
 class RaggedLayer(DynamicLayer):
     """One layer of a batch of caches that keep their own lengths: one buffer per row, no padding.
 
@@ -94,18 +104,11 @@ class RaggedLayer(DynamicLayer):
         super().__init__()
         if not rows:
             raise ValueError("a ragged layer needs at least one row")
-        self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.lengths: list[int] = []
-        self.valid: list[torch.Tensor | None] = []
-        for keys, values, valid in rows:
-            n = keys.shape[2]
-            key_buffer = keys.new_empty((1, keys.shape[1], n + room, keys.shape[3]))
-            value_buffer = values.new_empty((1, values.shape[1], n + room, values.shape[3]))
-            key_buffer[:, :, :n] = keys
-            value_buffer[:, :, :n] = values
-            self.buffers.append((key_buffer, value_buffer))
-            self.lengths.append(n)
-            self.valid.append(None if valid is None else valid.to(key_buffer.device))  # once, not per pass
+        self.buffers = [with_room(keys, values, room) for keys, values, _ in rows]
+        self.lengths = [keys.shape[2] for keys, _, _ in rows]
+        self.valid = [  # moved once, not per pass
+            None if valid is None else valid.to(buffer[0].device) for (_, _, valid), buffer in zip(rows, self.buffers)
+        ]
         self.lazy_initialization(rows[0][0], rows[0][1])
         self.keys, self.values = rows[0][0], rows[0][1]  # dtype and device for transformers; never attended
 

@@ -168,7 +168,7 @@ class SampleRunner:
 
     def _with_question(self, sample: EvalSample, state: Prefill) -> Prefill:
         """Query-agnostic: run the question over the (compressed) context; question-aware: ``state`` as is."""
-        tail = sample.input_ids[sample.question_start :] if self.config.protocol == "query-agnostic" else ()
+        tail = sample.split(self.config.protocol)[1]
         return lean_extend(self.model, state, torch.tensor([list(tail)], dtype=torch.long)) if tail else state
 
     def _compressed(self, sample: EvalSample, method: str, budget: float, record: PrefillRecord) -> Prefill:
@@ -197,10 +197,7 @@ class SampleRunner:
     ) -> Iterator[dict[str, Any]]:
         """Rows of the ``pending`` (method, budget) pairs of ``sample``, the ``full`` row first; ``answer``: the full
         cache's answer stored by an earlier run (decoded again when None)."""
-        prefix = sample.input_ids[: sample.question_start] if self.config.protocol == "query-agnostic" else None
-        prefix = sample.input_ids if prefix is None else prefix
-        if not prefix:
-            raise ValueError(f"sample {sample.id}: the context part of the prompt is empty")
+        prefix = sample.split(self.config.protocol)[0]
         ids = torch.tensor([list(prefix)], dtype=torch.long)
         record = record_prefill(
             self.model, ids, self.hidden_tail, self.residual_statistics, self.config.prefill_chunk, self.prescore

@@ -173,6 +173,17 @@ def open_run_folder(
     return open_results(out, resolved, sources, extendable=EXTENDABLE)
 
 
+def loaded_model(
+    config: EvalConfig, model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``model`` and ``tokenizer`` when both are given, else ``config.model`` loaded."""
+    if model is not None and tokenizer is not None:
+        return model, tokenizer
+    from ripplekv.models.loading import load_model
+
+    return load_model(config.model, dtype=config.dtype, device=config.device)
+
+
 def run_eval(
     config: EvalConfig,
     out: str | os.PathLike[str],
@@ -184,10 +195,7 @@ def run_eval(
     """Run (or resume) ``config`` into ``out`` (the model loaded unless given with its tokenizer)."""
     start = time.perf_counter()
     profiles = load_run_profiles(config)
-    if model is None or tokenizer is None:
-        from ripplekv.models.loading import load_model
-
-        model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
+    model, tokenizer = loaded_model(config, model, tokenizer)
     runner, samples, resolved = prepare(config, profiles, model, tokenizer)
     with open_run_folder(config, out, resolved, profiles) as folder:  # its lock: one writer at a time
         written = run_pending(
