@@ -7,9 +7,7 @@ resolved on first use (PEP 562), so torch-free modules (``ripplekv report``) imp
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from ripplekv.lazy import lazy_exports
 from ripplekv.version import __version__ as __version__
 
 # public name -> the module that defines it
@@ -37,16 +35,7 @@ __all__ = sorted([*_EXPORTS, "__version__"])
 
 _REMOVED = {"allocate_budgets": "ripplekv.allocate(scores, ...).budgets"}
 
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use."""
-    if name in _REMOVED:
-        raise ImportError(f"ripplekv.{name} is gone: use {_REMOVED[name]}")
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'ripplekv' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, _dir, _names = lazy_exports(__name__, _EXPORTS, _REMOVED)
 
 
 def __dir__() -> list[str]:

@@ -8,8 +8,7 @@ The names below resolve on first use (PEP 562): importing this package imports n
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ripplekv.lazy import lazy_exports
 
 _MODULES = {
     "budget": (
@@ -39,7 +38,6 @@ _MODULES = {
 # public name -> the module that defines it
 _EXPORTS = {name: f"ripplekv.allocation.{module}" for module, names in _MODULES.items() for name in names}
 
-__all__ = sorted(_EXPORTS)
 
 REMOVED: dict[str, str] = {
     "allocate_budgets": "allocate(scores, ...).budgets",
@@ -50,17 +48,4 @@ REMOVED: dict[str, str] = {
 }
 """Names this package had, and what replaces each (an ``ImportError``, which ``from ... import`` passes on)."""
 
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use; ``ImportError`` naming the replacement of a removed name."""
-    if name in REMOVED:
-        raise ImportError(f"ripplekv.allocation.{name} is gone: use {REMOVED[name]}")
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'ripplekv.allocation' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, REMOVED)

@@ -5,8 +5,7 @@ The names below resolve on first use (PEP 562): importing this package imports n
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ripplekv.lazy import lazy_exports
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -18,17 +17,4 @@ _EXPORTS = {
     "model_identity": "ripplekv.models.identity",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'ripplekv.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

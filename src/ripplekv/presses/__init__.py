@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ripplekv.lazy import lazy_exports
 
 _EXPORTS = {
     "FRACTION_ONLY_METHODS": "ripplekv.presses.registry",
@@ -18,18 +17,7 @@ _EXPORTS = {
     "make_press": "ripplekv.presses.registry",
 }
 
-__all__ = sorted(_EXPORTS)
+REMOVED = {"METHOD_DESCRIPTIONS": "METHOD_TABLE[name].description"}
+"""Names this package had, and what replaces each."""
 
-
-def __getattr__(name: str) -> Any:
-    if name == "METHOD_DESCRIPTIONS":
-        raise ImportError("ripplekv.presses.METHOD_DESCRIPTIONS is gone: use METHOD_TABLE[name].description")
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'ripplekv.presses' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, REMOVED)
