@@ -11,6 +11,12 @@ OUT=benchmarks/results/serving-decode-profile
 # the served-fidelity run, on the machine's other core).
 OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \
   --configs snapkv ripplekv-layer --out "$OUT/pooled"
+# The capacity run's decode-only ratio moved with the machine's load (its configurations run one after another); the
+# same comparison at its request count and prompt length, the two engines stepped in turn, at 20% and 30%.
+for BUDGET in 0.2 0.3; do
+  OMP_NUM_THREADS=1 nice -n 10 .venv-vllm/bin/python benchmarks/serving/decode_profile.py --configs snapkv ripplekv-layer \
+    --requests 24 --tokens 2048 --max-new-tokens 96 --budget "$BUDGET" --out "$OUT/pooled-24x2048-$BUDGET"
+done
 # The runs below are of the plugin before the pooled layout (one KV-cache group per layer or tier, at dc420e4).
 OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/serving/decode_profile.py \
   --configs snapkv ripplekv-layer ripplekv-tiers-6 ripplekv-tiers-10 --out "$OUT/layer-tiers6-tiers10"
