@@ -221,17 +221,18 @@ class RippleBuilder(CPUAttentionMetadataBuilder):
             self.block_size,
         )
         stock = super().build(common_prefix_len, cm, fast_build)
-        distinct, which = torch.unique(plan.seq_lens, dim=0, return_inverse=True)
-        schedules = []
-        for seq_lens in distinct:
-            lens = cm.seq_lens.clone()
-            lens[:num_reqs] = seq_lens
-            schedules.append(
-                super().build(common_prefix_len, cm.replace(seq_lens=lens, max_seq_len=int(seq_lens.max())), fast_build)
-            )
-        layers = tuple(
-            replace(schedules[index], block_table=table) for index, table in zip(which.tolist(), plan.tables)
-        )
+        if plan.remapped_rows:  # layers whose rows read different lengths need their own kernel schedule
+            distinct, which = torch.unique(plan.seq_lens, dim=0, return_inverse=True)
+            schedules = []
+            for seq_lens in distinct:
+                lens = cm.seq_lens.clone()
+                lens[:num_reqs] = seq_lens
+                replaced = cm.replace(seq_lens=lens, max_seq_len=int(seq_lens.max()))
+                schedules.append(super().build(common_prefix_len, replaced, fast_build))
+            chosen = [schedules[index] for index in which.tolist()]
+        else:  # every layer reads the step's own lengths
+            chosen = [stock] * len(plan.tables)
+        layers = tuple(replace(schedule, block_table=table) for schedule, table in zip(chosen, plan.tables))
         rows = [chunk.row for chunk in plan.chunks] + [job.row for job in plan.compactions if job.computed]
         ids = self._request_ids() if rows else []
         return RippleAttentionMetadata(
@@ -369,29 +370,25 @@ class RippleImpl(CPUAttentionBackendImpl):
             metadata.pending.add(layer, kept_keys, kept_values, slots, self.kv_cache_dtype)
         else:  # the tail alone holds the budget: nothing to move
             kept_keys, kept_values = keys[:0], values[:0]
-        if job.generated:  # generated tokens again, over the compacted prompt
-            self._attend_resumed(layer, job, kept_keys, kept_values, keys, values, query, key, value, output, metadata)
+        if job.generated:  # generated tokens again, over the kept tokens, the prompt's tail and themselves
+            begin = job.start + prompt - job.computed
+            tokens = slice(begin, begin + job.generated)
+            sequence_keys = torch.cat([kept_keys, keys[job.full :], key[tokens]])
+            sequence_values = torch.cat([kept_values, values[job.full :], value[tokens]])
+            self._attend_resumed(layer, query[tokens], sequence_keys, sequence_values, output[tokens], metadata)
 
     def _attend_resumed(
         self,
         layer: Any,
-        job: Compaction,
-        kept_keys: torch.Tensor,
-        kept_values: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
+        queries: torch.Tensor,
+        sequence_keys: torch.Tensor,
+        sequence_values: torch.Tensor,
         output: torch.Tensor,
         metadata: RippleAttentionMetadata,
     ) -> None:
-        """A resumed request's generated tokens attending over kept tokens, the prompt's tail and themselves."""
+        """A resumed request's generated ``queries`` attending over ``sequence_keys``/``values`` (ending with their
+        own), held in a scratch cache laid out as the packed pages are; the outputs replace ``output``'s rows."""
         assert metadata.alone is not None and metadata.pool is not None
-        begin = job.start + job.num_prompt_tokens - job.computed
-        tokens = slice(begin, begin + job.generated)
-        sequence_keys = torch.cat([kept_keys, keys[job.full :], key[tokens]])
-        sequence_values = torch.cat([kept_values, values[job.full :], value[tokens]])
         seq_len = int(sequence_keys.shape[0])
         _, heads, block_size, width = metadata.pool.tensor.shape
         scratch = metadata.pool.tensor.new_zeros((-(-seq_len // block_size), heads, block_size, width))
@@ -407,8 +404,10 @@ class RippleImpl(CPUAttentionBackendImpl):
             v_scale=layer._v_scale_float,
             kv_cache_dtype=self.kv_cache_dtype,
         )
-        alone = metadata.alone(seq_len, job.generated)
-        super().forward(layer, query[tokens], key[tokens], value[tokens], scratch, alone, output[tokens])
+        generated = int(queries.shape[0])
+        alone = metadata.alone(seq_len, generated)
+        own = slice(seq_len - generated, seq_len)
+        super().forward(layer, queries, sequence_keys[own], sequence_values[own], scratch, alone, output)
 
 
 class RippleCPUAttentionBackend(CPUAttentionBackend):

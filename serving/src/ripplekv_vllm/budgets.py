@@ -101,10 +101,6 @@ class GroupBudgets(ABC):
                 out[layer] = blocks * self.block_size + tail
         return tuple(out)
 
-    def group_of_layers(self) -> dict[int, int]:
-        """Each layer's group index."""
-        return {layer: g for g, members in enumerate(self.groups) for layer in members}
-
     def _check_groups(self, num_layers: int | None = None) -> None:
         layers = sorted(layer for members in self.groups for layer in members)
         if not self.groups or layers != list(range(len(layers))):

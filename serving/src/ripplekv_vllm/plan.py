@@ -154,6 +154,7 @@ def plan_step(
         else:
             chunks.append(Chunk(row, starts[row], computed, queried))
     pages: dict[int, torch.Tensor] = {}
+    kept_of = {row: kept for row, kept, _ in evicting}
     if evicting:
         rows = torch.tensor([r for r, _, _ in evicting])
         kept_blocks = torch.tensor([k for _, k, _ in evicting], dtype=torch.int64).T  # [L, E]
@@ -166,7 +167,8 @@ def plan_step(
         for index, (row, _, _) in enumerate(evicting):
             pages[row] = packed[:, index]
         if remapped:
-            chosen = torch.tensor([i for i, (r, _, _) in enumerate(evicting) if r in set(remapped)])
+            decoding = set(remapped)
+            chosen = torch.tensor([i for i, (r, _, _) in enumerate(evicting) if r in decoding])
             k, t = kept_blocks[:, chosen, None], full_blocks[chosen][None, :, None]
             tail = (columns - k + t).clamp_(0, width - 1)
             moved = offsets[:, None, None] + ids[chosen][None].expand(num_layers, -1, -1).gather(2, tail) * stride
@@ -179,7 +181,7 @@ def plan_step(
             row,
             starts[row],
             prompt,
-            tuple(b * block_size for b in layer_kept(prompt)),
+            tuple(b * block_size for b in kept_of[row]),
             prompt // block_size * block_size,
             pages[row],
             generated,
